@@ -1,0 +1,65 @@
+"""Unit tests for the pure ResourceManager config parsing and scheduler-name routing."""
+
+from typing import Any
+
+import pytest
+
+from bindery.config import ConfigError, parse_resource_manager, route_scheduler_names
+
+
+def _body(name: str = "rm1", **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"schedulerNames": ["bindery"], "endpoint": "https://rm.example:8443/"}
+    base.update(spec)
+    return {"metadata": {"name": name, "uid": "u-1", "generation": 3}, "spec": base}
+
+
+def test_defaults_match_the_crd() -> None:
+    config = parse_resource_manager(body=_body())
+    assert config.endpoint == "https://rm.example:8443"
+    assert (config.backoff_initial_seconds, config.backoff_max_seconds) == (1.0, 10.0)
+    assert config.node_check == "Full"
+    assert config.generation == 3
+    assert config.token_ref is None
+
+
+def test_plain_http_needs_explicit_opt_in() -> None:
+    with pytest.raises(ConfigError, match="allowInsecureHTTP"):
+        parse_resource_manager(body=_body(endpoint="http://127.0.0.1:1"))
+    assert parse_resource_manager(body=_body(endpoint="http://127.0.0.1:1", allowInsecureHTTP=True))
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"schedulerNames": []}, "non-empty"),
+        ({"schedulerNames": [""]}, "DNS name"),
+        ({"schedulerNames": ["a", "a"]}, "twice"),
+        ({"backoff": {"initialSeconds": 5, "maxSeconds": 2}}, "maxSeconds"),
+        ({"nodeCheck": "Sometimes"}, "nodeCheck"),
+        ({"auth": {"tokenSecretRef": {"name": "x"}}}, "namespace and name"),
+    ],
+)
+def test_bad_specs_are_refused_with_the_field_named(spec: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_resource_manager(body=_body(**spec))
+
+
+def test_connection_key_changes_only_with_connection_fields() -> None:
+    one = parse_resource_manager(body=_body())
+    same = parse_resource_manager(body=_body(maxInFlight=3))
+    other = parse_resource_manager(body=_body(endpoint="https://elsewhere"))
+    assert one.connection_key() == same.connection_key()
+    assert one.connection_key() != other.connection_key()
+
+
+def test_contested_names_are_served_by_nobody_and_reported_to_every_claimant() -> None:
+    a = parse_resource_manager(body=_body("a", schedulerNames=["shared", "only-a"]))
+    b = parse_resource_manager(body=_body("b", schedulerNames=["shared"]))
+    routing = route_scheduler_names(configs=[a, b])
+    assert routing.served == {"only-a": "a"}
+    assert routing.conflicts_of(rm_name="a") == {"shared": ("b",)}
+    assert routing.conflicts_of(rm_name="b") == {"shared": ("a",)}
+    message = routing.conflict_message(scheduler_name="shared")
+    assert message is not None
+    assert "'a', 'b'" in message
+    assert routing.conflict_message(scheduler_name="only-a") is None
