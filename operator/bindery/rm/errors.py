@@ -1,0 +1,83 @@
+"""Errors raised by the RM client, and the stable problem ``type`` URIs of contract v1.
+
+The scheduler needs to decide quickly what a failure means: retry later (``RMUnavailable``), report
+the pod as unschedulable (``RMUnschedulable``), or treat it as a bug on one side (``RMProtocolError``,
+``RMRejected``).  Every failure of the client is one of these types; nothing lower-level escapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "PROBLEM_BASE",
+    "ProblemType",
+    "RMConflict",
+    "RMError",
+    "RMProtocolError",
+    "RMRejected",
+    "RMUnavailable",
+    "RMUnschedulable",
+]
+
+#: Problem type URIs are ``PROBLEM_BASE + kind``.  They are identifiers, not links to fetch.
+PROBLEM_BASE = "urn:bindery:rm:v1:problem:"
+
+
+class ProblemType:
+    """The stable ``type`` of every problem a v1 RM may answer with."""
+
+    INVALID_REQUEST = PROBLEM_BASE + "invalid-request"  # 400: malformed JSON, schema or value errors
+    UNAUTHORIZED = PROBLEM_BASE + "unauthorized"  # 401: missing or wrong bearer token
+    NOT_FOUND = PROBLEM_BASE + "not-found"  # 404: unknown reservation id or path
+    METHOD_NOT_ALLOWED = PROBLEM_BASE + "method-not-allowed"  # 405
+    IDEMPOTENCY_KEY_REUSED = PROBLEM_BASE + "idempotency-key-reused"  # 409: same key, different request
+    UNSCHEDULABLE = PROBLEM_BASE + "unschedulable"  # 409: no node fits now
+    RESERVATION_NOT_ACTIVE = PROBLEM_BASE + "reservation-not-active"  # 409: commit after release/expiry
+    PAYLOAD_TOO_LARGE = PROBLEM_BASE + "payload-too-large"  # 413
+    UNSUPPORTED_MEDIA_TYPE = PROBLEM_BASE + "unsupported-media-type"  # 415
+    RATE_LIMITED = PROBLEM_BASE + "rate-limited"  # 429 with Retry-After
+    INTERNAL = PROBLEM_BASE + "internal"  # 500
+    UNAVAILABLE = PROBLEM_BASE + "unavailable"  # 503 with Retry-After
+
+
+class RMError(Exception):
+    """Base of every error the RM client raises."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class RMUnschedulable(RMError):
+    """The RM answered that nothing fits now; ``reason`` is human-readable, for the pod's event."""
+
+    def __init__(self, message: str, *, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class RMUnavailable(RMError):
+    """The RM could not be reached or asked us to back off (after retries, or the circuit is open)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RMProtocolError(RMError):
+    """The RM answered something the contract does not allow: malformed, truncated, oversized, wrong type."""
+
+
+class RMRejected(RMError):
+    """The RM rejected the request (a 4xx other than unschedulable); ``problem`` is its problem body."""
+
+    def __init__(self, message: str, *, status: int, problem: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.problem = problem or {}
+
+
+class RMConflict(RMRejected):
+    """409: the idempotency key was reused for a different request, or the reservation is not active."""

@@ -1,0 +1,220 @@
+"""Typed models of the resource-manager contract v1 (``contract/v1/openapi.yaml``).
+
+The OpenAPI document is the source of truth; these pydantic models mirror it so that the operator's
+client and the reference RM validate the same shapes.  JSON uses camelCase; Python code builds models
+with snake_case names (``populate_by_name``).
+
+Two deliberate asymmetries keep v1 evolvable:
+
+* request models forbid unknown fields, so a server rejects a field it does not understand instead
+  of silently ignoring it (a newer client learns at once that the server is older);
+* response models ignore unknown fields, so a newer server can add fields (for example a group id
+  for gang reservations) without breaking older clients.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from bindery.quantity import QuantityError, format_quantity, parse_nonnegative_quantity
+
+__all__ = [
+    "CONTRACT_VERSION",
+    "NodeSelectorRequirement",
+    "NodeSelectorTerm",
+    "Placement",
+    "PodIdentity",
+    "Problem",
+    "Reservation",
+    "ReservationList",
+    "ReservationRequest",
+    "ReservationState",
+    "Toleration",
+    "is_qualified_name",
+]
+
+#: The contract version these models implement (``info.version`` of the OpenAPI document).
+CONTRACT_VERSION = "1.0.0"
+
+_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def is_qualified_name(name: str) -> bool:
+    """A Kubernetes qualified name: ``[dns-subdomain-prefix/]name``, name at most 63 characters.
+
+    Resource names (``cpu``, ``nvidia.com/gpu``, ``hugepages-2Mi``) and label keys use this grammar.
+    """
+    prefix, slash, local = name.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not all(_DNS_LABEL.match(p) for p in prefix.split("."))):
+        return False
+    return 0 < len(local) <= 63 and _NAME.match(local) is not None
+
+
+def _check_resource_name(name: str) -> str:
+    if not is_qualified_name(name):
+        raise ValueError(
+            f"{name!r} is not a valid resource name: use a Kubernetes qualified name such as 'cpu', "
+            "'memory' or 'nvidia.com/gpu' (optional DNS prefix, then at most 63 alphanumerics, '-', '_', '.')"
+        )
+    return name
+
+
+ResourceName = Annotated[str, AfterValidator(_check_resource_name)]
+ShortText = Annotated[str, Field(min_length=1, max_length=253)]
+LabelValue = Annotated[str, Field(max_length=63)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, strict=True
+    )
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class PodIdentity(_Request):
+    """Who the reservation is for.  The scheduler name lets several Bindery profiles share one RM."""
+
+    uid: ShortText
+    namespace: ShortText
+    name: ShortText
+    scheduler_name: ShortText
+    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)
+    labels: dict[Annotated[str, Field(max_length=317)], LabelValue] = Field(
+        default_factory=dict, max_length=256
+    )
+
+
+class Toleration(_Request):
+    """A pod toleration in Kubernetes JSON shape."""
+
+    key: Annotated[str, Field(max_length=317)] | None = None
+    operator: Literal["Equal", "Exists"] | None = None
+    value: LabelValue | None = None
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class NodeSelectorRequirement(_Request):
+    key: Annotated[str, Field(min_length=1, max_length=317)]
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[Annotated[str, Field(max_length=317)]] = Field(default_factory=list, max_length=256)
+
+
+class NodeSelectorTerm(_Request):
+    match_expressions: list[NodeSelectorRequirement] = Field(default_factory=list, max_length=64)
+    match_fields: list[NodeSelectorRequirement] = Field(default_factory=list, max_length=64)
+
+
+class Placement(_Request):
+    """The pod's hard placement constraints; soft preferences are not part of v1."""
+
+    node_selector: dict[Annotated[str, Field(max_length=317)], LabelValue] = Field(
+        default_factory=dict, max_length=256
+    )
+    required_node_affinity: list[NodeSelectorTerm] = Field(default_factory=list, max_length=64)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=256)
+
+    def affinity_terms(self) -> list[dict[str, Any]]:
+        """The nodeSelectorTerms as plain dicts for :mod:`bindery.constraints`."""
+        return [term.model_dump(by_alias=True, exclude_none=True) for term in self.required_node_affinity]
+
+    def toleration_dicts(self) -> list[dict[str, Any]]:
+        return [toleration.model_dump(by_alias=True, exclude_none=True) for toleration in self.tolerations]
+
+
+class ReservationRequest(_Request):
+    """``POST /v1/reservations``: reserve capacity for one pod and let the RM pick its node."""
+
+    pod: PodIdentity
+    resources: dict[ResourceName, Annotated[str, Field(max_length=64)]] = Field(max_length=128)
+    placement: Placement = Field(default_factory=Placement)
+    idempotency_key: ShortText
+    ttl_seconds: int = Field(ge=1, le=86_400)
+
+    @field_validator("resources")
+    @classmethod
+    def _quantities_are_valid(cls, resources: dict[str, str]) -> dict[str, str]:
+        for name, value in resources.items():
+            try:
+                parse_nonnegative_quantity(value, what=f"request for {name}")
+            except QuantityError as error:
+                raise ValueError(str(error)) from None
+        return resources
+
+    def requested(self) -> dict[str, Decimal]:
+        """The requests as exact numbers (already validated, so this cannot fail)."""
+        return {name: parse_nonnegative_quantity(value) for name, value in self.resources.items()}
+
+    def fingerprint(self) -> str:
+        """A canonical form: two requests with the same fingerprint are "the same request".
+
+        Quantities are compared by value, so ``"1000m"`` and ``"1"`` are the same request.
+        """
+        canonical = self.model_copy(
+            update={
+                "resources": {
+                    name: format_quantity(value) for name, value in sorted(self.requested().items())
+                }
+            }
+        )
+        return canonical.model_dump_json(by_alias=True)
+
+
+class ReservationState(enum.StrEnum):
+    RESERVED = "reserved"
+    COMMITTED = "committed"
+    RELEASED = "released"
+    EXPIRED = "expired"
+
+    @property
+    def active(self) -> bool:
+        """Whether capacity is held: reserved (until it expires) or committed."""
+        return self in (ReservationState.RESERVED, ReservationState.COMMITTED)
+
+
+class Reservation(_Response):
+    """A reservation as the RM reports it."""
+
+    id: Annotated[str, Field(min_length=1, max_length=253)]
+    node: Annotated[str, Field(min_length=1, max_length=253)]
+    state: ReservationState
+    expires_at: datetime | None = None
+    pod_uid: str
+    scheduler_name: str
+    namespace: str | None = None
+    name: str | None = None
+    resources: dict[str, str] = Field(default_factory=dict)
+    created_at: datetime | None = None
+
+
+class ReservationList(_Response):
+    """One page of ``GET /v1/reservations``; follow ``nextCursor`` until it is absent."""
+
+    items: list[Reservation]
+    next_cursor: str | None = None
+
+
+class Problem(_Response):
+    """An RFC 9457 problem; ``type`` is a stable URI per error kind (see ``bindery.rm.errors``)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True)
+
+    type: str = "about:blank"
+    title: str | None = None
+    status: int | None = None
+    detail: str | None = None
+    instance: str | None = None
+    reason: str | None = None
+    retry_after_seconds: float | None = None
+    errors: list[dict[str, Any]] | None = None
