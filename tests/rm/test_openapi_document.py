@@ -1,0 +1,42 @@
+"""The contract document is valid OpenAPI 3.1 and agrees with the Python models on the essentials."""
+
+from __future__ import annotations
+
+from openapi_spec_validator import validate
+
+from bindery.rm.contract import load_openapi
+from bindery.rm.errors import PROBLEM_BASE
+from bindery.rm.models import CONTRACT_VERSION, ReservationRequest, ReservationState
+
+
+def test_document_validates_as_openapi_3_1() -> None:
+    document = load_openapi()
+    assert document["openapi"].startswith("3.1")
+    validate(document)
+
+
+def test_version_matches_models() -> None:
+    assert load_openapi()["info"]["version"] == CONTRACT_VERSION
+
+
+def test_required_paths_present() -> None:
+    paths = load_openapi()["paths"]
+    assert set(paths["/v1/reservations"]) >= {"post", "get"}
+    assert "post" in paths["/v1/reservations/{id}/commit"]
+    assert "delete" in paths["/v1/reservations/{id}"]
+    assert {"/healthz", "/readyz"} <= set(paths)
+    # Reserved for gang reservations in a later minor version.
+    assert not any(path.startswith("/v1/reservation-groups") for path in paths)
+
+
+def test_request_fields_match_model() -> None:
+    schema = load_openapi()["components"]["schemas"]["ReservationRequest"]
+    aliases = {field.alias for field in ReservationRequest.model_fields.values()}
+    assert set(schema["properties"]) == aliases
+    assert schema["additionalProperties"] is False
+
+
+def test_states_and_problem_types_match() -> None:
+    schemas = load_openapi()["components"]["schemas"]
+    assert schemas["ReservationState"]["enum"] == [state.value for state in ReservationState]
+    assert PROBLEM_BASE in schemas["Problem"]["description"].replace("`", "").replace("\n", " ")
