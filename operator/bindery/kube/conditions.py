@@ -1,0 +1,71 @@
+"""Write `PodScheduled=False` onto a pod's status, as kube-scheduler does after a failed attempt.
+
+A strategic-merge patch of `status.conditions` merges by condition `type`, so only PodScheduled is
+touched and other writers' conditions survive (kube-scheduler's PatchPodStatus does the same).
+`metadata.uid` in the patch makes the apiserver refuse it if the name now belongs to another pod.
+An identical condition already written for this pod is not written again (a pod retried on
+backoff would otherwise cost a write per attempt).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from bindery.kube.counters import WriteCounter
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import PodGone
+
+MESSAGE_LIMIT = 4096
+
+
+def condition_patch(*, uid: str, reason: str, message: str, now: datetime.datetime) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid},
+        "status": {
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": reason,
+                    "message": message[:MESSAGE_LIMIT],
+                    "lastProbeTime": None,
+                    "lastTransitionTime": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                }
+            ]
+        },
+    }
+
+
+class KubeConditionWriter:
+    def __init__(self, *, api: client.ApiClient, counter: WriteCounter | None = None) -> None:
+        self._core = client.CoreV1Api(api)
+        self._counter = counter or WriteCounter()
+        self._written: dict[str, tuple[str, str]] = {}
+
+    async def pod_scheduled_false(self, *, pod: PodInfo, reason: str, message: str) -> None:
+        if self._written.get(pod.uid) == (reason, message):
+            return
+        body = condition_patch(
+            uid=pod.uid, reason=reason, message=message, now=datetime.datetime.now(datetime.UTC)
+        )
+        self._counter.add(kind="condition")
+        response = await self._core.patch_namespaced_pod_status(
+            name=pod.name, namespace=pod.namespace, body=body, _preload_content=False
+        )
+        try:
+            if response.status == 404:
+                raise PodGone(f"pod {pod.namespace}/{pod.name} no longer exists")
+            if response.status >= 300:
+                detail = (await response.read())[:300].decode("utf-8", "replace")
+                raise client.ApiException(
+                    status=response.status, reason=f"PodScheduled condition not written: {detail}"
+                )
+        finally:
+            response.release()
+        self._written[pod.uid] = (reason, message)
+
+    def forget(self, *, uid: str) -> None:
+        self._written.pop(uid, None)

@@ -1,0 +1,62 @@
+"""In-memory lookups fed by the watches: Nodes through a Kopf index, unbound pods through a map.
+
+Pre-bind checks must not read from the apiserver (the success path costs two writes and no reads),
+so they ask these. The node index stores a `NodeProjection` (name, labels, taints, cordon, deletion)
+rather than whole Node objects, whose status (images, conditions) dominates their size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import NodeProjection
+
+
+class _Index(Protocol):
+    """The part of `kopf.Index` we use: key -> a store (iterable) of indexed values."""
+
+    def get(self, key: str) -> Iterable[Any] | None: ...
+
+
+def project_node(*, body: Mapping[str, Any]) -> dict[str, NodeProjection]:
+    """The Kopf index function's value: {node name: projection}."""
+    projection = NodeProjection.from_body(body)
+    return {projection.name: projection}
+
+
+class IndexNodeLookup:
+    def __init__(self, *, index: _Index) -> None:
+        self._index = index
+
+    def get(self, name: str) -> NodeProjection | None:
+        store = self._index.get(name)
+        if not store:
+            return None
+        for value in store:
+            if isinstance(value, NodeProjection):
+                return value
+        return None
+
+
+class UnboundPods:
+    """Unbound pods of served scheduler names by UID; the pod event handler keeps it current."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, PodInfo] = {}
+
+    def get(self, uid: str) -> PodInfo | None:
+        return self._pods.get(uid)
+
+    def put(self, pod: PodInfo) -> None:
+        self._pods[pod.uid] = pod
+
+    def pop(self, uid: str) -> PodInfo | None:
+        return self._pods.pop(uid, None)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def uids(self) -> set[str]:
+        return set(self._pods)
