@@ -131,10 +131,16 @@ def _build(target: Target, dest: pathlib.Path) -> None:
     staging = dest / f".partial-{os.getpid()}"
     staging.mkdir(parents=True, exist_ok=True)
     cmd = [
-        "go", "build", "-trimpath", "-buildvcs=false",
-        "-ldflags", " ".join(("-s", "-w", *target.ldflags)),
-        "-o", str(staging) + os.sep, *target.packages,
-    ]  # fmt: skip
+        "go",
+        "build",
+        "-trimpath",
+        "-buildvcs=false",
+        "-ldflags",
+        " ".join(("-s", "-w", *target.ldflags)),
+        "-o",
+        str(staging) + os.sep,
+        *target.packages,
+    ]
     env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
     started = time.monotonic()
     _log(f"building {', '.join(target.outputs)} (go build in {target.module}/; minutes on a cold cache)")

@@ -1,0 +1,39 @@
+"""``python -m bindery.devcluster build|up``: build the binaries, or run a plane until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from bindery.devcluster import binaries
+from bindery.devcluster.plane import ControlPlane
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bindery devcluster", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="build etcd, kube-apiserver, kube-scheduler, kubectl, helm (cached)")
+    build.add_argument("--print-dir", action="store_true", help="print the binaries' directory and exit")
+    up = sub.add_parser("up", help="start etcd + kube-apiserver and keep them running until Ctrl-C")
+    up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for /readyz (default 90)")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        return binaries.main(["--print-dir"] if args.print_dir else [])
+    started = time.monotonic()
+    with ControlPlane.start(timeout=args.timeout) as plane:
+        print(f"control plane ready in {time.monotonic() - started:.1f}s", file=sys.stderr)
+        print(plane.kubeconfig, flush=True)
+        print(f"export KUBECONFIG={plane.kubeconfig} PATH={plane.bin_dir}:$PATH", file=sys.stderr)
+        print("press Ctrl-C to stop", file=sys.stderr, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("stopping", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Create Nodes through the API that kube-scheduler (and Bindery) treat as schedulable.
+
+No kubelet runs in the dev plane, so a Node is only an object: it is created, then its
+status (capacity, allocatable, a ``Ready=True`` condition) is written through the
+``nodes/status`` subresource, which is what a kubelet would report.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubernetes_asyncio import client
+
+DEFAULT_CAPACITY: Mapping[str, str] = {"cpu": "4", "memory": "8Gi", "pods": "110"}
+
+
+def node_body(
+    *,
+    name: str,
+    labels: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, Any]] | None = None,
+    unschedulable: bool = False,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+        "spec": {"unschedulable": unschedulable, "taints": [dict(t) for t in taints or ()]},
+    }
+
+
+def node_status(
+    *, capacity: Mapping[str, str], allocatable: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "capacity": dict(capacity),
+        "allocatable": dict(allocatable if allocatable is not None else capacity),
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "created by bindery.devcluster",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+        ],
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+    }
+
+
+async def create_node(
+    api: client.ApiClient,
+    *,
+    name: str,
+    capacity: Mapping[str, str] = DEFAULT_CAPACITY,
+    allocatable: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, Any]] | None = None,
+    unschedulable: bool = False,
+) -> dict[str, Any]:
+    """Create a Ready Node with the given resources; returns the Node as the API stored it."""
+    core = client.CoreV1Api(api)
+    body = node_body(name=name, labels=labels, taints=taints, unschedulable=unschedulable)
+    await core.create_node(body=body)
+    status = node_status(capacity=capacity, allocatable=allocatable)
+    stored = await core.patch_node_status(name=name, body={"status": status})
+    result: dict[str, Any] = api.sanitize_for_serialization(stored)
+    return result

@@ -1,0 +1,397 @@
+"""Start etcd and kube-apiserver on loopback, with their own PKI, and stop them cleanly.
+
+One implementation serves the test suite, the demo and the benchmarks. The plane is
+deliberately minimal:
+
+* etcd runs with ``--unsafe-no-fsync`` in a temporary data directory: nothing here
+  needs durability, and fsync dominates its latency on small disks.
+* kube-apiserver runs RBAC authorization (least-privilege tests need it) and
+  authenticates clients by certificates from the plane's own CA.
+* The admission plugins ``ServiceAccount`` and ``TaintNodesByCondition`` are off.
+  No kube-controller-manager runs, so nothing would create the default
+  ServiceAccount a pod needs to pass ``ServiceAccount`` admission, and nothing would
+  remove the ``node.kubernetes.io/not-ready`` taint that ``TaintNodesByCondition``
+  puts on every new Node, so hand-made Nodes would never be schedulable.
+
+Nothing may outlive the plane, even when the Python process that started it is
+killed: every server runs in its own process group, and a small watchdog process
+holds the read end of a pipe from us. When the pipe closes (normal stop, crash or
+SIGKILL alike) the watchdog kills those process groups and removes the temporary
+directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from bindery.devcluster import binaries, pki
+
+SERVICE_CIDR = "10.0.0.0/24"
+ADMIN_USER = "bindery-admin"
+
+# Runs as a separate process; it must not import bindery (the tree may be gone by then).
+_WATCHDOG = r"""
+import os, shutil, signal, sys, time
+workdir = sys.argv[1]
+pgids = []
+for line in sys.stdin:
+    line = line.strip()
+    if line == "done":
+        pgids = []
+        break
+    if line:
+        pgids.append(int(line))
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+    if pgids and sig == signal.SIGTERM:
+        time.sleep(2)
+shutil.rmtree(workdir, ignore_errors=True)
+"""
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane did not start, or a server in it died."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _tail(path: pathlib.Path, *, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(text[-lines:]) or "(empty log)"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@dataclasses.dataclass
+class _Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: pathlib.Path
+
+
+@dataclasses.dataclass(kw_only=True)
+class ControlPlane:
+    """A running etcd + kube-apiserver. Use :meth:`start` (a context manager) to get one."""
+
+    workdir: pathlib.Path
+    bin_dir: pathlib.Path
+    server: str
+    ca_file: pathlib.Path
+    kubeconfig: pathlib.Path
+    _ca: pki.CertificateAuthority
+    _servers: list[_Server] = dataclasses.field(default_factory=list)
+    _watchdog: subprocess.Popen[bytes] | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(
+        cls,
+        *,
+        bin_dir: pathlib.Path | None = None,
+        timeout: float = 90.0,
+        extra_apiserver_args: Sequence[str] = (),
+    ) -> Iterator[ControlPlane]:
+        """Start a plane, yield it, and stop it on exit (also on errors and signals)."""
+        plane = cls._launch(
+            bin_dir=bin_dir or binaries.ensure_built(quiet=True),
+            timeout=timeout,
+            extra_apiserver_args=extra_apiserver_args,
+        )
+        with _signals_stop(plane):
+            try:
+                yield plane
+            finally:
+                plane.stop()
+
+    @classmethod
+    def _launch(
+        cls, *, bin_dir: pathlib.Path, timeout: float, extra_apiserver_args: Sequence[str]
+    ) -> ControlPlane:
+        workdir = pathlib.Path(tempfile.mkdtemp(prefix="bindery-plane-"))
+        watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(workdir)],
+            stdin=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C in the terminal must not kill it before it cleans up
+        )
+        ca = pki.CertificateAuthority.create()
+        certs = workdir / "pki"
+        certs.mkdir()
+        ca_file = certs / "ca.crt"
+        ca_file.write_bytes(ca.cert_pem)
+        apiserver_port = free_port()
+        plane = cls(
+            workdir=workdir,
+            bin_dir=bin_dir,
+            server=f"https://127.0.0.1:{apiserver_port}",
+            ca_file=ca_file,
+            kubeconfig=workdir / "admin.kubeconfig",
+            _ca=ca,
+            _watchdog=watchdog,
+        )
+        try:
+            plane.mint_kubeconfig(user=ADMIN_USER, groups=["system:masters"], path=plane.kubeconfig)
+            etcd_url = plane._start_etcd()
+            plane._start_apiserver(port=apiserver_port, etcd_url=etcd_url, extra=extra_apiserver_args)
+            plane._wait_ready(timeout=timeout)
+        except BaseException:
+            plane.stop()
+            raise
+        return plane
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> _Server:
+        log = self.workdir / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, killed as a whole
+            )
+        server = _Server(name=name, proc=proc, log=log)
+        self._servers.append(server)
+        self._tell_watchdog(str(proc.pid))
+        return server
+
+    def _tell_watchdog(self, line: str) -> None:
+        if self._watchdog and self._watchdog.stdin:
+            with contextlib.suppress(BrokenPipeError):
+                self._watchdog.stdin.write(f"{line}\n".encode())
+                self._watchdog.stdin.flush()
+
+    def _start_etcd(self) -> str:
+        client, peer = free_port(), free_port()
+        url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+        self._spawn(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                "--name=default",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        return url
+
+    def _start_apiserver(self, *, port: int, etcd_url: str, extra: Sequence[str]) -> None:
+        certs = self.workdir / "pki"
+        serving = self._ca.issue_server(
+            hosts=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+            ips=["127.0.0.1", "10.0.0.1"],
+        )
+        cert, key = serving.write(directory=certs, stem="apiserver")
+        sa = pki.service_account_keys()
+        sa_pub, sa_key = sa.write(directory=certs, stem="sa")
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                f"--cert-dir={certs}",
+                f"--tls-cert-file={cert}",
+                f"--tls-private-key-file={key}",
+                f"--client-ca-file={self.ca_file}",
+                f"--secure-port={port}",
+                "--bind-address=127.0.0.1",
+                # The apiserver advertises itself in the `kubernetes` Endpoints; with no default
+                # route on these machines it cannot guess an address, so give it loopback.
+                "--advertise-address=127.0.0.1",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--allow-privileged=true",
+                "--authorization-mode=RBAC",
+                # No controller-manager runs: see the module docstring for why these two are off.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={sa_pub}",
+                f"--service-account-signing-key-file={sa_key}",
+                "--enable-priority-and-fairness=false",
+                *extra,
+            ],
+        )
+
+    def _ssl_context(self, *, user_cert: pathlib.Path, user_key: pathlib.Path) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        ctx.load_cert_chain(str(user_cert), str(user_key))
+        return ctx
+
+    def _wait_ready(self, *, timeout: float) -> None:
+        admin_cert, admin_key = (
+            self.workdir / "pki" / f"{ADMIN_USER}.crt",
+            self.workdir / "pki" / f"{ADMIN_USER}.key",
+        )
+        ctx = self._ssl_context(user_cert=admin_cert, user_key=admin_key)
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            for server in self._servers:
+                if server.proc.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{server.name} exited with code {server.proc.returncode} while the control plane "
+                        f"was starting.\n{self.describe_logs()}"
+                    )
+            try:
+                with urllib.request.urlopen(f"{self.server}/readyz", context=ctx, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except urllib.error.HTTPError as e:
+                last = f"/readyz answered {e.code}"
+            except (urllib.error.URLError, OSError) as e:
+                last = f"/readyz unreachable: {e}"
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"the control plane was not ready within {timeout:.0f}s ({last}).\n{self.describe_logs()}"
+        )
+
+    def describe_logs(self) -> str:
+        parts = [f"--- last lines of {s.name} ({s.log}) ---\n{_tail(s.log)}" for s in self._servers]
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """Stop every server (SIGTERM, then SIGKILL) and remove the temporary directory."""
+        for server in reversed(self._servers):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.proc.pid, signal.SIGTERM)
+        for server in reversed(self._servers):
+            try:
+                # The plane's data is throw-away: a short grace period, not a graceful drain.
+                server.proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.proc.pid, signal.SIGKILL)
+                server.proc.wait()
+        self._servers.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._watchdog is not None:
+            self._tell_watchdog("done")
+            if self._watchdog.stdin:
+                with contextlib.suppress(BrokenPipeError):
+                    self._watchdog.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watchdog.wait(timeout=5)
+            self._watchdog = None
+
+    # ---- identities ------------------------------------------------------------------------
+
+    def mint_kubeconfig(
+        self, *, user: str, groups: Sequence[str] = (), path: pathlib.Path | None = None
+    ) -> pathlib.Path:
+        """Write a kubeconfig that authenticates as ``user`` in ``groups`` (a client certificate)."""
+        pair = self._ca.issue_client(user=user, groups=groups)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in user)
+        pair.write(directory=self.workdir / "pki", stem=safe)
+        path = path or self.workdir / f"{safe}.kubeconfig"
+        config: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "bindery-dev",
+                    "cluster": {"server": self.server, "certificate-authority-data": _b64(self._ca.cert_pem)},
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {
+                        "client-certificate-data": _b64(pair.cert_pem),
+                        "client-key-data": _b64(pair.key_pem),
+                    },
+                }
+            ],
+            "contexts": [{"name": "bindery-dev", "context": {"cluster": "bindery-dev", "user": user}}],
+            "current-context": "bindery-dev",
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment for `kubectl` and `helm` subprocesses: admin kubeconfig, binaries on PATH."""
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            # Helm keeps caches and config per user; keep them inside the plane's temp dir.
+            "HELM_CACHE_HOME": str(self.workdir / "helm" / "cache"),
+            "HELM_CONFIG_HOME": str(self.workdir / "helm" / "config"),
+            "HELM_DATA_HOME": str(self.workdir / "helm" / "data"),
+        }
+
+    def kubectl(
+        self, *args: str, kubeconfig: pathlib.Path | None = None, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        env = self.env
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
+        return subprocess.run(
+            [str(self.bin_dir / "kubectl"), *args],
+            env=env,
+            input=input,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+        )
+
+
+@contextlib.contextmanager
+def _signals_stop(plane: ControlPlane) -> Iterator[None]:
+    """Turn SIGTERM/SIGHUP into a clean stop while the plane runs (main thread only)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: types.FrameType | None) -> None:
+        plane.stop()
+        raise SystemExit(128 + signum)
+
+    previous: Mapping[int, Any] = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)

@@ -1,0 +1,126 @@
+"""The launcher and the built binaries: versions, real scheduling onto helper-made Nodes, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from kubernetes_asyncio import client
+
+from bindery.devcluster import binaries
+from bindery.devcluster.nodes import create_node
+from bindery.devcluster.plane import ControlPlane, ControlPlaneError, free_port
+from tests.devcluster.test_apiserver_semantics import pod_body
+
+pytestmark = pytest.mark.controlplane
+
+
+def test_versions_are_the_pinned_ones(controlplane: ControlPlane) -> None:
+    server = json.loads(controlplane.kubectl("get", "--raw", "/version").stdout)
+    assert server["gitVersion"] == binaries.KUBERNETES_VERSION
+    out = json.loads(controlplane.kubectl("version", "-o", "json").stdout)
+    assert out["clientVersion"]["gitVersion"] == binaries.KUBERNETES_VERSION
+    assert out["serverVersion"]["gitVersion"] == binaries.KUBERNETES_VERSION
+    helm = subprocess.run(
+        ["helm", "version", "--short"], env=controlplane.env, capture_output=True, text=True, check=True
+    )
+    assert helm.stdout.startswith(binaries.HELM_VERSION)
+    etcd = subprocess.run([str(controlplane.bin_dir / "etcd"), "--version"], capture_output=True, text=True)
+    assert f"etcd Version: {binaries.ETCD_VERSION.lstrip('v')}" in etcd.stdout
+
+
+async def test_kube_scheduler_schedules_onto_helper_nodes(
+    controlplane: ControlPlane, kube_api: client.ApiClient, namespace: str
+) -> None:
+    await create_node(
+        kube_api, name=f"{namespace}-small", capacity={"cpu": "1", "memory": "1Gi", "pods": "10"}
+    )
+    await create_node(
+        kube_api,
+        name=f"{namespace}-big",
+        capacity={"cpu": "8", "memory": "16Gi", "pods": "10", "nvidia.com/gpu": "2"},
+    )
+    core = client.CoreV1Api(kube_api)
+    body = pod_body("needs-4-cpus", scheduler="default-scheduler", cpu="4")
+    await core.create_namespaced_pod(namespace=namespace, body=body)
+    port = free_port()
+    scheduler = subprocess.Popen(
+        [
+            str(controlplane.bin_dir / "kube-scheduler"),
+            f"--kubeconfig={controlplane.kubeconfig}",
+            "--leader-elect=false",
+            f"--secure-port={port}",
+            "--bind-address=127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        node = None
+        for _ in range(300):
+            pod = await core.read_namespaced_pod(name="needs-4-cpus", namespace=namespace)
+            node = pod.spec.node_name
+            if node:
+                break
+            await asyncio.sleep(0.1)
+        assert node == f"{namespace}-big"
+    finally:
+        os.killpg(scheduler.pid, signal.SIGKILL)
+        scheduler.wait()
+
+
+def test_a_plane_that_cannot_start_quotes_its_logs() -> None:
+    with (
+        pytest.raises(ControlPlaneError) as exc,
+        ControlPlane.start(extra_apiserver_args=["--no-such-flag"], timeout=30),
+    ):
+        pass
+    message = str(exc.value)
+    assert "kube-apiserver exited" in message
+    assert "unknown flag: --no-such-flag" in message
+    assert "last lines of etcd" in message
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    return stat.split(")")[-1].split()[0] != "Z"
+
+
+def test_nothing_survives_a_killed_owner(tmp_path: pathlib.Path) -> None:
+    """SIGKILL the Python process that started the plane: its servers and temp dir still go."""
+    script = (
+        "import json, sys\n"
+        "from bindery.devcluster.plane import ControlPlane\n"
+        "with ControlPlane.start() as p:\n"
+        "    info = {'pids': [s.proc.pid for s in p._servers], 'dir': str(p.workdir)}\n"
+        "    print(json.dumps(info), flush=True)\n"
+        "    sys.stdin.read()\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert owner.stdout is not None
+    info = json.loads(owner.stdout.readline())
+    assert all(_alive(pid) for pid in info["pids"])
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (
+        any(_alive(p) for p in info["pids"]) or os.path.exists(info["dir"])
+    ):
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in info["pids"])
+    assert not os.path.exists(info["dir"])
