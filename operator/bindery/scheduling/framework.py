@@ -1,0 +1,218 @@
+"""The scheduler framework's extension points, narrowed to what a binding pipeline needs.
+
+Bindery does not filter or score nodes (the resource manager places pods), so of kube-scheduler's
+framework only the binding-cycle extension points remain: Reserve/Unreserve, PreBind, Bind and
+PostBind.  The built-in steps are the default plugins of these points (see
+:mod:`bindery.scheduling.defaults`); a ResourceManager can add PreBind and PostBind plugins, extra
+Reserve plugins, or replace the Bind plugin, by entry-point name (see
+:mod:`bindery.scheduling.registry`).
+
+The interfaces are deliberately narrow: a plugin receives one :class:`CycleContext` (the pod, the
+profile, the reservation, the ports) and returns a :class:`Status`; it never sees the queue and
+cannot touch other pods.  The semantics follow kube-scheduler:
+
+* Reserve plugins run in order; if one fails, *every* Reserve plugin's ``unreserve`` runs in
+  reverse order, including those whose ``reserve`` never ran, so ``unreserve`` must be idempotent
+  and must cope with nothing to undo.  The same unreserve runs on any later failure.
+* PreBind plugins run in order; the first non-success status fails the cycle.
+* Bind plugins run in order until one does not return ``SKIP``.
+* PostBind plugins run after a successful bind; they are informational and cannot change the
+  outcome (an exception is logged and ignored).
+
+A plugin that raises is treated as if it returned an ``ERROR`` status naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from bindery.scheduling.nodecheck import NodeCheckMode
+
+if TYPE_CHECKING:
+    from bindery.rm.models import Reservation, ReservationRequest
+    from bindery.scheduling.decisions import Failure
+    from bindery.scheduling.podspec import PodInfo
+    from bindery.scheduling.ports import Binder, ConditionWriter, EventSink, NodeLookup, PodLookup
+
+__all__ = [
+    "RESERVATION_ANNOTATION",
+    "BindPlugin",
+    "Code",
+    "CycleContext",
+    "PluginSet",
+    "Ports",
+    "PostBindPlugin",
+    "PreBindPlugin",
+    "Profile",
+    "ReservationClient",
+    "ReservePlugin",
+    "Status",
+]
+
+#: The annotation the Binding carries (and the apiserver copies onto the pod): which reservation
+#: holds the pod's capacity, so the RM's view can be reconciled with the cluster after a crash.
+RESERVATION_ANNOTATION = "bindery.dev/reservation-id"
+
+
+class Code(enum.StrEnum):
+    SUCCESS = "Success"
+    #: The pod does not fit (reported as ``Unschedulable``, retried when capacity may have freed).
+    UNSCHEDULABLE = "Unschedulable"
+    #: Something failed (reported as ``SchedulerError``, retried after backoff).
+    ERROR = "Error"
+    #: Bind plugins only: "not mine, ask the next Bind plugin".
+    SKIP = "Skip"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Status:
+    """The result of one plugin call."""
+
+    code: Code = Code.SUCCESS
+    message: str = ""
+    #: The built-in plugins attach a precise classification (RM unavailable, bind conflict, ...);
+    #: third-party plugins leave it ``None`` and are classified by ``code``.
+    failure: Failure | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code is Code.SUCCESS
+
+    @classmethod
+    def success(cls) -> Status:
+        return _SUCCESS
+
+    @classmethod
+    def unschedulable(cls, message: str) -> Status:
+        return cls(code=Code.UNSCHEDULABLE, message=message)
+
+    @classmethod
+    def error(cls, message: str) -> Status:
+        return cls(code=Code.ERROR, message=message)
+
+    @classmethod
+    def skip(cls) -> Status:
+        return cls(code=Code.SKIP)
+
+    @classmethod
+    def failed(cls, failure: Failure) -> Status:
+        """A failure already classified by :mod:`bindery.scheduling.decisions`."""
+        return cls(code=Code.ERROR, message=failure.message, failure=failure)
+
+
+_SUCCESS = Status()
+
+
+class ReservationClient(Protocol):
+    """What the cycle needs of the RM client (:class:`bindery.rm.client.ResourceManagerClient`).
+
+    Raises the errors of :mod:`bindery.rm.errors`.
+    """
+
+    async def reserve(self, request: ReservationRequest, /) -> Reservation: ...
+
+    async def commit(self, reservation_id: str, /) -> Reservation: ...
+
+    async def release(self, reservation_id: str, /) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ports:
+    """The cluster-side ports one scheduling cycle uses (implemented by :mod:`bindery.kube`)."""
+
+    nodes: NodeLookup
+    pods: PodLookup
+    binder: Binder
+    events: EventSink
+    conditions: ConditionWriter
+
+
+@runtime_checkable
+class ReservePlugin(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    async def reserve(self, *, ctx: CycleContext) -> Status: ...
+
+    async def unreserve(self, *, ctx: CycleContext) -> None:
+        """Undo ``reserve``; must be idempotent and must tolerate ``reserve`` never having run."""
+        ...
+
+
+@runtime_checkable
+class PreBindPlugin(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    async def pre_bind(self, *, ctx: CycleContext) -> Status: ...
+
+
+@runtime_checkable
+class BindPlugin(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    async def bind(self, *, ctx: CycleContext) -> Status:
+        """Bind ``ctx.pod`` to ``ctx.node``; ``Status.skip()`` passes the pod to the next Bind plugin."""
+        ...
+
+
+@runtime_checkable
+class PostBindPlugin(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    async def post_bind(self, *, ctx: CycleContext) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PluginSet:
+    """The plugins a ResourceManager enables *in addition to* the defaults (or, for Bind, instead)."""
+
+    reserve: tuple[ReservePlugin, ...] = ()
+    pre_bind: tuple[PreBindPlugin, ...] = ()
+    #: ``None``: the default binder.  Otherwise these replace it (tried in order until one does
+    #: not skip).
+    bind: tuple[BindPlugin, ...] | None = None
+    post_bind: tuple[PostBindPlugin, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Profile:
+    """The runtime configuration of one ResourceManager: everything a cycle needs besides the ports."""
+
+    #: The ResourceManager's name (appears in messages: ``resource manager "gpu-pool" chose ...``).
+    name: str
+    scheduler_names: frozenset[str]
+    client: ReservationClient
+    reservation_ttl_seconds: int = 60
+    node_check: NodeCheckMode = NodeCheckMode.FULL
+    backoff_initial_seconds: float = 1.0
+    backoff_max_seconds: float = 10.0
+    max_in_flight: int = 16
+    plugins: PluginSet = PluginSet()
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class CycleContext:
+    """Everything one scheduling cycle of one pod knows; plugins read it, the Reserve step fills it."""
+
+    pod: PodInfo
+    profile: Profile
+    ports: Ports
+    #: Set by the RM reservation (default Reserve plugin); ``None`` until then.
+    reservation: Reservation | None = None
+    #: Scratch space for plugins to pass data between extension points (like kube-scheduler's
+    #: CycleState); key by plugin name to avoid collisions.
+    state: dict[str, object] = dataclasses.field(default_factory=dict)
+
+    @property
+    def node(self) -> str | None:
+        """The node the RM chose, once reserved."""
+        return self.reservation.node if self.reservation is not None else None
+
+    @property
+    def scheduler_name(self) -> str:
+        return self.pod.scheduler_name

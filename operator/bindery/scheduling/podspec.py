@@ -1,0 +1,248 @@
+"""What the scheduler needs to know about a pod, and what it asks the resource manager for.
+
+A pod body is large and changes often (every status write produces a new one).  The queue and the
+cycle keep a small immutable :class:`PodInfo` instead: identity, priority and age for ordering, the
+few flags that say whether the pod may be scheduled at all, and the pod's placement inputs already
+reduced to what the RM contract carries (effective requests, nodeSelector, required node affinity,
+tolerations).
+
+:func:`effective_requests` computes the capacity a pod occupies exactly as the kubelet admits it
+and kube-scheduler accounts it (``k8s.io/component-helpers/resource.PodRequests``): regular
+containers run together, init containers one after another, restartable init containers
+("sidecars", ``restartPolicy: Always``) keep running alongside everything started after them, pod
+overhead is added on top, and pod-level requests (``spec.resources``) override cpu and memory.
+Getting this wrong in either direction either overcommits nodes or strands capacity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from bindery.quantity import QuantityError, format_quantity, parse_quantity
+from bindery.rm.models import Placement, PodIdentity, ReservationRequest
+
+__all__ = [
+    "POD_LEVEL_RESOURCES",
+    "PodInfo",
+    "PodSpecError",
+    "effective_requests",
+    "reservation_request",
+]
+
+#: Resources that ``spec.resources.requests`` (pod-level resources) may set, as in Kubernetes.
+POD_LEVEL_RESOURCES: frozenset[str] = frozenset({"cpu", "memory"})
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class PodSpecError(ValueError):
+    """A pod body cannot be turned into a reservation request (e.g. an unparsable quantity)."""
+
+
+ResourceList = dict[str, Decimal]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodInfo:
+    """An immutable projection of a pod: identity, queue order, schedulability and placement inputs."""
+
+    uid: str
+    namespace: str
+    name: str
+    scheduler_name: str
+    priority: int = 0
+    created: datetime = _EPOCH
+    node_name: str | None = None
+    deleting: bool = False
+    gated: bool = False
+    requests: Mapping[str, Decimal] = dataclasses.field(default_factory=dict)
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    affinity_terms: tuple[Mapping[str, Any], ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: ``(reason, message)`` of the pod's current ``PodScheduled=False`` condition, if any, so that
+    #: the cycle can skip rewriting an identical condition.
+    unschedulable_condition: tuple[str, str] | None = None
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, the way kube-scheduler names a pod in messages."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def schedulable(self) -> bool:
+        """Whether the pod may be scheduled now: unbound, not terminating, no scheduling gates."""
+        return not self.node_name and not self.deleting and not self.gated
+
+    def placement_inputs(self) -> tuple[object, ...]:
+        """Everything that can change where (or whether) the pod fits.
+
+        An update that leaves this unchanged (a status write, a label the RM does not see) is no
+        reason to retry a pod that was found unschedulable; one that changes it is.
+        """
+        return (
+            self.priority,
+            tuple(sorted(self.requests.items())),
+            tuple(sorted(self.node_selector.items())),
+            repr(self.affinity_terms),
+            repr(self.tolerations),
+            self.gated,
+        )
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> PodInfo:
+        """Project a pod in Kubernetes JSON shape (camelCase), as a Kopf handler receives it.
+
+        Raises :class:`PodSpecError` if a resource quantity cannot be parsed (the apiserver
+        validates them, so this means the body did not come from an apiserver).
+        """
+        metadata: Mapping[str, Any] = body.get("metadata") or {}
+        spec: Mapping[str, Any] = body.get("spec") or {}
+        status: Mapping[str, Any] = body.get("status") or {}
+        affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ) or {}
+        return cls(
+            uid=str(metadata.get("uid") or ""),
+            namespace=str(metadata.get("namespace") or ""),
+            name=str(metadata.get("name") or ""),
+            scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
+            priority=int(spec.get("priority") or 0),
+            created=_timestamp(metadata.get("creationTimestamp")),
+            node_name=str(spec.get("nodeName")) if spec.get("nodeName") else None,
+            deleting=metadata.get("deletionTimestamp") is not None,
+            gated=bool(spec.get("schedulingGates")),
+            requests=effective_requests(spec=spec),
+            node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
+            affinity_terms=tuple(dict(term) for term in affinity.get("nodeSelectorTerms") or ()),
+            tolerations=tuple(dict(toleration) for toleration in spec.get("tolerations") or ()),
+            labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+            unschedulable_condition=_unschedulable_condition(status),
+        )
+
+
+def _timestamp(value: object) -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, str) and value:
+        parsed = datetime.fromisoformat(value)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return _EPOCH
+
+
+def _unschedulable_condition(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return (str(condition.get("reason") or ""), str(condition.get("message") or ""))
+    return None
+
+
+def _container_requests(container: Mapping[str, Any]) -> ResourceList:
+    """A container's requests; a resource with only a limit requests its limit (apiserver defaulting)."""
+    resources: Mapping[str, Any] = container.get("resources") or {}
+    merged: dict[str, Any] = dict(resources.get("limits") or {})
+    merged.update(resources.get("requests") or {})
+    return _parse_list(merged, what=f"container {container.get('name', '?')!r}")
+
+
+def _parse_list(values: Mapping[str, Any], *, what: str) -> ResourceList:
+    parsed: ResourceList = {}
+    for name, value in values.items():
+        try:
+            parsed[str(name)] = parse_quantity(value)
+        except QuantityError as error:
+            raise PodSpecError(f"{what} has an invalid quantity for {name}: {error}") from None
+    return parsed
+
+
+def _add(target: ResourceList, addend: Mapping[str, Decimal]) -> None:
+    for name, value in addend.items():
+        target[name] = target.get(name, Decimal(0)) + value
+
+
+def _max_into(target: ResourceList, other: Mapping[str, Decimal]) -> None:
+    for name, value in other.items():
+        current = target.get(name)
+        if current is None or value > current:
+            target[name] = value
+
+
+def _sum(lists: Iterable[Mapping[str, Decimal]]) -> ResourceList:
+    total: ResourceList = {}
+    for item in lists:
+        _add(total, item)
+    return total
+
+
+def effective_requests(*, spec: Mapping[str, Any]) -> dict[str, Decimal]:
+    """The resources a pod with this spec occupies on a node, per resource name (any name).
+
+    Follows ``PodRequests`` in ``k8s.io/component-helpers/resource``:
+
+    * the sum of the regular containers' requests, plus every sidecar (an init container with
+      ``restartPolicy: Always``), which keeps running;
+    * at least, per resource, the peak of the init phase: each regular init container runs alone
+      next to the sidecars started before it; each sidecar's start counts the sidecars so far;
+    * pod-level ``spec.resources.requests`` replace the result for cpu and memory;
+    * plus ``spec.overhead`` (RuntimeClass overhead).
+    """
+    requests = _sum(_container_requests(c) for c in spec.get("containers") or ())
+    sidecars: ResourceList = {}
+    init_peak: ResourceList = {}
+    for container in spec.get("initContainers") or ():
+        own = _container_requests(container)
+        if container.get("restartPolicy") == "Always":
+            _add(requests, own)
+            _add(sidecars, own)
+            phase = dict(sidecars)
+        else:
+            phase = _sum((own, sidecars))
+        _max_into(init_peak, phase)
+    _max_into(requests, init_peak)
+    pod_level = (spec.get("resources") or {}).get("requests") or {}
+    for name, value in _parse_list(pod_level, what="spec.resources").items():
+        if name in POD_LEVEL_RESOURCES:
+            requests[name] = value
+    _add(requests, _parse_list(spec.get("overhead") or {}, what="spec.overhead"))
+    return requests
+
+
+def reservation_request(*, pod: PodInfo, ttl_seconds: int) -> ReservationRequest:
+    """The RM request that reserves room for ``pod``; the pod UID is the idempotency key.
+
+    Using the UID (not namespace/name) means a retry after a lost response gets the same
+    reservation back, while a recreated pod of the same name gets a new one.
+    """
+    placement = Placement.model_validate(
+        {
+            "nodeSelector": dict(pod.node_selector),
+            "requiredNodeAffinity": [dict(term) for term in pod.affinity_terms],
+            "tolerations": [_contract_toleration(t) for t in pod.tolerations],
+        }
+    )
+    return ReservationRequest(
+        pod=PodIdentity(
+            uid=pod.uid,
+            namespace=pod.namespace,
+            name=pod.name,
+            scheduler_name=pod.scheduler_name,
+            priority=pod.priority,
+            labels=dict(pod.labels),
+        ),
+        resources={name: format_quantity(value) for name, value in sorted(pod.requests.items())},
+        placement=placement,
+        idempotency_key=pod.uid,
+        ttl_seconds=ttl_seconds,
+    )
+
+
+_TOLERATION_FIELDS: Sequence[str] = ("key", "operator", "value", "effect", "tolerationSeconds")
+
+
+def _contract_toleration(toleration: Mapping[str, Any]) -> dict[str, Any]:
+    """A toleration restricted to the fields of contract v1 (Kubernetes may add more)."""
+    return {field: toleration[field] for field in _TOLERATION_FIELDS if toleration.get(field) is not None}

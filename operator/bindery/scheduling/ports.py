@@ -1,0 +1,146 @@
+"""The ports through which the scheduling core observes and changes the cluster.
+
+The scheduling core makes decisions; :mod:`bindery.kube` performs them against the apiserver.  The
+boundary is drawn so that the success path of a scheduling cycle is visibly cheap: the lookups
+(:class:`NodeLookup`, :class:`PodLookup`) are synchronous because they must be answered from memory
+(Kopf indexes fed by the watches), never by a request; the writers are the only coroutines, and a
+successful cycle calls exactly two of them (:meth:`Binder.bind` and :meth:`EventSink.scheduled`).
+
+The exceptions at the bottom are the only ones the writers may raise; anything else is a bug in the
+adapter and is reported as a scheduler error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from bindery.scheduling.podspec import PodInfo
+
+__all__ = [
+    "BindConflict",
+    "BindError",
+    "Binder",
+    "ConditionWriter",
+    "EventSink",
+    "NodeLookup",
+    "NodeProjection",
+    "PodGone",
+    "PodLookup",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeProjection:
+    """The few fields of a Node the pre-bind checks need, small enough to index every Node in memory."""
+
+    name: str
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    taints: tuple[Mapping[str, Any], ...] = ()
+    unschedulable: bool = False
+    deleting: bool = False
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> NodeProjection:
+        """Project a Node in Kubernetes JSON shape (as a Kopf handler or index receives it)."""
+        metadata: Mapping[str, Any] = body.get("metadata") or {}
+        spec: Mapping[str, Any] = body.get("spec") or {}
+        return cls(
+            name=str(metadata.get("name") or ""),
+            labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+            taints=tuple(dict(taint) for taint in spec.get("taints") or ()),
+            unschedulable=bool(spec.get("unschedulable", False)),
+            deleting=metadata.get("deletionTimestamp") is not None,
+        )
+
+
+class NodeLookup(Protocol):
+    """Nodes by name, answered from memory (a Kopf index on Nodes), never by an API read."""
+
+    def get(self, name: str) -> NodeProjection | None: ...
+
+
+class PodLookup(Protocol):
+    """Pending pods by UID, answered from the pod watch.
+
+    Returns the current copy while the pod exists and is still unbound; ``None`` once it was
+    deleted or left the watch's ``spec.nodeName=`` selector (bound by anyone).
+    """
+
+    def get(self, uid: str) -> PodInfo | None: ...
+
+
+class Binder(Protocol):
+    """Binds a pod by POSTing a Binding to ``pods/{name}/binding``.
+
+    The Binding must carry ``metadata.uid = pod.uid`` (so a recreated pod of the same name is not
+    bound by mistake) and ``annotations`` in its metadata (the apiserver copies them onto the pod).
+
+    Raises :class:`BindConflict` on 409, :class:`PodGone` on 404, :class:`BindError` otherwise.
+    """
+
+    async def bind(self, *, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> None: ...
+
+
+class EventSink(Protocol):
+    """Writes events.k8s.io/v1 Events as kube-scheduler does (reportingController = scheduler name)."""
+
+    async def scheduled(self, *, pod: PodInfo, node: str, scheduler_name: str) -> None:
+        """Normal ``Scheduled``, action ``Binding``, note ``Successfully assigned <ns>/<name> to <node>``."""
+        ...
+
+    async def failed_scheduling(self, *, pod: PodInfo, message: str, scheduler_name: str) -> None:
+        """Warning ``FailedScheduling``, action ``Scheduling``, note = ``message``."""
+        ...
+
+
+class ConditionWriter(Protocol):
+    """Sets the ``PodScheduled=False`` condition through the ``pods/status`` subresource.
+
+    May raise :class:`PodGone` if the pod no longer exists; the caller treats that as harmless.
+    """
+
+    async def pod_scheduled_false(self, *, pod: PodInfo, reason: str, message: str) -> None: ...
+
+
+class BindError(Exception):
+    """The Binding could not be created for a reason other than a conflict or a missing pod.
+
+    ``message`` says what the apiserver answered (status code and message) so it can go into the
+    pod's ``FailedScheduling`` event verbatim.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class BindConflict(Exception):
+    """409 Conflict on the Binding.
+
+    ``current_node`` is the node the pod is already assigned to when the apiserver says so (``pod
+    X is already assigned to node "n1"``), else ``None`` (UID precondition failed, the pod is being
+    deleted, or has scheduling gates).  A conflict naming the node we chose is a lost response, i.e.
+    success; any other conflict means we lost.
+    """
+
+    def __init__(
+        self,
+        message: str = "the apiserver refused the Binding (409 Conflict)",
+        *,
+        current_node: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.current_node = current_node
+
+
+class PodGone(Exception):
+    """The pod no longer exists (404), or exists with another UID; there is nobody left to schedule."""
+
+    def __init__(self, message: str = "the pod no longer exists") -> None:
+        super().__init__(message)
+        self.message = message
