@@ -1,0 +1,512 @@
+"""The async client Bindery uses to talk to a resource manager (contract v1).
+
+Why it is careful: the RM sits on the scheduling path of every pod, so the client must neither hang
+(explicit connect/read timeouts plus a per-attempt deadline), nor hammer a dead RM (a circuit
+breaker), nor retry anything unsafe (every v1 call is idempotent: reserve by its idempotency key,
+commit and release by definition), nor let a misbehaving server crash the pipeline (every response
+is size-capped while streaming and validated; any contract violation becomes ``RMProtocolError``).
+
+The bearer token is re-read when its file changes, so a rotated Secret is picked up without a
+restart; TLS verification is always on for https and plain http must be allowed explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import pathlib
+import ssl
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+import pydantic
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity.wait import wait_exponential_jitter
+
+from bindery.rm.errors import (
+    ProblemType,
+    RMConflict,
+    RMError,
+    RMProtocolError,
+    RMRejected,
+    RMUnavailable,
+    RMUnschedulable,
+)
+from bindery.rm.models import Problem, Reservation, ReservationList, ReservationRequest
+
+__all__ = ["CircuitBreaker", "ResourceManagerClient", "TokenSource"]
+
+log = logging.getLogger(__name__)
+
+#: Largest response body accepted; a page of 500 reservations is far below this.
+MAX_RESPONSE_BYTES = 1024 * 1024
+_MAX_PAGES = 10_000
+_BodyModel = TypeVar("_BodyModel", bound=pydantic.BaseModel)
+
+
+class CircuitBreaker:
+    """Consecutive failures open the circuit; after a cool-down one probe call is let through.
+
+    Closed → (``failure_threshold`` consecutive failures) → open → (``cool_down`` seconds) →
+    half-open: exactly one call may try; its success closes the circuit, its failure re-opens it.
+    Pure state with an injectable clock, so it is unit-testable.
+    """
+
+    def __init__(
+        self,
+        *,
+        failure_threshold: int = 5,
+        cool_down: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.failure_threshold = failure_threshold
+        self.cool_down = cool_down
+        self._clock = clock
+        self._failures = 0
+        self._opened_at: float | None = None
+        self._probing = False
+
+    @property
+    def state(self) -> str:
+        if self._opened_at is None:
+            return "closed"
+        if self._clock() - self._opened_at >= self.cool_down:
+            return "half-open"
+        return "open"
+
+    def before_call(self) -> None:
+        """Raise RMUnavailable when the circuit does not let this call through."""
+        state = self.state
+        if state == "closed":
+            return
+        if state == "half-open" and not self._probing:
+            self._probing = True
+            return
+        assert self._opened_at is not None
+        remaining = max(0.0, self.cool_down - (self._clock() - self._opened_at))
+        raise RMUnavailable(
+            f"the resource manager failed {self._failures} times in a row, so calls are paused "
+            f"(circuit open) for {remaining:.1f}s more; check that the RM is running and reachable",
+            retry_after=remaining or self.cool_down,
+        )
+
+    def record_success(self) -> None:
+        self._failures = 0
+        self._opened_at = None
+        self._probing = False
+
+    def record_failure(self) -> None:
+        self._failures += 1
+        if self._probing or self._failures >= self.failure_threshold:
+            self._opened_at = self._clock()
+        self._probing = False
+
+
+class TokenSource:
+    """A bearer token given inline or read from a file, re-read whenever the file changes."""
+
+    def __init__(self, *, token: str | None = None, token_file: pathlib.Path | None = None) -> None:
+        if token is not None and token_file is not None:
+            raise ValueError("give the RM bearer token either inline or as a file, not both")
+        self._token = token.strip() if token is not None else None
+        self._file = token_file
+        self._stamp: tuple[int, int, int] | None = None
+
+    @property
+    def from_file(self) -> bool:
+        return self._file is not None
+
+    def current(self, *, force_reload: bool = False) -> str | None:
+        if self._file is None:
+            return self._token
+        try:
+            stat = os.stat(self._file)
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            if force_reload or stamp != self._stamp:
+                self._token = self._file.read_text(encoding="utf-8").strip()
+                self._stamp = stamp
+        except OSError as error:
+            raise RMError(
+                f"cannot read the RM bearer token from {self._file}: {error.strerror or error}; "
+                "check that the Secret is mounted there"
+            ) from None
+        return self._token or None
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+
+class _Retryable(Exception):
+    """An attempt failed in a way worth retrying; carries what to raise if it was the last one."""
+
+    def __init__(self, error: RMUnavailable) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None  # HTTP-date form or garbage: fall back to our own backoff
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _media_type(headers: httpx.Headers) -> str:
+    value: str = headers.get("content-type") or ""
+    return value.split(";", 1)[0].strip().lower()
+
+
+class ResourceManagerClient:
+    """Async client for one RM.  Use ``async with`` or call :meth:`aclose`."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str | None = None,
+        token_file: pathlib.Path | None = None,
+        ca_file: pathlib.Path | None = None,
+        client_cert: tuple[pathlib.Path, pathlib.Path] | None = None,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 5.0,
+        max_attempts: int = 3,
+        allow_insecure_http: bool = False,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 2.0,
+        max_retry_after: float = 10.0,
+        failure_threshold: int = 5,
+        circuit_cool_down: float = 10.0,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
+        url = httpx.URL(base_url)
+        if url.scheme not in ("https", "http") or not url.host:
+            raise ValueError(f"RM base URL {base_url!r} must be an absolute https:// URL")
+        if url.scheme == "http" and not allow_insecure_http:
+            raise ValueError(
+                f"RM base URL {base_url!r} uses plain http, which would send the bearer token unencrypted; "
+                "use https, or set allow_insecure_http for loopback testing"
+            )
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.base_url = str(url).rstrip("/")
+        self._tokens = TokenSource(token=token, token_file=token_file)
+        self._max_attempts = max_attempts
+        self._backoff = wait_exponential_jitter(
+            multiplier=backoff_initial, max=backoff_max, jitter=backoff_initial
+        )
+        self._max_retry_after = max_retry_after
+        self._deadline = connect_timeout + read_timeout
+        self._max_bytes = max_response_bytes
+        self.breaker = CircuitBreaker(failure_threshold=failure_threshold, cool_down=circuit_cool_down)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(
+                connect=connect_timeout, read=read_timeout, write=read_timeout, pool=read_timeout
+            ),
+            verify=self._ssl_context(ca_file=ca_file, client_cert=client_cert)
+            if url.scheme == "https"
+            else True,
+            headers={
+                "User-Agent": "bindery-rm-client/1",
+                "Accept": "application/json, application/problem+json",
+            },
+            follow_redirects=False,
+        )
+
+    @staticmethod
+    def _ssl_context(
+        *, ca_file: pathlib.Path | None, client_cert: tuple[pathlib.Path, pathlib.Path] | None
+    ) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+        if client_cert is not None:
+            context.load_cert_chain(certfile=str(client_cert[0]), keyfile=str(client_cert[1]))
+        return context
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- the contract's operations -------------------------------------------------------------
+
+    async def reserve(self, request: ReservationRequest) -> Reservation:
+        """Reserve capacity; safe to retry because the RM deduplicates by the idempotency key."""
+        body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
+        answer = await self._call("POST", "/v1/reservations", json_body=body)
+        if answer.status in (200, 201):
+            return self._decode(answer, Reservation, "reserve")
+        raise self._error(answer, "reserve")
+
+    async def commit(self, reservation_id: str) -> Reservation:
+        """Commit after binding; committing twice is fine."""
+        answer = await self._call("POST", f"/v1/reservations/{_quote(reservation_id)}/commit", json_body={})
+        if answer.status == 200:
+            return self._decode(answer, Reservation, "commit")
+        raise self._error(answer, "commit")
+
+    async def release(self, reservation_id: str) -> None:
+        """Release; an unknown or already released reservation is not an error."""
+        answer = await self._call("DELETE", f"/v1/reservations/{_quote(reservation_id)}")
+        if answer.status in (200, 202, 204, 404, 410):
+            return
+        raise self._error(answer, "release")
+
+    async def list_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
+    ) -> list[Reservation]:
+        """Every matching reservation, following pagination to the end."""
+        params = {"schedulerName": scheduler_name, "state": state, "podUid": pod_uid}
+        query = {key: value for key, value in params.items() if value is not None}
+        items: list[Reservation] = []
+        seen: set[str] = set()
+        for _ in range(_MAX_PAGES):
+            answer = await self._call("GET", "/v1/reservations", params=query)
+            if answer.status != 200:
+                raise self._error(answer, "list reservations")
+            page = self._decode(answer, ReservationList, "list reservations")
+            items.extend(page.items)
+            if not page.next_cursor:
+                return items
+            if page.next_cursor in seen:
+                raise RMProtocolError(
+                    f"the RM returned the cursor {page.next_cursor!r} twice while listing reservations; "
+                    "its pagination loops, which is a bug in the RM"
+                )
+            seen.add(page.next_cursor)
+            query["cursor"] = page.next_cursor
+        raise RMProtocolError(f"the RM returned more than {_MAX_PAGES} pages of reservations; giving up")
+
+    async def check_ready(self) -> None:
+        """Raise RMUnavailable unless ``/readyz`` answers 200."""
+        answer = await self._call("GET", "/readyz", authenticated=False)
+        if answer.status != 200:
+            raise RMUnavailable(f"the RM at {self.base_url} is not ready: /readyz answered {answer.status}")
+
+    # -- transport, retries, circuit breaker ---------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+        authenticated: bool = True,
+    ) -> _Answer:
+        """One logical call with retries; returns the final non-retryable answer."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._max_attempts),
+            wait=self._wait,
+            retry=retry_if_exception_type(_Retryable),
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._attempt(
+                        method, path, json_body=json_body, params=params, authenticated=authenticated
+                    )
+        except _Retryable as final:
+            raise final.error from None
+        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+
+    def _wait(self, state: RetryCallState) -> float:
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
+        if isinstance(error, _Retryable) and error.error.retry_after is not None:
+            return min(error.error.retry_after, self._max_retry_after)
+        return float(self._backoff(state))
+
+    async def _attempt(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Mapping[str, Any] | None,
+        params: Mapping[str, str] | None,
+        authenticated: bool,
+    ) -> _Answer:
+        self.breaker.before_call()
+        answer = await self._send(
+            method, path, json_body=json_body, params=params, authenticated=authenticated
+        )
+        if answer.status == 401 and authenticated and self._tokens.from_file:
+            # The token may have rotated within the file's mtime granularity: re-read once.
+            self._tokens.current(force_reload=True)
+            answer = await self._send(
+                method, path, json_body=json_body, params=params, authenticated=authenticated
+            )
+        if answer.status == 429:
+            self.breaker.record_success()  # alive, just busy
+            raise _Retryable(self._unavailable(answer, f"{method} {path} was rate-limited (429)"))
+        if answer.status >= 500:
+            self.breaker.record_failure()
+            raise _Retryable(self._unavailable(answer, f"{method} {path} failed with HTTP {answer.status}"))
+        self.breaker.record_success()
+        return answer
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Mapping[str, Any] | None,
+        params: Mapping[str, str] | None,
+        authenticated: bool,
+    ) -> _Answer:
+        headers: dict[str, str] = {}
+        token = self._tokens.current() if authenticated else None
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        content: bytes | None = None
+        if json_body is not None:
+            content = json.dumps(json_body, separators=(",", ":")).encode()
+            headers["Content-Type"] = "application/json"
+        try:
+            async with asyncio.timeout(self._deadline):
+                async with self._http.stream(
+                    method, path, content=content, params=params, headers=headers
+                ) as response:
+                    body = await self._read_capped(response, method, path)
+                    return _Answer(response.status_code, response.headers, body)
+        except (httpx.TimeoutException, TimeoutError):
+            self.breaker.record_failure()
+            raise _Retryable(
+                RMUnavailable(
+                    f"{method} {path} to the RM at {self.base_url} timed out after {self._deadline:.1f}s; "
+                    "the RM is slow or unreachable"
+                )
+            ) from None
+        except httpx.TransportError as error:
+            self.breaker.record_failure()
+            raise _Retryable(
+                RMUnavailable(
+                    f"{method} {path} to the RM at {self.base_url} failed: {type(error).__name__}: {error}; "
+                    "check that the RM is running and the URL, port and TLS settings are right"
+                )
+            ) from None
+
+    async def _read_capped(self, response: httpx.Response, method: str, path: str) -> bytes:
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._max_bytes:
+            raise self._oversized(method, path)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > self._max_bytes:
+                    raise self._oversized(method, path)
+                chunks.append(chunk)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.DecodingError) as error:
+            self.breaker.record_failure()
+            raise RMProtocolError(
+                f"the RM's answer to {method} {path} was cut off or corrupt ({type(error).__name__}: {error})"
+            ) from None
+        return b"".join(chunks)
+
+    def _oversized(self, method: str, path: str) -> RMProtocolError:
+        return RMProtocolError(
+            f"the RM's answer to {method} {path} is larger than {self._max_bytes} bytes; "
+            "the contract's responses are small, so the RM is misbehaving"
+        )
+
+    def _unavailable(self, answer: _Answer, what: str) -> RMUnavailable:
+        retry_after = _parse_retry_after(answer.headers.get("retry-after"))
+        detail = self._problem_or_none(answer)
+        suffix = f": {detail.detail}" if detail is not None and detail.detail else ""
+        return RMUnavailable(f"{what} at the RM {self.base_url}{suffix}", retry_after=retry_after)
+
+    # -- response validation -------------------------------------------------------------------
+
+    def _decode(self, answer: _Answer, model: type[_BodyModel], what: str) -> _BodyModel:
+        media = _media_type(answer.headers)
+        if media != "application/json":
+            raise RMProtocolError(
+                f"the RM answered {what} with HTTP {answer.status} but content type {media or 'none'!r}; "
+                "the contract requires application/json"
+            )
+        try:
+            return model.model_validate_json(answer.body)
+        except pydantic.ValidationError as error:
+            raise RMProtocolError(
+                f"the RM's answer to {what} (HTTP {answer.status}) does not match the contract: "
+                f"{_summarize(error)}"
+            ) from None
+
+    @staticmethod
+    def _problem_or_none(answer: _Answer) -> Problem | None:
+        if _media_type(answer.headers) not in ("application/problem+json", "application/json"):
+            return None
+        try:
+            return Problem.model_validate_json(answer.body)
+        except pydantic.ValidationError:
+            return None
+
+    def _error(self, answer: _Answer, what: str) -> RMError:
+        """Map a non-success answer to the error type the scheduler acts on."""
+        problem = self._problem_or_none(answer)
+        if problem is None and _media_type(answer.headers) in (
+            "application/problem+json",
+            "application/json",
+        ):
+            return RMProtocolError(
+                f"the RM answered {what} with HTTP {answer.status} and a problem body that is not valid "
+                "RFC 9457 JSON"
+            )
+        if answer.status < 400:
+            return RMProtocolError(f"the RM answered {what} with unexpected status {answer.status}")
+        detail = (problem.detail or problem.title) if problem is not None else None
+        message = f"the RM rejected {what} with HTTP {answer.status}" + (f": {detail}" if detail else "")
+        raw = problem.model_dump(by_alias=True, exclude_none=True) if problem is not None else None
+        if problem is not None and problem.type == ProblemType.UNSCHEDULABLE:
+            retry_after = problem.retry_after_seconds
+            if retry_after is None:
+                retry_after = _parse_retry_after(answer.headers.get("retry-after"))
+            reason = problem.reason or problem.detail or "the resource manager found no node that fits"
+            return RMUnschedulable(message, reason=reason, retry_after=retry_after)
+        if answer.status == 409:
+            return RMConflict(message, status=409, problem=raw)
+        return RMRejected(message, status=answer.status, problem=raw)
+
+
+def _log_retry(state: RetryCallState) -> None:
+    outcome = state.outcome
+    error = outcome.exception() if outcome is not None else None
+    sleep = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning("RM call attempt %d failed (%s); retrying in %.2fs", state.attempt_number, error, sleep)
+
+
+def _quote(reservation_id: str) -> str:
+    """Reservation ids are opaque: percent-encode them so they stay one path segment."""
+    return urllib.parse.quote(reservation_id, safe="")
+
+
+def _summarize(error: pydantic.ValidationError) -> str:
+    parts = [
+        f"{'.'.join(str(p) for p in item['loc']) or 'body'}: {item['msg']}" for item in error.errors()[:3]
+    ]
+    more = f" (and {error.error_count() - 3} more)" if error.error_count() > 3 else ""
+    return "; ".join(parts) + more
