@@ -1,0 +1,387 @@
+"""The scheduling queue: which pending pod to schedule next, and when to try a failed one again.
+
+It behaves like kube-scheduler's ``PriorityQueue`` because users compare Bindery with it:
+
+* **Active heap.**  Pods ready to be scheduled, highest ``spec.priority`` first, then oldest
+  (creation time).  One entry per pod UID: an update replaces the stored :class:`PodInfo`.
+* **Backoff.**  A pod that failed waits ``initial * 2**(attempts-1)`` seconds, capped (1 s to 10 s
+  by default, per ResourceManager), or longer if the RM asked for it (``Retry-After``), at most
+  :data:`MAX_PARKED_SECONDS` (kube-scheduler's 5-minute unschedulable flush).
+* **Unschedulable pool.**  A pod the RM found no room for is parked until its backoff (or the RM's
+  retry hint) expires, or earlier when :meth:`SchedulingQueue.move_all_to_active` reports that
+  capacity may have been freed (a reservation released, a pod deleted) or when the pod itself
+  changes in a way that affects placement.  A move that happens while a pod is in flight is
+  remembered (kube-scheduler's ``moveRequestCycle``), so a pod that fails right after capacity
+  was freed is not parked past the event that could have made it fit.
+* **In-flight bound.**  At most ``max_in_flight`` pods of one ResourceManager are between
+  :meth:`~SchedulingQueue.pop` and :meth:`~SchedulingQueue.done`, so a burst of pods cannot
+  overwhelm the RM; waiting pods stay ordered by priority in the heap meanwhile.
+
+``pop`` is the hot path: it is O(log n) (heaps with lazy deletion: a stale heap item is skipped
+when it surfaces, and the heaps are compacted when stale items dominate), never a scan.  Time comes
+from an injectable :class:`Clock`, so tests drive backoff without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import heapq
+import itertools
+import logging
+import time
+from typing import Protocol
+
+from bindery.scheduling.decisions import Outcome
+from bindery.scheduling.podspec import PodInfo
+
+__all__ = [
+    "MAX_PARKED_SECONDS",
+    "BackoffPolicy",
+    "Clock",
+    "MonotonicClock",
+    "QueueClosed",
+    "QueueStats",
+    "SchedulingQueue",
+]
+
+log = logging.getLogger(__name__)
+
+#: The longest a failed pod waits before it is tried again, whatever the RM's retry hint says.
+MAX_PARKED_SECONDS = 300.0
+
+
+class QueueClosed(Exception):
+    """The queue was closed (the operator is stopping or the ResourceManager was removed)."""
+
+
+class Clock(Protocol):
+    """Monotonic time, and a way to wait for an event with a timeout measured on that time."""
+
+    def now(self) -> float: ...
+
+    async def wait(self, event: asyncio.Event, *, delay: float | None) -> None:
+        """Return when ``event`` is set or ``delay`` seconds (``None``: never) have passed."""
+        ...
+
+
+class MonotonicClock:
+    """The real clock: ``time.monotonic`` and asyncio timeouts."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def wait(self, event: asyncio.Event, *, delay: float | None) -> None:
+        if delay is None:
+            await event.wait()
+            return
+        try:
+            async with asyncio.timeout(max(delay, 0.0)):
+                await event.wait()
+        except TimeoutError:
+            pass
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackoffPolicy:
+    """kube-scheduler's per-pod backoff: ``initial`` doubled per further attempt, capped at ``maximum``."""
+
+    initial: float = 1.0
+    maximum: float = 10.0
+
+    def delay(self, *, attempts: int) -> float:
+        if attempts <= 0:
+            return 0.0
+        # 2**60 already exceeds any sane maximum; bound the exponent to avoid huge floats.
+        return min(self.initial * 2.0 ** min(attempts - 1, 60), self.maximum)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueStats:
+    active: int
+    backoff: int
+    unschedulable: int
+    in_flight: int
+
+    @property
+    def pending(self) -> int:
+        return self.active + self.backoff + self.unschedulable
+
+
+class _State(enum.Enum):
+    ACTIVE = "active"
+    BACKOFF = "backoff"
+    UNSCHEDULABLE = "unschedulable"
+    IN_FLIGHT = "in-flight"
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Entry:
+    pod: PodInfo
+    state: _State
+    generation: int = 0
+    attempts: int = 0
+    backoff_until: float = 0.0
+    #: The pop counter value when this pod was last popped (for the move-request check).
+    popped_cycle: int = 0
+    #: While in flight: the pod changed in a way that affects placement.
+    changed_in_flight: bool = False
+    #: While in flight: the pod was forgotten; ``done`` drops it.
+    forgotten: bool = False
+
+
+# (-priority, created, tiebreak, uid, generation)
+_ActiveItem = tuple[int, float, int, str, int]
+# (ready_at, tiebreak, uid, generation)
+_TimerItem = tuple[float, int, str, int]
+
+
+class SchedulingQueue:
+    """The queue of one ResourceManager (profile).  Not thread-safe; use it from one event loop."""
+
+    def __init__(
+        self,
+        *,
+        max_in_flight: int = 16,
+        backoff: BackoffPolicy | None = None,
+        max_parked_seconds: float = MAX_PARKED_SECONDS,
+        clock: Clock | None = None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1")
+        self._max_in_flight = max_in_flight
+        self._backoff = backoff or BackoffPolicy()
+        self._max_parked = max_parked_seconds
+        self._clock: Clock = clock or MonotonicClock()
+        self._entries: dict[str, _Entry] = {}
+        self._active: list[_ActiveItem] = []
+        self._timers: list[_TimerItem] = []
+        self._unschedulable: set[str] = set()
+        self._counts = {state: 0 for state in _State}
+        self._tiebreak = itertools.count()
+        self._generations = itertools.count(1)
+        self._pops = 0
+        self._last_move_cycle = -1
+        self._wakeup = asyncio.Event()
+        self._closed = False
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def reconfigure(self, *, max_in_flight: int, backoff: BackoffPolicy) -> None:
+        """Apply a changed ResourceManager spec without losing queued pods or their attempt counts."""
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1")
+        self._max_in_flight = max_in_flight
+        self._backoff = backoff
+        self._wakeup.set()
+
+    def close(self) -> None:
+        """Wake every :meth:`pop` waiter with :class:`QueueClosed`; later pops raise it too."""
+        self._closed = True
+        self._wakeup.set()
+
+    # -- introspection -------------------------------------------------------------------------
+
+    def stats(self) -> QueueStats:
+        return QueueStats(
+            active=self._counts[_State.ACTIVE],
+            backoff=self._counts[_State.BACKOFF],
+            unschedulable=self._counts[_State.UNSCHEDULABLE],
+            in_flight=self._counts[_State.IN_FLIGHT],
+        )
+
+    def __len__(self) -> int:
+        """Pods known to the queue (waiting or in flight)."""
+        return len(self._entries)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._entries and not self._entries[uid].forgotten
+
+    def attempts(self, uid: str) -> int:
+        """How many times the pod failed so far (0 if never or unknown)."""
+        entry = self._entries.get(uid)
+        return entry.attempts if entry is not None else 0
+
+    def in_flight(self) -> int:
+        return self._counts[_State.IN_FLIGHT]
+
+    # -- producers -----------------------------------------------------------------------------
+
+    def add(self, pod: PodInfo) -> bool:
+        """Add a pending pod, or update the stored copy of a known one.
+
+        A pod that may not be scheduled (bound, terminating, gated) is forgotten instead; returns
+        whether the pod is (still) queued.  An update that changes where the pod could go moves an
+        unschedulable pod back (through its remaining backoff); other updates only replace it.
+        """
+        if not pod.schedulable:
+            self.forget(pod.uid)
+            return False
+        entry = self._entries.get(pod.uid)
+        if entry is None:
+            entry = _Entry(pod=pod, state=_State.ACTIVE)
+            self._entries[pod.uid] = entry
+            self._counts[_State.ACTIVE] += 1
+            self._push_active(entry)
+            return True
+        changed = pod.placement_inputs() != entry.pod.placement_inputs()
+        reordered = pod.priority != entry.pod.priority or pod.created != entry.pod.created
+        entry.pod = pod
+        if entry.state is _State.IN_FLIGHT:
+            entry.forgotten = False
+            entry.changed_in_flight = entry.changed_in_flight or changed
+        elif entry.state is _State.ACTIVE and reordered:
+            self._push_active(entry)
+        elif entry.state is _State.UNSCHEDULABLE and changed:
+            self._leave_unschedulable(entry, now=self._clock.now())
+        return True
+
+    def forget(self, uid: str) -> None:
+        """The pod was deleted or bound (by anyone): drop it.  Unknown UIDs are ignored."""
+        entry = self._entries.get(uid)
+        if entry is None:
+            return
+        if entry.state is _State.IN_FLIGHT:
+            entry.forgotten = True  # ``done`` frees the slot and drops it
+            return
+        self._remove(entry)
+
+    def move_all_to_active(self, *, reason: str) -> int:
+        """Capacity may have been freed: retry every unschedulable pod once its backoff allows.
+
+        Returns how many pods left the unschedulable pool.
+        """
+        now = self._clock.now()
+        moved = 0
+        for uid in list(self._unschedulable):
+            self._leave_unschedulable(self._entries[uid], now=now)
+            moved += 1
+        self._last_move_cycle = self._pops
+        if moved:
+            log.debug("moved %d unschedulable pods back: %s", moved, reason)
+        return moved
+
+    # -- consumers -----------------------------------------------------------------------------
+
+    def pop_nowait(self) -> PodInfo | None:
+        """The next pod to schedule, or ``None`` if none is ready or the in-flight budget is spent."""
+        if self._closed:
+            raise QueueClosed("the scheduling queue is closed")
+        self._release_due(self._clock.now())
+        if self._counts[_State.IN_FLIGHT] >= self._max_in_flight:
+            return None
+        while self._active:
+            _, _, _, uid, generation = heapq.heappop(self._active)
+            entry = self._entries.get(uid)
+            if entry is None or entry.generation != generation or entry.state is not _State.ACTIVE:
+                continue
+            self._pops += 1
+            entry.popped_cycle = self._pops
+            entry.changed_in_flight = False
+            self._set_state(entry, _State.IN_FLIGHT)
+            return entry.pod
+        return None
+
+    async def pop(self) -> PodInfo:
+        """Wait for the next pod to schedule; the caller must call :meth:`done` for it.
+
+        Raises :class:`QueueClosed` once :meth:`close` was called.
+        """
+        while True:
+            pod = self.pop_nowait()
+            if pod is not None:
+                return pod
+            self._wakeup.clear()
+            await self._clock.wait(self._wakeup, delay=self._next_timer_delay())
+
+    def done(self, uid: str, *, outcome: Outcome, retry_after: float | None = None) -> None:
+        """The cycle of a popped pod ended with ``outcome``; free its in-flight slot and route it.
+
+        ``retry_after`` is the RM's hint (seconds) for when trying again makes sense.
+        """
+        entry = self._entries.get(uid)
+        if entry is None or entry.state is not _State.IN_FLIGHT:
+            raise KeyError(f"pod {uid} is not in flight; call done() once per pop()")
+        self._wakeup.set()
+        if entry.forgotten or outcome in (Outcome.BOUND, Outcome.DROPPED):
+            self._remove(entry)
+            return
+        now = self._clock.now()
+        entry.attempts += 1
+        entry.backoff_until = now + self._backoff.delay(attempts=entry.attempts)
+        hinted = now + min(retry_after, self._max_parked) if retry_after else 0.0
+        moved_meanwhile = self._last_move_cycle >= entry.popped_cycle or entry.changed_in_flight
+        if outcome is Outcome.ERROR:
+            self._park(entry, _State.BACKOFF, ready_at=max(entry.backoff_until, hinted))
+        elif moved_meanwhile:
+            # Capacity may have been freed (or the pod changed) after the RM answered: the RM's
+            # "try again in N s" no longer holds, only the backoff does.
+            self._park(entry, _State.BACKOFF, ready_at=entry.backoff_until)
+        else:
+            self._park(entry, _State.UNSCHEDULABLE, ready_at=max(entry.backoff_until, hinted))
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _set_state(self, entry: _Entry, state: _State) -> None:
+        self._counts[entry.state] -= 1
+        self._counts[state] += 1
+        if entry.state is _State.UNSCHEDULABLE:
+            self._unschedulable.discard(entry.pod.uid)
+        if state is _State.UNSCHEDULABLE:
+            self._unschedulable.add(entry.pod.uid)
+        entry.state = state
+
+    def _remove(self, entry: _Entry) -> None:
+        self._counts[entry.state] -= 1
+        self._unschedulable.discard(entry.pod.uid)
+        del self._entries[entry.pod.uid]
+        entry.generation = -1
+
+    def _push_active(self, entry: _Entry) -> None:
+        entry.generation = next(self._generations)
+        item = (-entry.pod.priority, entry.pod.created.timestamp(), next(self._tiebreak), entry.pod.uid)
+        heapq.heappush(self._active, (*item, entry.generation))
+        self._wakeup.set()
+        if len(self._active) > 64 + 2 * self._counts[_State.ACTIVE]:
+            self._active = [i for i in self._active if self._live(i[3], i[4], (_State.ACTIVE,))]
+            heapq.heapify(self._active)
+
+    def _park(self, entry: _Entry, state: _State, *, ready_at: float) -> None:
+        self._set_state(entry, state)
+        entry.generation = next(self._generations)
+        heapq.heappush(self._timers, (ready_at, next(self._tiebreak), entry.pod.uid, entry.generation))
+        waiting = self._counts[_State.BACKOFF] + self._counts[_State.UNSCHEDULABLE]
+        if len(self._timers) > 64 + 2 * waiting:
+            parked = (_State.BACKOFF, _State.UNSCHEDULABLE)
+            self._timers = [i for i in self._timers if self._live(i[2], i[3], parked)]
+            heapq.heapify(self._timers)
+
+    def _live(self, uid: str, generation: int, states: tuple[_State, ...]) -> bool:
+        entry = self._entries.get(uid)
+        return entry is not None and entry.generation == generation and entry.state in states
+
+    def _activate(self, entry: _Entry) -> None:
+        self._set_state(entry, _State.ACTIVE)
+        self._push_active(entry)
+
+    def _leave_unschedulable(self, entry: _Entry, *, now: float) -> None:
+        if now < entry.backoff_until:
+            self._park(entry, _State.BACKOFF, ready_at=entry.backoff_until)
+        else:
+            self._activate(entry)
+
+    def _release_due(self, now: float) -> None:
+        parked = (_State.BACKOFF, _State.UNSCHEDULABLE)
+        while self._timers and self._timers[0][0] <= now:
+            _, _, uid, generation = heapq.heappop(self._timers)
+            if self._live(uid, generation, parked):
+                self._activate(self._entries[uid])
+
+    def _next_timer_delay(self) -> float | None:
+        parked = (_State.BACKOFF, _State.UNSCHEDULABLE)
+        while self._timers and not self._live(self._timers[0][2], self._timers[0][3], parked):
+            heapq.heappop(self._timers)
+        if not self._timers:
+            return None
+        return max(self._timers[0][0] - self._clock.now(), 0.0)
