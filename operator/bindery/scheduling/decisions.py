@@ -54,6 +54,7 @@ class FailureKind(enum.StrEnum):
     RM_UNAVAILABLE = "RMUnavailable"  # unreachable, timed out, 5xx/429 after retries, circuit open
     RM_PROTOCOL_ERROR = "RMProtocolError"  # answered outside the contract
     RM_REJECTED = "RMRejected"  # any other 4xx
+    INVALID_REQUEST = "InvalidRequest"  # the pod cannot be put into a contract v1 request
     NODE_CHECK = "NodeCheckFailed"  # the RM's node failed the pre-bind node checks
     PLUGIN_UNSCHEDULABLE = "PluginUnschedulable"  # a plugin said the pod does not fit
     PLUGIN_ERROR = "PluginError"  # a plugin failed or raised
@@ -109,6 +110,7 @@ _TABLE: dict[FailureKind, tuple[Outcome, bool, str]] = {
     FailureKind.RM_UNAVAILABLE: _ERROR,
     FailureKind.RM_PROTOCOL_ERROR: _ERROR,
     FailureKind.RM_REJECTED: _ERROR,
+    FailureKind.INVALID_REQUEST: _ERROR,
     FailureKind.NODE_CHECK: _ERROR,
     FailureKind.PLUGIN_ERROR: _ERROR,
     FailureKind.BIND_CONFLICT: _ERROR,

@@ -1,0 +1,287 @@
+"""One scheduling cycle for one pod: reserve, pre-bind, bind, post-bind; unreserve on any failure.
+
+This is kube-scheduler's binding cycle with the placement decision delegated to the resource
+manager.  :func:`schedule_one` runs the extension points in order and never raises for an ordinary
+failure: it returns a :class:`CycleOutcome` that tells the caller where the pod goes next
+(``SchedulingQueue.done(uid, outcome=..., retry_after=...)``) and whether capacity was released
+(then the caller should ``move_all_to_active``, since the released capacity may fit a parked pod).
+
+Invariants the tests pin down:
+
+* The success path writes exactly twice to the apiserver (the Binding and the ``Scheduled``
+  event) and reads nothing from it (the pre-bind checks use the watch caches).
+* After a reservation, every failure path, and cancellation, runs every Reserve plugin's
+  ``unreserve`` in reverse order, which releases the reservation exactly once.
+* A failure is reported (``FailedScheduling`` event + ``PodScheduled=False``) unless the pod is
+  gone or bound by someone else; repeats are throttled (:class:`~bindery.scheduling.throttle.
+  EventThrottle`) and an unchanged condition is not rewritten.
+* PostBind plugins cannot change the outcome: their exceptions are logged and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+
+from bindery.scheduling.decisions import (
+    Decision,
+    Failure,
+    FailureKind,
+    Outcome,
+    Stage,
+    decide,
+    failure_from_exception,
+)
+from bindery.scheduling.defaults import (
+    COMMIT_FAILED,
+    CommitReservation,
+    DefaultBinder,
+    NodeCheck,
+    PodStillPending,
+    ResourceManagerReservation,
+    ScheduledEvent,
+)
+from bindery.scheduling.framework import (
+    BindPlugin,
+    Code,
+    CycleContext,
+    Ports,
+    PostBindPlugin,
+    PreBindPlugin,
+    Profile,
+    ReservePlugin,
+    Status,
+)
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import PodGone
+from bindery.scheduling.throttle import EventThrottle
+
+__all__ = ["CycleOutcome", "PluginChain", "plugin_chain", "schedule_one"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CycleOutcome:
+    """How one cycle ended, and what the caller does next."""
+
+    outcome: Outcome
+    node: str | None = None
+    reservation_id: str | None = None
+    failure: Failure | None = None
+    decision: Decision | None = None
+    #: The reservation was released (capacity may fit a parked pod now).
+    released: bool = False
+    #: A FailedScheduling event was written (not suppressed by the throttle).
+    reported: bool = False
+    #: Bound, but the RM commit failed: the reservation expires unless committed later.
+    commit_failed: bool = False
+
+    @property
+    def bound(self) -> bool:
+        return self.outcome is Outcome.BOUND
+
+    @property
+    def retry_after(self) -> float | None:
+        return self.decision.retry_after if self.decision is not None else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PluginChain:
+    """The plugins of every extension point, defaults included, in the order they run."""
+
+    reserve: tuple[ReservePlugin, ...]
+    pre_bind: tuple[PreBindPlugin, ...]
+    bind: tuple[BindPlugin, ...]
+    post_bind: tuple[PostBindPlugin, ...]
+
+
+_DEFAULT_RESERVE: tuple[ReservePlugin, ...] = (ResourceManagerReservation(),)
+_DEFAULT_PRE_BIND: tuple[PreBindPlugin, ...] = (PodStillPending(), NodeCheck())
+_DEFAULT_BIND: tuple[BindPlugin, ...] = (DefaultBinder(),)
+_DEFAULT_POST_BIND: tuple[PostBindPlugin, ...] = (ScheduledEvent(), CommitReservation())
+
+
+def plugin_chain(*, profile: Profile) -> PluginChain:
+    """Defaults first, then the ResourceManager's extra plugins; a configured binder replaces the default."""
+    extra = profile.plugins
+    return PluginChain(
+        reserve=_DEFAULT_RESERVE + extra.reserve,
+        pre_bind=_DEFAULT_PRE_BIND + extra.pre_bind,
+        bind=extra.bind if extra.bind is not None else _DEFAULT_BIND,
+        post_bind=_DEFAULT_POST_BIND + extra.post_bind,
+    )
+
+
+async def schedule_one(
+    *, pod: PodInfo, profile: Profile, ports: Ports, throttle: EventThrottle | None = None
+) -> CycleOutcome:
+    """Run one binding cycle for ``pod`` (popped from the profile's queue) and report failures.
+
+    ``throttle`` rate-limits FailedScheduling events; share one per profile across cycles.
+    """
+    ctx = CycleContext(pod=pod, profile=profile, ports=ports)
+    chain = plugin_chain(profile=profile)
+    try:
+        failure = await _reserve(ctx, chain)
+        if failure is None:
+            failure = await _pre_bind(ctx, chain)
+        if failure is None:
+            failure = await _bind(ctx, chain)
+    except asyncio.CancelledError:
+        await _unreserve(ctx, chain)
+        raise
+    if failure is None:
+        await _post_bind(ctx, chain)
+        log.info("bound pod %s to node %s", pod.key, ctx.node)
+        return CycleOutcome(
+            outcome=Outcome.BOUND,
+            node=ctx.node,
+            reservation_id=ctx.reservation.id if ctx.reservation else None,
+            commit_failed=bool(ctx.state.get(COMMIT_FAILED)),
+        )
+    decision = decide(failure=failure)
+    released = ctx.reservation is not None and decision.release
+    if decision.release:
+        await _unreserve(ctx, chain)
+    reported = await _report(ctx, failure, decision, throttle) if decision.report else False
+    log.log(
+        logging.INFO if decision.report else logging.DEBUG,
+        "pod %s not bound (%s at %s): %s",
+        pod.key,
+        failure.kind,
+        failure.stage,
+        failure.message,
+    )
+    return CycleOutcome(
+        outcome=decision.outcome,
+        node=ctx.node,
+        reservation_id=ctx.reservation.id if ctx.reservation else None,
+        failure=failure,
+        decision=decision,
+        released=released,
+        reported=reported,
+    )
+
+
+# -- extension points --------------------------------------------------------------------------
+
+
+async def _call(
+    ctx: CycleContext, stage: Stage, plugin: str, call: Callable[[], Awaitable[Status]]
+) -> Status:
+    """Run one plugin call; an exception becomes an ERROR status that names the plugin."""
+    try:
+        return await call()
+    except Exception as error:
+        log.exception("%s plugin %r raised for pod %s", stage, plugin, ctx.pod.key)
+        return Status.failed(
+            failure_from_exception(
+                error=error, stage=stage, rm_name=ctx.profile.name, node=ctx.node, plugin=plugin
+            )
+        )
+
+
+def _as_failure(status: Status, stage: Stage, plugin: str) -> Failure:
+    if status.failure is not None:
+        return status.failure
+    unschedulable = status.code is Code.UNSCHEDULABLE
+    what = "rejected the pod" if unschedulable else "failed"
+    return Failure(
+        kind=FailureKind.PLUGIN_UNSCHEDULABLE if unschedulable else FailureKind.PLUGIN_ERROR,
+        message=f'{stage} plugin "{plugin}" {what}: {status.message or "(no message)"}',
+        stage=stage,
+        plugin=plugin,
+    )
+
+
+async def _reserve(ctx: CycleContext, chain: PluginChain) -> Failure | None:
+    for plugin in chain.reserve:
+        status = await _call(ctx, Stage.RESERVE, plugin.name, functools.partial(plugin.reserve, ctx=ctx))
+        if status.code not in (Code.SUCCESS, Code.SKIP):
+            return _as_failure(status, Stage.RESERVE, plugin.name)
+    return None
+
+
+async def _pre_bind(ctx: CycleContext, chain: PluginChain) -> Failure | None:
+    for plugin in chain.pre_bind:
+        status = await _call(ctx, Stage.PRE_BIND, plugin.name, functools.partial(plugin.pre_bind, ctx=ctx))
+        if status.code not in (Code.SUCCESS, Code.SKIP):
+            return _as_failure(status, Stage.PRE_BIND, plugin.name)
+    return None
+
+
+async def _bind(ctx: CycleContext, chain: PluginChain) -> Failure | None:
+    for plugin in chain.bind:
+        status = await _call(ctx, Stage.BIND, plugin.name, functools.partial(plugin.bind, ctx=ctx))
+        if status.code is Code.SKIP:
+            continue
+        return None if status.ok else _as_failure(status, Stage.BIND, plugin.name)
+    names = ", ".join(plugin.name for plugin in chain.bind) or "none configured"
+    return Failure(
+        kind=FailureKind.PLUGIN_ERROR,
+        message=f"every Bind plugin skipped the pod ({names}); configure a Bind plugin that binds it",
+        stage=Stage.BIND,
+    )
+
+
+async def _unreserve(ctx: CycleContext, chain: PluginChain) -> None:
+    """Every Reserve plugin's unreserve, in reverse order, including those whose reserve never ran."""
+    for plugin in reversed(chain.reserve):
+        try:
+            await plugin.unreserve(ctx=ctx)
+        except Exception:
+            log.exception("Reserve plugin %r failed to unreserve pod %s", plugin.name, ctx.pod.key)
+
+
+async def _post_bind(ctx: CycleContext, chain: PluginChain) -> None:
+    for plugin in chain.post_bind:
+        try:
+            await plugin.post_bind(ctx=ctx)
+        except Exception as error:
+            log.warning(
+                "PostBind plugin %r failed for pod %s bound to %s (the pod stays bound): %s",
+                plugin.name,
+                ctx.pod.key,
+                ctx.node,
+                error,
+            )
+
+
+# -- reporting ---------------------------------------------------------------------------------
+
+
+async def _report(
+    ctx: CycleContext, failure: Failure, decision: Decision, throttle: EventThrottle | None
+) -> bool:
+    """The FailedScheduling event (throttled) and the PodScheduled=False condition (if changed)."""
+    pod = ctx.pod
+    message = decision.message
+    event = message if throttle is None else throttle.admit(uid=pod.uid, key=failure.kind, message=message)
+    if event is not None:
+        await _best_effort(
+            "write the FailedScheduling event",
+            pod,
+            ctx.ports.events.failed_scheduling(pod=pod, message=event, scheduler_name=ctx.scheduler_name),
+        )
+    current = pod.unschedulable_condition
+    condition = (decision.condition_reason, message)
+    if current != condition and (event is not None or current is None or current[0] != condition[0]):
+        await _best_effort(
+            "set PodScheduled=False",
+            pod,
+            ctx.ports.conditions.pod_scheduled_false(pod=pod, reason=condition[0], message=message),
+        )
+    return event is not None
+
+
+async def _best_effort(what: str, pod: PodInfo, write: Awaitable[None]) -> None:
+    try:
+        await write
+    except PodGone:
+        log.debug("could not %s for pod %s: it is gone", what, pod.key)
+    except Exception as error:
+        log.warning("could not %s for pod %s: %s", what, pod.key, error)

@@ -1,0 +1,197 @@
+"""The default plugins: Bindery's built-in binding cycle, expressed as framework plugins.
+
+Making the built-in steps ordinary plugins keeps the cycle itself a short, generic loop over
+extension points, and gives third-party plugins the same footing (and the same error handling).
+Every default is always enabled; configuration only adds plugins (or replaces the binder).
+
+* Reserve: :class:`ResourceManagerReservation`, the RM reservation (idempotency key = pod UID);
+  its ``unreserve`` releases the reservation at most once per cycle.
+* PreBind: :class:`PodStillPending` (the pod still exists with the same UID and is unbound, as the
+  watch sees it) then :class:`NodeCheck` (the RM's node passes the checks of ``spec.nodeCheck``).
+* Bind: :class:`DefaultBinder`, a Binding with the pod UID precondition and the reservation id
+  annotation; a 409 that names the chosen node is a lost response, i.e. success.
+* PostBind: :class:`ScheduledEvent` (kube-scheduler's ``Scheduled`` event) then
+  :class:`CommitReservation`.
+
+Only the Binding and the event write to the apiserver; the PreBind checks read the watch caches.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pydantic
+
+from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
+from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, Status
+from bindery.scheduling.nodecheck import check_node
+from bindery.scheduling.podspec import reservation_request
+from bindery.scheduling.ports import BindConflict
+
+__all__ = [
+    "BUILTIN_NAMES",
+    "COMMIT_FAILED",
+    "CommitReservation",
+    "DefaultBinder",
+    "NodeCheck",
+    "PodStillPending",
+    "ResourceManagerReservation",
+    "ScheduledEvent",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``ctx.state`` key set by :class:`CommitReservation` when the commit failed.
+COMMIT_FAILED = "CommitReservation/failed"
+_RELEASED = "ResourceManagerReservation/released"
+
+
+def _failure(ctx: CycleContext, error: BaseException, stage: Stage, plugin: str) -> Status:
+    return Status.failed(
+        failure_from_exception(
+            error=error, stage=stage, rm_name=ctx.profile.name, node=ctx.node, plugin=plugin
+        )
+    )
+
+
+class ResourceManagerReservation:
+    """Reserve: ask the RM for capacity and a node; Unreserve: release it (once)."""
+
+    name = "ResourceManagerReservation"
+
+    async def reserve(self, *, ctx: CycleContext) -> Status:
+        try:
+            request = reservation_request(pod=ctx.pod, ttl_seconds=ctx.profile.reservation_ttl_seconds)
+        except (ValueError, pydantic.ValidationError) as error:
+            return Status.failed(
+                Failure(
+                    kind=FailureKind.INVALID_REQUEST,
+                    message=f"the pod cannot be expressed as a reservation request of contract v1: {error}",
+                    stage=Stage.RESERVE,
+                    plugin=self.name,
+                )
+            )
+        try:
+            ctx.reservation = await ctx.profile.client.reserve(request)
+        except Exception as error:
+            return _failure(ctx, error, Stage.RESERVE, self.name)
+        return Status.success()
+
+    async def unreserve(self, *, ctx: CycleContext) -> None:
+        if ctx.reservation is None or ctx.state.get(_RELEASED):
+            return
+        ctx.state[_RELEASED] = True  # before awaiting: a second unreserve must not release again
+        try:
+            await ctx.profile.client.release(ctx.reservation.id)
+        except Exception as error:
+            log.warning(
+                "could not release reservation %s of pod %s at resource manager %r: %s; "
+                "it expires by itself after %d s",
+                ctx.reservation.id,
+                ctx.pod.key,
+                ctx.profile.name,
+                error,
+                ctx.profile.reservation_ttl_seconds,
+            )
+
+
+class PodStillPending:
+    """PreBind: the pod is still there, with the same UID, unbound, not terminating, not gated."""
+
+    name = "PodStillPending"
+
+    async def pre_bind(self, *, ctx: CycleContext) -> Status:
+        current = ctx.ports.pods.get(ctx.pod.uid)
+        if current is not None and current.schedulable:
+            return Status.success()
+        if current is None:
+            why = "the pod was deleted or bound by someone else while its reservation was made"
+        else:
+            why = "the pod started terminating or got scheduling gates while its reservation was made"
+        return Status.failed(
+            Failure(kind=FailureKind.POD_GONE, message=why, stage=Stage.PRE_BIND, plugin=self.name)
+        )
+
+
+class NodeCheck:
+    """PreBind: the RM's node passes the checks selected by the ResourceManager's ``nodeCheck``."""
+
+    name = "NodeCheck"
+
+    async def pre_bind(self, *, ctx: CycleContext) -> Status:
+        node_name = ctx.node
+        if node_name is None:
+            return Status.error("no reservation was made before PreBind; is the Reserve chain intact?")
+        problem = check_node(
+            pod=ctx.pod,
+            node_name=node_name,
+            node=ctx.ports.nodes.get(node_name),
+            rm_name=ctx.profile.name,
+            mode=ctx.profile.node_check,
+        )
+        if problem is None:
+            return Status.success()
+        return Status.failed(
+            Failure(kind=FailureKind.NODE_CHECK, message=problem, stage=Stage.PRE_BIND, plugin=self.name)
+        )
+
+
+class DefaultBinder:
+    """Bind: POST a Binding with the UID precondition and the reservation id annotation."""
+
+    name = "DefaultBinder"
+
+    async def bind(self, *, ctx: CycleContext) -> Status:
+        if ctx.reservation is None:
+            return Status.error("no reservation was made before Bind; is the Reserve chain intact?")
+        node = ctx.reservation.node
+        try:
+            await ctx.ports.binder.bind(
+                pod=ctx.pod, node=node, annotations={RESERVATION_ANNOTATION: ctx.reservation.id}
+            )
+        except BindConflict as conflict:
+            if conflict.current_node == node:
+                log.info("pod %s was already bound to %s (a lost response): success", ctx.pod.key, node)
+                return Status.success()
+            return _failure(ctx, conflict, Stage.BIND, self.name)
+        except Exception as error:
+            return _failure(ctx, error, Stage.BIND, self.name)
+        return Status.success()
+
+
+class ScheduledEvent:
+    """PostBind: the ``Scheduled`` event, exactly as kube-scheduler writes it."""
+
+    name = "ScheduledEvent"
+
+    async def post_bind(self, *, ctx: CycleContext) -> None:
+        if ctx.node is not None:
+            await ctx.ports.events.scheduled(pod=ctx.pod, node=ctx.node, scheduler_name=ctx.scheduler_name)
+
+
+class CommitReservation:
+    """PostBind: turn the reservation into an allocation so it no longer expires."""
+
+    name = "CommitReservation"
+
+    async def post_bind(self, *, ctx: CycleContext) -> None:
+        if ctx.reservation is None:
+            return
+        try:
+            await ctx.profile.client.commit(ctx.reservation.id)
+        except BaseException:
+            ctx.state[COMMIT_FAILED] = True
+            raise
+
+
+#: Names that cannot be used for third-party plugins (they are always enabled).
+BUILTIN_NAMES: frozenset[str] = frozenset(
+    {
+        ResourceManagerReservation.name,
+        PodStillPending.name,
+        NodeCheck.name,
+        DefaultBinder.name,
+        ScheduledEvent.name,
+        CommitReservation.name,
+    }
+)
