@@ -1,0 +1,8 @@
+"""The reference resource manager: the embedded default RM for the demo and chart, and a real server
+in tests.  Install with ``pip install kube-bindery[rm]``; run with ``bindery rm serve`` or
+:func:`serve_reference_rm` in-process."""
+
+from bindery.refrm.placement import InventoryNode, Policy
+from bindery.refrm.server import ReferenceRM, RunningServer, serve_reference_rm
+
+__all__ = ["InventoryNode", "Policy", "ReferenceRM", "RunningServer", "serve_reference_rm"]

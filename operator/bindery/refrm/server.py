@@ -1,0 +1,439 @@
+"""The reference resource manager's HTTP server (aiohttp), implementing contract v1.
+
+This is the I/O edge: it authenticates, bounds and validates requests, and funnels every state
+change through ONE worker thread that owns the SQLite store, so concurrent reserve calls are
+serialized and can never overcommit a node.  Placement itself is the pure code in
+:mod:`bindery.refrm.placement`.  Every error answer is RFC 9457 problem+json with a stable type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import hmac
+import json
+import logging
+import os
+import pathlib
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+import pydantic
+import yaml
+from aiohttp import web
+
+from bindery.refrm.placement import InventoryNode, Policy
+from bindery.refrm.store import Conflict, NotActive, NotFound, Placed, ReservationStore, Unschedulable
+from bindery.rm.contract import openapi_text
+from bindery.rm.errors import ProblemType
+from bindery.rm.models import CONTRACT_VERSION, ReservationRequest, ReservationState
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "ReferenceRM", "RunningServer", "TokenCheck", "serve_reference_rm"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024
+_PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.yaml", "/openapi.json"})
+_LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "limit", "cursor"})
+_TITLES = {
+    400: "Invalid request",
+    401: "Unauthorized",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Payload too large",
+    415: "Unsupported media type",
+    429: "Too many requests",
+    500: "Internal error",
+    503: "Unavailable",
+}
+_KINDS = {
+    400: ProblemType.INVALID_REQUEST,
+    401: ProblemType.UNAUTHORIZED,
+    404: ProblemType.NOT_FOUND,
+    405: ProblemType.METHOD_NOT_ALLOWED,
+    413: ProblemType.PAYLOAD_TOO_LARGE,
+    415: ProblemType.UNSUPPORTED_MEDIA_TYPE,
+    429: ProblemType.RATE_LIMITED,
+    503: ProblemType.UNAVAILABLE,
+}
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def problem(
+    status: int,
+    kind: str,
+    detail: str,
+    *,
+    title: str | None = None,
+    headers: dict[str, str] | None = None,
+    **extensions: Any,
+) -> web.Response:
+    """An RFC 9457 problem response."""
+    body = {"type": kind, "title": title or _TITLES.get(status, "Error"), "status": status, "detail": detail}
+    body.update({key: value for key, value in extensions.items() if value is not None})
+    return web.Response(
+        status=status, text=json.dumps(body), content_type="application/problem+json", headers=headers
+    )
+
+
+class TokenCheck:
+    """Bearer-token verification; a token file is re-read when it changes (rotation without restart)."""
+
+    def __init__(self, *, token: str | None = None, token_file: pathlib.Path | None = None) -> None:
+        if (token is None) == (token_file is None):
+            raise ValueError("configure the RM bearer token either inline or as a file (exactly one)")
+        self._token = token.strip().encode() if token is not None else b""
+        self._file = token_file
+        self._stamp: tuple[int, int, int] | None = None
+        self._expected()
+
+    def _expected(self) -> bytes:
+        if self._file is not None:
+            stat = os.stat(self._file)
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            if stamp != self._stamp:
+                self._token = self._file.read_bytes().strip()
+                self._stamp = stamp
+        if not self._token:
+            raise ValueError("the RM bearer token is empty; write a token to the token file or variable")
+        return self._token
+
+    def accepts(self, header: str | None) -> bool:
+        if header is None or not header.startswith("Bearer "):
+            return False
+        try:
+            expected = self._expected()
+        except (OSError, ValueError):
+            log.exception("cannot read the RM bearer token; rejecting the request")
+            return False
+        return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), expected)
+
+
+def _validation_errors(error: pydantic.ValidationError) -> tuple[str, list[dict[str, str]]]:
+    items = [
+        {"location": "/".join(str(part) for part in item["loc"]) or "body", "message": item["msg"]}
+        for item in error.errors(include_url=False, include_input=False)
+    ][:20]
+    if any(item["type"] == "json_invalid" for item in error.errors(include_url=False)):
+        return "the body is not valid JSON", items
+    first = items[0] if items else {"location": "body", "message": "invalid"}
+    return f"{first['location']}: {first['message']}", items
+
+
+def _is_json(request: web.Request) -> bool:
+    return request.content_type in ("application/json", "application/merge-patch+json") or (
+        request.content_type.startswith("application/") and request.content_type.endswith("+json")
+    )
+
+
+class ReferenceRM:
+    """The application state: inventory snapshot, store, and the single writer thread."""
+
+    def __init__(
+        self,
+        *,
+        db_path: pathlib.Path | str,
+        tokens: TokenCheck | None,
+        policy: Policy = Policy.BINPACK,
+        inventory: Sequence[InventoryNode] | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_pending: int = 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.max_body_bytes = max_body_bytes
+        self._tokens = tokens
+        self._max_pending = max_pending
+        self._pending = 0
+        self._inventory: tuple[InventoryNode, ...] | None = (
+            tuple(inventory) if inventory is not None else None
+        )
+        self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="refrm-store")
+        self._store = self._writer.submit(ReservationStore, db_path, clock=clock).result()
+
+    @property
+    def inventory(self) -> tuple[InventoryNode, ...] | None:
+        return self._inventory
+
+    def set_inventory(self, nodes: Sequence[InventoryNode]) -> None:
+        """Swap the inventory atomically (the mirror calls this on every Node change)."""
+        self._inventory = tuple(sorted(nodes, key=lambda node: node.name))
+
+    async def close(self) -> None:
+        await self._run(self._store.close)
+        self._writer.shutdown(wait=True)
+
+    async def _run(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a store operation on the single writer thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writer, functools.partial(function, *args, **kwargs))
+
+    # -- middleware ------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _problems(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as error:
+            if error.status < 400:
+                raise
+            if error.status == 413:
+                detail = f"the body exceeds the limit of {self.max_body_bytes} bytes"
+            elif error.status == 405:
+                detail = f"{request.method} is not allowed on {request.path}"
+            elif error.status == 404:
+                detail = f"there is no {request.path} in contract v1"
+            else:
+                detail = error.text or error.reason
+            kind = _KINDS.get(error.status, ProblemType.INTERNAL)
+            return problem(error.status, kind, detail)
+        except Exception:
+            log.exception("unexpected error serving %s %s", request.method, request.path)
+            return problem(500, ProblemType.INTERNAL, "the reference RM failed unexpectedly; see its log")
+
+    @web.middleware
+    async def _auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        needs_token = self._tokens is not None and request.path not in _PUBLIC_PATHS
+        if needs_token and not (self._tokens and self._tokens.accepts(request.headers.get("Authorization"))):
+            return problem(
+                401,
+                ProblemType.UNAUTHORIZED,
+                "a valid bearer token for this resource manager is required "
+                "(Authorization: Bearer <token>); check the token the client was given",
+                headers={"WWW-Authenticate": 'Bearer realm="bindery-rm"'},
+            )
+        return await handler(request)
+
+    def application(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._problems, self._auth])
+        app.router.add_post("/v1/reservations", self._reserve)
+        app.router.add_get("/v1/reservations", self._list, allow_head=False)
+        app.router.add_get("/v1/reservations/{id}", self._get, allow_head=False)
+        app.router.add_delete("/v1/reservations/{id}", self._release)
+        app.router.add_post("/v1/reservations/{id}/commit", self._commit)
+        app.router.add_get("/healthz", self._healthz, allow_head=False)
+        app.router.add_get("/readyz", self._readyz, allow_head=False)
+        app.router.add_get("/openapi.yaml", self._openapi_yaml, allow_head=False)
+        app.router.add_get("/openapi.json", self._openapi_json, allow_head=False)
+        return app
+
+    # -- handlers -------------------------------------------------------------------------------
+
+    def _back_pressure(self) -> web.Response | None:
+        if self._inventory is None:
+            return problem(
+                503, ProblemType.UNAVAILABLE, "the inventory is not loaded yet", headers={"Retry-After": "1"}
+            )
+        if self._pending >= self._max_pending:
+            return problem(
+                429,
+                ProblemType.RATE_LIMITED,
+                f"more than {self._max_pending} requests are waiting; retry shortly",
+                headers={"Retry-After": "1"},
+            )
+        return None
+
+    async def _reserve(self, request: web.Request) -> web.Response:
+        if not _is_json(request):
+            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+        body = await request.read()
+        try:
+            reservation_request = ReservationRequest.model_validate_json(body)
+        except pydantic.ValidationError as error:
+            detail, errors = _validation_errors(error)
+            return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
+        busy = self._back_pressure()
+        if busy is not None:
+            return busy
+        assert self._inventory is not None
+        self._pending += 1
+        try:
+            outcome = await self._run(
+                self._store.reserve, reservation_request, nodes=self._inventory, policy=self.policy
+            )
+        finally:
+            self._pending -= 1
+        if isinstance(outcome, Placed):
+            model = outcome.reservation.to_model()
+            return web.Response(
+                status=201 if outcome.created else 200,
+                text=model.model_dump_json(by_alias=True),
+                content_type="application/json",
+                headers={"Location": f"/v1/reservations/{model.id}"},
+            )
+        if isinstance(outcome, Conflict):
+            return problem(
+                409,
+                ProblemType.IDEMPOTENCY_KEY_REUSED,
+                f"idempotency key {reservation_request.idempotency_key!r} already belongs to reservation "
+                f"{outcome.existing.id} for a different request; release it first or use a new key",
+                title="Idempotency key reused",
+                reservationId=outcome.existing.id,
+            )
+        assert isinstance(outcome, Unschedulable)
+        return problem(
+            409, ProblemType.UNSCHEDULABLE, outcome.reason, title="Unschedulable", reason=outcome.reason
+        )
+
+    async def _commit(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if body.strip():
+            if not _is_json(request):
+                return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+            try:
+                parsed = json.loads(body)
+            except ValueError:
+                return problem(400, ProblemType.INVALID_REQUEST, "the body is not valid JSON")
+            if parsed != {}:
+                return problem(400, ProblemType.INVALID_REQUEST, "commit takes no fields; send {} or no body")
+        outcome = await self._run(self._store.commit, request.match_info["id"])
+        if isinstance(outcome, NotFound):
+            return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']!r}")
+        if isinstance(outcome, NotActive):
+            return problem(
+                409,
+                ProblemType.RESERVATION_NOT_ACTIVE,
+                f"reservation {outcome.reservation.id} is {outcome.reservation.state.value} and cannot be "
+                "committed; reserve again",
+                title="Reservation not active",
+                state=outcome.reservation.state.value,
+            )
+        return web.json_response(text=outcome.to_model().model_dump_json(by_alias=True))
+
+    async def _release(self, request: web.Request) -> web.Response:
+        await self._run(self._store.release, request.match_info["id"])
+        return web.Response(status=204)
+
+    async def _get(self, request: web.Request) -> web.Response:
+        stored = await self._run(self._store.get, request.match_info["id"])
+        if stored is None:
+            return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']!r}")
+        return web.json_response(text=stored.to_model().model_dump_json(by_alias=True))
+
+    async def _list(self, request: web.Request) -> web.Response:
+        query = request.rel_url.query
+        unknown = sorted(set(query) - _LIST_PARAMS)
+        if unknown:
+            return problem(400, ProblemType.INVALID_REQUEST, f"unknown query parameters {unknown}")
+        try:
+            limit = int(query.get("limit", "100"))
+            if not 1 <= limit <= 500:
+                raise ValueError
+        except ValueError:
+            return problem(400, ProblemType.INVALID_REQUEST, "limit must be an integer from 1 to 500")
+        state: ReservationState | None = None
+        if "state" in query:
+            try:
+                state = ReservationState(query["state"])
+            except ValueError:
+                allowed = ", ".join(s.value for s in ReservationState)
+                return problem(400, ProblemType.INVALID_REQUEST, f"state must be one of {allowed}")
+        after = 0
+        if "cursor" in query:
+            cursor = query["cursor"]
+            if not (cursor.startswith("s") and cursor[1:].isdigit() and len(cursor) < 20):
+                return problem(400, ProblemType.INVALID_REQUEST, "cursor is not one this server issued")
+            after = int(cursor[1:])
+        for name in ("schedulerName", "podUid"):
+            if name in query and not query[name]:
+                return problem(400, ProblemType.INVALID_REQUEST, f"{name} must not be empty")
+        items, next_seq = await self._run(
+            self._store.list,
+            scheduler_name=query.get("schedulerName"),
+            state=state,
+            pod_uid=query.get("podUid"),
+            after=after,
+            limit=limit,
+        )
+        page = {
+            "items": [item.to_model().model_dump(by_alias=True, mode="json") for item in items],
+            "nextCursor": f"s{next_seq}" if next_seq is not None else None,
+        }
+        return web.json_response(page)
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        if self._inventory is None:
+            return problem(
+                503, ProblemType.UNAVAILABLE, "the inventory is not loaded yet", headers={"Retry-After": "1"}
+            )
+        return web.json_response({"status": "ready", "nodes": str(len(self._inventory))})
+
+    async def _openapi_yaml(self, _: web.Request) -> web.Response:
+        return web.Response(text=openapi_text(), content_type="application/yaml")
+
+    async def _openapi_json(self, _: web.Request) -> web.Response:
+        return web.json_response(yaml.safe_load(openapi_text()))
+
+
+@dataclass
+class RunningServer:
+    """A reference RM listening on a socket."""
+
+    url: str
+    port: int
+    rm: ReferenceRM
+
+
+@contextlib.asynccontextmanager
+async def serve_reference_rm(
+    *,
+    db_path: pathlib.Path | str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    inventory: Sequence[InventoryNode] | None = None,
+    token: str | None = None,
+    token_file: pathlib.Path | None = None,
+    auth_disabled: bool = False,
+    policy: Policy = Policy.BINPACK,
+    ssl_context: ssl.SSLContext | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_pending: int = 1024,
+) -> AsyncIterator[RunningServer]:
+    """Run the reference RM in this event loop until the block exits.
+
+    ``inventory=None`` starts it not ready (``/readyz`` 503) until ``server.rm.set_inventory`` is
+    called, which is how the node mirror feeds it.  A token is required unless ``auth_disabled``.
+    """
+    if auth_disabled:
+        tokens = None
+    elif token is None and token_file is None:
+        raise ValueError("the reference RM needs a bearer token (token or token_file), or auth_disabled=True")
+    else:
+        tokens = TokenCheck(token=token, token_file=token_file)
+    rm = ReferenceRM(
+        db_path=db_path,
+        tokens=tokens,
+        policy=policy,
+        inventory=inventory,
+        max_body_bytes=max_body_bytes,
+        max_pending=max_pending,
+    )
+    runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        await site.start()
+        bound_port = int(runner.addresses[0][1])
+        scheme = "https" if ssl_context is not None else "http"
+        shown_host = f"[{host}]" if ":" in host else host
+        log.info(
+            "reference RM (contract %s) listening on %s://%s:%d", CONTRACT_VERSION, scheme, host, bound_port
+        )
+        yield RunningServer(url=f"{scheme}://{shown_host}:{bound_port}", port=bound_port, rm=rm)
+    finally:
+        await runner.cleanup()
+        await rm.close()

@@ -1,0 +1,334 @@
+"""Durable reservation state of the reference RM, in SQLite.
+
+Why this shape: the one invariant that matters is "never overcommit a node", under concurrent
+reserve calls and across restarts.  So every operation is a single function run on ONE thread
+(the server funnels calls through a single-worker executor), each one a SQLite transaction with
+``synchronous=FULL``: the placement decision and the insert happen with no other write in between,
+and a reservation the caller was told about is on disk.  The capacity in use is also kept in memory
+for speed; it is rebuilt from the table at start-up and only changed after a transaction commits.
+
+Expiry is lazy: every operation first marks reservations whose lease ran out as ``expired``, so the
+answer never depends on a background timer having run.  Released and expired rows are kept for
+``retention`` seconds so late releases, lists and commits get a precise answer, then deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from bindery.quantity import format_quantity, parse_quantity
+from bindery.refrm.placement import (
+    InventoryNode,
+    Policy,
+    add_usage,
+    choose_node,
+    effective_usage,
+    subtract_usage,
+)
+from bindery.rm.models import Reservation, ReservationRequest, ReservationState
+
+__all__ = [
+    "Conflict",
+    "NotActive",
+    "NotFound",
+    "Placed",
+    "ReservationStore",
+    "StoredReservation",
+    "Unschedulable",
+]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS reservations (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    idempotency_key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    pod_uid TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    scheduler_name TEXT NOT NULL,
+    node TEXT NOT NULL,
+    resources TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reservations_key ON reservations (idempotency_key, state);
+CREATE INDEX IF NOT EXISTS reservations_state ON reservations (state, expires_at);
+"""
+_ACTIVE = (ReservationState.RESERVED.value, ReservationState.COMMITTED.value)
+_COLUMNS = (
+    "seq, id, idempotency_key, fingerprint, pod_uid, namespace, name, scheduler_name, node, resources, "
+    "state, created_at, expires_at"
+)
+
+
+@dataclass(frozen=True)
+class StoredReservation:
+    seq: int
+    id: str
+    idempotency_key: str
+    fingerprint: str
+    pod_uid: str
+    namespace: str
+    name: str
+    scheduler_name: str
+    node: str
+    resources: Mapping[str, str]
+    state: ReservationState
+    created_at: float
+    expires_at: float | None
+
+    @classmethod
+    def from_row(cls, row: Sequence[object]) -> StoredReservation:
+        (
+            seq,
+            id_,
+            key,
+            fingerprint,
+            uid,
+            namespace,
+            name,
+            scheduler,
+            node,
+            resources,
+            state,
+            created,
+            expires,
+        ) = row
+        return cls(
+            seq=int(str(seq)),
+            id=str(id_),
+            idempotency_key=str(key),
+            fingerprint=str(fingerprint),
+            pod_uid=str(uid),
+            namespace=str(namespace),
+            name=str(name),
+            scheduler_name=str(scheduler),
+            node=str(node),
+            resources=json.loads(str(resources)),
+            state=ReservationState(str(state)),
+            created_at=float(str(created)),
+            expires_at=None if expires is None else float(str(expires)),
+        )
+
+    def usage(self) -> dict[str, Decimal]:
+        return {name: parse_quantity(amount) for name, amount in self.resources.items()}
+
+    def to_model(self) -> Reservation:
+        return Reservation(
+            id=self.id,
+            node=self.node,
+            state=self.state,
+            expires_at=_timestamp(self.expires_at) if self.state is ReservationState.RESERVED else None,
+            pod_uid=self.pod_uid,
+            scheduler_name=self.scheduler_name,
+            namespace=self.namespace,
+            name=self.name,
+            resources=dict(self.resources),
+            created_at=_timestamp(self.created_at),
+        )
+
+
+def _timestamp(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+@dataclass(frozen=True)
+class Placed:
+    reservation: StoredReservation
+    created: bool  # False: an idempotent replay of an existing reservation
+
+
+@dataclass(frozen=True)
+class Conflict:
+    existing: StoredReservation
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    reason: str
+
+
+@dataclass(frozen=True)
+class NotFound:
+    pass
+
+
+@dataclass(frozen=True)
+class NotActive:
+    reservation: StoredReservation
+
+
+class ReservationStore:
+    """SQLite-backed reservations.  NOT thread-safe by design: call it from one thread only."""
+
+    def __init__(
+        self, path: pathlib.Path | str, *, clock: Callable[[], float] = time.time, retention: float = 3600.0
+    ) -> None:
+        self._clock = clock
+        self._retention = retention
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)
+        self._usage: dict[str, dict[str, Decimal]] = {}
+        for row in self._db.execute(f"SELECT {_COLUMNS} FROM reservations WHERE state IN (?, ?)", _ACTIVE):
+            stored = StoredReservation.from_row(row)
+            add_usage(self._usage, stored.node, stored.usage())
+
+    def close(self) -> None:
+        self._db.close()
+
+    def usage(self) -> dict[str, dict[str, Decimal]]:
+        """A copy of the capacity in use per node (after expiring what is due)."""
+        self._expire()
+        return {node: dict(bucket) for node, bucket in self._usage.items()}
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    def _expire(self) -> None:
+        now = self._clock()
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = self._db.execute(
+                "UPDATE reservations SET state = ?, updated_at = ? WHERE state = ? AND expires_at <= ? "
+                "RETURNING node, resources",
+                (ReservationState.EXPIRED.value, now, ReservationState.RESERVED.value, now),
+            ).fetchall()
+            self._db.execute(
+                "DELETE FROM reservations WHERE state NOT IN (?, ?) AND updated_at < ?",
+                (*_ACTIVE, now - self._retention),
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        for node, resources in rows:
+            subtract_usage(
+                self._usage, node, {k: parse_quantity(v) for k, v in json.loads(resources).items()}
+            )
+
+    def _active_for_key(self, key: str) -> StoredReservation | None:
+        row = self._db.execute(
+            f"SELECT {_COLUMNS} FROM reservations WHERE idempotency_key = ? AND state IN (?, ?)",
+            (key, *_ACTIVE),
+        ).fetchone()
+        return None if row is None else StoredReservation.from_row(row)
+
+    def get(self, reservation_id: str) -> StoredReservation | None:
+        self._expire()
+        row = self._db.execute(
+            f"SELECT {_COLUMNS} FROM reservations WHERE id = ?", (reservation_id,)
+        ).fetchone()
+        return None if row is None else StoredReservation.from_row(row)
+
+    def reserve(
+        self, request: ReservationRequest, *, nodes: Sequence[InventoryNode], policy: Policy
+    ) -> Placed | Conflict | Unschedulable:
+        self._expire()
+        fingerprint = request.fingerprint()
+        existing = self._active_for_key(request.idempotency_key)
+        if existing is not None:
+            return (
+                Placed(existing, created=False) if existing.fingerprint == fingerprint else Conflict(existing)
+            )
+        requests = request.requested()
+        decision = choose_node(
+            nodes=nodes,
+            requests=requests,
+            usage_by_node=self._usage,
+            node_selector=request.placement.node_selector,
+            affinity_terms=request.placement.affinity_terms(),
+            tolerations=request.placement.toleration_dicts(),
+            policy=policy,
+        )
+        if decision.node is None:
+            return Unschedulable(decision.reason)
+        node = next(n for n in nodes if n.name == decision.node)
+        usage = effective_usage(requests, node)
+        now = self._clock()
+        values = (
+            f"rsv-{uuid.uuid4().hex}",
+            request.idempotency_key,
+            fingerprint,
+            request.pod.uid,
+            request.pod.namespace,
+            request.pod.name,
+            request.pod.scheduler_name,
+            node.name,
+            json.dumps({name: format_quantity(amount) for name, amount in sorted(usage.items())}),
+            ReservationState.RESERVED.value,
+            now,
+            now + request.ttl_seconds,
+            now,
+        )
+        row = self._db.execute(
+            "INSERT INTO reservations (id, idempotency_key, fingerprint, pod_uid, namespace, name, "
+            "scheduler_name, node, resources, state, created_at, expires_at, updated_at) "
+            f"VALUES ({', '.join('?' * len(values))}) RETURNING {_COLUMNS}",
+            values,
+        ).fetchone()
+        add_usage(self._usage, node.name, usage)  # autocommit: the row is durable now
+        return Placed(StoredReservation.from_row(row), created=True)
+
+    def commit(self, reservation_id: str) -> StoredReservation | NotFound | NotActive:
+        current = self.get(reservation_id)
+        if current is None:
+            return NotFound()
+        if current.state is ReservationState.COMMITTED:
+            return current
+        if current.state is not ReservationState.RESERVED:
+            return NotActive(current)
+        row = self._db.execute(
+            f"UPDATE reservations SET state = ?, expires_at = NULL, updated_at = ? WHERE id = ? "
+            f"RETURNING {_COLUMNS}",
+            (ReservationState.COMMITTED.value, self._clock(), reservation_id),
+        ).fetchone()
+        return StoredReservation.from_row(row)
+
+    def release(self, reservation_id: str) -> StoredReservation | None:
+        """Release if active; returns what was released (None when there was nothing to release)."""
+        current = self.get(reservation_id)
+        if current is None or not current.state.active:
+            return None
+        self._db.execute(
+            "UPDATE reservations SET state = ?, updated_at = ? WHERE id = ?",
+            (ReservationState.RELEASED.value, self._clock(), reservation_id),
+        )
+        subtract_usage(self._usage, current.node, current.usage())
+        return current
+
+    def list(
+        self,
+        *,
+        scheduler_name: str | None = None,
+        state: ReservationState | None = None,
+        pod_uid: str | None = None,
+        after: int = 0,
+        limit: int = 100,
+    ) -> tuple[list[StoredReservation], int | None]:
+        """One page in creation order, and the sequence number to continue after (None at the end)."""
+        self._expire()
+        clauses: list[str] = ["seq > ?"]
+        args: list[object] = [after]
+        for column, value in (("scheduler_name", scheduler_name), ("state", state), ("pod_uid", pod_uid)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        rows = self._db.execute(
+            f"SELECT {_COLUMNS} FROM reservations WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?",
+            (*args, limit + 1),
+        ).fetchall()
+        items = [StoredReservation.from_row(row) for row in rows[:limit]]
+        return items, (items[-1].seq if len(rows) > limit else None)

@@ -1,0 +1,168 @@
+"""Pure placement of the reference RM: fit across all resources, constraints, policies, reasons."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from bindery.refrm.inventory import InventoryError, node_from_object, parse_inventory
+from bindery.refrm.placement import InventoryNode, Policy, choose_node, format_reason
+
+
+def node(
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    taints: tuple[dict[str, Any], ...] = (),
+    unschedulable: bool = False,
+    **allocatable: str,
+) -> InventoryNode:
+    return InventoryNode(
+        name=name,
+        allocatable={key.replace("__", "/").replace("_", "."): Decimal(v) for key, v in allocatable.items()},
+        labels=labels or {},
+        taints=taints,
+        unschedulable=unschedulable,
+    )
+
+
+def choose(
+    nodes: list[InventoryNode],
+    requests: dict[str, str],
+    *,
+    used: dict[str, dict[str, str]] | None = None,
+    policy: Policy = Policy.BINPACK,
+    **placement: Any,
+) -> tuple[str | None, str]:
+    decision = choose_node(
+        nodes=nodes,
+        requests={k: Decimal(v) for k, v in requests.items()},
+        usage_by_node={n: {k: Decimal(v) for k, v in u.items()} for n, u in (used or {}).items()},
+        node_selector=placement.get("node_selector", {}),
+        affinity_terms=placement.get("affinity_terms", []),
+        tolerations=placement.get("tolerations", []),
+        policy=policy,
+    )
+    return decision.node, decision.reason
+
+
+def test_fits_across_all_resources_including_extended() -> None:
+    nodes = [node("a", cpu="4", nvidia_com__gpu="0"), node("b", cpu="1", nvidia_com__gpu="2")]
+    assert choose(nodes, {"cpu": "1", "nvidia.com/gpu": "1"})[0] == "b"
+    assert choose(nodes, {"cpu": "2", "nvidia.com/gpu": "1"}) == (
+        None,
+        "0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient nvidia.com/gpu.",
+    )
+
+
+def test_unknown_resource_fits_nowhere_and_zero_requests_are_ignored() -> None:
+    nodes = [node("a", cpu="4")]
+    assert (
+        choose(nodes, {"example.com/foo": "1"})[1]
+        == "0/1 nodes are available: 1 Insufficient example.com/foo."
+    )
+    assert choose(nodes, {"example.com/foo": "0", "cpu": "4"})[0] == "a"
+
+
+def test_used_capacity_counts_and_pods_slot_is_implicit() -> None:
+    nodes = [node("a", cpu="4", pods="1")]
+    assert choose(nodes, {"cpu": "1"}, used={"a": {"cpu": "3.5"}})[1].endswith("1 Insufficient cpu.")
+    assert choose(nodes, {"cpu": "1"}, used={"a": {"pods": "1"}})[1].endswith("1 Too many pods.")
+    assert choose(nodes, {"cpu": "0.5"}, used={"a": {"cpu": "3.5"}})[0] == "a"
+
+
+def test_binpack_and_spread() -> None:
+    nodes = [node("a", cpu="4"), node("b", cpu="4"), node("c", cpu="4")]
+    used = {"b": {"cpu": "2"}, "c": {"cpu": "1"}}
+    assert choose(nodes, {"cpu": "1"}, used=used, policy=Policy.BINPACK)[0] == "b"
+    assert choose(nodes, {"cpu": "1"}, used=used, policy=Policy.SPREAD)[0] == "a"
+    # Ties go to the first name.
+    assert choose(nodes, {"cpu": "1"}, policy=Policy.SPREAD)[0] == "a"
+    assert choose(nodes, {}, policy=Policy.BINPACK)[0] == "a"
+
+
+def test_constraints_and_reason_in_kube_scheduler_style() -> None:
+    gpu_taint = {"key": "k", "value": "v", "effect": "NoSchedule"}
+    nodes = [
+        node("a", cpu="1"),
+        node("b", cpu="8", taints=(gpu_taint,)),
+        node("c", cpu="8", labels={"zone": "x"}),
+        node("d", cpu="8", unschedulable=True),
+        node("e", cpu="8", taints=({"key": "soft", "effect": "PreferNoSchedule"},), labels={"zone": "y"}),
+    ]
+    selector = {"zone": "y"}
+    assert choose(nodes, {"cpu": "2"}, node_selector=selector)[0] == "e"
+    _, reason = choose(nodes, {"cpu": "2"}, node_selector={"zone": "z"})
+    assert reason == (
+        "0/5 nodes are available: 1 node(s) had untolerated taint {k: v}, "
+        "1 node(s) were unschedulable, 3 node(s) didn't match Pod's node affinity/selector."
+    )
+    tolerate_all = [{"operator": "Exists"}]
+    assert choose(nodes[1:2], {"cpu": "2"}, tolerations=tolerate_all)[0] == "b"
+    assert choose(nodes[3:4], {"cpu": "2"}, tolerations=tolerate_all)[0] == "d"
+    affinity = [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["x"]}]}]
+    assert choose(nodes, {"cpu": "2"}, affinity_terms=affinity)[0] == "c"
+
+
+def test_reason_with_no_nodes() -> None:
+    assert "no nodes" in format_reason(total_nodes=0, failures={})
+
+
+def test_inventory_file_parsing() -> None:
+    nodes = parse_inventory(
+        {
+            "nodes": [
+                {"name": "b", "allocatable": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": 2}},
+                {
+                    "name": "a",
+                    "allocatable": {"cpu": "500m"},
+                    "labels": {"zone": "x"},
+                    "taints": [{"key": "k", "effect": "NoSchedule"}],
+                    "unschedulable": True,
+                },
+            ]
+        }
+    )
+    assert [n.name for n in nodes] == ["a", "b"]
+    assert nodes[1].allocatable["memory"] == 8 * 1024**3
+    assert nodes[0].taints == ({"key": "k", "value": "", "effect": "NoSchedule"},)
+
+
+@pytest.mark.parametrize(
+    ("document", "fragment"),
+    [
+        ({}, "'nodes' list"),
+        ({"nodes": [{"name": "a"}]}, "allocatable"),
+        ({"nodes": [{"name": "a", "allocatable": {"cpu": "-1"}}]}, "negative"),
+        ({"nodes": [{"name": "a", "allocatable": {"Bad Name": "1"}}]}, "not a valid resource name"),
+        ({"nodes": [{"name": "a", "allocatable": {"cpu": "1"}, "colour": 1}]}, "unknown keys"),
+        ({"nodes": [{"name": "a", "allocatable": {"cpu": "1"}}] * 2}, "appears twice"),
+        ({"nodes": [{"name": "a", "allocatable": {"cpu": "1"}, "taints": [{"key": "k"}]}]}, "effect"),
+        ({"nodes": [{"name": "a", "allocatable": {"cpu": "1"}, "labels": {"a": 1}}]}, "strings"),
+    ],
+)
+def test_inventory_errors(document: Any, fragment: str) -> None:
+    with pytest.raises(InventoryError, match=fragment):
+        parse_inventory(document)
+
+
+def test_node_objects_mirror_ready_non_deleted_nodes() -> None:
+    ready = {
+        "metadata": {"name": "n1", "labels": {"pool": "gpu"}},
+        "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}], "unschedulable": True},
+        "status": {
+            "allocatable": {"cpu": "3900m", "memory": "16Gi", "bad": "x"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    mirrored = node_from_object(ready)
+    assert mirrored is not None
+    assert mirrored.allocatable == {"cpu": Decimal("3.9"), "memory": 16 * 1024**3}
+    assert mirrored.unschedulable
+    assert mirrored.taints == ({"key": "k", "value": "", "effect": "NoSchedule"},)
+    not_ready = {**ready, "status": {**ready["status"], "conditions": [{"type": "Ready", "status": "False"}]}}
+    assert node_from_object(not_ready) is None
+    deleting = {**ready, "metadata": {**ready["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert node_from_object(deleting) is None
