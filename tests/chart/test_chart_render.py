@@ -1,0 +1,428 @@
+"""The chart offline, with the real helm: lint, render, schema rejections, invariants.
+
+Nothing here needs a cluster; test_chart_install.py applies the same renders to the apiserver.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import tarfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart import charttools as ct
+from tests.chart.valuesets import VALUE_SETS
+
+NAMESPACE = "bindery-system"
+
+
+def _pod_specs(objects: list[dict[str, Any]]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    for dep in ct.by_kind(objects, "Deployment"):
+        yield dep["metadata"]["name"], dep["spec"]["template"]["spec"]
+
+
+@pytest.fixture(scope="module")
+def rendered(
+    helm: str, helm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, list[dict[str, Any]]]:
+    tmp = tmp_path_factory.mktemp("render")
+    return {
+        name: ct.render(helm=helm, env=helm_env, tmp=tmp, values=values, namespace=NAMESPACE)
+        for name, values in VALUE_SETS.items()
+    }
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_lint_strict(helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path, value_set: str) -> None:
+    args = [helm, "lint", "--strict", str(ct.CHART), "--namespace", NAMESPACE]
+    if VALUE_SETS[value_set]:
+        args += ["--values", str(ct.values_file(VALUE_SETS[value_set], tmp_path))]
+    out = ct.run(args, env=helm_env).stdout
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+    assert "[WARNING]" not in out, out
+    assert "[ERROR]" not in out, out
+
+
+def test_crd_in_chart_is_the_file_in_crds(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    # One source of truth: the chart links to crds/, and `helm package` ships its bytes.
+    assert ct.CRD_IN_CHART.is_symlink(), f"{ct.CRD_IN_CHART} must be a symlink to {ct.CRD_SOURCE}"
+    assert ct.CRD_IN_CHART.resolve() == ct.CRD_SOURCE.resolve()
+    ct.run([helm, "package", str(ct.CHART), "--destination", str(tmp_path)], env=helm_env)
+    (package,) = tmp_path.glob("bindery-*.tgz")
+    with tarfile.open(package) as tar:
+        member = tar.extractfile("bindery/crds/resourcemanagers.bindery.dev.yaml")
+        assert member is not None
+        assert member.read() == ct.CRD_SOURCE.read_bytes()
+    # Only the CRD lives in crds/ (helm installs everything there before the templates).
+    assert sorted(p.name for p in (ct.CHART / "crds").iterdir()) == [ct.CRD_SOURCE.name]
+
+
+def test_chart_versions_agree() -> None:
+    chart = yaml.safe_load((ct.CHART / "Chart.yaml").read_text())
+    pyproject = (ct.REPO / "pyproject.toml").read_text()
+    assert f'version = "{chart["appVersion"]}"' in pyproject, (
+        "Chart appVersion must equal the package version"
+    )
+    assert chart["kubeVersion"] == ">=1.29.0-0"
+
+
+def test_default_install_has_every_part(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    kinds = sorted({(o["kind"], o["metadata"]["name"]) for o in rendered["defaults"]})
+    assert kinds == sorted(
+        [
+            ("ClusterRole", "rel-bindery"),
+            ("ClusterRole", "rel-bindery-rm"),
+            ("ClusterRoleBinding", "rel-bindery"),
+            ("ClusterRoleBinding", "rel-bindery-rm"),
+            ("Deployment", "rel-bindery"),
+            ("Deployment", "rel-bindery-rm"),
+            ("NetworkPolicy", "rel-bindery"),
+            ("NetworkPolicy", "rel-bindery-rm"),
+            ("PersistentVolumeClaim", "rel-bindery-rm-data"),
+            ("PodDisruptionBudget", "rel-bindery"),
+            ("ResourceManager", "rel-bindery-rm"),
+            ("Role", "rel-bindery-secrets"),
+            ("RoleBinding", "rel-bindery-secrets"),
+            ("Secret", "rel-bindery-rm-token"),
+            ("Service", "rel-bindery-metrics"),
+            ("Service", "rel-bindery-rm"),
+            ("ServiceAccount", "rel-bindery"),
+            ("ServiceAccount", "rel-bindery-rm"),
+        ]
+    )
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ResourceManager"}
+    for obj in rendered["defaults"]:
+        if obj["kind"] not in cluster_scoped:
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "rel"
+
+
+def test_minimal_install_is_just_the_operator(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    kinds = sorted(o["kind"] for o in rendered["minimal"])
+    assert kinds == ["Deployment"]
+    dep = ct.one(rendered["minimal"], "Deployment")
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "existing-operator-sa"
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_operator_deployment(rendered: dict[str, list[dict[str, Any]]], value_set: str) -> None:
+    values = VALUE_SETS[value_set]
+    health_port = values.get("operator", {}).get("healthPort", 8080)
+    deps = [
+        d
+        for d in ct.by_kind(rendered[value_set], "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+    ]
+    assert len(deps) == 1
+    spec = deps[0]["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["args"][0] == f"--liveness=http://0.0.0.0:{health_port}/healthz"
+    assert container["ports"] == [{"name": "health", "containerPort": health_port, "protocol": "TCP"}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+    assert "command" not in container, "the image ENTRYPOINT (bindery run) must start the operator"
+    selector = spec["selector"]["matchLabels"]
+    pod_labels = spec["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_pod_is_hardened(rendered: dict[str, list[dict[str, Any]]], value_set: str) -> None:
+    for name, pod in _pod_specs(rendered[value_set]):
+        psc = pod["securityContext"]
+        assert psc["runAsNonRoot"] is True, name
+        assert psc["runAsUser"] > 0, name
+        assert psc["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for container in pod["containers"]:
+            sc = container["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert sc["privileged"] is False, name
+            assert sc["capabilities"] == {"drop": ["ALL"]}, name
+            assert container["resources"]["requests"], name
+            assert {"livenessProbe", "readinessProbe"} <= container.keys(), name
+            # A read-only root needs a writable scratch directory.
+            assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"], name
+
+
+def test_rbac_is_exactly_what_the_operator_declares(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    rbac = pytest.importorskip("bindery.controller.rbac")
+    objects = rendered["external-rms"]
+    cluster_rules = ct.one(objects, "ClusterRole", "rel-bindery")["rules"]
+    roles = ct.by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted([NAMESPACE, "default"])
+    role_rules = [rule for role in roles for rule in role["rules"]]
+    assert role_rules == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}] * 2
+
+    def flatten(rules: list[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
+        return {
+            (g, r, v)
+            for rule in rules
+            for g in rule["apiGroups"]
+            for r in rule["resources"]
+            for v in rule["verbs"]
+        }
+
+    declared = flatten(rbac.OPERATOR_RULES)
+    chart = flatten(cluster_rules) | flatten(role_rules)
+    assert chart == declared, (
+        f"chart grants {sorted(chart - declared)} beyond bindery.controller.rbac "
+        f"and lacks {sorted(declared - chart)}"
+    )
+    # Secrets: only through namespaced Roles, never cluster-wide.
+    assert not any("secrets" in rule["resources"] for rule in cluster_rules)
+    for binding in ct.by_kind(objects, "ClusterRoleBinding") + ct.by_kind(objects, "RoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "rel-bindery", "namespace": NAMESPACE}
+        ]
+
+
+def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["defaults"]
+    rm = ct.one(objects, "ResourceManager")
+    assert rm["spec"] == {
+        "schedulerNames": ["bindery"],
+        "endpoint": f"http://rel-bindery-rm.{NAMESPACE}.svc:8080",
+        "allowInsecureHTTP": True,
+        "auth": {"tokenSecretRef": {"namespace": NAMESPACE, "name": "rel-bindery-rm-token", "key": "token"}},
+    }
+    secret = ct.one(objects, "Secret")
+    assert len(secret["data"]["token"]) >= 48
+    dep = ct.one(objects, "Deployment", "rel-bindery-rm")
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "rel-bindery-rm"
+    (container,) = pod["containers"]
+    assert container["command"] == ["bindery"]
+    assert container["args"] == [
+        "rm",
+        "serve",
+        "--listen=0.0.0.0:8080",
+        "--db=/var/lib/bindery-rm/rm.sqlite",
+        "--mirror-nodes",
+        "--token-file=/etc/bindery-rm/token/token",
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "rel-bindery-rm-data"}
+    assert volumes["token"]["secret"]["secretName"] == "rel-bindery-rm-token"
+    # Only the operator may talk to the plain-HTTP reference RM.
+    policy = ct.one(objects, "NetworkPolicy", "rel-bindery-rm")
+    assert policy["spec"]["ingress"][0]["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/name": "bindery",
+                    "app.kubernetes.io/instance": "rel",
+                    "app.kubernetes.io/component": "operator",
+                }
+            }
+        }
+    ]
+    rm_role = ct.one(objects, "ClusterRole", "rel-bindery-rm")
+    assert rm_role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+
+
+def test_reference_rm_tuned(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["reference-rm-tuned"]
+    assert not ct.by_kind(objects, "Secret"), "an existing token Secret must not be generated"
+    assert not ct.by_kind(objects, "PersistentVolumeClaim")
+    rm = ct.one(objects, "ResourceManager", "sched-rm")
+    assert rm["spec"]["schedulerNames"] == ["bindery", "bindery-batch"]
+    assert rm["spec"]["endpoint"] == f"http://sched-rm.{NAMESPACE}.svc:9000"
+    assert rm["spec"]["auth"]["tokenSecretRef"]["name"] == "my-rm-token"
+    assert rm["spec"]["maxInFlight"] == 32
+    assert rm["spec"]["nodeCheck"] == "Basic"
+    dep = ct.one(objects, "Deployment", "sched-rm")
+    pod = dep["spec"]["template"]["spec"]
+    assert "--node-selector=bindery.dev/pool=default" in pod["containers"][0]["args"]
+    assert {"name": "data", "emptyDir": {}} in pod["volumes"]
+    assert ct.one(objects, "Service", "sched-metrics")["spec"]["ports"][0]["port"] == 9808
+
+
+def test_resource_managers_from_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    rms = {o["metadata"]["name"]: o for o in ct.by_kind(rendered["external-rms"], "ResourceManager")}
+    assert sorted(rms) == ["batch", "gpu-pool"]
+    assert rms["gpu-pool"]["spec"] == VALUE_SETS["external-rms"]["resourceManagers"][0]["spec"]
+    assert rms["batch"]["metadata"]["annotations"] == {"example.com/owner": "batch-team"}
+    dep = ct.one(rendered["external-rms"], "Deployment")
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example.com/bindery@sha256:" + "ab" * 32
+    assert container["args"][1:] == ["--verbose"]
+
+
+def test_generated_token_differs_per_render(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    # Offline there is nothing to look up, so each render generates; install keeps it (see install tests).
+    tokens = {
+        ct.one(ct.render(helm=helm, env=helm_env, tmp=tmp_path), "Secret")["data"]["token"] for _ in range(2)
+    }
+    assert len(tokens) == 2
+
+
+def test_long_release_names_stay_valid(helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path) -> None:
+    release = "a-long-release-name-at-the-limit-helm-allows-53-chars"  # helm refuses longer ones
+    assert len(release) == 53
+    objects = ct.render(helm=helm, env=helm_env, tmp=tmp_path, release=release)
+    for obj in objects:
+        # Services are DNS labels (63); other names are DNS subdomains (253).
+        limit = 63 if obj["kind"] in ("Service", "Deployment") else 253
+        assert len(obj["metadata"]["name"]) <= limit, obj["metadata"]["name"]
+    names = [o["metadata"]["name"] for o in ct.by_kind(objects, "Deployment")]
+    assert len(set(names)) == 2
+
+
+def test_service_monitor(helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path) -> None:
+    values = {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}}
+    error = ct.render_error(helm=helm, env=helm_env, tmp=tmp_path, values=values)
+    assert "does not serve monitoring.coreos.com/v1 ServiceMonitor" in error
+    objects = ct.render(
+        helm=helm,
+        env=helm_env,
+        tmp=tmp_path,
+        values=values,
+        extra=["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"],
+    )
+    monitor = ct.one(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    service = ct.one(objects, "Service", "rel-bindery-metrics")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+
+def test_kube_version_constraint(helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path) -> None:
+    error = ct.render_error(helm=helm, env=helm_env, tmp=tmp_path, extra=["--kube-version", "1.28.9"])
+    assert "chart requires kubeVersion: >=1.29.0-0 which is incompatible with Kubernetes v1.28.9" in error
+
+
+# (values, fragments the error must contain): the path of the bad value and what is wrong with it.
+REJECTED: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("two replicas", {"operator": {"replicaCount": 2}}, ["/operator/replicaCount", "value must be 1"]),
+    (
+        "typo in a key",
+        {"operator": {"replicas": 1}},
+        ["/operator", "additional properties 'replicas' not allowed"],
+    ),
+    (
+        "writable root",
+        {"securityContext": {"readOnlyRootFilesystem": False}},
+        ["/securityContext/readOnlyRootFilesystem", "value must be true"],
+    ),
+    (
+        "privilege escalation",
+        {"securityContext": {"allowPrivilegeEscalation": True}},
+        ["/securityContext/allowPrivilegeEscalation", "value must be false"],
+    ),
+    (
+        "privileged",
+        {"securityContext": {"privileged": True}},
+        ["/securityContext/privileged", "value must be false"],
+    ),
+    (
+        "root user",
+        {"podSecurityContext": {"runAsUser": 0}},
+        ["/podSecurityContext/runAsUser", "minimum: got 0, want 1"],
+    ),
+    (
+        "root allowed",
+        {"podSecurityContext": {"runAsNonRoot": False}},
+        ["/podSecurityContext/runAsNonRoot", "value must be true"],
+    ),
+    (
+        "capabilities kept",
+        {"securityContext": {"capabilities": {"drop": ["NET_RAW"]}}},
+        ["/securityContext/capabilities/drop", "value must be 'ALL'"],
+    ),
+    (
+        "capability added",
+        {"securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}}},
+        ["/securityContext/capabilities/add", "maxItems"],
+    ),
+    (
+        "bad pull policy",
+        {"image": {"pullPolicy": "Sometimes"}},
+        ["/image/pullPolicy", "value must be one of 'Always', 'IfNotPresent', 'Never'"],
+    ),
+    ("bad digest", {"image": {"digest": "latest"}}, ["/image/digest", "does not match pattern"]),
+    (
+        "bad scheduler name",
+        {"referenceRM": {"schedulerNames": ["Bad_Name"]}},
+        ["/referenceRM/schedulerNames/0", "'Bad_Name' does not match pattern"],
+    ),
+    (
+        "no scheduler name",
+        {"referenceRM": {"schedulerNames": []}},
+        ["/referenceRM/schedulerNames", "minItems"],
+    ),
+    (
+        "privileged port",
+        {"operator": {"healthPort": 80}},
+        ["/operator/healthPort", "minimum: got 80, want 1,024"],
+    ),
+    (
+        "blocking budget",
+        {"podDisruptionBudget": {"maxUnavailable": 0}},
+        ["/podDisruptionBudget/maxUnavailable"],
+    ),
+    (
+        "bad size",
+        {"referenceRM": {"persistence": {"size": "lots"}}},
+        ["/referenceRM/persistence/size", "does not match pattern"],
+    ),
+    (
+        "bad interval",
+        {"metrics": {"serviceMonitor": {"interval": "30 seconds"}}},
+        ["/metrics/serviceMonitor/interval", "does not match pattern"],
+    ),
+    (
+        "RM without name",
+        {"resourceManagers": [{"spec": {"schedulerNames": ["x"], "endpoint": "https://rm"}}]},
+        ["/resourceManagers/0", "missing property 'name'"],
+    ),
+    (
+        "RM with ftp endpoint",
+        {"resourceManagers": [{"name": "x", "spec": {"schedulerNames": ["x"], "endpoint": "ftp://rm"}}]},
+        ["/resourceManagers/0/spec/endpoint", "does not match pattern"],
+    ),
+    (
+        "RM without scheduler names",
+        {"resourceManagers": [{"name": "x", "spec": {"endpoint": "https://rm"}}]},
+        ["/resourceManagers/0/spec", "missing property 'schedulerNames'"],
+    ),
+    (
+        "secret namespace typo",
+        {"rbac": {"secretNamespaces": ["Default"]}},
+        ["/rbac/secretNamespaces/0", "does not match pattern"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "fragments"), [(v, f) for _, v, f in REJECTED], ids=[n for n, _, _ in REJECTED]
+)
+def test_schema_rejects_bad_values(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path, values: dict[str, Any], fragments: list[str]
+) -> None:
+    error = ct.render_error(helm=helm, env=helm_env, tmp=tmp_path, values=values)
+    assert "values don't meet the specifications of the schema" in error
+    for fragment in fragments:
+        assert fragment in error, f"{fragment!r} not in helm's message:\n{error}"
+
+
+def test_existing_service_account_needs_a_name(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    error = ct.render_error(
+        helm=helm, env=helm_env, tmp=tmp_path, values={"serviceAccount": {"create": False}}
+    )
+    assert "serviceAccount.name is required when serviceAccount.create is false" in error
