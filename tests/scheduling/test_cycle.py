@@ -1,0 +1,440 @@
+"""schedule_one: the success path's exact writes, every failure path's release and report, plugins."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+import pytest
+
+from bindery.rm.errors import RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
+from bindery.scheduling.cycle import CycleOutcome, schedule_one
+from bindery.scheduling.decisions import FailureKind, Outcome
+from bindery.scheduling.framework import PluginSet, Ports, Profile, Status
+from bindery.scheduling.nodecheck import NodeCheckMode
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import BindConflict, BindError, NodeProjection, PodGone
+from bindery.scheduling.throttle import EventThrottle
+from tests.scheduling.fakes import (
+    Calls,
+    FakeBinder,
+    FakeConditions,
+    FakeEvents,
+    FakeNodes,
+    FakePods,
+    FakeRM,
+    pod,
+)
+from tests.scheduling.plugins import Announcer, CustomBinder, GateKeeper, RecordingReserve
+
+KUBE_WRITES = (
+    "binder.bind",
+    "events.scheduled",
+    "events.failed_scheduling",
+    "conditions.pod_scheduled_false",
+)
+
+
+@dataclasses.dataclass
+class World:
+    calls: Calls
+    rm: FakeRM
+    nodes: FakeNodes
+    pods: FakePods
+    binder: FakeBinder
+    events: FakeEvents
+    conditions: FakeConditions
+    pod: PodInfo
+
+    def ports(self) -> Ports:
+        return Ports(
+            nodes=self.nodes,
+            pods=self.pods,
+            binder=self.binder,
+            events=self.events,
+            conditions=self.conditions,
+        )
+
+    def profile(self, **changes: Any) -> Profile:
+        return Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=self.rm, **changes)
+
+    async def run(self, *, throttle: EventThrottle | None = None, **changes: Any) -> CycleOutcome:
+        return await schedule_one(
+            pod=self.pod, profile=self.profile(**changes), ports=self.ports(), throttle=throttle
+        )
+
+    def writes(self) -> list[str]:
+        return [name for name in self.calls.names() if name in KUBE_WRITES]
+
+
+@pytest.fixture
+def world() -> World:
+    calls = Calls()
+    the_pod = pod("web")
+    pods = FakePods(calls)
+    pods.pods[the_pod.uid] = the_pod
+    return World(
+        calls=calls,
+        rm=FakeRM(calls, node="n1"),
+        nodes=FakeNodes(calls, {"n1": NodeProjection(name="n1")}),
+        pods=pods,
+        binder=FakeBinder(calls),
+        events=FakeEvents(calls),
+        conditions=FakeConditions(calls),
+        pod=the_pod,
+    )
+
+
+async def test_success_writes_the_binding_and_the_event_then_commits(world: World) -> None:
+    outcome = await world.run()
+    assert outcome.outcome is Outcome.BOUND
+    assert outcome.node == "n1"
+    assert outcome.reservation_id == "r1"
+    assert world.calls.names() == [
+        "rm.reserve",
+        "pods.get",  # watch cache, not an API read
+        "nodes.get",  # watch cache, not an API read
+        "binder.bind",
+        "events.scheduled",
+        "rm.commit",
+    ]
+    assert world.writes() == ["binder.bind", "events.scheduled"]
+    _, bind = world.calls.log[3]
+    assert bind == {"pod": "uid-web", "node": "n1", "annotations": {"bindery.dev/reservation-id": "r1"}}
+    assert world.calls.log[4][1]["scheduler_name"] == "bindery"
+    assert world.calls.log[5][1] == {"id": "r1"}
+
+
+async def test_reservation_request_uses_the_pod_uid_as_idempotency_key_and_the_profile_ttl(
+    world: World,
+) -> None:
+    await world.run(reservation_ttl_seconds=42)
+    (request,) = world.rm.requests
+    assert request.idempotency_key == "uid-web"
+    assert request.ttl_seconds == 42
+    assert request.resources == {"cpu": "100m"}
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "outcome", "reason"),
+    [
+        (
+            RMUnschedulable("409", reason="0/3 nodes are available: 3 Insufficient cpu."),
+            FailureKind.RM_UNSCHEDULABLE,
+            Outcome.UNSCHEDULABLE,
+            "Unschedulable",
+        ),
+        (RMUnavailable("connection refused"), FailureKind.RM_UNAVAILABLE, Outcome.ERROR, "SchedulerError"),
+        (RMProtocolError("body is not JSON"), FailureKind.RM_PROTOCOL_ERROR, Outcome.ERROR, "SchedulerError"),
+        (RMRejected("bad request", status=400), FailureKind.RM_REJECTED, Outcome.ERROR, "SchedulerError"),
+    ],
+    ids=["unschedulable", "unavailable", "protocol", "rejected"],
+)
+async def test_reserve_failure_reports_without_releasing(
+    world: World, error: Exception, kind: FailureKind, outcome: Outcome, reason: str
+) -> None:
+    world.rm.reserve_error = error
+    result = await world.run()
+    assert result.outcome is outcome
+    assert result.failure is not None
+    assert result.failure.kind is kind
+    assert world.calls.count("rm.release") == 0  # nothing was reserved
+    assert not result.released
+    assert world.writes() == ["events.failed_scheduling", "conditions.pod_scheduled_false"]
+    condition = world.calls.log[-1][1]
+    assert condition["reason"] == reason
+    assert 'resource manager "pool"' in condition["message"]
+
+
+async def test_rm_reason_and_retry_hint_reach_the_event_and_the_outcome(world: World) -> None:
+    world.rm.reserve_error = RMUnschedulable(
+        "409", reason="0/3 nodes are available: 3 Insufficient cpu.", retry_after=7
+    )
+    result = await world.run()
+    assert result.retry_after == 7
+    event = world.calls.log[1][1]
+    assert (
+        event["message"]
+        == 'resource manager "pool" has no room for the pod: 0/3 nodes are available: 3 Insufficient cpu.'
+    )
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        (None, 'resource manager "pool" chose node "n1", which does not exist'),
+        (
+            NodeProjection(name="n1", unschedulable=True),
+            'resource manager "pool" chose node "n1", which is cordoned (spec.unschedulable)',
+        ),
+        (
+            NodeProjection(name="n1", taints=({"key": "gpu", "value": "yes", "effect": "NoSchedule"},)),
+            'resource manager "pool" chose node "n1", '
+            "whose taint {gpu=yes:NoSchedule} the pod does not tolerate",
+        ),
+        (
+            NodeProjection(name="n1", deleting=True),
+            'resource manager "pool" chose node "n1", which is being deleted',
+        ),
+    ],
+    ids=["missing", "cordoned", "tainted", "deleting"],
+)
+async def test_bad_node_is_released_and_reported_as_scheduler_error(
+    world: World, node: NodeProjection | None, message: str
+) -> None:
+    world.nodes.nodes = {"n1": node} if node else {}
+    result = await world.run()
+    assert result.outcome is Outcome.ERROR
+    assert world.calls.count("rm.release") == 1
+    assert world.calls.count("binder.bind") == 0
+    assert world.writes() == ["events.failed_scheduling", "conditions.pod_scheduled_false"]
+    assert world.calls.log[-2][1]["message"] == message
+    assert world.calls.log[-1][1]["reason"] == "SchedulerError"
+
+
+async def test_node_check_off_trusts_the_rm(world: World) -> None:
+    world.nodes.nodes = {}
+    result = await world.run(node_check=NodeCheckMode.OFF)
+    assert result.bound
+
+
+async def test_pod_deleted_between_reserve_and_bind_is_released_silently(world: World) -> None:
+    world.pods.pods.clear()
+    result = await world.run()
+    assert result.outcome is Outcome.DROPPED
+    assert world.calls.count("rm.release") == 1
+    assert world.writes() == []
+
+
+async def test_pod_deleted_during_bind_is_released_silently(world: World) -> None:
+    world.binder.error = PodGone()
+    result = await world.run()
+    assert result.outcome is Outcome.DROPPED
+    assert world.calls.count("rm.release") == 1
+    assert world.writes() == ["binder.bind"]
+
+
+async def test_conflict_naming_the_chosen_node_is_a_lost_response_and_succeeds(world: World) -> None:
+    world.binder.error = BindConflict('pod web is already assigned to node "n1"', current_node="n1")
+    result = await world.run()
+    assert result.bound
+    assert world.calls.count("rm.release") == 0
+    assert world.calls.count("rm.commit") == 1
+    assert world.writes() == ["binder.bind", "events.scheduled"]
+
+
+async def test_pod_bound_elsewhere_releases_without_any_report(world: World) -> None:
+    world.binder.error = BindConflict('pod web is already assigned to node "n9"', current_node="n9")
+    result = await world.run()
+    assert result.outcome is Outcome.DROPPED
+    assert result.released
+    assert world.calls.count("rm.release") == 1
+    assert world.writes() == ["binder.bind"]
+
+
+async def test_other_conflict_and_bind_errors_release_and_report(world: World) -> None:
+    world.binder.error = BindConflict("the UID precondition failed")
+    result = await world.run()
+    assert result.outcome is Outcome.ERROR
+    assert world.calls.count("rm.release") == 1
+    world.calls.log.clear()
+    world.binder.error = BindError("500 Internal Server Error: etcd timeout", status=500)
+    result = await world.run()
+    assert result.failure is not None
+    assert result.failure.kind is FailureKind.BIND_ERROR
+    assert world.calls.count("rm.release") == 1
+    assert (
+        world.calls.log[-2][1]["message"]
+        == 'binding the pod to node "n1" failed: 500 Internal Server Error: etcd timeout'
+    )
+
+
+async def test_release_failure_is_logged_and_does_not_change_the_outcome(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.nodes.nodes = {}
+    world.rm.release_error = RMUnavailable("connection refused")
+    with caplog.at_level(logging.WARNING):
+        result = await world.run()
+    assert result.outcome is Outcome.ERROR
+    assert "expires by itself" in caplog.text
+
+
+async def test_commit_failure_keeps_the_pod_bound_and_is_flagged(world: World) -> None:
+    world.rm.commit_error = RMUnavailable("timeout")
+    result = await world.run()
+    assert result.bound
+    assert result.commit_failed
+    assert world.calls.count("rm.release") == 0
+
+
+async def test_scheduled_event_failure_does_not_change_the_outcome_and_still_commits(world: World) -> None:
+    world.events.error = RuntimeError("apiserver hiccup")
+    result = await world.run()
+    assert result.bound
+    assert world.calls.count("rm.commit") == 1
+
+
+async def test_report_failures_are_swallowed(world: World) -> None:
+    world.rm.reserve_error = RMUnavailable("down")
+    world.events.error = PodGone()
+    world.conditions.error = RuntimeError("403 Forbidden")
+    result = await world.run()
+    assert result.outcome is Outcome.ERROR
+
+
+async def test_repeated_failures_are_throttled_and_the_condition_not_rewritten(world: World) -> None:
+    now = [0.0]
+    throttle = EventThrottle(interval=60.0, clock=lambda: now[0])
+    world.rm.reserve_error = RMUnschedulable("409", reason="0/3 nodes are available: 3 Insufficient cpu.")
+    first = await world.run(throttle=throttle)
+    assert first.reported
+    # The watch delivers the pod with the condition we wrote.
+    condition = world.calls.log[-1][1]
+    world.pod = dataclasses.replace(
+        world.pod, unschedulable_condition=(condition["reason"], condition["message"])
+    )
+    for _ in range(5):
+        now[0] += 10
+        assert not (await world.run(throttle=throttle)).reported
+    now[0] += 10
+    assert (await world.run(throttle=throttle)).reported
+    assert world.calls.count("events.failed_scheduling") == 2
+    assert world.calls.count("conditions.pod_scheduled_false") == 1
+    assert "(and 5 similar failures not reported)" in world.calls.log[-1][1]["message"]
+    # A different kind of failure is news: reported at once, and the condition reason changes.
+    world.rm.reserve_error = RMUnavailable("connection refused")
+    now[0] += 1
+    assert (await world.run(throttle=throttle)).reported
+    assert world.calls.log[-1][1]["reason"] == "SchedulerError"
+
+
+async def test_cancellation_after_reserve_releases_and_propagates(world: World) -> None:
+    started = asyncio.Event()
+
+    class Hang:
+        name = "hang"
+
+        async def pre_bind(self, *, ctx: object) -> Status:
+            started.set()
+            await asyncio.Event().wait()
+            return Status.success()
+
+    task = asyncio.create_task(world.run(plugins=PluginSet(pre_bind=(Hang(),))))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert world.calls.count("rm.release") == 1
+
+
+# -- extension points with test plugins -----------------------------------------------------------
+
+
+async def test_pre_bind_plugin_runs_after_the_defaults_with_the_chosen_node(world: World) -> None:
+    result = await world.run(plugins=PluginSet(pre_bind=(GateKeeper(world.calls),)))
+    assert result.bound
+    names = world.calls.names()
+    assert names.index("nodes.get") < names.index("gatekeeper.pre_bind") < names.index("binder.bind")
+    assert world.calls.log[names.index("gatekeeper.pre_bind")][1] == {"node": "n1"}
+
+
+@pytest.mark.parametrize(
+    ("plugin_status", "error", "expected"),
+    [
+        (
+            Status.unschedulable("GPU driver not ready"),
+            None,
+            (
+                Outcome.UNSCHEDULABLE,
+                "Unschedulable",
+                'PreBind plugin "gatekeeper" rejected the pod: GPU driver not ready',
+            ),
+        ),
+        (
+            Status.error("quota service down"),
+            None,
+            (Outcome.ERROR, "SchedulerError", 'PreBind plugin "gatekeeper" failed: quota service down'),
+        ),
+        (
+            None,
+            ValueError("boom"),
+            (
+                Outcome.ERROR,
+                "SchedulerError",
+                'internal error in PreBind plugin "gatekeeper": ValueError: boom',
+            ),
+        ),
+    ],
+    ids=["unschedulable", "error", "raises"],
+)
+async def test_failing_pre_bind_plugin_releases_and_requeues(
+    world: World,
+    plugin_status: Status | None,
+    error: Exception | None,
+    expected: tuple[Outcome, str, str],
+) -> None:
+    outcome, reason, message = expected
+    gate = GateKeeper(world.calls, status=plugin_status, error=error)
+    result = await world.run(plugins=PluginSet(pre_bind=(gate,)))
+    assert result.outcome is outcome
+    assert world.calls.count("rm.release") == 1
+    assert world.calls.count("binder.bind") == 0
+    assert world.calls.log[-1][1] == {"pod": "uid-web", "reason": reason, "message": message}
+
+
+async def test_replacement_bind_plugin_is_used_instead_of_the_default_binder(world: World) -> None:
+    result = await world.run(plugins=PluginSet(bind=(CustomBinder(world.calls),)))
+    assert result.bound
+    assert world.calls.count("binder.bind") == 0
+    assert ("custom-binder.bind", {"node": "n1", "reservation": "r1"}) in world.calls.log
+    assert world.calls.count("events.scheduled") == 1
+    assert world.calls.count("rm.commit") == 1
+
+
+async def test_bind_plugins_that_skip_pass_to_the_next_and_all_skipping_fails(world: World) -> None:
+    skipper = CustomBinder(world.calls, name="skipper", status=Status.skip())
+    result = await world.run(plugins=PluginSet(bind=(skipper, CustomBinder(world.calls))))
+    assert result.bound
+    world.calls.log.clear()
+    result = await world.run(plugins=PluginSet(bind=(skipper,)))
+    assert result.outcome is Outcome.ERROR
+    assert world.calls.count("rm.release") == 1
+    assert "every Bind plugin skipped the pod (skipper)" in world.calls.log[-1][1]["message"]
+
+
+async def test_failing_replacement_binder_releases(world: World) -> None:
+    failing = CustomBinder(world.calls, status=Status.error("external binder refused"))
+    result = await world.run(plugins=PluginSet(bind=(failing,)))
+    assert result.outcome is Outcome.ERROR
+    assert world.calls.count("rm.release") == 1
+
+
+async def test_post_bind_plugin_raising_does_not_change_the_outcome(world: World) -> None:
+    first = Announcer(world.calls, name="first", error=RuntimeError("webhook down"))
+    second = Announcer(world.calls, name="second")
+    result = await world.run(plugins=PluginSet(post_bind=(first, second)))
+    assert result.bound
+    assert world.calls.names()[-3:] == ["rm.commit", "first.post_bind", "second.post_bind"]
+    assert world.calls.count("rm.release") == 0
+
+
+async def test_extra_reserve_plugins_run_after_the_rm_and_unreserve_in_reverse(world: World) -> None:
+    a = RecordingReserve(world.calls, name="a")
+    b = RecordingReserve(world.calls, name="b", status=Status.error("no licence seat"))
+    c = RecordingReserve(world.calls, name="c")
+    result = await world.run(plugins=PluginSet(reserve=(a, b, c)))
+    assert result.outcome is Outcome.ERROR
+    assert world.calls.names()[:3] == ["rm.reserve", "a.reserve", "b.reserve"]
+    # All Reserve plugins are unreserved in reverse order, including c whose reserve never ran.
+    assert world.calls.names()[3:7] == ["c.unreserve", "b.unreserve", "a.unreserve", "rm.release"]
+
+
+async def test_release_happens_once_even_if_a_plugin_fails_late(world: World) -> None:
+    a = RecordingReserve(world.calls, name="a")
+    world.binder.error = BindError("boom")
+    await world.run(plugins=PluginSet(reserve=(a,), pre_bind=(GateKeeper(world.calls),)))
+    assert world.calls.count("rm.release") == 1
+    assert world.calls.count("a.unreserve") == 1
