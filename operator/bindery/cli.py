@@ -1,0 +1,93 @@
+"""The `bindery` command: one entry point for the operator, the demo, the reference RM and tooling.
+
+Sub-commands delegate to the module that owns them (`bindery.refrm.cli`, `bindery.conformance`,
+`bindery.devcluster`) with the remaining arguments, imported lazily so `bindery run` in a container
+does not import the dev control plane or the reference RM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import pathlib
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+USAGE = """bindery <command> [options]
+
+commands:
+  run          run the scheduler against the cluster of your kubeconfig (or in-cluster)
+  demo         start a local control plane, the reference RM and Bindery; schedule a burst of pods
+  rm serve     run the reference resource manager (bindery rm serve --help)
+  rm conformance   check a resource manager against the REST contract
+  devcluster   build | up: the local etcd + kube-apiserver used by the demo and tests
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "run":
+        return run_command(rest)
+    if command == "demo":
+        from bindery.demo import main as demo_main
+
+        return demo_main(rest)
+    if command == "devcluster":
+        return _delegate("bindery.devcluster.__main__", rest)
+    if command == "rm" and rest and rest[0] == "serve":
+        return _delegate("bindery.refrm.cli", rest[1:])
+    if command == "rm" and rest and rest[0] == "conformance":
+        return _delegate("bindery.conformance.cli", rest[1:])
+    print(f"bindery: unknown command {' '.join(args[:2])!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+def _delegate(module_name: str, argv: Sequence[str]) -> int:
+    module = importlib.import_module(module_name)
+    entry: Callable[[Sequence[str]], int | None] = module.main
+    return int(entry(list(argv)) or 0)
+
+
+def run_command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="bindery run", description="Run the Bindery scheduler.")
+    parser.add_argument(
+        "--kubeconfig", type=pathlib.Path, help="default: $KUBECONFIG, ~/.kube/config, in-cluster"
+    )
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="schedule pods of this namespace only (repeatable); default: all namespaces",
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from bindery.controller.options import OperatorOptions
+    from bindery.controller.run import run_operator
+
+    options = OperatorOptions(kubeconfig=args.kubeconfig, namespaces=tuple(args.namespace))
+
+    async def _run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await run_operator(options=options, stop_flag=stop)
+
+    asyncio.run(_run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

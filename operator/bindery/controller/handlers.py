@@ -1,0 +1,62 @@
+"""Kopf handlers, registered onto a given registry so one process can run several operators (tests).
+
+Only handlers that write nothing onto the watched objects are used: `on.event` and `index`. No
+on.create/update/delete (they add `kopf.zalando.org/*` annotations), no daemons or timers (they add
+finalizers). All per-run state lives in the `Runtime` object stored in Kopf's memo, created at
+startup and closed at cleanup, so handlers are plain functions of (event, runtime).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from bindery.controller.options import OperatorOptions
+from bindery.controller.runtime import Runtime
+from bindery.controller.settings import configure
+from bindery.kube import project_node
+from bindery.scheduling.ports import NodeProjection
+
+GROUP = "bindery.dev"
+VERSION = "v1alpha1"
+PLURAL = "resourcemanagers"
+NODE_INDEX = "bindery_nodes"
+
+
+def register(*, registry: kopf.OperatorRegistry, options: OperatorOptions | None = None) -> None:
+    """Attach Bindery's handlers to `registry`; `options` apply when the memo brings none."""
+
+    @kopf.on.startup(registry=registry)
+    async def startup(
+        settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any
+    ) -> None:
+        configure(settings)
+        runtime = Runtime(options=memo.get("options") or options or OperatorOptions(), logger=logger)
+        await runtime.start(node_index=kwargs[NODE_INDEX])
+        memo["runtime"] = runtime
+
+    @kopf.on.login(registry=registry)
+    async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+        runtime: Runtime = memo["runtime"]
+        return await runtime.connection_info()
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        runtime: Runtime | None = memo.get("runtime")
+        if runtime is not None:
+            await runtime.close()
+
+    @kopf.index("", "v1", "nodes", id=NODE_INDEX, registry=registry)
+    def bindery_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeProjection]:
+        return project_node(body=body)
+
+    @kopf.on.event("", "v1", "pods", registry=registry)
+    async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        runtime: Runtime = memo["runtime"]
+        await runtime.on_pod_event(event_type=event.get("type"), body=event["object"])
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def resource_manager_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        runtime: Runtime = memo["runtime"]
+        await runtime.on_resource_manager_event(event_type=event.get("type"), body=event["object"])

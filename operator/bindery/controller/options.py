@@ -1,0 +1,21 @@
+"""Options for one operator process, independent of how it was started (CLI, tests, demo)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import socket
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorOptions:
+    #: kubeconfig to use; None = $KUBECONFIG or ~/.kube/config, else the in-cluster service account.
+    kubeconfig: pathlib.Path | None = None
+    #: namespaces whose pods are scheduled; empty = all namespaces (cluster-wide).
+    namespaces: tuple[str, ...] = ()
+    #: used in events' reportingInstance (`<schedulerName>-<hostname>`), as kube-scheduler does.
+    hostname: str = dataclasses.field(default_factory=socket.gethostname)
+    #: seconds between readiness probes of each resource manager (Reachable condition).
+    probe_interval: float = 30.0
+    #: directory for materialized TLS files from Secrets; None = a private temporary directory.
+    state_dir: pathlib.Path | None = None

@@ -1,0 +1,159 @@
+"""One running profile per ResourceManager: its RM client, its queue, its workers, its probe.
+
+A profile is rebuilt in place when its ResourceManager changes: settings that do not touch the
+connection (TTL, backoff, in-flight budget, node check, plugins) swap the frozen `Profile` the
+workers read on their next pod; a changed endpoint, token or TLS setting builds a new RM client and
+closes the old one once no cycle uses it any more. The queue survives both, so no pod is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from bindery.config import ResourceManagerConfig
+from bindery.rm.client import ResourceManagerClient
+from bindery.rm.errors import RMError
+from bindery.scheduling.cycle import schedule_one
+from bindery.scheduling.decisions import Outcome
+from bindery.scheduling.framework import PluginSet, Ports, Profile
+from bindery.scheduling.nodecheck import NodeCheckMode
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.queue import BackoffPolicy, QueueClosed, SchedulingQueue
+from bindery.scheduling.registry import default_registry
+from bindery.scheduling.throttle import EventThrottle
+
+Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+def build_profile(*, config: ResourceManagerConfig, client: ResourceManagerClient) -> Profile:
+    """Raises bindery.scheduling.registry.PluginError if a configured plugin cannot be used."""
+    return Profile(
+        name=config.name,
+        scheduler_names=frozenset(config.scheduler_names),
+        client=client,
+        reservation_ttl_seconds=config.reservation_ttl_seconds,
+        node_check=NodeCheckMode(config.node_check),
+        backoff_initial_seconds=config.backoff_initial_seconds,
+        backoff_max_seconds=config.backoff_max_seconds,
+        max_in_flight=config.max_in_flight,
+        plugins=plugins_for(config=config),
+    )
+
+
+def _backoff(config: ResourceManagerConfig) -> BackoffPolicy:
+    return BackoffPolicy(initial=config.backoff_initial_seconds, maximum=config.backoff_max_seconds)
+
+
+def plugins_for(*, config: ResourceManagerConfig) -> PluginSet:
+    if not (config.pre_bind or config.post_bind or config.bind):
+        return PluginSet()
+    return default_registry.plugin_set(pre_bind=config.pre_bind, post_bind=config.post_bind, bind=config.bind)
+
+
+class ProfileRunner:
+    """Workers that pop pods from the profile's queue and run one scheduling cycle each."""
+
+    def __init__(
+        self,
+        *,
+        config: ResourceManagerConfig,
+        client: ResourceManagerClient,
+        ports: Ports,
+        logger: Logger,
+        on_released: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.profile = build_profile(config=config, client=client)
+        self.queue = SchedulingQueue(max_in_flight=config.max_in_flight, backoff=_backoff(config))
+        self.reachable: bool | None = None
+        self.reach_message: str | None = None
+        self._ports = ports
+        self._logger = logger
+        self._on_released = on_released
+        self._throttle = EventThrottle()
+        self._workers: list[asyncio.Task[None]] = []
+        self._retired_clients: list[ResourceManagerClient] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._resize_workers(self.config.max_in_flight)
+
+    async def stop(self) -> None:
+        self.queue.close()
+        for task in self._workers:
+            task.cancel()
+        for task in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._workers.clear()
+        await self.client.aclose()
+        for old in self._retired_clients:
+            await old.aclose()
+
+    def update(self, *, config: ResourceManagerConfig, client: ResourceManagerClient | None) -> None:
+        """Apply a changed spec; `client` is a new RM client if the connection changed."""
+        if client is not None:
+            self._retired_clients.append(self.client)
+            self.client = client
+            self.reachable, self.reach_message = None, None
+        self.config = config
+        self.profile = build_profile(config=config, client=self.client)
+        self.queue.reconfigure(max_in_flight=config.max_in_flight, backoff=_backoff(config))
+        self._resize_workers(config.max_in_flight)
+
+    # -- pods -----------------------------------------------------------------------------------
+
+    def offer(self, pod: PodInfo) -> None:
+        self.queue.add(pod)
+
+    def withdraw(self, uid: str) -> None:
+        self.queue.forget(uid)
+
+    # -- readiness ------------------------------------------------------------------------------
+
+    async def probe(self) -> bool:
+        """Probe the RM's readiness; returns whether the Reachable state changed."""
+        before = (self.reachable, self.reach_message)
+        try:
+            await self.client.check_ready()
+        except RMError as exc:
+            self.reachable, self.reach_message = False, exc.message
+        else:
+            self.reachable, self.reach_message = True, None
+        return before != (self.reachable, self.reach_message)
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def _resize_workers(self, count: int) -> None:
+        self._workers = [task for task in self._workers if not task.done()]
+        while len(self._workers) < count:
+            self._workers.append(
+                asyncio.create_task(
+                    self._work(), name=f"bindery worker {self.config.name}/{len(self._workers)}"
+                )
+            )
+        while len(self._workers) > count:
+            self._workers.pop().cancel()
+
+    async def _work(self) -> None:
+        while True:
+            try:
+                pod = await self.queue.pop()
+            except QueueClosed:
+                return
+            try:
+                result = await schedule_one(
+                    pod=pod, profile=self.profile, ports=self._ports, throttle=self._throttle
+                )
+            except Exception:  # a bug in the cycle must not kill the worker
+                self._logger.exception(f"scheduling cycle of pod {pod.key} crashed; retrying after backoff")
+                self.queue.done(pod.uid, outcome=Outcome.ERROR)
+                continue
+            self.queue.done(pod.uid, outcome=result.outcome, retry_after=result.retry_after)
+            if result.released:
+                self._on_released()

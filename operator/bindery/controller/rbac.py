@@ -1,0 +1,51 @@
+"""The exact permissions the operator needs, as ClusterRole rules (the chart must match these).
+
+Tests run the operator under a minted identity bound to exactly these rules, so a missing or extra
+need shows up as a failing test rather than in a user's cluster.
+
+- pods get/list/watch: the `spec.nodeName=` watch; `get` only when settling leftover reservations
+  after a restart.
+- pods/binding create: the Binding (one write per pod).
+- pods/status patch: the PodScheduled=False condition after a failed attempt.
+- events (events.k8s.io) create/patch: Scheduled and FailedScheduling events, as kube-scheduler.
+- nodes list/watch: the node index for pre-bind checks.
+- resourcemanagers list/watch, resourcemanagers/status patch: configuration and its status.
+- secrets get: the bearer token / TLS material a ResourceManager references (the chart may narrow
+  this with resourceNames or a namespaced Role).
+Not needed: Kopf's peering objects (standalone), CRD/namespace listing (scanning disabled), core
+events (Kopf's posting disabled), finalizers or pod patches (no change-detection handlers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OPERATOR_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["bindery.dev"], "resources": ["resourcemanagers"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["bindery.dev"], "resources": ["resourcemanagers/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+]
+
+
+def cluster_role(*, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": OPERATOR_RULES,
+    }
+
+
+def cluster_role_binding(*, name: str, user: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }

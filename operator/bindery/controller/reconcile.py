@@ -1,0 +1,94 @@
+"""Startup reconciliation: no reservation survives a crash between reserve and commit.
+
+If the operator died after the RM reserved capacity but before it committed, the reservation sits
+in state `reserved` until its TTL expires, holding capacity nobody will use (or, if the pod got
+bound, capacity that is used but never committed). Before a profile's workers start, every
+`reserved` reservation of its scheduler names is settled:
+
+- the pod exists with the reservation's UID and is bound to the reservation's node → commit (the
+  bind happened, only the commit was lost);
+- otherwise (pod gone, replaced, bound elsewhere, or still unbound) → release. A still-unbound pod
+  simply gets a fresh reservation in its next cycle (same idempotency key).
+
+This reads one pod per leftover reservation, once per process start: the steady state pays nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from bindery.rm.client import ResourceManagerClient
+from bindery.rm.errors import RMError
+from bindery.rm.models import Reservation
+
+
+class Settle(enum.StrEnum):
+    COMMIT = "commit"
+    RELEASE = "release"
+
+
+def settle(*, reservation: Reservation, pod: Mapping[str, Any] | None) -> Settle:
+    """Pure: what to do with a leftover `reserved` reservation given the pod's current body."""
+    if pod is None:
+        return Settle.RELEASE
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    same_pod = metadata.get("uid") == reservation.pod_uid
+    if same_pod and spec.get("nodeName") == reservation.node:
+        return Settle.COMMIT
+    return Settle.RELEASE
+
+
+async def reconcile_reservations(
+    *,
+    rm: ResourceManagerClient,
+    api: client.ApiClient,
+    scheduler_names: frozenset[str],
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+) -> dict[str, Settle]:
+    """Settle every `reserved` reservation of `scheduler_names`; returns id → action taken."""
+    core = client.CoreV1Api(api)
+    done: dict[str, Settle] = {}
+    for scheduler_name in sorted(scheduler_names):
+        for reservation in await rm.list_reservations(scheduler_name=scheduler_name, state="reserved"):
+            pod = await _read_pod(core=core, reservation=reservation)
+            action = settle(reservation=reservation, pod=pod)
+            try:
+                if action is Settle.COMMIT:
+                    await rm.commit(reservation.id)
+                else:
+                    await rm.release(reservation.id)
+            except RMError as exc:
+                logger.warning(f"could not {action} leftover reservation {reservation.id}: {exc}")
+                continue
+            logger.info(
+                f"settled leftover reservation {reservation.id} of pod "
+                f"{reservation.namespace}/{reservation.name} ({reservation.pod_uid}): {action}"
+            )
+            done[reservation.id] = action
+    return done
+
+
+async def _read_pod(*, core: client.CoreV1Api, reservation: Reservation) -> dict[str, Any] | None:
+    if not reservation.namespace or not reservation.name:
+        return None  # the RM does not know the pod's name: nothing can be bound on it by us
+    response = await core.read_namespaced_pod(
+        name=reservation.name, namespace=reservation.namespace, _preload_content=False
+    )
+    try:
+        if response.status == 404:
+            return None
+        if response.status >= 300:
+            raise client.ApiException(
+                status=response.status, reason="reading the pod of a leftover reservation"
+            )
+        body: dict[str, Any] = json.loads(await response.read())
+    finally:
+        response.release()
+    return body

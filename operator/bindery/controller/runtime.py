@@ -1,0 +1,340 @@
+"""Per-process operator state: the unbound pods seen, the ResourceManagers, their running profiles.
+
+Pod events are handled without I/O except for contested scheduler names (a FailedScheduling event
+and condition, aggregated): the handler only updates the in-memory map and offers the pod to the
+right profile's queue. All unbound pods are remembered (cheap: they are pending by definition),
+whatever their scheduler name, so a ResourceManager created later picks up pods that were already
+waiting. Pods of names no ResourceManager claims are never written to.
+
+ResourceManager events re-run one `_reconfigure` under a lock: parse every known object, decide
+routing (contested names are served by nobody), stop/start/update profiles, re-offer pods whose
+route changed, and write statuses that changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import pathlib
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client
+
+from bindery.config import (
+    ConfigError,
+    ResourceManagerConfig,
+    Routing,
+    parse_resource_manager,
+    route_scheduler_names,
+)
+from bindery.controller.connection import connection_info, load_configuration
+from bindery.controller.options import OperatorOptions
+from bindery.controller.profiles import ProfileRunner, plugins_for
+from bindery.controller.reconcile import reconcile_reservations
+from bindery.controller.secrets import CredentialsError, resolve_credentials
+from bindery.controller.status import Observation, compute_status, status_changed
+from bindery.kube import (
+    IndexNodeLookup,
+    KubeBinder,
+    KubeConditionWriter,
+    KubeEventSink,
+    UnboundPods,
+    WriteCounter,
+)
+from bindery.rm.client import ResourceManagerClient
+from bindery.rm.errors import RMError
+from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR
+from bindery.scheduling.framework import Ports
+from bindery.scheduling.podspec import PodInfo, PodSpecError
+from bindery.scheduling.registry import PluginError
+from bindery.scheduling.throttle import EventThrottle
+
+GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
+Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+class Runtime:
+    def __init__(self, *, options: OperatorOptions, logger: Logger) -> None:
+        self.options = options
+        self.logger = logger
+        self.writes = WriteCounter()
+        self.pods = UnboundPods()
+        self.bodies: dict[str, Mapping[str, Any]] = {}
+        self.runners: dict[str, ProfileRunner] = {}
+        self.routing = Routing(served={}, contested={})
+        self._configuration: client.Configuration | None = None
+        self._api: client.ApiClient | None = None
+        self._ports: Ports | None = None
+        self._events: KubeEventSink | None = None
+        self._conditions: KubeConditionWriter | None = None
+        self._lock = asyncio.Lock()
+        self._conflict_throttle = EventThrottle()
+        self._errors: dict[str, str] = {}  # rm name -> config/credentials error
+        self._credential_errors: dict[str, str] = {}
+        self._reconciled: set[str] = set()
+        self._statuses: dict[str, Mapping[str, Any]] = {}
+        self._probe_task: asyncio.Task[None] | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self, *, node_index: Any) -> None:
+        self._configuration = await load_configuration(kubeconfig=self.options.kubeconfig)
+        self._api = client.ApiClient(configuration=self._configuration)
+        self._events = KubeEventSink(api=self._api, counter=self.writes, hostname=self.options.hostname)
+        self._conditions = KubeConditionWriter(api=self._api, counter=self.writes)
+        self._ports = Ports(
+            nodes=IndexNodeLookup(index=node_index),
+            pods=self.pods,
+            binder=KubeBinder(api=self._api, counter=self.writes),
+            events=self._events,
+            conditions=self._conditions,
+        )
+        self._probe_task = asyncio.create_task(self._probe_forever(), name="bindery RM probes")
+
+    async def connection_info(self) -> kopf.ConnectionInfo:
+        # Reloaded on every login so rotated in-cluster tokens and kubeconfig edits are picked up.
+        configuration = await load_configuration(kubeconfig=self.options.kubeconfig)
+        return connection_info(configuration=configuration)
+
+    async def close(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+        for runner in list(self.runners.values()):
+            await runner.stop()
+        self.runners.clear()
+        if self._api is not None:
+            await self._api.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    @property
+    def api(self) -> client.ApiClient:
+        assert self._api is not None, "Runtime.start() was not called"
+        return self._api
+
+    # -- pods -----------------------------------------------------------------------------------
+
+    async def on_pod_event(self, *, event_type: str | None, body: Mapping[str, Any]) -> None:
+        try:
+            pod = PodInfo.from_body(body)
+        except PodSpecError as exc:
+            self.logger.warning(f"ignoring a pod event that does not parse: {exc}")
+            return
+        if event_type == "DELETED" or not pod.schedulable:
+            self._forget(pod)
+            return
+        self.pods.put(pod)
+        await self._route(pod)
+
+    def _forget(self, pod: PodInfo) -> None:
+        """Deleted, bound (left the `spec.nodeName=` selector), terminating or gated.
+
+        An in-flight cycle notices through PodLookup (or a 404/409 on bind) and releases its
+        reservation. Since a pod that goes away may have held capacity, parked pods are retried.
+        """
+        known = self.pods.pop(pod.uid)
+        if known is None:
+            return
+        if self._conditions is not None:
+            self._conditions.forget(uid=pod.uid)
+        for runner in self.runners.values():
+            runner.withdraw(pod.uid)
+        self._retry_parked()
+
+    async def _route(self, pod: PodInfo) -> None:
+        rm_name = self.routing.served.get(pod.scheduler_name)
+        if rm_name is not None and rm_name in self.runners:
+            self.runners[rm_name].offer(pod)
+            return
+        conflict = self.routing.conflict_message(scheduler_name=pod.scheduler_name)
+        if conflict is not None:
+            await self._report_conflict(pod=pod, message=conflict)
+
+    async def _report_conflict(self, *, pod: PodInfo, message: str) -> None:
+        assert self._events is not None
+        assert self._conditions is not None
+        note = self._conflict_throttle.admit(uid=pod.uid, key="SchedulerNameConflict", message=message)
+        try:
+            if note is not None:
+                await self._events.failed_scheduling(pod=pod, message=note, scheduler_name=pod.scheduler_name)
+            await self._conditions.pod_scheduled_false(
+                pod=pod, reason=REASON_SCHEDULER_ERROR, message=message
+            )
+        except Exception as exc:  # reporting is best effort; the pod stays pending anyway
+            self.logger.warning(f"could not report the scheduler-name conflict on pod {pod.key}: {exc}")
+
+    def _retry_parked(self, reason: str = "a pending pod went away") -> None:
+        for runner in self.runners.values():
+            runner.queue.move_all_to_active(reason=reason)
+
+    # -- resource managers ----------------------------------------------------------------------
+
+    async def on_resource_manager_event(self, *, event_type: str | None, body: Mapping[str, Any]) -> None:
+        name = str((body.get("metadata") or {}).get("name") or "")
+        if not name:
+            return
+        async with self._lock:
+            if event_type == "DELETED":
+                self.bodies.pop(name, None)
+                self._statuses.pop(name, None)
+            else:
+                self.bodies[name] = body
+                self._statuses[name] = body.get("status") or {}
+            await self._reconfigure()
+
+    async def _reconfigure(self) -> None:
+        configs = self._parse_all()
+        before = (dict(self.routing.served), {name: id(r) for name, r in self.runners.items()})
+        self.routing = route_scheduler_names(configs=configs.values())
+        for name in [n for n in self.runners if n not in configs]:
+            await self.runners.pop(name).stop()
+        for config in configs.values():
+            await self._apply(config)
+        if before != (dict(self.routing.served), {name: id(r) for name, r in self.runners.items()}):
+            self._reoffer_all()
+        for name in self.bodies:
+            await self._write_status(name)
+
+    def _parse_all(self) -> dict[str, ResourceManagerConfig]:
+        configs: dict[str, ResourceManagerConfig] = {}
+        self._errors.clear()
+        for name, body in self.bodies.items():
+            try:
+                configs[name] = parse_resource_manager(body=body)
+            except ConfigError as exc:
+                self._errors[name] = str(exc)
+        return configs
+
+    async def _apply(self, config: ResourceManagerConfig) -> None:
+        runner = self.runners.get(config.name)
+        if runner is not None and runner.config == config:
+            return
+        self._credential_errors.pop(config.name, None)
+        try:
+            plugins_for(config=config)
+        except PluginError as exc:
+            self._credential_errors[config.name] = f"spec.plugins: {exc}"
+            return
+        needs_client = runner is None or runner.config.connection_key() != config.connection_key()
+        new_client = await self._client_for(config) if needs_client else None
+        if needs_client and new_client is None:
+            return  # credentials unavailable: reported in status, old runner (if any) keeps going
+        if runner is not None:
+            runner.update(config=config, client=new_client)
+            return
+        assert new_client is not None
+        assert self._ports is not None
+        runner = ProfileRunner(
+            config=config,
+            client=new_client,
+            ports=self._ports,
+            logger=self.logger,
+            on_released=lambda: self._retry_parked("a reservation was released"),
+        )
+        self.runners[config.name] = runner
+        await runner.probe()
+        await self._reconcile_once(runner)
+        runner.start()
+
+    async def _client_for(self, config: ResourceManagerConfig) -> ResourceManagerClient | None:
+        try:
+            credentials = await resolve_credentials(api=self.api, config=config, directory=self._state_dir())
+            rm_client = ResourceManagerClient(
+                base_url=config.endpoint,
+                token=credentials.token,
+                ca_file=credentials.ca_file,
+                client_cert=credentials.client_cert,
+                connect_timeout=config.connect_timeout,
+                read_timeout=config.read_timeout,
+                allow_insecure_http=config.allow_insecure_http,
+            )
+        except (CredentialsError, ValueError, OSError) as exc:
+            self._credential_errors[config.name] = str(exc)
+            return None
+        self._credential_errors.pop(config.name, None)
+        return rm_client
+
+    async def _reconcile_once(self, runner: ProfileRunner) -> None:
+        if runner.config.name in self._reconciled:
+            return
+        try:
+            await reconcile_reservations(
+                rm=runner.client,
+                api=self.api,
+                scheduler_names=frozenset(runner.config.scheduler_names),
+                logger=self.logger,
+            )
+        except (RMError, client.ApiException) as exc:
+            self.logger.warning(
+                f"could not settle leftover reservations of ResourceManager {runner.config.name!r}: {exc}; "
+                "they expire after their TTL"
+            )
+            return
+        self._reconciled.add(runner.config.name)
+
+    def _reoffer_all(self) -> None:
+        """Put every remembered pod where the current routing says it belongs."""
+        for uid in self.pods.uids():
+            pod = self.pods.get(uid)
+            if pod is None:
+                continue
+            owner = self.routing.served.get(pod.scheduler_name)
+            for name, runner in self.runners.items():
+                if name == owner:
+                    runner.offer(pod)
+                else:
+                    runner.withdraw(uid)
+
+    async def _write_status(self, name: str) -> None:
+        runner = self.runners.get(name)
+        observation = Observation(
+            generation=int((self.bodies[name].get("metadata") or {}).get("generation") or 0),
+            config_error=self._errors.get(name),
+            credentials_error=self._credential_errors.get(name),
+            conflicts=self.routing.conflicts_of(rm_name=name),
+            reachable=runner.reachable if runner is not None else None,
+            reach_message=runner.reach_message if runner is not None else None,
+        )
+        previous = self._statuses.get(name)
+        status = compute_status(
+            observation=observation, previous=previous, now=datetime.datetime.now(datetime.UTC)
+        )
+        if not status_changed(new=status, previous=previous):
+            return
+        try:
+            await client.CustomObjectsApi(self.api).patch_cluster_custom_object_status(
+                group=GROUP,
+                version=VERSION,
+                plural=PLURAL,
+                name=name,
+                body={"status": status},
+                _content_type="application/merge-patch+json",
+            )
+        except client.ApiException as exc:
+            if exc.status != 404:
+                self.logger.warning(f"could not write the status of ResourceManager {name!r}: {exc.reason}")
+            return
+        self._statuses[name] = status
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.probe_interval)
+            async with self._lock:
+                for name, runner in list(self.runners.items()):
+                    if await runner.probe() and name in self.bodies:
+                        await self._write_status(name)
+
+    def _state_dir(self) -> pathlib.Path:
+        if self.options.state_dir is not None:
+            return self.options.state_dir
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="bindery-")
+        return pathlib.Path(self._tmp.name)

@@ -1,0 +1,76 @@
+"""Fetch the RM credentials a ResourceManager references and hand them to the client as files.
+
+The RM client takes a token string and file paths (httpx/ssl load certificates from files), so
+TLS material from Secrets is written to a private directory (0700, files 0600), one sub-directory
+per ResourceManager. Secrets are read when a profile is (re)built, i.e. when the ResourceManager
+changes; rotate a token by updating the Secret and touching the ResourceManager (or restarting).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import pathlib
+
+from kubernetes_asyncio import client
+
+from bindery.config import ResourceManagerConfig, SecretKeyRef
+
+
+class CredentialsError(RuntimeError):
+    """A referenced Secret or key is missing; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RMCredentials:
+    token: str | None = None
+    ca_file: pathlib.Path | None = None
+    client_cert: tuple[pathlib.Path, pathlib.Path] | None = None
+
+
+async def resolve_credentials(
+    *, api: client.ApiClient, config: ResourceManagerConfig, directory: pathlib.Path
+) -> RMCredentials:
+    core = client.CoreV1Api(api)
+    target = directory / config.name
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    token = None
+    if config.token_ref is not None:
+        token = (await _secret_value(core=core, ref=config.token_ref, what="bearer token")).decode().strip()
+    ca_file = None
+    if config.ca_bundle is not None:
+        ca_file = _write(target / "ca.crt", config.ca_bundle.encode())
+    elif config.ca_ref is not None:
+        ca_file = _write(
+            target / "ca.crt", await _secret_value(core=core, ref=config.ca_ref, what="CA bundle")
+        )
+    client_cert = None
+    if config.client_cert_ref is not None:
+        ref = config.client_cert_ref
+        cert = await _secret_value(core=core, ref=dataclasses.replace(ref, key="tls.crt"), what="client cert")
+        key = await _secret_value(core=core, ref=dataclasses.replace(ref, key="tls.key"), what="client key")
+        client_cert = (_write(target / "tls.crt", cert), _write(target / "tls.key", key))
+    return RMCredentials(token=token, ca_file=ca_file, client_cert=client_cert)
+
+
+async def _secret_value(*, core: client.CoreV1Api, ref: SecretKeyRef, what: str) -> bytes:
+    try:
+        secret = await core.read_namespaced_secret(name=ref.name, namespace=ref.namespace)
+    except client.ApiException as exc:
+        raise CredentialsError(
+            f"cannot read Secret {ref.namespace}/{ref.name} for the {what}: HTTP {exc.status} {exc.reason}; "
+            "create it, or grant the operator `get` on it"
+        ) from exc
+    data = secret.data or {}
+    if ref.key not in data:
+        raise CredentialsError(
+            f"Secret {ref.namespace}/{ref.name} has no key {ref.key!r} for the {what}; "
+            f"it has: {', '.join(sorted(data)) or 'no keys'}"
+        )
+    return base64.b64decode(data[ref.key])
+
+
+def _write(path: pathlib.Path, data: bytes) -> pathlib.Path:
+    path.touch(mode=0o600, exist_ok=True)
+    path.write_bytes(data)
+    return path

@@ -1,0 +1,29 @@
+"""Kopf settings for a scheduler: watch little, write nothing, post no events of Kopf's own.
+
+- `spec.nodeName=` is set for pods only (`field_selectors['v1', 'pods']`): Kopf 1.45 keys the
+  selectors by resource, so the Node and ResourceManager watches are unaffected. A pod that gets
+  bound leaves the selector and arrives as a DELETED event (the old object).
+- Scanning is disabled: no cluster-wide listing of CRDs and namespaces (and no RBAC for it); the
+  resources must exist at startup, which the chart guarantees by installing the CRD first.
+- Posting is disabled: Kopf would write core/v1 Events about handler errors onto pods; Bindery
+  writes its own events.k8s.io events, exactly like kube-scheduler's.
+- Peering is standalone: no KopfPeering objects; high availability is a separate concern.
+"""
+
+from __future__ import annotations
+
+import kopf
+
+UNBOUND_PODS = "spec.nodeName="
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    settings.watching.field_selectors["v1", "pods"] = UNBOUND_PODS
+    settings.scanning.disabled = True
+    settings.posting.enabled = False
+    settings.peering.standalone = True
+    settings.peering.mandatory = False
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.queueing.worker_limit = None

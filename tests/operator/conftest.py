@@ -1,0 +1,228 @@
+"""Fixtures for operator tests: the CRD, the operator's own least-privilege identity, an RM on
+loopback, and the operator itself running in-process (Kopf embedded) against the test plane.
+
+Cluster-scoped things (Nodes, ResourceManagers, scheduler names) are shared by every test of the
+session, so each test gets unique names from `uniq` and cleans up its ResourceManager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import kopf
+import pytest
+from kubernetes_asyncio import client
+
+from bindery.controller.install import apply_crd, grant_operator
+from bindery.controller.options import OperatorOptions
+from bindery.devcluster.plane import ControlPlane
+from tests.conftest import api_client_for
+from tests.operator.fakerm import FakeRM, serve_fake_rm
+
+if TYPE_CHECKING:
+    from bindery.controller.runtime import Runtime
+
+OPERATOR_USER = "bindery-operator"
+
+
+@pytest.fixture(scope="session")
+async def crd(kube_api: client.ApiClient) -> None:
+    await apply_crd(api=kube_api)
+
+
+@pytest.fixture(scope="session")
+async def operator_kubeconfig(
+    controlplane: ControlPlane, kube_api: client.ApiClient, crd: None
+) -> pathlib.Path:
+    """A kubeconfig for a user that has exactly the operator's ClusterRole (bindery.controller.rbac)."""
+    await grant_operator(api=kube_api, user=OPERATOR_USER)
+    return controlplane.mint_kubeconfig(user=OPERATOR_USER)
+
+
+@pytest.fixture(scope="session")
+async def operator_api(operator_kubeconfig: pathlib.Path) -> AsyncIterator[client.ApiClient]:
+    api = await api_client_for(str(operator_kubeconfig))
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+def uniq() -> Callable[[str], str]:
+    token = uuid.uuid4().hex[:6]
+    return lambda prefix: f"{prefix}-{token}"
+
+
+@pytest.fixture
+async def fake_rm() -> AsyncIterator[FakeRM]:
+    async with serve_fake_rm(FakeRM(slots={})) as rm:
+        yield rm
+
+
+class Bindery:
+    """The operator running in a task; `restart()` simulates a crash-and-restart."""
+
+    def __init__(self, *, kubeconfig: pathlib.Path) -> None:
+        self.options = OperatorOptions(kubeconfig=kubeconfig, probe_interval=2.0)
+        self.memo = kopf.Memo()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def runtime(self) -> Runtime:
+        runtime: Runtime = self.memo["runtime"]
+        return runtime
+
+    async def start(self) -> None:
+        from bindery.controller.run import run_operator
+
+        self.memo = kopf.Memo()
+        self._stop = asyncio.Event()
+        ready = asyncio.Event()
+        self._task = asyncio.create_task(
+            run_operator(options=self.options, stop_flag=self._stop, ready_flag=ready, memo=self.memo)
+        )
+        waiter = asyncio.create_task(ready.wait())
+        done, _ = await asyncio.wait({waiter, self._task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        if self._task in done:
+            self._task.result()  # raise the operator's error
+        assert waiter in done, "the operator did not become ready within 30 s"
+
+    async def stop(self, *, crash: bool = False) -> None:
+        if self._task is None:
+            return
+        if crash:
+            self._task.cancel()
+        else:
+            self._stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(self._task, timeout=30)
+        self._task = None
+
+
+@pytest.fixture
+async def bindery(operator_kubeconfig: pathlib.Path) -> AsyncIterator[Bindery]:
+    operator = Bindery(kubeconfig=operator_kubeconfig)
+    await operator.start()
+    try:
+        yield operator
+    finally:
+        await operator.stop()
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+async def create_rm(
+    api: client.ApiClient,
+    *,
+    name: str,
+    scheduler_names: Sequence[str],
+    endpoint: str,
+    **spec: Any,
+) -> dict[str, Any]:
+    body = {
+        "apiVersion": "bindery.dev/v1alpha1",
+        "kind": "ResourceManager",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerNames": list(scheduler_names),
+            "endpoint": endpoint,
+            "allowInsecureHTTP": endpoint.startswith("http://"),
+            **spec,
+        },
+    }
+    created: dict[str, Any] = await client.CustomObjectsApi(api).create_cluster_custom_object(
+        group="bindery.dev", version="v1alpha1", plural="resourcemanagers", body=body
+    )
+    return created
+
+
+async def delete_rm(api: client.ApiClient, *, name: str) -> None:
+    with contextlib.suppress(client.ApiException):
+        await client.CustomObjectsApi(api).delete_cluster_custom_object(
+            group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=name
+        )
+
+
+@contextlib.asynccontextmanager
+async def resource_manager(
+    api: client.ApiClient, *, name: str, scheduler_names: Sequence[str], endpoint: str, **spec: Any
+) -> AsyncIterator[dict[str, Any]]:
+    created = await create_rm(api, name=name, scheduler_names=scheduler_names, endpoint=endpoint, **spec)
+    try:
+        yield created
+    finally:
+        await delete_rm(api, name=name)
+
+
+def pod_body(
+    *,
+    name: str,
+    scheduler_name: str,
+    cpu: str = "100m",
+    priority: int | None = None,
+    labels: Mapping[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "spec": {
+            "schedulerName": scheduler_name,
+            "containers": [
+                {"name": "c", "image": "registry.invalid/pause", "resources": {"requests": {"cpu": cpu}}}
+            ],
+            **spec,
+        },
+    }
+    if priority is not None:
+        body["spec"]["priority"] = priority
+    return body
+
+
+async def create_pod(api: client.ApiClient, *, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    created = await client.CoreV1Api(api).create_namespaced_pod(namespace=namespace, body=body)
+    result: dict[str, Any] = api.sanitize_for_serialization(created)
+    return result
+
+
+async def read_pod(api: client.ApiClient, *, namespace: str, name: str) -> dict[str, Any]:
+    pod = await client.CoreV1Api(api).read_namespaced_pod(name=name, namespace=namespace)
+    result: dict[str, Any] = api.sanitize_for_serialization(pod)
+    return result
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], *, within: float = 20.0, interval: float = 0.1, what: str = ""
+) -> Any:
+    """Poll `check` until it returns a truthy value; fail with `what` and the last value otherwise."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last: Any = None
+    while loop.time() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {within:g}s waiting for {what or check}; last value: {last!r}")
+
+
+async def events_of(api: client.ApiClient, *, namespace: str, pod_name: str) -> list[dict[str, Any]]:
+    answer = await client.EventsV1Api(api).list_namespaced_event(namespace=namespace)
+    events = [api.sanitize_for_serialization(e) for e in answer.items]
+    return [e for e in events if e.get("regarding", {}).get("name") == pod_name]
+
+
+def condition(pod: Mapping[str, Any], type_: str = "PodScheduled") -> dict[str, Any] | None:
+    for cond in (pod.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == type_:
+            return dict(cond)
+    return None

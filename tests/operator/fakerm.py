@@ -1,0 +1,175 @@
+"""A small, scriptable resource manager on 127.0.0.1 for fault injection in operator tests.
+
+It speaks contract v1 over real HTTP (aiohttp), keeps reservations in memory and counts slots per
+node, and can be told to misbehave: refuse connections, hang, answer 500, answer a malformed body,
+or choose a given node regardless of capacity. The reference RM covers correct behaviour; this one
+exists for the failures the reference RM never produces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import itertools
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+
+PROBLEM = "urn:bindery:rm:v1:problem:"
+
+
+@dataclasses.dataclass
+class FakeRM:
+    slots: dict[str, int]  # node -> how many pods fit
+    mode: str = "ok"  # ok | 500 | malformed | slow | unschedulable
+    choose: str | None = None  # force this node (even if unknown/full)
+    slow_seconds: float = 30.0
+    reservations: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    calls: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    url: str = ""
+    _ids: itertools.count[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
+
+    # -- queries for assertions ------------------------------------------------------------------
+
+    def states(self) -> dict[str, str]:
+        return {rid: r["state"] for rid, r in self.reservations.items()}
+
+    def active(self) -> list[dict[str, Any]]:
+        return [r for r in self.reservations.values() if r["state"] in ("reserved", "committed")]
+
+    def for_pod(self, uid: str) -> list[dict[str, Any]]:
+        return [r for r in self.reservations.values() if r["podUid"] == uid]
+
+    # -- handlers --------------------------------------------------------------------------------
+
+    async def _fault(self) -> web.Response | None:
+        if self.mode == "500":
+            return web.json_response(
+                {"type": PROBLEM + "internal", "title": "boom", "status": 500},
+                status=500,
+                content_type="application/problem+json",
+            )
+        if self.mode == "malformed":
+            return web.Response(text='{"id": 12, "node": ', content_type="application/json", status=201)
+        if self.mode == "slow":
+            await asyncio.sleep(self.slow_seconds)
+        return None
+
+    async def reserve(self, request: web.Request) -> web.Response:
+        self.calls.append(("reserve", ""))
+        fault = await self._fault()
+        if fault is not None:
+            return fault
+        body = await request.json()
+        pod = body["pod"]
+        for existing in self.reservations.values():
+            if existing["idempotencyKey"] == body["idempotencyKey"] and existing["state"] == "reserved":
+                return web.json_response(existing, status=200)
+        node = self.choose or self._free_node()
+        if node is None or self.mode == "unschedulable":
+            return web.json_response(
+                {
+                    "type": PROBLEM + "unschedulable",
+                    "title": "no room",
+                    "status": 409,
+                    "detail": "no node has a free slot",
+                    "reason": "all nodes are full",
+                },
+                status=409,
+                content_type="application/problem+json",
+            )
+        rid = f"r-{next(self._ids)}"
+        expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=body["ttlSeconds"])
+        reservation = {
+            "id": rid,
+            "node": node,
+            "state": "reserved",
+            "podUid": pod["uid"],
+            "schedulerName": pod["schedulerName"],
+            "namespace": pod["namespace"],
+            "name": pod["name"],
+            "expiresAt": expires.isoformat().replace("+00:00", "Z"),
+            "idempotencyKey": body["idempotencyKey"],
+        }
+        self.reservations[rid] = reservation
+        return web.json_response(reservation, status=201)
+
+    def _free_node(self) -> str | None:
+        used: dict[str, int] = {}
+        for r in self.active():
+            used[r["node"]] = used.get(r["node"], 0) + 1
+        for node, slots in sorted(self.slots.items()):
+            if used.get(node, 0) < slots:
+                return node
+        return None
+
+    async def commit(self, request: web.Request) -> web.Response:
+        rid = request.match_info["rid"]
+        self.calls.append(("commit", rid))
+        reservation = self.reservations.get(rid)
+        if reservation is None or reservation["state"] not in ("reserved", "committed"):
+            return web.json_response(
+                {"type": PROBLEM + "reservation-not-active", "title": "not active", "status": 409},
+                status=409,
+                content_type="application/problem+json",
+            )
+        reservation["state"] = "committed"
+        return web.json_response(reservation)
+
+    async def release(self, request: web.Request) -> web.Response:
+        rid = request.match_info["rid"]
+        self.calls.append(("release", rid))
+        reservation = self.reservations.get(rid)
+        if reservation is not None and reservation["state"] == "reserved":
+            reservation["state"] = "released"
+        if reservation is not None and reservation["state"] == "committed":
+            reservation["state"] = "released"
+        return web.Response(status=204)
+
+    async def list(self, request: web.Request) -> web.Response:
+        self.calls.append(("list", ""))
+        query = request.query
+        items = [
+            r
+            for r in self.reservations.values()
+            if all(
+                query.get(param) in (None, r[field])
+                for param, field in (
+                    ("schedulerName", "schedulerName"),
+                    ("state", "state"),
+                    ("podUid", "podUid"),
+                )
+            )
+        ]
+        return web.json_response({"items": items})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+
+@asynccontextmanager
+async def serve_fake_rm(rm: FakeRM) -> AsyncIterator[FakeRM]:
+    app = web.Application()
+    app.router.add_post("/v1/reservations", rm.reserve)
+    app.router.add_get("/v1/reservations", rm.list)
+    app.router.add_post("/v1/reservations/{rid}/commit", rm.commit)
+    app.router.add_delete("/v1/reservations/{rid}", rm.release)
+    app.router.add_get("/readyz", rm.ready)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    rm.url = f"http://127.0.0.1:{port}"
+    try:
+        yield rm
+    finally:
+        await runner.cleanup()
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, sort_keys=True)
