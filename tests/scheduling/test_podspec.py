@@ -1,0 +1,239 @@
+"""PodInfo.from_body, effective_requests (init containers, sidecars, overhead, pod level), RM request."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bindery.scheduling.podspec import PodInfo, PodSpecError, effective_requests, reservation_request
+
+
+def container(name: str = "c", *, restart: str | None = None, **requests: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "resources": {"requests": dict(requests)}}
+    if restart:
+        body["restartPolicy"] = restart
+    return body
+
+
+def cpu(spec: dict[str, Any]) -> Decimal:
+    return effective_requests(spec=spec)["cpu"]
+
+
+POD_BODY: dict[str, Any] = {
+    "metadata": {
+        "uid": "u-1",
+        "namespace": "team",
+        "name": "web-0",
+        "creationTimestamp": "2026-03-04T05:06:07Z",
+        "labels": {"app": "web"},
+    },
+    "spec": {
+        "schedulerName": "bindery",
+        "priority": 1000,
+        "containers": [container(cpu="250m", memory="1Gi")],
+        "nodeSelector": {"zone": "a"},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]
+                }
+            }
+        },
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "web", "effect": "NoSchedule"}],
+    },
+    "status": {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no room"}
+        ],
+    },
+}
+
+
+def test_from_body_projects_every_field() -> None:
+    info = PodInfo.from_body(POD_BODY)
+    assert info.uid == "u-1"
+    assert info.key == "team/web-0"
+    assert info.scheduler_name == "bindery"
+    assert info.priority == 1000
+    assert info.created == datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    assert info.node_name is None
+    assert info.schedulable
+    assert info.requests == {"cpu": Decimal("0.25"), "memory": Decimal(2**30)}
+    assert info.node_selector == {"zone": "a"}
+    assert info.affinity_terms == ({"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},)
+    assert info.tolerations[0]["value"] == "web"
+    assert info.labels == {"app": "web"}
+    assert info.unschedulable_condition == ("Unschedulable", "no room")
+
+
+def test_from_body_defaults_and_flags() -> None:
+    info = PodInfo.from_body(
+        {
+            "metadata": {
+                "uid": "u",
+                "namespace": "n",
+                "name": "p",
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": {"nodeName": "n1", "schedulingGates": [{"name": "wait"}], "containers": []},
+        }
+    )
+    assert info.scheduler_name == "default-scheduler"
+    assert info.priority == 0
+    assert info.node_name == "n1"
+    assert info.deleting
+    assert info.gated
+    assert not info.schedulable
+    assert info.requests == {}
+    assert info.unschedulable_condition is None
+
+
+def test_status_changes_do_not_change_placement_inputs() -> None:
+    before = PodInfo.from_body(POD_BODY)
+    after = PodInfo.from_body({**POD_BODY, "status": {"phase": "Pending"}})
+    assert before.placement_inputs() == after.placement_inputs()
+    moved = PodInfo.from_body({**POD_BODY, "spec": {**POD_BODY["spec"], "nodeSelector": {"zone": "b"}}})
+    assert moved.placement_inputs() != before.placement_inputs()
+
+
+def test_regular_containers_add_up() -> None:
+    assert cpu({"containers": [container(cpu="100m"), container(cpu="1")]}) == Decimal("1.1")
+
+
+def test_init_containers_run_one_at_a_time_and_the_peak_wins() -> None:
+    spec = {
+        "initContainers": [container("i1", cpu="2"), container("i2", cpu="500m", memory="4Gi")],
+        "containers": [container(cpu="1", memory="1Gi")],
+    }
+    assert effective_requests(spec=spec) == {"cpu": Decimal(2), "memory": Decimal(4 * 2**30)}
+
+
+def test_sidecar_started_before_an_init_container_runs_alongside_it_and_the_app() -> None:
+    # Kubernetes docs example: sidecar (1) + init (2) peak at 3; app (1) + sidecar (1) = 2.
+    spec = {
+        "initContainers": [container("sidecar", restart="Always", cpu="1"), container("init", cpu="2")],
+        "containers": [container(cpu="1")],
+    }
+    assert cpu(spec) == Decimal(3)
+
+
+def test_sidecar_started_after_an_init_container_does_not_overlap_it() -> None:
+    spec = {
+        "initContainers": [container("init", cpu="2"), container("sidecar", restart="Always", cpu="1")],
+        "containers": [container(cpu="1")],
+    }
+    assert cpu(spec) == Decimal(2)
+
+
+def test_sidecars_accumulate() -> None:
+    spec = {
+        "initContainers": [
+            container("s1", restart="Always", cpu="1"),
+            container("s2", restart="Always", cpu="1"),
+            container("init", cpu="1500m"),
+        ],
+        "containers": [container(cpu="100m")],
+    }
+    # init phase: s1 + s2 + init = 3.5; running: app + s1 + s2 = 2.1
+    assert cpu(spec) == Decimal("3.5")
+
+
+def test_overhead_is_added_and_extended_resources_default_to_their_limit() -> None:
+    spec = {
+        "containers": [
+            {
+                "name": "c",
+                "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "2", "cpu": "4"}},
+            }
+        ],
+        "overhead": {"cpu": "250m", "memory": "64Mi"},
+    }
+    assert effective_requests(spec=spec) == {
+        "cpu": Decimal("1.25"),
+        "nvidia.com/gpu": Decimal(2),
+        "memory": Decimal(64 * 2**20),
+    }
+
+
+def test_pod_level_requests_override_cpu_and_memory_only() -> None:
+    spec = {
+        "resources": {"requests": {"cpu": "3", "memory": "1Gi", "example.com/foo": "9"}},
+        "containers": [container(cpu="1", **{"example.com/foo": "1"})],
+        "overhead": {"cpu": "100m"},
+    }
+    assert effective_requests(spec=spec) == {
+        "cpu": Decimal("3.1"),
+        "memory": Decimal(2**30),
+        "example.com/foo": Decimal(1),
+    }
+
+
+def test_invalid_quantity_is_reported_with_the_container() -> None:
+    with pytest.raises(PodSpecError, match=r"container 'app' has an invalid quantity for cpu"):
+        effective_requests(spec={"containers": [container("app", cpu="lots")]})
+
+
+millicores = st.integers(min_value=0, max_value=10_000).map(lambda m: f"{m}m")
+
+
+@given(
+    apps=st.lists(millicores, min_size=1, max_size=4),
+    inits=st.lists(st.tuples(millicores, st.booleans()), max_size=4),
+)
+def test_requests_cover_every_phase(apps: list[str], inits: list[tuple[str, bool]]) -> None:
+    spec = {
+        "containers": [container(f"a{i}", cpu=q) for i, q in enumerate(apps)],
+        "initContainers": [
+            container(f"i{i}", restart="Always" if sidecar else None, cpu=q)
+            for i, (q, sidecar) in enumerate(inits)
+        ],
+    }
+    total = cpu(spec)
+    millis = [Decimal(q.removesuffix("m")) / 1000 for q in apps]
+    sidecars = [Decimal(q.removesuffix("m")) / 1000 for q, is_sidecar in inits if is_sidecar]
+    assert total >= sum(millis) + sum(sidecars)
+    running: Decimal = Decimal(0)
+    for q, is_sidecar in inits:
+        own = Decimal(q.removesuffix("m")) / 1000
+        running += own if is_sidecar else 0
+        assert total >= (running if is_sidecar else running + own)
+
+
+def test_reservation_request_carries_identity_requests_and_placement() -> None:
+    info = PodInfo.from_body(
+        {
+            **POD_BODY,
+            "spec": {
+                **POD_BODY["spec"],
+                "tolerations": [
+                    {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+                ],
+            },
+        }
+    )
+    request = reservation_request(pod=info, ttl_seconds=60)
+    body = request.model_dump(by_alias=True, exclude_none=True)
+    assert body["pod"] == {
+        "uid": "u-1",
+        "namespace": "team",
+        "name": "web-0",
+        "schedulerName": "bindery",
+        "priority": 1000,
+        "labels": {"app": "web"},
+    }
+    assert body["resources"] == {"cpu": "250m", "memory": "1Gi"}
+    assert body["idempotencyKey"] == "u-1"
+    assert body["ttlSeconds"] == 60
+    assert body["placement"]["nodeSelector"] == {"zone": "a"}
+    assert body["placement"]["requiredNodeAffinity"] == [
+        {"matchExpressions": [{"key": "gpu", "operator": "Exists", "values": []}], "matchFields": []}
+    ]
+    assert body["placement"]["tolerations"] == [
+        {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+    ]
