@@ -1,0 +1,70 @@
+"""CLI of the conformance kit; exits 0 when every selected check passes, 1 otherwise, 2 on usage errors."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pathlib
+import sys
+from collections.abc import Sequence
+
+from bindery.conformance.kit import CHECKS, DEFAULT_RESOURCE, ConformanceConfig, run_checks
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bindery.conformance",
+        description="Check a resource manager against the Bindery RM contract v1.",
+        epilog="The server must offer exactly --capacity units of --resource, unused during the run.",
+    )
+    parser.add_argument("--url", required=True, help="base URL of the RM, e.g. https://rm.example:8443")
+    parser.add_argument("--token-file", type=pathlib.Path, help="bearer token file (or set BINDERY_RM_TOKEN)")
+    parser.add_argument("--resource", default=DEFAULT_RESOURCE, help="resource reserved by the checks")
+    parser.add_argument("--capacity", type=int, default=4, help="total of --resource in the pool (default 4)")
+    parser.add_argument("--ttl-seconds", type=int, default=2, help="lease used by the expiry check")
+    parser.add_argument("--ca-file", help="CA bundle to verify the server's certificate")
+    parser.add_argument("--client-cert", nargs=2, metavar=("CERT", "KEY"), help="client certificate and key")
+    parser.add_argument("--check", action="append", choices=[c.name for c in CHECKS], help="run only these")
+    parser.add_argument("--list", action="store_true", help="list the checks and exit")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list:
+        for check in CHECKS:
+            print(f"{check.name:30} {check.description}")
+        return 0
+    if args.token_file is not None:
+        token = args.token_file.read_text(encoding="utf-8").strip()
+    else:
+        token = os.environ.get("BINDERY_RM_TOKEN", "")
+    if not token:
+        print("conformance: give --token-file or set BINDERY_RM_TOKEN", file=sys.stderr)
+        return 2
+    if args.capacity < 2:
+        print("conformance: --capacity must be at least 2", file=sys.stderr)
+        return 2
+    config = ConformanceConfig(
+        url=args.url.rstrip("/"),
+        token=token,
+        resource=args.resource,
+        capacity=args.capacity,
+        ttl_seconds=args.ttl_seconds,
+        ca_file=args.ca_file,
+        client_cert=tuple(args.client_cert) if args.client_cert else None,
+    )
+    results = asyncio.run(run_checks(config, names=args.check))
+    for result in results:
+        status = "PASS" if result.passed else "FAIL"
+        print(f"{status} {result.check.name}: {result.check.description}")
+        if result.error:
+            print(f"     {result.error}")
+    failed = sum(not result.passed for result in results)
+    print(f"{len(results) - failed}/{len(results)} checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,495 @@
+"""Conformance checks for any server claiming to implement the Bindery RM contract v1.
+
+The kit speaks raw HTTP (httpx), not Bindery's client, so it tests exactly what is on the wire:
+status codes, content types, problem ``type`` URIs, and state.  Each check cleans up what it
+created, so checks can run in any order against a live server.
+
+What the server under test must provide (pass other values with ``--resource``/``--capacity``):
+
+* a pool whose nodes together have exactly ``capacity`` (default 4) of the extended resource
+  ``resource`` (default ``bindery.dev/conformance-slot``), nothing else using it during the run;
+  each node's share must be a whole number.  The kit tolerates every taint, so tainted nodes are fine;
+* a bearer token (the kit also checks that a missing or wrong one is refused);
+* uncommitted reservations expire on time (the kit uses a 2-second lease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from bindery.rm.errors import ProblemType
+
+__all__ = ["CHECKS", "Check", "ConformanceConfig", "ConformanceFailure", "Harness", "Result", "run_checks"]
+
+DEFAULT_RESOURCE = "bindery.dev/conformance-slot"
+
+
+class ConformanceFailure(AssertionError):
+    """The server under test broke the contract; the message says where."""
+
+
+@dataclass(frozen=True)
+class ConformanceConfig:
+    url: str
+    token: str
+    resource: str = DEFAULT_RESOURCE
+    capacity: int = 4
+    ttl_seconds: int = 2
+    ca_file: str | None = None
+    client_cert: tuple[str, str] | None = None
+    timeout: float = 10.0
+
+
+@dataclass
+class Harness:
+    """A raw HTTP session against the server under test, remembering what to clean up."""
+
+    config: ConformanceConfig
+    http: httpx.AsyncClient
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
+    created: list[str] = field(default_factory=list)
+    _counter: int = 0
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.config.token}"}
+
+    @property
+    def scheduler_name(self) -> str:
+        return f"conformance-{self.run_id}"
+
+    def request_body(
+        self,
+        *,
+        key: str | None = None,
+        amount: str = "1",
+        ttl: int | None = None,
+        scheduler_name: str | None = None,
+    ) -> dict[str, Any]:
+        """A valid reservation request for one slot; a fresh pod uid/key unless ``key`` is given."""
+        self._counter += 1
+        uid = key or f"{self.run_id}-pod-{self._counter}"
+        return {
+            "pod": {
+                "uid": uid,
+                "namespace": "conformance",
+                "name": f"pod-{uid}",
+                "schedulerName": scheduler_name or self.scheduler_name,
+                "priority": 0,
+                "labels": {"app": "conformance"},
+            },
+            "resources": {self.config.resource: amount},
+            "placement": {"tolerations": [{"operator": "Exists"}]},
+            "idempotencyKey": uid,
+            "ttlSeconds": ttl or 60,
+        }
+
+    async def reserve(self, body: dict[str, Any]) -> httpx.Response:
+        response = await self.http.post("/v1/reservations", json=body, headers=self.auth)
+        if response.status_code in (200, 201) and _is_json(response):
+            self.created.append(response.json().get("id", ""))
+        return response
+
+    async def get(self, reservation_id: str) -> httpx.Response:
+        return await self.http.get(f"/v1/reservations/{reservation_id}", headers=self.auth)
+
+    async def commit(self, reservation_id: str) -> httpx.Response:
+        return await self.http.post(f"/v1/reservations/{reservation_id}/commit", json={}, headers=self.auth)
+
+    async def release(self, reservation_id: str) -> httpx.Response:
+        return await self.http.delete(f"/v1/reservations/{reservation_id}", headers=self.auth)
+
+    async def list_all(self, **params: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        query = dict(params)
+        for _ in range(1000):
+            response = await self.http.get("/v1/reservations", params=query, headers=self.auth)
+            expect_status(response, 200, "GET /v1/reservations")
+            page = response.json()
+            items.extend(page["items"])
+            if not page.get("nextCursor"):
+                return items
+            query["cursor"] = page["nextCursor"]
+        raise ConformanceFailure("GET /v1/reservations: pagination did not end after 1000 pages")
+
+    async def cleanup(self) -> None:
+        for reservation_id in self.created:
+            if reservation_id:
+                await self.release(reservation_id)
+        self.created.clear()
+
+
+def _media(response: httpx.Response) -> str:
+    value: str = response.headers.get("content-type") or ""
+    return value.split(";", maxsplit=1)[0].strip()
+
+
+def _is_json(response: httpx.Response) -> bool:
+    return _media(response) == "application/json"
+
+
+def expect_status(response: httpx.Response, expected: int | Sequence[int], what: str) -> None:
+    allowed = (expected,) if isinstance(expected, int) else tuple(expected)
+    if response.status_code not in allowed:
+        raise ConformanceFailure(
+            f"{what}: expected HTTP {' or '.join(map(str, allowed))}, got {response.status_code}: "
+            f"{response.text[:300]}"
+        )
+
+
+def expect_problem(response: httpx.Response, status: int, kind: str, what: str) -> dict[str, Any]:
+    """The response is an RFC 9457 problem with this status and type."""
+    expect_status(response, status, what)
+    media = _media(response)
+    if media != "application/problem+json":
+        raise ConformanceFailure(f"{what}: expected content type application/problem+json, got {media!r}")
+    try:
+        body = response.json()
+    except json.JSONDecodeError:
+        raise ConformanceFailure(f"{what}: the problem body is not JSON: {response.text[:200]!r}") from None
+    if not isinstance(body, dict) or body.get("type") != kind or body.get("status") != status:
+        raise ConformanceFailure(f"{what}: expected problem type {kind} with status {status}, got {body}")
+    if not isinstance(body.get("title"), str):
+        raise ConformanceFailure(f"{what}: the problem has no title: {body}")
+    return body
+
+
+def expect_reservation(response: httpx.Response, status: int | Sequence[int], what: str) -> dict[str, Any]:
+    expect_status(response, status, what)
+    if not _is_json(response):
+        raise ConformanceFailure(
+            f"{what}: expected application/json, got {response.headers.get('content-type')}"
+        )
+    body = response.json()
+    for key in ("id", "node", "state", "podUid", "schedulerName"):
+        if not isinstance(body.get(key), str) or not body[key]:
+            raise ConformanceFailure(f"{what}: the reservation lacks a string {key!r}: {body}")
+    return dict(body)
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConformanceFailure(message)
+
+
+# -- the checks ------------------------------------------------------------------------------------
+
+
+async def check_health(h: Harness) -> None:
+    """/healthz and /readyz answer 200 without authentication."""
+    for path in ("/healthz", "/readyz"):
+        expect_status(await h.http.get(path), 200, f"GET {path}")
+
+
+async def check_auth_required(h: Harness) -> None:
+    """A missing or wrong bearer token gets 401 unauthorized and changes nothing."""
+    body = h.request_body()
+    uid = body["pod"]["uid"]
+    missing = await h.http.post("/v1/reservations", json=body)
+    expect_problem(missing, 401, ProblemType.UNAUTHORIZED, "reserve without a token")
+    wrong = await h.http.post(
+        "/v1/reservations", json=body, headers={"Authorization": "Bearer not-the-token"}
+    )
+    expect_problem(wrong, 401, ProblemType.UNAUTHORIZED, "reserve with a wrong token")
+    listed = await h.http.get("/v1/reservations")
+    expect_problem(listed, 401, ProblemType.UNAUTHORIZED, "list without a token")
+    released = await h.http.delete("/v1/reservations/anything")
+    expect_problem(released, 401, ProblemType.UNAUTHORIZED, "release without a token")
+    require(not await h.list_all(podUid=uid), "a request refused for its token still created a reservation")
+
+
+async def check_bad_requests(h: Harness) -> None:
+    """Malformed or invalid requests get 4xx problem+json and change nothing."""
+
+    def bad(**changes: Any) -> bytes:
+        body = h.request_body()
+        body.update(changes)
+        return json.dumps(body).encode()
+
+    uid_probe = h.request_body()
+    cases: list[tuple[str, bytes, str, int, str]] = [
+        ("malformed JSON", b'{"pod": ', "application/json", 400, ProblemType.INVALID_REQUEST),
+        ("an unknown field", bad(colour="red"), "application/json", 400, ProblemType.INVALID_REQUEST),
+        ("cpu: -1", bad(resources={"cpu": "-1"}), "application/json", 400, ProblemType.INVALID_REQUEST),
+        (
+            "memory: 1e400",
+            bad(resources={"memory": "1e400"}),
+            "application/json",
+            400,
+            ProblemType.INVALID_REQUEST,
+        ),
+        (
+            "a garbage quantity",
+            bad(resources={"cpu": "lots"}),
+            "application/json",
+            400,
+            ProblemType.INVALID_REQUEST,
+        ),
+        (
+            "an invalid resource name",
+            bad(resources={"Not A/Valid Name": "1"}),
+            "application/json",
+            400,
+            ProblemType.INVALID_REQUEST,
+        ),
+        ("a missing field", b'{"resources": {}}', "application/json", 400, ProblemType.INVALID_REQUEST),
+        ("a JSON array", b"[]", "application/json", 400, ProblemType.INVALID_REQUEST),
+        ("ttlSeconds: 0", bad(ttlSeconds=0), "application/json", 400, ProblemType.INVALID_REQUEST),
+        ("a text/plain body", bad(), "text/plain", 415, ProblemType.UNSUPPORTED_MEDIA_TYPE),
+        (
+            "a 2 MiB body",
+            bad(padding="x" * (2 * 1024 * 1024)),
+            "application/json",
+            413,
+            ProblemType.PAYLOAD_TOO_LARGE,
+        ),
+    ]
+    for what, content, media, status, kind in cases:
+        response = await h.http.post(
+            "/v1/reservations", content=content, headers={**h.auth, "Content-Type": media}
+        )
+        expect_problem(response, status, kind, f"reserve with {what}")
+    expect_problem(
+        await h.http.get("/v1/reservations", params={"state": "bogus"}, headers=h.auth),
+        400,
+        ProblemType.INVALID_REQUEST,
+        "list with state=bogus",
+    )
+    mine = [item for item in await h.list_all() if str(item.get("podUid", "")).startswith(h.run_id)]
+    require(not mine, f"rejected requests created reservations: {mine}")
+    # A well-formed request still works afterwards (nothing was left half-done).
+    expect_reservation(await h.reserve(uid_probe), 201, "a valid reserve after the bad ones")
+
+
+async def check_idempotent_replay(h: Harness) -> None:
+    """The same key with the same request returns the same reservation (200), quantities by value."""
+    body = h.request_body()
+    first = expect_reservation(await h.reserve(body), 201, "first reserve")
+    require(first["state"] == "reserved", f"a new reservation must be 'reserved', got {first['state']!r}")
+    require(bool(first.get("expiresAt")), "a reserved reservation must say when it expires (expiresAt)")
+    replay = expect_reservation(await h.reserve(body), 200, "replayed reserve")
+    require(
+        replay["id"] == first["id"] and replay["node"] == first["node"],
+        "the replay returned another reservation",
+    )
+    respelled = json.loads(json.dumps(body))
+    respelled["resources"] = {h.config.resource: "1000m"}
+    same = expect_reservation(await h.reserve(respelled), 200, "replay with the quantity spelled 1000m")
+    require(same["id"] == first["id"], "quantities must be compared by value: 1000m is the same request as 1")
+
+
+async def check_key_reuse_conflict(h: Harness) -> None:
+    """The same key with a different request gets 409 idempotency-key-reused; the original stays."""
+    body = h.request_body()
+    first = expect_reservation(await h.reserve(body), 201, "first reserve")
+    different = json.loads(json.dumps(body))
+    different["pod"]["priority"] = 1000
+    expect_problem(
+        await h.reserve(different), 409, ProblemType.IDEMPOTENCY_KEY_REUSED, "reserve reusing a key"
+    )
+    still = expect_reservation(await h.get(first["id"]), 200, "GET the original")
+    require(still["state"] == "reserved", f"the original changed to {still['state']!r}")
+
+
+async def check_commit_idempotent(h: Harness) -> None:
+    """Commit makes the reservation committed with no expiry; committing again is fine."""
+    first = expect_reservation(await h.reserve(h.request_body()), 201, "reserve")
+    committed = expect_reservation(await h.commit(first["id"]), 200, "commit")
+    require(committed["state"] == "committed", f"after commit the state is {committed['state']!r}")
+    require(committed.get("expiresAt") is None, "a committed reservation must not expire (expiresAt null)")
+    again = expect_reservation(await h.commit(first["id"]), 200, "second commit")
+    require(
+        again["state"] == "committed" and again["id"] == first["id"],
+        "a second commit changed the reservation",
+    )
+
+
+async def check_release_idempotent(h: Harness) -> None:
+    """Release answers 204 every time; a released reservation cannot be committed (409)."""
+    first = expect_reservation(await h.reserve(h.request_body()), 201, "reserve")
+    expect_status(await h.release(first["id"]), 204, "release")
+    expect_status(await h.release(first["id"]), 204, "second release")
+    after = await h.get(first["id"])
+    if after.status_code == 200:
+        require(after.json()["state"] == "released", f"after release the state is {after.json()['state']!r}")
+    else:
+        expect_problem(after, 404, ProblemType.NOT_FOUND, "GET a released reservation")
+    expect_problem(
+        await h.commit(first["id"]), 409, ProblemType.RESERVATION_NOT_ACTIVE, "commit a released reservation"
+    )
+    committed = expect_reservation(await h.reserve(h.request_body()), 201, "reserve")
+    expect_reservation(await h.commit(committed["id"]), 200, "commit")
+    expect_status(await h.release(committed["id"]), 204, "release a committed reservation")
+
+
+async def check_unknown_ids(h: Harness) -> None:
+    """Unknown ids: release 204, commit 404, GET 404."""
+    unknown = f"no-such-reservation-{h.run_id}"
+    expect_status(await h.release(unknown), 204, "release an unknown id")
+    expect_problem(await h.commit(unknown), 404, ProblemType.NOT_FOUND, "commit an unknown id")
+    expect_problem(await h.get(unknown), 404, ProblemType.NOT_FOUND, "GET an unknown id")
+
+
+async def check_unschedulable(h: Harness) -> None:
+    """Asking for more than exists gets 409 unschedulable with a human reason."""
+    body = h.request_body(amount=str(h.config.capacity + 1))
+    problem = expect_problem(
+        await h.reserve(body), 409, ProblemType.UNSCHEDULABLE, "reserve more than exists"
+    )
+    require(
+        isinstance(problem.get("reason"), str) and bool(problem["reason"]), "unschedulable needs a reason"
+    )
+
+
+async def check_ttl_expiry(h: Harness) -> None:
+    """An uncommitted reservation expires after its lease and frees its capacity; a committed one stays."""
+    ttl = h.config.ttl_seconds
+    leased = [
+        expect_reservation(await h.reserve(h.request_body(ttl=ttl)), 201, "reserve a short lease")
+        for _ in range(h.config.capacity - 1)
+    ]
+    kept = expect_reservation(await h.reserve(h.request_body(ttl=ttl)), 201, "reserve")
+    expect_reservation(await h.commit(kept["id"]), 200, "commit")
+    expect_problem(
+        await h.reserve(h.request_body()), 409, ProblemType.UNSCHEDULABLE, "reserve while the pool is held"
+    )
+    await asyncio.sleep(ttl + 1.5)
+    expired = await h.get(leased[0]["id"])
+    if expired.status_code == 200:
+        require(
+            expired.json()["state"] == "expired", f"after its lease the state is {expired.json()['state']!r}"
+        )
+    else:
+        expect_problem(expired, 404, ProblemType.NOT_FOUND, "GET an expired reservation")
+    expect_problem(
+        await h.commit(leased[0]["id"]), 409, ProblemType.RESERVATION_NOT_ACTIVE, "commit after expiry"
+    )
+    still = expect_reservation(await h.get(kept["id"]), 200, "GET the committed reservation")
+    require(still["state"] == "committed", "a committed reservation expired")
+    for _ in leased:
+        expect_reservation(
+            await h.reserve(h.request_body()), 201, "reserve the capacity an expired lease held"
+        )
+
+
+async def check_no_overcommit(h: Harness) -> None:
+    """3×capacity concurrent one-slot reserves: exactly ``capacity`` succeed, the rest are unschedulable."""
+    capacity = h.config.capacity
+    bodies = [h.request_body() for _ in range(3 * capacity)]
+    responses = await asyncio.gather(*(h.reserve(body) for body in bodies))
+    won = [r for r in responses if r.status_code == 201]
+    for response in responses:
+        if response.status_code != 201:
+            expect_problem(response, 409, ProblemType.UNSCHEDULABLE, "a concurrent reserve that did not fit")
+    require(
+        len(won) <= capacity, f"{len(won)} one-slot reservations succeeded but only {capacity} slots exist"
+    )
+    require(len(won) == capacity, f"only {len(won)} of {capacity} free slots could be reserved")
+    held = await h.list_all(schedulerName=h.scheduler_name)
+    active = [item for item in held if item["state"] in ("reserved", "committed")]
+    require(len(active) == capacity, f"the list shows {len(active)} active reservations, expected {capacity}")
+    for response in won:
+        expect_status(await h.release(response.json()["id"]), 204, "release")
+    expect_reservation(await h.reserve(h.request_body()), 201, "reserve after releasing everything")
+
+
+async def check_list_filters_and_pagination(h: Harness) -> None:
+    """List filters by schedulerName, state and podUid, and pages through nextCursor."""
+    name = f"{h.scheduler_name}-list"
+    made = [
+        expect_reservation(await h.reserve(h.request_body(scheduler_name=name)), 201, "reserve")
+        for _ in range(3)
+    ]
+    expect_reservation(await h.commit(made[0]["id"]), 200, "commit")
+    pages = 0
+    seen: list[str] = []
+    query: dict[str, str] = {"schedulerName": name, "limit": "1"}
+    while True:
+        response = await h.http.get("/v1/reservations", params=query, headers=h.auth)
+        expect_status(response, 200, "list one page")
+        page = response.json()
+        require(len(page["items"]) <= 1, "limit=1 returned more than one item")
+        seen.extend(item["id"] for item in page["items"])
+        pages += 1
+        if not page.get("nextCursor") or pages > 10:
+            break
+        query["cursor"] = page["nextCursor"]
+    require(sorted(seen) == sorted(m["id"] for m in made), f"paging found {seen}, expected the 3 created")
+    committed = await h.list_all(schedulerName=name, state="committed")
+    require([c["id"] for c in committed] == [made[0]["id"]], "state=committed did not filter")
+    by_uid = await h.list_all(podUid=made[1]["podUid"])
+    require([c["id"] for c in by_uid] == [made[1]["id"]], "podUid did not filter")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    run: Callable[[Harness], Awaitable[None]]
+
+    @property
+    def description(self) -> str:
+        return (self.run.__doc__ or "").strip().splitlines()[0]
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("health", check_health),
+    Check("auth-required", check_auth_required),
+    Check("bad-requests", check_bad_requests),
+    Check("idempotent-replay", check_idempotent_replay),
+    Check("key-reuse-conflict", check_key_reuse_conflict),
+    Check("commit-idempotent", check_commit_idempotent),
+    Check("release-idempotent", check_release_idempotent),
+    Check("unknown-ids", check_unknown_ids),
+    Check("unschedulable", check_unschedulable),
+    Check("ttl-expiry", check_ttl_expiry),
+    Check("no-overcommit", check_no_overcommit),
+    Check("list-filters-and-pagination", check_list_filters_and_pagination),
+)
+
+
+@dataclass(frozen=True)
+class Result:
+    check: Check
+    error: str | None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None
+
+
+def http_client(config: ConformanceConfig) -> httpx.AsyncClient:
+    verify: ssl.SSLContext | bool = True
+    if config.url.startswith("https"):
+        context = ssl.create_default_context(cafile=config.ca_file)
+        if config.client_cert is not None:
+            context.load_cert_chain(*config.client_cert)
+        verify = context
+    return httpx.AsyncClient(base_url=config.url, verify=verify, timeout=config.timeout)
+
+
+async def run_check(check: Check, config: ConformanceConfig, http: httpx.AsyncClient) -> Result:
+    harness = Harness(config=config, http=http)
+    try:
+        await check.run(harness)
+    except ConformanceFailure as failure:
+        return Result(check, str(failure))
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+        return Result(check, f"{type(error).__name__}: {error}")
+    finally:
+        await harness.cleanup()
+    return Result(check, None)
+
+
+async def run_checks(config: ConformanceConfig, *, names: Sequence[str] | None = None) -> list[Result]:
+    """Run the selected checks (all by default) one after the other."""
+    selected = [check for check in CHECKS if names is None or check.name in names]
+    async with http_client(config) as http:
+        return [await run_check(check, config, http) for check in selected]

@@ -1,0 +1,142 @@
+"""Command line of the reference RM: ``bindery rm serve ...`` calls :func:`main`.
+
+Configuration errors (unreadable inventory, missing token, bad TLS files) exit with status 2 and a
+one-line message saying what to fix, before the server binds its port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import pathlib
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+
+from bindery.refrm.inventory import InventoryError, load_inventory_file
+from bindery.refrm.placement import Policy
+from bindery.refrm.server import DEFAULT_MAX_BODY_BYTES, serve_reference_rm
+
+__all__ = ["build_parser", "main"]
+
+log = logging.getLogger(__name__)
+TOKEN_ENV = "BINDERY_RM_TOKEN"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bindery rm", description="The Bindery reference resource manager.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve contract v1 over HTTP(S)")
+    serve.add_argument(
+        "--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default %(default)s)"
+    )
+    serve.add_argument("--db", type=pathlib.Path, required=True, help="SQLite file holding the reservations")
+    source = serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--inventory", type=pathlib.Path, help="YAML inventory file (nodes and allocatable)")
+    source.add_argument("--mirror-nodes", action="store_true", help="mirror the cluster's Node objects")
+    serve.add_argument(
+        "--node-selector", default="", help="label selector of the nodes to mirror, e.g. pool=gpu"
+    )
+    serve.add_argument(
+        "--kubeconfig", type=pathlib.Path, help="kubeconfig for --mirror-nodes (default: in-cluster)"
+    )
+    serve.add_argument("--token-file", type=pathlib.Path, help=f"bearer token file (or set ${TOKEN_ENV})")
+    serve.add_argument("--insecure-no-auth", action="store_true", help="accept requests without a token")
+    serve.add_argument("--policy", choices=[p.value for p in Policy], default=Policy.BINPACK.value)
+    serve.add_argument("--tls-cert", type=pathlib.Path, help="server certificate (PEM); enables HTTPS")
+    serve.add_argument("--tls-key", type=pathlib.Path, help="server private key (PEM)")
+    serve.add_argument("--client-ca", type=pathlib.Path, help="require client certificates signed by this CA")
+    serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    serve.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    if args.tls_cert is None and args.tls_key is None:
+        if args.client_ca is not None:
+            raise ValueError("--client-ca needs --tls-cert and --tls-key")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise ValueError("--tls-cert and --tls-key must be given together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certfile=args.tls_cert, keyfile=args.tls_key)
+    if args.client_ca is not None:
+        context.load_verify_locations(cafile=args.client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--listen {listen!r} must be HOST:PORT, e.g. 127.0.0.1:8080")
+    return host.strip("[]"), int(port)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    host, port = _split_listen(args.listen)
+    inventory = load_inventory_file(args.inventory) if args.inventory is not None else None
+    token = os.environ.get(TOKEN_ENV) if args.token_file is None else None
+    if args.token_file is None and not token and not args.insecure_no_auth:
+        raise ValueError(
+            f"give --token-file or set ${TOKEN_ENV} (or --insecure-no-auth for local experiments)"
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with contextlib.AsyncExitStack() as stack:
+        server = await stack.enter_async_context(
+            serve_reference_rm(
+                db_path=args.db,
+                host=host,
+                port=port,
+                inventory=inventory,
+                token=None if args.insecure_no_auth else token,
+                token_file=None if args.insecure_no_auth else args.token_file,
+                auth_disabled=args.insecure_no_auth,
+                policy=Policy(args.policy),
+                ssl_context=_ssl_context(args),
+                max_body_bytes=args.max_body_bytes,
+            )
+        )
+        if args.mirror_nodes:
+            from kubernetes_asyncio import client, config
+
+            from bindery.refrm.mirror import NodeMirror
+
+            configuration = client.Configuration()
+            if args.kubeconfig is not None:
+                await config.load_kube_config(
+                    config_file=str(args.kubeconfig), client_configuration=configuration
+                )
+            else:
+                config.load_incluster_config(client_configuration=configuration)
+            api = await stack.enter_async_context(client.ApiClient(configuration=configuration))
+            mirror = NodeMirror(api=api, label_selector=args.node_selector, on_change=server.rm.set_inventory)
+            task = asyncio.create_task(mirror.run(), name="node-mirror")
+            stack.callback(task.cancel)
+        print(f"reference RM serving contract v1 at {server.url}", flush=True)
+        await stop.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        asyncio.run(_serve(args))
+    except (InventoryError, ValueError, OSError, ssl.SSLError) as error:
+        print(f"bindery rm: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
