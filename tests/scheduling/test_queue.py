@@ -318,3 +318,20 @@ async def test_close_wakes_waiters() -> None:
     queue.close()
     with pytest.raises(QueueClosed):
         await asyncio.wait_for(waiter, 5)
+
+
+async def test_pop_wakes_for_a_pod_moved_out_of_the_unschedulable_pool() -> None:
+    queue, clock = make_queue()
+    queue.add(pod("a"))
+    await queue.pop()
+    queue.done("uid-a", outcome=Outcome.UNSCHEDULABLE, retry_after=60.0)
+    waiter = asyncio.create_task(queue.pop())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    clock.advance(0.5)
+    queue.move_all_to_active(reason="reservation released")  # now due at 1 s, not 60 s
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not waiter.done()
+    clock.advance(0.5)
+    assert (await asyncio.wait_for(waiter, 5)).name == "a"

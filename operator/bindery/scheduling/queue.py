@@ -351,6 +351,7 @@ class SchedulingQueue:
         self._set_state(entry, state)
         entry.generation = next(self._generations)
         heapq.heappush(self._timers, (ready_at, next(self._tiebreak), entry.pod.uid, entry.generation))
+        self._wakeup.set()  # a waiter may be sleeping until a later deadline
         waiting = self._counts[_State.BACKOFF] + self._counts[_State.UNSCHEDULABLE]
         if len(self._timers) > 64 + 2 * waiting:
             parked = (_State.BACKOFF, _State.UNSCHEDULABLE)
