@@ -438,3 +438,17 @@ async def test_release_happens_once_even_if_a_plugin_fails_late(world: World) ->
     await world.run(plugins=PluginSet(reserve=(a,), pre_bind=(GateKeeper(world.calls),)))
     assert world.calls.count("rm.release") == 1
     assert world.calls.count("a.unreserve") == 1
+
+
+async def test_rm_unreserve_is_idempotent(world: World) -> None:
+    from bindery.scheduling.defaults import ResourceManagerReservation
+    from bindery.scheduling.framework import CycleContext
+
+    ctx = CycleContext(pod=world.pod, profile=world.profile(), ports=world.ports())
+    plugin = ResourceManagerReservation()
+    await plugin.unreserve(ctx=ctx)  # before reserve: nothing to release
+    assert world.calls.count("rm.release") == 0
+    assert (await plugin.reserve(ctx=ctx)).ok
+    await plugin.unreserve(ctx=ctx)
+    await plugin.unreserve(ctx=ctx)
+    assert world.calls.count("rm.release") == 1
