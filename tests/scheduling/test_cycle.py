@@ -240,15 +240,13 @@ async def test_other_conflict_and_bind_errors_release_and_report(world: World) -
     assert result.outcome is Outcome.ERROR
     assert world.calls.count("rm.release") == 1
     world.calls.log.clear()
-    world.binder.error = BindError("500 Internal Server Error: etcd timeout", status=500)
+    sentence = "binding pod ns/web to node 'n1' failed: HTTP 500: etcd timeout"
+    world.binder.error = BindError(sentence, status=500)
     result = await world.run()
     assert result.failure is not None
     assert result.failure.kind is FailureKind.BIND_ERROR
     assert world.calls.count("rm.release") == 1
-    assert (
-        world.calls.log[-2][1]["message"]
-        == 'binding the pod to node "n1" failed: 500 Internal Server Error: etcd timeout'
-    )
+    assert world.calls.log[-2][1]["message"] == sentence
 
 
 async def test_release_failure_is_logged_and_does_not_change_the_outcome(

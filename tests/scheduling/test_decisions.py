@@ -76,9 +76,11 @@ def test_bind_errors() -> None:
     assert elsewhere.message == 'the pod was bound to node "n2" by someone else'
     unknown = classify(BindConflict("UID precondition failed"), stage=Stage.BIND)
     assert unknown.kind is FailureKind.BIND_CONFLICT
-    assert unknown.message == 'binding the pod to node "n1" was refused: UID precondition failed'
-    failed = classify(BindError("500 etcd timeout", status=500), stage=Stage.BIND)
-    assert failed.message == 'binding the pod to node "n1" failed: 500 etcd timeout'
+    assert unknown.message == "UID precondition failed"  # the adapter's sentence, verbatim
+    sentence = "binding pod ns/p to node 'n1' failed: HTTP 500: etcd"
+    failed = classify(BindError(sentence, status=500), stage=Stage.BIND)
+    assert failed.kind is FailureKind.BIND_ERROR
+    assert failed.message == sentence
     assert classify(PodGone(), stage=Stage.BIND).kind is FailureKind.POD_GONE
 
 

@@ -149,7 +149,6 @@ def _classify(
     *, error: BaseException, rm_name: str, node: str | None
 ) -> tuple[FailureKind, str, float | None]:
     rm = f'resource manager "{rm_name}"'
-    on_node = f' to node "{node}"' if node else ""
     if isinstance(error, RMUnschedulable):
         return (
             FailureKind.RM_UNSCHEDULABLE,
@@ -177,7 +176,7 @@ def _classify(
                 f'the pod was bound to node "{error.current_node}" by someone else',
                 None,
             )
-        return FailureKind.BIND_CONFLICT, f"binding the pod{on_node} was refused: {error.message}", None
+        return FailureKind.BIND_CONFLICT, error.message, None
     if isinstance(error, BindError):
-        return FailureKind.BIND_ERROR, f"binding the pod{on_node} failed: {error.message}", None
+        return FailureKind.BIND_ERROR, error.message, None
     return FailureKind.INTERNAL, f"{type(error).__name__}: {error}", None

@@ -108,8 +108,8 @@ class ConditionWriter(Protocol):
 class BindError(Exception):
     """The Binding could not be created for a reason other than a conflict or a missing pod.
 
-    ``message`` says what the apiserver answered (status code and message) so it can go into the
-    pod's ``FailedScheduling`` event verbatim.
+    ``message`` is a complete sentence for the pod's ``FailedScheduling`` event, used verbatim:
+    what was attempted (pod, node) and what the apiserver answered (status code and message).
     """
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
@@ -124,7 +124,7 @@ class BindConflict(Exception):
     ``current_node`` is the node the pod is already assigned to when the apiserver says so (``pod
     X is already assigned to node "n1"``), else ``None`` (UID precondition failed, the pod is being
     deleted, or has scheduling gates).  A conflict naming the node we chose is a lost response, i.e.
-    success; any other conflict means we lost.
+    success; any other conflict means we lost.  ``message`` goes into the pod's event verbatim.
     """
 
     def __init__(
