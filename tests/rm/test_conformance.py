@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bindery.conformance import CHECKS, Check, ConformanceConfig
-from bindery.conformance.__main__ import main as conformance_main
+from bindery.conformance.cli import main as conformance_main
 from bindery.conformance.kit import http_client, run_check
 from bindery.refrm import RunningServer
 

@@ -1,4 +1,7 @@
-"""CLI of the conformance kit; exits 0 when every selected check passes, 1 otherwise, 2 on usage errors."""
+"""CLI of the conformance kit: ``python -m bindery.conformance`` and ``bindery rm conformance``.
+
+Exits 0 when every selected check passes, 1 otherwise, 2 on usage errors.
+"""
 
 from __future__ import annotations
 

@@ -125,8 +125,14 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit status."""
-    args = build_parser().parse_args(argv)
+    """Entry point; returns the process exit status.
+
+    ``argv`` may start with ``serve`` or omit it (``bindery rm serve ...`` passes what follows it).
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if not arguments or arguments[0] not in ("serve", "-h", "--help"):
+        arguments.insert(0, "serve")
+    args = build_parser().parse_args(arguments)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
