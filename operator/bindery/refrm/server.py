@@ -195,7 +195,8 @@ class ReferenceRM:
             else:
                 detail = error.text or error.reason
             kind = _KINDS.get(error.status, ProblemType.INTERNAL)
-            return problem(error.status, kind, detail)
+            allow = error.headers.get("Allow")
+            return problem(error.status, kind, detail, headers={"Allow": allow} if allow else None)
         except Exception:
             log.exception("unexpected error serving %s %s", request.method, request.path)
             return problem(500, ProblemType.INTERNAL, "the reference RM failed unexpectedly; see its log")
@@ -346,8 +347,8 @@ class ReferenceRM:
                 return problem(400, ProblemType.INVALID_REQUEST, "cursor is not one this server issued")
             after = int(cursor[1:])
         for name in ("schedulerName", "podUid"):
-            if name in query and not query[name]:
-                return problem(400, ProblemType.INVALID_REQUEST, f"{name} must not be empty")
+            if name in query and not 1 <= len(query[name]) <= 253:
+                return problem(400, ProblemType.INVALID_REQUEST, f"{name} must be 1 to 253 characters long")
         items, next_seq = await self._run(
             self._store.list,
             scheduler_name=query.get("schedulerName"),

@@ -20,7 +20,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from bindery.quantity import QuantityError, format_quantity, parse_nonnegative_quantity
@@ -67,7 +67,15 @@ def _check_resource_name(name: str) -> str:
     return name
 
 
+def _integral(value: object) -> object:
+    """JSON has one number type: accept ``30.0`` as the integer 30 (as JSON Schema does), never ``30.5``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 ResourceName = Annotated[str, AfterValidator(_check_resource_name)]
+Integer = Annotated[int, BeforeValidator(_integral)]
 ShortText = Annotated[str, Field(min_length=1, max_length=253)]
 LabelValue = Annotated[str, Field(max_length=63)]
 
@@ -89,7 +97,7 @@ class PodIdentity(_Request):
     namespace: ShortText
     name: ShortText
     scheduler_name: ShortText
-    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1)
+    priority: Integer = Field(default=0, ge=-(2**31), le=2**31 - 1)
     labels: dict[Annotated[str, Field(max_length=317)], LabelValue] = Field(
         default_factory=dict, max_length=256
     )
@@ -102,7 +110,7 @@ class Toleration(_Request):
     operator: Literal["Equal", "Exists"] | None = None
     value: LabelValue | None = None
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: Integer | None = None
 
 
 class NodeSelectorRequirement(_Request):
@@ -140,7 +148,7 @@ class ReservationRequest(_Request):
     resources: dict[ResourceName, Annotated[str, Field(max_length=64)]] = Field(max_length=128)
     placement: Placement = Field(default_factory=Placement)
     idempotency_key: ShortText
-    ttl_seconds: int = Field(ge=1, le=86_400)
+    ttl_seconds: Integer = Field(ge=1, le=86_400)
 
     @field_validator("resources")
     @classmethod
