@@ -13,7 +13,7 @@ import dataclasses
 import datetime
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -31,6 +31,9 @@ class FakeRM:
     reservations: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     calls: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     url: str = ""
+    #: awaited with the new reservation before the RM answers (to race the operator)
+    on_reserve: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    reserve_order: list[str] = dataclasses.field(default_factory=list)  # pod names, in call order
     _ids: itertools.count[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
 
     # -- queries for assertions ------------------------------------------------------------------
@@ -96,6 +99,9 @@ class FakeRM:
             "idempotencyKey": body["idempotencyKey"],
         }
         self.reservations[rid] = reservation
+        self.reserve_order.append(pod["name"])
+        if self.on_reserve is not None:
+            await self.on_reserve(reservation)
         return web.json_response(reservation, status=201)
 
     def _free_node(self) -> str | None:

@@ -55,6 +55,7 @@ from bindery.scheduling.registry import PluginError
 from bindery.scheduling.throttle import EventThrottle
 
 GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
+USER_AGENT = "bindery"
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 
@@ -86,6 +87,7 @@ class Runtime:
     async def start(self, *, node_index: Any) -> None:
         self._configuration = await load_configuration(kubeconfig=self.options.kubeconfig)
         self._api = client.ApiClient(configuration=self._configuration)
+        self._api.user_agent = USER_AGENT  # names Bindery in managedFields and audit logs
         self._events = KubeEventSink(api=self._api, counter=self.writes, hostname=self.options.hostname)
         self._conditions = KubeConditionWriter(api=self._api, counter=self.writes)
         self._ports = Ports(

@@ -1,0 +1,154 @@
+"""What the operator schedules, in which order, what it leaves alone, and what it does after a crash."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from bindery.devcluster.nodes import create_node
+from tests.operator.conftest import (
+    Bindery,
+    create_pod,
+    events_of,
+    eventually,
+    pod_body,
+    read_pod,
+    resource_manager,
+)
+from tests.operator.fakerm import FakeRM
+
+pytestmark = pytest.mark.controlplane
+
+
+async def _node_of(api: client.ApiClient, namespace: str, name: str) -> str | None:
+    pod = await read_pod(api, namespace=namespace, name=name)
+    node: str | None = pod["spec"].get("nodeName")
+    return node
+
+
+async def test_priority_order_under_max_in_flight_one(
+    kube_api: client.ApiClient, namespace: str, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
+) -> None:
+    node = uniq("prio")
+    scheduler = uniq("sched")
+    await create_node(kube_api, name=node)
+    fake_rm.slots[node] = 10
+    # The pods wait (no ResourceManager serves them yet), so they are all queued at once when it appears.
+    priorities = {"low": 1, "mid": 50, "high": 100, "top": 1000}
+    scheduling = client.SchedulingV1Api(kube_api)
+    for name, priority in priorities.items():
+        await scheduling.create_priority_class(body={"metadata": {"name": uniq(name)}, "value": priority})
+    for name in priorities:
+        body = pod_body(name=name, scheduler_name=scheduler, priorityClassName=uniq(name))
+        # The priority admission plugin sees new PriorityClasses through a cache: retry until it does.
+        await eventually(lambda body=body: _try_create(kube_api, namespace, body), what="pod admitted")
+    await eventually(lambda: _remembered(bindery, namespace, set(priorities)), what="the pods in the watch")
+    async with resource_manager(
+        kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url, maxInFlight=1
+    ):
+        for name in priorities:
+            await eventually(lambda name=name: _node_of(kube_api, namespace, name), what=f"pod {name} bound")
+    assert fake_rm.reserve_order == ["top", "high", "mid", "low"]
+
+
+async def _try_create(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> bool:
+    try:
+        await create_pod(api, namespace=namespace, body=body)
+    except client.ApiException as exc:
+        if exc.status == 403 and "PriorityClass" in str(exc.body):
+            return False
+        raise
+    return True
+
+
+async def _remembered(bindery: Bindery, namespace: str, names: set[str]) -> bool:
+    pods = [bindery.runtime.pods.get(uid) for uid in bindery.runtime.pods.uids()]
+    return names <= {p.name for p in pods if p is not None and p.namespace == namespace}
+
+
+async def test_pods_of_other_scheduler_names_are_never_touched(
+    kube_api: client.ApiClient, namespace: str, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
+) -> None:
+    node = uniq("n")
+    scheduler = uniq("sched")
+    await create_node(kube_api, name=node)
+    fake_rm.slots[node] = 10
+    async with resource_manager(kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url):
+        await create_pod(
+            kube_api, namespace=namespace, body=pod_body(name="other", scheduler_name=uniq("nobody"))
+        )
+        await create_pod(kube_api, namespace=namespace, body=pod_body(name="ours", scheduler_name=scheduler))
+        # "ours" was created later, so once it is bound the operator has seen "other" too.
+        await eventually(lambda: _node_of(kube_api, namespace, "ours"), what="the served pod bound")
+        other = await read_pod(kube_api, namespace=namespace, name="other")
+        assert other["spec"].get("nodeName") is None
+        assert not (other.get("status") or {}).get("conditions")
+        assert not other["metadata"].get("annotations")
+        managers = {entry["manager"] for entry in other["metadata"].get("managedFields") or ()}
+        # Only the test's client (kubernetes_asyncio's default agent) wrote it; Bindery's agent is "bindery".
+        assert managers == {"OpenAPI-Generator"}
+        assert await events_of(kube_api, namespace=namespace, pod_name="other") == []
+        assert [r["name"] for r in fake_rm.reservations.values()] == ["ours"]
+
+
+async def test_restart_settles_reservations_left_by_a_crash(
+    kube_api: client.ApiClient,
+    namespace: str,
+    operator_kubeconfig: Any,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
+) -> None:
+    """Reserved-but-not-committed reservations are committed if the bind happened, else released."""
+    node = uniq("crash")
+    scheduler = uniq("sched")
+    await create_node(kube_api, name=node)
+    fake_rm.slots[node] = 10
+    bound = await create_pod(
+        kube_api, namespace=namespace, body=pod_body(name="bound", scheduler_name="nobody")
+    )
+    await client.CoreV1Api(kube_api).create_namespaced_pod_binding(
+        name="bound",
+        namespace=namespace,
+        body={"metadata": {"name": "bound"}, "target": {"kind": "Node", "name": node}},
+        _preload_content=False,
+    )
+    leftovers = {
+        "r-bound": _reservation("r-bound", node, scheduler, namespace, "bound", bound["metadata"]["uid"]),
+        "r-gone": _reservation("r-gone", node, scheduler, namespace, "gone", "uid-of-a-deleted-pod"),
+        "r-other": _reservation("r-other", node, uniq("unrelated"), namespace, "x", "uid-x"),
+    }
+    fake_rm.reservations.update(leftovers)
+    operator = Bindery(kubeconfig=operator_kubeconfig)
+    await operator.start()
+    try:
+        async with resource_manager(
+            kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url
+        ):
+            await eventually(lambda: _settled(fake_rm), what="leftover reservations settled")
+    finally:
+        await operator.stop()
+    assert fake_rm.states() == {"r-bound": "committed", "r-gone": "released", "r-other": "reserved"}
+
+
+async def _settled(rm: FakeRM) -> bool:
+    states = rm.states()
+    return states["r-bound"] != "reserved" and states["r-gone"] != "reserved"
+
+
+def _reservation(rid: str, node: str, scheduler: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
+    expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5)
+    return {
+        "id": rid,
+        "node": node,
+        "state": "reserved",
+        "podUid": uid,
+        "schedulerName": scheduler,
+        "namespace": namespace,
+        "name": name,
+        "expiresAt": expires.isoformat().replace("+00:00", "Z"),
+        "idempotencyKey": uid,
+    }
