@@ -30,6 +30,7 @@ async def _bound_node(api: client.ApiClient, namespace: str, name: str) -> str |
 
 
 async def test_happy_path_binds_to_the_rm_node_with_one_event_and_a_commit(
+    *,
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,

@@ -51,7 +51,12 @@ def _closed_port_url() -> str:
 
 
 async def test_unschedulable_reports_retries_and_binds_when_capacity_frees(
-    kube_api: client.ApiClient, namespace: str, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
 ) -> None:
     node = uniq("full")
     scheduler = uniq("sched")
@@ -79,6 +84,7 @@ async def test_unschedulable_reports_retries_and_binds_when_capacity_frees(
 
 @pytest.mark.parametrize("fault", ["down", "500", "malformed", "slow"])
 async def test_rm_faults_are_scheduler_errors_without_leaks(
+    *,
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
@@ -111,6 +117,7 @@ async def test_rm_faults_are_scheduler_errors_without_leaks(
 
 @pytest.mark.parametrize("problem", ["missing", "cordoned", "tainted"])
 async def test_a_bad_node_choice_is_released_and_reported(
+    *,
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
@@ -140,7 +147,12 @@ async def test_a_bad_node_choice_is_released_and_reported(
 
 
 async def test_a_pod_deleted_between_reserve_and_bind_releases_its_reservation(
-    kube_api: client.ApiClient, namespace: str, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
 ) -> None:
     node = uniq("n")
     scheduler = uniq("sched")
@@ -159,7 +171,12 @@ async def test_a_pod_deleted_between_reserve_and_bind_releases_its_reservation(
 
 
 async def test_a_pod_bound_by_someone_else_first_is_released_not_double_bound(
-    kube_api: client.ApiClient, namespace: str, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
 ) -> None:
     ours, theirs = uniq("ours"), uniq("theirs")
     scheduler = uniq("sched")
@@ -188,7 +205,12 @@ async def test_a_pod_bound_by_someone_else_first_is_released_not_double_bound(
 
 
 async def test_two_pods_racing_for_the_last_slot(
-    kube_api: client.ApiClient, namespace: str, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
 ) -> None:
     node = uniq("last")
     scheduler = uniq("sched")

@@ -31,7 +31,12 @@ async def _node_of(api: client.ApiClient, namespace: str, name: str) -> str | No
 
 
 async def test_priority_order_under_max_in_flight_one(
-    kube_api: client.ApiClient, namespace: str, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
 ) -> None:
     node = uniq("prio")
     scheduler = uniq("sched")
@@ -71,7 +76,12 @@ async def _remembered(bindery: Bindery, namespace: str, names: set[str]) -> bool
 
 
 async def test_pods_of_other_scheduler_names_are_never_touched(
-    kube_api: client.ApiClient, namespace: str, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
 ) -> None:
     node = uniq("n")
     scheduler = uniq("sched")
@@ -96,6 +106,7 @@ async def test_pods_of_other_scheduler_names_are_never_touched(
 
 
 async def test_restart_settles_reservations_left_by_a_crash(
+    *,
     kube_api: client.ApiClient,
     namespace: str,
     operator_kubeconfig: Any,
@@ -117,9 +128,25 @@ async def test_restart_settles_reservations_left_by_a_crash(
         _preload_content=False,
     )
     leftovers = {
-        "r-bound": _reservation("r-bound", node, scheduler, namespace, "bound", bound["metadata"]["uid"]),
-        "r-gone": _reservation("r-gone", node, scheduler, namespace, "gone", "uid-of-a-deleted-pod"),
-        "r-other": _reservation("r-other", node, uniq("unrelated"), namespace, "x", "uid-x"),
+        "r-bound": _reservation(
+            rid="r-bound",
+            node=node,
+            scheduler=scheduler,
+            namespace=namespace,
+            name="bound",
+            uid=bound["metadata"]["uid"],
+        ),
+        "r-gone": _reservation(
+            rid="r-gone",
+            node=node,
+            scheduler=scheduler,
+            namespace=namespace,
+            name="gone",
+            uid="uid-of-a-deleted-pod",
+        ),
+        "r-other": _reservation(
+            rid="r-other", node=node, scheduler=uniq("unrelated"), namespace=namespace, name="x", uid="uid-x"
+        ),
     }
     fake_rm.reservations.update(leftovers)
     operator = Bindery(kubeconfig=operator_kubeconfig)
@@ -139,7 +166,9 @@ async def _settled(rm: FakeRM) -> bool:
     return states["r-bound"] != "reserved" and states["r-gone"] != "reserved"
 
 
-def _reservation(rid: str, node: str, scheduler: str, namespace: str, name: str, uid: str) -> dict[str, Any]:
+def _reservation(
+    *, rid: str, node: str, scheduler: str, namespace: str, name: str, uid: str
+) -> dict[str, Any]:
     expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5)
     return {
         "id": rid,
