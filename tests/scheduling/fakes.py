@@ -159,6 +159,7 @@ class FakeRM:
         self.node = node
         self.reserve_error: BaseException | None = None
         self.commit_error: BaseException | None = None
+        self.commit_errors: list[BaseException] = []  # raised first, one per commit
         self.release_error: BaseException | None = None
         self.requests: list[ReservationRequest] = []
         self._ids = itertools.count(1)
@@ -178,6 +179,8 @@ class FakeRM:
 
     async def commit(self, reservation_id: str, /) -> Reservation:
         self.calls.record("rm.commit", id=reservation_id)
+        if self.commit_errors:
+            raise self.commit_errors.pop(0)
         if self.commit_error is not None:
             raise self.commit_error
         return Reservation(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bindery.rm.errors import RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
+from bindery.rm.errors import RMConflict, RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
 from bindery.scheduling.decisions import FailureKind, Outcome
 from bindery.scheduling.framework import PluginSet, Ports, Profile, Status
@@ -261,7 +261,8 @@ async def test_release_failure_is_logged_and_does_not_change_the_outcome(
 
 
 async def test_commit_failure_keeps_the_pod_bound_and_is_flagged(world: World) -> None:
-    world.rm.commit_error = RMUnavailable("timeout")
+    # A conflict (reservation expired meanwhile) is not retried, so no background task outlives the test.
+    world.rm.commit_error = RMConflict("reservation-not-active", status=409)
     result = await world.run()
     assert result.bound
     assert result.commit_failed
@@ -450,3 +451,43 @@ async def test_rm_unreserve_is_idempotent(world: World) -> None:
     await plugin.unreserve(ctx=ctx)
     await plugin.unreserve(ctx=ctx)
     assert world.calls.count("rm.release") == 1
+
+
+class RecordingSleep:
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+async def test_failed_commit_is_retried_in_the_background_until_it_succeeds(world: World) -> None:
+    from bindery.scheduling.defaults import CommitReservation
+    from bindery.scheduling.framework import CycleContext
+    from bindery.scheduling.podspec import reservation_request
+
+    sleep = RecordingSleep()
+    plugin = CommitReservation(sleep=sleep)
+    world.rm.commit_errors = [RMUnavailable("down"), RMUnavailable("still down"), RMUnavailable("again")]
+    ctx = CycleContext(pod=world.pod, profile=world.profile(), ports=world.ports())
+    ctx.reservation = await world.rm.reserve(reservation_request(pod=world.pod, ttl_seconds=60))
+    with pytest.raises(RMUnavailable):
+        await plugin.post_bind(ctx=ctx)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert sleep.delays == [1.0, 2.0, 4.0]
+    assert world.calls.count("rm.commit") == 4
+
+
+async def test_commit_retries_stop_before_the_reservation_expires_or_once_it_is_gone(world: World) -> None:
+    from bindery.scheduling.defaults import CommitReservation
+
+    sleep = RecordingSleep()
+    plugin = CommitReservation(sleep=sleep)
+    world.rm.commit_error = RMUnavailable("down")
+    assert not await plugin.retry_commit(client=world.rm, reservation_id="r1", pod="ns/p", ttl_seconds=10)
+    assert sleep.delays == [1.0, 2.0, 4.0]  # the next wait would end after the 10 s TTL
+    sleep.delays.clear()
+    world.rm.commit_error = RMConflict("reservation-not-active", status=409)
+    assert not await plugin.retry_commit(client=world.rm, reservation_id="r1", pod="ns/p", ttl_seconds=60)
+    assert sleep.delays == [1.0]

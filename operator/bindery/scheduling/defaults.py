@@ -18,12 +18,15 @@ Only the Binding and the event write to the apiserver; the PreBind checks read t
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 
 import pydantic
 
+from bindery.rm.errors import RMConflict
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
-from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, Status
+from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.nodecheck import check_node
 from bindery.scheduling.podspec import reservation_request
 from bindery.scheduling.ports import BindConflict
@@ -170,18 +173,83 @@ class ScheduledEvent:
 
 
 class CommitReservation:
-    """PostBind: turn the reservation into an allocation so it no longer expires."""
+    """PostBind: turn the reservation into an allocation so it no longer expires.
+
+    The pod is bound by now, so a failed commit cannot fail the cycle; but an uncommitted
+    reservation expires after its TTL and the RM would then hand the pod's capacity to another
+    pod.  So a failed commit is retried in the background (by default after 1, 2, 4, 8 and 16 s,
+    only while the reservation has not expired), and given up loudly.
+    """
 
     name = "CommitReservation"
+
+    def __init__(
+        self,
+        *,
+        retry_delays: Sequence[float] = (1.0, 2.0, 4.0, 8.0, 16.0),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._retry_delays = tuple(retry_delays)
+        self._sleep = sleep
+        self._retries: set[asyncio.Task[bool]] = set()
 
     async def post_bind(self, *, ctx: CycleContext) -> None:
         if ctx.reservation is None:
             return
         try:
             await ctx.profile.client.commit(ctx.reservation.id)
-        except BaseException:
+        except Exception as error:
             ctx.state[COMMIT_FAILED] = True
+            if isinstance(error, RMConflict):  # already released or expired: retrying cannot help
+                raise
+            retry = asyncio.create_task(
+                self.retry_commit(
+                    client=ctx.profile.client,
+                    reservation_id=ctx.reservation.id,
+                    pod=ctx.pod.key,
+                    ttl_seconds=ctx.profile.reservation_ttl_seconds,
+                ),
+                name=f"commit {ctx.reservation.id}",
+            )
+            self._retries.add(retry)
+            retry.add_done_callback(self._retries.discard)
             raise
+
+    async def retry_commit(
+        self, *, client: ReservationClient, reservation_id: str, pod: str, ttl_seconds: float
+    ) -> bool:
+        """Retry a failed commit while the reservation lives; returns whether it was committed."""
+        waited = 0.0
+        for delay in self._retry_delays:
+            waited += delay
+            if waited >= ttl_seconds:
+                break
+            await self._sleep(delay)
+            try:
+                await client.commit(reservation_id)
+            except RMConflict as error:  # released or expired meanwhile: retrying cannot help
+                log.error(
+                    "reservation %s of bound pod %s can no longer be committed: %s",
+                    reservation_id,
+                    pod,
+                    error,
+                )
+                return False
+            except Exception as error:
+                log.warning(
+                    "committing reservation %s of bound pod %s failed again: %s", reservation_id, pod, error
+                )
+                continue
+            log.info("committed reservation %s of bound pod %s after a retry", reservation_id, pod)
+            return True
+        log.error(
+            "gave up committing reservation %s of bound pod %s: it expires after %g s and the resource "
+            "manager may then place other pods on that pod's capacity; check the resource manager",
+            reservation_id,
+            pod,
+            ttl_seconds,
+        )
+        return False
 
 
 #: Names that cannot be used for third-party plugins (they are always enabled).
