@@ -186,6 +186,9 @@ class ReservationStore:
         for row in self._db.execute(f"SELECT {_COLUMNS} FROM reservations WHERE state IN (?, ?)", _ACTIVE):
             stored = StoredReservation.from_row(row)
             add_usage(self._usage, stored.node, stored.usage())
+        # Sweeping costs a write transaction (an fsync); skip it until something can be due.
+        self._next_expiry = self._earliest_expiry()
+        self._next_gc = 0.0
 
     def close(self) -> None:
         self._db.close()
@@ -197,8 +200,16 @@ class ReservationStore:
 
     # -- transactions ---------------------------------------------------------------------------
 
+    def _earliest_expiry(self) -> float:
+        row = self._db.execute(
+            "SELECT MIN(expires_at) FROM reservations WHERE state = ?", (ReservationState.RESERVED.value,)
+        ).fetchone()
+        return float("inf") if row is None or row[0] is None else float(row[0])
+
     def _expire(self) -> None:
         now = self._clock()
+        if now < self._next_expiry and now < self._next_gc:
+            return
         self._db.execute("BEGIN IMMEDIATE")
         try:
             rows = self._db.execute(
@@ -218,6 +229,8 @@ class ReservationStore:
             subtract_usage(
                 self._usage, node, {k: parse_quantity(v) for k, v in json.loads(resources).items()}
             )
+        self._next_expiry = self._earliest_expiry()
+        self._next_gc = now + min(60.0, self._retention)
 
     def _active_for_key(self, key: str) -> StoredReservation | None:
         row = self._db.execute(
@@ -280,6 +293,7 @@ class ReservationStore:
             values,
         ).fetchone()
         add_usage(self._usage, node.name, usage)  # autocommit: the row is durable now
+        self._next_expiry = min(self._next_expiry, now + request.ttl_seconds)
         return Placed(StoredReservation.from_row(row), created=True)
 
     def commit(self, reservation_id: str) -> StoredReservation | NotFound | NotActive:

@@ -1,0 +1,76 @@
+"""The SQLite store: lazy expiry with an injected clock, idempotency, and state across reopen."""
+
+from __future__ import annotations
+
+import pathlib
+from decimal import Decimal
+
+from bindery.refrm.placement import InventoryNode, Policy
+from bindery.refrm.store import Conflict, NotActive, NotFound, Placed, ReservationStore, Unschedulable
+from bindery.rm.models import ReservationRequest, ReservationState
+
+NODES = [InventoryNode(name="n1", allocatable={"cpu": Decimal(2)})]
+
+
+def request(uid: str, cpu: str = "1", ttl: int = 10) -> ReservationRequest:
+    return ReservationRequest.model_validate(
+        {
+            "pod": {"uid": uid, "namespace": "ns", "name": uid, "schedulerName": "s"},
+            "resources": {"cpu": cpu},
+            "idempotencyKey": uid,
+            "ttlSeconds": ttl,
+        }
+    )
+
+
+def test_expiry_frees_capacity_and_key(tmp_path: pathlib.Path) -> None:
+    now = [1000.0]
+    store = ReservationStore(tmp_path / "db", clock=lambda: now[0], retention=100)
+    first = store.reserve(request("a", "2", ttl=10), nodes=NODES, policy=Policy.BINPACK)
+    assert isinstance(first, Placed)
+    assert first.created
+    assert isinstance(store.reserve(request("b"), nodes=NODES, policy=Policy.BINPACK), Unschedulable)
+    now[0] = 1009.9
+    assert isinstance(store.reserve(request("b"), nodes=NODES, policy=Policy.BINPACK), Unschedulable)
+    now[0] = 1010.0
+    assert store.usage()["n1"]["cpu"] == 0
+    gone = store.get(first.reservation.id)
+    assert gone is not None
+    assert gone.state is ReservationState.EXPIRED
+    assert isinstance(store.commit(first.reservation.id), NotActive)
+    # The key is free again: the same request creates a new reservation.
+    again = store.reserve(request("a", "2", ttl=10), nodes=NODES, policy=Policy.BINPACK)
+    assert isinstance(again, Placed)
+    assert again.created
+    assert again.reservation.id != first.reservation.id
+    # Terminal rows are forgotten after the retention period.
+    now[0] = 1200.0
+    assert store.get(first.reservation.id) is None
+    store.close()
+
+
+def test_idempotency_and_reopen(tmp_path: pathlib.Path) -> None:
+    now = [0.0]
+    store = ReservationStore(tmp_path / "db", clock=lambda: now[0])
+    placed = store.reserve(request("a"), nodes=NODES, policy=Policy.BINPACK)
+    assert isinstance(placed, Placed)
+    replay = store.reserve(request("a"), nodes=NODES, policy=Policy.BINPACK)
+    assert isinstance(replay, Placed)
+    assert not replay.created
+    assert replay.reservation == placed.reservation
+    assert isinstance(store.reserve(request("a", "500m"), nodes=NODES, policy=Policy.BINPACK), Conflict)
+    committed = store.commit(placed.reservation.id)
+    assert not isinstance(committed, NotFound | NotActive)
+    assert committed.state is ReservationState.COMMITTED
+    assert isinstance(store.commit("nope"), NotFound)
+    store.close()
+    now[0] = 10**6  # long after the lease: committed reservations do not expire
+    reopened = ReservationStore(tmp_path / "db", clock=lambda: now[0])
+    assert reopened.usage()["n1"]["cpu"] == 1
+    assert reopened.release(placed.reservation.id) is not None
+    assert reopened.release(placed.reservation.id) is None
+    assert reopened.usage()["n1"]["cpu"] == 0
+    items, cursor = reopened.list(state=ReservationState.RELEASED, limit=10)
+    assert [item.id for item in items] == [placed.reservation.id]
+    assert cursor is None
+    reopened.close()
