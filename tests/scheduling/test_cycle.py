@@ -433,7 +433,7 @@ async def test_extra_reserve_plugins_run_after_the_rm_and_unreserve_in_reverse(w
 
 async def test_release_happens_once_even_if_a_plugin_fails_late(world: World) -> None:
     a = RecordingReserve(world.calls, name="a")
-    world.binder.error = BindError("boom")
+    world.binder.error = BindError("boom", status=500)
     await world.run(plugins=PluginSet(reserve=(a,), pre_bind=(GateKeeper(world.calls),)))
     assert world.calls.count("rm.release") == 1
     assert world.calls.count("a.unreserve") == 1
@@ -491,3 +491,69 @@ async def test_commit_retries_stop_before_the_reservation_expires_or_once_it_is_
     world.rm.commit_error = RMConflict("reservation-not-active", status=409)
     assert not await plugin.retry_commit(client=world.rm, reservation_id="r1", pod="ns/p", ttl_seconds=60)
     assert sleep.delays == [1.0]
+
+
+async def test_unanswered_binding_is_retried_and_a_landed_first_attempt_counts_as_success(
+    world: World,
+) -> None:
+    from bindery.scheduling.defaults import DefaultBinder
+
+    sleep = RecordingSleep()
+    binder = DefaultBinder(retry_delays=(0.2, 1.0), sleep=sleep)
+
+    class FirstLandsButTimesOut(FakeBinder):
+        async def bind(self, **kwargs: Any) -> None:
+            await super().bind(**kwargs)
+            if self.calls.count("binder.bind") == 1:
+                raise BindError("binding pod ns/web timed out")
+            raise BindConflict('pod web is already assigned to node "n1"', current_node="n1")
+
+    world.binder = FirstLandsButTimesOut(world.calls)
+    result = await world.run(plugins=PluginSet(bind=(binder,)))
+    assert result.bound
+    assert sleep.delays == [0.2]
+    assert world.calls.count("binder.bind") == 2
+    assert world.calls.count("rm.release") == 0
+    assert world.calls.count("rm.commit") == 1
+
+
+async def test_binding_never_answered_keeps_the_reservation_and_reports(world: World) -> None:
+    from bindery.scheduling.defaults import DefaultBinder
+
+    sleep = RecordingSleep()
+    world.binder.error = BindError("binding pod ns/web failed: the apiserver did not answer: timeout")
+    result = await world.run(plugins=PluginSet(bind=(DefaultBinder(sleep=sleep),)))
+    assert result.outcome is Outcome.ERROR
+    assert result.failure is not None
+    assert result.failure.kind is FailureKind.BIND_UNCONFIRMED
+    assert sleep.delays == [0.2, 1.0]
+    assert world.calls.count("binder.bind") == 3
+    assert world.calls.count("rm.release") == 0
+    assert not result.released
+    assert "reservation is kept until it expires" in world.calls.log[-1][1]["message"]
+
+
+async def test_refused_binding_is_not_retried(world: World) -> None:
+    world.binder.error = BindError("binding pod ns/web failed: HTTP 403: forbidden", status=403)
+    result = await world.run()
+    assert result.outcome is Outcome.ERROR
+    assert world.calls.count("binder.bind") == 1
+    assert world.calls.count("rm.release") == 1
+
+
+async def test_cancellation_during_bind_keeps_the_reservation(world: World) -> None:
+    started = asyncio.Event()
+
+    class HangingBinder(FakeBinder):
+        async def bind(self, **kwargs: Any) -> None:
+            await super().bind(**kwargs)
+            started.set()
+            await asyncio.Event().wait()
+
+    world.binder = HangingBinder(world.calls)
+    task = asyncio.create_task(world.run())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert world.calls.count("rm.release") == 0

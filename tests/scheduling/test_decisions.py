@@ -26,6 +26,7 @@ EXPECTED: dict[FailureKind, tuple[Outcome, bool, str]] = {
     FailureKind.PLUGIN_ERROR: (Outcome.ERROR, True, "SchedulerError"),
     FailureKind.BIND_CONFLICT: (Outcome.ERROR, True, "SchedulerError"),
     FailureKind.BIND_ERROR: (Outcome.ERROR, True, "SchedulerError"),
+    FailureKind.BIND_UNCONFIRMED: (Outcome.ERROR, True, "SchedulerError"),
     FailureKind.INTERNAL: (Outcome.ERROR, True, "SchedulerError"),
     FailureKind.BOUND_ELSEWHERE: (Outcome.DROPPED, False, "SchedulerError"),
     FailureKind.POD_GONE: (Outcome.DROPPED, False, "SchedulerError"),
@@ -43,7 +44,8 @@ def test_decision_table(kind: FailureKind) -> None:
     assert (decision.outcome, decision.report) == (outcome, report)
     if report:
         assert decision.condition_reason == reason
-    assert decision.release  # a pod that is not bound by us never keeps its reservation
+    # A pod that is not bound by us never keeps its reservation; one that may be bound does.
+    assert decision.release is (kind is not FailureKind.BIND_UNCONFIRMED)
     assert decision.message == "why"
     assert decision.retry_after == 3.0
 
@@ -82,6 +84,11 @@ def test_bind_errors() -> None:
     assert failed.kind is FailureKind.BIND_ERROR
     assert failed.message == sentence
     assert classify(PodGone(), stage=Stage.BIND).kind is FailureKind.POD_GONE
+    unanswered = classify(BindError("binding pod ns/p timed out"), stage=Stage.BIND)
+    assert unanswered.kind is FailureKind.BIND_UNCONFIRMED
+    assert unanswered.message == (
+        "binding pod ns/p timed out; its reservation is kept until it expires in case the Binding was applied"
+    )
 
 
 def test_unexpected_exceptions_are_internal_errors_naming_the_plugin() -> None:

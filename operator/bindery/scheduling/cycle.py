@@ -11,7 +11,9 @@ Invariants the tests pin down:
 * The success path writes exactly twice to the apiserver (the Binding and the ``Scheduled``
   event) and reads nothing from it (the pre-bind checks use the watch caches).
 * After a reservation, every failure path, and cancellation, runs every Reserve plugin's
-  ``unreserve`` in reverse order, which releases the reservation exactly once.
+  ``unreserve`` in reverse order, which releases the reservation exactly once.  The exception is
+  a Binding whose fate is unknown (no answer, or cancelled while in flight): the pod may be bound,
+  so its reservation is kept and left to expire (or to be reused by the pod's next cycle).
 * A failure is reported (``FailedScheduling`` event + ``PodScheduled=False``) unless the pod is
   gone or bound by someone else; repeats are throttled (:class:`~bindery.scheduling.throttle.
   EventThrottle`) and an unchanged condition is not rewritten.
@@ -125,14 +127,19 @@ async def schedule_one(
     """
     ctx = CycleContext(pod=pod, profile=profile, ports=ports)
     chain = plugin_chain(profile=profile)
+    binding = False
     try:
         failure = await _reserve(ctx, chain)
         if failure is None:
             failure = await _pre_bind(ctx, chain)
         if failure is None:
+            binding = True
             failure = await _bind(ctx, chain)
     except asyncio.CancelledError:
-        await _unreserve(ctx, chain)
+        if binding:
+            log.warning("cancelled while binding pod %s; keeping its reservation until it expires", pod.key)
+        else:
+            await _unreserve(ctx, chain)
         raise
     if failure is None:
         await _post_bind(ctx, chain)

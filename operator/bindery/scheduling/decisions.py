@@ -1,7 +1,8 @@
 """What to do after a scheduling cycle fails: a pure table, so every path is unit-tested.
 
-Every failure after a reservation ends the same way (release the reservation), but the rest
-differs, and the differences are what a user observes, so they follow kube-scheduler:
+Almost every failure after a reservation ends the same way (release the reservation; the one
+exception is a Binding that got no answer, see ``_KEEP_RESERVATION``), but the rest differs, and
+the differences are what a user observes, so they follow kube-scheduler:
 
 * **Condition reason.**  ``Unschedulable`` only when the pod does not fit now: the RM found no
   room, or a PreBind plugin rejected the pod.  Cluster autoscalers and dashboards read that reason
@@ -59,7 +60,8 @@ class FailureKind(enum.StrEnum):
     PLUGIN_UNSCHEDULABLE = "PluginUnschedulable"  # a plugin said the pod does not fit
     PLUGIN_ERROR = "PluginError"  # a plugin failed or raised
     BIND_CONFLICT = "BindConflict"  # 409 on the Binding without a known current node
-    BIND_ERROR = "BindError"  # the Binding failed otherwise
+    BIND_ERROR = "BindError"  # the apiserver refused the Binding otherwise
+    BIND_UNCONFIRMED = "BindUnconfirmed"  # no answer to the Binding: it may have been applied
     BOUND_ELSEWHERE = "BoundElsewhere"  # 409: someone else bound the pod to another node
     POD_GONE = "PodGone"  # deleted, recreated with another UID, or left the pending set
     INTERNAL = "InternalError"  # a bug: an exception nobody expected
@@ -90,8 +92,9 @@ class Decision:
     """What the cycle does about a :class:`Failure`."""
 
     outcome: Outcome
-    #: Release the reservation (if one is held).  True for every failure: a pod that is not bound
-    #: must not hold capacity, and one that was bound by someone else holds capacity elsewhere.
+    #: Release the reservation (if one is held).  True for every failure except an unanswered
+    #: Binding: a pod that is not bound must not hold capacity, and one that was bound by someone
+    #: else holds capacity elsewhere.
     release: bool
     #: Write a FailedScheduling event and the PodScheduled=False condition.
     report: bool
@@ -104,6 +107,11 @@ _UNSCHEDULABLE = (Outcome.UNSCHEDULABLE, True, REASON_UNSCHEDULABLE)
 _ERROR = (Outcome.ERROR, True, REASON_SCHEDULER_ERROR)
 _SILENT = (Outcome.DROPPED, False, REASON_SCHEDULER_ERROR)
 
+#: Failures after which the reservation is kept: the pod may be bound after all, and releasing the
+#: capacity of a running pod is worse than letting an unused reservation expire.  If the pod is in
+#: fact still pending, its next cycle gets the same reservation back (same idempotency key).
+_KEEP_RESERVATION = frozenset({FailureKind.BIND_UNCONFIRMED})
+
 _TABLE: dict[FailureKind, tuple[Outcome, bool, str]] = {
     FailureKind.RM_UNSCHEDULABLE: _UNSCHEDULABLE,
     FailureKind.PLUGIN_UNSCHEDULABLE: _UNSCHEDULABLE,
@@ -115,6 +123,7 @@ _TABLE: dict[FailureKind, tuple[Outcome, bool, str]] = {
     FailureKind.PLUGIN_ERROR: _ERROR,
     FailureKind.BIND_CONFLICT: _ERROR,
     FailureKind.BIND_ERROR: _ERROR,
+    FailureKind.BIND_UNCONFIRMED: _ERROR,
     FailureKind.INTERNAL: _ERROR,
     FailureKind.BOUND_ELSEWHERE: _SILENT,
     FailureKind.POD_GONE: _SILENT,
@@ -126,7 +135,7 @@ def decide(*, failure: Failure) -> Decision:
     outcome, report, reason = _TABLE[failure.kind]
     return Decision(
         outcome=outcome,
-        release=True,
+        release=failure.kind not in _KEEP_RESERVATION,
         report=report,
         condition_reason=reason,
         message=failure.message,
@@ -178,5 +187,8 @@ def _classify(
             )
         return FailureKind.BIND_CONFLICT, error.message, None
     if isinstance(error, BindError):
+        if error.status is None:
+            kept = "; its reservation is kept until it expires in case the Binding was applied"
+            return FailureKind.BIND_UNCONFIRMED, f"{error.message}{kept}", None
         return FailureKind.BIND_ERROR, error.message, None
     return FailureKind.INTERNAL, f"{type(error).__name__}: {error}", None

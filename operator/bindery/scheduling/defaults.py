@@ -29,7 +29,7 @@ from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_fr
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.nodecheck import check_node
 from bindery.scheduling.podspec import reservation_request
-from bindery.scheduling.ports import BindConflict
+from bindery.scheduling.ports import BindConflict, BindError
 
 __all__ = [
     "BUILTIN_NAMES",
@@ -140,26 +140,50 @@ class NodeCheck:
 
 
 class DefaultBinder:
-    """Bind: POST a Binding with the UID precondition and the reservation id annotation."""
+    """Bind: POST a Binding with the UID precondition and the reservation id annotation.
+
+    A Binding that got no answer (timeout, connection reset) may or may not have been applied.
+    Retrying it is safe: the UID precondition keeps it from binding a replacement pod, and if the
+    first attempt landed the retry gets a 409 naming our node, which is success.  If every attempt
+    goes unanswered the outcome stays unknown, and the reservation is *kept* (see
+    ``FailureKind.BIND_UNCONFIRMED``): releasing the capacity of a pod that may be running there
+    is worse than letting an unused reservation expire after its TTL.
+    """
 
     name = "DefaultBinder"
+
+    def __init__(
+        self,
+        *,
+        retry_delays: Sequence[float] = (0.2, 1.0),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._retry_delays = tuple(retry_delays)
+        self._sleep = sleep
 
     async def bind(self, *, ctx: CycleContext) -> Status:
         if ctx.reservation is None:
             return Status.error("no reservation was made before Bind; is the Reserve chain intact?")
         node = ctx.reservation.node
-        try:
-            await ctx.ports.binder.bind(
-                pod=ctx.pod, node=node, annotations={RESERVATION_ANNOTATION: ctx.reservation.id}
-            )
-        except BindConflict as conflict:
-            if conflict.current_node == node:
-                log.info("pod %s was already bound to %s (a lost response): success", ctx.pod.key, node)
+        annotations = {RESERVATION_ANNOTATION: ctx.reservation.id}
+        for delay in (*self._retry_delays, None):
+            try:
+                await ctx.ports.binder.bind(pod=ctx.pod, node=node, annotations=annotations)
+            except BindConflict as conflict:
+                if conflict.current_node == node:
+                    log.info("pod %s was already bound to %s (a lost response): success", ctx.pod.key, node)
+                    return Status.success()
+                return _failure(ctx, conflict, Stage.BIND, self.name)
+            except BindError as error:
+                if error.status is not None or delay is None:
+                    return _failure(ctx, error, Stage.BIND, self.name)
+                log.info("binding pod %s got no answer (%s); retrying in %g s", ctx.pod.key, error, delay)
+                await self._sleep(delay)
+            except Exception as error:
+                return _failure(ctx, error, Stage.BIND, self.name)
+            else:
                 return Status.success()
-            return _failure(ctx, conflict, Stage.BIND, self.name)
-        except Exception as error:
-            return _failure(ctx, error, Stage.BIND, self.name)
-        return Status.success()
+        raise AssertionError("unreachable: the last attempt always returns")
 
 
 class ScheduledEvent:

@@ -110,6 +110,9 @@ class BindError(Exception):
 
     ``message`` is a complete sentence for the pod's ``FailedScheduling`` event, used verbatim:
     what was attempted (pod, node) and what the apiserver answered (status code and message).
+
+    ``status`` is the HTTP status of the apiserver's answer; ``None`` means there was no answer
+    (timeout, connection reset), so the Binding may or may not have been applied.
     """
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
