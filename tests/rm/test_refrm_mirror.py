@@ -1,0 +1,111 @@
+"""The reference RM mirroring Node objects of the REAL dev control plane (no mocked API)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import uuid
+from collections.abc import Callable
+
+import pytest
+from kubernetes_asyncio import client
+
+from bindery.devcluster.nodes import create_node
+from bindery.refrm import serve_reference_rm
+from bindery.refrm.mirror import NodeMirror
+from bindery.rm.client import ResourceManagerClient
+from bindery.rm.errors import RMUnavailable, RMUnschedulable
+from bindery.rm.models import Placement, PodIdentity, ReservationRequest
+
+from .conftest import TOKEN
+
+
+async def eventually(condition: Callable[[], bool], what: str) -> None:
+    try:
+        async with asyncio.timeout(30):
+            while not condition():
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting until {what}") from None
+
+
+def gpu_request(uid: str, *, tolerate: bool = False) -> ReservationRequest:
+    return ReservationRequest(
+        pod=PodIdentity(uid=uid, namespace="ns", name=uid, scheduler_name="bindery"),
+        resources={"cpu": "1", "nvidia.com/gpu": "1"},
+        placement=Placement.model_validate({"tolerations": [{"operator": "Exists"}] if tolerate else []}),
+        idempotency_key=uid,
+        ttl_seconds=60,
+    )
+
+
+@pytest.mark.controlplane
+async def test_mirrors_selected_ready_nodes(kube_api: client.ApiClient, tmp_path: pathlib.Path) -> None:
+    pool = uuid.uuid4().hex[:8]
+    selector = f"bindery.dev/test-pool={pool}"
+    labels = {"bindery.dev/test-pool": pool}
+    names = [f"mirror-{pool}-{suffix}" for suffix in ("gpu", "tainted", "other")]
+    core = client.CoreV1Api(kube_api)
+    async with serve_reference_rm(db_path=tmp_path / "rm.sqlite", inventory=None, token=TOKEN) as server:
+        mirror = NodeMirror(api=kube_api, label_selector=selector, on_change=server.rm.set_inventory)
+        task = asyncio.create_task(mirror.run())
+        try:
+            async with ResourceManagerClient(
+                base_url=server.url, token=TOKEN, allow_insecure_http=True, max_attempts=1
+            ) as rm:
+                await eventually(lambda: server.rm.inventory is not None, "the first list arrived")
+                await rm.check_ready()
+                gpu = {"cpu": "4", "memory": "8Gi", "pods": "110", "nvidia.com/gpu": "2"}
+                await create_node(kube_api, name=names[0], capacity=gpu, labels=labels)
+                await create_node(
+                    kube_api,
+                    name=names[1],
+                    capacity=gpu,
+                    labels=labels,
+                    taints=[{"key": "dedicated", "value": "x", "effect": "NoSchedule"}],
+                )
+                await create_node(kube_api, name=names[2], capacity=gpu)  # not in the pool
+                await eventually(
+                    lambda: {n.name for n in server.rm.inventory or ()} == set(names[:2]),
+                    "both pool nodes mirrored",
+                )
+                mirrored = next(n for n in server.rm.inventory or () if n.name == names[0])
+                assert mirrored.allocatable["nvidia.com/gpu"] == 2
+                assert (await rm.reserve(gpu_request("p1"))).node == names[0]
+                assert (await rm.reserve(gpu_request("p2", tolerate=True))).node == names[0]  # bin-pack
+                assert (await rm.reserve(gpu_request("p3", tolerate=True))).node == names[1]
+
+                # The GPU node goes NotReady: the mirror drops it and nothing else fits.
+                status = {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}
+                await core.patch_node_status(name=names[0], body={"status": status})
+                await eventually(
+                    lambda: {n.name for n in server.rm.inventory or ()} == {names[1]},
+                    "the NotReady node dropped",
+                )
+                with pytest.raises(RMUnschedulable) as unschedulable:
+                    await rm.reserve(gpu_request("p4"))
+                assert unschedulable.value.reason == (
+                    "0/1 nodes are available: 1 node(s) had untolerated taint {dedicated: x}."
+                )
+                # Relabelled out of the pool: gone as well.
+                await core.patch_node(
+                    name=names[1], body={"metadata": {"labels": {"bindery.dev/test-pool": "elsewhere"}}}
+                )
+                await eventually(lambda: not server.rm.inventory, "the relabelled node dropped")
+        finally:
+            task.cancel()
+            for name in names:
+                await core.delete_node(name=name)
+
+
+async def test_not_ready_until_inventory_known(tmp_path: pathlib.Path) -> None:
+    async with (
+        serve_reference_rm(db_path=tmp_path / "rm.sqlite", inventory=None, token=TOKEN) as server,
+        ResourceManagerClient(
+            base_url=server.url, token=TOKEN, allow_insecure_http=True, max_attempts=1
+        ) as rm,
+    ):
+        with pytest.raises(RMUnavailable, match="inventory is not loaded"):
+            await rm.check_ready()
+        with pytest.raises(RMUnavailable, match="HTTP 503"):
+            await rm.reserve(gpu_request("early"))
