@@ -37,7 +37,10 @@ def _default_kubeconfig() -> pathlib.Path | None:
 
 def connection_info(*, configuration: client.Configuration) -> kopf.ConnectionInfo:
     """Kopf's view of the same credentials (certificate, token or both)."""
-    authorization = (configuration.api_key or {}).get("authorization") or ""
+    # kubernetes_asyncio keeps the token under "BearerToken" (older releases: "authorization"),
+    # as "Bearer <token>"; both kubeconfig tokens and the in-cluster ServiceAccount token land there.
+    api_key = configuration.api_key or {}
+    authorization = api_key.get("BearerToken") or api_key.get("authorization") or ""
     token = authorization.removeprefix("Bearer ").strip() or None
     return kopf.ConnectionInfo(
         server=str(configuration.host),

@@ -49,10 +49,24 @@ async def _wait_established(*, ext: client.ApiextensionsV1Api, wait_seconds: flo
     while loop.time() < deadline:
         crd = await ext.read_custom_resource_definition(name=CRD_NAME)
         conditions = (crd.status.conditions if crd.status else None) or []
-        if any(c.type == "Established" and c.status == "True" for c in conditions):
+        if any(c.type == "Established" and c.status == "True" for c in conditions) and await _served(ext):
             return
         await asyncio.sleep(0.2)
     raise TimeoutError(f"CRD {CRD_NAME} was not Established within {wait_seconds:g}s")
+
+
+async def _served(ext: client.ApiextensionsV1Api) -> bool:
+    """Established can precede the storage being ready (429 'storage is (re)initializing')."""
+    objects = client.CustomObjectsApi(ext.api_client)
+    try:
+        await objects.list_cluster_custom_object(
+            group="bindery.dev", version="v1alpha1", plural="resourcemanagers"
+        )
+    except client.ApiException as exc:
+        if exc.status in (404, 429, 503):
+            return False
+        raise
+    return True
 
 
 async def grant_operator(*, api: client.ApiClient, user: str, name: str = "bindery-operator") -> None:
