@@ -29,7 +29,9 @@ def test_expiry_frees_capacity_and_key(tmp_path: pathlib.Path) -> None:
     first = store.reserve(request("a", "2", ttl=10), nodes=NODES, policy=Policy.BINPACK)
     assert isinstance(first, Placed)
     assert first.created
-    assert isinstance(store.reserve(request("b"), nodes=NODES, policy=Policy.BINPACK), Unschedulable)
+    blocked = store.reserve(request("b"), nodes=NODES, policy=Policy.BINPACK)
+    assert isinstance(blocked, Unschedulable)
+    assert blocked.retry_after == 10  # the lease of "a" ends in 10 s
     now[0] = 1009.9
     assert isinstance(store.reserve(request("b"), nodes=NODES, policy=Policy.BINPACK), Unschedulable)
     now[0] = 1010.0

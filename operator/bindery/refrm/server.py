@@ -284,7 +284,12 @@ class ReferenceRM:
             )
         assert isinstance(outcome, Unschedulable)
         return problem(
-            409, ProblemType.UNSCHEDULABLE, outcome.reason, title="Unschedulable", reason=outcome.reason
+            409,
+            ProblemType.UNSCHEDULABLE,
+            outcome.reason,
+            title="Unschedulable",
+            reason=outcome.reason,
+            retryAfterSeconds=outcome.retry_after,
         )
 
     async def _commit(self, request: web.Request) -> web.Response:

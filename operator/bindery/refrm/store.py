@@ -157,6 +157,7 @@ class Conflict:
 @dataclass(frozen=True)
 class Unschedulable:
     reason: str
+    retry_after: float | None = None  # when the next uncommitted lease expires, if any
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,13 @@ class ReservationStore:
         ).fetchone()
         return None if row is None else StoredReservation.from_row(row)
 
+    def _retry_hint(self) -> float | None:
+        """Seconds until the next uncommitted lease expires: the earliest moment capacity may free up
+        without anyone releasing.  None when nothing is leased."""
+        if self._next_expiry == float("inf"):
+            return None
+        return max(1.0, round(self._next_expiry - self._clock(), 1))
+
     def get(self, reservation_id: str) -> StoredReservation | None:
         self._expire()
         row = self._db.execute(
@@ -267,7 +275,7 @@ class ReservationStore:
             policy=policy,
         )
         if decision.node is None:
-            return Unschedulable(decision.reason)
+            return Unschedulable(decision.reason, retry_after=self._retry_hint())
         node = next(n for n in nodes if n.name == decision.node)
         usage = effective_usage(requests, node)
         now = self._clock()
