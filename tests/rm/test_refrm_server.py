@@ -407,3 +407,49 @@ async def test_cli_serves_until_sigterm(tmp_path: pathlib.Path) -> None:
         process.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(process.wait(), timeout=30)
     assert code == 0
+
+
+async def test_back_pressure_answers_429_with_retry_after(tmp_path: pathlib.Path) -> None:
+    import threading
+
+    async with serve_reference_rm(
+        db_path=tmp_path / "rm.sqlite", inventory=small_inventory(), token=TOKEN, max_pending=1
+    ) as server:
+        gate = threading.Event()
+        server.rm._writer.submit(gate.wait)  # the single writer is busy
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            first = asyncio.create_task(
+                http.post("/v1/reservations", json=request_body("first"), headers=AUTH)
+            )
+            async with asyncio.timeout(30):  # wait until the first request holds the only pending slot
+                while server.rm._pending < 1:
+                    await asyncio.sleep(0.01)
+            second = await http.post("/v1/reservations", json=request_body("second"), headers=AUTH)
+            gate.set()
+            assert (await first).status_code == 201
+        assert second.status_code == 429
+        assert second.headers["Retry-After"] == "1"
+        assert second.json()["type"] == ProblemType.RATE_LIMITED
+        assert [item["podUid"] for item in await all_reservations(server)] == ["first"]
+
+
+async def test_server_token_file_rotation(tmp_path: pathlib.Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("old-token\n")
+    async with (
+        serve_reference_rm(
+            db_path=tmp_path / "rm.sqlite", inventory=small_inventory(), token_file=token_file
+        ) as server,
+        httpx.AsyncClient(base_url=server.url) as http,
+    ):
+        assert (
+            await http.get("/v1/reservations", headers={"Authorization": "Bearer old-token"})
+        ).status_code == 200
+        token_file.write_text("new-token-value\n")
+        os.utime(token_file, ns=(10**18, 10**18))
+        assert (
+            await http.get("/v1/reservations", headers={"Authorization": "Bearer old-token"})
+        ).status_code == 401
+        assert (
+            await http.get("/v1/reservations", headers={"Authorization": "Bearer new-token-value"})
+        ).status_code == 200
