@@ -1,0 +1,219 @@
+"""ResourceManager objects: status conditions, contested scheduler names, live changes, plugins."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from bindery.devcluster.nodes import create_node
+from bindery.scheduling.framework import CycleContext, Status
+from bindery.scheduling.registry import default_registry
+from tests.operator.conftest import (
+    Bindery,
+    create_pod,
+    events_of,
+    eventually,
+    pod_body,
+    read_pod,
+    resource_manager,
+)
+from tests.operator.fakerm import FakeRM, serve_fake_rm
+
+pytestmark = pytest.mark.controlplane
+OBJECTS = {"group": "bindery.dev", "version": "v1alpha1", "plural": "resourcemanagers"}
+
+
+async def _rm(api: client.ApiClient, name: str) -> dict[str, Any]:
+    body: dict[str, Any] = await client.CustomObjectsApi(api).get_cluster_custom_object(name=name, **OBJECTS)
+    return body
+
+
+async def _patch_spec(api: client.ApiClient, name: str, spec: dict[str, Any]) -> None:
+    await client.CustomObjectsApi(api).patch_cluster_custom_object(
+        name=name, body={"spec": spec}, _content_type="application/merge-patch+json", **OBJECTS
+    )
+
+
+def _conditions(rm: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in (rm.get("status") or {}).get("conditions") or ()}
+
+
+async def _node_of(api: client.ApiClient, namespace: str, name: str) -> str | None:
+    node: str | None = (await read_pod(api, namespace=namespace, name=name))["spec"].get("nodeName")
+    return node
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def test_status_reports_ready_then_unreachable_after_an_endpoint_change(
+    *, kube_api: client.ApiClient, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
+) -> None:
+    name = uniq("rm")
+    async with resource_manager(kube_api, name=name, scheduler_names=[uniq("s")], endpoint=fake_rm.url):
+
+        async def ready() -> dict[str, Any] | None:
+            rm = await _rm(kube_api, name)
+            conds = _conditions(rm)
+            ok = conds.get("Ready", {}).get("status") == "True" and conds["Reachable"]["status"] == "True"
+            return rm if ok else None
+
+        rm = await eventually(ready, what="Ready=True and Reachable=True")
+        assert rm["status"]["observedGeneration"] == rm["metadata"]["generation"]
+
+        await _patch_spec(
+            kube_api, name, {"endpoint": _closed_port_url(), "timeouts": {"connectSeconds": 0.2}}
+        )
+
+        async def unreachable() -> dict[str, Any] | None:
+            conds = _conditions(await _rm(kube_api, name))
+            ok = (
+                conds.get("Ready", {}).get("reason") == "Unreachable"
+                and conds["Reachable"]["status"] == "False"
+            )
+            return conds if ok else None
+
+        conds = await eventually(unreachable, within=30, what="Ready=False/Unreachable")
+        assert conds["Reachable"]["reason"] == "ProbeFailed"
+
+
+async def test_a_contested_scheduler_name_is_reported_in_both_and_served_by_neither(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
+) -> None:
+    node = uniq("n")
+    shared = uniq("shared")
+    first, second = uniq("rm-a"), uniq("rm-b")
+    await create_node(kube_api, name=node)
+    fake_rm.slots[node] = 5
+    async with resource_manager(kube_api, name=first, scheduler_names=[shared], endpoint=fake_rm.url):
+        second_rm = resource_manager(kube_api, name=second, scheduler_names=[shared], endpoint=fake_rm.url)
+        async with second_rm:
+            for this, other in ((first, second), (second, first)):
+
+                async def conflict(this: str = this) -> dict[str, Any] | None:
+                    ready = _conditions(await _rm(kube_api, this)).get("Ready", {})
+                    return ready if ready.get("reason") == "SchedulerNameConflict" else None
+
+                ready = await eventually(conflict, what=f"{this} reporting the conflict")
+                assert other in ready["message"]
+            await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=shared))
+
+            async def reported() -> list[dict[str, Any]]:
+                events = await events_of(kube_api, namespace=namespace, pod_name="p")
+                return [e for e in events if e["reason"] == "FailedScheduling"]
+
+            (event,) = await eventually(reported, what="a FailedScheduling event naming the conflict")
+            assert first in event["note"]
+            assert second in event["note"]
+            assert fake_rm.reservations == {}
+            assert await _node_of(kube_api, namespace, "p") is None
+        # The second claimant is gone: the name is uncontested, the pod gets scheduled.
+        assert await eventually(lambda: _node_of(kube_api, namespace, "p"), what="the bind") == node
+
+
+async def test_an_endpoint_change_applies_without_restart(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
+) -> None:
+    node = uniq("n")
+    scheduler = uniq("s")
+    name = uniq("rm")
+    await create_node(kube_api, name=node)
+    fake_rm.mode = "unschedulable"
+    async with (
+        serve_fake_rm(FakeRM(slots={node: 5})) as better,
+        resource_manager(
+            kube_api,
+            name=name,
+            scheduler_names=[scheduler],
+            endpoint=fake_rm.url,
+            backoff={"initialSeconds": 0.2, "maxSeconds": 0.5},
+        ),
+    ):
+        await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
+        await eventually(lambda: _reserve_calls(fake_rm), what="the first RM being asked")
+        await _patch_spec(kube_api, name, {"endpoint": better.url})
+        assert await eventually(lambda: _node_of(kube_api, namespace, "p"), what="the bind") == node
+        assert [r["state"] for r in better.reservations.values()] == ["committed"]
+
+
+async def _reserve_calls(rm: FakeRM) -> bool:
+    return any(call[0] == "reserve" for call in rm.calls)
+
+
+class RejectingPreBind:
+    name = "test-reject"
+
+    async def pre_bind(self, *, ctx: CycleContext) -> Status:
+        return Status.unschedulable(f"test-reject refuses pod {ctx.pod.key}")
+
+
+async def test_a_prebind_plugin_enabled_per_resource_manager(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
+) -> None:
+    node = uniq("n")
+    scheduler = uniq("s")
+    name = uniq("rm")
+    await create_node(kube_api, name=node)
+    fake_rm.slots[node] = 5
+    default_registry.register(name="test-reject", plugin=RejectingPreBind())
+    try:
+        async with resource_manager(
+            kube_api,
+            name=name,
+            scheduler_names=[scheduler],
+            endpoint=fake_rm.url,
+            plugins={"preBind": ["test-reject"]},
+            backoff={"initialSeconds": 0.2, "maxSeconds": 0.5},
+        ):
+            await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
+
+            async def refused() -> list[dict[str, Any]]:
+                events = await events_of(kube_api, namespace=namespace, pod_name="p")
+                return [e for e in events if "test-reject refuses" in e["note"]]
+
+            await eventually(refused, what="the plugin's FailedScheduling event")
+            assert fake_rm.reservations
+            assert fake_rm.active() == []
+            await _patch_spec(kube_api, name, {"plugins": {"preBind": []}})
+            assert await eventually(lambda: _node_of(kube_api, namespace, "p"), what="the bind") == node
+    finally:
+        default_registry.unregister(name="test-reject")
+
+
+async def test_a_missing_token_secret_is_reported(
+    *, kube_api: client.ApiClient, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
+) -> None:
+    name = uniq("rm")
+    ref = {"namespace": "default", "name": uniq("no-such-secret")}
+    async with resource_manager(
+        kube_api, name=name, scheduler_names=[uniq("s")], endpoint=fake_rm.url, auth={"tokenSecretRef": ref}
+    ):
+
+        async def reported() -> dict[str, Any] | None:
+            ready = _conditions(await _rm(kube_api, name)).get("Ready", {})
+            return ready if ready.get("reason") == "CredentialsUnavailable" else None
+
+        ready = await eventually(reported, what="Ready=False/CredentialsUnavailable")
+        assert ref["name"] in ready["message"]
