@@ -426,3 +426,27 @@ def test_existing_service_account_needs_a_name(
         helm=helm, env=helm_env, tmp=tmp_path, values={"serviceAccount": {"create": False}}
     )
     assert "serviceAccount.name is required when serviceAccount.create is false" in error
+
+
+def test_readme_lists_every_value() -> None:
+    values = yaml.safe_load((ct.CHART / "values.yaml").read_text())
+    whole = {
+        "operator.resources",
+        "operator.livenessProbe",
+        "operator.readinessProbe",
+        "referenceRM.resources",
+        "podSecurityContext",
+        "securityContext",
+    }
+
+    def keys(tree: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+        for key, value in tree.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and value and path not in whole:
+                yield from keys(value, f"{path}.")
+            else:
+                yield path
+
+    readme = (ct.CHART / "README.md").read_text()
+    missing = [k for k in keys(values) if f"| `{k}` |" not in readme]
+    assert not missing, f"charts/bindery/README.md does not list {missing}"
