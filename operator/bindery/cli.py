@@ -68,6 +68,12 @@ def run_command(argv: Sequence[str]) -> int:
         help="schedule pods of this namespace only (repeatable); default: all namespaces",
     )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        help="serve Kopf's liveness endpoint at this URL, e.g. http://0.0.0.0:8080/healthz "
+        "(as `kopf run --liveness`; the Helm chart's probes use it); default: none",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -76,7 +82,9 @@ def run_command(argv: Sequence[str]) -> int:
     from bindery.controller.options import OperatorOptions
     from bindery.controller.run import run_operator
 
-    options = OperatorOptions(kubeconfig=args.kubeconfig, namespaces=tuple(args.namespace))
+    options = OperatorOptions(
+        kubeconfig=args.kubeconfig, namespaces=tuple(args.namespace), liveness_endpoint=args.liveness
+    )
 
     async def _run() -> None:
         stop = asyncio.Event()

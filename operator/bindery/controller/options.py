@@ -19,3 +19,5 @@ class OperatorOptions:
     probe_interval: float = 30.0
     #: directory for materialized TLS files from Secrets; None = a private temporary directory.
     state_dir: pathlib.Path | None = None
+    #: URL of Kopf's liveness endpoint (`kopf run --liveness`), e.g. http://0.0.0.0:8080/healthz.
+    liveness_endpoint: str | None = None

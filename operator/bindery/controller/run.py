@@ -35,6 +35,7 @@ async def run_operator(
         settings=settings,
         memo=memo,
         standalone=True,
+        liveness_endpoint=options.liveness_endpoint,
         clusterwide=not options.namespaces,
         namespaces=list(options.namespaces),
         stop_flag=stop_flag,
