@@ -30,10 +30,13 @@ LABEL org.opencontainers.image.title="bindery" \
       org.opencontainers.image.source="https://github.com/bindery-dev/bindery" \
       org.opencontainers.image.documentation="https://github.com/bindery-dev/bindery#install" \
       org.opencontainers.image.base.name="docker.io/library/python:3.11-slim"
+# HOME: UID 10001 has no passwd entry; /tmp is writable (an emptyDir in the chart, whose root
+# filesystem is read-only), and ~/.kube/config is looked up there (absent: in-cluster config).
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp
 # The wheels are bind-mounted from the builder for this one step, so they never become a layer.
 # setuptools and wheel are build tools the runtime does not need.
 RUN --mount=type=bind,from=builder,source=/wheelhouse,target=/wheelhouse \

@@ -300,7 +300,13 @@ class Emulator:
         env = res.env
         where = f"Dockerfile:{ins.line} {ins.keyword}"
         if ins.keyword == "ENV":
-            env.update(_key_values(ins.args, env))
+            values = _key_values(ins.args, env)
+            if values.get("HOME", "").startswith("/"):
+                # The container's home directory lives under the stage root like every other path.
+                home = res.root / values["HOME"].lstrip("/")
+                home.mkdir(parents=True, exist_ok=True)
+                values["HOME"] = str(home)
+            env.update(values)
         elif ins.keyword == "ARG":
             name, _, default = ins.args.partition("=")
             env.setdefault(name, _expand(default, env))
