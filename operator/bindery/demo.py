@@ -27,12 +27,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import kopf
 from kubernetes_asyncio import client, config, watch
 
+from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.options import OperatorOptions
-from bindery.controller.run import run_operator
 from bindery.controller.runtime import Runtime
 
 POOL_LABEL = "bindery.dev/pool"
@@ -108,35 +107,21 @@ async def _demo(*, args: DemoArgs, admin: pathlib.Path, operator_kubeconfig: pat
         stack.callback(mirror_task.cancel)
         say(f"reference RM (SQLite, mirroring {POOL_LABEL}={POOL}) at {server.url}")
 
-        memo = kopf.Memo()
-        stop = asyncio.Event()
-        ready = asyncio.Event()
         options = OperatorOptions(kubeconfig=operator_kubeconfig, probe_interval=2.0, state_dir=workdir)
-        operator = asyncio.create_task(
-            run_operator(options=options, stop_flag=stop, ready_flag=ready, memo=memo)
-        )
-        stack.push_async_callback(_stop_operator, operator, stop)
-        await asyncio.wait_for(ready.wait(), timeout=60)
+        operator = EmbeddedOperator(options=options)
+        await operator.start()
+        stack.push_async_callback(operator.stop)
         await _resource_manager(api, url=server.url, token=token, max_in_flight=args.max_in_flight)
         await _wait_ready(api)
         say(f'ResourceManager "reference" is Ready; operator runs as user "{OPERATOR_USER}"')
 
-        runtime: Runtime = memo["runtime"]
-        return await _burst(api, args=args, runtime=runtime)
+        return await _burst(api, args=args, runtime=operator.runtime)
 
 
 async def _api_client(kubeconfig: pathlib.Path) -> client.ApiClient:
     configuration = client.Configuration()
     await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
     return client.ApiClient(configuration=configuration)
-
-
-async def _stop_operator(task: asyncio.Task[None], stop: asyncio.Event) -> None:
-    stop.set()
-    try:
-        await asyncio.wait_for(task, timeout=20)
-    except (TimeoutError, asyncio.CancelledError):
-        task.cancel()
 
 
 async def _namespaces(api: client.ApiClient) -> None:

@@ -12,20 +12,17 @@ import contextlib
 import pathlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import kopf
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.options import OperatorOptions
 from bindery.devcluster.plane import ControlPlane
 from tests.conftest import api_client_for
 from tests.operator.fakerm import FakeRM, serve_fake_rm
-
-if TYPE_CHECKING:
-    from bindery.controller.runtime import Runtime
 
 OPERATOR_USER = "bindery-operator"
 
@@ -65,45 +62,11 @@ async def fake_rm() -> AsyncIterator[FakeRM]:
         yield rm
 
 
-class Bindery:
-    """The operator running in a task; `restart()` simulates a crash-and-restart."""
+class Bindery(EmbeddedOperator):
+    """The operator in its own thread and loop, under the least-privilege identity."""
 
     def __init__(self, *, kubeconfig: pathlib.Path) -> None:
-        self.options = OperatorOptions(kubeconfig=kubeconfig, probe_interval=2.0)
-        self.memo = kopf.Memo()
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def runtime(self) -> Runtime:
-        runtime: Runtime = self.memo["runtime"]
-        return runtime
-
-    async def start(self) -> None:
-        from bindery.controller.run import run_operator
-
-        self.memo = kopf.Memo()
-        self._stop = asyncio.Event()
-        ready = asyncio.Event()
-        self._task = asyncio.create_task(
-            run_operator(options=self.options, stop_flag=self._stop, ready_flag=ready, memo=self.memo)
-        )
-        waiter = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait({waiter, self._task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        if self._task in done:
-            self._task.result()  # raise the operator's error
-        assert waiter in done, "the operator did not become ready within 30 s"
-
-    async def stop(self, *, crash: bool = False) -> None:
-        if self._task is None:
-            return
-        if crash:
-            self._task.cancel()
-        else:
-            self._stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(self._task, timeout=30)
-        self._task = None
+        super().__init__(options=OperatorOptions(kubeconfig=kubeconfig, probe_interval=2.0))
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ controls stopping through `stop_flag`.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import kopf
 
@@ -19,8 +20,8 @@ from bindery.controller.settings import configure
 async def run_operator(
     *,
     options: OperatorOptions,
-    stop_flag: asyncio.Event | None = None,
-    ready_flag: asyncio.Event | None = None,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
     memo: kopf.Memo | None = None,
 ) -> None:
     """Run until `stop_flag` is set (or the task is cancelled). `memo["runtime"]` exposes the state."""

@@ -1,0 +1,72 @@
+"""Run the operator in a thread with its own event loop, for programs that embed it (demo, tests).
+
+Kopf treats every task created in its event loop after it started as its own and cancels them when
+it stops (kopf.operator's "hung tasks"), so sharing a loop with other work (the demo's watchers,
+an RM server, test fixtures) would cancel that work. Kopf's documented way to embed an operator is
+a thread with a private loop; this class is that, with async start/stop for the caller's loop.
+The caller may read `runtime` (plain in-memory state) from its own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING
+
+import kopf
+
+from bindery.controller.options import OperatorOptions
+
+if TYPE_CHECKING:
+    from bindery.controller.runtime import Runtime
+
+
+class EmbeddedOperator:
+    def __init__(self, *, options: OperatorOptions) -> None:
+        self.options = options
+        self.memo = kopf.Memo()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def runtime(self) -> Runtime:
+        runtime: Runtime = self.memo["runtime"]
+        return runtime
+
+    async def start(self, *, within: float = 60.0) -> None:
+        """Start the operator and wait until Kopf reports it ready (or raise why it is not)."""
+        self.memo = kopf.Memo()
+        self._stop, self._ready, self._error = threading.Event(), threading.Event(), None
+        self._thread = threading.Thread(target=self._main, name="bindery-operator", daemon=True)
+        self._thread.start()
+        ready = await asyncio.to_thread(self._ready.wait, within)
+        if self._error is not None:
+            raise RuntimeError(f"the operator failed to start: {self._error}") from self._error
+        if not ready:
+            await self.stop()
+            raise TimeoutError(f"the operator did not become ready within {within:g}s")
+
+    async def stop(self, *, within: float = 30.0) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        await asyncio.to_thread(thread.join, within)
+        if thread.is_alive():
+            raise TimeoutError(f"the operator did not stop within {within:g}s")
+
+    def _main(self) -> None:
+        from bindery.controller.run import run_operator
+
+        try:
+            asyncio.run(
+                run_operator(
+                    options=self.options, stop_flag=self._stop, ready_flag=self._ready, memo=self.memo
+                )
+            )
+        except BaseException as exc:  # reported to start() or lost with the thread
+            self._error = exc
+        finally:
+            self._ready.set()  # unblock start() if the operator died before it was ready
