@@ -229,10 +229,18 @@ async def _schedule_through_the_chart(
     ):
         procs = [rm_proc, op_proc]
 
-        async def healthy() -> bool:
-            return await asyncio.to_thread(_healthz, f"http://127.0.0.1:{health_port}/healthz")
+        # The probes the chart configures answer 200 from the real processes.
+        probes = [
+            (f"http://127.0.0.1:{port}{container[probe]['httpGet']['path']}", f"{name} {probe}")
+            for container, port, name in ((op, health_port, "operator"), (rm, rm_port, "reference RM"))
+            for probe in ("livenessProbe", "readinessProbe")
+        ]
+        for url, what in probes:
 
-        await _eventually(healthy, what="the operator's liveness endpoint", logs=logs, procs=procs)
+            async def healthy(url: str = url) -> bool:
+                return await asyncio.to_thread(_healthz, url)
+
+            await _eventually(healthy, what=f"the {what} ({url}) to answer 200", logs=logs, procs=procs)
 
         async def rm_ready() -> dict[str, Any] | None:
             out = plane.kubectl("get", "resourcemanager", f"{full}-rm", "-o", "json").stdout

@@ -210,6 +210,8 @@ def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
         "--mirror-nodes",
         "--token-file=/etc/bindery-rm/token/token",
     ]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "rel-bindery-rm-data"}
     assert volumes["token"]["secret"]["secretName"] == "rel-bindery-rm-token"
