@@ -191,3 +191,42 @@ def test_install_refuses_bad_values_before_touching_the_cluster(
     assert proc.returncode != 0
     assert "at '/operator/replicaCount': value must be 1" in proc.stderr
     assert _labelled(controlplane, release) == []
+
+
+@pytest.mark.usefixtures("crd")
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (["--set", "referenceRM.enabled=false"], "No ResourceManager was created by this release"),
+        (
+            [
+                "--set",
+                "referenceRM.enabled=false",
+                "--set",
+                "resourceManagers[0].name=n-a",
+                "--set",
+                "resourceManagers[0].spec.schedulerNames={n-a,n-b}",
+                "--set",
+                "resourceManagers[0].spec.endpoint=https://rm.example.com",
+            ],
+            "Scheduler names configured by this release: n-a, n-b",
+        ),
+    ],
+    ids=["no-rm", "own-rm"],
+)
+def test_notes_explain_how_to_opt_in(
+    controlplane: ControlPlane, helm: str, namespace: str, values: list[str], expected: str
+) -> None:
+    out = _helm(
+        controlplane,
+        helm,
+        "install",
+        _unique("notes"),
+        str(ct.CHART),
+        "--namespace",
+        namespace,
+        "--dry-run=server",
+        *values,
+    )
+    assert expected in out
+    assert "spec:\n    schedulerName: " in out
