@@ -75,6 +75,7 @@ class ProfileRunner:
         self._logger = logger
         self._on_released = on_released
         self._throttle = EventThrottle()
+
         self._workers: list[asyncio.Task[None]] = []
         self._retired_clients: list[ResourceManagerClient] = []
 

@@ -72,6 +72,7 @@ class Runtime:
         self._api: client.ApiClient | None = None
         self._ports: Ports | None = None
         self._events: KubeEventSink | None = None
+        self._binder: KubeBinder | None = None
         self._conditions: KubeConditionWriter | None = None
         self._lock = asyncio.Lock()
         self._conflict_throttle = EventThrottle()
@@ -90,10 +91,11 @@ class Runtime:
         self._api.user_agent = USER_AGENT  # names Bindery in managedFields and audit logs
         self._events = KubeEventSink(api=self._api, counter=self.writes, hostname=self.options.hostname)
         self._conditions = KubeConditionWriter(api=self._api, counter=self.writes)
+        self._binder = KubeBinder(api=self._api, counter=self.writes)
         self._ports = Ports(
             nodes=IndexNodeLookup(index=node_index),
             pods=self.pods,
-            binder=KubeBinder(api=self._api, counter=self.writes),
+            binder=self._binder,
             events=self._events,
             conditions=self._conditions,
         )
@@ -140,7 +142,8 @@ class Runtime:
         """Deleted, bound (left the `spec.nodeName=` selector), terminating or gated.
 
         An in-flight cycle notices through PodLookup (or a 404/409 on bind) and releases its
-        reservation. Since a pod that goes away may have held capacity, parked pods are retried.
+        reservation. A pod we bound ourselves merely left the selector: nothing was freed. Any other
+        departure (deleted, bound by someone else) may have freed capacity: parked pods are retried.
         """
         known = self.pods.pop(pod.uid)
         if known is None:
@@ -149,7 +152,8 @@ class Runtime:
             self._conditions.forget(uid=pod.uid)
         for runner in self.runners.values():
             runner.withdraw(pod.uid)
-        self._retry_parked()
+        if self._binder is None or not self._binder.bound_recently(pod.uid):
+            self._retry_parked()
 
     async def _route(self, pod: PodInfo) -> None:
         rm_name = self.routing.served.get(pod.scheduler_name)

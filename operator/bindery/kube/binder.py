@@ -17,6 +17,7 @@ current node is parsed from the answer: no read on any path.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from bindery.kube.counters import WriteCounter
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import BindConflict, BindError, PodGone
 
+RECENTLY_BOUND = 10_000  # the watch reports a bound pod leaving the selector within seconds
 _ASSIGNED = re.compile(r'is already assigned to node "([^"]+)"')
 
 
@@ -36,11 +38,17 @@ class KubeBinder:
     def __init__(self, *, api: client.ApiClient, counter: WriteCounter | None = None) -> None:
         self._core = client.CoreV1Api(api)
         self._counter = counter or WriteCounter()
+        self._bound: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def bound_recently(self, uid: str) -> bool:
+        """Whether this binder bound the pod lately (its watch DELETED event then means "left scope")."""
+        return uid in self._bound
 
     async def bind(self, *, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> None:
         body = binding_body(pod=pod, node=node, annotations=annotations)
         status, payload = await self._post_binding(pod=pod, body=body)
         if 200 <= status < 300:
+            self._remember(pod.uid)
             return
         message = _status_message(payload) or f"HTTP {status}"
         if status == 404:
@@ -69,6 +77,11 @@ class KubeBinder:
             return int(response.status), await response.read()
         finally:
             response.release()
+
+    def _remember(self, uid: str) -> None:
+        self._bound[uid] = None
+        while len(self._bound) > RECENTLY_BOUND:
+            self._bound.popitem(last=False)
 
 
 def binding_body(*, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> dict[str, Any]:

@@ -217,7 +217,13 @@ class ReferenceRM:
         return await handler(request)
 
     def application(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._problems, self._auth])
+        # aiohttp's HTTP parser answers over-long request lines and headers (default 8 KiB) itself, in
+        # text/plain; allow as much as a body may carry so the contract's validation answers instead.
+        app = web.Application(
+            client_max_size=self.max_body_bytes,
+            middlewares=[self._problems, self._auth],
+            handler_args={"max_line_size": self.max_body_bytes, "max_field_size": self.max_body_bytes},
+        )
         app.router.add_post("/v1/reservations", self._reserve)
         app.router.add_get("/v1/reservations", self._list, allow_head=False)
         app.router.add_get("/v1/reservations/{id}", self._get, allow_head=False)

@@ -40,7 +40,7 @@ from bindery.rm.errors import (
     RMUnavailable,
     RMUnschedulable,
 )
-from bindery.rm.models import Problem, Reservation, ReservationList, ReservationRequest
+from bindery.rm.models import Problem, Reservation, ReservationList, ReservationRequest, ReservationState
 
 __all__ = ["CircuitBreaker", "ResourceManagerClient", "TokenSource"]
 
@@ -255,14 +255,27 @@ class ResourceManagerClient:
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         answer = await self._call("POST", "/v1/reservations", json_body=body)
         if answer.status in (200, 201):
-            return self._decode(answer, Reservation, "reserve")
+            reservation = self._decode(answer, Reservation, "reserve")
+            if reservation.pod_uid != request.pod.uid or not reservation.state.active:
+                raise RMProtocolError(
+                    f"the RM answered reserve for pod {request.pod.uid} with reservation {reservation.id} "
+                    f"for pod {reservation.pod_uid} in state {reservation.state.value}; an RM must return "
+                    "the active reservation of the pod it was asked about"
+                )
+            return reservation
         raise self._error(answer, "reserve")
 
     async def commit(self, reservation_id: str) -> Reservation:
         """Commit after binding; committing twice is fine."""
         answer = await self._call("POST", f"/v1/reservations/{_quote(reservation_id)}/commit", json_body={})
         if answer.status == 200:
-            return self._decode(answer, Reservation, "commit")
+            reservation = self._decode(answer, Reservation, "commit")
+            if reservation.id != reservation_id or reservation.state is not ReservationState.COMMITTED:
+                raise RMProtocolError(
+                    f"the RM answered commit of {reservation_id} with reservation {reservation.id} in state "
+                    f"{reservation.state.value}; expected it committed"
+                )
+            return reservation
         raise self._error(answer, "commit")
 
     async def release(self, reservation_id: str) -> None:
