@@ -41,6 +41,9 @@ RESERVATION = {
 }
 
 
+COMMITTED = {**RESERVATION, "state": "committed", "expiresAt": None}
+
+
 def ok(body: Any = RESERVATION, status: int = 201) -> web.Response:
     return web.json_response(body, status=status)
 
@@ -151,7 +154,8 @@ async def test_500_is_retried_then_unavailable(server: FaultServer) -> None:
 
 async def test_500_then_success_recovers(server: FaultServer) -> None:
     server.play(
-        respond(lambda: web.Response(status=502, text="bad gateway")), respond(lambda: ok(status=200))
+        respond(lambda: web.Response(status=502, text="bad gateway")),
+        respond(lambda: ok(COMMITTED, status=200)),
     )
     async with make_client(server) as client:
         reservation = await client.commit("r1")
@@ -209,6 +213,11 @@ async def test_retry_after_is_honoured_and_capped(server: FaultServer) -> None:
         ),
         (lambda: web.Response(status=409, text="{bad", content_type="application/problem+json"), "not valid"),
         (lambda: web.Response(status=302, headers={"Location": "/elsewhere"}), "unexpected status"),
+        (
+            lambda: web.json_response({**RESERVATION, "podUid": "someone-else"}, status=201),
+            "for pod someone-else",
+        ),
+        (lambda: web.json_response({**RESERVATION, "state": "released"}, status=200), "in state released"),
     ],
 )
 async def test_bad_bodies_become_protocol_errors(
@@ -298,7 +307,7 @@ async def test_circuit_opens_and_half_opens(server: FaultServer) -> None:
             await client.commit("r1")
         assert len(server.seen) == 2  # the open circuit did not reach the server
         await asyncio.sleep(0.35)
-        server.play(respond(lambda: ok(status=200)))
+        server.play(respond(lambda: ok(COMMITTED, status=200)))
         await client.commit("r1")  # the half-open probe succeeds and closes the circuit
         assert client.breaker.state == "closed"
 
@@ -325,7 +334,7 @@ def test_breaker_half_open_admits_one_probe() -> None:
 async def test_token_file_rotation_is_picked_up(server: FaultServer, tmp_path: pathlib.Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("first\n")
-    server.play(respond(lambda: ok(status=200)))
+    server.play(respond(lambda: ok(COMMITTED, status=200)))
     async with make_client(server, token=None, token_file=token_file) as client:
         await client.commit("r1")
         token_file.write_text("second-token\n")
@@ -338,7 +347,9 @@ async def test_401_rereads_token_file_once(server: FaultServer, tmp_path: pathli
     token_file = tmp_path / "token"
     token_file.write_text("old")
     stat = token_file.stat()
-    server.play(respond(lambda: problem(401, ProblemType.UNAUTHORIZED)), respond(lambda: ok(status=200)))
+    server.play(
+        respond(lambda: problem(401, ProblemType.UNAUTHORIZED)), respond(lambda: ok(COMMITTED, status=200))
+    )
     async with make_client(server, token=None, token_file=token_file) as client:
         assert client._tokens.current() == "old"
         # Rotated within the timestamp granularity: same size, same mtime, same inode.
