@@ -27,13 +27,16 @@ class FakeRM:
     slots: dict[str, int]  # node -> how many pods fit
     mode: str = "ok"  # ok | 500 | malformed | slow | unschedulable
     choose: str | None = None  # force this node (even if unknown/full)
+    place: dict[str, str] = dataclasses.field(default_factory=dict)  # pod name -> forced node
+    retry_after: float | None = None  # retryAfterSeconds on unschedulable answers
     slow_seconds: float = 30.0
     reservations: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     calls: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     url: str = ""
     #: awaited with the new reservation before the RM answers (to race the operator)
     on_reserve: Callable[[dict[str, Any]], Awaitable[None]] | None = None
-    reserve_order: list[str] = dataclasses.field(default_factory=list)  # pod names, in call order
+    reserve_order: list[str] = dataclasses.field(default_factory=list)  # pod names reserved, in order
+    reserve_attempts: list[str] = dataclasses.field(default_factory=list)  # pod names of every call
     _ids: itertools.count[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
 
     # -- queries for assertions ------------------------------------------------------------------
@@ -69,10 +72,11 @@ class FakeRM:
             return fault
         body = await request.json()
         pod = body["pod"]
+        self.reserve_attempts.append(pod["name"])
         for existing in self.reservations.values():
             if existing["idempotencyKey"] == body["idempotencyKey"] and existing["state"] == "reserved":
                 return web.json_response(existing, status=200)
-        node = self.choose or self._free_node()
+        node = self.place.get(pod["name"]) or self.choose or self._free_node()
         if node is None or self.mode == "unschedulable":
             return web.json_response(
                 {
@@ -81,6 +85,7 @@ class FakeRM:
                     "status": 409,
                     "detail": "no node has a free slot",
                     "reason": "all nodes are full",
+                    **({"retryAfterSeconds": self.retry_after} if self.retry_after else {}),
                 },
                 status=409,
                 content_type="application/problem+json",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -233,3 +234,52 @@ async def test_two_pods_racing_for_the_last_slot(
 
 async def _released_all(rm: FakeRM) -> bool:
     return bool(rm.reservations) and all(state == "released" for state in rm.states().values())
+
+
+async def test_parked_pods_are_retried_on_deletions_not_on_our_own_binds(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
+) -> None:
+    """A bound pod leaving the unbound-pod watch is "left scope"; a deleted one may have freed room."""
+    node = uniq("n")
+    scheduler = uniq("sched")
+    await create_node(kube_api, name=node)
+    fake_rm.slots[node] = 0
+    fake_rm.retry_after = 120  # parked for 2 minutes unless something may have freed capacity
+    fake_rm.place["bound"] = node
+    async with resource_manager(
+        kube_api,
+        name=uniq("rm"),
+        scheduler_names=[scheduler],
+        endpoint=fake_rm.url,
+        backoff={"initialSeconds": 0.2, "maxSeconds": 0.5},
+    ):
+        await create_pod(
+            kube_api, namespace=namespace, body=pod_body(name="parked", scheduler_name=scheduler)
+        )
+        await eventually(lambda: _failed(kube_api, namespace, "parked", "Unschedulable"), what="parked")
+        await create_pod(kube_api, namespace=namespace, body=pod_body(name="bound", scheduler_name=scheduler))
+        await eventually(lambda: _node_of(kube_api, namespace, "bound"), what="the other pod bound")
+        await asyncio.sleep(2)  # the bound pod's DELETED event (left scope) has arrived by now
+        assert _reserves(fake_rm, "parked") == 1
+
+        await create_pod(
+            kube_api, namespace=namespace, body=pod_body(name="doomed", scheduler_name=scheduler)
+        )
+        await eventually(
+            lambda: _failed(kube_api, namespace, "doomed", "Unschedulable"), what="doomed parked"
+        )
+        await client.CoreV1Api(kube_api).delete_namespaced_pod(name="doomed", namespace=namespace)
+        await eventually(lambda: _async(_reserves(fake_rm, "parked") >= 2), what="the parked pod retried")
+
+
+def _reserves(rm: FakeRM, name: str) -> int:
+    return rm.reserve_attempts.count(name)
+
+
+async def _async(value: bool) -> bool:
+    return value

@@ -41,15 +41,21 @@ class KubeBinder:
         self._bound: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def bound_recently(self, uid: str) -> bool:
-        """Whether this binder bound the pod lately (its watch DELETED event then means "left scope")."""
+        """Whether this binder bound (or is binding) the pod: its DELETED event then means "left scope"."""
         return uid in self._bound
 
     async def bind(self, *, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> None:
         body = binding_body(pod=pod, node=node, annotations=annotations)
-        status, payload = await self._post_binding(pod=pod, body=body)
+        # Remembered before the POST: the watch may report the pod leaving before the answer arrives.
+        self._remember(pod.uid)
+        try:
+            status, payload = await self._post_binding(pod=pod, body=body)
+        except BaseException:
+            self._bound.pop(pod.uid, None)
+            raise
         if 200 <= status < 300:
-            self._remember(pod.uid)
             return
+        self._bound.pop(pod.uid, None)
         message = _status_message(payload) or f"HTTP {status}"
         if status == 404:
             raise PodGone(f"pod {pod.namespace}/{pod.name} no longer exists: {message}")
