@@ -283,3 +283,30 @@ def _reserves(rm: FakeRM, name: str) -> int:
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_repeated_failures_do_not_flood_the_api(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
+) -> None:
+    node = uniq("n")
+    scheduler = uniq("sched")
+    await create_node(kube_api, name=node)
+    fake_rm.slots[node] = 0
+    async with resource_manager(
+        kube_api,
+        name=uniq("rm"),
+        scheduler_names=[scheduler],
+        endpoint=fake_rm.url,
+        backoff={"initialSeconds": 0.1, "maxSeconds": 0.2},
+    ):
+        await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
+        await eventually(lambda: _async(_reserves(fake_rm, "p") >= 8), what="eight attempts")
+        events = await events_of(kube_api, namespace=namespace, pod_name="p")
+        assert len([e for e in events if e["reason"] == "FailedScheduling"]) == 1
+        writes = bindery.runtime.writes.snapshot()
+        assert writes.get("condition", 0) <= 2, writes  # an unchanged condition is not rewritten
