@@ -6,9 +6,18 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bindery.refrm.inventory import InventoryError, node_from_object, parse_inventory
-from bindery.refrm.placement import InventoryNode, Policy, choose_node, format_reason
+from bindery.refrm.placement import (
+    InventoryNode,
+    Policy,
+    add_usage,
+    choose_node,
+    effective_usage,
+    format_reason,
+)
 
 
 def node(
@@ -166,3 +175,82 @@ def test_node_objects_mirror_ready_non_deleted_nodes() -> None:
     assert node_from_object(not_ready) is None
     deleting = {**ready, "metadata": {**ready["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
     assert node_from_object(deleting) is None
+
+
+resource_names = st.sampled_from(["cpu", "memory", "nvidia.com/gpu", "example.com/x"])
+amounts = st.integers(min_value=0, max_value=8).map(Decimal)
+inventories = st.lists(
+    st.builds(
+        lambda index, allocatable, zone, tainted: InventoryNode(
+            name=f"n{index}",
+            allocatable=allocatable,
+            labels={"zone": zone},
+            taints=({"key": "t", "value": "", "effect": "NoSchedule"},) if tainted else (),
+        ),
+        st.integers(0, 10_000),
+        st.dictionaries(resource_names, amounts, max_size=4),
+        st.sampled_from(["a", "b"]),
+        st.booleans(),
+    ),
+    min_size=0,
+    max_size=5,
+    unique_by=lambda node: node.name,
+)
+pod_requests = st.lists(
+    st.tuples(
+        st.dictionaries(resource_names, amounts, max_size=3),
+        st.sampled_from([{}, {"zone": "a"}]),
+        st.booleans(),
+    ),
+    max_size=12,
+)
+
+
+def brute_force_fits(
+    node: InventoryNode,
+    usage: dict[str, dict[str, Decimal]],
+    requests: dict[str, Decimal],
+    selector: dict[str, str],
+    tolerate: bool,
+) -> bool:
+    """The obvious definition of "fits", to compare the real filter chain against."""
+    used = usage.get(node.name, {})
+    return (
+        (tolerate or not node.taints)
+        and all(node.labels.get(k) == v for k, v in selector.items())
+        and all(
+            amount <= node.allocatable.get(name, Decimal(0)) - used.get(name, Decimal(0))
+            for name, amount in requests.items()
+            if amount > 0
+        )
+    )
+
+
+@given(inventories, pod_requests, st.sampled_from(list(Policy)))
+def test_placement_never_overcommits_and_finds_a_fit_when_one_exists(
+    nodes: list[InventoryNode], pods: list[tuple[dict[str, Decimal], dict[str, str], bool]], policy: Policy
+) -> None:
+    usage: dict[str, dict[str, Decimal]] = {}
+    for requests, selector, tolerate in pods:
+        tolerations = [{"operator": "Exists"}] if tolerate else []
+
+        decision = choose_node(
+            nodes=nodes,
+            requests=requests,
+            usage_by_node=usage,
+            node_selector=selector,
+            affinity_terms=[],
+            tolerations=tolerations,
+            policy=policy,
+        )
+        feasible = [node for node in nodes if brute_force_fits(node, usage, requests, selector, tolerate)]
+        if decision.node is None:
+            assert not feasible, f"{feasible[0].name if feasible else ''} fits but none was chosen"
+            assert decision.reason.startswith(f"0/{len(nodes)} nodes are available")
+            continue
+        chosen = next(node for node in nodes if node.name == decision.node)
+        assert chosen in feasible
+        add_usage(usage, chosen.name, effective_usage(requests, chosen))
+    for node in nodes:
+        for name, amount in usage.get(node.name, {}).items():
+            assert amount <= node.allocatable.get(name, Decimal(0))
