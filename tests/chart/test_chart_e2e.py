@@ -217,7 +217,6 @@ async def _schedule_through_the_chart(
 
     # Nothing from this test's environment: no KUBECONFIG, so only the minted identities are used.
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    env.update(POD_NAMESPACE=namespace, POD_NAME=f"{full}-test")
     rm_log, op_log = tmp / "rm.log", tmp / "operator.log"
     logs = [rm_log, op_log]
     with (

@@ -260,6 +260,13 @@ def test_resource_managers_from_values(rendered: dict[str, list[dict[str, Any]]]
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example.com/bindery@sha256:" + "ab" * 32
     assert container["args"][1:] == ["--verbose"]
+    assert container["env"] == [{"name": "EXAMPLE", "value": "1"}]
+    assert (
+        "env"
+        not in ct.one(rendered["defaults"], "Deployment", "rel-bindery")["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+    )
 
 
 def test_generated_token_differs_per_render(
