@@ -15,9 +15,11 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-# hatchling needs README.md (project.readme) and contract/ (force-included as bindery/rm/openapi.yaml).
+# hatchling needs README.md (project.readme), contract/ and crds/ (force-included into the wheel as
+# bindery/rm/openapi.yaml and bindery/controller/resourcemanagers.bindery.dev.yaml).
 COPY pyproject.toml README.md ./
 COPY contract/ contract/
+COPY crds/ crds/
 COPY operator/ operator/
 RUN python -m pip wheel --wheel-dir /wheelhouse ".[rm]"
 

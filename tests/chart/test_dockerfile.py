@@ -76,7 +76,13 @@ def test_image_metadata() -> None:
 
 def test_dockerignore_admits_exactly_the_build_inputs() -> None:
     patterns = emu.dockerignore_patterns(ct.REPO / ".dockerignore")
-    for needed in ("pyproject.toml", "README.md", "contract/v1/openapi.yaml", "operator/bindery/cli.py"):
+    for needed in (
+        "pyproject.toml",
+        "README.md",
+        "contract/v1/openapi.yaml",
+        "crds/resourcemanagers.bindery.dev.yaml",
+        "operator/bindery/cli.py",
+    ):
         assert not emu.is_ignored(needed, patterns), needed
     for unwanted in (
         ".venv/bin/python",
@@ -145,6 +151,14 @@ def test_image_contents(image: emu.StageResult) -> None:
         "print(r.files('bindery.rm').joinpath('openapi.yaml').read_text()[:7])",
     )
     assert contract.stdout.strip() == "openapi", contract.stderr
+    crd = _in_image(
+        image,
+        python,
+        "-c",
+        "import importlib.resources as r; "
+        "print(r.files('bindery.controller').joinpath('resourcemanagers.bindery.dev.yaml').read_text())",
+    )
+    assert crd.stdout.strip() == ct.CRD_SOURCE.read_text().strip(), crd.stderr
     listing = _in_image(image, python, "-m", "pip", "list", "--format=freeze")
     installed = {line.split("==")[0].lower() for line in listing.stdout.split()}
     assert {"kube-bindery", "kopf", "aiohttp"} <= installed
