@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
@@ -109,3 +113,55 @@ async def test_not_ready_until_inventory_known(tmp_path: pathlib.Path) -> None:
             await rm.check_ready()
         with pytest.raises(RMUnavailable, match="HTTP 503"):
             await rm.reserve(gpu_request("early"))
+
+
+@pytest.mark.controlplane
+async def test_cli_mirror_mode_end_to_end(
+    controlplane: Any, kube_api: client.ApiClient, tmp_path: pathlib.Path
+) -> None:
+    """`bindery rm serve --mirror-nodes` as a process, reading the real apiserver through a kubeconfig."""
+    pool = uuid.uuid4().hex[:8]
+    name = f"cli-mirror-{pool}"
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bindery.refrm.cli",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--db",
+        str(tmp_path / "rm.sqlite"),
+        "--mirror-nodes",
+        "--node-selector",
+        f"bindery.dev/test-pool={pool}",
+        "--kubeconfig",
+        str(controlplane.kubeconfig),
+        "--token-file",
+        str(token_file),
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), timeout=60)).decode()
+        url = line.rsplit(" ", 1)[-1].strip()
+        await create_node(
+            kube_api,
+            name=name,
+            capacity={"cpu": "2", "memory": "1Gi", "pods": "10", "nvidia.com/gpu": "1"},
+            labels={"bindery.dev/test-pool": pool},
+        )
+        async with ResourceManagerClient(base_url=url, token_file=token_file, allow_insecure_http=True) as rm:
+            async with asyncio.timeout(60):
+                while True:
+                    try:
+                        reservation = await rm.reserve(gpu_request(f"cli-{pool}"))
+                        break
+                    except (RMUnavailable, RMUnschedulable):
+                        await asyncio.sleep(0.1)  # not ready, or the node not mirrored yet
+            assert reservation.node == name
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=30) == 0
+        await client.CoreV1Api(kube_api).delete_node(name=name)
