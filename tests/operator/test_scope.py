@@ -119,7 +119,7 @@ async def test_restart_settles_reservations_left_by_a_crash(
     await create_node(kube_api, name=node)
     fake_rm.slots[node] = 10
     bound = await create_pod(
-        kube_api, namespace=namespace, body=pod_body(name="bound", scheduler_name="nobody")
+        kube_api, namespace=namespace, body=pod_body(name="bound", scheduler_name=scheduler)
     )
     await client.CoreV1Api(kube_api).create_namespaced_pod_binding(
         name="bound",
@@ -181,3 +181,85 @@ def _reservation(
         "expiresAt": expires.isoformat().replace("+00:00", "Z"),
         "idempotencyKey": uid,
     }
+
+
+async def test_departed_pods_give_their_capacity_back(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
+) -> None:
+    """Deleted or finished pods that Bindery bound get their committed reservations released."""
+    node = uniq("n")
+    scheduler = uniq("sched")
+    await create_node(kube_api, name=node)
+    fake_rm.slots[node] = 5
+    core = client.CoreV1Api(kube_api)
+    async with resource_manager(kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url):
+        uids = {}
+        for name in ("deleted", "finished", "running"):
+            created = await create_pod(
+                kube_api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler)
+            )
+            uids[name] = created["metadata"]["uid"]
+        for name, uid in uids.items():
+            await eventually(lambda uid=uid: _committed(fake_rm, uid), what=f"{name} committed")
+        await core.delete_namespaced_pod(name="deleted", namespace=namespace, grace_period_seconds=0)
+        await core.patch_namespaced_pod_status(
+            name="finished", namespace=namespace, body={"status": {"phase": "Succeeded"}}
+        )
+        await eventually(lambda: _state_of(fake_rm, uids["deleted"], "released"), what="deleted released")
+        await eventually(lambda: _state_of(fake_rm, uids["finished"], "released"), what="finished released")
+        assert await _state_of(fake_rm, uids["running"], "committed")
+
+
+async def _committed(rm: FakeRM, uid: str) -> bool:
+    return await _state_of(rm, uid, "committed")
+
+
+async def _state_of(rm: FakeRM, uid: str, state: str) -> bool:
+    return [r["state"] for r in rm.for_pod(uid)] == [state]
+
+
+async def test_restart_releases_committed_reservations_of_pods_that_went_away(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    operator_kubeconfig: Any,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
+) -> None:
+    node = uniq("n")
+    scheduler = uniq("sched")
+    await create_node(kube_api, name=node)
+    running = await create_pod(
+        kube_api, namespace=namespace, body=pod_body(name="running", scheduler_name=scheduler)
+    )
+    await client.CoreV1Api(kube_api).create_namespaced_pod_binding(
+        name="running",
+        namespace=namespace,
+        body={"metadata": {"name": "running"}, "target": {"kind": "Node", "name": node}},
+        _preload_content=False,
+    )
+    for rid, name, uid in (
+        ("c-running", "running", running["metadata"]["uid"]),
+        ("c-gone", "gone", "uid-gone"),
+    ):
+        entry = _reservation(rid=rid, node=node, scheduler=scheduler, namespace=namespace, name=name, uid=uid)
+        fake_rm.reservations[rid] = {**entry, "state": "committed"}
+    operator = Bindery(kubeconfig=operator_kubeconfig)
+    await operator.start()
+    try:
+        async with resource_manager(
+            kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url
+        ):
+            await eventually(lambda: _async(fake_rm.states()["c-gone"] == "released"), what="c-gone released")
+    finally:
+        await operator.stop()
+    assert fake_rm.states()["c-running"] == "committed"
+
+
+async def _async(value: bool) -> bool:
+    return value

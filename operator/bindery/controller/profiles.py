@@ -13,7 +13,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from kubernetes_asyncio import client as kube
+
 from bindery.config import ResourceManagerConfig
+from bindery.controller.bound import BoundPodWatcher
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
 from bindery.scheduling.cycle import schedule_one
@@ -62,6 +65,7 @@ class ProfileRunner:
         config: ResourceManagerConfig,
         client: ResourceManagerClient,
         ports: Ports,
+        api: kube.ApiClient,
         logger: Logger,
         on_released: Callable[[], None],
     ) -> None:
@@ -72,6 +76,8 @@ class ProfileRunner:
         self.reachable: bool | None = None
         self.reach_message: str | None = None
         self._ports = ports
+        self._api = api
+        self._watchers: dict[str, asyncio.Task[None]] = {}
         self._logger = logger
         self._on_released = on_released
         self._throttle = EventThrottle()
@@ -83,9 +89,12 @@ class ProfileRunner:
 
     def start(self) -> None:
         self._resize_workers(self.config.max_in_flight)
+        self._follow_bound_pods()
 
     async def stop(self) -> None:
         self.queue.close()
+        for name in list(self._watchers):
+            self._watchers.pop(name).cancel()
         for task in self._workers:
             task.cancel()
         for task in self._workers:
@@ -106,6 +115,22 @@ class ProfileRunner:
         self.profile = build_profile(config=config, client=self.client)
         self.queue.reconfigure(max_in_flight=config.max_in_flight, backoff=_backoff(config))
         self._resize_workers(config.max_in_flight)
+        self._follow_bound_pods()
+
+    def _follow_bound_pods(self) -> None:
+        """One bound-pod watch per scheduler name, so departed pods' reservations are released."""
+        wanted = set(self.config.scheduler_names)
+        for name in [n for n in self._watchers if n not in wanted]:
+            self._watchers.pop(name).cancel()
+        for name in sorted(wanted - set(self._watchers)):
+            watcher = BoundPodWatcher(
+                api=self._api,
+                scheduler_name=name,
+                rm=lambda: self.client,
+                logger=self._logger,
+                on_released=self._on_released,
+            )
+            self._watchers[name] = asyncio.create_task(watcher.run(), name=f"bindery bound pods {name}")
 
     # -- pods -----------------------------------------------------------------------------------
 

@@ -10,7 +10,11 @@ bound, capacity that is used but never committed). Before a profile's workers st
 - otherwise (pod gone, replaced, bound elsewhere, or still unbound) → release. A still-unbound pod
   simply gets a fresh reservation in its next cycle (same idempotency key).
 
-This reads one pod per leftover reservation, once per process start: the steady state pays nothing.
+Committed reservations whose pod is no longer bound and running (it went away while no operator
+was watching) are released as well.
+
+This reads one pod per leftover reservation and lists the bound pods of each scheduler name, once
+per profile start: the steady state pays nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from bindery.controller.bound import BoundPodWatcher, stale_committed
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
@@ -72,7 +77,29 @@ async def reconcile_reservations(
                 f"{reservation.namespace}/{reservation.name} ({reservation.pod_uid}): {action}"
             )
             done[reservation.id] = action
+        await _release_departed(rm=rm, api=api, scheduler_name=scheduler_name, logger=logger, done=done)
     return done
+
+
+async def _release_departed(
+    *,
+    rm: ResourceManagerClient,
+    api: client.ApiClient,
+    scheduler_name: str,
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    done: dict[str, Settle],
+) -> None:
+    watcher = BoundPodWatcher(api=api, scheduler_name=scheduler_name, rm=lambda: rm, logger=logger)
+    running, _ = await watcher.running_pod_uids()
+    committed = await rm.list_reservations(scheduler_name=scheduler_name, state="committed")
+    for reservation in stale_committed(committed=committed, running_pod_uids=running):
+        try:
+            await rm.release(reservation.id)
+        except RMError as exc:
+            logger.warning(f"could not release reservation {reservation.id} of a departed pod: {exc}")
+            continue
+        logger.info(f"released reservation {reservation.id}: pod {reservation.pod_uid} is no longer running")
+        done[reservation.id] = Settle.RELEASE
 
 
 async def _read_pod(*, core: client.CoreV1Api, reservation: Reservation) -> dict[str, Any] | None:

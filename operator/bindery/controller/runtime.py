@@ -242,6 +242,7 @@ class Runtime:
             config=config,
             client=new_client,
             ports=self._ports,
+            api=self.api,
             logger=self.logger,
             on_released=lambda: self._retry_parked("a reservation was released"),
         )

@@ -1,0 +1,151 @@
+"""Give capacity back to the RM when a pod Bindery placed goes away.
+
+A committed reservation is an allocation: it lasts until Bindery releases it (contract v1, "when
+the pod is gone, Bindery releases"). The Kopf watch sees only unbound pods (`spec.nodeName=`), so
+bound pods are followed by a second, narrow watch per scheduler name with the server-side field
+selector `spec.schedulerName=<name>,spec.nodeName!=`: the pods this profile placed and nothing
+else. When one is deleted or reaches a terminal phase (Succeeded/Failed: it no longer uses its
+resources, as kube-scheduler counts it), the reservation named by its `bindery.dev/reservation-id`
+annotation is released. Nothing is stored per pod; releases are idempotent at the RM, and ids
+already released by this process are remembered (bounded) so relists do not repeat them.
+
+At profile start, committed reservations whose pod is no longer running are released too
+(`stale_committed`), which covers pods that went away while no operator was running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+
+from bindery.rm.errors import RMError
+from bindery.rm.models import Reservation
+from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+REMEMBERED_RELEASES = 10_000
+Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+def bound_pods_selector(*, scheduler_name: str) -> str:
+    return f"spec.schedulerName={scheduler_name},spec.nodeName!="
+
+
+def reservation_to_release(*, event_type: str, pod: Mapping[str, Any]) -> str | None:
+    """Pure: the reservation id to release for this watch event of a bound pod, if any."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    reservation_id = annotations.get(RESERVATION_ANNOTATION)
+    if not reservation_id:
+        return None  # not bound by Bindery (or bound before reservations were annotated)
+    phase = (pod.get("status") or {}).get("phase")
+    if event_type == "DELETED" or phase in TERMINAL_PHASES:
+        return str(reservation_id)
+    return None
+
+
+def stale_committed(*, committed: list[Reservation], running_pod_uids: set[str]) -> list[Reservation]:
+    """Pure: committed reservations whose pod is no longer bound and running."""
+    return [r for r in committed if r.pod_uid not in running_pod_uids]
+
+
+class BoundPodWatcher:
+    """Follows the bound pods of one scheduler name and releases reservations of departed ones."""
+
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        scheduler_name: str,
+        rm: Callable[[], ReservationClient],
+        logger: Logger,
+        on_released: Callable[[], None] = lambda: None,
+        max_backoff: float = 10.0,
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self._selector = bound_pods_selector(scheduler_name=scheduler_name)
+        self._rm = rm
+        self._logger = logger
+        self._max_backoff = max_backoff
+        self._on_released = on_released
+        self._released: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    async def running_pod_uids(self) -> tuple[set[str], str]:
+        """One LIST: UIDs of bound, non-terminal pods of this scheduler name, and the list's version."""
+        items, version = await self._list()
+        uids = {
+            str(item["metadata"]["uid"])
+            for item in items
+            if (item.get("status") or {}).get("phase") not in TERMINAL_PHASES
+        }
+        return uids, version
+
+    async def run(self) -> None:
+        """Run until cancelled: list, release for terminal pods, then watch; relist on any error."""
+        backoff = 0.5
+        while True:
+            try:
+                items, version = await self._list()
+                for item in items:
+                    await self._handle("ADDED", item)
+                backoff = 0.5
+                await self._watch(version)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._logger.warning(
+                    f"bound-pod watch ({self._selector}) failed: {exc}; relisting in {backoff:.1f}s"
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+
+    async def _list(self) -> tuple[list[dict[str, Any]], str]:
+        response = await self._core.list_pod_for_all_namespaces(
+            field_selector=self._selector, _preload_content=False
+        )
+        try:
+            document = json.loads(await response.read())
+        finally:
+            response.release()
+        if response.status != 200:
+            raise RuntimeError(
+                f"listing bound pods answered HTTP {response.status}: {document.get('message')}"
+            )
+        items: list[dict[str, Any]] = document.get("items") or []
+        return items, str(document["metadata"].get("resourceVersion", ""))
+
+    async def _watch(self, version: str) -> None:
+        async with watch.Watch() as stream:
+            async for event in stream.stream(
+                self._core.list_pod_for_all_namespaces,
+                field_selector=self._selector,
+                resource_version=version,
+                timeout_seconds=300,
+                allow_watch_bookmarks=True,
+            ):
+                kind = event["type"]
+                if kind == "BOOKMARK":
+                    continue
+                if kind == "ERROR":
+                    return  # expired resource version or similar: relist
+                await self._handle(kind, event["raw_object"])
+
+    async def _handle(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        reservation_id = reservation_to_release(event_type=event_type, pod=pod)
+        if reservation_id is None or reservation_id in self._released:
+            return
+        try:
+            await self._rm().release(reservation_id)
+        except RMError as exc:
+            self._logger.warning(f"could not release reservation {reservation_id} of a departed pod: {exc}")
+            return
+        self._released[reservation_id] = None
+        while len(self._released) > REMEMBERED_RELEASES:
+            self._released.popitem(last=False)
+        self._logger.info(f"released reservation {reservation_id}: its pod was deleted or finished")
+        self._on_released()
