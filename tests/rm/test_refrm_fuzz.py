@@ -88,7 +88,7 @@ def fuzzed_rm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @schema.parametrize()
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-def test_reference_rm_matches_its_contract(case: schemathesis.Case, fuzzed_rm: str) -> None:
+def test_reference_rm_matches_its_contract(case: schemathesis.Case[Any], fuzzed_rm: str) -> None:
     case.call_and_validate(base_url=fuzzed_rm)
 
 

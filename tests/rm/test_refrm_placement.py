@@ -158,7 +158,7 @@ def test_inventory_errors(document: Any, fragment: str) -> None:
 
 
 def test_node_objects_mirror_ready_non_deleted_nodes() -> None:
-    ready = {
+    ready: dict[str, Any] = {
         "metadata": {"name": "n1", "labels": {"pool": "gpu"}},
         "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}], "unschedulable": True},
         "status": {
