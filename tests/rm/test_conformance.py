@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import pathlib
+import signal
+import subprocess
+import sys
+
 import pytest
 
 from bindery.conformance import CHECKS, Check, ConformanceConfig
@@ -38,3 +43,50 @@ def test_cli_lists_checks(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BINDERY_RM_TOKEN", raising=False)
     assert conformance_main(["--url", "http://x"]) == 2
+
+
+def test_cli_against_a_served_reference_rm(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The vendor path: the RM is some process at a URL, the kit is a command with an exit status."""
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "nodes:\n"
+        "  - {name: a, allocatable: {cpu: '4', bindery.dev/conformance-slot: '3'}}\n"
+        "  - {name: b, allocatable: {cpu: '4', bindery.dev/conformance-slot: '2'},"
+        " taints: [{key: k, value: v, effect: NoSchedule}]}\n"
+    )
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bindery.refrm.cli",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--db",
+            str(tmp_path / "rm.sqlite"),
+            "--inventory",
+            str(inventory),
+            "--token-file",
+            str(token_file),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().decode().rsplit(" ", 1)[-1].strip()
+        code = conformance_main(["--url", url, "--token-file", str(token_file), "--capacity", "5"])
+        output = capsys.readouterr().out
+        assert code == 0, output
+        assert "12/12 checks passed" in output
+        wrong = conformance_main(
+            ["--url", url, "--token-file", str(token_file), "--capacity", "6", "--check", "no-overcommit"]
+        )
+        assert wrong == 1
+        assert "FAIL no-overcommit" in capsys.readouterr().out
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0

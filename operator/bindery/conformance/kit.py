@@ -256,7 +256,11 @@ async def check_bad_requests(h: Harness) -> None:
         response = await h.http.post(
             "/v1/reservations", content=content, headers={**h.auth, "Content-Type": media}
         )
-        expect_problem(response, status, kind, f"reserve with {what}")
+        if status == 413 and response.status_code == 400:
+            # A server whose body limit is above 2 MiB rejects the unknown padding field instead.
+            expect_problem(response, 400, ProblemType.INVALID_REQUEST, f"reserve with {what}")
+        else:
+            expect_problem(response, status, kind, f"reserve with {what}")
     expect_problem(
         await h.http.get("/v1/reservations", params={"state": "bogus"}, headers=h.auth),
         400,
