@@ -124,3 +124,19 @@ def test_nothing_survives_a_killed_owner(tmp_path: pathlib.Path) -> None:
         time.sleep(0.2)
     assert not any(_alive(p) for p in info["pids"])
     assert not os.path.exists(info["dir"])
+
+
+def test_helm_assumes_the_pinned_kubernetes_minor(controlplane: ControlPlane, tmp_path: pathlib.Path) -> None:
+    """`helm template` (no cluster) checks charts' kubeVersion against the version stamped into helm."""
+    chart = tmp_path / "probe"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: probe\nversion: 0.1.0\nkubeVersion: '>=1.29.0-0'\n"
+    )
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\n"
+        "data: {kube: '{{ .Capabilities.KubeVersion.Version }}'}\n"
+    )
+    out = subprocess.run(["helm", "template", str(chart)], env=controlplane.env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    assert "kube: 'v1.36.0'" in out.stdout

@@ -84,7 +84,17 @@ TARGETS: tuple[Target, ...] = (
         module="helm",
         packages=("helm.sh/helm/v3/cmd/helm",),
         outputs=("helm",),
-        ldflags=(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",),
+        ldflags=(
+            f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+            # The Kubernetes version Helm assumes for `helm template` and `helm lint` (its own
+            # Makefile stamps the client-go minor it was built with, v0.36 here); unstamped it
+            # assumes v1.20 and fails charts whose kubeVersion asks for more.
+            *(
+                f"-X helm.sh/helm/v3/pkg/{pkg}.k8sVersion{part}={value}"
+                for pkg in ("chartutil", "lint/rules")
+                for part, value in (("Major", "1"), ("Minor", "36"))
+            ),
+        ),
     ),
 )
 
