@@ -128,9 +128,7 @@ def _validation_errors(error: pydantic.ValidationError) -> tuple[str, list[dict[
 
 
 def _is_json(request: web.Request) -> bool:
-    return request.content_type in ("application/json", "application/merge-patch+json") or (
-        request.content_type.startswith("application/") and request.content_type.endswith("+json")
-    )
+    return request.content_type == "application/json"
 
 
 class ReferenceRM:
@@ -271,8 +269,18 @@ class ReferenceRM:
             )
         finally:
             self._pending -= 1
+        pod = reservation_request.pod
         if isinstance(outcome, Placed):
             model = outcome.reservation.to_model()
+            log.info(
+                "%s %s for pod %s/%s (uid %s) on %s",
+                "reserved" if outcome.created else "replayed",
+                model.id,
+                pod.namespace,
+                pod.name,
+                pod.uid,
+                model.node,
+            )
             return web.Response(
                 status=201 if outcome.created else 200,
                 text=model.model_dump_json(by_alias=True),
@@ -280,6 +288,7 @@ class ReferenceRM:
                 headers={"Location": f"/v1/reservations/{model.id}"},
             )
         if isinstance(outcome, Conflict):
+            log.info("idempotency key %r reused for a different request", reservation_request.idempotency_key)
             return problem(
                 409,
                 ProblemType.IDEMPOTENCY_KEY_REUSED,
@@ -289,6 +298,7 @@ class ReferenceRM:
                 reservationId=outcome.existing.id,
             )
         assert isinstance(outcome, Unschedulable)
+        log.info("pod %s/%s (uid %s) unschedulable: %s", pod.namespace, pod.name, pod.uid, outcome.reason)
         return problem(
             409,
             ProblemType.UNSCHEDULABLE,
@@ -321,10 +331,13 @@ class ReferenceRM:
                 title="Reservation not active",
                 state=outcome.reservation.state.value,
             )
+        log.info("committed %s (pod uid %s) on %s", outcome.id, outcome.pod_uid, outcome.node)
         return web.json_response(text=outcome.to_model().model_dump_json(by_alias=True))
 
     async def _release(self, request: web.Request) -> web.Response:
-        await self._run(self._store.release, request.match_info["id"])
+        released = await self._run(self._store.release, request.match_info["id"])
+        if released is not None:
+            log.info("released %s (pod uid %s) on %s", released.id, released.pod_uid, released.node)
         return web.Response(status=204)
 
     async def _get(self, request: web.Request) -> web.Response:
