@@ -8,6 +8,7 @@ startup and closed at cleanup, so handlers are plain functions of (event, runtim
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import kopf
@@ -28,11 +29,10 @@ def register(*, registry: kopf.OperatorRegistry, options: OperatorOptions | None
     """Attach Bindery's handlers to `registry`; `options` apply when the memo brings none."""
 
     @kopf.on.startup(registry=registry)
-    async def startup(
-        settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any
-    ) -> None:
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
         configure(settings)
-        runtime = Runtime(options=memo.get("options") or options or OperatorOptions(), logger=logger)
+        chosen = memo.get("options") or options or OperatorOptions()
+        runtime = Runtime(options=chosen, logger=logging.getLogger("bindery.controller"))
         await runtime.start(node_index=kwargs[NODE_INDEX])
         memo["runtime"] = runtime
 

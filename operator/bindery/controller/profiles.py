@@ -17,6 +17,7 @@ from kubernetes_asyncio import client as kube
 
 from bindery.config import ResourceManagerConfig
 from bindery.controller.bound import BoundPodWatcher
+from bindery.controller.secrets import RMCredentials
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
 from bindery.scheduling.cycle import schedule_one
@@ -64,6 +65,7 @@ class ProfileRunner:
         *,
         config: ResourceManagerConfig,
         client: ResourceManagerClient,
+        credentials: RMCredentials,
         ports: Ports,
         api: kube.ApiClient,
         logger: Logger,
@@ -71,6 +73,7 @@ class ProfileRunner:
     ) -> None:
         self.config = config
         self.client = client
+        self.credentials = credentials
         self.profile = build_profile(config=config, client=client)
         self.queue = SchedulingQueue(max_in_flight=config.max_in_flight, backoff=_backoff(config))
         self.reachable: bool | None = None
@@ -105,8 +108,16 @@ class ProfileRunner:
         for old in self._retired_clients:
             await old.aclose()
 
-    def update(self, *, config: ResourceManagerConfig, client: ResourceManagerClient | None) -> None:
-        """Apply a changed spec; `client` is a new RM client if the connection changed."""
+    def update(
+        self,
+        *,
+        config: ResourceManagerConfig,
+        client: ResourceManagerClient | None,
+        credentials: RMCredentials | None = None,
+    ) -> None:
+        """Apply a changed spec; `client` is a new RM client if the connection or credentials changed."""
+        if credentials is not None:
+            self.credentials = credentials
         if client is not None:
             self._retired_clients.append(self.client)
             self.client = client

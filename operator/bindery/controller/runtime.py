@@ -36,7 +36,7 @@ from bindery.controller.connection import connection_info, load_configuration
 from bindery.controller.options import OperatorOptions
 from bindery.controller.profiles import ProfileRunner, plugins_for
 from bindery.controller.reconcile import reconcile_reservations
-from bindery.controller.secrets import CredentialsError, resolve_credentials
+from bindery.controller.secrets import CredentialsError, RMCredentials, resolve_credentials
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.kube import (
     IndexNodeLookup,
@@ -230,17 +230,20 @@ class Runtime:
             self._credential_errors[config.name] = f"spec.plugins: {exc}"
             return
         needs_client = runner is None or runner.config.connection_key() != config.connection_key()
-        new_client = await self._client_for(config) if needs_client else None
-        if needs_client and new_client is None:
+        built = await self._client_for(config) if needs_client else None
+        if needs_client and built is None:
             return  # credentials unavailable: reported in status, old runner (if any) keeps going
+        new_client, credentials = built if built is not None else (None, None)
         if runner is not None:
-            runner.update(config=config, client=new_client)
+            runner.update(config=config, client=new_client, credentials=credentials)
             return
         assert new_client is not None
+        assert credentials is not None
         assert self._ports is not None
         runner = ProfileRunner(
             config=config,
             client=new_client,
+            credentials=credentials,
             ports=self._ports,
             api=self.api,
             logger=self.logger,
@@ -251,7 +254,9 @@ class Runtime:
         await self._reconcile_once(runner)
         runner.start()
 
-    async def _client_for(self, config: ResourceManagerConfig) -> ResourceManagerClient | None:
+    async def _client_for(
+        self, config: ResourceManagerConfig
+    ) -> tuple[ResourceManagerClient, RMCredentials] | None:
         try:
             credentials = await resolve_credentials(api=self.api, config=config, directory=self._state_dir())
             rm_client = ResourceManagerClient(
@@ -267,7 +272,26 @@ class Runtime:
             self._credential_errors[config.name] = str(exc)
             return None
         self._credential_errors.pop(config.name, None)
-        return rm_client
+        return rm_client, credentials
+
+    async def _refresh_credentials(self, runner: ProfileRunner) -> bool:
+        """Re-read the referenced Secrets; a rotation gets a new client. Returns whether status changed."""
+        config = runner.config
+        if config.token_ref is None and config.ca_ref is None and config.client_cert_ref is None:
+            return False
+        before = self._credential_errors.get(config.name)
+        try:
+            fresh = await resolve_credentials(api=self.api, config=config, directory=self._state_dir())
+        except CredentialsError as exc:
+            self._credential_errors[config.name] = str(exc)
+            return before != str(exc)
+        self._credential_errors.pop(config.name, None)
+        if fresh.digest != runner.credentials.digest:
+            built = await self._client_for(config)
+            if built is not None:
+                self.logger.info(f"ResourceManager {config.name!r}: credentials rotated, new RM client")
+                runner.update(config=config, client=built[0], credentials=built[1])
+        return before is not None
 
     async def _reconcile_once(self, runner: ProfileRunner) -> None:
         if runner.config.name in self._reconciled:
@@ -336,7 +360,9 @@ class Runtime:
             await asyncio.sleep(self.options.probe_interval)
             async with self._lock:
                 for name, runner in list(self.runners.items()):
-                    if await runner.probe() and name in self.bodies:
+                    changed = await self._refresh_credentials(runner)
+                    changed = await runner.probe() or changed
+                    if changed and name in self.bodies:
                         await self._write_status(name)
 
     def _state_dir(self) -> pathlib.Path:

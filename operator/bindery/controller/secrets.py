@@ -2,14 +2,16 @@
 
 The RM client takes a token string and file paths (httpx/ssl load certificates from files), so
 TLS material from Secrets is written to a private directory (0700, files 0600), one sub-directory
-per ResourceManager. Secrets are read when a profile is (re)built, i.e. when the ResourceManager
-changes; rotate a token by updating the Secret and touching the ResourceManager (or restarting).
+per ResourceManager. Secrets are read when a profile is built and again at every readiness probe
+(`probe_interval`, 30 s by default): a rotated token or certificate gets a new RM client without a
+restart or an edit of the ResourceManager.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import pathlib
 
 from kubernetes_asyncio import client
@@ -26,6 +28,8 @@ class RMCredentials:
     token: str | None = None
     ca_file: pathlib.Path | None = None
     client_cert: tuple[pathlib.Path, pathlib.Path] | None = None
+    #: changes whenever any secret material changes (file paths stay the same across rotations)
+    digest: str = ""
 
 
 async def resolve_credentials(
@@ -34,9 +38,11 @@ async def resolve_credentials(
     core = client.CoreV1Api(api)
     target = directory / config.name
     target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    material = hashlib.sha256()
     token = None
     if config.token_ref is not None:
         token = (await _secret_value(core=core, ref=config.token_ref, what="bearer token")).decode().strip()
+        material.update(b"token\0" + token.encode())
     ca_file = None
     if config.ca_bundle is not None:
         ca_file = _write(target / "ca.crt", config.ca_bundle.encode())
@@ -49,8 +55,9 @@ async def resolve_credentials(
         ref = config.client_cert_ref
         cert = await _secret_value(core=core, ref=dataclasses.replace(ref, key="tls.crt"), what="client cert")
         key = await _secret_value(core=core, ref=dataclasses.replace(ref, key="tls.key"), what="client key")
+        material.update(b"cert\0" + cert + b"key\0" + key)
         client_cert = (_write(target / "tls.crt", cert), _write(target / "tls.key", key))
-    return RMCredentials(token=token, ca_file=ca_file, client_cert=client_cert)
+    return RMCredentials(token=token, ca_file=ca_file, client_cert=client_cert, digest=material.hexdigest())
 
 
 async def _secret_value(*, core: client.CoreV1Api, ref: SecretKeyRef, what: str) -> bytes:
