@@ -70,6 +70,7 @@ class ProfileRunner:
         api: kube.ApiClient,
         logger: Logger,
         on_released: Callable[[], None],
+        on_dropped: Callable[[str], None] = lambda uid: None,
     ) -> None:
         self.config = config
         self.client = client
@@ -83,6 +84,7 @@ class ProfileRunner:
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._logger = logger
         self._on_released = on_released
+        self._on_dropped = on_dropped
         self._throttle = EventThrottle()
 
         self._workers: list[asyncio.Task[None]] = []
@@ -192,5 +194,7 @@ class ProfileRunner:
                 self.queue.done(pod.uid, outcome=Outcome.ERROR)
                 continue
             self.queue.done(pod.uid, outcome=result.outcome, retry_after=result.retry_after)
+            if result.outcome is Outcome.DROPPED:
+                self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it
             if result.released:
                 self._on_released()

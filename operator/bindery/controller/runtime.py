@@ -155,6 +155,10 @@ class Runtime:
         if self._binder is None or not self._binder.bound_recently(pod.uid):
             self._retry_parked()
 
+    def _drop(self, uid: str) -> None:
+        """A cycle found the pod gone or bound elsewhere: stop remembering it (a relist may miss it)."""
+        self.pods.pop(uid)
+
     async def _route(self, pod: PodInfo) -> None:
         rm_name = self.routing.served.get(pod.scheduler_name)
         if rm_name is not None and rm_name in self.runners:
@@ -248,6 +252,7 @@ class Runtime:
             api=self.api,
             logger=self.logger,
             on_released=lambda: self._retry_parked("a reservation was released"),
+            on_dropped=self._drop,
         )
         self.runners[config.name] = runner
         await runner.probe()
