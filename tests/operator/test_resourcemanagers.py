@@ -150,7 +150,12 @@ async def test_an_endpoint_change_applies_without_restart(
         await eventually(lambda: _reserve_calls(fake_rm), what="the first RM being asked")
         await _patch_spec(kube_api, name, {"endpoint": better.url})
         assert await eventually(lambda: _node_of(kube_api, namespace, "p"), what="the bind") == node
-        assert [r["state"] for r in better.reservations.values()] == ["committed"]
+        # The commit follows the bind (and the Scheduled event): wait for it.
+        await eventually(lambda: _states_are(better, ["committed"]), what="the commit at the new RM")
+
+
+async def _states_are(rm: FakeRM, states: list[str]) -> bool:
+    return list(rm.states().values()) == states
 
 
 async def _reserve_calls(rm: FakeRM) -> bool:
