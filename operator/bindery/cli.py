@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
 import pathlib
 import signal
 import sys
@@ -74,6 +75,17 @@ def run_command(argv: Sequence[str]) -> int:
         help="serve Kopf's liveness endpoint at this URL, e.g. http://0.0.0.0:8080/healthz "
         "(as `kopf run --liveness`; the Helm chart's probes use it); default: none",
     )
+    parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run several replicas: only the holder of a coordination.k8s.io Lease schedules",
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE", "default"),
+        help="namespace of the Lease (default: $POD_NAMESPACE, else 'default')",
+    )
+    parser.add_argument("--lease-name", default="bindery", help="name of the Lease (default: bindery)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -83,7 +95,12 @@ def run_command(argv: Sequence[str]) -> int:
     from bindery.controller.run import run_operator
 
     options = OperatorOptions(
-        kubeconfig=args.kubeconfig, namespaces=tuple(args.namespace), liveness_endpoint=args.liveness
+        kubeconfig=args.kubeconfig,
+        namespaces=tuple(args.namespace),
+        liveness_endpoint=args.liveness,
+        leader_election=args.leader_elect,
+        lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name,
     )
 
     async def _run() -> None:

@@ -21,3 +21,13 @@ class OperatorOptions:
     state_dir: pathlib.Path | None = None
     #: URL of Kopf's liveness endpoint (`kopf run --liveness`), e.g. http://0.0.0.0:8080/healthz.
     liveness_endpoint: str | None = None
+    #: elect one active replica through a Lease (kube-scheduler's 15 s / 10 s / 2 s timing).
+    leader_election: bool = False
+    #: where the Lease lives (the release namespace in a cluster).
+    lease_namespace: str = "default"
+    lease_name: str = "bindery"
+    #: seconds: a lease not renewed for this long may be taken; the leader gives up after
+    #: renew_deadline without a renewal; candidates retry every retry_period.
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0

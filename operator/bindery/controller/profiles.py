@@ -77,6 +77,7 @@ class ProfileRunner:
         self.credentials = credentials
         self.profile = build_profile(config=config, client=client)
         self.queue = SchedulingQueue(max_in_flight=config.max_in_flight, backoff=_backoff(config))
+        self.active = False
         self.reachable: bool | None = None
         self.reach_message: str | None = None
         self._ports = ports
@@ -93,11 +94,14 @@ class ProfileRunner:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start scheduling (workers) and following bound pods; the queue may already hold pods."""
+        self.active = True
         self._resize_workers(self.config.max_in_flight)
         self._follow_bound_pods()
 
-    async def stop(self) -> None:
-        self.queue.close()
+    async def pause(self) -> None:
+        """Stop scheduling but keep the queue (leadership lost); in-flight cycles unreserve."""
+        self.active = False
         for name in list(self._watchers):
             self._watchers.pop(name).cancel()
         for task in self._workers:
@@ -106,6 +110,10 @@ class ProfileRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._workers.clear()
+
+    async def stop(self) -> None:
+        self.queue.close()
+        await self.pause()
         await self.client.aclose()
         for old in self._retired_clients:
             await old.aclose()
@@ -127,8 +135,9 @@ class ProfileRunner:
         self.config = config
         self.profile = build_profile(config=config, client=self.client)
         self.queue.reconfigure(max_in_flight=config.max_in_flight, backoff=_backoff(config))
-        self._resize_workers(config.max_in_flight)
-        self._follow_bound_pods()
+        if self.active:
+            self._resize_workers(config.max_in_flight)
+            self._follow_bound_pods()
 
     def _follow_bound_pods(self) -> None:
         """One bound-pod watch per scheduler name, so departed pods' reservations are released."""
@@ -189,6 +198,9 @@ class ProfileRunner:
                 result = await schedule_one(
                     pod=pod, profile=self.profile, ports=self._ports, throttle=self._throttle
                 )
+            except asyncio.CancelledError:  # paused or shrunk: the cycle has unreserved; requeue
+                self.queue.done(pod.uid, outcome=Outcome.ERROR)
+                raise
             except Exception:  # a bug in the cycle must not kill the worker
                 self._logger.exception(f"scheduling cycle of pod {pod.key} crashed; retrying after backoff")
                 self.queue.done(pod.uid, outcome=Outcome.ERROR)

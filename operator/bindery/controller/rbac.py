@@ -32,6 +32,12 @@ OPERATOR_RULES: list[dict[str, Any]] = [
 ]
 
 
+#: Only with leader election (`bindery run --leader-elect`), as a Role in the Lease's namespace.
+LEADER_ELECTION_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+]
+
+
 def cluster_role(*, name: str) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -19,6 +19,7 @@ import datetime
 import logging
 import pathlib
 import tempfile
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from bindery.config import (
     route_scheduler_names,
 )
 from bindery.controller.connection import connection_info, load_configuration
+from bindery.controller.leader import LeaderElector, LeaseTiming
 from bindery.controller.options import OperatorOptions
 from bindery.controller.profiles import ProfileRunner, plugins_for
 from bindery.controller.reconcile import reconcile_reservations
@@ -79,6 +81,8 @@ class Runtime:
         self._errors: dict[str, str] = {}  # rm name -> config/credentials error
         self._credential_errors: dict[str, str] = {}
         self._reconciled: set[str] = set()
+        self._leading = not options.leader_election  # without election this replica always leads
+        self._elector_task: asyncio.Task[None] | None = None
         self._statuses: dict[str, Mapping[str, Any]] = {}
         self._probe_task: asyncio.Task[None] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -100,6 +104,8 @@ class Runtime:
             conditions=self._conditions,
         )
         self._probe_task = asyncio.create_task(self._probe_forever(), name="bindery RM probes")
+        if self.options.leader_election:
+            self._elector_task = asyncio.create_task(self._elect_forever(), name="bindery leader election")
 
     async def connection_info(self) -> kopf.ConnectionInfo:
         # Reloaded on every login so rotated in-cluster tokens and kubeconfig edits are picked up.
@@ -107,6 +113,10 @@ class Runtime:
         return connection_info(configuration=configuration)
 
     async def close(self) -> None:
+        if self._elector_task is not None:
+            self._elector_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._elector_task
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -169,6 +179,8 @@ class Runtime:
             await self._report_conflict(pod=pod, message=conflict)
 
     async def _report_conflict(self, *, pod: PodInfo, message: str) -> None:
+        if not self._leading:
+            return
         assert self._events is not None
         assert self._conditions is not None
         note = self._conflict_throttle.admit(uid=pod.uid, key="SchedulerNameConflict", message=message)
@@ -256,6 +268,11 @@ class Runtime:
         )
         self.runners[config.name] = runner
         await runner.probe()
+        if self._leading:
+            await self._activate(runner)
+
+    async def _activate(self, runner: ProfileRunner) -> None:
+        """The leader settles leftovers, then schedules; standbys only keep their queues warm."""
         await self._reconcile_once(runner)
         runner.start()
 
@@ -330,6 +347,8 @@ class Runtime:
                     runner.withdraw(uid)
 
     async def _write_status(self, name: str) -> None:
+        if not self._leading:
+            return
         runner = self.runners.get(name)
         observation = Observation(
             generation=int((self.bodies[name].get("metadata") or {}).get("generation") or 0),
@@ -369,6 +388,57 @@ class Runtime:
                     changed = await runner.probe() or changed
                     if changed and name in self.bodies:
                         await self._write_status(name)
+
+    async def _elect_forever(self) -> None:
+        """Lead while holding the Lease; on losing it, stop scheduling and stand by again."""
+        while True:
+            elector = LeaderElector(
+                api=self.api,
+                namespace=self.options.lease_namespace,
+                name=self.options.lease_name,
+                identity=f"{self.options.hostname}_{uuid.uuid4().hex[:8]}",
+                timing=LeaseTiming(
+                    lease_duration=self.options.lease_duration,
+                    renew_deadline=self.options.renew_deadline,
+                    retry_period=self.options.retry_period,
+                ),
+                logger=self.logger,
+            )
+            election = asyncio.create_task(elector.run(), name="bindery lease")
+            elected = asyncio.create_task(elector.leading.wait())
+            try:
+                await asyncio.wait({election, elected}, return_when=asyncio.FIRST_COMPLETED)
+                if elector.leading.is_set():
+                    await self._set_leading(True)
+                await election
+            except Exception as exc:
+                self.logger.error(f"leader election failed: {exc}; retrying")
+                await asyncio.sleep(self.options.retry_period)
+            finally:
+                election.cancel()
+                elected.cancel()
+                await self._set_leading(False)
+                if elector.leading.is_set():
+                    await asyncio.wait_for(elector.release(), timeout=self.options.retry_period)
+
+    async def _set_leading(self, leading: bool) -> None:
+        async with self._lock:
+            if self._leading == leading:
+                return
+            self._leading = leading
+            if leading:
+                for runner in self.runners.values():
+                    await self._activate(runner)
+                for name in self.bodies:
+                    await self._write_status(name)
+            else:
+                self._reconciled.clear()  # the next leader term settles leftovers again
+                for runner in self.runners.values():
+                    await runner.pause()
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
 
     def _state_dir(self) -> pathlib.Path:
         if self.options.state_dir is not None:
