@@ -41,6 +41,7 @@ SYSTEM_NAMESPACE = "bindery-system"
 SCHEDULER = "bindery"
 OPERATOR_USER = "bindery-operator"
 CREATE_CONCURRENCY = 10
+STALL_SECONDS = 10.0
 WRITE_KEYS = {  # (resource, subresource) the operator writes; nothing else in the demo writes them
     ("pods", "binding"),
     ("events", ""),
@@ -223,12 +224,7 @@ async def _burst(api: client.ApiClient, *, args: DemoArgs, runtime: Runtime) -> 
 
     for start in range(0, args.pods, CREATE_CONCURRENCY):  # a burst, as a Job or ReplicaSet would make
         await asyncio.gather(*(create(i) for i in range(start, min(start + CREATE_CONCURRENCY, args.pods))))
-    deadline = time.monotonic() + 60 + args.pods
-    while len(bound_at) < args.pods and time.monotonic() < deadline:
-        _progress(len(bound_at), args.pods)
-        await asyncio.sleep(0.25)
-    _progress(len(bound_at), args.pods)
-    print(flush=True)
+    await _wait_for_binds(bound_at, total=args.pods)
     last = max((t for t, _ in bound_at.values()), default=first)
     await asyncio.sleep(1.0)  # the Scheduled events are written right after the binds
     watcher.cancel()
@@ -242,6 +238,23 @@ async def _burst(api: client.ApiClient, *, args: DemoArgs, runtime: Runtime) -> 
         ours={k: writes_after.get(k, 0) - writes_before.get(k, 0) for k in writes_after},
         apiserver={k: metrics_after.get(k, 0) - metrics_before.get(k, 0) for k in metrics_after},
     )
+
+
+async def _wait_for_binds(bound_at: dict[str, tuple[float, str]], *, total: int) -> None:
+    """Until every pod is bound, or nothing was bound for STALL_SECONDS (the pool is full)."""
+    last_change, seen = time.monotonic(), 0
+    while len(bound_at) < total and time.monotonic() - last_change < STALL_SECONDS:
+        if len(bound_at) != seen:
+            last_change, seen = time.monotonic(), len(bound_at)
+        _progress(len(bound_at), total)
+        await asyncio.sleep(0.25)
+    _progress(len(bound_at), total)
+    print(flush=True)
+    if len(bound_at) < total:
+        say(
+            f"{total - len(bound_at)} pods stayed Pending: the pool has no room for them "
+            "(see `kubectl describe pod`: FailedScheduling from the reference RM)"
+        )
 
 
 async def _watch_binds(core: client.CoreV1Api, bound_at: dict[str, tuple[float, str]]) -> None:
@@ -280,6 +293,10 @@ def _summary(
         counted = sum(ours.values())
         detail = ", ".join(f"{k}={v}" for k, v in sorted(ours.items()) if v)
         say(f"apiserver writes per bound pod (counted by the operator): {counted / bound:.2f} ({detail})")
+        if bound < pods:
+            say(
+                "  (these include the FailedScheduling events and conditions of the pods that stayed Pending)"
+            )
         seen = sum(apiserver.values())
         detail = ", ".join(
             f"{'/'.join(k for k in key if k)}={v}" for key, v in sorted(apiserver.items()) if v
