@@ -153,7 +153,8 @@ class Runtime:
 
         An in-flight cycle notices through PodLookup (or a 404/409 on bind) and releases its
         reservation. A pod we bound ourselves merely left the selector: nothing was freed. Any other
-        departure (deleted, bound by someone else) may have freed capacity: parked pods are retried.
+        departure of a served pod (deleted, bound by someone else) may have freed capacity, so parked
+        pods are retried; pods of other schedulers (default-scheduler binds all day) are not a signal.
         """
         known = self.pods.pop(pod.uid)
         if known is None:
@@ -162,12 +163,15 @@ class Runtime:
             self._conditions.forget(uid=pod.uid)
         for runner in self.runners.values():
             runner.withdraw(pod.uid)
-        if self._binder is None or not self._binder.bound_recently(pod.uid):
+        served = pod.scheduler_name in self.routing.served
+        if served and (self._binder is None or not self._binder.bound_recently(pod.uid)):
             self._retry_parked()
 
     def _drop(self, uid: str) -> None:
         """A cycle found the pod gone or bound elsewhere: stop remembering it (a relist may miss it)."""
         self.pods.pop(uid)
+        if self._conditions is not None:
+            self._conditions.forget(uid=uid)
 
     async def _route(self, pod: PodInfo) -> None:
         rm_name = self.routing.served.get(pod.scheduler_name)
