@@ -71,6 +71,8 @@ async def test_happy_path_binds_to_the_rm_node_with_one_event_and_a_commit(
         assert event["reportingInstance"].startswith(f"{scheduler}-")
         assert event["regarding"]["uid"] == pod["metadata"]["uid"]
         assert event["regarding"]["kind"] == "Pod"
+        # the version the operator saw when it bound: the pod as created (binding changes it later)
+        assert event["regarding"]["resourceVersion"] == created["metadata"]["resourceVersion"]
         assert "." in event["eventTime"]  # MicroTime
 
 

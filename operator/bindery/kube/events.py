@@ -113,7 +113,7 @@ class KubeEventSink:
     ) -> None:
         body = event_body(
             pod=pod,
-            resource_version=getattr(pod, "resource_version", None),
+            resource_version=pod.resource_version,
             scheduler_name=scheduler_name,
             hostname=self._hostname,
             type_=type_,

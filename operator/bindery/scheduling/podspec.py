@@ -67,6 +67,9 @@ class PodInfo:
     #: ``(reason, message)`` of the pod's current ``PodScheduled=False`` condition, if any, so that
     #: the cycle can skip rewriting an identical condition.
     unschedulable_condition: tuple[str, str] | None = None
+    #: ``metadata.resourceVersion`` of the copy this projection was made from; events name it in
+    #: ``regarding`` as kube-scheduler's do. Not a placement input: a status write changes it.
+    resource_version: str | None = None
 
     @property
     def key(self) -> str:
@@ -122,6 +125,7 @@ class PodInfo:
             tolerations=tuple(dict(toleration) for toleration in spec.get("tolerations") or ()),
             labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
             unschedulable_condition=_unschedulable_condition(status),
+            resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
         )
 
 
