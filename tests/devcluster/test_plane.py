@@ -140,3 +140,15 @@ def test_helm_assumes_the_pinned_kubernetes_minor(controlplane: ControlPlane, tm
     out = subprocess.run(["helm", "template", str(chart)], env=controlplane.env, capture_output=True,
                          text=True, check=True)  # fmt: skip
     assert "kube: 'v1.36.0'" in out.stdout
+
+
+def test_up_prints_the_kubeconfig_and_stops_on_sigint() -> None:
+    up = subprocess.Popen([sys.executable, "-m", "bindery.devcluster", "up"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert up.stdout is not None
+    kubeconfig = pathlib.Path(up.stdout.readline().strip())
+    assert kubeconfig.name == "admin.kubeconfig"
+    assert "current-context: bindery-dev" in kubeconfig.read_text()
+    up.send_signal(signal.SIGINT)
+    assert up.wait(timeout=30) == 0
+    assert not kubeconfig.parent.exists()

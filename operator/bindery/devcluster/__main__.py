@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -21,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "build":
         return binaries.main(["--print-dir"] if args.print_dir else [])
+    # A shell starts background jobs with SIGINT ignored, and Python keeps it so: make Ctrl-C
+    # (or `kill -INT`) stop the plane whichever way `up` was started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     with ControlPlane.start(timeout=args.timeout) as plane:
         print(f"control plane ready in {time.monotonic() - started:.1f}s", file=sys.stderr)
