@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import pathlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -189,3 +190,21 @@ def condition(pod: Mapping[str, Any], type_: str = "PodScheduled") -> dict[str, 
         if cond.get("type") == type_:
             return dict(cond)
     return None
+
+
+def reservation_entry(
+    *, rid: str, node: str, scheduler: str, namespace: str, name: str, uid: str, state: str = "reserved"
+) -> dict[str, Any]:
+    """A reservation as the fake RM stores it: leftovers planted before the operator starts."""
+    expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5)
+    return {
+        "id": rid,
+        "node": node,
+        "state": state,
+        "podUid": uid,
+        "schedulerName": scheduler,
+        "namespace": namespace,
+        "name": name,
+        "expiresAt": expires.isoformat().replace("+00:00", "Z"),
+        "idempotencyKey": uid,
+    }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 
+from bindery.controller.bound import stale_committed
 from bindery.controller.reconcile import Settle, settle
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.kube.binder import assigned_node, binding_body
@@ -128,3 +129,30 @@ def test_transition_time_moves_only_when_the_status_changes() -> None:
     )
     assert _ready(down)["lastTransitionTime"] != _ready(first)["lastTransitionTime"]
     assert status_changed(new=down, previous=first)
+
+
+def test_stale_committed_reservations_are_only_those_in_scope() -> None:
+    def committed(rid: str, namespace: str | None) -> Reservation:
+        return Reservation.model_validate(
+            {
+                "id": rid,
+                "node": "n1",
+                "state": "committed",
+                "podUid": f"u-{rid}",
+                "schedulerName": "bindery",
+                "namespace": namespace,
+                "name": rid,
+            }
+        )
+
+    reservations = [
+        committed("a", "ns"),
+        committed("b", "elsewhere"),
+        committed("c", None),
+        committed("d", "ns"),
+    ]
+    running = {"u-d"}
+    everywhere = stale_committed(committed=reservations, running_pod_uids=running)
+    assert [r.id for r in everywhere] == ["a", "b", "c"]
+    scoped = stale_committed(committed=reservations, running_pod_uids=running, namespaces=("ns",))
+    assert [r.id for r in scoped] == ["a"]

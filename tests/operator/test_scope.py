@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ from tests.operator.conftest import (
     eventually,
     pod_body,
     read_pod,
+    reservation_entry,
     resource_manager,
 )
 from tests.operator.fakerm import FakeRM
@@ -128,7 +128,7 @@ async def test_restart_settles_reservations_left_by_a_crash(
         _preload_content=False,
     )
     leftovers = {
-        "r-bound": _reservation(
+        "r-bound": reservation_entry(
             rid="r-bound",
             node=node,
             scheduler=scheduler,
@@ -136,7 +136,7 @@ async def test_restart_settles_reservations_left_by_a_crash(
             name="bound",
             uid=bound["metadata"]["uid"],
         ),
-        "r-gone": _reservation(
+        "r-gone": reservation_entry(
             rid="r-gone",
             node=node,
             scheduler=scheduler,
@@ -144,7 +144,7 @@ async def test_restart_settles_reservations_left_by_a_crash(
             name="gone",
             uid="uid-of-a-deleted-pod",
         ),
-        "r-other": _reservation(
+        "r-other": reservation_entry(
             rid="r-other", node=node, scheduler=uniq("unrelated"), namespace=namespace, name="x", uid="uid-x"
         ),
     }
@@ -164,23 +164,6 @@ async def test_restart_settles_reservations_left_by_a_crash(
 async def _settled(rm: FakeRM) -> bool:
     states = rm.states()
     return states["r-bound"] != "reserved" and states["r-gone"] != "reserved"
-
-
-def _reservation(
-    *, rid: str, node: str, scheduler: str, namespace: str, name: str, uid: str
-) -> dict[str, Any]:
-    expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5)
-    return {
-        "id": rid,
-        "node": node,
-        "state": "reserved",
-        "podUid": uid,
-        "schedulerName": scheduler,
-        "namespace": namespace,
-        "name": name,
-        "expiresAt": expires.isoformat().replace("+00:00", "Z"),
-        "idempotencyKey": uid,
-    }
 
 
 async def test_departed_pods_give_their_capacity_back(
@@ -247,7 +230,9 @@ async def test_restart_releases_committed_reservations_of_pods_that_went_away(
         ("c-running", "running", running["metadata"]["uid"]),
         ("c-gone", "gone", "uid-gone"),
     ):
-        entry = _reservation(rid=rid, node=node, scheduler=scheduler, namespace=namespace, name=name, uid=uid)
+        entry = reservation_entry(
+            rid=rid, node=node, scheduler=scheduler, namespace=namespace, name=name, uid=uid
+        )
         fake_rm.reservations[rid] = {**entry, "state": "committed"}
     operator = Bindery(kubeconfig=operator_kubeconfig)
     await operator.start()

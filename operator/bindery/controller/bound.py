@@ -11,6 +11,11 @@ already released by this process are remembered (bounded) so relists do not repe
 
 At profile start, committed reservations whose pod is no longer running are released too
 (`stale_committed`), which covers pods that went away while no operator was running.
+
+An operator limited to some namespaces (`bindery run --namespace`) lists and watches bound pods in
+those namespaces only (one list/watch each, as Kopf does): it has no business, and in a namespaced
+install no RBAC, reading pods elsewhere. For the same reason it never releases a committed
+reservation of a pod outside its namespaces: that pod is not in its list, not gone.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import asyncio
 import collections
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client, watch
@@ -49,13 +54,23 @@ def reservation_to_release(*, event_type: str, pod: Mapping[str, Any]) -> str | 
     return None
 
 
-def stale_committed(*, committed: list[Reservation], running_pod_uids: set[str]) -> list[Reservation]:
-    """Pure: committed reservations whose pod is no longer bound and running."""
-    return [r for r in committed if r.pod_uid not in running_pod_uids]
+def stale_committed(
+    *, committed: list[Reservation], running_pod_uids: set[str], namespaces: Collection[str] = ()
+) -> list[Reservation]:
+    """Pure: committed reservations whose pod is no longer bound and running.
+
+    With `namespaces` (a namespaced operator), only reservations of pods known to be in one of them
+    are candidates: the running pods of other namespaces were not listed.
+    """
+    in_scope = [r for r in committed if not namespaces or r.namespace in namespaces]
+    return [r for r in in_scope if r.pod_uid not in running_pod_uids]
 
 
 class BoundPodWatcher:
-    """Follows the bound pods of one scheduler name and releases reservations of departed ones."""
+    """Follows the bound pods of one scheduler name and releases reservations of departed ones.
+
+    `namespace` limits the list and watch to one namespace; None = all namespaces.
+    """
 
     def __init__(
         self,
@@ -64,11 +79,13 @@ class BoundPodWatcher:
         scheduler_name: str,
         rm: Callable[[], ReservationClient],
         logger: Logger,
+        namespace: str | None = None,
         on_released: Callable[[], None] = lambda: None,
         max_backoff: float = 10.0,
     ) -> None:
         self._core = client.CoreV1Api(api)
         self._selector = bound_pods_selector(scheduler_name=scheduler_name)
+        self._namespace = namespace
         self._rm = rm
         self._logger = logger
         self._max_backoff = max_backoff
@@ -99,15 +116,15 @@ class BoundPodWatcher:
                 raise
             except Exception as exc:
                 self._logger.warning(
-                    f"bound-pod watch ({self._selector}) failed: {exc}; relisting in {backoff:.1f}s"
+                    f"bound-pod watch ({self._selector} in {self._namespace or 'all namespaces'}) "
+                    f"failed: {exc}; relisting in {backoff:.1f}s"
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
 
     async def _list(self) -> tuple[list[dict[str, Any]], str]:
-        response = await self._core.list_pod_for_all_namespaces(
-            field_selector=self._selector, _preload_content=False
-        )
+        lister, args = self._lister()
+        response = await lister(*args, field_selector=self._selector, _preload_content=False)
         try:
             document = json.loads(await response.read())
         finally:
@@ -120,9 +137,11 @@ class BoundPodWatcher:
         return items, str(document["metadata"].get("resourceVersion", ""))
 
     async def _watch(self, version: str) -> None:
+        lister, args = self._lister()
         async with watch.Watch() as stream:
             async for event in stream.stream(
-                self._core.list_pod_for_all_namespaces,
+                lister,
+                *args,
                 field_selector=self._selector,
                 resource_version=version,
                 timeout_seconds=300,
@@ -134,6 +153,12 @@ class BoundPodWatcher:
                 if kind == "ERROR":
                     return  # expired resource version or similar: relist
                 await self._handle(kind, event["raw_object"])
+
+    def _lister(self) -> tuple[Callable[..., Any], tuple[str, ...]]:
+        """The list call of the scope and its positional arguments (the watch helper needs both)."""
+        if self._namespace is None:
+            return self._core.list_pod_for_all_namespaces, ()
+        return self._core.list_namespaced_pod, (self._namespace,)
 
     async def _handle(self, event_type: str, pod: Mapping[str, Any]) -> None:
         reservation_id = reservation_to_release(event_type=event_type, pod=pod)

@@ -71,8 +71,10 @@ class ProfileRunner:
         logger: Logger,
         on_released: Callable[[], None],
         on_dropped: Callable[[str], None] = lambda uid: None,
+        namespaces: tuple[str, ...] = (),
     ) -> None:
         self.config = config
+        self.namespaces = namespaces
         self.client = client
         self.credentials = credentials
         self.profile = build_profile(config=config, client=client)
@@ -82,7 +84,7 @@ class ProfileRunner:
         self.reach_message: str | None = None
         self._ports = ports
         self._api = api
-        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._watchers: dict[tuple[str, str | None], asyncio.Task[None]] = {}
         self._logger = logger
         self._on_released = on_released
         self._on_dropped = on_dropped
@@ -140,19 +142,23 @@ class ProfileRunner:
             self._follow_bound_pods()
 
     def _follow_bound_pods(self) -> None:
-        """One bound-pod watch per scheduler name, so departed pods' reservations are released."""
-        wanted = set(self.config.scheduler_names)
-        for name in [n for n in self._watchers if n not in wanted]:
-            self._watchers.pop(name).cancel()
-        for name in sorted(wanted - set(self._watchers)):
+        """One bound-pod watch per scheduler name (and namespace, if the operator is namespaced)."""
+        scopes: tuple[str | None, ...] = self.namespaces or (None,)
+        wanted = {(name, namespace) for name in self.config.scheduler_names for namespace in scopes}
+        for key in [k for k in self._watchers if k not in wanted]:
+            self._watchers.pop(key).cancel()
+        for name, namespace in sorted(wanted - set(self._watchers), key=str):
             watcher = BoundPodWatcher(
                 api=self._api,
                 scheduler_name=name,
                 rm=lambda: self.client,
                 logger=self._logger,
+                namespace=namespace,
                 on_released=self._on_released,
             )
-            self._watchers[name] = asyncio.create_task(watcher.run(), name=f"bindery bound pods {name}")
+            self._watchers[name, namespace] = asyncio.create_task(
+                watcher.run(), name=f"bindery bound pods {name} in {namespace or 'all namespaces'}"
+            )
 
     # -- pods -----------------------------------------------------------------------------------
 

@@ -56,12 +56,18 @@ async def reconcile_reservations(
     api: client.ApiClient,
     scheduler_names: frozenset[str],
     logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    namespaces: tuple[str, ...] = (),
 ) -> dict[str, Settle]:
-    """Settle every `reserved` reservation of `scheduler_names`; returns id → action taken."""
+    """Settle every `reserved` reservation of `scheduler_names`; returns id → action taken.
+
+    With `namespaces` (a namespaced operator) only reservations of pods in them are touched.
+    """
     core = client.CoreV1Api(api)
     done: dict[str, Settle] = {}
     for scheduler_name in sorted(scheduler_names):
         for reservation in await rm.list_reservations(scheduler_name=scheduler_name, state="reserved"):
+            if namespaces and reservation.namespace not in namespaces:
+                continue  # another operator's namespace
             pod = await _read_pod(core=core, reservation=reservation)
             action = settle(reservation=reservation, pod=pod)
             try:
@@ -77,7 +83,9 @@ async def reconcile_reservations(
                 f"{reservation.namespace}/{reservation.name} ({reservation.pod_uid}): {action}"
             )
             done[reservation.id] = action
-        await _release_departed(rm=rm, api=api, scheduler_name=scheduler_name, logger=logger, done=done)
+        await _release_departed(
+            rm=rm, api=api, scheduler_name=scheduler_name, logger=logger, done=done, namespaces=namespaces
+        )
     return done
 
 
@@ -88,11 +96,16 @@ async def _release_departed(
     scheduler_name: str,
     logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
     done: dict[str, Settle],
+    namespaces: tuple[str, ...],
 ) -> None:
-    watcher = BoundPodWatcher(api=api, scheduler_name=scheduler_name, rm=lambda: rm, logger=logger)
-    running, _ = await watcher.running_pod_uids()
+    running: set[str] = set()
+    for namespace in namespaces or (None,):
+        watcher = BoundPodWatcher(
+            api=api, scheduler_name=scheduler_name, rm=lambda: rm, logger=logger, namespace=namespace
+        )
+        running |= (await watcher.running_pod_uids())[0]
     committed = await rm.list_reservations(scheduler_name=scheduler_name, state="committed")
-    for reservation in stale_committed(committed=committed, running_pod_uids=running):
+    for reservation in stale_committed(committed=committed, running_pod_uids=running, namespaces=namespaces):
         try:
             await rm.release(reservation.id)
         except RMError as exc:

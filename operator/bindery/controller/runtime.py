@@ -269,6 +269,7 @@ class Runtime:
             logger=self.logger,
             on_released=lambda: self._retry_parked("a reservation was released"),
             on_dropped=self._drop,
+            namespaces=self.options.namespaces,
         )
         self.runners[config.name] = runner
         await runner.probe()
@@ -328,6 +329,7 @@ class Runtime:
                 api=self.api,
                 scheduler_names=frozenset(runner.config.scheduler_names),
                 logger=self.logger,
+                namespaces=self.options.namespaces,
             )
         except (RMError, client.ApiException) as exc:
             self.logger.warning(
