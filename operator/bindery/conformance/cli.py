@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check a resource manager against the Bindery RM contract v1.",
         epilog="The server must offer exactly --capacity units of --resource, unused during the run.",
     )
-    parser.add_argument("--url", required=True, help="base URL of the RM, e.g. https://rm.example:8443")
+    # Not required by argparse: --list needs no server.  main() insists on it for a run.
+    parser.add_argument("--url", help="base URL of the RM, e.g. https://rm.example:8443 (required to run)")
     parser.add_argument("--token-file", type=pathlib.Path, help="bearer token file (or set BINDERY_RM_TOKEN)")
     parser.add_argument("--resource", default=DEFAULT_RESOURCE, help="resource reserved by the checks")
     parser.add_argument("--capacity", type=int, default=4, help="total of --resource in the pool (default 4)")
@@ -34,11 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.list:
         for check in CHECKS:
             print(f"{check.name:30} {check.description}")
         return 0
+    if not args.url:
+        parser.error("--url is required to run the checks (only --list works without a server)")
     if args.token_file is not None:
         token = args.token_file.read_text(encoding="utf-8").strip()
     else:

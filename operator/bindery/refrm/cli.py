@@ -127,10 +127,12 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status.
 
-    ``argv`` may start with ``serve`` or omit it (``bindery rm serve ...`` passes what follows it).
+    ``argv`` may start with ``serve`` or omit it (``bindery rm serve ...`` passes what follows it), so
+    ``serve`` is implied unless it is already there: ``bindery rm serve --help`` arrives here as
+    ``["--help"]`` and must print the serve options, not the one-line list of sub-commands.
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if not arguments or arguments[0] not in ("serve", "-h", "--help"):
+    if arguments[:1] != ["serve"]:
         arguments.insert(0, "serve")
     args = build_parser().parse_args(arguments)
     logging.basicConfig(
