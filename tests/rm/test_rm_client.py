@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import pathlib
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -394,3 +395,135 @@ async def test_ready_check(server: FaultServer) -> None:
         server.play(respond(lambda: web.Response(status=503, headers={"Retry-After": "0"})))
         with pytest.raises(RMUnavailable):
             await client.check_ready()
+
+
+def trickle(*, first: bytes = b"", interval: float = 0.05, limit: int = 400) -> Handler:
+    """Headers at once, then one byte every ``interval``: each read makes progress, none times out."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=201, headers={"Content-Type": "application/json", "Content-Length": "100000"}
+        )
+        await response.prepare(request)
+        try:
+            await response.write(first)
+            for _ in range(limit):
+                await asyncio.sleep(interval)
+                await response.write(b" ")
+        except (ConnectionError, RuntimeError):
+            pass  # the client gave up and closed the connection, as it should
+        return response
+
+    return handler
+
+
+async def test_trickling_server_hits_the_per_attempt_deadline(server: FaultServer) -> None:
+    """No single read times out (a byte arrives every 50 ms), yet each attempt ends after 0.7 s."""
+    server.play(trickle())
+    async with make_client(
+        server, connect_timeout=0.2, read_timeout=0.5, max_attempts=2, call_deadline=30
+    ) as client:
+        with pytest.raises(RMUnavailable, match=r"did not complete within 0\.7s"):
+            await client.reserve(REQUEST)
+    assert len(server.seen) == 2
+
+
+async def test_trickling_server_hits_the_overall_call_deadline(server: FaultServer) -> None:
+    """Three attempts are allowed, but the call's deadline leaves room for only the first one."""
+    server.play(trickle())
+    async with make_client(
+        server, connect_timeout=0.5, read_timeout=0.5, max_attempts=3, call_deadline=0.6
+    ) as client:
+        with pytest.raises(RMUnavailable, match=r"overall deadline of 0\.6s ran out") as caught:
+            await client.reserve(REQUEST)
+    assert "gave up after 1 of 3 attempts" in caught.value.message
+    assert len(server.seen) == 1
+
+
+async def test_read_timeout_mid_body_is_retried(server: FaultServer) -> None:
+    async def stall_mid_body(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=201, headers={"Content-Type": "application/json", "Content-Length": "500"}
+        )
+        await response.prepare(request)
+        await response.write(b'{"id": "r1", "no')
+        await asyncio.sleep(1)
+        return response
+
+    server.play(stall_mid_body, respond(ok))
+    async with make_client(server, read_timeout=0.2) as client:
+        reservation = await client.reserve(REQUEST)
+        assert reservation.id == "r1"
+        assert len(server.seen) == 2
+        server.play(stall_mid_body)
+        with pytest.raises(RMUnavailable, match="ReadTimeout"):
+            await client.reserve(REQUEST)
+
+
+async def test_open_circuit_says_when_calls_resume(server: FaultServer) -> None:
+    server.play(respond(lambda: web.Response(status=500)))
+    async with make_client(server, max_attempts=1, failure_threshold=1, circuit_cool_down=30) as client:
+        with pytest.raises(RMUnavailable, match="HTTP 500"):
+            await client.commit("r1")
+        with pytest.raises(RMUnavailable) as caught:
+            await client.commit("r1")
+    assert re.search(
+        r"next call is let through in (29\.\d|30\.0)s \(at \d\d:\d\d:\d\d UTC\)", caught.value.message
+    )
+    assert caught.value.retry_after is not None
+    assert 29 < caught.value.retry_after <= 30
+
+
+def test_breaker_messages_name_the_resume_time() -> None:
+    now = [100.0]
+    breaker = CircuitBreaker(
+        failure_threshold=1, cool_down=5, probe_timeout=2, clock=lambda: now[0], wall_clock=lambda: 3600.0
+    )
+    breaker.record_failure()
+    now[0] = 101.0
+    with pytest.raises(RMUnavailable, match=r"in 4\.0s \(at 01:00:04 UTC\)") as opened:
+        breaker.before_call()
+    assert opened.value.retry_after == 4.0
+    now[0] = 105.0
+    assert breaker.before_call() is True  # the probe
+    with pytest.raises(RMUnavailable, match=r"one probe call is testing it now.*within 2\.0s") as probing:
+        breaker.before_call()
+    assert probing.value.retry_after == 2.0
+
+
+def test_breaker_abandoned_probe_admits_the_next_one() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(failure_threshold=1, cool_down=5, clock=lambda: now[0])
+    breaker.record_failure()
+    now[0] = 5.0
+    assert breaker.before_call() is True
+    breaker.abandon_probe()
+    assert breaker.before_call() is True  # a new probe, not "circuit half-open" forever
+
+
+async def test_cancelled_probe_does_not_wedge_the_circuit(server: FaultServer) -> None:
+    """A pod's cycle cancelled during the half-open probe must not leave every later call refused."""
+    server.play(respond(lambda: web.Response(status=500)))
+
+    async def slow(_: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(1)
+        return ok(COMMITTED, status=200)
+
+    async with make_client(
+        server, max_attempts=1, failure_threshold=1, circuit_cool_down=0.1, read_timeout=5
+    ) as client:
+        with pytest.raises(RMUnavailable, match="HTTP 500"):
+            await client.commit("r1")
+        await asyncio.sleep(0.15)
+        server.play(slow)
+        probe = asyncio.create_task(client.commit("r1"))
+        async with asyncio.timeout(10):
+            while not server.seen:
+                await asyncio.sleep(0.01)
+        probe.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await probe
+        server.play(respond(lambda: ok(COMMITTED, status=200)))
+        reservation = await client.commit("r1")
+    assert reservation.state is ReservationState.COMMITTED
+    assert client.breaker.state == "closed"

@@ -1,10 +1,13 @@
 """The async client Bindery uses to talk to a resource manager (contract v1).
 
 Why it is careful: the RM sits on the scheduling path of every pod, so the client must neither hang
-(explicit connect/read timeouts plus a per-attempt deadline), nor hammer a dead RM (a circuit
-breaker), nor retry anything unsafe (every v1 call is idempotent: reserve by its idempotency key,
-commit and release by definition), nor let a misbehaving server crash the pipeline (every response
-is size-capped while streaming and validated; any contract violation becomes ``RMProtocolError``).
+(explicit connect/read timeouts, a per-attempt deadline, and an overall deadline per call across all
+retries and back-off: an RM that trickles one byte per second never trips a read timeout, and must
+not hold a pod's cycle for minutes), nor hammer a dead RM (a circuit breaker whose error says when
+calls resume), nor retry anything unsafe (every v1 call is idempotent: reserve by its idempotency
+key, commit and release by definition), nor let a misbehaving server crash the pipeline (every
+response is size-capped while streaming and validated; any contract violation becomes
+``RMProtocolError``).
 
 The bearer token is re-read when its file changes, so a rotated Secret is picked up without a
 restart; TLS verification is always on for https and plain http must be allowed explicitly.
@@ -13,6 +16,7 @@ restart; TLS verification is always on for https and plain http must be allowed 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import math
@@ -28,7 +32,13 @@ from typing import Any, Self, TypeVar
 
 import httpx
 import pydantic
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_before_delay,
+)
 from tenacity.wait import wait_exponential_jitter
 
 from bindery.rm.errors import (
@@ -57,7 +67,9 @@ class CircuitBreaker:
 
     Closed → (``failure_threshold`` consecutive failures) → open → (``cool_down`` seconds) →
     half-open: exactly one call may try; its success closes the circuit, its failure re-opens it.
-    Pure state with an injectable clock, so it is unit-testable.
+    A probe that ends without a verdict (cancelled with its pod's cycle) hands the probe slot back
+    via :meth:`abandon_probe`, or the circuit would stay shut forever.
+    Pure state with injectable clocks, so it is unit-testable.
     """
 
     def __init__(
@@ -65,11 +77,15 @@ class CircuitBreaker:
         *,
         failure_threshold: int = 5,
         cool_down: float = 10.0,
+        probe_timeout: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.failure_threshold = failure_threshold
         self.cool_down = cool_down
+        self.probe_timeout = cool_down if probe_timeout is None else probe_timeout
         self._clock = clock
+        self._wall_clock = wall_clock
         self._failures = 0
         self._opened_at: float | None = None
         self._probing = False
@@ -82,21 +98,41 @@ class CircuitBreaker:
             return "half-open"
         return "open"
 
-    def before_call(self) -> None:
-        """Raise RMUnavailable when the circuit does not let this call through."""
+    def before_call(self) -> bool:
+        """Let the call through (True if it is the half-open probe) or raise RMUnavailable.
+
+        The error says when calls resume: the end of the cool-down, or, while a probe is in
+        flight, at the latest when that probe times out.
+        """
         state = self.state
         if state == "closed":
-            return
+            return False
         if state == "half-open" and not self._probing:
             self._probing = True
-            return
+            return True
+        if state == "half-open":
+            raise RMUnavailable(
+                f"the resource manager failed {self._failures} times in a row (circuit half-open); one "
+                "probe call is testing it now and the others wait: calls resume when it succeeds, "
+                f"try again within {self.probe_timeout:.1f}s ({self._at(self.probe_timeout)})",
+                retry_after=self.probe_timeout,
+            )
         assert self._opened_at is not None
         remaining = max(0.0, self.cool_down - (self._clock() - self._opened_at))
         raise RMUnavailable(
             f"the resource manager failed {self._failures} times in a row, so calls are paused "
-            f"(circuit open) for {remaining:.1f}s more; check that the RM is running and reachable",
+            f"(circuit open); the next call is let through in {remaining:.1f}s ({self._at(remaining)}); "
+            "check that the RM is running and reachable",
             retry_after=remaining or self.cool_down,
         )
+
+    def _at(self, seconds: float) -> str:
+        moment = datetime.datetime.fromtimestamp(self._wall_clock() + seconds, tz=datetime.UTC)
+        return "at " + moment.strftime("%H:%M:%S UTC")
+
+    def abandon_probe(self) -> None:
+        """The probe ended with neither success nor failure (cancelled): let the next call probe."""
+        self._probing = False
 
     def record_success(self) -> None:
         self._failures = 0
@@ -192,7 +228,11 @@ class ResourceManagerClient:
         failure_threshold: int = 5,
         circuit_cool_down: float = 10.0,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        call_deadline: float | None = None,
     ) -> None:
+        """``call_deadline`` bounds one logical call (every attempt, back-off and ``Retry-After``
+        wait included); it defaults to two attempts' worth, ``2 * (connect_timeout + read_timeout)``.
+        """
         url = httpx.URL(base_url)
         if url.scheme not in ("https", "http") or not url.host:
             raise ValueError(f"RM base URL {base_url!r} must be an absolute https:// URL")
@@ -203,6 +243,10 @@ class ResourceManagerClient:
             )
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        self._deadline = connect_timeout + read_timeout
+        self._call_deadline = 2 * self._deadline if call_deadline is None else call_deadline
+        if not self._call_deadline > 0:
+            raise ValueError("call_deadline must be positive")
         self.base_url = str(url).rstrip("/")
         self._tokens = TokenSource(token=token, token_file=token_file)
         self._max_attempts = max_attempts
@@ -210,9 +254,12 @@ class ResourceManagerClient:
             multiplier=backoff_initial, max=backoff_max, jitter=backoff_initial
         )
         self._max_retry_after = max_retry_after
-        self._deadline = connect_timeout + read_timeout
         self._max_bytes = max_response_bytes
-        self.breaker = CircuitBreaker(failure_threshold=failure_threshold, cool_down=circuit_cool_down)
+        self.breaker = CircuitBreaker(
+            failure_threshold=failure_threshold,
+            cool_down=circuit_cool_down,
+            probe_timeout=min(self._deadline, self._call_deadline),
+        )
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(
@@ -327,21 +374,40 @@ class ResourceManagerClient:
         params: Mapping[str, str] | None = None,
         authenticated: bool = True,
     ) -> _Answer:
-        """One logical call with retries; returns the final non-retryable answer."""
+        """One logical call with retries; returns the final non-retryable answer.
+
+        Everything, waits included, fits in ``call_deadline``: no retry starts whose back-off would
+        end past it, and each attempt gets at most what is left of it.
+        """
+        clock = asyncio.get_running_loop().time
+        ends_at = clock() + self._call_deadline
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._max_attempts),
+            stop=stop_after_attempt(self._max_attempts) | stop_before_delay(self._call_deadline),
             wait=self._wait,
             retry=retry_if_exception_type(_Retryable),
             before_sleep=_log_retry,
             reraise=True,
         )
+        attempts = 0
         try:
             async for attempt in retrying:
                 with attempt:
+                    attempts += 1
                     return await self._attempt(
-                        method, path, json_body=json_body, params=params, authenticated=authenticated
+                        method,
+                        path,
+                        json_body=json_body,
+                        params=params,
+                        authenticated=authenticated,
+                        ends_at=ends_at,
                     )
         except _Retryable as final:
+            if attempts < self._max_attempts:
+                final.error.message += (
+                    f" (gave up after {attempts} of {self._max_attempts} attempts: another would not fit "
+                    f"in the call's deadline of {self._call_deadline:.1f}s)"
+                )
+                final.error.args = (final.error.message,)
             raise final.error from None
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
@@ -360,17 +426,28 @@ class ResourceManagerClient:
         json_body: Mapping[str, Any] | None,
         params: Mapping[str, str] | None,
         authenticated: bool,
+        ends_at: float,
     ) -> _Answer:
-        self.breaker.before_call()
-        answer = await self._send(
-            method, path, json_body=json_body, params=params, authenticated=authenticated
-        )
-        if answer.status == 401 and authenticated and self._tokens.from_file:
-            # The token may have rotated within the file's mtime granularity: re-read once.
-            self._tokens.current(force_reload=True)
+        probe = self.breaker.before_call()
+        try:
             answer = await self._send(
-                method, path, json_body=json_body, params=params, authenticated=authenticated
+                method, path, json_body=json_body, params=params, authenticated=authenticated, ends_at=ends_at
             )
+            if answer.status == 401 and authenticated and self._tokens.from_file:
+                # The token may have rotated within the file's mtime granularity: re-read once.
+                self._tokens.current(force_reload=True)
+                answer = await self._send(
+                    method,
+                    path,
+                    json_body=json_body,
+                    params=params,
+                    authenticated=authenticated,
+                    ends_at=ends_at,
+                )
+        except BaseException:
+            if probe:
+                self.breaker.abandon_probe()  # a verdict (if any) was recorded already
+            raise
         if answer.status == 429:
             self.breaker.record_success()  # alive, just busy
             raise _Retryable(self._unavailable(answer, f"{method} {path} was rate-limited (429)"))
@@ -388,6 +465,7 @@ class ResourceManagerClient:
         json_body: Mapping[str, Any] | None,
         params: Mapping[str, str] | None,
         authenticated: bool,
+        ends_at: float,
     ) -> _Answer:
         headers: dict[str, str] = {}
         token = self._tokens.current() if authenticated else None
@@ -397,19 +475,29 @@ class ResourceManagerClient:
         if json_body is not None:
             content = json.dumps(json_body, separators=(",", ":")).encode()
             headers["Content-Type"] = "application/json"
+        left = ends_at - asyncio.get_running_loop().time()
+        limit = min(self._deadline, left)
         try:
-            async with asyncio.timeout(self._deadline):
+            if limit <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(limit):
                 async with self._http.stream(
                     method, path, content=content, params=params, headers=headers
                 ) as response:
                     body = await self._read_capped(response, method, path)
                     return _Answer(response.status_code, response.headers, body)
-        except (httpx.TimeoutException, TimeoutError):
+        except (httpx.TimeoutException, TimeoutError) as error:
             self.breaker.record_failure()
+            if isinstance(error, httpx.TimeoutException):
+                why = f"{type(error).__name__}: no progress within the connect/read timeout"
+            elif limit < self._deadline:
+                why = f"the call's overall deadline of {self._call_deadline:.1f}s ran out"
+            else:
+                why = f"the answer did not complete within {self._deadline:.1f}s"
             raise _Retryable(
                 RMUnavailable(
-                    f"{method} {path} to the RM at {self.base_url} timed out after {self._deadline:.1f}s; "
-                    "the RM is slow or unreachable"
+                    f"{method} {path} to the RM at {self.base_url} timed out ({why}); "
+                    "the RM is slow, unreachable or sending its answer too slowly"
                 )
             ) from None
         except httpx.TransportError as error:
