@@ -76,6 +76,11 @@ def run_command(argv: Sequence[str]) -> int:
         "(as `kopf run --liveness`; the Helm chart's probes use it); default: none",
     )
     parser.add_argument(
+        "--metrics-addr",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 0.0.0.0:9090; default: none",
+    )
+    parser.add_argument(
         "--leader-elect",
         action="store_true",
         help="run several replicas: only the holder of a coordination.k8s.io Lease schedules",
@@ -98,6 +103,7 @@ def run_command(argv: Sequence[str]) -> int:
         kubeconfig=args.kubeconfig,
         namespaces=tuple(args.namespace),
         liveness_endpoint=args.liveness,
+        metrics_address=args.metrics_addr,
         leader_election=args.leader_elect,
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name,

@@ -21,6 +21,9 @@ class OperatorOptions:
     state_dir: pathlib.Path | None = None
     #: URL of Kopf's liveness endpoint (`kopf run --liveness`), e.g. http://0.0.0.0:8080/healthz.
     liveness_endpoint: str | None = None
+    #: `HOST:PORT` to serve Prometheus metrics at `/metrics` (e.g. 0.0.0.0:9090; port 0 = any free
+    #: port, see `Runtime.metrics_server.port`); None = no metrics endpoint.
+    metrics_address: str | None = None
     #: elect one active replica through a Lease (kube-scheduler's 15 s / 10 s / 2 s timing).
     leader_election: bool = False
     #: where the Lease lives (the release namespace in a cluster).

@@ -11,18 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from kubernetes_asyncio import client as kube
 
 from bindery.config import ResourceManagerConfig
 from bindery.controller.bound import BoundPodWatcher
+from bindery.controller.metrics import MeasuredRM, Metrics
 from bindery.controller.secrets import RMCredentials
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
 from bindery.scheduling.cycle import schedule_one
 from bindery.scheduling.decisions import Outcome
-from bindery.scheduling.framework import PluginSet, Ports, Profile
+from bindery.scheduling.framework import PluginSet, Ports, Profile, ReservationClient
 from bindery.scheduling.nodecheck import NodeCheckMode
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.queue import BackoffPolicy, QueueClosed, SchedulingQueue
@@ -32,7 +34,7 @@ from bindery.scheduling.throttle import EventThrottle
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 
-def build_profile(*, config: ResourceManagerConfig, client: ResourceManagerClient) -> Profile:
+def build_profile(*, config: ResourceManagerConfig, client: ReservationClient) -> Profile:
     """Raises bindery.scheduling.registry.PluginError if a configured plugin cannot be used."""
     return Profile(
         name=config.name,
@@ -72,12 +74,15 @@ class ProfileRunner:
         on_released: Callable[[], None],
         on_dropped: Callable[[str], None] = lambda uid: None,
         namespaces: tuple[str, ...] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
         self.namespaces = namespaces
+        self.metrics = metrics or Metrics()
         self.client = client
         self.credentials = credentials
-        self.profile = build_profile(config=config, client=client)
+        self.measured = self._measure(client)
+        self.profile = build_profile(config=config, client=self.measured)
         self.queue = SchedulingQueue(max_in_flight=config.max_in_flight, backoff=_backoff(config))
         self.active = False
         self.reachable: bool | None = None
@@ -135,7 +140,8 @@ class ProfileRunner:
             self.client = client
             self.reachable, self.reach_message = None, None
         self.config = config
-        self.profile = build_profile(config=config, client=self.client)
+        self.measured = self._measure(self.client)
+        self.profile = build_profile(config=config, client=self.measured)
         self.queue.reconfigure(max_in_flight=config.max_in_flight, backoff=_backoff(config))
         if self.active:
             self._resize_workers(config.max_in_flight)
@@ -151,14 +157,21 @@ class ProfileRunner:
             watcher = BoundPodWatcher(
                 api=self._api,
                 scheduler_name=name,
-                rm=lambda: self.client,
+                rm=lambda: self.measured,
                 logger=self._logger,
                 namespace=namespace,
-                on_released=self._on_released,
+                on_released=self._released_by_departure,
             )
             self._watchers[name, namespace] = asyncio.create_task(
                 watcher.run(), name=f"bindery bound pods {name} in {namespace or 'all namespaces'}"
             )
+
+    def _measure(self, client: ResourceManagerClient) -> MeasuredRM:
+        return MeasuredRM(inner=client, metrics=self.metrics, resource_manager=self.config.name)
+
+    def _released_by_departure(self) -> None:
+        self.metrics.release(resource_manager=self.config.name, reason="pod_departed")
+        self._on_released()
 
     # -- pods -----------------------------------------------------------------------------------
 
@@ -174,7 +187,7 @@ class ProfileRunner:
         """Probe the RM's readiness; returns whether the Reachable state changed."""
         before = (self.reachable, self.reach_message)
         try:
-            await self.client.check_ready()
+            await self.measured.measure("ready", self.client.check_ready)
         except RMError as exc:
             self.reachable, self.reach_message = False, exc.message
         else:
@@ -200,6 +213,7 @@ class ProfileRunner:
                 pod = await self.queue.pop()
             except QueueClosed:
                 return
+            started = time.perf_counter()
             try:
                 result = await schedule_one(
                     pod=pod, profile=self.profile, ports=self._ports, throttle=self._throttle
@@ -210,9 +224,21 @@ class ProfileRunner:
             except Exception:  # a bug in the cycle must not kill the worker
                 self._logger.exception(f"scheduling cycle of pod {pod.key} crashed; retrying after backoff")
                 self.queue.done(pod.uid, outcome=Outcome.ERROR)
+                self._record(pod, Outcome.ERROR, started)
                 continue
+            self._record(pod, result.outcome, started)
+            if result.released:
+                self.metrics.release(resource_manager=self.config.name, reason="cycle_failure")
             self.queue.done(pod.uid, outcome=result.outcome, retry_after=result.retry_after)
             if result.outcome is Outcome.DROPPED:
                 self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it
             if result.released:
                 self._on_released()
+
+    def _record(self, pod: PodInfo, outcome: Outcome, started: float) -> None:
+        self.metrics.attempt(
+            resource_manager=self.config.name,
+            uid=pod.uid,
+            outcome=outcome,
+            seconds=time.perf_counter() - started,
+        )

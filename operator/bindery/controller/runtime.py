@@ -35,9 +35,10 @@ from bindery.config import (
 )
 from bindery.controller.connection import connection_info, load_configuration
 from bindery.controller.leader import LeaderElector, LeaseTiming
+from bindery.controller.metrics import Metrics, MetricsServer, parse_address
 from bindery.controller.options import OperatorOptions
 from bindery.controller.profiles import ProfileRunner, plugins_for
-from bindery.controller.reconcile import reconcile_reservations
+from bindery.controller.reconcile import Settle, reconcile_reservations
 from bindery.controller.secrets import CredentialsError, RMCredentials, resolve_credentials
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.kube import (
@@ -66,6 +67,10 @@ class Runtime:
         self.options = options
         self.logger = logger
         self.writes = WriteCounter()
+        self.metrics = Metrics(
+            writes=self.writes, queues=lambda: {name: r.queue.stats() for name, r in self.runners.items()}
+        )
+        self.metrics_server: MetricsServer | None = None
         self.pods = UnboundPods()
         self.bodies: dict[str, Mapping[str, Any]] = {}
         self.runners: dict[str, ProfileRunner] = {}
@@ -103,6 +108,13 @@ class Runtime:
             events=self._events,
             conditions=self._conditions,
         )
+        if self.options.metrics_address is not None:
+            host, port = parse_address(self.options.metrics_address)
+            self.metrics_server = MetricsServer(metrics=self.metrics, host=host, port=port)
+            await self.metrics_server.start()
+            self.logger.info(
+                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics"
+            )
         self._probe_task = asyncio.create_task(self._probe_forever(), name="bindery RM probes")
         if self.options.leader_election:
             self._elector_task = asyncio.create_task(self._elect_forever(), name="bindery leader election")
@@ -124,6 +136,8 @@ class Runtime:
         for runner in list(self.runners.values()):
             await runner.stop()
         self.runners.clear()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         if self._api is not None:
             await self._api.close()
         if self._tmp is not None:
@@ -146,6 +160,7 @@ class Runtime:
             self._forget(pod)
             return
         self.pods.put(pod)
+        self.metrics.pod_seen(pod.uid)
         await self._route(pod)
 
     def _forget(self, pod: PodInfo) -> None:
@@ -163,13 +178,16 @@ class Runtime:
             self._conditions.forget(uid=pod.uid)
         for runner in self.runners.values():
             runner.withdraw(pod.uid)
-        served = pod.scheduler_name in self.routing.served
-        if served and (self._binder is None or not self._binder.bound_recently(pod.uid)):
+        ours = self._binder is not None and self._binder.bound_recently(pod.uid)
+        if not ours:  # a pod we bound is forgotten by its cycle, which observes its latency
+            self.metrics.pod_forgotten(pod.uid)
+        if pod.scheduler_name in self.routing.served and not ours:
             self._retry_parked()
 
     def _drop(self, uid: str) -> None:
         """A cycle found the pod gone or bound elsewhere: stop remembering it (a relist may miss it)."""
         self.pods.pop(uid)
+        self.metrics.pod_forgotten(uid)
         if self._conditions is not None:
             self._conditions.forget(uid=uid)
 
@@ -270,6 +288,7 @@ class Runtime:
             on_released=lambda: self._retry_parked("a reservation was released"),
             on_dropped=self._drop,
             namespaces=self.options.namespaces,
+            metrics=self.metrics,
         )
         self.runners[config.name] = runner
         await runner.probe()
@@ -324,7 +343,7 @@ class Runtime:
         if runner.config.name in self._reconciled:
             return
         try:
-            await reconcile_reservations(
+            settled = await reconcile_reservations(
                 rm=runner.client,
                 api=self.api,
                 scheduler_names=frozenset(runner.config.scheduler_names),
@@ -337,6 +356,9 @@ class Runtime:
                 "they expire after their TTL"
             )
             return
+        released = sum(1 for action in settled.values() if action is Settle.RELEASE)
+        if released:
+            self.metrics.release(resource_manager=runner.config.name, reason="leftover", count=released)
         self._reconciled.add(runner.config.name)
 
     def _reoffer_all(self) -> None:

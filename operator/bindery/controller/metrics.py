@@ -1,0 +1,253 @@
+"""Prometheus metrics of one operator process, served at `/metrics` (`bindery run --metrics-addr`).
+
+What an operator of a scheduler watches, in kube-scheduler's terms: how many scheduling attempts
+end scheduled / unschedulable / error, how long a pod waits from first seen to bound, how long each
+attempt and each resource-manager request takes (by verb and outcome), how deep each
+ResourceManager's queue is, how many apiserver writes Bindery made (the two-writes-per-pod budget)
+and how many reservations it gave back.
+
+Cost on the per-pod path is a dict insert when a pod is first seen and a few counter increments
+and histogram observations per attempt. Queue depths and write counts are not pushed at all: a
+collector reads them from the queues and the `WriteCounter` when Prometheus scrapes.
+
+Each `Metrics` has its own registry (not prometheus_client's global one), so several operators in
+one process (tests, the demo) never share or collide on metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import TypeVar
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from bindery.kube.counters import WriteCounter
+from bindery.rm.errors import (
+    RMConflict,
+    RMError,
+    RMProtocolError,
+    RMRejected,
+    RMUnavailable,
+    RMUnschedulable,
+)
+from bindery.rm.models import Reservation, ReservationRequest
+from bindery.scheduling.decisions import Outcome
+from bindery.scheduling.framework import ReservationClient
+from bindery.scheduling.queue import QueueStats
+
+T = TypeVar("T")
+
+#: kube-scheduler's result label values; a pod found gone or bound elsewhere is "dropped".
+RESULTS: Mapping[Outcome, str] = {
+    Outcome.BOUND: "scheduled",
+    Outcome.UNSCHEDULABLE: "unschedulable",
+    Outcome.ERROR: "error",
+    Outcome.DROPPED: "dropped",
+}
+#: Why a reservation was released: a failed cycle, a departed bound pod, a leftover at startup.
+RELEASE_REASONS = ("cycle_failure", "pod_departed", "leftover")
+#: 5 ms … ~82 s: an RM round trip at the low end, a pod parked through several backoffs at the top.
+LATENCY_BUCKETS = tuple(0.005 * 2**i for i in range(15))
+
+
+def result_label(outcome: Outcome) -> str:
+    return RESULTS[outcome]
+
+
+def rm_outcome_label(error: BaseException | None) -> str:
+    """Pure: the `outcome` label of one RM request (most specific error class first)."""
+    if error is None:
+        return "ok"
+    for kind, label in (
+        (RMUnschedulable, "unschedulable"),
+        (RMConflict, "conflict"),
+        (RMRejected, "rejected"),
+        (RMUnavailable, "unavailable"),
+        (RMProtocolError, "protocol_error"),
+        (RMError, "error"),
+    ):
+        if isinstance(error, kind):
+            return label
+    return "error"
+
+
+class Metrics:
+    """The operator's metrics and the bookkeeping behind the end-to-end latency."""
+
+    def __init__(
+        self,
+        *,
+        writes: WriteCounter | None = None,
+        queues: Callable[[], Mapping[str, QueueStats]] = dict,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.attempts = Counter(
+            "bindery_schedule_attempts",
+            "Scheduling attempts (binding cycles) by result: scheduled, unschedulable, error, dropped.",
+            ["resource_manager", "result"],
+            registry=self.registry,
+        )
+        self.attempt_duration = Histogram(
+            "bindery_scheduling_attempt_duration_seconds",
+            "Duration of one binding cycle (reserve, pre-bind, bind, post-bind) by result.",
+            ["resource_manager", "result"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.pod_scheduling = Histogram(
+            "bindery_pod_scheduling_duration_seconds",
+            "From the operator first seeing a pod unbound to its successful bind, across retries.",
+            ["resource_manager"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.rm_requests = Histogram(
+            "bindery_rm_request_duration_seconds",
+            "Resource-manager requests by verb (reserve, commit, release, ready) and outcome.",
+            ["resource_manager", "verb", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.released = Counter(
+            "bindery_reservations_released",
+            "Reservations released, by reason: cycle_failure, pod_departed, leftover.",
+            ["resource_manager", "reason"],
+            registry=self.registry,
+        )
+        self.registry.register(_StateCollector(writes=writes or WriteCounter(), queues=queues))
+        self._first_seen: dict[str, float] = {}
+
+    # -- per pod ---------------------------------------------------------------------------------
+
+    def pod_seen(self, uid: str) -> None:
+        self._first_seen.setdefault(uid, time.monotonic())
+
+    def pod_forgotten(self, uid: str) -> None:
+        self._first_seen.pop(uid, None)
+
+    def attempt(self, *, resource_manager: str, uid: str, outcome: Outcome, seconds: float) -> None:
+        result = result_label(outcome)
+        self.attempts.labels(resource_manager, result).inc()
+        self.attempt_duration.labels(resource_manager, result).observe(seconds)
+        if outcome in (Outcome.BOUND, Outcome.DROPPED):
+            seen = self._first_seen.pop(uid, None)
+            if outcome is Outcome.BOUND and seen is not None:
+                self.pod_scheduling.labels(resource_manager).observe(time.monotonic() - seen)
+
+    def release(self, *, resource_manager: str, reason: str, count: int = 1) -> None:
+        self.released.labels(resource_manager, reason).inc(count)
+
+    # -- exposition ------------------------------------------------------------------------------
+
+    def exposition(self, *, accept: str = "") -> tuple[bytes, str]:
+        """The body and its content type, negotiated as prometheus_client's own handler does:
+        the classic text format (version 0.0.4), or OpenMetrics when the scraper asks for it."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+
+class MeasuredRM:
+    """A ReservationClient that times every request into `bindery_rm_request_duration_seconds`."""
+
+    def __init__(self, *, inner: ReservationClient, metrics: Metrics, resource_manager: str) -> None:
+        self.inner = inner
+        self._metrics = metrics
+        self._name = resource_manager
+
+    async def reserve(self, request: ReservationRequest, /) -> Reservation:
+        return await self.measure("reserve", lambda: self.inner.reserve(request))
+
+    async def commit(self, reservation_id: str, /) -> Reservation:
+        return await self.measure("commit", lambda: self.inner.commit(reservation_id))
+
+    async def release(self, reservation_id: str, /) -> None:
+        await self.measure("release", lambda: self.inner.release(reservation_id))
+
+    async def measure(self, verb: str, call: Callable[[], Awaitable[T]]) -> T:
+        started = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            return await call()
+        except Exception as exc:
+            error = exc
+            raise
+        finally:
+            self._metrics.rm_requests.labels(self._name, verb, rm_outcome_label(error)).observe(
+                time.perf_counter() - started
+            )
+
+
+class _StateCollector(Collector):
+    """Read at scrape time: queue depths per ResourceManager and apiserver writes by kind."""
+
+    def __init__(self, *, writes: WriteCounter, queues: Callable[[], Mapping[str, QueueStats]]) -> None:
+        self._writes = writes
+        self._queues = queues
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "bindery_queue_pods",
+            "Pods in each ResourceManager's scheduling queue, by queue: active, backoff, "
+            "unschedulable, in_flight.",
+            labels=["resource_manager", "queue"],
+        )
+        for name, stats in sorted(self._queues().items()):
+            for queue in ("active", "backoff", "unschedulable", "in_flight"):
+                depth.add_metric([name, queue], getattr(stats, queue))
+        yield depth
+        writes = CounterMetricFamily(
+            "bindery_apiserver_writes",
+            "Writes Bindery made to the apiserver, by kind (binding, event, condition, ...).",
+            labels=["kind"],
+        )
+        for kind, count in sorted(self._writes.snapshot().items()):
+            writes.add_metric([kind], count)
+        yield writes
+
+
+class MetricsServer:
+    """`GET /metrics` in the Prometheus text format, on the operator's event loop (aiohttp)."""
+
+    def __init__(self, *, metrics: Metrics, host: str, port: int) -> None:
+        self._metrics = metrics
+        self._host = host
+        self._port = port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host=self._host, port=self._port)
+        await site.start()
+        addresses = self._runner.addresses  # the bound (host, port, ...) of each listening socket
+        if addresses:
+            self._port = int(addresses[0][1])
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (useful with port 0)."""
+        return self._port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _serve(self, request: web.Request) -> web.Response:
+        body, content_type = self._metrics.exposition(accept=request.headers.get("Accept", ""))
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """`HOST:PORT` (or `:PORT`, `[::]:PORT`) → (host, port); raises ValueError with what is expected."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"metrics address {address!r} is not HOST:PORT (e.g. 0.0.0.0:9090)")
+    return host.strip("[]") or "0.0.0.0", int(port)
