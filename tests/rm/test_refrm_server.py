@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import ipaddress
 import json
+import logging
 import os
 import pathlib
 import random
@@ -453,3 +454,24 @@ async def test_server_token_file_rotation(tmp_path: pathlib.Path) -> None:
         assert (
             await http.get("/v1/reservations", headers={"Authorization": "Bearer new-token-value"})
         ).status_code == 200
+
+
+async def test_long_request_lines_reach_the_contract_without_aiohttp_fallback(
+    refrm: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server's parser limits (``handler_args``) are in force, and aiohttp accepts them silently.
+
+    Should aiohttp ever reject one of those arguments it logs "Failed to create request handler with
+    custom kwargs" and drops them all, which this catches twice: the warning, and the 8 KiB default
+    limit answering the long header below with its own text/plain 400 instead of contract v1's.
+    """
+    caplog.set_level(logging.WARNING, logger="aiohttp")
+    async with httpx.AsyncClient(base_url=refrm.url) as http:
+        long_filter = await http.get("/v1/reservations", params={"podUid": "u" * 20_000}, headers=AUTH)
+        long_header = await http.get("/v1/reservations", headers={**AUTH, "X-Padding": "p" * 20_000})
+    assert long_filter.status_code == 400
+    assert long_filter.headers["content-type"].startswith("application/problem+json")
+    assert long_filter.json()["detail"] == "podUid must be 1 to 253 characters long"
+    assert long_header.status_code == 200
+    assert long_header.json() == {"items": [], "nextCursor": None}
+    assert [record.getMessage() for record in caplog.records if record.name.startswith("aiohttp")] == []
