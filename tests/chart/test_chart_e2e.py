@@ -127,6 +127,22 @@ def _tails(logs: Sequence[pathlib.Path]) -> str:
     )
 
 
+def _fetch(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return str(resp.read().decode())
+    except OSError:
+        return ""
+
+
+def _values_default(key: str) -> Any:
+    """A default from the chart's values.yaml: what this install (no override of it) uses."""
+    tree: Any = yaml.safe_load((ct.CHART / "values.yaml").read_text())
+    for part in key.split("."):
+        tree = tree[part]
+    return tree
+
+
 def _healthz(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
@@ -140,7 +156,7 @@ async def test_operator_schedules_a_pod_under_the_charts_rbac(
 ) -> None:
     tag = uuid.uuid4().hex[:6]
     release, scheduler, pool = f"e2e-{tag}", f"chart-e2e-{tag}", f"pool-{tag}"
-    rm_port, health_port = free_port(), free_port()
+    rm_port, health_port, metrics_port = free_port(), free_port(), free_port()
     full = f"{release}-bindery"
     ct.run(
         [
@@ -174,6 +190,7 @@ async def test_operator_schedules_a_pod_under_the_charts_rbac(
             node=node,
             rm_port=rm_port,
             health_port=health_port,
+            metrics_port=metrics_port,
             tmp=tmp_path,
             core=core,
         )
@@ -191,6 +208,7 @@ async def _schedule_through_the_chart(
     node: str,
     rm_port: int,
     health_port: int,
+    metrics_port: int,
     tmp: pathlib.Path,
     core: client.CoreV1Api,
 ) -> None:
@@ -213,7 +231,13 @@ async def _schedule_through_the_chart(
         },
     )
     op = _container(plane, namespace=namespace, deployment=full)
-    op_args = _relocate(op["args"], {"--liveness": f"http://127.0.0.1:{health_port}/healthz"})
+    op_args = _relocate(
+        op["args"],
+        {
+            "--liveness": f"http://127.0.0.1:{health_port}/healthz",
+            "--metrics-addr": f"127.0.0.1:{metrics_port}",
+        },
+    )
 
     # Nothing from this test's environment: no KUBECONFIG, so only the minted identities are used.
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
@@ -289,6 +313,21 @@ async def _schedule_through_the_chart(
         event = await _eventually(scheduled_event, what="the Scheduled event", logs=logs, procs=procs)
         assert event["reportingController"] == scheduler
         assert event["note"] == f"Successfully assigned {namespace}/hello to {node}"
+
+        # What the chart's ServiceMonitor scrapes: its path on the container port the metrics
+        # Service targets, served by the real process.
+        monitor_path = _values_default("metrics.serviceMonitor.path")
+        assert {p["name"] for p in op["ports"]} == {"health", "metrics"}
+        url = f"http://127.0.0.1:{metrics_port}{monitor_path}"
+
+        async def scheduled_metric() -> bool:
+            text = await asyncio.to_thread(_fetch, url)
+            return (
+                f'bindery_schedule_attempts_total{{resource_manager="{full}-rm",result="scheduled"}} 1.0'
+                in text
+            )
+
+        await _eventually(scheduled_metric, what=f"{url} to count the scheduled pod", logs=logs, procs=procs)
 
     # Every request either process made was allowed: a missing rule shows up in a log as a 403
     # (Kopf: APIForbiddenError, httpx/aiohttp: "Forbidden").

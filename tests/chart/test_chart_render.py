@@ -5,6 +5,7 @@ Nothing here needs a cluster; test_chart_install.py applies the same renders to 
 
 from __future__ import annotations
 
+import json
 import pathlib
 import tarfile
 from collections.abc import Iterator, Mapping
@@ -113,6 +114,8 @@ def test_minimal_install_is_just_the_operator(rendered: dict[str, list[dict[str,
 def test_operator_deployment(rendered: dict[str, list[dict[str, Any]]], value_set: str) -> None:
     values = VALUE_SETS[value_set]
     health_port = values.get("operator", {}).get("healthPort", 8080)
+    metrics = values.get("metrics", {})
+    metrics_port = metrics.get("port", 9090)
     deps = [
         d
         for d in ct.by_kind(rendered[value_set], "Deployment")
@@ -124,7 +127,34 @@ def test_operator_deployment(rendered: dict[str, list[dict[str, Any]]], value_se
     assert spec["strategy"] == {"type": "Recreate"}
     (container,) = spec["template"]["spec"]["containers"]
     assert container["args"][0] == f"--liveness=http://0.0.0.0:{health_port}/healthz"
-    assert container["ports"] == [{"name": "health", "containerPort": health_port, "protocol": "TCP"}]
+    health = {"name": "health", "containerPort": health_port, "protocol": "TCP"}
+    if metrics.get("enabled", True):
+        assert container["args"][1] == f"--metrics-addr=0.0.0.0:{metrics_port}"
+        assert container["ports"] == [
+            health,
+            {"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"},
+        ]
+        service = ct.one(rendered[value_set], "Service", deps[0]["metadata"]["name"] + "-metrics")
+        assert service["spec"]["ports"] == [
+            {
+                "name": "metrics",
+                "port": metrics.get("service", {}).get("port", 9090),
+                "targetPort": "metrics",
+                "protocol": "TCP",
+            }
+        ]
+    else:
+        assert not any(a.startswith("--metrics-addr") for a in container["args"])
+        assert container["ports"] == [health]
+    policies = [
+        p
+        for p in ct.by_kind(rendered[value_set], "NetworkPolicy")
+        if p["metadata"]["name"] == deps[0]["metadata"]["name"]
+    ]
+    for policy in policies:  # the operator's policy admits exactly its health and metrics ports
+        (rule,) = policy["spec"]["ingress"]
+        expected = ["health", "metrics"] if metrics.get("enabled", True) else ["health"]
+        assert [port["port"] for port in rule["ports"]] == expected
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
@@ -259,7 +289,7 @@ def test_resource_managers_from_values(rendered: dict[str, list[dict[str, Any]]]
     dep = ct.one(rendered["external-rms"], "Deployment")
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example.com/bindery@sha256:" + "ab" * 32
-    assert container["args"][1:] == ["--verbose"]
+    assert container["args"][2:] == ["--verbose"]
     assert container["env"] == [{"name": "EXAMPLE", "value": "1"}]
     assert (
         "env"
@@ -306,7 +336,20 @@ def test_service_monitor(helm: str, helm_env: dict[str, str], tmp_path: pathlib.
     assert monitor["metadata"]["labels"]["release"] == "prom"
     service = ct.one(objects, "Service", "rel-bindery-metrics")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    # ServiceMonitor → Service port "metrics" → container port "metrics", where the operator
+    # serves the path the monitor scrapes (bindery run --metrics-addr serves /metrics).
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    (container,) = ct.one(objects, "Deployment", "rel-bindery")["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_metrics_and_health_ports_must_differ(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    error = ct.render_error(helm=helm, env=helm_env, tmp=tmp_path, values={"metrics": {"port": 8080}})
+    assert "metrics.port and operator.healthPort are both 8080" in error
 
 
 def test_kube_version_constraint(helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path) -> None:
@@ -459,3 +502,14 @@ def test_readme_lists_every_value() -> None:
     readme = (ct.CHART / "README.md").read_text()
     missing = [k for k in keys(values) if f"| `{k}` |" not in readme]
     assert not missing, f"charts/bindery/README.md does not list {missing}"
+    # Scalar defaults are written as in values.yaml, so a changed default cannot go unnoticed.
+    stale = []
+    for key in keys(values):
+        default: Any = values
+        for part in key.split("."):
+            default = default[part]
+        if isinstance(default, bool | int | str):
+            shown = json.dumps(default) if isinstance(default, bool) or default == "" else str(default)
+            if f"| `{key}` | `{shown}` |" not in readme:
+                stale.append((key, shown))
+    assert not stale, f"charts/bindery/README.md shows other defaults than values.yaml for {stale}"

@@ -60,7 +60,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "reference-rm-tuned": {
         "fullnameOverride": "sched",
         "operator": {"healthPort": 9808},
-        "metrics": {"service": {"port": 9808}},
+        "metrics": {"port": 9809, "service": {"port": 9808}},
         "referenceRM": {
             "schedulerNames": ["bindery", "bindery-batch"],
             "mirrorNodeSelector": "bindery.dev/pool=default",
