@@ -5,7 +5,6 @@ from __future__ import annotations
 import pathlib
 import signal
 import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +13,7 @@ from bindery.conformance.cli import main as conformance_main
 from bindery.conformance.kit import http_client, run_check
 from bindery.refrm import RunningServer
 
-from .conftest import TOKEN
+from .conftest import TOKEN, refrm_serve_command, served_url
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[check.name for check in CHECKS])
@@ -46,7 +45,7 @@ def test_cli_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cli_against_a_served_reference_rm(
-    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: pathlib.Path, token_file: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The vendor path: the RM is some process at a URL, the kit is a command with an exit status."""
     inventory = tmp_path / "inventory.yaml"
@@ -56,28 +55,15 @@ def test_cli_against_a_served_reference_rm(
         "  - {name: b, allocatable: {cpu: '4', bindery.dev/conformance-slot: '2'},"
         " taints: [{key: k, value: v, effect: NoSchedule}]}\n"
     )
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bindery.refrm.cli",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--db",
-            str(tmp_path / "rm.sqlite"),
-            "--inventory",
-            str(inventory),
-            "--token-file",
-            str(token_file),
-        ],
+        refrm_serve_command(
+            db=tmp_path / "rm.sqlite", token_file=token_file, options=["--inventory", str(inventory)]
+        ),
         stdout=subprocess.PIPE,
     )
     try:
         assert server.stdout is not None
-        url = server.stdout.readline().decode().rsplit(" ", 1)[-1].strip()
+        url = served_url(server.stdout.readline())
         code = conformance_main(["--url", url, "--token-file", str(token_file), "--capacity", "5"])
         output = capsys.readouterr().out
         assert code == 0, output

@@ -6,7 +6,6 @@ import asyncio
 import pathlib
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +20,7 @@ from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable, RMUnschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest
 
-from .conftest import TOKEN
+from .conftest import TOKEN, refrm_serve_command, served_url
 
 
 async def eventually(condition: Callable[[], bool], what: str) -> None:
@@ -117,35 +116,25 @@ async def test_not_ready_until_inventory_known(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.controlplane
 async def test_cli_mirror_mode_end_to_end(
-    controlplane: Any, kube_api: client.ApiClient, tmp_path: pathlib.Path
+    controlplane: Any, kube_api: client.ApiClient, tmp_path: pathlib.Path, token_file: pathlib.Path
 ) -> None:
     """`bindery rm serve --mirror-nodes` as a process, reading the real apiserver through a kubeconfig."""
     pool = uuid.uuid4().hex[:8]
     name = f"cli-mirror-{pool}"
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bindery.refrm.cli",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--db",
-        str(tmp_path / "rm.sqlite"),
+    options = [
         "--mirror-nodes",
         "--node-selector",
         f"bindery.dev/test-pool={pool}",
         "--kubeconfig",
         str(controlplane.kubeconfig),
-        "--token-file",
-        str(token_file),
+    ]
+    process = await asyncio.create_subprocess_exec(
+        *refrm_serve_command(db=tmp_path / "rm.sqlite", token_file=token_file, options=options),
         stdout=subprocess.PIPE,
     )
     try:
         assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), timeout=60)).decode()
-        url = line.rsplit(" ", 1)[-1].strip()
+        url = served_url(await asyncio.wait_for(process.stdout.readline(), timeout=60))
         await create_node(
             kube_api,
             name=name,

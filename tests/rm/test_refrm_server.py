@@ -12,9 +12,6 @@ import pathlib
 import random
 import signal
 import subprocess
-import sys
-from collections import defaultdict
-from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -25,14 +22,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from bindery.quantity import parse_quantity
 from bindery.refrm import RunningServer, serve_reference_rm
 from bindery.refrm.cli import main as refrm_main
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMUnavailable, RMUnschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest, ReservationState
 
-from .conftest import TOKEN, small_inventory
+from .conftest import TOKEN, refrm_serve_command, served_url, small_inventory, usage_by_node
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -237,11 +233,7 @@ async def test_50_concurrent_clients_never_overcommit_and_restart_keeps_everythi
     assert outcomes.count("reserved") == len(before)
     assert 0 < len(before) < 50  # contention really happened: some fit, some did not
 
-    used: dict[str, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
-    for item in before:
-        for name, amount in item["resources"].items():
-            used[item["node"]][name] += parse_quantity(amount)
-    for node_name, usage in used.items():
+    for node_name, usage in usage_by_node(before).items():
         for name, amount in usage.items():
             assert amount <= inventory[node_name].allocatable[name], f"{node_name} overcommitted on {name}"
     tainted = {item["podUid"] for item in before if item["node"] == "node-b"}
@@ -255,11 +247,7 @@ async def test_50_concurrent_clients_never_overcommit_and_restart_keeps_everythi
         second = [random_request(rng, 100 + index) for index in range(20)]
         await asyncio.gather(*(one_client(server.url, request) for request in second))
         total = await all_reservations(server)
-    used_after: dict[str, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
-    for item in total:
-        for name, amount in item["resources"].items():
-            used_after[item["node"]][name] += parse_quantity(amount)
-    for node_name, usage in used_after.items():
+    for node_name, usage in usage_by_node(total).items():
         for name, amount in usage.items():
             assert amount <= inventory[node_name].allocatable[name], (
                 f"{node_name} overcommitted on {name} after restart"
@@ -376,28 +364,19 @@ async def test_cli_serves_until_sigterm(tmp_path: pathlib.Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bindery.refrm.cli",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--db",
-        str(tmp_path / "rm.sqlite"),
-        "--inventory",
-        str(inventory),
-        "--token-file",
-        str(token_file),
-        "--policy",
-        "spread",
+        *refrm_serve_command(
+            db=tmp_path / "rm.sqlite",
+            token_file=token_file,
+            options=["--inventory", str(inventory), "--policy", "spread"],
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
         assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), timeout=30)).decode()
-        url = line.rsplit(" ", 1)[-1].strip()
-        assert url.startswith("http://127.0.0.1:"), line
+        banner = await asyncio.wait_for(process.stdout.readline(), timeout=30)
+        url = served_url(banner)
+        assert url.startswith("http://127.0.0.1:"), banner
         async with ResourceManagerClient(
             base_url=url, token_file=token_file, allow_insecure_http=True
         ) as client:

@@ -18,16 +18,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from bindery.rm import RMConflict, RMError, RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
 from bindery.rm.client import CircuitBreaker, ResourceManagerClient
-from bindery.rm.errors import (
-    ProblemType,
-    RMConflict,
-    RMError,
-    RMProtocolError,
-    RMRejected,
-    RMUnavailable,
-    RMUnschedulable,
-)
+from bindery.rm.errors import ProblemType
 from bindery.rm.models import PodIdentity, ReservationRequest, ReservationState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -75,6 +68,16 @@ class FaultServer:
         self.script = list(handlers)
         self.seen.clear()
         self.tokens.clear()
+
+
+async def start_json_body(request: web.Request, *, length: int, first: bytes) -> web.StreamResponse:
+    """Send 201 headers promising ``length`` bytes of JSON, then only ``first``; the caller goes on."""
+    response = web.StreamResponse(
+        status=201, headers={"Content-Type": "application/json", "Content-Length": str(length)}
+    )
+    await response.prepare(request)
+    await response.write(first)
+    return response
 
 
 def respond(response: Callable[[], web.StreamResponse]) -> Handler:
@@ -232,11 +235,7 @@ async def test_bad_bodies_become_protocol_errors(
 
 async def test_truncated_body_is_a_protocol_error(server: FaultServer) -> None:
     async def truncated(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(
-            status=201, headers={"Content-Type": "application/json", "Content-Length": "500"}
-        )
-        await response.prepare(request)
-        await response.write(b'{"id": "r1", "no')
+        response = await start_json_body(request, length=500, first=b'{"id": "r1", "no')
         assert request.transport is not None
         request.transport.close()
         return response
@@ -397,16 +396,12 @@ async def test_ready_check(server: FaultServer) -> None:
             await client.check_ready()
 
 
-def trickle(*, first: bytes = b"", interval: float = 0.05, limit: int = 400) -> Handler:
+def trickle(*, interval: float = 0.05, limit: int = 400) -> Handler:
     """Headers at once, then one byte every ``interval``: each read makes progress, none times out."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(
-            status=201, headers={"Content-Type": "application/json", "Content-Length": "100000"}
-        )
-        await response.prepare(request)
+        response = await start_json_body(request, length=100_000, first=b"")
         try:
-            await response.write(first)
             for _ in range(limit):
                 await asyncio.sleep(interval)
                 await response.write(b" ")
@@ -442,11 +437,7 @@ async def test_trickling_server_hits_the_overall_call_deadline(server: FaultServ
 
 async def test_read_timeout_mid_body_is_retried(server: FaultServer) -> None:
     async def stall_mid_body(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(
-            status=201, headers={"Content-Type": "application/json", "Content-Length": "500"}
-        )
-        await response.prepare(request)
-        await response.write(b'{"id": "r1", "no')
+        response = await start_json_body(request, length=500, first=b'{"id": "r1", "no')
         await asyncio.sleep(1)
         return response
 
