@@ -30,8 +30,8 @@ def register(*, registry: kopf.OperatorRegistry, options: OperatorOptions | None
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
-        configure(settings)
         chosen = memo.get("options") or options or OperatorOptions()
+        configure(settings, watch_timeout=chosen.watch_timeout)
         runtime = Runtime(options=chosen, logger=logging.getLogger("bindery.controller"))
         await runtime.start(node_index=kwargs[NODE_INDEX])
         memo["runtime"] = runtime

@@ -24,6 +24,9 @@ class OperatorOptions:
     #: `HOST:PORT` to serve Prometheus metrics at `/metrics` (e.g. 0.0.0.0:9090; port 0 = any free
     #: port, see `Runtime.metrics_server.port`); None = no metrics endpoint.
     metrics_address: str | None = None
+    #: seconds one watch request stays open before Kopf re-watches (each re-watch authenticates
+    #: anew, so a rotated token is used from then on).
+    watch_timeout: int = 300
     #: elect one active replica through a Lease (kube-scheduler's 15 s / 10 s / 2 s timing).
     leader_election: bool = False
     #: where the Lease lives (the release namespace in a cluster).

@@ -28,7 +28,7 @@ async def run_operator(
     registry = kopf.OperatorRegistry()
     register(registry=registry, options=options)
     settings = kopf.OperatorSettings()
-    configure(settings)
+    configure(settings, watch_timeout=options.watch_timeout)
     memo = memo if memo is not None else kopf.Memo()
     memo["options"] = options
     await kopf.operator(

@@ -17,13 +17,14 @@ import kopf
 UNBOUND_PODS = "spec.nodeName="
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, *, watch_timeout: int = 300) -> None:
+    """`watch_timeout`: seconds the apiserver keeps one watch request open before Kopf re-watches."""
     settings.watching.field_selectors["v1", "pods"] = UNBOUND_PODS
     settings.scanning.disabled = True
     settings.posting.enabled = False
     settings.peering.standalone = True
     settings.peering.mandatory = False
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
+    settings.watching.server_timeout = watch_timeout
+    settings.watching.client_timeout = watch_timeout + 30
     settings.watching.connect_timeout = 10
     settings.queueing.worker_limit = None
