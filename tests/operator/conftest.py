@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import pathlib
+import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -21,6 +23,7 @@ from kubernetes_asyncio import client
 from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.options import OperatorOptions
+from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from tests.conftest import api_client_for
 from tests.operator.fakerm import FakeRM, serve_fake_rm
@@ -78,6 +81,58 @@ async def bindery(operator_kubeconfig: pathlib.Path) -> AsyncIterator[Bindery]:
         yield operator
     finally:
         await operator.stop()
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """What most tests start from: a Node with room at the fake RM and a scheduler name of their own.
+
+    `served(...)` creates the ResourceManager that serves the name (extra spec fields as keywords)
+    for the duration of an `async with`; `create` and `node_of` act on pods of that name.
+    """
+
+    api: client.ApiClient
+    namespace: str
+    rm: FakeRM
+    node: str
+    scheduler: str
+    rm_name: str
+
+    def served(
+        self, *, endpoint: str | None = None, **spec: Any
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        return resource_manager(
+            self.api,
+            name=self.rm_name,
+            scheduler_names=[self.scheduler],
+            endpoint=endpoint or self.rm.url,
+            **spec,
+        )
+
+    async def create(self, name: str, **fields: Any) -> dict[str, Any]:
+        body = pod_body(name=name, scheduler_name=self.scheduler, **fields)
+        return await create_pod(self.api, namespace=self.namespace, body=body)
+
+    async def node_of(self, name: str) -> str | None:
+        return await node_of(self.api, namespace=self.namespace, name=name)
+
+
+@pytest.fixture
+async def stage(
+    kube_api: client.ApiClient, crd: None, namespace: str, fake_rm: FakeRM, uniq: Callable[[str], str]
+) -> Stage:
+    """A fresh Node with five slots at `fake_rm` (tests change `fake_rm.slots[stage.node]`)."""
+    node = uniq("n")
+    await create_node(kube_api, name=node)
+    fake_rm.slots[node] = 5
+    return Stage(
+        api=kube_api,
+        namespace=namespace,
+        rm=fake_rm,
+        node=node,
+        scheduler=uniq("sched"),
+        rm_name=uniq("rm"),
+    )
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -162,6 +217,50 @@ async def read_pod(api: client.ApiClient, *, namespace: str, name: str) -> dict[
     pod = await client.CoreV1Api(api).read_namespaced_pod(name=name, namespace=namespace)
     result: dict[str, Any] = api.sanitize_for_serialization(pod)
     return result
+
+
+async def bind_pod(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    name: str,
+    node: str,
+    annotations: Mapping[str, str] | None = None,
+) -> None:
+    """Bind a pod the way another scheduler (or an earlier Bindery) would: POST a Binding."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "annotations": dict(annotations or {})},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    await client.CoreV1Api(api).create_namespaced_pod_binding(
+        name=name, namespace=namespace, body=body, _preload_content=False
+    )
+
+
+async def node_of(api: client.ApiClient, *, namespace: str, name: str) -> str | None:
+    """The node the pod is bound to, or None while it is pending."""
+    pod = await read_pod(api, namespace=namespace, name=name)
+    node: str | None = pod["spec"].get("nodeName")
+    return node
+
+
+async def now(value: Any) -> Any:
+    """An already-known value as an awaitable, for `eventually(lambda: now(...))`."""
+    return value
+
+
+async def states_are(rm: FakeRM, uid: str, *states: str) -> bool:
+    """The pod's reservations at `rm` are in exactly these states (one per reservation)."""
+    return [r["state"] for r in rm.for_pod(uid)] == list(states)
+
+
+def closed_port_url() -> str:
+    """An http URL on loopback where nothing listens (a resource manager that is down)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 async def eventually(

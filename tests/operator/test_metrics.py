@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pathlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -13,9 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.metrics import parse_address, rm_outcome_label
 from bindery.controller.options import OperatorOptions
-from bindery.devcluster.nodes import create_node
 from bindery.rm.errors import RMConflict, RMUnavailable, RMUnschedulable
-from tests.operator.conftest import create_pod, eventually, pod_body, resource_manager
+from tests.operator.conftest import Stage, eventually
 from tests.operator.fakerm import FakeRM
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -60,23 +59,14 @@ async def test_scheduling_moves_the_counters_served_at_metrics(
     namespace: str,
     measured: EmbeddedOperator,
     fake_rm: FakeRM,
-    uniq: Callable[[str], str],
+    stage: Stage,
 ) -> None:
-    node = uniq("m")
-    scheduler = uniq("sched")
-    rm = uniq("rm")
-    await create_node(kube_api, name=node)
+    node, rm = stage.node, stage.rm_name
     before = await scrape(measured)
     assert value(before, "bindery_apiserver_writes_total", kind="binding") == 0
     fake_rm.slots[node] = 0  # first no room: an unschedulable attempt
-    async with resource_manager(
-        kube_api,
-        name=rm,
-        scheduler_names=[scheduler],
-        endpoint=fake_rm.url,
-        backoff={"initialSeconds": 0.2, "maxSeconds": 0.5},
-    ):
-        await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
+    async with stage.served(backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}):
+        await stage.create("p")
 
         async def unschedulable() -> Samples | None:
             samples = await scrape(measured)

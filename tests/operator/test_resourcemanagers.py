@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.devcluster.nodes import create_node
 from bindery.scheduling.framework import CycleContext, Status
 from bindery.scheduling.registry import default_registry
 from tests.operator.conftest import (
     Bindery,
-    create_pod,
+    Stage,
+    closed_port_url,
     events_of,
     eventually,
-    pod_body,
-    read_pod,
     resource_manager,
 )
 from tests.operator.fakerm import FakeRM, serve_fake_rm
@@ -42,17 +39,6 @@ def _conditions(rm: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in (rm.get("status") or {}).get("conditions") or ()}
 
 
-async def _node_of(api: client.ApiClient, namespace: str, name: str) -> str | None:
-    node: str | None = (await read_pod(api, namespace=namespace, name=name))["spec"].get("nodeName")
-    return node
-
-
-def _closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
 async def test_status_reports_ready_then_unreachable_after_an_endpoint_change(
     *, kube_api: client.ApiClient, bindery: Bindery, fake_rm: FakeRM, uniq: Callable[[str], str]
 ) -> None:
@@ -69,7 +55,7 @@ async def test_status_reports_ready_then_unreachable_after_an_endpoint_change(
         assert rm["status"]["observedGeneration"] == rm["metadata"]["generation"]
 
         await _patch_spec(
-            kube_api, name, {"endpoint": _closed_port_url(), "timeouts": {"connectSeconds": 0.2}}
+            kube_api, name, {"endpoint": closed_port_url(), "timeouts": {"connectSeconds": 0.2}}
         )
 
         async def unreachable() -> dict[str, Any] | None:
@@ -91,12 +77,10 @@ async def test_a_contested_scheduler_name_is_reported_in_both_and_served_by_neit
     bindery: Bindery,
     fake_rm: FakeRM,
     uniq: Callable[[str], str],
+    stage: Stage,
 ) -> None:
-    node = uniq("n")
-    shared = uniq("shared")
+    node, shared = stage.node, stage.scheduler
     first, second = uniq("rm-a"), uniq("rm-b")
-    await create_node(kube_api, name=node)
-    fake_rm.slots[node] = 5
     async with resource_manager(kube_api, name=first, scheduler_names=[shared], endpoint=fake_rm.url):
         second_rm = resource_manager(kube_api, name=second, scheduler_names=[shared], endpoint=fake_rm.url)
         async with second_rm:
@@ -108,7 +92,7 @@ async def test_a_contested_scheduler_name_is_reported_in_both_and_served_by_neit
 
                 ready = await eventually(conflict, what=f"{this} reporting the conflict")
                 assert other in ready["message"]
-            await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=shared))
+            await stage.create("p")
 
             async def reported() -> list[dict[str, Any]]:
                 events = await events_of(kube_api, namespace=namespace, pod_name="p")
@@ -118,9 +102,9 @@ async def test_a_contested_scheduler_name_is_reported_in_both_and_served_by_neit
             assert first in event["note"]
             assert second in event["note"]
             assert fake_rm.reservations == {}
-            assert await _node_of(kube_api, namespace, "p") is None
+            assert await stage.node_of("p") is None
         # The second claimant is gone: the name is uncontested, the pod gets scheduled.
-        assert await eventually(lambda: _node_of(kube_api, namespace, "p"), what="the bind") == node
+        assert await eventually(lambda: stage.node_of("p"), what="the bind") == node
 
 
 async def test_an_endpoint_change_applies_without_restart(
@@ -129,27 +113,18 @@ async def test_an_endpoint_change_applies_without_restart(
     namespace: str,
     bindery: Bindery,
     fake_rm: FakeRM,
-    uniq: Callable[[str], str],
+    stage: Stage,
 ) -> None:
-    node = uniq("n")
-    scheduler = uniq("s")
-    name = uniq("rm")
-    await create_node(kube_api, name=node)
+    node, name = stage.node, stage.rm_name
     fake_rm.mode = "unschedulable"
     async with (
         serve_fake_rm(FakeRM(slots={node: 5})) as better,
-        resource_manager(
-            kube_api,
-            name=name,
-            scheduler_names=[scheduler],
-            endpoint=fake_rm.url,
-            backoff={"initialSeconds": 0.2, "maxSeconds": 0.5},
-        ),
+        stage.served(backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}),
     ):
-        await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
+        await stage.create("p")
         await eventually(lambda: _reserve_calls(fake_rm), what="the first RM being asked")
         await _patch_spec(kube_api, name, {"endpoint": better.url})
-        assert await eventually(lambda: _node_of(kube_api, namespace, "p"), what="the bind") == node
+        assert await eventually(lambda: stage.node_of("p"), what="the bind") == node
         # The commit follows the bind (and the Scheduled event): wait for it.
         await eventually(lambda: _states_are(better, ["committed"]), what="the commit at the new RM")
 
@@ -175,24 +150,15 @@ async def test_a_prebind_plugin_enabled_per_resource_manager(
     namespace: str,
     bindery: Bindery,
     fake_rm: FakeRM,
-    uniq: Callable[[str], str],
+    stage: Stage,
 ) -> None:
-    node = uniq("n")
-    scheduler = uniq("s")
-    name = uniq("rm")
-    await create_node(kube_api, name=node)
-    fake_rm.slots[node] = 5
+    node, name = stage.node, stage.rm_name
     default_registry.register(name="test-reject", plugin=RejectingPreBind())
     try:
-        async with resource_manager(
-            kube_api,
-            name=name,
-            scheduler_names=[scheduler],
-            endpoint=fake_rm.url,
-            plugins={"preBind": ["test-reject"]},
-            backoff={"initialSeconds": 0.2, "maxSeconds": 0.5},
+        async with stage.served(
+            plugins={"preBind": ["test-reject"]}, backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}
         ):
-            await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
+            await stage.create("p")
 
             async def refused() -> list[dict[str, Any]]:
                 events = await events_of(kube_api, namespace=namespace, pod_name="p")
@@ -202,7 +168,7 @@ async def test_a_prebind_plugin_enabled_per_resource_manager(
             assert fake_rm.reservations
             assert fake_rm.active() == []
             await _patch_spec(kube_api, name, {"plugins": {"preBind": []}})
-            assert await eventually(lambda: _node_of(kube_api, namespace, "p"), what="the bind") == node
+            assert await eventually(lambda: stage.node_of("p"), what="the bind") == node
     finally:
         default_registry.unregister(name="test-reject")
 

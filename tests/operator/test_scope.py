@@ -8,26 +8,22 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.devcluster.nodes import create_node
 from tests.operator.conftest import (
     Bindery,
+    Stage,
+    bind_pod,
     create_pod,
     events_of,
     eventually,
+    now,
     pod_body,
     read_pod,
     reservation_entry,
-    resource_manager,
+    states_are,
 )
 from tests.operator.fakerm import FakeRM
 
 pytestmark = pytest.mark.controlplane
-
-
-async def _node_of(api: client.ApiClient, namespace: str, name: str) -> str | None:
-    pod = await read_pod(api, namespace=namespace, name=name)
-    node: str | None = pod["spec"].get("nodeName")
-    return node
 
 
 async def test_priority_order_under_max_in_flight_one(
@@ -37,11 +33,10 @@ async def test_priority_order_under_max_in_flight_one(
     bindery: Bindery,
     fake_rm: FakeRM,
     uniq: Callable[[str], str],
+    stage: Stage,
 ) -> None:
-    node = uniq("prio")
-    scheduler = uniq("sched")
-    await create_node(kube_api, name=node)
-    fake_rm.slots[node] = 10
+    scheduler = stage.scheduler
+    fake_rm.slots[stage.node] = 10
     # The pods wait (no ResourceManager serves them yet), so they are all queued at once when it appears.
     priorities = {"low": 1, "mid": 50, "high": 100, "top": 1000}
     scheduling = client.SchedulingV1Api(kube_api)
@@ -52,11 +47,9 @@ async def test_priority_order_under_max_in_flight_one(
         # The priority admission plugin sees new PriorityClasses through a cache: retry until it does.
         await eventually(lambda body=body: _try_create(kube_api, namespace, body), what="pod admitted")
     await eventually(lambda: _remembered(bindery, namespace, set(priorities)), what="the pods in the watch")
-    async with resource_manager(
-        kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url, maxInFlight=1
-    ):
+    async with stage.served(maxInFlight=1):
         for name in priorities:
-            await eventually(lambda name=name: _node_of(kube_api, namespace, name), what=f"pod {name} bound")
+            await eventually(lambda name=name: stage.node_of(name), what=f"pod {name} bound")
     assert fake_rm.reserve_order == ["top", "high", "mid", "low"]
 
 
@@ -82,18 +75,16 @@ async def test_pods_of_other_scheduler_names_are_never_touched(
     bindery: Bindery,
     fake_rm: FakeRM,
     uniq: Callable[[str], str],
+    stage: Stage,
 ) -> None:
-    node = uniq("n")
-    scheduler = uniq("sched")
-    await create_node(kube_api, name=node)
-    fake_rm.slots[node] = 10
-    async with resource_manager(kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url):
+    fake_rm.slots[stage.node] = 10
+    async with stage.served():
         await create_pod(
             kube_api, namespace=namespace, body=pod_body(name="other", scheduler_name=uniq("nobody"))
         )
-        await create_pod(kube_api, namespace=namespace, body=pod_body(name="ours", scheduler_name=scheduler))
+        await stage.create("ours")
         # "ours" was created later, so once it is bound the operator has seen "other" too.
-        await eventually(lambda: _node_of(kube_api, namespace, "ours"), what="the served pod bound")
+        await eventually(lambda: stage.node_of("ours"), what="the served pod bound")
         other = await read_pod(kube_api, namespace=namespace, name="other")
         assert other["spec"].get("nodeName") is None
         assert not (other.get("status") or {}).get("conditions")
@@ -112,21 +103,12 @@ async def test_restart_settles_reservations_left_by_a_crash(
     operator_kubeconfig: Any,
     fake_rm: FakeRM,
     uniq: Callable[[str], str],
+    stage: Stage,
 ) -> None:
     """Reserved-but-not-committed reservations are committed if the bind happened, else released."""
-    node = uniq("crash")
-    scheduler = uniq("sched")
-    await create_node(kube_api, name=node)
-    fake_rm.slots[node] = 10
-    bound = await create_pod(
-        kube_api, namespace=namespace, body=pod_body(name="bound", scheduler_name=scheduler)
-    )
-    await client.CoreV1Api(kube_api).create_namespaced_pod_binding(
-        name="bound",
-        namespace=namespace,
-        body={"metadata": {"name": "bound"}, "target": {"kind": "Node", "name": node}},
-        _preload_content=False,
-    )
+    node, scheduler = stage.node, stage.scheduler
+    bound = await stage.create("bound")
+    await bind_pod(kube_api, namespace=namespace, name="bound", node=node)
     leftovers = {
         "r-bound": reservation_entry(
             rid="r-bound",
@@ -152,9 +134,7 @@ async def test_restart_settles_reservations_left_by_a_crash(
     operator = Bindery(kubeconfig=operator_kubeconfig)
     await operator.start()
     try:
-        async with resource_manager(
-            kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url
-        ):
+        async with stage.served():
             await eventually(lambda: _settled(fake_rm), what="leftover reservations settled")
     finally:
         await operator.stop()
@@ -172,20 +152,14 @@ async def test_departed_pods_give_their_capacity_back(
     namespace: str,
     bindery: Bindery,
     fake_rm: FakeRM,
-    uniq: Callable[[str], str],
+    stage: Stage,
 ) -> None:
     """Deleted or finished pods that Bindery bound get their committed reservations released."""
-    node = uniq("n")
-    scheduler = uniq("sched")
-    await create_node(kube_api, name=node)
-    fake_rm.slots[node] = 5
     core = client.CoreV1Api(kube_api)
-    async with resource_manager(kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url):
+    async with stage.served():
         uids = {}
         for name in ("deleted", "finished", "running"):
-            created = await create_pod(
-                kube_api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler)
-            )
+            created = await stage.create(name)
             uids[name] = created["metadata"]["uid"]
         for name, uid in uids.items():
             await eventually(lambda uid=uid: _committed(fake_rm, uid), what=f"{name} committed")
@@ -193,17 +167,13 @@ async def test_departed_pods_give_their_capacity_back(
         await core.patch_namespaced_pod_status(
             name="finished", namespace=namespace, body={"status": {"phase": "Succeeded"}}
         )
-        await eventually(lambda: _state_of(fake_rm, uids["deleted"], "released"), what="deleted released")
-        await eventually(lambda: _state_of(fake_rm, uids["finished"], "released"), what="finished released")
-        assert await _state_of(fake_rm, uids["running"], "committed")
+        await eventually(lambda: states_are(fake_rm, uids["deleted"], "released"), what="deleted released")
+        await eventually(lambda: states_are(fake_rm, uids["finished"], "released"), what="finished released")
+        assert await states_are(fake_rm, uids["running"], "committed")
 
 
 async def _committed(rm: FakeRM, uid: str) -> bool:
-    return await _state_of(rm, uid, "committed")
-
-
-async def _state_of(rm: FakeRM, uid: str, state: str) -> bool:
-    return [r["state"] for r in rm.for_pod(uid)] == [state]
+    return await states_are(rm, uid, "committed")
 
 
 async def test_restart_releases_committed_reservations_of_pods_that_went_away(
@@ -212,20 +182,11 @@ async def test_restart_releases_committed_reservations_of_pods_that_went_away(
     namespace: str,
     operator_kubeconfig: Any,
     fake_rm: FakeRM,
-    uniq: Callable[[str], str],
+    stage: Stage,
 ) -> None:
-    node = uniq("n")
-    scheduler = uniq("sched")
-    await create_node(kube_api, name=node)
-    running = await create_pod(
-        kube_api, namespace=namespace, body=pod_body(name="running", scheduler_name=scheduler)
-    )
-    await client.CoreV1Api(kube_api).create_namespaced_pod_binding(
-        name="running",
-        namespace=namespace,
-        body={"metadata": {"name": "running"}, "target": {"kind": "Node", "name": node}},
-        _preload_content=False,
-    )
+    node, scheduler = stage.node, stage.scheduler
+    running = await stage.create("running")
+    await bind_pod(kube_api, namespace=namespace, name="running", node=node)
     for rid, name, uid in (
         ("c-running", "running", running["metadata"]["uid"]),
         ("c-gone", "gone", "uid-gone"),
@@ -237,14 +198,8 @@ async def test_restart_releases_committed_reservations_of_pods_that_went_away(
     operator = Bindery(kubeconfig=operator_kubeconfig)
     await operator.start()
     try:
-        async with resource_manager(
-            kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url
-        ):
-            await eventually(lambda: _async(fake_rm.states()["c-gone"] == "released"), what="c-gone released")
+        async with stage.served():
+            await eventually(lambda: now(fake_rm.states()["c-gone"] == "released"), what="c-gone released")
     finally:
         await operator.stop()
     assert fake_rm.states()["c-running"] == "committed"
-
-
-async def _async(value: bool) -> bool:
-    return value

@@ -26,10 +26,8 @@ from bindery.controller.connection import TokenFile
 from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.install import grant_operator
 from bindery.controller.options import OperatorOptions
-from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
-from tests.operator.conftest import create_pod, eventually, pod_body, read_pod, resource_manager
-from tests.operator.fakerm import FakeRM
+from tests.operator.conftest import Stage, eventually
 
 WATCH_TIMEOUT = 2  # seconds: Kopf re-watches (and so re-authenticates) this often
 
@@ -78,8 +76,8 @@ async def test_the_operator_keeps_scheduling_after_its_token_is_rotated_and_revo
     kube_api: client.ApiClient,
     crd: None,
     namespace: str,
-    fake_rm: FakeRM,
     uniq: Callable[[str], str],
+    stage: Stage,
     tmp_path: pathlib.Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -114,24 +112,15 @@ async def test_the_operator_keeps_scheduling_after_its_token_is_rotated_and_revo
             }
         )
     )
-    node = uniq("rot")
-    scheduler = uniq("sched")
-    await create_node(kube_api, name=node)
-    fake_rm.slots[node] = 5
+    node = stage.node
     operator = EmbeddedOperator(
         options=OperatorOptions(kubeconfig=kubeconfig, probe_interval=2.0, watch_timeout=WATCH_TIMEOUT)
     )
     await operator.start()
     try:
-        async with resource_manager(
-            kube_api, name=uniq("rm"), scheduler_names=[scheduler], endpoint=fake_rm.url
-        ):
-            await create_pod(
-                kube_api, namespace=namespace, body=pod_body(name="before", scheduler_name=scheduler)
-            )
-            assert (
-                await eventually(lambda: _node_of(kube_api, namespace, "before"), what="bound with A") == node
-            )
+        async with stage.served():
+            await stage.create("before")
+            assert await eventually(lambda: stage.node_of("before"), what="bound with A") == node
 
             replace_atomically(token_file, token_b)
             await core.delete_namespaced_secret(name="bound-a", namespace=namespace)
@@ -141,12 +130,8 @@ async def test_the_operator_keeps_scheduling_after_its_token_is_rotated_and_revo
             # Every Kopf watch has re-watched since (with A it would get 401 and log in again).
             await asyncio.sleep(WATCH_TIMEOUT * 2)
 
-            await create_pod(
-                kube_api, namespace=namespace, body=pod_body(name="after", scheduler_name=scheduler)
-            )
-            assert (
-                await eventually(lambda: _node_of(kube_api, namespace, "after"), what="bound with B") == node
-            )
+            await stage.create("after")
+            assert await eventually(lambda: stage.node_of("after"), what="bound with B") == node
     finally:
         await operator.stop()
         rbac = client.RbacAuthorizationV1Api(kube_api)
@@ -167,12 +152,6 @@ def test_a_token_file_is_reread_only_when_it_changes(tmp_path: pathlib.Path) -> 
     assert tokens.current() == "two"
     replace_atomically(path, "three")
     assert tokens.current() == "three"
-
-
-async def _node_of(api: client.ApiClient, namespace: str, name: str) -> str | None:
-    pod = await read_pod(api, namespace=namespace, name=name)
-    node: str | None = pod["spec"].get("nodeName")
-    return node
 
 
 async def _refused(plane: ControlPlane, token: str) -> bool:
