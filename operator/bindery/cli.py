@@ -92,6 +92,13 @@ def run_command(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--lease-name", default="bindery", help="name of the Lease (default: bindery)")
     args = parser.parse_args(argv)
+    if args.metrics_addr is not None:
+        from bindery.controller.metrics import parse_address
+
+        try:
+            parse_address(args.metrics_addr)
+        except ValueError as exc:
+            parser.error(str(exc))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
