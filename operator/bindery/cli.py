@@ -28,6 +28,14 @@ commands:
 """
 
 
+RM_USAGE = """bindery rm <command> [options]
+
+commands:
+  serve        run the reference resource manager (bindery rm serve --help)
+  conformance  check a resource manager against the REST contract (bindery rm conformance --help)
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
@@ -42,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return demo_main(rest)
     if command == "devcluster":
         return _delegate("bindery.devcluster.__main__", rest)
+    if command == "rm" and (not rest or rest[0] in ("-h", "--help", "help")):
+        print(RM_USAGE)
+        return 0 if rest else 2
     if command == "rm" and rest and rest[0] == "serve":
         return _delegate("bindery.refrm.cli", rest[1:])
     if command == "rm" and rest and rest[0] == "conformance":
