@@ -10,6 +10,7 @@ The caller may read `runtime` (plain in-memory state) from its own thread.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,19 @@ from bindery.controller.options import OperatorOptions
 
 if TYPE_CHECKING:
     from bindery.controller.runtime import Runtime
+
+
+class _HostHandlesSignals(logging.Filter):
+    """Drop Kopf's warning that OS signals are ignored off the main thread: when embedded, the
+    host program owns signals and stops the operator through `stop()`, so the warning only
+    alarms the user (it showed up in the middle of `bindery demo`'s output)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("OS signals are ignored")
+
+
+_KOPF_RUNNING_LOG = logging.getLogger("kopf._core.reactor.running")
+_SIGNALS_FILTER = _HostHandlesSignals()
 
 
 class EmbeddedOperator:
@@ -38,6 +52,7 @@ class EmbeddedOperator:
     async def start(self, *, within: float = 60.0) -> None:
         """Start the operator and wait until Kopf reports it ready (or raise why it is not)."""
         self.memo = kopf.Memo()
+        _KOPF_RUNNING_LOG.addFilter(_SIGNALS_FILTER)  # idempotent: a filter is added once
         self._stop, self._ready, self._error = threading.Event(), threading.Event(), None
         self._thread = threading.Thread(target=self._main, name="bindery-operator", daemon=True)
         self._thread.start()
