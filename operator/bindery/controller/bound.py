@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from kubernetes_asyncio import client, watch
+from kubernetes_asyncio import client
 
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
@@ -64,6 +64,19 @@ def stale_committed(
     """
     in_scope = [r for r in committed if not namespaces or r.namespace in namespaces]
     return [r for r in in_scope if r.pod_uid not in running_pod_uids]
+
+
+def watch_event(line: bytes) -> tuple[str, dict[str, Any]] | None:
+    """Pure: (type, object) of one line of a watch stream; None for a blank line.
+
+    Raises ValueError for a line that is not a watch event (the watch is then relisted).
+    """
+    if not line.strip():
+        return None
+    event = json.loads(line)
+    if not isinstance(event, dict) or not isinstance(event.get("object"), dict) or "type" not in event:
+        raise ValueError(f"not a watch event: {line[:200]!r}")
+    return str(event["type"]), event["object"]
 
 
 class BoundPodWatcher:
@@ -137,25 +150,40 @@ class BoundPodWatcher:
         return items, str(document["metadata"].get("resourceVersion", ""))
 
     async def _watch(self, version: str) -> None:
+        """Follow the watch from `version`, one JSON event per line, until it ends or errs.
+
+        Read as raw lines rather than through `kubernetes_asyncio.watch.Watch`, which would build
+        a `V1Pod` model (every timestamp parsed) per event only for the dict to be used.
+        """
         lister, args = self._lister()
-        async with watch.Watch() as stream:
-            async for event in stream.stream(
-                lister,
-                *args,
-                field_selector=self._selector,
-                resource_version=version,
-                timeout_seconds=300,
-                allow_watch_bookmarks=True,
-            ):
-                kind = event["type"]
+        response = await lister(
+            *args,
+            field_selector=self._selector,
+            resource_version=version,
+            timeout_seconds=300,
+            allow_watch_bookmarks=True,
+            watch=True,
+            _preload_content=False,
+        )
+        try:
+            if response.status != 200:
+                body = await response.read()
+                raise RuntimeError(f"watching bound pods answered HTTP {response.status}: {body[:500]!r}")
+            while line := await response.content.readline():
+                event = watch_event(line)
+                if event is None:
+                    continue  # a blank keep-alive line
+                kind, pod = event
                 if kind == "BOOKMARK":
                     continue
                 if kind == "ERROR":
                     return  # expired resource version or similar: relist
-                await self._handle(kind, event["raw_object"])
+                await self._handle(kind, pod)
+        finally:
+            response.release()
 
     def _lister(self) -> tuple[Callable[..., Any], tuple[str, ...]]:
-        """The list call of the scope and its positional arguments (the watch helper needs both)."""
+        """The list call of the scope and its positional arguments (the list and the watch use both)."""
         if self._namespace is None:
             return self._core.list_pod_for_all_namespaces, ()
         return self._core.list_namespaced_pod, (self._namespace,)
