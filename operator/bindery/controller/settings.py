@@ -8,13 +8,32 @@
 - Posting is disabled: Kopf would write core/v1 Events about handler errors onto pods; Bindery
   writes its own events.k8s.io events, exactly like kube-scheduler's.
 - Peering is standalone: no KopfPeering objects; high availability is a separate concern.
+- No diff base: Kopf deep-copies every event's body into an "essence" to diff it against the last
+  handled state, which only on.create/update/delete handlers and daemons use. Bindery has none
+  (`on.event` and `index` only), so `NoDiffBase` builds an empty essence and the copy per pod
+  event is saved. A changing handler added later must restore Kopf's default storage.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import kopf
 
 UNBOUND_PODS = "spec.nodeName="
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """A diff base that remembers nothing: every essence is empty, no last state is stored."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
 
 
 def configure(settings: kopf.OperatorSettings, *, watch_timeout: int = 300) -> None:
@@ -28,3 +47,4 @@ def configure(settings: kopf.OperatorSettings, *, watch_timeout: int = 300) -> N
     settings.watching.client_timeout = watch_timeout + 30
     settings.watching.connect_timeout = 10
     settings.queueing.worker_limit = None
+    settings.persistence.diffbase_storage = NoDiffBase()
