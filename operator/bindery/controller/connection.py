@@ -17,6 +17,12 @@ kubeconfig may name a `tokenFile` that something else refreshes. Both connection
   write, no read), so the first request after a rotation already carries the new token. (In a
   cluster kubernetes_asyncio alone would re-read the file once a minute; a kubeconfig `tokenFile`
   it would never re-read.)
+
+The environment is read once per ApiClient, not per request (`resolve_environment_once`).
+kubernetes_asyncio's aiohttp session trusts the environment, so aiohttp sends every request through
+a worker thread twice, to search ~/.netrc and to read the proxy variables: about 1.6 ms of CPU per
+bound pod (its two writes), a fifth of the operator's. The proxy variables (HTTPS_PROXY, NO_PROXY,
+...) still apply, resolved for the apiserver at startup.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ from typing import Any
 
 import kopf
 import yaml
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.incluster_config import SERVICE_TOKEN_FILENAME
+from yarl import URL
 
 
 async def load_configuration(*, kubeconfig: pathlib.Path | None) -> client.Configuration:
@@ -119,3 +127,23 @@ def connection_info(*, configuration: client.Configuration) -> kopf.ConnectionIn
         token=token,
         scheme="Bearer" if token else None,
     )
+
+
+def resolve_environment_once(*, api: client.ApiClient) -> None:
+    """Give `api` the environment's proxy for its apiserver now and stop aiohttp reading it per request.
+
+    An explicit proxy (kubeconfig `proxy-url`) wins, as before. ~/.netrc is no longer consulted:
+    aiohttp refuses its credentials next to a bearer token anyway, and the apiserver has no basic
+    authentication.
+    """
+    rest = api.rest_client
+    if not rest.proxy:
+        try:
+            proxy, auth = get_env_proxy_for_url(URL(api.configuration.host))
+        except LookupError:
+            pass  # no proxy variable for this scheme, or NO_PROXY names the apiserver
+        else:
+            rest.proxy = str(proxy)
+            if auth is not None:
+                rest.proxy_headers = {**(rest.proxy_headers or {}), "Proxy-Authorization": auth.encode()}
+    rest.pool_manager._trust_env = False

@@ -33,7 +33,7 @@ from bindery.config import (
     parse_resource_manager,
     route_scheduler_names,
 )
-from bindery.controller.connection import connection_info, load_configuration
+from bindery.controller.connection import connection_info, load_configuration, resolve_environment_once
 from bindery.controller.leader import LeaderElector, LeaseTiming
 from bindery.controller.metrics import Metrics, MetricsServer, parse_address
 from bindery.controller.options import OperatorOptions
@@ -98,6 +98,7 @@ class Runtime:
         self._configuration = await load_configuration(kubeconfig=self.options.kubeconfig)
         self._api = client.ApiClient(configuration=self._configuration)
         self._api.user_agent = USER_AGENT  # names Bindery in managedFields and audit logs
+        resolve_environment_once(api=self._api)
         self._events = KubeEventSink(api=self._api, counter=self.writes, hostname=self.options.hostname)
         self._conditions = KubeConditionWriter(api=self._api, counter=self.writes)
         self._binder = KubeBinder(api=self._api, counter=self.writes)
