@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import json
 
-from bindery.controller.bound import stale_committed
+import pytest
+
+from bindery.controller.bound import stale_committed, watch_event
 from bindery.controller.reconcile import Settle, settle
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.kube.binder import assigned_node, binding_body
@@ -156,3 +159,14 @@ def test_stale_committed_reservations_are_only_those_in_scope() -> None:
     assert [r.id for r in everywhere] == ["a", "b", "c"]
     scoped = stale_committed(committed=reservations, running_pod_uids=running, namespaces=("ns",))
     assert [r.id for r in scoped] == ["a"]
+
+
+def test_watch_lines_become_events_and_garbage_is_refused() -> None:
+    line = b'{"type": "DELETED", "object": {"kind": "Pod", "metadata": {"uid": "u1"}}}\n'
+    assert watch_event(line) == ("DELETED", {"kind": "Pod", "metadata": {"uid": "u1"}})
+    assert watch_event(b"\n") is None
+    for bad in (b'{"type": "ADDED"}', b"[1, 2]", b'{"object": {}}', b'{"type": "ADDED", "object": "x"}'):
+        with pytest.raises(ValueError, match="not a watch event"):
+            watch_event(bad)
+    with pytest.raises(json.JSONDecodeError):
+        watch_event(b'{"type": "ADD')  # a truncated line (json's own ValueError)
