@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import json
 import logging
 import math
@@ -429,21 +430,21 @@ class ResourceManagerClient:
         ends_at: float,
     ) -> _Answer:
         probe = self.breaker.before_call()
+        send = functools.partial(
+            self._send,
+            method,
+            path,
+            json_body=json_body,
+            params=params,
+            authenticated=authenticated,
+            ends_at=ends_at,
+        )
         try:
-            answer = await self._send(
-                method, path, json_body=json_body, params=params, authenticated=authenticated, ends_at=ends_at
-            )
+            answer = await send()
             if answer.status == 401 and authenticated and self._tokens.from_file:
                 # The token may have rotated within the file's mtime granularity: re-read once.
                 self._tokens.current(force_reload=True)
-                answer = await self._send(
-                    method,
-                    path,
-                    json_body=json_body,
-                    params=params,
-                    authenticated=authenticated,
-                    ends_at=ends_at,
-                )
+                answer = await send()
         except BaseException:
             if probe:
                 self.breaker.abandon_probe()  # a verdict (if any) was recorded already
