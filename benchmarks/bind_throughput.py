@@ -57,12 +57,12 @@ from kubernetes_asyncio import client, config
 from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.options import OperatorOptions
+from bindery.demo import SYSTEM_NAMESPACE, create_reference_resource_manager
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane, free_port
 
 POOL_LABEL = "bindery.dev/pool"
 POOL = "bench"
-SYSTEM_NAMESPACE = "bindery-system"
 OPERATOR_USER = "bindery-operator"
 KUBE_SCHEDULER_USER = "system:kube-scheduler"  # bootstrap RBAC binds system:kube-scheduler to this user
 CREATE_CONCURRENCY = 10  # as bindery demo: a burst, as a Job or ReplicaSet controller would make
@@ -468,27 +468,7 @@ async def install_bindery(api: client.ApiClient, *, rm: ReferenceRM, max_in_flig
     await grant_operator(api=api, user=OPERATOR_USER)
     core = client.CoreV1Api(api)
     await core.create_namespace(body={"metadata": {"name": SYSTEM_NAMESPACE}})
-    await core.create_namespaced_secret(
-        namespace=SYSTEM_NAMESPACE,
-        body={"metadata": {"name": "reference-rm-token"}, "stringData": {"token": rm.token}},
-    )
-    await client.CustomObjectsApi(api).create_cluster_custom_object(
-        group="bindery.dev",
-        version="v1alpha1",
-        plural="resourcemanagers",
-        body={
-            "apiVersion": "bindery.dev/v1alpha1",
-            "kind": "ResourceManager",
-            "metadata": {"name": "reference"},
-            "spec": {
-                "schedulerNames": [BINDERY],
-                "endpoint": rm.url,
-                "allowInsecureHTTP": True,  # loopback only
-                "auth": {"tokenSecretRef": {"namespace": SYSTEM_NAMESPACE, "name": "reference-rm-token"}},
-                "maxInFlight": max_in_flight,
-            },
-        },
-    )
+    await create_reference_resource_manager(api, url=rm.url, token=rm.token, max_in_flight=max_in_flight)
 
 
 @contextlib.asynccontextmanager

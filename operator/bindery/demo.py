@@ -112,7 +112,9 @@ async def _demo(*, args: DemoArgs, admin: pathlib.Path, operator_kubeconfig: pat
         operator = EmbeddedOperator(options=options)
         await operator.start()
         stack.push_async_callback(operator.stop)
-        await _resource_manager(api, url=server.url, token=token, max_in_flight=args.max_in_flight)
+        await create_reference_resource_manager(
+            api, url=server.url, token=token, max_in_flight=args.max_in_flight
+        )
         await _wait_ready(api)
         say(f'ResourceManager "reference" is Ready; operator runs as user "{OPERATOR_USER}"')
 
@@ -146,7 +148,13 @@ async def _nodes(api: client.ApiClient, *, args: DemoArgs) -> list[str]:
     return names
 
 
-async def _resource_manager(api: client.ApiClient, *, url: str, token: str, max_in_flight: int) -> None:
+async def create_reference_resource_manager(
+    api: client.ApiClient, *, url: str, token: str, max_in_flight: int
+) -> None:
+    """The token Secret and the ResourceManager "reference" for a reference RM at `url` (loopback).
+
+    `SYSTEM_NAMESPACE` must exist. Shared by the demo and the kube-scheduler comparison benchmark.
+    """
     await client.CoreV1Api(api).create_namespaced_secret(
         namespace=SYSTEM_NAMESPACE,
         body={"metadata": {"name": "reference-rm-token"}, "stringData": {"token": token}},
