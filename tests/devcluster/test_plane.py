@@ -142,13 +142,16 @@ def test_helm_assumes_the_pinned_kubernetes_minor(controlplane: ControlPlane, tm
     assert "kube: 'v1.36.0'" in out.stdout
 
 
-def test_up_prints_the_kubeconfig_and_stops_on_sigint() -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_up_prints_the_kubeconfig_and_stops_on_a_signal_sent_at_once(stop: signal.Signals) -> None:
+    """The signal arrives the moment the kubeconfig line is read: the plane still stops cleanly."""
     up = subprocess.Popen([sys.executable, "-m", "bindery.devcluster", "up"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert up.stdout is not None
     kubeconfig = pathlib.Path(up.stdout.readline().strip())
+    up.send_signal(stop)
+    _, err = up.communicate(timeout=30)
+    assert up.returncode == 0, err
     assert kubeconfig.name == "admin.kubeconfig"
-    assert "current-context: bindery-dev" in kubeconfig.read_text()
-    up.send_signal(signal.SIGINT)
-    assert up.wait(timeout=30) == 0
+    assert f"stopping on {stop.name}" in err
     assert not kubeconfig.parent.exists()

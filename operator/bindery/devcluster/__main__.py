@@ -27,15 +27,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     with ControlPlane.start(timeout=args.timeout) as plane:
+        # Block the stop signals before the kubeconfig is printed, then wait for them with
+        # sigwait: whoever reads that line may signal at once, and a KeyboardInterrupt raised
+        # between the print and a try block would end the process before the plane is stopped.
+        stop = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop)
         print(f"control plane ready in {time.monotonic() - started:.1f}s", file=sys.stderr)
-        print(plane.kubeconfig, flush=True)
         print(f"export KUBECONFIG={plane.kubeconfig} PATH={plane.bin_dir}:$PATH", file=sys.stderr)
         print("press Ctrl-C to stop", file=sys.stderr, flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            print("stopping", file=sys.stderr)
+        print(plane.kubeconfig, flush=True)
+        received = signal.sigwait(stop)
+        print(f"stopping on {signal.Signals(received).name}", file=sys.stderr)
     return 0
 
 
