@@ -1,4 +1,5 @@
-"""Unit tests for the operator's pure pieces: request bodies, status, settling leftovers."""
+"""Unit tests for the operator's pure pieces: request bodies, status, settling leftovers and
+unconfirmed Bindings."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from bindery.controller.bound import stale_committed, watch_event
 from bindery.controller.reconcile import Settle, settle
 from bindery.controller.status import Observation, compute_status, status_changed
+from bindery.controller.unconfirmed import Fate, UnconfirmedBind, fate
 from bindery.kube.binder import assigned_node, binding_body
 from bindery.kube.conditions import condition_patch
 from bindery.kube.events import event_body, micro_time
@@ -170,3 +172,32 @@ def test_watch_lines_become_events_and_garbage_is_refused() -> None:
             watch_event(bad)
     with pytest.raises(json.JSONDecodeError):
         watch_event(b'{"type": "ADD')  # a truncated line (json's own ValueError)
+
+
+UNCONFIRMED = UnconfirmedBind(
+    reservation_id="r-1", pod_uid="u-1", namespace="ns", name="p", node="n1", deadline=60.0
+)
+
+
+def _pod(*, uid: str = "u-1", node: str | None = None, phase: str = "Pending") -> dict[str, object]:
+    return {"metadata": {"uid": uid}, "spec": {"nodeName": node} if node else {}, "status": {"phase": phase}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        (_pod(node="n1", phase="Running"), Fate.COMMIT),  # the Binding landed
+        (_pod(node="n1"), Fate.COMMIT),  # landed, containers not started yet
+        (_pod(), None),  # still pending: its next cycle reuses the reservation
+        (None, Fate.RELEASE),  # deleted
+        (_pod(uid="u-2", node="n1"), Fate.RELEASE),  # replaced: the UID precondition refused ours
+        (_pod(node="n2", phase="Running"), Fate.RELEASE),  # someone else bound it elsewhere
+        (_pod(node="n1", phase="Succeeded"), Fate.RELEASE),  # bound by us, and already finished
+        (_pod(node="n1", phase="Failed"), Fate.RELEASE),
+    ],
+    ids=["running", "bound", "pending", "gone", "replaced", "elsewhere", "succeeded", "failed"],
+)
+def test_an_unconfirmed_binding_is_settled_by_the_pods_fate(
+    pod: dict[str, object] | None, expected: Fate | None
+) -> None:
+    assert fate(bind=UNCONFIRMED, pod=pod) is expected

@@ -530,7 +530,10 @@ async def test_binding_never_answered_keeps_the_reservation_and_reports(world: W
     assert world.calls.count("binder.bind") == 3
     assert world.calls.count("rm.release") == 0
     assert not result.released
-    assert "reservation is kept until it expires" in world.calls.log[-1][1]["message"]
+    assert (
+        "reservation is kept until Bindery sees whether the Binding was applied"
+        in world.calls.log[-1][1]["message"]
+    )
 
 
 async def test_refused_binding_is_not_retried(world: World) -> None:

@@ -87,7 +87,8 @@ def test_bind_errors() -> None:
     unanswered = classify(BindError("binding pod ns/p timed out"), stage=Stage.BIND)
     assert unanswered.kind is FailureKind.BIND_UNCONFIRMED
     assert unanswered.message == (
-        "binding pod ns/p timed out; its reservation is kept until it expires in case the Binding was applied"
+        "binding pod ns/p timed out; "
+        "its reservation is kept until Bindery sees whether the Binding was applied"
     )
 
 

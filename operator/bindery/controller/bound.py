@@ -24,7 +24,7 @@ import asyncio
 import collections
 import json
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -82,7 +82,8 @@ def watch_event(line: bytes) -> tuple[str, dict[str, Any]] | None:
 class BoundPodWatcher:
     """Follows the bound pods of one scheduler name and releases reservations of departed ones.
 
-    `namespace` limits the list and watch to one namespace; None = all namespaces.
+    `namespace` limits the list and watch to one namespace; None = all namespaces. `on_event` sees
+    every event first (the profile settles Bindings that got no answer with it).
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class BoundPodWatcher:
         logger: Logger,
         namespace: str | None = None,
         on_released: Callable[[], None] = lambda: None,
+        on_event: Callable[[str, Mapping[str, Any]], Awaitable[None]] | None = None,
         max_backoff: float = 10.0,
     ) -> None:
         self._core = client.CoreV1Api(api)
@@ -103,6 +105,7 @@ class BoundPodWatcher:
         self._logger = logger
         self._max_backoff = max_backoff
         self._on_released = on_released
+        self._on_event = on_event
         self._released: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     async def running_pod_uids(self) -> tuple[set[str], str]:
@@ -189,6 +192,8 @@ class BoundPodWatcher:
         return self._core.list_namespaced_pod, (self._namespace,)
 
     async def _handle(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        if self._on_event is not None:
+            await self._on_event(event_type, pod)
         reservation_id = reservation_to_release(event_type=event_type, pod=pod)
         if reservation_id is None or reservation_id in self._released:
             return

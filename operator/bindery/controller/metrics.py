@@ -49,8 +49,9 @@ RESULTS: Mapping[Outcome, str] = {
     Outcome.ERROR: "error",
     Outcome.DROPPED: "dropped",
 }
-#: Why a reservation was released: a failed cycle, a departed bound pod, a leftover at startup.
-RELEASE_REASONS = ("cycle_failure", "pod_departed", "leftover")
+#: Why a reservation was released: a failed cycle, a departed bound pod, a leftover at startup, a
+#: Binding that got no answer and turned out not to have bound the pod.
+RELEASE_REASONS = ("cycle_failure", "pod_departed", "leftover", "unconfirmed_binding")
 #: 5 ms … ~82 s: an RM round trip at the low end, a pod parked through several backoffs at the top.
 LATENCY_BUCKETS = tuple(0.005 * 2**i for i in range(15))
 
@@ -115,7 +116,7 @@ class Metrics:
         )
         self.released = Counter(
             "bindery_reservations_released",
-            "Reservations released, by reason: cycle_failure, pod_departed, leftover.",
+            "Reservations released, by reason: cycle_failure, pod_departed, leftover, unconfirmed_binding.",
             ["resource_manager", "reason"],
             registry=self.registry,
         )

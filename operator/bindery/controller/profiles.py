@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kubernetes_asyncio import client as kube
 
@@ -20,10 +21,11 @@ from bindery.config import ResourceManagerConfig
 from bindery.controller.bound import BoundPodWatcher
 from bindery.controller.metrics import MeasuredRM, Metrics
 from bindery.controller.secrets import RMCredentials
+from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
-from bindery.scheduling.cycle import schedule_one
-from bindery.scheduling.decisions import Outcome
+from bindery.scheduling.cycle import CycleOutcome, schedule_one
+from bindery.scheduling.decisions import FailureKind, Outcome
 from bindery.scheduling.framework import PluginSet, Ports, Profile, ReservationClient
 from bindery.scheduling.nodecheck import NodeCheckMode
 from bindery.scheduling.podspec import PodInfo
@@ -94,6 +96,9 @@ class ProfileRunner:
         self._on_released = on_released
         self._on_dropped = on_dropped
         self._throttle = EventThrottle()
+        self.unconfirmed = UnconfirmedBinds(
+            api=api, rm=lambda: self.measured, logger=logger, on_released=self._released_unconfirmed
+        )
 
         self._workers: list[asyncio.Task[None]] = []
         self._retired_clients: list[ResourceManagerClient] = []
@@ -121,6 +126,7 @@ class ProfileRunner:
     async def stop(self) -> None:
         self.queue.close()
         await self.pause()
+        await self.unconfirmed.close()
         await self.client.aclose()
         for old in self._retired_clients:
             await old.aclose()
@@ -161,6 +167,7 @@ class ProfileRunner:
                 logger=self._logger,
                 namespace=namespace,
                 on_released=self._released_by_departure,
+                on_event=self._bound_pod_event,
             )
             self._watchers[name, namespace] = asyncio.create_task(
                 watcher.run(), name=f"bindery bound pods {name} in {namespace or 'all namespaces'}"
@@ -168,6 +175,13 @@ class ProfileRunner:
 
     def _measure(self, client: ResourceManagerClient) -> MeasuredRM:
         return MeasuredRM(inner=client, metrics=self.metrics, resource_manager=self.config.name)
+
+    async def _bound_pod_event(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        await self.unconfirmed.observe(event_type=event_type, pod=pod)
+
+    def _released_unconfirmed(self) -> None:
+        self.metrics.release(resource_manager=self.config.name, reason="unconfirmed_binding")
+        self._on_released()
 
     def _released_by_departure(self) -> None:
         self.metrics.release(resource_manager=self.config.name, reason="pod_departed")
@@ -227,6 +241,7 @@ class ProfileRunner:
                 self._record(pod, Outcome.ERROR, started)
                 continue
             self._record(pod, result.outcome, started)
+            self._follow_up(pod, result)
             if result.released:
                 self.metrics.release(resource_manager=self.config.name, reason="cycle_failure")
             self.queue.done(pod.uid, outcome=result.outcome, retry_after=result.retry_after)
@@ -234,6 +249,23 @@ class ProfileRunner:
                 self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it
             if result.released:
                 self._on_released()
+
+    def _follow_up(self, pod: PodInfo, result: CycleOutcome) -> None:
+        """A Binding that got no answer leaves a reservation to settle; any other end settles it."""
+        unconfirmed = result.failure is not None and result.failure.kind is FailureKind.BIND_UNCONFIRMED
+        if unconfirmed and result.reservation_id is not None and result.node is not None:
+            self.unconfirmed.track(
+                UnconfirmedBind(
+                    reservation_id=result.reservation_id,
+                    pod_uid=pod.uid,
+                    namespace=pod.namespace,
+                    name=pod.name,
+                    node=result.node,
+                    deadline=time.monotonic() + self.profile.reservation_ttl_seconds,
+                )
+            )
+        else:
+            self.unconfirmed.forget_pod(pod.uid)
 
     def _record(self, pod: PodInfo, outcome: Outcome, started: float) -> None:
         self.metrics.attempt(

@@ -20,7 +20,6 @@ per profile start: the steady state pays nothing.
 from __future__ import annotations
 
 import enum
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from bindery.controller.bound import BoundPodWatcher, stale_committed
+from bindery.kube.reads import read_pod
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
@@ -118,17 +118,4 @@ async def _release_departed(
 async def _read_pod(*, core: client.CoreV1Api, reservation: Reservation) -> dict[str, Any] | None:
     if not reservation.namespace or not reservation.name:
         return None  # the RM does not know the pod's name: nothing can be bound on it by us
-    response = await core.read_namespaced_pod(
-        name=reservation.name, namespace=reservation.namespace, _preload_content=False
-    )
-    try:
-        if response.status == 404:
-            return None
-        if response.status >= 300:
-            raise client.ApiException(
-                status=response.status, reason="reading the pod of a leftover reservation"
-            )
-        body: dict[str, Any] = json.loads(await response.read())
-    finally:
-        response.release()
-    return body
+    return await read_pod(core=core, namespace=reservation.namespace, name=reservation.name)

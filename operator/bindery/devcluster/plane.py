@@ -314,9 +314,19 @@ class ControlPlane:
     # ---- identities ------------------------------------------------------------------------
 
     def mint_kubeconfig(
-        self, *, user: str, groups: Sequence[str] = (), path: pathlib.Path | None = None
+        self,
+        *,
+        user: str,
+        groups: Sequence[str] = (),
+        path: pathlib.Path | None = None,
+        server: str | None = None,
     ) -> pathlib.Path:
-        """Write a kubeconfig that authenticates as ``user`` in ``groups`` (a client certificate)."""
+        """Write a kubeconfig that authenticates as ``user`` in ``groups`` (a client certificate).
+
+        ``server`` points it elsewhere than the apiserver: at a proxy serving a certificate from
+        :meth:`issue_serving_certificate`. The client certificate and key are also left in
+        ``pki/<user>.crt`` and ``.key`` for such a proxy to present upstream.
+        """
         pair = self._ca.issue_client(user=user, groups=groups)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in user)
         pair.write(directory=self.workdir / "pki", stem=safe)
@@ -327,7 +337,10 @@ class ControlPlane:
             "clusters": [
                 {
                     "name": "bindery-dev",
-                    "cluster": {"server": self.server, "certificate-authority-data": _b64(self._ca.cert_pem)},
+                    "cluster": {
+                        "server": server or self.server,
+                        "certificate-authority-data": _b64(self._ca.cert_pem),
+                    },
                 }
             ],
             "users": [
@@ -345,6 +358,11 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)
         return path
+
+    def issue_serving_certificate(self, *, stem: str) -> tuple[pathlib.Path, pathlib.Path]:
+        """A certificate for 127.0.0.1/localhost signed by the plane's CA: (cert, key) files in pki/."""
+        pair = self._ca.issue_server(hosts=["localhost"], ips=["127.0.0.1"])
+        return pair.write(directory=self.workdir / "pki", stem=stem)
 
     @property
     def env(self) -> dict[str, str]:

@@ -30,14 +30,25 @@ from bindery.kube.counters import WriteCounter
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import BindConflict, BindError, PodGone
 
+#: How long one Binding POST may take. The generated client has no timeout at all, so a connection
+#: that died silently would hold the cycle (and its reservation) forever; the apiserver itself gives
+#: up on a request after 60 s by default, and a Binding normally takes milliseconds.
+BIND_TIMEOUT_SECONDS = 30.0
 RECENTLY_BOUND = 10_000  # the watch reports a bound pod leaving the selector within seconds
 _ASSIGNED = re.compile(r'is already assigned to node "([^"]+)"')
 
 
 class KubeBinder:
-    def __init__(self, *, api: client.ApiClient, counter: WriteCounter | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        counter: WriteCounter | None = None,
+        timeout: float = BIND_TIMEOUT_SECONDS,
+    ) -> None:
         self._core = client.CoreV1Api(api)
         self._counter = counter or WriteCounter()
+        self._timeout = timeout
         self._bound: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def bound_recently(self, uid: str) -> bool:
@@ -73,16 +84,21 @@ class KubeBinder:
         self._counter.add(kind="binding")
         try:
             response = await self._core.create_namespaced_pod_binding(
-                name=pod.name, namespace=pod.namespace, body=body, _preload_content=False
+                name=pod.name,
+                namespace=pod.namespace,
+                body=body,
+                _preload_content=False,
+                _request_timeout=self._timeout,
             )
+            try:
+                return int(response.status), await response.read()
+            finally:
+                response.release()
         except (client.ApiException, aiohttp.ClientError, TimeoutError) as exc:  # transport failures
             raise BindError(
-                f"binding pod {pod.namespace}/{pod.name} failed: the apiserver did not answer: {exc}"
+                f"binding pod {pod.namespace}/{pod.name} failed: the apiserver did not answer: "
+                f"{exc or type(exc).__name__}"
             ) from exc
-        try:
-            return int(response.status), await response.read()
-        finally:
-            response.release()
 
     def _remember(self, uid: str) -> None:
         self._bound[uid] = None

@@ -188,7 +188,7 @@ def _classify(
         return FailureKind.BIND_CONFLICT, error.message, None
     if isinstance(error, BindError):
         if error.status is None:
-            kept = "; its reservation is kept until it expires in case the Binding was applied"
+            kept = "; its reservation is kept until Bindery sees whether the Binding was applied"
             return FailureKind.BIND_UNCONFIRMED, f"{error.message}{kept}", None
         return FailureKind.BIND_ERROR, error.message, None
     return FailureKind.INTERNAL, f"{type(error).__name__}: {error}", None

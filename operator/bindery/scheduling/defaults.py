@@ -146,8 +146,9 @@ class DefaultBinder:
     Retrying it is safe: the UID precondition keeps it from binding a replacement pod, and if the
     first attempt landed the retry gets a 409 naming our node, which is success.  If every attempt
     goes unanswered the outcome stays unknown, and the reservation is *kept* (see
-    ``FailureKind.BIND_UNCONFIRMED``): releasing the capacity of a pod that may be running there
-    is worse than letting an unused reservation expire after its TTL.
+    ``FailureKind.BIND_UNCONFIRMED``) until the pod is seen bound (commit), gone or bound elsewhere
+    (release), or scheduled again (its next cycle reuses it): releasing the capacity of a pod that
+    may be running there is worse than holding unused capacity a little longer.
     """
 
     name = "DefaultBinder"

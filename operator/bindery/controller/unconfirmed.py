@@ -1,0 +1,210 @@
+"""Settle the reservation of a Binding that got no answer, before the RM lets it expire.
+
+When every attempt of a Binding goes unanswered, the pod may or may not be bound. The cycle keeps
+the reservation (releasing the capacity of a pod that may be running there is worse than holding
+capacity a little longer), but a kept reservation that nobody commits expires after its TTL, and the
+RM then hands capacity that a running pod uses to another pod. So each profile remembers these
+reservations until it learns what happened to the pod:
+
+- the pod (same UID) is bound to the reservation's node: the Binding landed, so **commit**;
+- the pod is gone, was replaced, finished, or is bound to another node: **release**;
+- the pod is still pending: nothing is done here. Its next cycle reserves with the same idempotency
+  key, gets this reservation back, and then commits or releases it like any other.
+
+Two sources tell, whichever comes first: one read of the pod right after the cycle (retried with
+backoff while the apiserver does not answer, for as long as the reservation lives), and the
+bound-pod watch, which sees the pod as soon as it is bound, including by a Binding that was still
+in flight when that read ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from bindery.controller.bound import TERMINAL_PHASES, reservation_to_release
+from bindery.kube.reads import read_pod
+from bindery.rm.errors import RMConflict, RMError
+from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
+
+Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+class Fate(enum.StrEnum):
+    COMMIT = "commit"
+    RELEASE = "release"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnconfirmedBind:
+    """A reservation whose Binding got no answer: the pod it was made for and the node it holds."""
+
+    reservation_id: str
+    pod_uid: str
+    namespace: str
+    name: str
+    node: str
+    #: time.monotonic() after which the RM has let the reservation expire: nothing left to settle.
+    deadline: float
+
+    @property
+    def pod_key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def fate(*, bind: UnconfirmedBind, pod: Mapping[str, Any] | None) -> Fate | None:
+    """Pure: what to do with the reservation given the pod's current body (None = no such pod).
+
+    None means the pod is still pending: its next cycle settles the reservation.
+    """
+    if pod is None:
+        return Fate.RELEASE
+    metadata = pod.get("metadata") or {}
+    if metadata.get("uid") != bind.pod_uid:
+        return Fate.RELEASE  # replaced under the same name: the UID precondition kept it unbound
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return None
+    if node != bind.node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        return Fate.RELEASE
+    return Fate.COMMIT
+
+
+class UnconfirmedBinds:
+    """The unconfirmed Bindings of one profile, settled by a read of the pod or by the bound-pod watch."""
+
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        rm: Callable[[], ReservationClient],
+        logger: Logger,
+        on_released: Callable[[], None] = lambda: None,
+        first_retry: float = 0.5,
+        max_retry: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self._rm = rm
+        self._logger = logger
+        self._on_released = on_released
+        self._first_retry = first_retry
+        self._max_retry = max_retry
+        self._clock = clock
+        self._pending: dict[str, UnconfirmedBind] = {}  # reservation id -> bind
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __contains__(self, reservation_id: object) -> bool:
+        return reservation_id in self._pending
+
+    def track(self, bind: UnconfirmedBind) -> None:
+        """Remember `bind` and start reading its pod."""
+        now = self._clock()
+        for rid in [rid for rid, known in self._pending.items() if known.deadline <= now]:
+            del self._pending[rid]  # expired at the RM: nothing left to commit or release
+        self._pending[bind.reservation_id] = bind
+        task = asyncio.create_task(self._read_and_settle(bind), name=f"settle {bind.reservation_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def forget_pod(self, pod_uid: str) -> None:
+        """The pod's next cycle settled its reservation (committed, released or replaced it)."""
+        for rid in [rid for rid, bind in self._pending.items() if bind.pod_uid == pod_uid]:
+            del self._pending[rid]
+
+    async def observe(self, *, event_type: str, pod: Mapping[str, Any]) -> None:
+        """A bound-pod watch event: settle the reservation it carries, if it is one of ours."""
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        bind = self._pending.get(str(annotations.get(RESERVATION_ANNOTATION) or ""))
+        if bind is None:
+            return
+        if reservation_to_release(event_type=event_type, pod=pod) is not None:
+            del self._pending[bind.reservation_id]  # deleted or finished: the watch releases it
+            return
+        decided = fate(bind=bind, pod=pod)
+        if decided is not None:
+            await self._settle(bind, decided)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _read_and_settle(self, bind: UnconfirmedBind) -> None:
+        delay = self._first_retry
+        while bind.reservation_id in self._pending:
+            try:
+                pod = await read_pod(core=self._core, namespace=bind.namespace, name=bind.name)
+            except Exception as exc:  # ApiException, transport errors: the apiserver is still away
+                if not await self._wait(bind, delay, f"reading pod {bind.pod_key} failed: {exc}"):
+                    return
+                delay = min(delay * 2, self._max_retry)
+                continue
+            decided = fate(bind=bind, pod=pod)
+            if decided is None:
+                self._logger.info(
+                    f"pod {bind.pod_key} is still pending after a Binding that got no answer; its next "
+                    f"cycle reuses reservation {bind.reservation_id}"
+                )
+                return
+            await self._settle(bind, decided)
+            return
+
+    async def _settle(self, bind: UnconfirmedBind, decided: Fate) -> None:
+        """Commit or release, retrying the RM while the reservation lives; the first caller wins."""
+        if self._pending.pop(bind.reservation_id, None) is None:
+            return  # the watch or the read settled it already
+        delay = self._first_retry
+        while True:
+            try:
+                if decided is Fate.COMMIT:
+                    await self._rm().commit(bind.reservation_id)
+                else:
+                    await self._rm().release(bind.reservation_id)
+            except RMConflict as exc:
+                self._logger.error(
+                    f"reservation {bind.reservation_id} of pod {bind.pod_key} (bound to {bind.node} by a "
+                    f"Binding that got no answer) can no longer be committed: {exc}"
+                )
+                return
+            except RMError as exc:
+                if not await self._wait(bind, delay, f"could not {decided} it: {exc}"):
+                    return
+                delay = min(delay * 2, self._max_retry)
+                continue
+            break
+        if decided is Fate.COMMIT:
+            self._logger.info(
+                f"pod {bind.pod_key} is bound to {bind.node} after all: committed reservation "
+                f"{bind.reservation_id}"
+            )
+        else:
+            self._logger.info(
+                f"pod {bind.pod_key} was not bound by the Binding that got no answer: released "
+                f"reservation {bind.reservation_id}"
+            )
+            self._on_released()
+
+    async def _wait(self, bind: UnconfirmedBind, delay: float, problem: str) -> bool:
+        """Sleep before the next try; False (and a loud log) once the reservation has expired."""
+        if self._clock() + delay >= bind.deadline:
+            self._pending.pop(bind.reservation_id, None)
+            self._logger.error(
+                f"gave up settling reservation {bind.reservation_id} of pod {bind.pod_key}: {problem}; "
+                "it expires now, and if the pod was bound the resource manager may place other pods "
+                "on its capacity: check the apiserver and the resource manager"
+            )
+            return False
+        self._logger.warning(
+            f"settling reservation {bind.reservation_id} of pod {bind.pod_key}: {problem}; "
+            f"retrying in {delay:g}s"
+        )
+        await asyncio.sleep(delay)
+        return True

@@ -1,0 +1,123 @@
+"""A TLS proxy in front of the test apiserver that can apply a Binding and swallow its answer.
+
+A Binding whose answer is lost is the one failure the real apiserver never produces on its own:
+the write lands, the caller sees a dropped connection. The operator under test gets a kubeconfig
+that points here (a serving certificate from the plane's CA); every request is forwarded to the real
+apiserver with the operator's own client certificate, so authentication and RBAC are unchanged,
+and responses, watches included, are streamed back as they come.
+
+`binding_faults` is consumed one entry per `pods/{name}/binding` POST; while it has entries the
+operator never gets an answer (its connection is cut), and the POST itself is
+
+- `"swallow"`: forwarded and applied first;
+- `"late:<seconds>"`: forwarded that long after the cut (a write still in flight when the caller
+  gave up);
+- `"drop"`: never forwarded;
+- `"hang"`: never forwarded, and the connection is held open without an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import re
+import ssl
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from bindery.devcluster.plane import ControlPlane
+
+_BINDING = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/binding$")
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
+
+
+@dataclasses.dataclass
+class ApiProxy:
+    url: str = ""
+    binding_faults: list[str] = dataclasses.field(default_factory=list)
+    #: (fault or "", the apiserver's status or None if not forwarded) per Binding POST, when known
+    bindings: list[tuple[str, int | None]] = dataclasses.field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[ApiProxy]:
+    """Serve a proxy that authenticates upstream as `user` (whose kubeconfig was minted already)."""
+    proxy = ApiProxy()
+    pki = plane.workdir / "pki"
+    upstream_tls = ssl.create_default_context(cafile=str(plane.ca_file))
+    upstream_tls.load_cert_chain(str(pki / f"{user}.crt"), str(pki / f"{user}.key"))
+    cert, key = plane.issue_serving_certificate(stem="api-proxy")
+    serving_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    serving_tls.load_cert_chain(str(cert), str(key))
+
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=upstream_tls),
+        timeout=aiohttp.ClientTimeout(total=None),
+        auto_decompress=False,
+    )
+
+    late: set[asyncio.Task[None]] = set()
+
+    async def send(request: web.Request, body: bytes, fault: str) -> None:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        async with session.post(
+            plane.server + request.path_qs, headers=headers, data=body or None
+        ) as upstream:
+            await upstream.read()
+            proxy.bindings.append((fault, upstream.status))
+
+    async def later(request: web.Request, body: bytes, fault: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await send(request, body, fault)
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if request.method == "POST" and _BINDING.match(request.path) and proxy.binding_faults:
+            fault = proxy.binding_faults.pop(0)
+            if fault == "swallow":
+                await send(request, body, fault)
+            elif fault.startswith("late:"):
+                task = asyncio.create_task(later(request, body, fault, float(fault.split(":")[1])))
+                late.add(task)
+                task.add_done_callback(late.discard)
+            else:
+                proxy.bindings.append((fault, None))
+            if fault == "hang":
+                await asyncio.sleep(3600)
+            assert request.transport is not None
+            request.transport.abort()  # the operator never gets an answer
+            raise asyncio.CancelledError
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        async with session.request(
+            request.method, plane.server + request.path_qs, headers=headers, data=body or None
+        ) as upstream:
+            if request.method == "POST" and _BINDING.match(request.path):
+                proxy.bindings.append(("", upstream.status))
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP},
+            )
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=serving_tls)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    proxy.url = f"https://127.0.0.1:{port}"
+    try:
+        yield proxy
+    finally:
+        for task in late:
+            task.cancel()
+        await runner.cleanup()
+        await session.close()

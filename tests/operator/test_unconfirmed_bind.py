@@ -1,0 +1,128 @@
+"""A Binding that gets no answer: its reservation is settled by what happened to the pod, not left
+to expire while the pod runs (the RM would then give the pod's capacity away).
+
+The operator talks to the real apiserver through a proxy that cuts the connection of Binding POSTs
+(tests/operator/apiproxy.py): the write lands, is delayed, or is dropped, and the operator sees only
+a dead connection, every attempt.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes_asyncio import client
+
+from bindery.devcluster.plane import ControlPlane
+from bindery.kube import KubeBinder
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import BindError
+from tests.conftest import api_client_for
+from tests.operator.apiproxy import ApiProxy, serve_api_proxy
+from tests.operator.conftest import OPERATOR_USER, Bindery, Stage, events_of, eventually, states_are
+
+pytestmark = pytest.mark.controlplane
+
+UNANSWERED = 3  # the default binder's attempts: the first and two retries
+
+
+@pytest.fixture
+async def proxy(
+    controlplane: ControlPlane, operator_kubeconfig: pathlib.Path, tmp_path: pathlib.Path
+) -> AsyncIterator[ApiProxy]:
+    """The operator (least-privilege identity) running against the apiserver through the proxy."""
+    async with serve_api_proxy(plane=controlplane, user=OPERATOR_USER) as served:
+        kubeconfig = controlplane.mint_kubeconfig(
+            user=OPERATOR_USER, path=tmp_path / "proxied.kubeconfig", server=served.url
+        )
+        operator = Bindery(kubeconfig=kubeconfig)
+        await operator.start()
+        try:
+            yield served
+        finally:
+            await operator.stop()
+
+
+async def test_a_binding_applied_without_an_answer_is_committed(
+    *, kube_api: client.ApiClient, namespace: str, proxy: ApiProxy, stage: Stage
+) -> None:
+    proxy.binding_faults = ["swallow"] * UNANSWERED
+    async with stage.served():
+        pod = await stage.create("p")
+        uid = pod["metadata"]["uid"]
+        await eventually(lambda: states_are(stage.rm, uid, "committed"), what="the commit")
+    assert await stage.node_of("p") == stage.node
+    # The first POST bound the pod; the retries met "already assigned"; nobody heard either.
+    assert [status for _, status in proxy.bindings] == [201, 409, 409]
+    assert not [call for call in stage.rm.calls if call[0] == "release"]
+    assert stage.rm.reserve_attempts == ["p"]
+    events = await events_of(kube_api, namespace=namespace, pod_name="p")
+    failed = [e for e in events if e["reason"] == "FailedScheduling"]
+    assert failed
+    assert "did not answer" in failed[0]["note"]
+
+
+async def test_a_binding_that_landed_late_is_committed_through_the_bound_pod_watch(
+    *, proxy: ApiProxy, stage: Stage
+) -> None:
+    """The read after the cycle finds the pod pending; the late write binds it; the watch commits.
+
+    The backoff is long, so the pod's next cycle cannot be the one that settles it.
+    """
+    proxy.binding_faults = ["late:3", "drop", "drop"]
+    async with stage.served(backoff={"initialSeconds": 60, "maxSeconds": 60}):
+        pod = await stage.create("p")
+        uid = pod["metadata"]["uid"]
+        await eventually(lambda: states_are(stage.rm, uid, "committed"), what="the commit")
+    assert await stage.node_of("p") == stage.node
+    assert [status for fault, status in proxy.bindings if fault.startswith("late")] == [201]
+    assert stage.rm.reserve_attempts == ["p"]
+
+
+async def test_a_binding_that_never_landed_is_bound_by_the_next_cycle_on_the_same_reservation(
+    *, proxy: ApiProxy, stage: Stage
+) -> None:
+    proxy.binding_faults = ["drop"] * UNANSWERED
+    async with stage.served(backoff={"initialSeconds": 0.5, "maxSeconds": 1}):
+        pod = await stage.create("p")
+        uid = pod["metadata"]["uid"]
+        await eventually(lambda: states_are(stage.rm, uid, "committed"), what="the commit")
+    assert await stage.node_of("p") == stage.node
+    assert stage.rm.reserve_attempts == ["p", "p"]  # the second call replayed the same reservation
+    assert [status for _, status in proxy.bindings] == [None, None, None, 201]
+
+
+async def test_a_pod_deleted_after_an_unanswered_binding_has_its_reservation_released(
+    *, kube_api: client.ApiClient, namespace: str, proxy: ApiProxy, stage: Stage
+) -> None:
+    proxy.binding_faults = ["late:2", "drop", "drop"]
+    async with stage.served(backoff={"initialSeconds": 60, "maxSeconds": 60}):
+        pod = await stage.create("p")
+        uid = pod["metadata"]["uid"]
+        await eventually(lambda: states_are(stage.rm, uid, "committed"), what="the commit")
+        await client.CoreV1Api(kube_api).delete_namespaced_pod(
+            name="p", namespace=namespace, grace_period_seconds=0
+        )
+        await eventually(lambda: states_are(stage.rm, uid, "released"), what="the release")
+
+
+async def test_a_binding_left_hanging_times_out_as_unanswered(
+    *, controlplane: ControlPlane, operator_kubeconfig: pathlib.Path, tmp_path: pathlib.Path, stage: Stage
+) -> None:
+    """The generated client waits forever by default; the binder gives up after its timeout."""
+    async with serve_api_proxy(plane=controlplane, user=OPERATOR_USER) as served:
+        kubeconfig = controlplane.mint_kubeconfig(
+            user=OPERATOR_USER, path=tmp_path / "proxied.kubeconfig", server=served.url
+        )
+        api = await api_client_for(str(kubeconfig))
+        try:
+            pod = PodInfo.from_body(await stage.create("p"))
+            served.binding_faults = ["hang"]
+            with pytest.raises(BindError) as raised:
+                await KubeBinder(api=api, timeout=1.0).bind(pod=pod, node=stage.node, annotations={})
+        finally:
+            await api.close()
+    assert raised.value.status is None  # unanswered, not refused
+    assert "the apiserver did not answer" in str(raised.value)
+    assert await stage.node_of("p") is None
