@@ -174,9 +174,7 @@ def test_watch_lines_become_events_and_garbage_is_refused() -> None:
         watch_event(b'{"type": "ADD')  # a truncated line (json's own ValueError)
 
 
-UNCONFIRMED = UnconfirmedBind(
-    reservation_id="r-1", pod_uid="u-1", namespace="ns", name="p", node="n1", deadline=60.0
-)
+UNCONFIRMED = UnconfirmedBind(reservation_id="r-1", pod=POD, node="n1", deadline=60.0)
 
 
 def _pod(*, uid: str = "u-1", node: str | None = None, phase: str = "Pending") -> dict[str, object]:

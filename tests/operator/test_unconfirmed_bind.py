@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
@@ -20,7 +21,16 @@ from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import BindError
 from tests.conftest import api_client_for
 from tests.operator.apiproxy import ApiProxy, serve_api_proxy
-from tests.operator.conftest import OPERATOR_USER, Bindery, Stage, events_of, eventually, states_are
+from tests.operator.conftest import (
+    OPERATOR_USER,
+    Bindery,
+    Stage,
+    condition,
+    events_of,
+    eventually,
+    read_pod,
+    states_are,
+)
 
 pytestmark = pytest.mark.controlplane
 
@@ -57,14 +67,31 @@ async def test_a_binding_applied_without_an_answer_is_committed(
     assert [status for _, status in proxy.bindings] == [201, 409, 409]
     assert not [call for call in stage.rm.calls if call[0] == "release"]
     assert stage.rm.reserve_attempts == ["p"]
-    events = await events_of(kube_api, namespace=namespace, pod_name="p")
+    # The cycle reported the unanswered Binding; once settled, the pod says it is scheduled.
+    events = await eventually(lambda: _scheduled_again(kube_api, namespace, "p"), what="the correction")
     failed = [e for e in events if e["reason"] == "FailedScheduling"]
-    assert failed
+    assert len(failed) == 1
     assert "did not answer" in failed[0]["note"]
+    scheduled = [e for e in events if e["reason"] == "Scheduled"]
+    assert len(scheduled) == 1
+    assert scheduled[0]["note"] == f"Successfully assigned {namespace}/p to {stage.node}"
+    cond = condition(await read_pod(kube_api, namespace=namespace, name="p"))
+    assert cond is not None
+    assert "reason" not in cond
+    assert "message" not in cond
+
+
+async def _scheduled_again(api: client.ApiClient, namespace: str, name: str) -> list[dict[str, Any]] | None:
+    """The pod's events, once PodScheduled is True and a Scheduled event exists."""
+    cond = condition(await read_pod(api, namespace=namespace, name=name))
+    if cond is None or cond["status"] != "True":
+        return None
+    events = await events_of(api, namespace=namespace, pod_name=name)
+    return events if any(e["reason"] == "Scheduled" for e in events) else None
 
 
 async def test_a_binding_that_landed_late_is_committed_through_the_bound_pod_watch(
-    *, proxy: ApiProxy, stage: Stage
+    *, kube_api: client.ApiClient, namespace: str, proxy: ApiProxy, stage: Stage
 ) -> None:
     """The read after the cycle finds the pod pending; the late write binds it; the watch commits.
 
@@ -78,6 +105,7 @@ async def test_a_binding_that_landed_late_is_committed_through_the_bound_pod_wat
     assert await stage.node_of("p") == stage.node
     assert [status for fault, status in proxy.bindings if fault.startswith("late")] == [201]
     assert stage.rm.reserve_attempts == ["p"]
+    await eventually(lambda: _scheduled_again(kube_api, namespace, "p"), what="the correction")
 
 
 async def test_a_binding_that_never_landed_is_bound_by_the_next_cycle_on_the_same_reservation(

@@ -150,6 +150,11 @@ class FakeConditions:
         if self.error is not None:
             raise self.error
 
+    async def pod_scheduled_true(self, *, pod: PodInfo) -> None:
+        self.calls.record("conditions.pod_scheduled_true", pod=pod.uid)
+        if self.error is not None:
+            raise self.error
+
 
 class FakeRM:
     """A reservation client that places every pod on ``node`` unless told to fail."""

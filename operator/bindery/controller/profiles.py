@@ -97,7 +97,11 @@ class ProfileRunner:
         self._on_dropped = on_dropped
         self._throttle = EventThrottle()
         self.unconfirmed = UnconfirmedBinds(
-            api=api, rm=lambda: self.measured, logger=logger, on_released=self._released_unconfirmed
+            api=api,
+            rm=lambda: self.measured,
+            logger=logger,
+            on_released=self._released_unconfirmed,
+            on_committed=self._bound_after_all,
         )
 
         self._workers: list[asyncio.Task[None]] = []
@@ -179,6 +183,15 @@ class ProfileRunner:
     async def _bound_pod_event(self, event_type: str, pod: Mapping[str, Any]) -> None:
         await self.unconfirmed.observe(event_type=event_type, pod=pod)
 
+    async def _bound_after_all(self, bind: UnconfirmedBind) -> None:
+        """An unanswered Binding did bind the pod: report it as the cycle would have (best effort)."""
+        pod = bind.pod
+        try:
+            await self._ports.events.scheduled(pod=pod, node=bind.node, scheduler_name=pod.scheduler_name)
+            await self._ports.conditions.pod_scheduled_true(pod=pod)
+        except Exception as exc:
+            self._logger.warning(f"could not report pod {pod.key} as scheduled to {bind.node}: {exc}")
+
     def _released_unconfirmed(self) -> None:
         self.metrics.release(resource_manager=self.config.name, reason="unconfirmed_binding")
         self._on_released()
@@ -257,9 +270,7 @@ class ProfileRunner:
             self.unconfirmed.track(
                 UnconfirmedBind(
                     reservation_id=result.reservation_id,
-                    pod_uid=pod.uid,
-                    namespace=pod.namespace,
-                    name=pod.name,
+                    pod=pod,
                     node=result.node,
                     deadline=time.monotonic() + self.profile.reservation_ttl_seconds,
                 )

@@ -8,6 +8,8 @@ reservations until it learns what happened to the pod:
 
 - the pod (same UID) is bound to the reservation's node: the Binding landed, so **commit**;
 - the pod is gone, was replaced, finished, or is bound to another node: **release**;
+  The pod then gets the ``Scheduled`` event and ``PodScheduled=True`` back: the cycle had
+  reported a failure, and a running pod should not keep saying it is unscheduled;
 - the pod is still pending: nothing is done here. Its next cycle reserves with the same idempotency
   key, gets this reservation back, and then commits or releases it like any other.
 
@@ -24,7 +26,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -33,6 +35,7 @@ from bindery.controller.bound import TERMINAL_PHASES, reservation_to_release
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMConflict, RMError
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
+from bindery.scheduling.podspec import PodInfo
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
@@ -47,16 +50,10 @@ class UnconfirmedBind:
     """A reservation whose Binding got no answer: the pod it was made for and the node it holds."""
 
     reservation_id: str
-    pod_uid: str
-    namespace: str
-    name: str
+    pod: PodInfo
     node: str
     #: time.monotonic() after which the RM has let the reservation expire: nothing left to settle.
     deadline: float
-
-    @property
-    def pod_key(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 def fate(*, bind: UnconfirmedBind, pod: Mapping[str, Any] | None) -> Fate | None:
@@ -67,7 +64,7 @@ def fate(*, bind: UnconfirmedBind, pod: Mapping[str, Any] | None) -> Fate | None
     if pod is None:
         return Fate.RELEASE
     metadata = pod.get("metadata") or {}
-    if metadata.get("uid") != bind.pod_uid:
+    if metadata.get("uid") != bind.pod.uid:
         return Fate.RELEASE  # replaced under the same name: the UID precondition kept it unbound
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
@@ -87,6 +84,7 @@ class UnconfirmedBinds:
         rm: Callable[[], ReservationClient],
         logger: Logger,
         on_released: Callable[[], None] = lambda: None,
+        on_committed: Callable[[UnconfirmedBind], Awaitable[None]] | None = None,
         first_retry: float = 0.5,
         max_retry: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
@@ -95,6 +93,7 @@ class UnconfirmedBinds:
         self._rm = rm
         self._logger = logger
         self._on_released = on_released
+        self._on_committed = on_committed
         self._first_retry = first_retry
         self._max_retry = max_retry
         self._clock = clock
@@ -116,7 +115,7 @@ class UnconfirmedBinds:
 
     def forget_pod(self, pod_uid: str) -> None:
         """The pod's next cycle settled its reservation (committed, released or replaced it)."""
-        for rid in [rid for rid, bind in self._pending.items() if bind.pod_uid == pod_uid]:
+        for rid in [rid for rid, bind in self._pending.items() if bind.pod.uid == pod_uid]:
             del self._pending[rid]
 
     async def observe(self, *, event_type: str, pod: Mapping[str, Any]) -> None:
@@ -141,16 +140,16 @@ class UnconfirmedBinds:
         delay = self._first_retry
         while bind.reservation_id in self._pending:
             try:
-                pod = await read_pod(core=self._core, namespace=bind.namespace, name=bind.name)
+                pod = await read_pod(core=self._core, namespace=bind.pod.namespace, name=bind.pod.name)
             except Exception as exc:  # ApiException, transport errors: the apiserver is still away
-                if not await self._wait(bind, delay, f"reading pod {bind.pod_key} failed: {exc}"):
+                if not await self._wait(bind, delay, f"reading pod {bind.pod.key} failed: {exc}"):
                     return
                 delay = min(delay * 2, self._max_retry)
                 continue
             decided = fate(bind=bind, pod=pod)
             if decided is None:
                 self._logger.info(
-                    f"pod {bind.pod_key} is still pending after a Binding that got no answer; its next "
+                    f"pod {bind.pod.key} is still pending after a Binding that got no answer; its next "
                     f"cycle reuses reservation {bind.reservation_id}"
                 )
                 return
@@ -170,7 +169,7 @@ class UnconfirmedBinds:
                     await self._rm().release(bind.reservation_id)
             except RMConflict as exc:
                 self._logger.error(
-                    f"reservation {bind.reservation_id} of pod {bind.pod_key} (bound to {bind.node} by a "
+                    f"reservation {bind.reservation_id} of pod {bind.pod.key} (bound to {bind.node} by a "
                     f"Binding that got no answer) can no longer be committed: {exc}"
                 )
                 return
@@ -182,12 +181,14 @@ class UnconfirmedBinds:
             break
         if decided is Fate.COMMIT:
             self._logger.info(
-                f"pod {bind.pod_key} is bound to {bind.node} after all: committed reservation "
+                f"pod {bind.pod.key} is bound to {bind.node} after all: committed reservation "
                 f"{bind.reservation_id}"
             )
+            if self._on_committed is not None:
+                await self._on_committed(bind)
         else:
             self._logger.info(
-                f"pod {bind.pod_key} was not bound by the Binding that got no answer: released "
+                f"pod {bind.pod.key} was not bound by the Binding that got no answer: released "
                 f"reservation {bind.reservation_id}"
             )
             self._on_released()
@@ -197,13 +198,13 @@ class UnconfirmedBinds:
         if self._clock() + delay >= bind.deadline:
             self._pending.pop(bind.reservation_id, None)
             self._logger.error(
-                f"gave up settling reservation {bind.reservation_id} of pod {bind.pod_key}: {problem}; "
+                f"gave up settling reservation {bind.reservation_id} of pod {bind.pod.key}: {problem}; "
                 "it expires now, and if the pod was bound the resource manager may place other pods "
                 "on its capacity: check the apiserver and the resource manager"
             )
             return False
         self._logger.warning(
-            f"settling reservation {bind.reservation_id} of pod {bind.pod_key}: {problem}; "
+            f"settling reservation {bind.reservation_id} of pod {bind.pod.key}: {problem}; "
             f"retrying in {delay:g}s"
         )
         await asyncio.sleep(delay)

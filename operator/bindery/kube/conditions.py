@@ -1,5 +1,8 @@
 """Write `PodScheduled=False` onto a pod's status, as kube-scheduler does after a failed attempt.
 
+`PodScheduled=True` is written only to correct a `False` that a failed attempt wrote over the
+apiserver's own `True`: when a Binding that got no answer turns out to have bound the pod.
+
 A strategic-merge patch of `status.conditions` merges by condition `type`, so only PodScheduled is
 touched and other writers' conditions survive (kube-scheduler's PatchPodStatus does the same).
 `metadata.uid` in the patch makes the apiserver refuse it if the name now belongs to another pod.
@@ -32,11 +35,34 @@ def condition_patch(*, uid: str, reason: str, message: str, now: datetime.dateti
                     "reason": reason,
                     "message": message[:MESSAGE_LIMIT],
                     "lastProbeTime": None,
-                    "lastTransitionTime": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "lastTransitionTime": _timestamp(now),
                 }
             ]
         },
     }
+
+
+def scheduled_patch(*, uid: str, now: datetime.datetime) -> dict[str, Any]:
+    """`PodScheduled=True` as the Binding sets it; null drops the failed attempt's reason and message."""
+    return {
+        "metadata": {"uid": uid},
+        "status": {
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "True",
+                    "reason": None,
+                    "message": None,
+                    "lastProbeTime": None,
+                    "lastTransitionTime": _timestamp(now),
+                }
+            ]
+        },
+    }
+
+
+def _timestamp(now: datetime.datetime) -> str:
+    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubeConditionWriter:
@@ -51,6 +77,14 @@ class KubeConditionWriter:
         body = condition_patch(
             uid=pod.uid, reason=reason, message=message, now=datetime.datetime.now(datetime.UTC)
         )
+        await self._patch(pod=pod, body=body)
+        self._written[pod.uid] = (reason, message)
+
+    async def pod_scheduled_true(self, *, pod: PodInfo) -> None:
+        await self._patch(pod=pod, body=scheduled_patch(uid=pod.uid, now=datetime.datetime.now(datetime.UTC)))
+        self._written.pop(pod.uid, None)
+
+    async def _patch(self, *, pod: PodInfo, body: dict[str, Any]) -> None:
         self._counter.add(kind="condition")
         response = await self._core.patch_namespaced_pod_status(
             name=pod.name, namespace=pod.namespace, body=body, _preload_content=False
@@ -65,7 +99,6 @@ class KubeConditionWriter:
                 )
         finally:
             response.release()
-        self._written[pod.uid] = (reason, message)
 
     def forget(self, *, uid: str) -> None:
         self._written.pop(uid, None)

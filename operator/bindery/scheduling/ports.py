@@ -97,12 +97,16 @@ class EventSink(Protocol):
 
 
 class ConditionWriter(Protocol):
-    """Sets the ``PodScheduled=False`` condition through the ``pods/status`` subresource.
+    """Sets the ``PodScheduled`` condition through the ``pods/status`` subresource.
 
     May raise :class:`PodGone` if the pod no longer exists; the caller treats that as harmless.
     """
 
     async def pod_scheduled_false(self, *, pod: PodInfo, reason: str, message: str) -> None: ...
+
+    async def pod_scheduled_true(self, *, pod: PodInfo) -> None:
+        """Restore ``True`` (as the Binding set it) over a ``False`` written by a failed attempt."""
+        ...
 
 
 class BindError(Exception):
