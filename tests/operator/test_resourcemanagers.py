@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from tests.operator.conftest import (
     closed_port_url,
     events_of,
     eventually,
+    now,
     resource_manager,
 )
 from tests.operator.fakerm import FakeRM, serve_fake_rm
@@ -188,3 +190,35 @@ async def test_a_missing_token_secret_is_reported(
 
         ready = await eventually(reported, what="Ready=False/CredentialsUnavailable")
         assert ref["name"] in ready["message"]
+
+
+async def test_shrinking_max_in_flight_lets_running_cycles_finish(
+    *, kube_api: client.ApiClient, bindery: Bindery, fake_rm: FakeRM, stage: Stage
+) -> None:
+    """Three cycles are inside the RM call when the budget drops to one: none is cancelled, so
+    nothing is released and reserved again, and every pod binds on its first reservation."""
+    gate = asyncio.Event()
+
+    async def hold(reservation: dict[str, Any]) -> None:
+        await gate.wait()
+
+    fake_rm.on_reserve = hold
+    async with stage.served(maxInFlight=3, timeouts={"readSeconds": 30}):
+        for name in ("a", "b", "c"):
+            await stage.create(name)
+        await eventually(lambda: now(len(fake_rm.reservations) == 3), what="three cycles in flight")
+        await _patch_spec(kube_api, stage.rm_name, {"maxInFlight": 1})
+
+        async def applied() -> bool:
+            rm = await _rm(kube_api, stage.rm_name)
+            return bool((rm.get("status") or {}).get("observedGeneration") == rm["metadata"]["generation"])
+
+        await eventually(applied, what="the new budget applied")
+        gate.set()
+        for name in ("a", "b", "c"):
+            assert await eventually(lambda n=name: stage.node_of(n), what=f"pod {name} bound") == stage.node
+        await eventually(
+            lambda: now(sorted(fake_rm.states().values()) == ["committed"] * 3), what="three commits"
+        )
+    assert not [call for call in fake_rm.calls if call[0] == "release"]
+    assert sorted(fake_rm.reserve_attempts) == ["a", "b", "c"]

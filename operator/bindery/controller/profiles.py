@@ -105,6 +105,8 @@ class ProfileRunner:
         )
 
         self._workers: list[asyncio.Task[None]] = []
+        self._busy: set[asyncio.Task[Any]] = set()  # workers inside a cycle
+        self._retiring = 0  # busy workers to stop once their cycle ends (the budget shrank)
         self._retired_clients: list[ResourceManagerClient] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -126,6 +128,7 @@ class ProfileRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._workers.clear()
+        self._retiring = 0
 
     async def stop(self) -> None:
         self.queue.close()
@@ -224,44 +227,71 @@ class ProfileRunner:
     # -- workers --------------------------------------------------------------------------------
 
     def _resize_workers(self, count: int) -> None:
+        """Grow, or shrink without cancelling a cycle: idle workers stop now, busy ones after their pod.
+
+        Cancelling a cycle in the middle of its Binding would leave a reservation that may belong to
+        a bound pod with nobody to settle it.
+        """
         self._workers = [task for task in self._workers if not task.done()]
-        while len(self._workers) < count:
-            self._workers.append(
-                asyncio.create_task(
-                    self._work(), name=f"bindery worker {self.config.name}/{len(self._workers)}"
+        staying = len(self._workers) - self._retiring
+        if count >= staying:
+            kept = min(self._retiring, count - staying)  # un-retire before starting new workers
+            self._retiring -= kept
+            for _ in range(count - staying - kept):
+                self._workers.append(
+                    asyncio.create_task(
+                        self._work(), name=f"bindery worker {self.config.name}/{len(self._workers)}"
+                    )
                 )
-            )
-        while len(self._workers) > count:
-            self._workers.pop().cancel()
+            return
+        surplus = staying - count
+        for task in [t for t in self._workers if t not in self._busy][:surplus]:
+            task.cancel()
+            self._workers.remove(task)
+            surplus -= 1
+        self._retiring += surplus
 
     async def _work(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None
         while True:
+            if self._retiring > 0:
+                self._retiring -= 1
+                return
             try:
                 pod = await self.queue.pop()
             except QueueClosed:
                 return
-            started = time.perf_counter()
+            self._busy.add(me)
             try:
-                result = await schedule_one(
-                    pod=pod, profile=self.profile, ports=self._ports, throttle=self._throttle
-                )
-            except asyncio.CancelledError:  # paused or shrunk: the cycle has unreserved; requeue
-                self.queue.done(pod.uid, outcome=Outcome.ERROR)
-                raise
-            except Exception:  # a bug in the cycle must not kill the worker
-                self._logger.exception(f"scheduling cycle of pod {pod.key} crashed; retrying after backoff")
-                self.queue.done(pod.uid, outcome=Outcome.ERROR)
-                self._record(pod, Outcome.ERROR, started)
-                continue
-            self._record(pod, result.outcome, started)
-            self._follow_up(pod, result)
-            if result.released:
-                self.metrics.release(resource_manager=self.config.name, reason="cycle_failure")
-            self.queue.done(pod.uid, outcome=result.outcome, retry_after=result.retry_after)
-            if result.outcome is Outcome.DROPPED:
-                self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it
-            if result.released:
-                self._on_released()
+                await self._cycle(pod)
+            finally:
+                self._busy.discard(me)
+
+    async def _cycle(self, pod: PodInfo) -> None:
+        """One pod: the scheduling cycle, then its outcome to the queue, the metrics and the settling."""
+        started = time.perf_counter()
+        try:
+            result = await schedule_one(
+                pod=pod, profile=self.profile, ports=self._ports, throttle=self._throttle
+            )
+        except asyncio.CancelledError:  # paused or stopped: the cycle has unreserved; requeue
+            self.queue.done(pod.uid, outcome=Outcome.ERROR)
+            raise
+        except Exception:  # a bug in the cycle must not kill the worker
+            self._logger.exception(f"scheduling cycle of pod {pod.key} crashed; retrying after backoff")
+            self.queue.done(pod.uid, outcome=Outcome.ERROR)
+            self._record(pod, Outcome.ERROR, started)
+            return
+        self._record(pod, result.outcome, started)
+        self._follow_up(pod, result)
+        if result.released:
+            self.metrics.release(resource_manager=self.config.name, reason="cycle_failure")
+        self.queue.done(pod.uid, outcome=result.outcome, retry_after=result.retry_after)
+        if result.outcome is Outcome.DROPPED:
+            self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it
+        if result.released:
+            self._on_released()
 
     def _follow_up(self, pod: PodInfo, result: CycleOutcome) -> None:
         """A Binding that got no answer leaves a reservation to settle; any other end settles it."""
