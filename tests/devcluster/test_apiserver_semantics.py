@@ -89,6 +89,7 @@ async def test_binding_with_a_foreign_uid_is_rejected_with_409(
     with pytest.raises(ApiException) as exc:
         await bind(core, namespace, binding(pod, "node-a", uid="00000000-0000-0000-0000-000000000000"))
     assert exc.value.status == 409
+    assert exc.value.body is not None
     assert "uid" in json.loads(exc.value.body)["message"].lower()
     stored = await core.read_namespaced_pod(name="p", namespace=namespace)
     assert stored.spec.node_name is None

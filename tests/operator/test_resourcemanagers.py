@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -216,7 +217,10 @@ async def test_shrinking_max_in_flight_lets_running_cycles_finish(
         await eventually(applied, what="the new budget applied")
         gate.set()
         for name in ("a", "b", "c"):
-            assert await eventually(lambda n=name: stage.node_of(n), what=f"pod {name} bound") == stage.node
+            assert (
+                await eventually(functools.partial(stage.node_of, name), what=f"pod {name} bound")
+                == stage.node
+            )
         await eventually(
             lambda: now(sorted(fake_rm.states().values()) == ["committed"] * 3), what="three commits"
         )

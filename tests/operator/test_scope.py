@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -45,11 +46,11 @@ async def test_priority_order_under_max_in_flight_one(
     for name in priorities:
         body = pod_body(name=name, scheduler_name=scheduler, priorityClassName=uniq(name))
         # The priority admission plugin sees new PriorityClasses through a cache: retry until it does.
-        await eventually(lambda body=body: _try_create(kube_api, namespace, body), what="pod admitted")
+        await eventually(functools.partial(_try_create, kube_api, namespace, body), what="pod admitted")
     await eventually(lambda: _remembered(bindery, namespace, set(priorities)), what="the pods in the watch")
     async with stage.served(maxInFlight=1):
         for name in priorities:
-            await eventually(lambda name=name: stage.node_of(name), what=f"pod {name} bound")
+            await eventually(functools.partial(stage.node_of, name), what=f"pod {name} bound")
     assert fake_rm.reserve_order == ["top", "high", "mid", "low"]
 
 
@@ -162,7 +163,7 @@ async def test_departed_pods_give_their_capacity_back(
             created = await stage.create(name)
             uids[name] = created["metadata"]["uid"]
         for name, uid in uids.items():
-            await eventually(lambda uid=uid: _committed(fake_rm, uid), what=f"{name} committed")
+            await eventually(functools.partial(_committed, fake_rm, uid), what=f"{name} committed")
         await core.delete_namespaced_pod(name="deleted", namespace=namespace, grace_period_seconds=0)
         await core.patch_namespaced_pod_status(
             name="finished", namespace=namespace, body={"status": {"phase": "Succeeded"}}
