@@ -9,7 +9,8 @@ runs as its own process on loopback (as in rm_bench.py), and this process sends 
 ``POST /v1/reservations`` bodies at the same concurrency three ways, measuring its own CPU time
 (``time.process_time``, so the RM's work is not counted) per call:
 
-* ``ResourceManagerClient`` — Bindery's client (httpx, plus validation, retries, breaker);
+* ``ResourceManagerClient`` — Bindery's client (httpx's API sending through aiohttp, see
+  ``bindery.rm.transport``, plus validation, retries, breaker);
 * a bare ``httpx.AsyncClient`` — the same library with nothing of Bindery's around it;
 * a bare ``aiohttp.ClientSession`` — the library kubernetes_asyncio (and Kopf) already use.
 """
@@ -107,7 +108,7 @@ async def main() -> None:
     args = parser.parse_args()
     rng = random.Random(1)
     clients = {
-        "ResourceManagerClient (httpx)": with_bindery_client,
+        "ResourceManagerClient (httpx over aiohttp)": with_bindery_client,
         "bare httpx.AsyncClient": with_httpx,
         "bare aiohttp.ClientSession": with_aiohttp,
     }
