@@ -1,4 +1,4 @@
-"""CLI of the conformance kit: ``python -m bindery.conformance`` and ``bindery rm conformance``.
+"""CLI of the conformance kit: ``bindery rm conformance`` (also ``python -m bindery.conformance``).
 
 Exits 0 when every selected check passes, 1 otherwise, 2 on usage errors.
 """
@@ -17,7 +17,7 @@ from bindery.conformance.kit import CHECKS, DEFAULT_RESOURCE, ConformanceConfig,
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bindery.conformance",
+        prog="bindery rm conformance",
         description="Check a resource manager against the Bindery RM contract v1.",
         epilog="The server must offer exactly --capacity units of --resource, unused during the run.",
     )
