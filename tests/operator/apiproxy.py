@@ -29,6 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from bindery.devcluster.plane import ControlPlane
+from tests.operator.fakerm import serve_app
 
 _BINDING = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/binding$")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
@@ -108,16 +109,11 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", forward)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=serving_tls)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    proxy.url = f"https://127.0.0.1:{port}"
     try:
-        yield proxy
+        async with serve_app(app, ssl_context=serving_tls, handler_cancellation=True) as port:
+            proxy.url = f"https://127.0.0.1:{port}"
+            yield proxy
     finally:
         for task in late:
             task.cancel()
-        await runner.cleanup()
         await session.close()

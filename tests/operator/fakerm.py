@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import itertools
 import json
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -170,14 +171,22 @@ async def serve_fake_rm(rm: FakeRM) -> AsyncIterator[FakeRM]:
     app.router.add_post("/v1/reservations/{rid}/commit", rm.commit)
     app.router.add_delete("/v1/reservations/{rid}", rm.release)
     app.router.add_get("/readyz", rm.ready)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    rm.url = f"http://127.0.0.1:{port}"
-    try:
+    async with serve_app(app, shutdown_timeout=0.1) as port:
+        rm.url = f"http://127.0.0.1:{port}"
         yield rm
+
+
+@asynccontextmanager
+async def serve_app(
+    app: web.Application, *, ssl_context: ssl.SSLContext | None = None, **runner_options: Any
+) -> AsyncIterator[int]:
+    """Serve `app` on a free loopback port (yielded) until the block ends."""
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
 
