@@ -12,6 +12,7 @@ operator never gets an answer (its connection is cut), and the POST itself is
 - `"swallow"`: forwarded and applied first;
 - `"late:<seconds>"`: forwarded that long after the cut (a write still in flight when the caller
   gave up);
+- `"held"`: forwarded when the test calls `proxy.forward_held()`;
 - `"drop"`: never forwarded;
 - `"hang"`: never forwarded, and the connection is held open without an answer.
 """
@@ -39,8 +40,12 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"
 class ApiProxy:
     url: str = ""
     binding_faults: list[str] = dataclasses.field(default_factory=list)
+    held: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     #: (fault or "", the apiserver's status or None if not forwarded) per Binding POST, when known
     bindings: list[tuple[str, int | None]] = dataclasses.field(default_factory=list)
+
+    def forward_held(self) -> None:
+        self.held.set()
 
 
 @contextlib.asynccontextmanager
@@ -70,8 +75,11 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
             await upstream.read()
             proxy.bindings.append((fault, upstream.status))
 
-    async def later(request: web.Request, body: bytes, fault: str, delay: float) -> None:
-        await asyncio.sleep(delay)
+    async def later(request: web.Request, body: bytes, fault: str, delay: float | None) -> None:
+        if delay is None:
+            await proxy.held.wait()
+        else:
+            await asyncio.sleep(delay)
         await send(request, body, fault)
 
     async def forward(request: web.Request) -> web.StreamResponse:
@@ -80,8 +88,9 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
             fault = proxy.binding_faults.pop(0)
             if fault == "swallow":
                 await send(request, body, fault)
-            elif fault.startswith("late:"):
-                task = asyncio.create_task(later(request, body, fault, float(fault.split(":")[1])))
+            elif fault.startswith("late:") or fault == "held":
+                delay = float(fault.split(":")[1]) if fault != "held" else None
+                task = asyncio.create_task(later(request, body, fault, delay))
                 late.add(task)
                 task.add_done_callback(late.discard)
             else:

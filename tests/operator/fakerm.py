@@ -36,6 +36,8 @@ class FakeRM:
     url: str = ""
     #: awaited with the new reservation before the RM answers (to race the operator)
     on_reserve: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    #: awaited with the existing reservation before a replayed reserve is answered
+    on_replay: Callable[[dict[str, Any]], Awaitable[None]] | None = None
     reserve_order: list[str] = dataclasses.field(default_factory=list)  # pod names reserved, in order
     reserve_attempts: list[str] = dataclasses.field(default_factory=list)  # pod names of every call
     _ids: itertools.count[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
@@ -76,6 +78,8 @@ class FakeRM:
         self.reserve_attempts.append(pod["name"])
         for existing in self.reservations.values():
             if existing["idempotencyKey"] == body["idempotencyKey"] and existing["state"] == "reserved":
+                if self.on_replay is not None:
+                    await self.on_replay(existing)
                 return web.json_response(existing, status=200)
         node = self.place.get(pod["name"]) or self.choose or self._free_node()
         if node is None or self.mode == "unschedulable":

@@ -8,6 +8,7 @@ a dead connection, every attempt.
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,6 +29,7 @@ from tests.operator.conftest import (
     condition,
     events_of,
     eventually,
+    now,
     read_pod,
     states_are,
 )
@@ -38,9 +40,9 @@ UNANSWERED = 3  # the default binder's attempts: the first and two retries
 
 
 @pytest.fixture
-async def proxy(
+async def proxied(
     controlplane: ControlPlane, operator_kubeconfig: pathlib.Path, tmp_path: pathlib.Path
-) -> AsyncIterator[ApiProxy]:
+) -> AsyncIterator[tuple[ApiProxy, Bindery]]:
     """The operator (least-privilege identity) running against the apiserver through the proxy."""
     async with serve_api_proxy(plane=controlplane, user=OPERATOR_USER) as served:
         kubeconfig = controlplane.mint_kubeconfig(
@@ -49,9 +51,14 @@ async def proxy(
         operator = Bindery(kubeconfig=kubeconfig)
         await operator.start()
         try:
-            yield served
+            yield served, operator
         finally:
             await operator.stop()
+
+
+@pytest.fixture
+def proxy(proxied: tuple[ApiProxy, Bindery]) -> ApiProxy:
+    return proxied[0]
 
 
 async def test_a_binding_applied_without_an_answer_is_committed(
@@ -119,6 +126,34 @@ async def test_a_binding_that_never_landed_is_bound_by_the_next_cycle_on_the_sam
     assert await stage.node_of("p") == stage.node
     assert stage.rm.reserve_attempts == ["p", "p"]  # the second call replayed the same reservation
     assert [status for _, status in proxy.bindings] == [None, None, None, 201]
+
+
+async def test_a_late_binding_landing_during_the_next_cycle_is_committed_not_released(
+    *, proxied: tuple[ApiProxy, Bindery], stage: Stage
+) -> None:
+    """The next cycle gets the same reservation back; while it waits for the RM, the late Binding
+    lands (the proxy holds it until then) and the operator drops the pod from its unbound pods. The
+    cycle then finds the pod gone, and its release must become a commit: the pod runs on it."""
+    proxy, operator = proxied
+    proxy.binding_faults = ["held", "drop", "drop"]
+
+    async def until_bound_and_forgotten(reservation: dict[str, Any]) -> None:
+        stage.rm.on_replay = None
+        proxy.forward_held()
+        await eventually(lambda: stage.node_of("p"), what="the late Binding")
+        uid = reservation["podUid"]
+        await eventually(lambda: now(uid not in operator.runtime.pods.uids()), what="the pod dropped")
+
+    stage.rm.on_replay = until_bound_and_forgotten
+    async with stage.served(backoff={"initialSeconds": 0.2, "maxSeconds": 0.2}):
+        pod = await stage.create("p")
+        uid = pod["metadata"]["uid"]
+        await eventually(lambda: now(stage.rm.reserve_attempts == ["p", "p"]), what="the replay")
+        await eventually(lambda: states_are(stage.rm, uid, "committed"), what="the commit")
+        await asyncio.sleep(1)  # a release would follow the commit at once
+        assert await states_are(stage.rm, uid, "committed")
+    assert await stage.node_of("p") == stage.node
+    assert not [call for call in stage.rm.calls if call[0] == "release"]
 
 
 async def test_a_pod_deleted_after_an_unanswered_binding_has_its_reservation_released(

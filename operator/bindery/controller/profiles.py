@@ -21,7 +21,7 @@ from bindery.config import ResourceManagerConfig
 from bindery.controller.bound import BoundPodWatcher
 from bindery.controller.metrics import MeasuredRM, Metrics
 from bindery.controller.secrets import RMCredentials
-from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
+from bindery.controller.unconfirmed import SettlingReleases, UnconfirmedBind, UnconfirmedBinds
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
@@ -84,7 +84,14 @@ class ProfileRunner:
         self.client = client
         self.credentials = credentials
         self.measured = self._measure(client)
-        self.profile = build_profile(config=config, client=self.measured)
+        self.unconfirmed = UnconfirmedBinds(
+            api=api,
+            rm=lambda: self.measured,
+            logger=logger,
+            on_released=self._released_unconfirmed,
+            on_committed=self._bound_after_all,
+        )
+        self.profile = build_profile(config=config, client=self._cycle_client())
         self.queue = SchedulingQueue(max_in_flight=config.max_in_flight, backoff=_backoff(config))
         self.active = False
         self.reachable: bool | None = None
@@ -96,13 +103,6 @@ class ProfileRunner:
         self._on_released = on_released
         self._on_dropped = on_dropped
         self._throttle = EventThrottle()
-        self.unconfirmed = UnconfirmedBinds(
-            api=api,
-            rm=lambda: self.measured,
-            logger=logger,
-            on_released=self._released_unconfirmed,
-            on_committed=self._bound_after_all,
-        )
 
         self._workers: list[asyncio.Task[None]] = []
         self._busy: set[asyncio.Task[Any]] = set()  # workers inside a cycle
@@ -154,7 +154,7 @@ class ProfileRunner:
             self.reachable, self.reach_message = None, None
         self.config = config
         self.measured = self._measure(self.client)
-        self.profile = build_profile(config=config, client=self.measured)
+        self.profile = build_profile(config=config, client=self._cycle_client())
         self.queue.reconfigure(max_in_flight=config.max_in_flight, backoff=_backoff(config))
         if self.active:
             self._resize_workers(config.max_in_flight)
@@ -179,6 +179,10 @@ class ProfileRunner:
             self._watchers[name, namespace] = asyncio.create_task(
                 watcher.run(), name=f"bindery bound pods {name} in {namespace or 'all namespaces'}"
             )
+
+    def _cycle_client(self) -> SettlingReleases:
+        """What the cycles call: the measured client, releases checked against unconfirmed Bindings."""
+        return SettlingReleases(inner=self.measured, unconfirmed=self.unconfirmed)
 
     def _measure(self, client: ResourceManagerClient) -> MeasuredRM:
         return MeasuredRM(inner=client, metrics=self.metrics, resource_manager=self.config.name)

@@ -17,11 +17,18 @@ Two sources tell, whichever comes first: one read of the pod right after the cyc
 backoff while the apiserver does not answer, for as long as the reservation lives), and the
 bound-pod watch, which sees the pod as soon as it is bound, including by a Binding that was still
 in flight when that read ran.
+
+A third path closes a race: the pod's next cycle gets the same reservation back, and if the late
+Binding lands meanwhile, that cycle finds the pod gone from the unbound pods and would release it.
+So the profile's cycles release through :class:`SettlingReleases`, which reads the pod first when
+the reservation is one of these, and commits instead if the pod is bound with it; a reservation
+already committed here (the watch may see the late Binding first) is never released by a cycle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import enum
 import logging
@@ -34,10 +41,12 @@ from kubernetes_asyncio import client
 from bindery.controller.bound import TERMINAL_PHASES, reservation_to_release
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMConflict, RMError
+from bindery.rm.models import Reservation, ReservationRequest
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
 from bindery.scheduling.podspec import PodInfo
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+REMEMBERED_COMMITS = 10_000
 
 
 class Fate(enum.StrEnum):
@@ -98,10 +107,13 @@ class UnconfirmedBinds:
         self._max_retry = max_retry
         self._clock = clock
         self._pending: dict[str, UnconfirmedBind] = {}  # reservation id -> bind
+        #: ids committed here: a cycle that still holds one must not release it
+        self._committed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def __contains__(self, reservation_id: object) -> bool:
-        return reservation_id in self._pending
+        """Whether a release of this id must be checked first (pending, or committed here)."""
+        return reservation_id in self._pending or reservation_id in self._committed
 
     def track(self, bind: UnconfirmedBind) -> None:
         """Remember `bind` and start reading its pod."""
@@ -130,6 +142,35 @@ class UnconfirmedBinds:
         decided = fate(bind=bind, pod=pod)
         if decided is not None:
             await self._settle(bind, decided)
+
+    async def settle_before_release(self, reservation_id: str) -> bool:
+        """A cycle is about to release `reservation_id`: True if that must not happen (handled here).
+
+        The pod is read once: bound with it → committed (True); unbound or gone → the caller
+        releases (False); no answer → kept, left to the watch and the expiry (True).
+        """
+        if reservation_id in self._committed:
+            self._logger.info(
+                f"not releasing reservation {reservation_id}: its pod was bound by a Binding that got "
+                "no answer, and it is committed"
+            )
+            return True
+        bind = self._pending.get(reservation_id)
+        if bind is None:
+            return False
+        try:
+            pod = await read_pod(core=self._core, namespace=bind.pod.namespace, name=bind.pod.name)
+        except Exception as exc:
+            self._logger.warning(
+                f"not releasing reservation {reservation_id} of pod {bind.pod.key}: its Binding got no "
+                f"answer earlier and reading the pod failed ({exc}), so it may be bound with it"
+            )
+            return True
+        if fate(bind=bind, pod=pod) is Fate.COMMIT:
+            await self._settle(bind, Fate.COMMIT)
+            return True
+        self._pending.pop(reservation_id, None)
+        return False
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -160,6 +201,10 @@ class UnconfirmedBinds:
         """Commit or release, retrying the RM while the reservation lives; the first caller wins."""
         if self._pending.pop(bind.reservation_id, None) is None:
             return  # the watch or the read settled it already
+        if decided is Fate.COMMIT:  # from now on no cycle may release it, even while committing
+            self._committed[bind.reservation_id] = None
+            while len(self._committed) > REMEMBERED_COMMITS:
+                self._committed.popitem(last=False)
         delay = self._first_retry
         while True:
             try:
@@ -209,3 +254,28 @@ class UnconfirmedBinds:
         )
         await asyncio.sleep(delay)
         return True
+
+
+class SettlingReleases:
+    """The RM client as a profile's cycles see it: releases of unconfirmed reservations are checked.
+
+    Everything else passes through. A release turned into a commit still counts as a release in
+    the cycle's outcome (the caller merely retries parked pods once more).
+    """
+
+    def __init__(self, *, inner: ReservationClient, unconfirmed: UnconfirmedBinds) -> None:
+        self._inner = inner
+        self._unconfirmed = unconfirmed
+
+    async def reserve(self, request: ReservationRequest, /) -> Reservation:
+        return await self._inner.reserve(request)
+
+    async def commit(self, reservation_id: str, /) -> Reservation:
+        return await self._inner.commit(reservation_id)
+
+    async def release(self, reservation_id: str, /) -> None:
+        if reservation_id in self._unconfirmed and await self._unconfirmed.settle_before_release(
+            reservation_id
+        ):
+            return
+        await self._inner.release(reservation_id)
