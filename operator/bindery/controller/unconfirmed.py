@@ -6,10 +6,10 @@ capacity a little longer), but a kept reservation that nobody commits expires af
 RM then hands capacity that a running pod uses to another pod. So each profile remembers these
 reservations until it learns what happened to the pod:
 
-- the pod (same UID) is bound to the reservation's node: the Binding landed, so **commit**;
+- the pod (same UID) is bound to the reservation's node: the Binding landed, so **commit**. The
+  pod then gets the ``Scheduled`` event and ``PodScheduled=True`` back: the cycle had reported a
+  failure, and a running pod should not keep saying it is unscheduled;
 - the pod is gone, was replaced, finished, or is bound to another node: **release**;
-  The pod then gets the ``Scheduled`` event and ``PodScheduled=True`` back: the cycle had
-  reported a failure, and a running pod should not keep saying it is unscheduled;
 - the pod is still pending: nothing is done here. Its next cycle reserves with the same idempotency
   key, gets this reservation back, and then commits or releases it like any other.
 
