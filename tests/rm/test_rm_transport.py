@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bindery.devcluster.plane import free_port
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable
 from tests.rm.test_rm_client import REQUEST, RESERVATION
 
-RM_URL = "http://rm.invalid:8080"  # never resolved: only the proxy is reachable
+RM_URL = "http://rm.invalid:8080"  # never resolved: the proxy is asked for it by name
 
 
 class RecordingProxy:
@@ -49,8 +50,8 @@ async def proxy() -> AsyncIterator[RecordingProxy]:
         yield recording
 
 
-def _client() -> ResourceManagerClient:
-    return ResourceManagerClient(base_url=RM_URL, token="t", allow_insecure_http=True, max_attempts=1)
+def _client(url: str = RM_URL) -> ResourceManagerClient:
+    return ResourceManagerClient(base_url=url, token="t", allow_insecure_http=True, max_attempts=1)
 
 
 async def test_the_environments_proxy_carries_the_calls(
@@ -69,8 +70,8 @@ async def test_no_proxy_names_the_rm_and_the_proxy_is_bypassed(
     proxy: RecordingProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HTTP_PROXY", proxy.url)
-    monkeypatch.setenv("NO_PROXY", "rm.invalid")
-    async with _client() as client:
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    async with _client(f"http://localhost:{free_port()}") as client:  # nothing listens there
         with pytest.raises(RMUnavailable, match=r"ConnectError"):
             await client.reserve(REQUEST)
     assert proxy.request_lines == []
