@@ -60,6 +60,7 @@ from bindery.controller.options import OperatorOptions
 from bindery.demo import SYSTEM_NAMESPACE, create_reference_resource_manager
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane, free_port
+from bindery.refrm.cli import serve_command, served_url
 
 POOL_LABEL = "bindery.dev/pool"
 POOL = "bench"
@@ -425,33 +426,26 @@ async def reference_rm(plane: ControlPlane, workdir: pathlib.Path) -> AsyncItera
     token = secrets.token_urlsafe(24)
     token_file = workdir / "rm-token"
     token_file.write_text(token)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bindery.refrm.cli",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--db",
-        str(workdir / "rm.sqlite"),
+    mirror = [
         "--mirror-nodes",
         "--node-selector",
         f"{POOL_LABEL}={POOL}",
         "--kubeconfig",
         str(plane.kubeconfig),
-        "--token-file",
-        str(token_file),
-        "--log-level",
-        "WARNING",
+    ]
+    process = await asyncio.create_subprocess_exec(
+        *serve_command(
+            db=workdir / "rm.sqlite", token_file=token_file, options=[*mirror, "--log-level", "WARNING"]
+        ),
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
     try:
         assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), timeout=60)).decode()
+        line = await asyncio.wait_for(process.stdout.readline(), timeout=60)
         if not line:
             raise RuntimeError("the reference RM exited before serving; run it by hand to see why")
-        yield ReferenceRM(url=line.rsplit(" ", 1)[-1].strip(), token=token, pid=process.pid)
+        yield ReferenceRM(url=served_url(line), token=token, pid=process.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)

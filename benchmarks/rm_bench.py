@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 import yaml
 
 from bindery.refrm import InventoryNode, serve_reference_rm
+from bindery.refrm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnschedulable
 from bindery.rm.models import PodIdentity, ReservationRequest
@@ -53,29 +54,14 @@ async def rm_process(workdir: pathlib.Path, nodes: int, policy: str) -> AsyncIte
     inventory_file.write_text(yaml.safe_dump({"nodes": inventory(nodes)}))
     token_file = workdir / "token"
     token_file.write_text(TOKEN)
+    options = ["--inventory", str(inventory_file), "--policy", policy, "--log-level", "WARNING"]
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bindery.refrm.cli",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--db",
-        str(workdir / "rm.sqlite"),
-        "--inventory",
-        str(inventory_file),
-        "--token-file",
-        str(token_file),
-        "--policy",
-        policy,
-        "--log-level",
-        "WARNING",
+        *serve_command(db=workdir / "rm.sqlite", token_file=token_file, options=options),
         stdout=subprocess.PIPE,
     )
     try:
         assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), timeout=60)).decode()
-        yield line.rsplit(" ", 1)[-1].strip()
+        yield served_url(await asyncio.wait_for(process.stdout.readline(), timeout=60))
     finally:
         process.send_signal(signal.SIGTERM)
         await process.wait()

@@ -7,7 +7,6 @@ own process, the token file, and the per-node usage the overcommit checks add up
 from __future__ import annotations
 
 import pathlib
-import sys
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from decimal import Decimal
@@ -57,28 +56,6 @@ def small_inventory() -> list[InventoryNode]:
         ),
         _node("c", cpu="1.5", memory_gib=2, pods=3, slots=1),
     ]
-
-
-def refrm_serve_command(*, db: pathlib.Path, token_file: pathlib.Path, options: Sequence[str]) -> list[str]:
-    """The argv that runs ``bindery rm serve`` as its own process on a free loopback port."""
-    return [
-        sys.executable,
-        "-m",
-        "bindery.refrm.cli",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--db",
-        str(db),
-        *options,
-        "--token-file",
-        str(token_file),
-    ]
-
-
-def served_url(banner: bytes) -> str:
-    """The URL in the CLI's first line on stdout: ``reference RM serving contract v1 at URL``."""
-    return banner.decode().rsplit(" ", 1)[-1].strip()
 
 
 def usage_by_node(reservations: Sequence[dict[str, Any]]) -> dict[str, dict[str, Decimal]]:

@@ -12,8 +12,9 @@ from bindery.conformance import CHECKS, Check, ConformanceConfig
 from bindery.conformance.cli import main as conformance_main
 from bindery.conformance.kit import http_client, run_check
 from bindery.refrm import RunningServer
+from bindery.refrm.cli import serve_command, served_url
 
-from .conftest import TOKEN, refrm_serve_command, served_url
+from .conftest import TOKEN
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[check.name for check in CHECKS])
@@ -56,7 +57,7 @@ def test_cli_against_a_served_reference_rm(
         " taints: [{key: k, value: v, effect: NoSchedule}]}\n"
     )
     server = subprocess.Popen(
-        refrm_serve_command(
+        serve_command(
             db=tmp_path / "rm.sqlite", token_file=token_file, options=["--inventory", str(inventory)]
         ),
         stdout=subprocess.PIPE,

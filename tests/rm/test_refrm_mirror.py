@@ -15,12 +15,13 @@ from kubernetes_asyncio import client
 
 from bindery.devcluster.nodes import create_node
 from bindery.refrm import serve_reference_rm
+from bindery.refrm.cli import serve_command, served_url
 from bindery.refrm.mirror import NodeMirror
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable, RMUnschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest
 
-from .conftest import TOKEN, refrm_serve_command, served_url
+from .conftest import TOKEN
 
 
 async def eventually(condition: Callable[[], bool], what: str) -> None:
@@ -129,7 +130,7 @@ async def test_cli_mirror_mode_end_to_end(
         str(controlplane.kubeconfig),
     ]
     process = await asyncio.create_subprocess_exec(
-        *refrm_serve_command(db=tmp_path / "rm.sqlite", token_file=token_file, options=options),
+        *serve_command(db=tmp_path / "rm.sqlite", token_file=token_file, options=options),
         stdout=subprocess.PIPE,
     )
     try:

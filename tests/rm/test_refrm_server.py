@@ -24,11 +24,12 @@ from cryptography.x509.oid import NameOID
 
 from bindery.refrm import RunningServer, serve_reference_rm
 from bindery.refrm.cli import main as refrm_main
+from bindery.refrm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMUnavailable, RMUnschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest, ReservationState
 
-from .conftest import TOKEN, refrm_serve_command, served_url, small_inventory, usage_by_node
+from .conftest import TOKEN, small_inventory, usage_by_node
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -364,7 +365,7 @@ async def test_cli_serves_until_sigterm(tmp_path: pathlib.Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     process = await asyncio.create_subprocess_exec(
-        *refrm_serve_command(
+        *serve_command(
             db=tmp_path / "rm.sqlite",
             token_file=token_file,
             options=["--inventory", str(inventory), "--policy", "spread"],

@@ -21,10 +21,37 @@ from bindery.refrm.inventory import InventoryError, load_inventory_file
 from bindery.refrm.placement import Policy
 from bindery.refrm.server import DEFAULT_MAX_BODY_BYTES, serve_reference_rm
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "serve_command", "served_url"]
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "BINDERY_RM_TOKEN"
+#: The first line on stdout once the server listens; ``served_url`` reads the URL back from it.
+BANNER = "reference RM serving contract v1 at "
+
+
+def serve_command(*, db: pathlib.Path, token_file: pathlib.Path, options: Sequence[str] = ()) -> list[str]:
+    """The argv that runs ``bindery rm serve`` as its own process on a free loopback port.
+
+    For tests and benchmarks: read the URL with :func:`served_url` from the first line it prints.
+    """
+    return [
+        sys.executable,
+        "-m",
+        "bindery.refrm.cli",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--db",
+        str(db),
+        "--token-file",
+        str(token_file),
+        *options,
+    ]
+
+
+def served_url(banner: bytes) -> str:
+    """The URL in the server's first line on stdout (:data:`BANNER` followed by the URL)."""
+    return banner.decode().rsplit(" ", 1)[-1].strip()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,7 +147,7 @@ async def _serve(args: argparse.Namespace) -> None:
             mirror = NodeMirror(api=api, label_selector=args.node_selector, on_change=server.rm.set_inventory)
             task = asyncio.create_task(mirror.run(), name="node-mirror")
             stack.callback(task.cancel)
-        print(f"reference RM serving contract v1 at {server.url}", flush=True)
+        print(f"{BANNER}{server.url}", flush=True)
         await stop.wait()
 
 
