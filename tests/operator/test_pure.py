@@ -11,7 +11,7 @@ import pytest
 from bindery.controller.bound import stale_committed, watch_event
 from bindery.controller.reconcile import Settle, settle
 from bindery.controller.status import Observation, compute_status, status_changed
-from bindery.controller.unconfirmed import Fate, UnconfirmedBind, fate
+from bindery.controller.unconfirmed import UnconfirmedBind, fate
 from bindery.kube.binder import assigned_node, binding_body
 from bindery.kube.conditions import condition_patch
 from bindery.kube.events import event_body, micro_time
@@ -184,18 +184,18 @@ def _pod(*, uid: str = "u-1", node: str | None = None, phase: str = "Pending") -
 @pytest.mark.parametrize(
     ("pod", "expected"),
     [
-        (_pod(node="n1", phase="Running"), Fate.COMMIT),  # the Binding landed
-        (_pod(node="n1"), Fate.COMMIT),  # landed, containers not started yet
+        (_pod(node="n1", phase="Running"), Settle.COMMIT),  # the Binding landed
+        (_pod(node="n1"), Settle.COMMIT),  # landed, containers not started yet
         (_pod(), None),  # still pending: its next cycle reuses the reservation
-        (None, Fate.RELEASE),  # deleted
-        (_pod(uid="u-2", node="n1"), Fate.RELEASE),  # replaced: the UID precondition refused ours
-        (_pod(node="n2", phase="Running"), Fate.RELEASE),  # someone else bound it elsewhere
-        (_pod(node="n1", phase="Succeeded"), Fate.RELEASE),  # bound by us, and already finished
-        (_pod(node="n1", phase="Failed"), Fate.RELEASE),
+        (None, Settle.RELEASE),  # deleted
+        (_pod(uid="u-2", node="n1"), Settle.RELEASE),  # replaced: the UID precondition refused ours
+        (_pod(node="n2", phase="Running"), Settle.RELEASE),  # someone else bound it elsewhere
+        (_pod(node="n1", phase="Succeeded"), Settle.RELEASE),  # bound by us, and already finished
+        (_pod(node="n1", phase="Failed"), Settle.RELEASE),
     ],
     ids=["running", "bound", "pending", "gone", "replaced", "elsewhere", "succeeded", "failed"],
 )
 def test_an_unconfirmed_binding_is_settled_by_the_pods_fate(
-    pod: dict[str, object] | None, expected: Fate | None
+    pod: dict[str, object] | None, expected: Settle | None
 ) -> None:
     assert fate(bind=UNCONFIRMED, pod=pod) is expected

@@ -5,10 +5,13 @@ in state `reserved` until its TTL expires, holding capacity nobody will use (or,
 bound, capacity that is used but never committed). Before a profile's workers start, every
 `reserved` reservation of its scheduler names is settled:
 
-- the pod exists with the reservation's UID and is bound to the reservation's node → commit (the
-  bind happened, only the commit was lost);
-- otherwise (pod gone, replaced, bound elsewhere, or still unbound) → release. A still-unbound pod
-  simply gets a fresh reservation in its next cycle (same idempotency key).
+- the pod exists with the reservation's UID, is bound to the reservation's node and has not
+  finished → commit (the bind happened, only the commit was lost);
+- otherwise (pod gone, replaced, bound elsewhere, finished, or still unbound) → release. A
+  still-unbound pod simply gets a fresh reservation in its next cycle (same idempotency key).
+
+The same decision (`pod_fate`) settles reservations whose Binding got no answer while running
+(`bindery.controller.unconfirmed`), except that there a still-unbound pod keeps its reservation.
 
 Committed reservations whose pod is no longer bound and running (it went away while no operator
 was watching) are released as well.
@@ -26,7 +29,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from bindery.controller.bound import BoundPodWatcher, stale_committed
+from bindery.controller.bound import TERMINAL_PHASES, BoundPodWatcher, stale_committed
 from bindery.kube.reads import read_pod
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
@@ -38,16 +41,27 @@ class Settle(enum.StrEnum):
     RELEASE = "release"
 
 
-def settle(*, reservation: Reservation, pod: Mapping[str, Any] | None) -> Settle:
-    """Pure: what to do with a leftover `reserved` reservation given the pod's current body."""
+def pod_fate(*, pod_uid: str, node: str, pod: Mapping[str, Any] | None) -> Settle | None:
+    """Pure: what a reservation held for `pod_uid` on `node` becomes, given the pod's current body.
+
+    Commit if that pod is bound to that node and still running; release if it is gone (None),
+    replaced under its name, bound elsewhere or finished; None while it is still unbound.
+    """
     if pod is None:
         return Settle.RELEASE
-    metadata = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    same_pod = metadata.get("uid") == reservation.pod_uid
-    if same_pod and spec.get("nodeName") == reservation.node:
-        return Settle.COMMIT
-    return Settle.RELEASE
+    if (pod.get("metadata") or {}).get("uid") != pod_uid:
+        return Settle.RELEASE  # replaced under the same name: the UID precondition kept it unbound
+    bound_to = (pod.get("spec") or {}).get("nodeName")
+    if not bound_to:
+        return None
+    if bound_to != node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        return Settle.RELEASE
+    return Settle.COMMIT
+
+
+def settle(*, reservation: Reservation, pod: Mapping[str, Any] | None) -> Settle:
+    """Pure: what to do with a leftover `reserved` reservation; a still-unbound pod reserves afresh."""
+    return pod_fate(pod_uid=reservation.pod_uid, node=reservation.node, pod=pod) or Settle.RELEASE
 
 
 async def reconcile_reservations(

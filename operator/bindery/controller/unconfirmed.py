@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -38,7 +37,8 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from bindery.controller.bound import TERMINAL_PHASES, reservation_to_release
+from bindery.controller.bound import reservation_to_release
+from bindery.controller.reconcile import Settle, pod_fate
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMConflict, RMError
 from bindery.rm.models import Reservation, ReservationRequest
@@ -47,11 +47,6 @@ from bindery.scheduling.podspec import PodInfo
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 REMEMBERED_COMMITS = 10_000
-
-
-class Fate(enum.StrEnum):
-    COMMIT = "commit"
-    RELEASE = "release"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,22 +60,12 @@ class UnconfirmedBind:
     deadline: float
 
 
-def fate(*, bind: UnconfirmedBind, pod: Mapping[str, Any] | None) -> Fate | None:
-    """Pure: what to do with the reservation given the pod's current body (None = no such pod).
+def fate(*, bind: UnconfirmedBind, pod: Mapping[str, Any] | None) -> Settle | None:
+    """Pure: :func:`~bindery.controller.reconcile.pod_fate` of the bind's reservation.
 
     None means the pod is still pending: its next cycle settles the reservation.
     """
-    if pod is None:
-        return Fate.RELEASE
-    metadata = pod.get("metadata") or {}
-    if metadata.get("uid") != bind.pod.uid:
-        return Fate.RELEASE  # replaced under the same name: the UID precondition kept it unbound
-    node = (pod.get("spec") or {}).get("nodeName")
-    if not node:
-        return None
-    if node != bind.node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
-        return Fate.RELEASE
-    return Fate.COMMIT
+    return pod_fate(pod_uid=bind.pod.uid, node=bind.node, pod=pod)
 
 
 class UnconfirmedBinds:
@@ -166,8 +151,8 @@ class UnconfirmedBinds:
                 f"answer earlier and reading the pod failed ({exc}), so it may be bound with it"
             )
             return True
-        if fate(bind=bind, pod=pod) is Fate.COMMIT:
-            await self._settle(bind, Fate.COMMIT)
+        if fate(bind=bind, pod=pod) is Settle.COMMIT:
+            await self._settle(bind, Settle.COMMIT)
             return True
         self._pending.pop(reservation_id, None)
         return False
@@ -197,18 +182,18 @@ class UnconfirmedBinds:
             await self._settle(bind, decided)
             return
 
-    async def _settle(self, bind: UnconfirmedBind, decided: Fate) -> None:
+    async def _settle(self, bind: UnconfirmedBind, decided: Settle) -> None:
         """Commit or release, retrying the RM while the reservation lives; the first caller wins."""
         if self._pending.pop(bind.reservation_id, None) is None:
             return  # the watch or the read settled it already
-        if decided is Fate.COMMIT:  # from now on no cycle may release it, even while committing
+        if decided is Settle.COMMIT:  # from now on no cycle may release it, even while committing
             self._committed[bind.reservation_id] = None
             while len(self._committed) > REMEMBERED_COMMITS:
                 self._committed.popitem(last=False)
         delay = self._first_retry
         while True:
             try:
-                if decided is Fate.COMMIT:
+                if decided is Settle.COMMIT:
                     await self._rm().commit(bind.reservation_id)
                 else:
                     await self._rm().release(bind.reservation_id)
@@ -224,7 +209,7 @@ class UnconfirmedBinds:
                 delay = min(delay * 2, self._max_retry)
                 continue
             break
-        if decided is Fate.COMMIT:
+        if decided is Settle.COMMIT:
             self._logger.info(
                 f"pod {bind.pod.key} is bound to {bind.node} after all: committed reservation "
                 f"{bind.reservation_id}"
