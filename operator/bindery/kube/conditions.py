@@ -25,44 +25,27 @@ MESSAGE_LIMIT = 4096
 
 
 def condition_patch(*, uid: str, reason: str, message: str, now: datetime.datetime) -> dict[str, Any]:
-    return {
-        "metadata": {"uid": uid},
-        "status": {
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": reason,
-                    "message": message[:MESSAGE_LIMIT],
-                    "lastProbeTime": None,
-                    "lastTransitionTime": _timestamp(now),
-                }
-            ]
-        },
-    }
+    return _pod_scheduled(uid=uid, status="False", reason=reason, message=message[:MESSAGE_LIMIT], now=now)
 
 
 def scheduled_patch(*, uid: str, now: datetime.datetime) -> dict[str, Any]:
     """`PodScheduled=True` as the Binding sets it; null drops the failed attempt's reason and message."""
-    return {
-        "metadata": {"uid": uid},
-        "status": {
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "True",
-                    "reason": None,
-                    "message": None,
-                    "lastProbeTime": None,
-                    "lastTransitionTime": _timestamp(now),
-                }
-            ]
-        },
+    return _pod_scheduled(uid=uid, status="True", reason=None, message=None, now=now)
+
+
+def _pod_scheduled(
+    *, uid: str, status: str, reason: str | None, message: str | None, now: datetime.datetime
+) -> dict[str, Any]:
+    """A strategic-merge patch of the PodScheduled condition, refused if the name is another pod's."""
+    condition = {
+        "type": "PodScheduled",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastProbeTime": None,
+        "lastTransitionTime": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-
-
-def _timestamp(now: datetime.datetime) -> str:
-    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"metadata": {"uid": uid}, "status": {"conditions": [condition]}}
 
 
 class KubeConditionWriter:
