@@ -302,12 +302,10 @@ class ProfileRunner:
         unconfirmed = result.failure is not None and result.failure.kind is FailureKind.BIND_UNCONFIRMED
         if unconfirmed and result.reservation_id is not None and result.node is not None:
             self.unconfirmed.track(
-                UnconfirmedBind(
-                    reservation_id=result.reservation_id,
-                    pod=pod,
-                    node=result.node,
-                    deadline=time.monotonic() + self.profile.reservation_ttl_seconds,
-                )
+                reservation_id=result.reservation_id,
+                pod=pod,
+                node=result.node,
+                ttl_seconds=self.profile.reservation_ttl_seconds,
             )
         else:
             self.unconfirmed.forget_pod(pod.uid)

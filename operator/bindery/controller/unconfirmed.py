@@ -56,7 +56,7 @@ class UnconfirmedBind:
     reservation_id: str
     pod: PodInfo
     node: str
-    #: time.monotonic() after which the RM has let the reservation expire: nothing left to settle.
+    #: The tracker's clock (time.monotonic) after which the RM has let the reservation expire.
     deadline: float
 
 
@@ -100,12 +100,13 @@ class UnconfirmedBinds:
         """Whether a release of this id must be checked first (pending, or committed here)."""
         return reservation_id in self._pending or reservation_id in self._committed
 
-    def track(self, bind: UnconfirmedBind) -> None:
-        """Remember `bind` and start reading its pod."""
+    def track(self, *, reservation_id: str, pod: PodInfo, node: str, ttl_seconds: float) -> None:
+        """Remember the reservation of a Binding that got no answer and start reading its pod."""
         now = self._clock()
         for rid in [rid for rid, known in self._pending.items() if known.deadline <= now]:
             del self._pending[rid]  # expired at the RM: nothing left to commit or release
-        self._pending[bind.reservation_id] = bind
+        bind = UnconfirmedBind(reservation_id=reservation_id, pod=pod, node=node, deadline=now + ttl_seconds)
+        self._pending[reservation_id] = bind
         task = asyncio.create_task(self._read_and_settle(bind), name=f"settle {bind.reservation_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -144,7 +145,7 @@ class UnconfirmedBinds:
         if bind is None:
             return False
         try:
-            pod = await read_pod(core=self._core, namespace=bind.pod.namespace, name=bind.pod.name)
+            pod = await self._read(bind)
         except Exception as exc:
             self._logger.warning(
                 f"not releasing reservation {reservation_id} of pod {bind.pod.key}: its Binding got no "
@@ -166,7 +167,7 @@ class UnconfirmedBinds:
         delay = self._first_retry
         while bind.reservation_id in self._pending:
             try:
-                pod = await read_pod(core=self._core, namespace=bind.pod.namespace, name=bind.pod.name)
+                pod = await self._read(bind)
             except Exception as exc:  # ApiException, transport errors: the apiserver is still away
                 if not await self._wait(bind, delay, f"reading pod {bind.pod.key} failed: {exc}"):
                     return
@@ -181,6 +182,9 @@ class UnconfirmedBinds:
                 return
             await self._settle(bind, decided)
             return
+
+    async def _read(self, bind: UnconfirmedBind) -> dict[str, Any] | None:
+        return await read_pod(core=self._core, namespace=bind.pod.namespace, name=bind.pod.name)
 
     async def _settle(self, bind: UnconfirmedBind, decided: Settle) -> None:
         """Commit or release, retrying the RM while the reservation lives; the first caller wins."""
