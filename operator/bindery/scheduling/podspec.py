@@ -17,12 +17,14 @@ Getting this wrong in either direction either overcommits nodes or strands capac
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from bindery.quantity import QuantityError, format_quantity, parse_quantity
+from bindery import podresources
+from bindery.podresources import POD_LEVEL_RESOURCES
+from bindery.quantity import format_quantity
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest
 
 __all__ = [
@@ -33,17 +35,11 @@ __all__ = [
     "reservation_request",
 ]
 
-#: Resources that ``spec.resources.requests`` (pod-level resources) may set, as in Kubernetes.
-POD_LEVEL_RESOURCES: frozenset[str] = frozenset({"cpu", "memory"})
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class PodSpecError(ValueError):
     """A pod body cannot be turned into a reservation request (e.g. an unparsable quantity)."""
-
-
-ResourceList = dict[str, Decimal]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,74 +141,17 @@ def _unschedulable_condition(status: Mapping[str, Any]) -> tuple[str, str] | Non
     return None
 
 
-def _container_requests(container: Mapping[str, Any]) -> ResourceList:
-    """A container's requests; a resource with only a limit requests its limit (apiserver defaulting)."""
-    resources: Mapping[str, Any] = container.get("resources") or {}
-    merged: dict[str, Any] = dict(resources.get("limits") or {})
-    merged.update(resources.get("requests") or {})
-    return _parse_list(merged, what=f"container {container.get('name', '?')!r}")
-
-
-def _parse_list(values: Mapping[str, Any], *, what: str) -> ResourceList:
-    parsed: ResourceList = {}
-    for name, value in values.items():
-        try:
-            parsed[str(name)] = parse_quantity(value)
-        except QuantityError as error:
-            raise PodSpecError(f"{what} has an invalid quantity for {name}: {error}") from None
-    return parsed
-
-
-def _add(target: ResourceList, addend: Mapping[str, Decimal]) -> None:
-    for name, value in addend.items():
-        target[name] = target.get(name, Decimal(0)) + value
-
-
-def _max_into(target: ResourceList, other: Mapping[str, Decimal]) -> None:
-    for name, value in other.items():
-        current = target.get(name)
-        if current is None or value > current:
-            target[name] = value
-
-
-def _sum(lists: Iterable[Mapping[str, Decimal]]) -> ResourceList:
-    total: ResourceList = {}
-    for item in lists:
-        _add(total, item)
-    return total
-
-
 def effective_requests(*, spec: Mapping[str, Any]) -> dict[str, Decimal]:
     """The resources a pod with this spec occupies on a node, per resource name (any name).
 
-    Follows ``PodRequests`` in ``k8s.io/component-helpers/resource``:
-
-    * the sum of the regular containers' requests, plus every sidecar (an init container with
-      ``restartPolicy: Always``), which keeps running;
-    * at least, per resource, the peak of the init phase: each regular init container runs alone
-      next to the sidecars started before it; each sidecar's start counts the sidecars so far;
-    * pod-level ``spec.resources.requests`` replace the result for cpu and memory;
-    * plus ``spec.overhead`` (RuntimeClass overhead).
+    The arithmetic is :func:`bindery.podresources.effective_requests` (``PodRequests`` of
+    ``k8s.io/component-helpers/resource``), shared with the reference RM, which counts the pods it
+    did not place the same way.  Raises :class:`PodSpecError` on an unparsable quantity.
     """
-    requests = _sum(_container_requests(c) for c in spec.get("containers") or ())
-    sidecars: ResourceList = {}
-    init_peak: ResourceList = {}
-    for container in spec.get("initContainers") or ():
-        own = _container_requests(container)
-        if container.get("restartPolicy") == "Always":
-            _add(requests, own)
-            _add(sidecars, own)
-            phase = dict(sidecars)
-        else:
-            phase = _sum((own, sidecars))
-        _max_into(init_peak, phase)
-    _max_into(requests, init_peak)
-    pod_level = (spec.get("resources") or {}).get("requests") or {}
-    for name, value in _parse_list(pod_level, what="spec.resources").items():
-        if name in POD_LEVEL_RESOURCES:
-            requests[name] = value
-    _add(requests, _parse_list(spec.get("overhead") or {}, what="spec.overhead"))
-    return requests
+    try:
+        return podresources.effective_requests(spec=spec)
+    except podresources.PodResourcesError as error:
+        raise PodSpecError(str(error)) from None
 
 
 def reservation_request(*, pod: PodInfo, ttl_seconds: int) -> ReservationRequest:
