@@ -123,10 +123,29 @@ class FakeRM:
                 return node
         return None
 
+    @staticmethod
+    def _mismatch(reservation: dict[str, Any] | None, pod_uid: str | None) -> web.Response | None:
+        """Contract v1.1: a commit, release or renew naming another pod changes nothing."""
+        if reservation is None or pod_uid is None or reservation["podUid"] == pod_uid:
+            return None
+        return web.json_response(
+            {
+                "type": PROBLEM + "pod-mismatch",
+                "title": "pod mismatch",
+                "status": 409,
+                "detail": f"reservation {reservation['id']} belongs to pod {reservation['podUid']}",
+            },
+            status=409,
+            content_type="application/problem+json",
+        )
+
     async def commit(self, request: web.Request) -> web.Response:
         rid = request.match_info["rid"]
         self.calls.append(("commit", rid))
         reservation = self.reservations.get(rid)
+        mismatch = self._mismatch(reservation, request.query.get("podUid"))
+        if mismatch is not None:
+            return mismatch
         if reservation is None or reservation["state"] not in ("reserved", "committed"):
             return web.json_response(
                 {"type": PROBLEM + "reservation-not-active", "title": "not active", "status": 409},
@@ -140,11 +159,39 @@ class FakeRM:
         rid = request.match_info["rid"]
         self.calls.append(("release", rid))
         reservation = self.reservations.get(rid)
+        mismatch = self._mismatch(reservation, request.query.get("podUid"))
+        if mismatch is not None:
+            return mismatch
         if reservation is not None and reservation["state"] == "reserved":
             reservation["state"] = "released"
         if reservation is not None and reservation["state"] == "committed":
             reservation["state"] = "released"
         return web.Response(status=204)
+
+    async def renew(self, request: web.Request) -> web.Response:
+        rid = request.match_info["rid"]
+        self.calls.append(("renew", rid))
+        body = await request.json()
+        reservation = self.reservations.get(rid)
+        if reservation is None:
+            return web.json_response(
+                {"type": PROBLEM + "not-found", "title": "not found", "status": 404},
+                status=404,
+                content_type="application/problem+json",
+            )
+        mismatch = self._mismatch(reservation, body["podUid"])
+        if mismatch is not None:
+            return mismatch
+        if reservation["state"] not in ("reserved", "committed"):
+            return web.json_response(
+                {"type": PROBLEM + "reservation-not-active", "title": "not active", "status": 409},
+                status=409,
+                content_type="application/problem+json",
+            )
+        if reservation["state"] == "reserved":
+            expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=body["ttlSeconds"])
+            reservation["expiresAt"] = expires.isoformat().replace("+00:00", "Z")
+        return web.json_response(reservation)
 
     async def list(self, request: web.Request) -> web.Response:
         self.calls.append(("list", ""))
@@ -173,6 +220,7 @@ async def serve_fake_rm(rm: FakeRM) -> AsyncIterator[FakeRM]:
     app.router.add_post("/v1/reservations", rm.reserve)
     app.router.add_get("/v1/reservations", rm.list)
     app.router.add_post("/v1/reservations/{rid}/commit", rm.commit)
+    app.router.add_post("/v1/reservations/{rid}/renew", rm.renew)
     app.router.add_delete("/v1/reservations/{rid}", rm.release)
     app.router.add_get("/readyz", rm.ready)
     async with serve_app(app, shutdown_timeout=0.1) as port:

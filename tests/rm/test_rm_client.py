@@ -20,7 +20,7 @@ from aiohttp import web
 
 from bindery.rm import RMConflict, RMError, RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
 from bindery.rm.client import CircuitBreaker, ResourceManagerClient
-from bindery.rm.errors import ProblemType
+from bindery.rm.errors import ProblemType, RMPodMismatch, RMUnsupported
 from bindery.rm.models import PodIdentity, ReservationRequest, ReservationState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -518,3 +518,134 @@ async def test_cancelled_probe_does_not_wedge_the_circuit(server: FaultServer) -
         reservation = await client.commit("r1")
     assert reservation.state is ReservationState.COMMITTED
     assert client.breaker.state == "closed"
+
+
+# -- contract v1.1: the pod UID on commit and release, and renew ---------------------------------
+
+
+async def test_release_sends_the_pod_uid_as_a_query_parameter(server: FaultServer) -> None:
+    server.play(respond(lambda: web.Response(status=204)))
+    async with make_client(server) as client:
+        await client.release("r1", pod_uid="u1")
+        await client.release("r1")  # without a UID: exactly the v1.0 request
+    sent = [(r.method, r.path, dict(r.query)) for r in server.seen]
+    assert sent == [
+        ("DELETE", "/v1/reservations/r1", {"podUid": "u1"}),
+        ("DELETE", "/v1/reservations/r1", {}),
+    ]
+
+
+async def test_commit_query_carries_the_uid(server: FaultServer) -> None:
+    server.play(respond(lambda: ok(COMMITTED, status=200)))
+    async with make_client(server) as client:
+        await client.commit("r1", pod_uid="u1")
+        await client.commit("r1")
+    sent = [(r.path, dict(r.query)) for r in server.seen]
+    assert sent == [("/v1/reservations/r1/commit", {"podUid": "u1"}), ("/v1/reservations/r1/commit", {})]
+
+
+@pytest.mark.parametrize("operation", ["commit", "release", "renew"])
+async def test_pod_mismatch_is_its_own_error_and_not_retried(server: FaultServer, operation: str) -> None:
+    server.play(
+        respond(
+            lambda: problem(409, ProblemType.POD_MISMATCH, detail="reservation r1 belongs to pod u1, not u2")
+        )
+    )
+    async with make_client(server) as client:
+        calls: dict[str, Callable[[], Awaitable[object]]] = {
+            "commit": lambda: client.commit("r1", pod_uid="u2"),
+            "release": lambda: client.release("r1", pod_uid="u2"),
+            "renew": lambda: client.renew("r1", pod_uid="u2", ttl_seconds=30),
+        }
+        with pytest.raises(RMPodMismatch, match="belongs to pod u1") as refused:
+            await calls[operation]()
+    assert isinstance(refused.value, RMError)
+    assert len(server.seen) == 1
+
+
+async def test_commit_answered_for_another_pod_is_a_mismatch(server: FaultServer) -> None:
+    """A v1.0 RM ignores podUid: the client still notices that the reservation is someone else's."""
+    server.play(respond(lambda: ok({**COMMITTED, "podUid": "victim"}, status=200)))
+    async with make_client(server) as client:
+        with pytest.raises(RMPodMismatch, match="victim"):
+            await client.commit("r1", pod_uid="u1")
+
+
+async def test_renew_sends_uid_and_ttl_and_is_retried(server: FaultServer) -> None:
+    server.play(
+        respond(lambda: web.Response(status=503, headers={"Retry-After": "0"})),
+        respond(lambda: ok(RESERVATION, status=200)),
+    )
+    async with make_client(server) as client:
+        reservation = await client.renew("r1", pod_uid="u1", ttl_seconds=45)
+    assert reservation.state is ReservationState.RESERVED
+    assert [(r.method, r.path) for r in server.seen] == [("POST", "/v1/reservations/r1/renew")] * 2
+
+
+async def test_renew_body(server: FaultServer) -> None:
+    bodies: list[Any] = []
+
+    async def capture(request: web.Request) -> web.StreamResponse:
+        bodies.append(await request.json())
+        return ok(COMMITTED, status=200)
+
+    server.play(capture)
+    async with make_client(server) as client:
+        reservation = await client.renew("r1", pod_uid="u1", ttl_seconds=45)
+    assert reservation.state is ReservationState.COMMITTED
+    assert bodies == [{"podUid": "u1", "ttlSeconds": 45}]
+
+
+async def test_renew_on_a_v1_0_server_is_unsupported_and_remembered(server: FaultServer) -> None:
+    """404 for the path, yet the reservation exists: the server has no renew (contract 1.0)."""
+
+    async def v1_0(request: web.Request) -> web.StreamResponse:
+        if request.path.endswith("/renew"):
+            return problem(404, ProblemType.NOT_FOUND, detail=f"there is no {request.path} in contract v1")
+        return ok(RESERVATION, status=200)
+
+    server.play(v1_0)
+    async with make_client(server) as client:
+        with pytest.raises(RMUnsupported, match="renew"):
+            await client.renew("r1", pod_uid="u1", ttl_seconds=30)
+        assert [(r.method, r.path) for r in server.seen] == [
+            ("POST", "/v1/reservations/r1/renew"),
+            ("GET", "/v1/reservations/r1"),
+        ]
+        with pytest.raises(RMUnsupported):
+            await client.renew("r2", pod_uid="u1", ttl_seconds=30)
+    assert len(server.seen) == 2  # remembered: no second round trip
+
+
+async def test_renew_405_is_unsupported(server: FaultServer) -> None:
+    server.play(respond(lambda: problem(405, ProblemType.METHOD_NOT_ALLOWED)))
+    async with make_client(server) as client:
+        with pytest.raises(RMUnsupported):
+            await client.renew("r1", pod_uid="u1", ttl_seconds=30)
+
+
+async def test_renew_of_an_unknown_reservation_is_not_unsupported(server: FaultServer) -> None:
+    server.play(respond(lambda: problem(404, ProblemType.NOT_FOUND, detail="no reservation 'r9'")))
+    async with make_client(server) as client:
+        with pytest.raises(RMRejected) as rejected:
+            await client.renew("r9", pod_uid="u1", ttl_seconds=30)
+        assert not isinstance(rejected.value, RMUnsupported)
+        assert rejected.value.status == 404
+        with pytest.raises(RMRejected):  # and nothing was remembered: the next renew asks again
+            await client.renew("r9", pod_uid="u1", ttl_seconds=30)
+    assert len(server.seen) == 4
+
+
+async def test_renew_of_an_inactive_reservation_is_a_conflict(server: FaultServer) -> None:
+    server.play(respond(lambda: problem(409, ProblemType.RESERVATION_NOT_ACTIVE, detail="r1 is released")))
+    async with make_client(server) as client:
+        with pytest.raises(RMConflict, match="released") as conflict:
+            await client.renew("r1", pod_uid="u1", ttl_seconds=30)
+    assert not isinstance(conflict.value, RMPodMismatch)
+
+
+async def test_renew_answered_for_another_pod_is_a_protocol_error(server: FaultServer) -> None:
+    server.play(respond(lambda: ok({**RESERVATION, "podUid": "other"}, status=200)))
+    async with make_client(server) as client:
+        with pytest.raises(RMProtocolError, match="other"):
+            await client.renew("r1", pod_uid="u1", ttl_seconds=30)

@@ -166,7 +166,10 @@ class FakeRM:
         self.commit_error: BaseException | None = None
         self.commit_errors: list[BaseException] = []  # raised first, one per commit
         self.release_error: BaseException | None = None
+        self.renew_error: BaseException | None = None
         self.requests: list[ReservationRequest] = []
+        #: (operation, reservation id, pod UID passed) of every commit, release and renew
+        self.pod_uids: list[tuple[str, str, str | None]] = []
         self._ids = itertools.count(1)
 
     async def reserve(self, request: ReservationRequest, /) -> Reservation:
@@ -182,17 +185,36 @@ class FakeRM:
             scheduler_name=request.pod.scheduler_name,
         )
 
-    async def commit(self, reservation_id: str, /) -> Reservation:
+    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
         self.calls.record("rm.commit", id=reservation_id)
+        self.pod_uids.append(("commit", reservation_id, pod_uid))
         if self.commit_errors:
             raise self.commit_errors.pop(0)
         if self.commit_error is not None:
             raise self.commit_error
         return Reservation(
-            id=reservation_id, node=self.node, state=ReservationState.COMMITTED, pod_uid="", scheduler_name=""
+            id=reservation_id,
+            node=self.node,
+            state=ReservationState.COMMITTED,
+            pod_uid=pod_uid or "",
+            scheduler_name="",
         )
 
-    async def release(self, reservation_id: str, /) -> None:
+    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
         self.calls.record("rm.release", id=reservation_id)
+        self.pod_uids.append(("release", reservation_id, pod_uid))
         if self.release_error is not None:
             raise self.release_error
+
+    async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation:
+        self.calls.record("rm.renew", id=reservation_id, ttl=ttl_seconds)
+        self.pod_uids.append(("renew", reservation_id, pod_uid))
+        if self.renew_error is not None:
+            raise self.renew_error
+        return Reservation(
+            id=reservation_id,
+            node=self.node,
+            state=ReservationState.RESERVED,
+            pod_uid=pod_uid,
+            scheduler_name="",
+        )

@@ -29,7 +29,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from bindery.rm.errors import RMError
+from bindery.rm.errors import RMError, RMPodMismatch
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
 
@@ -197,8 +197,16 @@ class BoundPodWatcher:
         reservation_id = reservation_to_release(event_type=event_type, pod=pod)
         if reservation_id is None or reservation_id in self._released:
             return
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
         try:
-            await self._rm().release(reservation_id)
+            await self._rm().release(reservation_id, pod_uid=uid or None)
+        except RMPodMismatch:  # a copied annotation: the RM refused, so the owner keeps its capacity
+            self._logger.warning(
+                f"pod {metadata.get('namespace')}/{metadata.get('name')} ({uid}) carries the reservation "
+                f"annotation of reservation {reservation_id}, which belongs to another pod; not releasing it"
+            )
+            return
         except RMError as exc:
             self._logger.warning(f"could not release reservation {reservation_id} of a departed pod: {exc}")
             return

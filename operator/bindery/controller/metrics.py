@@ -163,11 +163,16 @@ class MeasuredRM:
     async def reserve(self, request: ReservationRequest, /) -> Reservation:
         return await self.measure("reserve", lambda: self.inner.reserve(request))
 
-    async def commit(self, reservation_id: str, /) -> Reservation:
-        return await self.measure("commit", lambda: self.inner.commit(reservation_id))
+    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
+        return await self.measure("commit", lambda: self.inner.commit(reservation_id, pod_uid=pod_uid))
 
-    async def release(self, reservation_id: str, /) -> None:
-        await self.measure("release", lambda: self.inner.release(reservation_id))
+    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
+        await self.measure("release", lambda: self.inner.release(reservation_id, pod_uid=pod_uid))
+
+    async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation:
+        return await self.measure(
+            "renew", lambda: self.inner.renew(reservation_id, pod_uid=pod_uid, ttl_seconds=ttl_seconds)
+        )
 
     async def measure(self, verb: str, call: Callable[[], Awaitable[T]]) -> T:
         started = time.perf_counter()

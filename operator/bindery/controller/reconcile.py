@@ -86,9 +86,9 @@ async def reconcile_reservations(
             action = settle(reservation=reservation, pod=pod)
             try:
                 if action is Settle.COMMIT:
-                    await rm.commit(reservation.id)
+                    await rm.commit(reservation.id, pod_uid=reservation.pod_uid)
                 else:
-                    await rm.release(reservation.id)
+                    await rm.release(reservation.id, pod_uid=reservation.pod_uid)
             except RMError as exc:
                 logger.warning(f"could not {action} leftover reservation {reservation.id}: {exc}")
                 continue
@@ -121,7 +121,7 @@ async def _release_departed(
     committed = await rm.list_reservations(scheduler_name=scheduler_name, state="committed")
     for reservation in stale_committed(committed=committed, running_pod_uids=running, namespaces=namespaces):
         try:
-            await rm.release(reservation.id)
+            await rm.release(reservation.id, pod_uid=reservation.pod_uid)
         except RMError as exc:
             logger.warning(f"could not release reservation {reservation.id} of a departed pod: {exc}")
             continue

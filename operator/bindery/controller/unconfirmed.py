@@ -198,9 +198,9 @@ class UnconfirmedBinds:
         while True:
             try:
                 if decided is Settle.COMMIT:
-                    await self._rm().commit(bind.reservation_id)
+                    await self._rm().commit(bind.reservation_id, pod_uid=bind.pod.uid)
                 else:
-                    await self._rm().release(bind.reservation_id)
+                    await self._rm().release(bind.reservation_id, pod_uid=bind.pod.uid)
             except RMConflict as exc:
                 self._logger.error(
                     f"reservation {bind.reservation_id} of pod {bind.pod.key} (bound to {bind.node} by a "
@@ -259,12 +259,15 @@ class SettlingReleases:
     async def reserve(self, request: ReservationRequest, /) -> Reservation:
         return await self._inner.reserve(request)
 
-    async def commit(self, reservation_id: str, /) -> Reservation:
-        return await self._inner.commit(reservation_id)
+    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
+        return await self._inner.commit(reservation_id, pod_uid=pod_uid)
 
-    async def release(self, reservation_id: str, /) -> None:
+    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
         if reservation_id in self._unconfirmed and await self._unconfirmed.settle_before_release(
             reservation_id
         ):
             return
-        await self._inner.release(reservation_id)
+        await self._inner.release(reservation_id, pod_uid=pod_uid)
+
+    async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation:
+        return await self._inner.renew(reservation_id, pod_uid=pod_uid, ttl_seconds=ttl_seconds)

@@ -5,7 +5,7 @@ Why it is careful: the RM sits on the scheduling path of every pod, so the clien
 retries and back-off: an RM that trickles one byte per second never trips a read timeout, and must
 not hold a pod's cycle for minutes), nor hammer a dead RM (a circuit breaker whose error says when
 calls resume), nor retry anything unsafe (every v1 call is idempotent: reserve by its idempotency
-key, commit and release by definition), nor let a misbehaving server crash the pipeline (every
+key, commit, release and renew by definition), nor let a misbehaving server crash the pipeline (every
 response is size-capped while streaming and validated; any contract violation becomes
 ``RMProtocolError``).
 
@@ -48,10 +48,12 @@ from bindery.rm.errors import (
     ProblemType,
     RMConflict,
     RMError,
+    RMPodMismatch,
     RMProtocolError,
     RMRejected,
     RMUnavailable,
     RMUnschedulable,
+    RMUnsupported,
 )
 from bindery.rm.models import Problem, Reservation, ReservationList, ReservationRequest, ReservationState
 from bindery.rm.transport import AiohttpTransport
@@ -63,6 +65,8 @@ log = logging.getLogger(__name__)
 #: Largest response body accepted; a page of 500 reservations is far below this.
 MAX_RESPONSE_BYTES = 1024 * 1024
 _MAX_PAGES = 10_000
+#: How long a "this RM has no renew" verdict holds before the client asks again (an RM may be upgraded).
+_UNSUPPORTED_FOR = 300.0
 _BodyModel = TypeVar("_BodyModel", bound=pydantic.BaseModel)
 
 
@@ -259,6 +263,7 @@ class ResourceManagerClient:
         )
         self._max_retry_after = max_retry_after
         self._max_bytes = max_response_bytes
+        self._renew_unsupported_until = float("-inf")
         self.breaker = CircuitBreaker(
             failure_threshold=failure_threshold,
             cool_down=circuit_cool_down,
@@ -321,9 +326,19 @@ class ResourceManagerClient:
             return reservation
         raise self._error(answer, "reserve")
 
-    async def commit(self, reservation_id: str) -> Reservation:
-        """Commit after binding; committing twice is fine."""
-        answer = await self._call("POST", f"/v1/reservations/{_quote(reservation_id)}/commit", json_body={})
+    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
+        """Commit after binding; committing twice is fine.
+
+        With ``pod_uid`` (contract v1.1) the RM refuses to commit another pod's reservation
+        (``RMPodMismatch``, nothing changed); a v1.0 RM ignores the parameter, so the answer's
+        ``podUid`` is checked here as well.
+        """
+        answer = await self._call(
+            "POST",
+            f"/v1/reservations/{_quote(reservation_id)}/commit",
+            json_body={},
+            params=_pod_query(pod_uid),
+        )
         if answer.status == 200:
             reservation = self._decode(answer, Reservation, "commit")
             if reservation.id != reservation_id or reservation.state is not ReservationState.COMMITTED:
@@ -331,15 +346,76 @@ class ResourceManagerClient:
                     f"the RM answered commit of {reservation_id} with reservation {reservation.id} in state "
                     f"{reservation.state.value}; expected it committed"
                 )
+            if pod_uid is not None and reservation.pod_uid != pod_uid:
+                raise RMPodMismatch(
+                    f"the RM committed reservation {reservation_id} of pod {reservation.pod_uid} although "
+                    f"it was asked to commit it for pod {pod_uid}: the RM ignores podUid (it speaks "
+                    "contract v1.0); upgrade it to v1.1 so it refuses such a commit",
+                    status=409,
+                )
             return reservation
         raise self._error(answer, "commit")
 
-    async def release(self, reservation_id: str) -> None:
-        """Release; an unknown or already released reservation is not an error."""
-        answer = await self._call("DELETE", f"/v1/reservations/{_quote(reservation_id)}")
+    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
+        """Release; an unknown or already released reservation is not an error.
+
+        With ``pod_uid`` (contract v1.1) the RM refuses to release another pod's reservation
+        (``RMPodMismatch``, nothing changed); a v1.0 RM ignores the parameter.
+        """
+        answer = await self._call(
+            "DELETE", f"/v1/reservations/{_quote(reservation_id)}", params=_pod_query(pod_uid)
+        )
         if answer.status in (200, 202, 204, 404, 410):
             return
         raise self._error(answer, "release")
+
+    async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation:
+        """Extend a reserved lease to now + ``ttl_seconds`` (contract v1.1); idempotent, so retried.
+
+        A committed reservation holds no lease and comes back unchanged.  Raises ``RMConflict`` when
+        the reservation was released or expired (reserve again), ``RMPodMismatch`` when it belongs to
+        another pod, ``RMRejected`` (404) when the RM does not know it, and ``RMUnsupported`` when the
+        RM speaks v1.0: a v1.0 RM answers 404 or 405 for the unknown path, which is told apart from an
+        unknown reservation by reading the reservation.  That verdict is remembered for a while, so
+        a v1.0 RM costs one round trip per ``_UNSUPPORTED_FOR`` seconds, not one per call.
+        """
+        clock = asyncio.get_running_loop().time
+        if self._renew_unsupported_until > clock():
+            raise self._renew_unsupported()
+        path = f"/v1/reservations/{_quote(reservation_id)}/renew"
+        answer = await self._call("POST", path, json_body={"podUid": pod_uid, "ttlSeconds": ttl_seconds})
+        if answer.status == 200:
+            reservation = self._decode(answer, Reservation, "renew")
+            if (
+                reservation.id != reservation_id
+                or reservation.pod_uid != pod_uid
+                or not reservation.state.active
+            ):
+                raise RMProtocolError(
+                    f"the RM answered renew of {reservation_id} for pod {pod_uid} with reservation "
+                    f"{reservation.id} of pod {reservation.pod_uid} in state {reservation.state.value}; "
+                    "expected that reservation, still active"
+                )
+            return reservation
+        if answer.status == 405 or (answer.status == 404 and await self._exists(reservation_id)):
+            self._renew_unsupported_until = clock() + _UNSUPPORTED_FOR
+            raise self._renew_unsupported()
+        raise self._error(answer, "renew")
+
+    async def _exists(self, reservation_id: str) -> bool:
+        """Whether the RM knows the reservation (``GET`` is 200): tells a missing path from a missing id."""
+        answer = await self._call("GET", f"/v1/reservations/{_quote(reservation_id)}")
+        if answer.status == 200:
+            return True
+        if answer.status in (404, 410):
+            return False
+        raise self._error(answer, f"read reservation {reservation_id}")
+
+    def _renew_unsupported(self) -> RMUnsupported:
+        return RMUnsupported(
+            f"the RM at {self.base_url} has no renew operation (it speaks contract v1.0, renew came with "
+            "v1.1): leases cannot be extended; upgrade the RM, or keep cycles shorter than the lease"
+        )
 
     async def list_reservations(
         self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
@@ -597,6 +673,8 @@ class ResourceManagerClient:
                 retry_after = _parse_retry_after(answer.headers.get("retry-after"))
             reason = problem.reason or problem.detail or "the resource manager found no node that fits"
             return RMUnschedulable(message, reason=reason, retry_after=retry_after)
+        if problem is not None and problem.type == ProblemType.POD_MISMATCH:
+            return RMPodMismatch(message, status=answer.status, problem=raw)
         if answer.status == 409:
             return RMConflict(message, status=409, problem=raw)
         return RMRejected(message, status=answer.status, problem=raw)
@@ -607,6 +685,11 @@ def _log_retry(state: RetryCallState) -> None:
     error = outcome.exception() if outcome is not None else None
     sleep = state.next_action.sleep if state.next_action is not None else 0.0
     log.warning("RM call attempt %d failed (%s); retrying in %.2fs", state.attempt_number, error, sleep)
+
+
+def _pod_query(pod_uid: str | None) -> dict[str, str] | None:
+    """The v1.1 ``podUid`` query parameter; none at all without a UID, so the request is v1.0's."""
+    return None if pod_uid is None else {"podUid": pod_uid}
 
 
 def _quote(reservation_id: str) -> str:

@@ -1,8 +1,10 @@
 """Errors raised by the RM client, and the stable problem ``type`` URIs of contract v1.
 
 The scheduler needs to decide quickly what a failure means: retry later (``RMUnavailable``), report
-the pod as unschedulable (``RMUnschedulable``), or treat it as a bug on one side (``RMProtocolError``,
-``RMRejected``).  Every failure of the client is one of these types; nothing lower-level escapes.
+the pod as unschedulable (``RMUnschedulable``), treat it as a bug on one side (``RMProtocolError``,
+``RMRejected``), leave another pod's reservation alone (``RMPodMismatch``, v1.1), or fall back
+because the RM's older minor version lacks the operation (``RMUnsupported``).  Every failure of the
+client is one of these types; nothing lower-level escapes.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ __all__ = [
     "ProblemType",
     "RMConflict",
     "RMError",
+    "RMPodMismatch",
     "RMProtocolError",
     "RMRejected",
     "RMUnavailable",
     "RMUnschedulable",
+    "RMUnsupported",
 ]
 
 #: Problem type URIs are ``PROBLEM_BASE + kind``.  They are identifiers, not links to fetch.
@@ -34,6 +38,7 @@ class ProblemType:
     IDEMPOTENCY_KEY_REUSED = PROBLEM_BASE + "idempotency-key-reused"  # 409: same key, different request
     UNSCHEDULABLE = PROBLEM_BASE + "unschedulable"  # 409: no node fits now
     RESERVATION_NOT_ACTIVE = PROBLEM_BASE + "reservation-not-active"  # 409: commit after release/expiry
+    POD_MISMATCH = PROBLEM_BASE + "pod-mismatch"  # 409 (v1.1): the reservation belongs to another pod
     PAYLOAD_TOO_LARGE = PROBLEM_BASE + "payload-too-large"  # 413
     UNSUPPORTED_MEDIA_TYPE = PROBLEM_BASE + "unsupported-media-type"  # 415
     RATE_LIMITED = PROBLEM_BASE + "rate-limited"  # 429 with Retry-After
@@ -81,3 +86,21 @@ class RMRejected(RMError):
 
 class RMConflict(RMRejected):
     """409: the idempotency key was reused for a different request, or the reservation is not active."""
+
+
+class RMPodMismatch(RMConflict):
+    """409 ``pod-mismatch`` (v1.1): the reservation belongs to another pod, so the RM changed nothing.
+
+    A commit or release that names a pod UID is refused when the reservation is someone else's: a
+    pod that copied another pod's reservation annotation must not free (or pin) that pod's capacity.
+    It is final: retrying the same call gets the same answer. It is a conflict, so code that treats
+    every 409 as "retrying cannot help" handles it correctly without knowing v1.1.
+    """
+
+
+class RMUnsupported(RMError):
+    """The RM speaks an older minor version of v1 without this operation (e.g. renew on a v1.0 RM).
+
+    Not a failure of the RM: the caller falls back to what v1.0 offers (for renew: re-reserve with
+    the same idempotency key after the lease, or commit sooner).
+    """

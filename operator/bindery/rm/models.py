@@ -32,6 +32,7 @@ __all__ = [
     "Placement",
     "PodIdentity",
     "Problem",
+    "RenewRequest",
     "Reservation",
     "ReservationList",
     "ReservationRequest",
@@ -177,6 +178,17 @@ class ReservationRequest(_Request):
             }
         )
         return canonical.model_dump_json(by_alias=True)
+
+
+class RenewRequest(_Request):
+    """``POST /v1/reservations/{id}/renew`` (v1.1): extend a reserved lease to now + ``ttlSeconds``.
+
+    The pod UID is required, not optional as on commit and release: renew is new in v1.1, so no
+    v1.0 caller needs a form without it, and an RM must never extend another pod's lease.
+    """
+
+    pod_uid: ShortText
+    ttl_seconds: Integer = Field(ge=1, le=86_400)
 
 
 class ReservationState(enum.StrEnum):

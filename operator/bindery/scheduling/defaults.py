@@ -85,7 +85,7 @@ class ResourceManagerReservation:
             return
         ctx.state[_RELEASED] = True  # before awaiting: a second unreserve must not release again
         try:
-            await ctx.profile.client.release(ctx.reservation.id)
+            await ctx.profile.client.release(ctx.reservation.id, pod_uid=ctx.pod.uid)
         except Exception as error:
             log.warning(
                 "could not release reservation %s of pod %s at resource manager %r: %s; "
@@ -222,7 +222,7 @@ class CommitReservation:
         if ctx.reservation is None:
             return
         try:
-            await ctx.profile.client.commit(ctx.reservation.id)
+            await ctx.profile.client.commit(ctx.reservation.id, pod_uid=ctx.pod.uid)
         except Exception as error:
             ctx.state[COMMIT_FAILED] = True
             if isinstance(error, RMConflict):  # already released or expired: retrying cannot help
@@ -232,6 +232,7 @@ class CommitReservation:
                     client=ctx.profile.client,
                     reservation_id=ctx.reservation.id,
                     pod=ctx.pod.key,
+                    pod_uid=ctx.pod.uid,
                     ttl_seconds=ctx.profile.reservation_ttl_seconds,
                 ),
                 name=f"commit {ctx.reservation.id}",
@@ -241,7 +242,13 @@ class CommitReservation:
             raise
 
     async def retry_commit(
-        self, *, client: ReservationClient, reservation_id: str, pod: str, ttl_seconds: float
+        self,
+        *,
+        client: ReservationClient,
+        reservation_id: str,
+        pod: str,
+        ttl_seconds: float,
+        pod_uid: str | None = None,
     ) -> bool:
         """Retry a failed commit while the reservation lives; returns whether it was committed."""
         waited = 0.0
@@ -251,7 +258,7 @@ class CommitReservation:
                 break
             await self._sleep(delay)
             try:
-                await client.commit(reservation_id)
+                await client.commit(reservation_id, pod_uid=pod_uid)
             except RMConflict as error:  # released or expired meanwhile: retrying cannot help
                 log.error(
                     "reservation %s of bound pod %s can no longer be committed: %s",

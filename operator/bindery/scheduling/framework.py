@@ -108,14 +108,18 @@ _SUCCESS = Status()
 class ReservationClient(Protocol):
     """What the cycle needs of the RM client (:class:`bindery.rm.client.ResourceManagerClient`).
 
-    Raises the errors of :mod:`bindery.rm.errors`.
+    Raises the errors of :mod:`bindery.rm.errors`.  Every caller passes the pod's UID to commit and
+    release (contract v1.1): the RM then refuses to touch a reservation of another pod, which is what
+    keeps a pod that copied someone's reservation annotation from freeing their capacity.
     """
 
     async def reserve(self, request: ReservationRequest, /) -> Reservation: ...
 
-    async def commit(self, reservation_id: str, /) -> Reservation: ...
+    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation: ...
 
-    async def release(self, reservation_id: str, /) -> None: ...
+    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None: ...
+
+    async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
