@@ -28,10 +28,19 @@ import yaml
 from aiohttp import web
 
 from bindery.refrm.placement import InventoryNode, Policy
-from bindery.refrm.store import Conflict, NotActive, NotFound, Placed, ReservationStore, Unschedulable
+from bindery.refrm.store import (
+    Conflict,
+    NotActive,
+    NotFound,
+    Placed,
+    PodMismatch,
+    ReservationStore,
+    StoredReservation,
+    Unschedulable,
+)
 from bindery.rm.contract import openapi_text
 from bindery.rm.errors import ProblemType
-from bindery.rm.models import CONTRACT_VERSION, ReservationRequest, ReservationState
+from bindery.rm.models import CONTRACT_VERSION, RenewRequest, ReservationRequest, ReservationState
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "ReferenceRM", "RunningServer", "TokenCheck", "serve_reference_rm"]
 
@@ -131,6 +140,36 @@ def _is_json(request: web.Request) -> bool:
     return request.content_type == "application/json"
 
 
+def _pod_uid_param(request: web.Request) -> str | web.Response | None:
+    """The optional v1.1 ``podUid`` query parameter of commit and release, or a 400 problem."""
+    uid = request.rel_url.query.get("podUid")
+    if uid is not None and not 1 <= len(uid) <= 253:
+        return problem(400, ProblemType.INVALID_REQUEST, "podUid must be 1 to 253 characters long")
+    return uid
+
+
+def _pod_mismatch(outcome: PodMismatch, what: str) -> web.Response:
+    return problem(
+        409,
+        ProblemType.POD_MISMATCH,
+        f"reservation {outcome.reservation.id} belongs to pod {outcome.reservation.pod_uid}, not to pod "
+        f"{outcome.pod_uid}, so it was not {what}; nothing changed (a pod carrying another pod's "
+        "reservation id cannot act on that reservation)",
+        title="Pod mismatch",
+        reservationId=outcome.reservation.id,
+    )
+
+
+def _not_active(reservation: StoredReservation, what: str) -> web.Response:
+    return problem(
+        409,
+        ProblemType.RESERVATION_NOT_ACTIVE,
+        f"reservation {reservation.id} is {reservation.state.value} and cannot be {what}; reserve again",
+        title="Reservation not active",
+        state=reservation.state.value,
+    )
+
+
 class ReferenceRM:
     """The application state: inventory snapshot, store, and the single writer thread."""
 
@@ -227,6 +266,7 @@ class ReferenceRM:
         app.router.add_get("/v1/reservations/{id}", self._get, allow_head=False)
         app.router.add_delete("/v1/reservations/{id}", self._release)
         app.router.add_post("/v1/reservations/{id}/commit", self._commit)
+        app.router.add_post("/v1/reservations/{id}/renew", self._renew)
         app.router.add_get("/healthz", self._healthz, allow_head=False)
         app.router.add_get("/readyz", self._readyz, allow_head=False)
         app.router.add_get("/openapi.yaml", self._openapi_yaml, allow_head=False)
@@ -319,26 +359,70 @@ class ReferenceRM:
                 return problem(400, ProblemType.INVALID_REQUEST, "the body is not valid JSON")
             if parsed != {}:
                 return problem(400, ProblemType.INVALID_REQUEST, "commit takes no fields; send {} or no body")
-        outcome = await self._run(self._store.commit, request.match_info["id"])
+        pod_uid = _pod_uid_param(request)
+        if isinstance(pod_uid, web.Response):
+            return pod_uid
+        outcome = await self._run(self._store.commit, request.match_info["id"], pod_uid=pod_uid)
         if isinstance(outcome, NotFound):
             return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']!r}")
-        if isinstance(outcome, NotActive):
-            return problem(
-                409,
-                ProblemType.RESERVATION_NOT_ACTIVE,
-                f"reservation {outcome.reservation.id} is {outcome.reservation.state.value} and cannot be "
-                "committed; reserve again",
-                title="Reservation not active",
-                state=outcome.reservation.state.value,
+        if isinstance(outcome, PodMismatch):
+            log.warning(
+                "refused to commit %s of pod %s for pod %s",
+                outcome.reservation.id,
+                outcome.reservation.pod_uid,
+                outcome.pod_uid,
             )
+            return _pod_mismatch(outcome, "committed")
+        if isinstance(outcome, NotActive):
+            return _not_active(outcome.reservation, "committed")
         log.info("committed %s (pod uid %s) on %s", outcome.id, outcome.pod_uid, outcome.node)
         return web.json_response(text=outcome.to_model().model_dump_json(by_alias=True))
 
     async def _release(self, request: web.Request) -> web.Response:
-        released = await self._run(self._store.release, request.match_info["id"])
+        pod_uid = _pod_uid_param(request)
+        if isinstance(pod_uid, web.Response):
+            return pod_uid
+        released = await self._run(self._store.release, request.match_info["id"], pod_uid=pod_uid)
+        if isinstance(released, PodMismatch):
+            log.warning(
+                "refused to release %s of pod %s for pod %s",
+                released.reservation.id,
+                released.reservation.pod_uid,
+                released.pod_uid,
+            )
+            return _pod_mismatch(released, "released")
         if released is not None:
             log.info("released %s (pod uid %s) on %s", released.id, released.pod_uid, released.node)
         return web.Response(status=204)
+
+    async def _renew(self, request: web.Request) -> web.Response:
+        if not _is_json(request):
+            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+        try:
+            renewal = RenewRequest.model_validate_json(await request.read())
+        except pydantic.ValidationError as error:
+            detail, errors = _validation_errors(error)
+            return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
+        outcome = await self._run(
+            self._store.renew,
+            request.match_info["id"],
+            pod_uid=renewal.pod_uid,
+            ttl_seconds=renewal.ttl_seconds,
+        )
+        if isinstance(outcome, NotFound):
+            return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']!r}")
+        if isinstance(outcome, PodMismatch):
+            log.warning(
+                "refused to renew %s of pod %s for pod %s",
+                outcome.reservation.id,
+                outcome.reservation.pod_uid,
+                outcome.pod_uid,
+            )
+            return _pod_mismatch(outcome, "renewed")
+        if isinstance(outcome, NotActive):
+            return _not_active(outcome.reservation, "renewed")
+        log.debug("renewed %s (pod uid %s) for %d s", outcome.id, outcome.pod_uid, renewal.ttl_seconds)
+        return web.json_response(text=outcome.to_model().model_dump_json(by_alias=True))
 
     async def _get(self, request: web.Request) -> web.Response:
         stored = await self._run(self._store.get, request.match_info["id"])

@@ -7,6 +7,10 @@ reserve calls and across restarts.  So every operation is a single function run 
 and a reservation the caller was told about is on disk.  The capacity in use is also kept in memory
 for speed; it is rebuilt from the table at start-up and only changed after a transaction commits.
 
+Since contract v1.1 a commit, release or renew may name the pod it acts for; a reservation of
+another pod is then refused (``PodMismatch``) before anything changes, and renew moves a reserved
+lease's end.
+
 Expiry is lazy: every operation first marks reservations whose lease ran out as ``expired``, so the
 answer never depends on a background timer having run.  Released and expired rows are kept for
 ``retention`` seconds so late releases, lists and commits get a precise answer, then deleted.
@@ -40,6 +44,7 @@ __all__ = [
     "NotActive",
     "NotFound",
     "Placed",
+    "PodMismatch",
     "ReservationStore",
     "StoredReservation",
     "Unschedulable",
@@ -168,6 +173,21 @@ class NotFound:
 @dataclass(frozen=True)
 class NotActive:
     reservation: StoredReservation
+
+
+@dataclass(frozen=True)
+class PodMismatch:
+    """Contract v1.1: the caller named a pod UID, and the reservation belongs to another pod."""
+
+    reservation: StoredReservation
+    pod_uid: str
+
+
+def _mismatch(current: StoredReservation, pod_uid: str | None) -> PodMismatch | None:
+    """Checked before anything else changes: a mismatch is refused with no state change at all."""
+    if pod_uid is None or current.pod_uid == pod_uid:
+        return None
+    return PodMismatch(current, pod_uid)
 
 
 class ReservationStore:
@@ -304,10 +324,14 @@ class ReservationStore:
         self._next_expiry = min(self._next_expiry, now + request.ttl_seconds)
         return Placed(StoredReservation.from_row(row), created=True)
 
-    def commit(self, reservation_id: str) -> StoredReservation | NotFound | NotActive:
+    def commit(
+        self, reservation_id: str, *, pod_uid: str | None = None
+    ) -> StoredReservation | NotFound | NotActive | PodMismatch:
         current = self.get(reservation_id)
         if current is None:
             return NotFound()
+        if (mismatch := _mismatch(current, pod_uid)) is not None:
+            return mismatch
         if current.state is ReservationState.COMMITTED:
             return current
         if current.state is not ReservationState.RESERVED:
@@ -319,17 +343,50 @@ class ReservationStore:
         ).fetchone()
         return StoredReservation.from_row(row)
 
-    def release(self, reservation_id: str) -> StoredReservation | None:
-        """Release if active; returns what was released (None when there was nothing to release)."""
+    def release(
+        self, reservation_id: str, *, pod_uid: str | None = None
+    ) -> StoredReservation | PodMismatch | None:
+        """Release if active; returns what was released (None when there was nothing to release).
+
+        Releasing what is not active is a no-op whoever asks, so only an active reservation of
+        another pod is a mismatch.
+        """
         current = self.get(reservation_id)
         if current is None or not current.state.active:
             return None
+        if (mismatch := _mismatch(current, pod_uid)) is not None:
+            return mismatch
         self._db.execute(
             "UPDATE reservations SET state = ?, updated_at = ? WHERE id = ?",
             (ReservationState.RELEASED.value, self._clock(), reservation_id),
         )
         subtract_usage(self._usage, current.node, current.usage())
         return current
+
+    def renew(
+        self, reservation_id: str, *, pod_uid: str, ttl_seconds: int
+    ) -> StoredReservation | NotFound | NotActive | PodMismatch:
+        """Contract v1.1: a reserved lease now ends ``ttl_seconds`` from now; committed is unchanged.
+
+        Idempotent: renewing twice sets the same kind of deadline.  The expiry sweep may then run
+        once for nothing (its next due time was the old deadline), which is harmless.
+        """
+        current = self.get(reservation_id)
+        if current is None:
+            return NotFound()
+        if (mismatch := _mismatch(current, pod_uid)) is not None:
+            return mismatch
+        if current.state is ReservationState.COMMITTED:
+            return current
+        if current.state is not ReservationState.RESERVED:
+            return NotActive(current)
+        now = self._clock()
+        row = self._db.execute(
+            f"UPDATE reservations SET expires_at = ?, updated_at = ? WHERE id = ? RETURNING {_COLUMNS}",
+            (now + ttl_seconds, now, reservation_id),
+        ).fetchone()
+        self._next_expiry = min(self._next_expiry, now + ttl_seconds)
+        return StoredReservation.from_row(row)
 
     def list(
         self,
