@@ -5,8 +5,8 @@ from __future__ import annotations
 from openapi_spec_validator import validate
 
 from bindery.rm.contract import load_openapi
-from bindery.rm.errors import PROBLEM_BASE
-from bindery.rm.models import CONTRACT_VERSION, ReservationRequest, ReservationState
+from bindery.rm.errors import PROBLEM_BASE, ProblemType
+from bindery.rm.models import CONTRACT_VERSION, RenewRequest, ReservationRequest, ReservationState
 
 
 def test_document_validates_as_openapi_3_1() -> None:
@@ -40,3 +40,20 @@ def test_states_and_problem_types_match() -> None:
     schemas = load_openapi()["components"]["schemas"]
     assert schemas["ReservationState"]["enum"] == [state.value for state in ReservationState]
     assert PROBLEM_BASE in schemas["Problem"]["description"].replace("`", "").replace("\n", " ")
+
+
+def test_v1_1_additions_match_the_models() -> None:
+    """Renew's body mirrors RenewRequest; commit and release take the optional podUid parameter."""
+    document = load_openapi()
+    paths = document["paths"]
+    assert "post" in paths["/v1/reservations/{id}/renew"]
+    schema = document["components"]["schemas"]["RenewRequest"]
+    assert set(schema["properties"]) == {field.alias for field in RenewRequest.model_fields.values()}
+    assert set(schema["required"]) == {"podUid", "ttlSeconds"}
+    assert schema["additionalProperties"] is False
+    pod_uid = {"$ref": "#/components/parameters/PodUid"}
+    assert pod_uid in paths["/v1/reservations/{id}/commit"]["post"]["parameters"]
+    assert pod_uid in paths["/v1/reservations/{id}"]["delete"]["parameters"]
+    assert document["components"]["parameters"]["PodUid"]["required"] is False
+    kinds = document["components"]["schemas"]["Problem"]["description"].replace("\n", " ")
+    assert ProblemType.POD_MISMATCH.removeprefix(PROBLEM_BASE) in kinds
