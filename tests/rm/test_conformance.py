@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import signal
 import subprocess
+from collections.abc import AsyncIterator
 
+import httpx
 import pytest
+from aiohttp import web
 
-from bindery.conformance import CHECKS, Check, ConformanceConfig
+from bindery.conformance import CHECKS, Check, ConformanceConfig, checks_for
 from bindery.conformance.cli import main as conformance_main
 from bindery.conformance.kit import http_client, run_check
 from bindery.refrm import RunningServer
 from bindery.refrm.cli import serve_command, served_url
+from bindery.rm.client import ResourceManagerClient
+from bindery.rm.errors import ProblemType, RMUnsupported
+from bindery.rm.models import ReservationRequest
 
 from .conftest import TOKEN
 
@@ -37,7 +44,10 @@ async def test_kit_detects_a_wrong_capacity_hint(refrm: RunningServer) -> None:
 
 def test_cli_lists_checks(capsys: pytest.CaptureFixture[str]) -> None:
     assert conformance_main(["--url", "http://x", "--list"]) == 0
-    assert "no-overcommit" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no-overcommit" in out
+    assert re.search(r"^renew-refusals +v1\.1 ", out, re.MULTILINE), out
+    assert re.search(r"^no-overcommit +v1\.0 ", out, re.MULTILINE), out
 
 
 def test_cli_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,7 +78,7 @@ def test_cli_against_a_served_reference_rm(
         code = conformance_main(["--url", url, "--token-file", str(token_file), "--capacity", "5"])
         output = capsys.readouterr().out
         assert code == 0, output
-        assert "12/12 checks passed" in output
+        assert f"{len(CHECKS)}/{len(CHECKS)} checks passed" in output
         wrong = conformance_main(
             ["--url", url, "--token-file", str(token_file), "--capacity", "6", "--check", "no-overcommit"]
         )
@@ -77,3 +87,74 @@ def test_cli_against_a_served_reference_rm(
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=30) == 0
+
+
+@pytest.fixture
+async def v1_0_rm(refrm: RunningServer) -> AsyncIterator[str]:
+    """The reference RM as a v1.0 server would look: podUid ignored, no renew path (404)."""
+    async with httpx.AsyncClient(base_url=refrm.url) as upstream:
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            if request.path.endswith("/renew"):
+                return web.json_response(
+                    {"type": ProblemType.NOT_FOUND, "title": "Not found", "status": 404},
+                    status=404,
+                    content_type="application/problem+json",
+                )
+            query = {
+                k: v for k, v in request.query.items() if not (k == "podUid" and request.method != "GET")
+            }
+            headers = {
+                k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")
+            }
+            answer = await upstream.request(
+                request.method, request.path, params=query, content=await request.read(), headers=headers
+            )
+            return web.Response(
+                status=answer.status_code,
+                body=answer.content,
+                headers={"Content-Type": answer.headers.get("content-type", "application/octet-stream")},
+            )
+
+        app = web.Application(client_max_size=8 * 1024 * 1024)  # the RM, not the proxy, answers 413
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
+
+
+async def test_kit_fails_a_v1_0_server_on_the_v1_1_checks_only(v1_0_rm: str) -> None:
+    """The v1.1 checks can fail: a server that ignores podUid and has no renew fails each of them,
+    and passes everything when certified at 1.0."""
+    config = ConformanceConfig(url=v1_0_rm, token=TOKEN)
+    newer = [check for check in CHECKS if check.since == "1.1"]
+    assert len(newer) == 5
+    async with http_client(config) as http:
+        for check in newer:
+            result = await run_check(check, config, http)
+            assert not result.passed, check.name
+        for check in checks_for("1.0"):
+            result = await run_check(check, config, http)
+            assert result.passed, (check.name, result.error)
+
+
+async def test_client_tells_a_v1_0_server_from_an_unknown_reservation(v1_0_rm: str) -> None:
+    async with ResourceManagerClient(base_url=v1_0_rm, token=TOKEN, allow_insecure_http=True) as client:
+        made = await client.reserve(
+            ReservationRequest.model_validate(
+                {
+                    "pod": {"uid": "u1", "namespace": "ns", "name": "p", "schedulerName": "bindery"},
+                    "resources": {"cpu": "1"},
+                    "idempotencyKey": "u1",
+                    "ttlSeconds": 30,
+                }
+            )
+        )
+        with pytest.raises(RMUnsupported, match=r"v1\.0"):
+            await client.renew(made.id, pod_uid="u1", ttl_seconds=60)
+        await client.release(made.id, pod_uid="u1")

@@ -6,7 +6,15 @@ import pathlib
 from decimal import Decimal
 
 from bindery.refrm.placement import InventoryNode, Policy
-from bindery.refrm.store import Conflict, NotActive, NotFound, Placed, ReservationStore, Unschedulable
+from bindery.refrm.store import (
+    Conflict,
+    NotActive,
+    NotFound,
+    Placed,
+    ReservationStore,
+    StoredReservation,
+    Unschedulable,
+)
 from bindery.rm.models import ReservationRequest, ReservationState
 
 NODES = [InventoryNode(name="n1", allocatable={"cpu": Decimal(2)})]
@@ -62,7 +70,7 @@ def test_idempotency_and_reopen(tmp_path: pathlib.Path) -> None:
     assert replay.reservation == placed.reservation
     assert isinstance(store.reserve(request("a", "500m"), nodes=NODES, policy=Policy.BINPACK), Conflict)
     committed = store.commit(placed.reservation.id)
-    assert not isinstance(committed, NotFound | NotActive)
+    assert isinstance(committed, StoredReservation)
     assert committed.state is ReservationState.COMMITTED
     assert isinstance(store.commit("nope"), NotFound)
     store.close()

@@ -12,7 +12,7 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from bindery.conformance.kit import CHECKS, DEFAULT_RESOURCE, ConformanceConfig, run_checks
+from bindery.conformance.kit import CHECKS, CONTRACT_VERSIONS, DEFAULT_RESOURCE, ConformanceConfig, run_checks
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ca-file", help="CA bundle to verify the server's certificate")
     parser.add_argument("--client-cert", nargs=2, metavar=("CERT", "KEY"), help="client certificate and key")
     parser.add_argument("--check", action="append", choices=[c.name for c in CHECKS], help="run only these")
+    parser.add_argument(
+        "--contract-version",
+        choices=CONTRACT_VERSIONS,
+        default=CONTRACT_VERSIONS[-1],
+        help="the contract version the RM implements; checks of later versions are skipped (default: newest)",
+    )
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
     return parser
 
@@ -39,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for check in CHECKS:
-            print(f"{check.name:30} {check.description}")
+            print(f"{check.name:30} v{check.since}  {check.description}")
         return 0
     if not args.url:
         parser.error("--url is required to run the checks (only --list works without a server)")
@@ -62,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ca_file=args.ca_file,
         client_cert=tuple(args.client_cert) if args.client_cert else None,
     )
-    results = asyncio.run(run_checks(config, names=args.check))
+    results = asyncio.run(run_checks(config, names=args.check, contract_version=args.contract_version))
     for result in results:
         status = "PASS" if result.passed else "FAIL"
         print(f"{status} {result.check.name}: {result.check.description}")

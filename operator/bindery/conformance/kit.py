@@ -11,11 +11,16 @@ What the server under test must provide (pass other values with ``--resource``/`
   each node's share must be a whole number.  The kit tolerates every taint, so tainted nodes are fine;
 * a bearer token (the kit also checks that a missing or wrong one is refused);
 * uncommitted reservations expire on time (the kit uses a 2-second lease).
+
+Each check says which minor version of v1 introduced what it tests (``Check.since``): an RM that
+implements v1.0 runs ``--contract-version 1.0`` and skips the v1.1 checks (``podUid`` on commit and
+release, renew), which a v1.0 server would fail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import ssl
 import uuid
@@ -27,9 +32,21 @@ import httpx
 
 from bindery.rm.errors import ProblemType
 
-__all__ = ["CHECKS", "Check", "ConformanceConfig", "ConformanceFailure", "Harness", "Result", "run_checks"]
+__all__ = [
+    "CHECKS",
+    "CONTRACT_VERSIONS",
+    "Check",
+    "ConformanceConfig",
+    "ConformanceFailure",
+    "Harness",
+    "Result",
+    "checks_for",
+    "run_checks",
+]
 
 DEFAULT_RESOURCE = "bindery.dev/conformance-slot"
+#: The minor versions of contract v1 the kit knows, oldest first.
+CONTRACT_VERSIONS = ("1.0", "1.1")
 
 
 class ConformanceFailure(AssertionError):
@@ -101,11 +118,22 @@ class Harness:
     async def get(self, reservation_id: str) -> httpx.Response:
         return await self.http.get(f"/v1/reservations/{reservation_id}", headers=self.auth)
 
-    async def commit(self, reservation_id: str) -> httpx.Response:
-        return await self.http.post(f"/v1/reservations/{reservation_id}/commit", json={}, headers=self.auth)
+    async def commit(self, reservation_id: str, *, pod_uid: str | None = None) -> httpx.Response:
+        return await self.http.post(
+            f"/v1/reservations/{reservation_id}/commit", json={}, params=_pod(pod_uid), headers=self.auth
+        )
 
-    async def release(self, reservation_id: str) -> httpx.Response:
-        return await self.http.delete(f"/v1/reservations/{reservation_id}", headers=self.auth)
+    async def release(self, reservation_id: str, *, pod_uid: str | None = None) -> httpx.Response:
+        return await self.http.delete(
+            f"/v1/reservations/{reservation_id}", params=_pod(pod_uid), headers=self.auth
+        )
+
+    async def renew(self, reservation_id: str, *, pod_uid: str, ttl: int) -> httpx.Response:
+        return await self.http.post(
+            f"/v1/reservations/{reservation_id}/renew",
+            json={"podUid": pod_uid, "ttlSeconds": ttl},
+            headers=self.auth,
+        )
 
     async def list_all(self, **params: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -125,6 +153,10 @@ class Harness:
             if reservation_id:
                 await self.release(reservation_id)
         self.created.clear()
+
+
+def _pod(pod_uid: str | None) -> dict[str, str]:
+    return {} if pod_uid is None else {"podUid": pod_uid}
 
 
 def _media(response: httpx.Response) -> str:
@@ -433,10 +465,165 @@ async def check_list_filters_and_pagination(h: Harness) -> None:
     require([c["id"] for c in by_uid] == [made[1]["id"]], "podUid did not filter")
 
 
+async def _expect_unchanged(h: Harness, before: dict[str, Any], what: str) -> None:
+    """The reservation reads exactly as ``before`` (state, node, lease): ``what`` changed nothing."""
+    after = expect_reservation(await h.get(before["id"]), 200, f"GET the reservation after {what}")
+    for key in ("state", "node", "podUid", "expiresAt"):
+        require(
+            after.get(key) == before.get(key),
+            f"{what} was refused but changed {key} from {before.get(key)!r} to {after.get(key)!r}",
+        )
+
+
+async def check_commit_pod_mismatch(h: Harness) -> None:
+    """Commit with another pod's podUid: 409 pod-mismatch, no change; its own pod still commits."""
+    mine = expect_reservation(await h.reserve(h.request_body()), 201, "reserve")
+    other = f"{h.run_id}-another-pod"
+    expect_problem(
+        await h.commit(mine["id"], pod_uid=other), 409, ProblemType.POD_MISMATCH, "commit for another pod"
+    )
+    await _expect_unchanged(h, mine, "a commit for another pod")
+    committed = expect_reservation(
+        await h.commit(mine["id"], pod_uid=mine["podUid"]), 200, "commit for its pod"
+    )
+    require(committed["state"] == "committed", f"a commit for its own pod left it {committed['state']!r}")
+    expect_problem(
+        await h.commit(mine["id"], pod_uid=other),
+        409,
+        ProblemType.POD_MISMATCH,
+        "commit a committed reservation for another pod",
+    )
+
+
+async def check_release_pod_mismatch(h: Harness) -> None:
+    """Release with another pod's podUid: 409 pod-mismatch, capacity still held; its own pod releases."""
+    other = f"{h.run_id}-another-pod"
+    reserved = expect_reservation(await h.reserve(h.request_body()), 201, "reserve")
+    expect_problem(
+        await h.release(reserved["id"], pod_uid=other),
+        409,
+        ProblemType.POD_MISMATCH,
+        "release a reserved reservation for another pod",
+    )
+    await _expect_unchanged(h, reserved, "a release for another pod")
+    committed = expect_reservation(await h.commit(reserved["id"], pod_uid=reserved["podUid"]), 200, "commit")
+    expect_problem(
+        await h.release(committed["id"], pod_uid=other),
+        409,
+        ProblemType.POD_MISMATCH,
+        "release a committed reservation for another pod",
+    )
+    await _expect_unchanged(h, committed, "a release for another pod")
+    # Still held: the pool is full with the rest, so one more does not fit.
+    fill = [
+        expect_reservation(await h.reserve(h.request_body()), 201, "reserve the rest of the pool")
+        for _ in range(h.config.capacity - 1)
+    ]
+    expect_problem(
+        await h.reserve(h.request_body()),
+        409,
+        ProblemType.UNSCHEDULABLE,
+        "reserve while a reservation refused for another pod still holds its slot",
+    )
+    expect_status(await h.release(committed["id"], pod_uid=committed["podUid"]), 204, "release for its pod")
+    after = await h.get(committed["id"])
+    if after.status_code == 200:
+        require(after.json()["state"] == "released", f"after release the state is {after.json()['state']!r}")
+    expect_status(
+        await h.release(committed["id"], pod_uid=other), 204, "release a released reservation for another pod"
+    )
+    expect_reservation(await h.reserve(h.request_body()), 201, "reserve the slot it freed")
+    for item in fill:
+        expect_status(await h.release(item["id"]), 204, "release")
+
+
+async def check_renew_extends_lease(h: Harness) -> None:
+    """Renew moves expiresAt later and keeps a reservation alive past its original lease."""
+    ttl = h.config.ttl_seconds
+    leased = expect_reservation(await h.reserve(h.request_body(ttl=ttl)), 201, "reserve a short lease")
+    renewed = expect_reservation(
+        await h.renew(leased["id"], pod_uid=leased["podUid"], ttl=ttl + 60), 200, "renew"
+    )
+    require(renewed["state"] == "reserved", f"after renew the state is {renewed['state']!r}")
+    require(
+        _instant(renewed.get("expiresAt"), "expiresAt after renew")
+        > _instant(leased.get("expiresAt"), "expiresAt"),
+        f"renew did not move expiresAt later: {leased.get('expiresAt')} → {renewed.get('expiresAt')}",
+    )
+    await asyncio.sleep(ttl + 1.5)
+    alive = expect_reservation(await h.get(leased["id"]), 200, "GET after the original lease ended")
+    require(
+        alive["state"] == "reserved", f"a renewed reservation is {alive['state']!r} after its first lease"
+    )
+    expect_reservation(
+        await h.commit(leased["id"], pod_uid=leased["podUid"]), 200, "commit after the first lease"
+    )
+
+
+async def check_renew_idempotent(h: Harness) -> None:
+    """Renewing twice is fine; renewing a committed reservation answers it unchanged."""
+    first = expect_reservation(await h.reserve(h.request_body()), 201, "reserve")
+    for what in ("renew", "renew again"):
+        again = expect_reservation(await h.renew(first["id"], pod_uid=first["podUid"], ttl=60), 200, what)
+        require(again["id"] == first["id"] and again["state"] == "reserved", f"{what} answered {again}")
+    committed = expect_reservation(await h.commit(first["id"]), 200, "commit")
+    renewed = expect_reservation(
+        await h.renew(first["id"], pod_uid=first["podUid"], ttl=60), 200, "renew a committed reservation"
+    )
+    require(
+        renewed["state"] == "committed" and renewed.get("expiresAt") is None,
+        f"renewing a committed reservation changed it: {committed} → {renewed}",
+    )
+
+
+async def check_renew_refusals(h: Harness) -> None:
+    """Renew: another pod's UID 409 pod-mismatch, released 409 not active, unknown 404, bad body 400."""
+    mine = expect_reservation(await h.reserve(h.request_body()), 201, "reserve")
+    expect_problem(
+        await h.renew(mine["id"], pod_uid=f"{h.run_id}-another-pod", ttl=600),
+        409,
+        ProblemType.POD_MISMATCH,
+        "renew for another pod",
+    )
+    await _expect_unchanged(h, mine, "a renew for another pod")
+    for what, body in (
+        ("an unknown field", {"podUid": mine["podUid"], "ttlSeconds": 60, "colour": "red"}),
+        ("ttlSeconds: 0", {"podUid": mine["podUid"], "ttlSeconds": 0}),
+        ("no podUid", {"ttlSeconds": 60}),
+    ):
+        response = await h.http.post(f"/v1/reservations/{mine['id']}/renew", json=body, headers=h.auth)
+        expect_problem(response, 400, ProblemType.INVALID_REQUEST, f"renew with {what}")
+    await _expect_unchanged(h, mine, "an invalid renew")
+    unknown = f"no-such-reservation-{h.run_id}"
+    expect_problem(
+        await h.renew(unknown, pod_uid=mine["podUid"], ttl=60),
+        404,
+        ProblemType.NOT_FOUND,
+        "renew an unknown id",
+    )
+    expect_status(await h.release(mine["id"]), 204, "release")
+    expect_problem(
+        await h.renew(mine["id"], pod_uid=mine["podUid"], ttl=60),
+        409,
+        ProblemType.RESERVATION_NOT_ACTIVE,
+        "renew a released reservation",
+    )
+
+
+def _instant(value: object, what: str) -> datetime.datetime:
+    if not isinstance(value, str):
+        raise ConformanceFailure(f"{what} must be a date-time string, got {value!r}")
+    try:
+        return datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise ConformanceFailure(f"{what} is not an RFC 3339 date-time: {value!r}") from None
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
     run: Callable[[Harness], Awaitable[None]]
+    since: str = "1.0"  # the contract version that introduced what this check tests
 
     @property
     def description(self) -> str:
@@ -456,6 +643,11 @@ CHECKS: tuple[Check, ...] = (
     Check("ttl-expiry", check_ttl_expiry),
     Check("no-overcommit", check_no_overcommit),
     Check("list-filters-and-pagination", check_list_filters_and_pagination),
+    Check("commit-pod-mismatch", check_commit_pod_mismatch, since="1.1"),
+    Check("release-pod-mismatch", check_release_pod_mismatch, since="1.1"),
+    Check("renew-extends-lease", check_renew_extends_lease, since="1.1"),
+    Check("renew-idempotent", check_renew_idempotent, since="1.1"),
+    Check("renew-refusals", check_renew_refusals, since="1.1"),
 )
 
 
@@ -492,8 +684,24 @@ async def run_check(check: Check, config: ConformanceConfig, http: httpx.AsyncCl
     return Result(check, None)
 
 
-async def run_checks(config: ConformanceConfig, *, names: Sequence[str] | None = None) -> list[Result]:
-    """Run the selected checks (all by default) one after the other."""
-    selected = [check for check in CHECKS if names is None or check.name in names]
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def checks_for(contract_version: str = CONTRACT_VERSIONS[-1]) -> list[Check]:
+    """The checks an RM implementing ``contract_version`` (e.g. ``"1.0"``) must pass."""
+    if contract_version not in CONTRACT_VERSIONS:
+        raise ValueError(f"unknown contract version {contract_version!r}; the kit knows {CONTRACT_VERSIONS}")
+    return [check for check in CHECKS if _version(check.since) <= _version(contract_version)]
+
+
+async def run_checks(
+    config: ConformanceConfig,
+    *,
+    names: Sequence[str] | None = None,
+    contract_version: str = CONTRACT_VERSIONS[-1],
+) -> list[Result]:
+    """Run the selected checks (all of ``contract_version`` by default) one after the other."""
+    selected = [check for check in checks_for(contract_version) if names is None or check.name in names]
     async with http_client(config) as http:
         return [await run_check(check, config, http) for check in selected]
