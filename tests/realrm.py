@@ -1,0 +1,442 @@
+"""Real processes for tests that must survive what a cluster does to them: the reference RM and the
+operator each as its own OS process, and the invariants every scenario ends with.
+
+Why processes and not the in-test fakes: crash safety is only proven by SIGKILL and SIGSTOP of a
+real process, and a leak check only means something when the RM really stores reservations. The
+reference RM runs `bindery rm serve --mirror-nodes` against the test plane, so its inventory is the
+plane's Node objects; the operator runs `bindery run` with a kubeconfig of the caller's choice.
+
+`invariant_violations` is what "nothing leaked, nothing stolen" means, read from the apiserver and
+the RM alone:
+
+- no pod has more than one `Scheduled` event (bound twice, or reported twice);
+- no node has more requested by its bound, non-terminal pods (every namespace, whoever bound
+  them) than its allocatable;
+- every active reservation of the namespace is committed to its pod's node (the pod exists with
+  that UID, bound there, not finished) or reserved for a pod that is still pending;
+- every bound pod of a served scheduler name has a committed reservation on its node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from decimal import Decimal
+from typing import Any, Self
+
+from kubernetes_asyncio import client
+
+from bindery.quantity import format_quantity, parse_quantity
+from bindery.refrm.cli import serve_command, served_url
+from bindery.rm.client import ResourceManagerClient
+from bindery.rm.models import Reservation
+from bindery.scheduling.podspec import effective_requests
+
+TERMINAL = ("Succeeded", "Failed")
+_METRICS = re.compile(rb"serving Prometheus metrics at (http://\S+/metrics)")
+
+
+class ProcessError(AssertionError):
+    """A process of the harness did not start, or died when it should not have."""
+
+
+def _tail(path: pathlib.Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class RMProcess:
+    """The reference RM as its own process, mirroring the plane's Nodes (optionally a labelled pool).
+
+    The first start picks a free port; `restart()` comes back on the same one, so a
+    ResourceManager object pointing at `url` stays valid across a SIGKILL.
+    """
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: pathlib.Path,
+        directory: pathlib.Path,
+        node_selector: str = "",
+        options: Sequence[str] = (),
+    ) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.token = uuid.uuid4().hex
+        self.token_file = directory / "rm-token"
+        self.token_file.write_text(self.token)
+        self.log_path = directory / "rm.log"
+        self._db = directory / "rm.sqlite"
+        self._options = [
+            "--mirror-nodes",
+            "--kubeconfig",
+            str(kubeconfig),
+            *(["--node-selector", node_selector] if node_selector else []),
+            *options,
+        ]
+        self._listen = "127.0.0.1:0"
+        self._process: asyncio.subprocess.Process | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        argv = serve_command(db=self._db, token_file=self.token_file, options=self._options)
+        argv[argv.index("--listen") + 1] = self._listen
+        with self.log_path.open("ab") as log:
+            self._process = await asyncio.create_subprocess_exec(
+                *argv, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+            )
+        assert self._process.stdout is not None
+        try:
+            banner = await asyncio.wait_for(self._process.stdout.readline(), timeout=60)
+        except TimeoutError:
+            banner = b""
+        if not banner:
+            raise ProcessError(f"the reference RM did not start:\n{_tail(self.log_path)}")
+        self.url = served_url(banner)
+        self._listen = self.url.removeprefix("http://")
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "RMProcess.start() was not called"
+        return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        if self.running:
+            assert self._process is not None
+            self._process.send_signal(signum)
+
+    async def wait(self, *, within: float = 30) -> int:
+        assert self._process is not None
+        return await asyncio.wait_for(self._process.wait(), timeout=within)
+
+    async def restart(self) -> None:
+        """SIGKILL (if running) and start again on the same port with the same database."""
+        if self.running:
+            self.kill()
+            await self.wait()
+        await self.start()
+
+    async def stop(self) -> None:
+        if not self.running:
+            return
+        self.kill(signal.SIGTERM)
+        try:
+            await self.wait(within=15)
+        except TimeoutError:
+            self.kill()
+            await self.wait()
+
+    def client(self, **options: Any) -> ResourceManagerClient:
+        return ResourceManagerClient(
+            base_url=self.url, token_file=self.token_file, allow_insecure_http=True, **options
+        )
+
+    async def reservations(self, *, active: bool = True) -> list[Reservation]:
+        """What the RM holds (by default only reserved and committed reservations)."""
+        async with self.client() as rm:
+            items = await rm.list_reservations()
+        return [r for r in items if r.state.active] if active else items
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+class OperatorProcess:
+    """`bindery run` as its own process (its own session, so signals reach it alone)."""
+
+    def __init__(
+        self, *, kubeconfig: pathlib.Path, directory: pathlib.Path, args: Sequence[str] = (), name: str = "op"
+    ) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.log_path = directory / f"{name}.log"
+        self._argv = [
+            sys.executable,
+            "-m",
+            "bindery",
+            "run",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--metrics-addr",
+            "127.0.0.1:0",
+            *args,
+        ]
+        self._process: asyncio.subprocess.Process | None = None
+        self._log_offset = 0
+
+    async def start(self) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            self._process = await asyncio.create_subprocess_exec(
+                *self._argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "OperatorProcess.start() was not called"
+        return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    def log(self) -> str:
+        """What this run of the process has written so far."""
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_offset)
+            return log.read().decode(errors="replace")
+
+    async def wait_for_log(self, pattern: str, *, within: float = 60) -> re.Match[str]:
+        """The first match of `pattern` in this run's log; fails with the log's tail if none comes."""
+        compiled = re.compile(pattern)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while loop.time() < deadline:
+            match = compiled.search(self.log())
+            if match is not None:
+                return match
+            if not self.running:
+                break
+            await asyncio.sleep(0.1)
+        raise ProcessError(f"operator log never matched {pattern!r}:\n{_tail(self.log_path)}")
+
+    async def metrics_url(self, *, within: float = 60) -> str:
+        return (await self.wait_for_log(_METRICS.pattern.decode(), within=within)).group(1)
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        if self.running:
+            assert self._process is not None
+            self._process.send_signal(signum)
+
+    def pause(self) -> None:
+        self.kill(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.kill(signal.SIGCONT)
+
+    async def wait(self, *, within: float = 30) -> int:
+        assert self._process is not None
+        return await asyncio.wait_for(self._process.wait(), timeout=within)
+
+    async def stop(self) -> None:
+        if not self.running:
+            return
+        self.resume()  # a stopped process cannot act on SIGTERM
+        self.kill(signal.SIGTERM)
+        try:
+            await self.wait(within=30)
+        except TimeoutError:
+            self.kill()
+            await self.wait()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+@contextlib.asynccontextmanager
+async def operator_process(
+    *, kubeconfig: pathlib.Path, directory: pathlib.Path, args: Sequence[str] = (), name: str = "op"
+) -> AsyncIterator[OperatorProcess]:
+    """An OperatorProcess for the `async with` block; its log is printed if the block fails."""
+    process = OperatorProcess(kubeconfig=kubeconfig, directory=directory, args=args, name=name)
+    await process.start()
+    try:
+        yield process
+    except BaseException:
+        print(f"--- {name} log (tail) ---\n{_tail(process.log_path, 80)}")
+        raise
+    finally:
+        await process.stop()
+
+
+async def serve_with(
+    api: client.ApiClient,
+    *,
+    rm: RMProcess,
+    name: str,
+    scheduler_names: Sequence[str],
+    namespace: str,
+    **spec: Any,
+) -> dict[str, Any]:
+    """Create the token Secret (in `namespace`) and a ResourceManager for `rm`; returns the object.
+
+    The caller deletes the ResourceManager (cluster-scoped); the Secret goes with the namespace.
+    """
+    secret = f"{name}-token"
+    await client.CoreV1Api(api).create_namespaced_secret(
+        namespace=namespace, body={"metadata": {"name": secret}, "stringData": {"token": rm.token}}
+    )
+    body = {
+        "apiVersion": "bindery.dev/v1alpha1",
+        "kind": "ResourceManager",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerNames": list(scheduler_names),
+            "endpoint": rm.url,
+            "allowInsecureHTTP": True,
+            "auth": {"tokenSecretRef": {"namespace": namespace, "name": secret}},
+            **spec,
+        },
+    }
+    created: dict[str, Any] = await client.CustomObjectsApi(api).create_cluster_custom_object(
+        group="bindery.dev", version="v1alpha1", plural="resourcemanagers", body=body
+    )
+    return created
+
+
+# -- invariants ----------------------------------------------------------------------------------
+
+
+def _node_requests(spec: Mapping[str, Any]) -> dict[str, Decimal]:
+    requests = dict(effective_requests(spec=spec))
+    requests["pods"] = requests.get("pods", Decimal(0)) + 1
+    return requests
+
+
+def overcommitted_nodes(
+    *, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """Pure: one line per node whose bound, non-terminal pods request more than it has."""
+    used: dict[str, dict[str, Decimal]] = collections.defaultdict(dict)
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in TERMINAL:
+            continue
+        for resource, amount in _node_requests(pod.get("spec") or {}).items():
+            used[node][resource] = used[node].get(resource, Decimal(0)) + amount
+    lines = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        for resource, amount in sorted(used.get(name, {}).items()):
+            if resource not in allocatable:
+                continue  # a resource the node does not advertise is not counted by the kubelet either
+            limit = parse_quantity(str(allocatable[resource]))
+            if amount > limit:
+                lines.append(
+                    f"node {name} is overcommitted: {format_quantity(amount)} {resource} requested "
+                    f"of {format_quantity(limit)}"
+                )
+    return lines
+
+
+def reservation_violations(
+    *,
+    reservations: Sequence[Reservation],
+    pods: Sequence[Mapping[str, Any]],
+    namespace: str,
+    scheduler_names: Collection[str],
+) -> list[str]:
+    """Pure: reservations that are not their pod's, and bound pods without a committed reservation."""
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    lines = []
+    committed_for: dict[str, Reservation] = {}
+    for reservation in reservations:
+        if reservation.namespace != namespace or not reservation.state.active:
+            continue
+        where = f"reservation {reservation.id} ({reservation.state.value}, node {reservation.node}) of pod "
+        where += f"{namespace}/{reservation.name} ({reservation.pod_uid})"
+        pod = by_name.get(reservation.name or "")
+        if pod is None or pod["metadata"]["uid"] != reservation.pod_uid:
+            lines.append(f"{where}: the pod is gone or replaced")
+            continue
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if reservation.state.value == "committed":
+            committed_for[reservation.pod_uid] = reservation
+            if bound_to != reservation.node or phase in TERMINAL:
+                lines.append(f"{where}: the pod is on {bound_to or 'no node'} in phase {phase}")
+        elif bound_to:
+            lines.append(f"{where}: still reserved although the pod is bound to {bound_to}")
+    for pod in pods:
+        spec = pod.get("spec") or {}
+        if spec.get("schedulerName") not in scheduler_names or not spec.get("nodeName"):
+            continue
+        if (pod.get("status") or {}).get("phase") in TERMINAL:
+            continue
+        held = committed_for.get(pod["metadata"]["uid"])
+        if held is None or held.node != spec["nodeName"]:
+            lines.append(
+                f"pod {namespace}/{pod['metadata']['name']} is bound to {spec['nodeName']} "
+                "without a committed reservation there"
+            )
+    return lines
+
+
+def double_schedules(events: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Pure: pods with more than one `Scheduled` event (events.k8s.io objects)."""
+    counts = collections.Counter(
+        (e.get("regarding") or {}).get("uid") for e in events if e.get("reason") == "Scheduled"
+    )
+    names = {(e.get("regarding") or {}).get("uid"): (e.get("regarding") or {}).get("name") for e in events}
+    return [f"pod {names[uid]} ({uid}) was scheduled {n} times" for uid, n in counts.items() if n > 1]
+
+
+async def invariant_violations(
+    *, api: client.ApiClient, rm: RMProcess, namespace: str, scheduler_names: Collection[str]
+) -> list[str]:
+    """Everything in the module docstring that does not hold right now, one line each."""
+    core = client.CoreV1Api(api)
+    everywhere = await core.list_pod_for_all_namespaces(
+        field_selector="spec.nodeName!=", _preload_content=False
+    )
+    ours = await core.list_namespaced_pod(namespace, _preload_content=False)
+    nodes = await core.list_node(_preload_content=False)
+    events = await client.EventsV1Api(api).list_namespaced_event(namespace, _preload_content=False)
+    bound_pods: list[dict[str, Any]] = (await everywhere.json())["items"]
+    pods: list[dict[str, Any]] = (await ours.json())["items"]
+    lines = double_schedules((await events.json())["items"])
+    lines += overcommitted_nodes(nodes=(await nodes.json())["items"], pods=bound_pods)
+    lines += reservation_violations(
+        reservations=await rm.reservations(), pods=pods, namespace=namespace, scheduler_names=scheduler_names
+    )
+    return lines
+
+
+async def settled_invariants(
+    *,
+    api: client.ApiClient,
+    rm: RMProcess,
+    namespace: str,
+    scheduler_names: Collection[str],
+    within: float = 60.0,
+) -> float:
+    """Wait until every invariant holds; returns the seconds it took. Fails with the last violations.
+
+    Reserved reservations of pending pods are allowed, so "settled" also needs every pod of
+    `scheduler_names` in `namespace` bound or the caller's own proof that it cannot be.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    lines: list[str] = []
+    while loop.time() - started < within:
+        lines = await invariant_violations(
+            api=api, rm=rm, namespace=namespace, scheduler_names=scheduler_names
+        )
+        if not lines:
+            return loop.time() - started
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"invariants still violated after {within:g}s:\n" + "\n".join(lines))
