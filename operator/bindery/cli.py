@@ -102,7 +102,38 @@ def run_command(argv: Sequence[str]) -> int:
         help="namespace of the Lease (default: $POD_NAMESPACE, else 'default')",
     )
     parser.add_argument("--lease-name", default="bindery", help="name of the Lease (default: bindery)")
+    parser.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        metavar="SECONDS",
+        help="a standby takes the Lease once it has seen it unchanged this long (default: 15)",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="the leader stops binding if it could not renew the Lease for this long (default: 10)",
+    )
+    parser.add_argument(
+        "--retry-period",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often the leader renews and standbys look at the Lease (default: 2)",
+    )
     args = parser.parse_args(argv)
+    from bindery.controller.leader import LeaseTiming
+
+    try:
+        LeaseTiming(
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.metrics_addr is not None:
         from bindery.controller.metrics import parse_address
 
@@ -125,6 +156,9 @@ def run_command(argv: Sequence[str]) -> int:
         leader_election=args.leader_elect,
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name,
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
     )
 
     async def _run() -> None:

@@ -10,7 +10,15 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.controller.embedded import EmbeddedOperator
-from bindery.controller.leader import LeaseTiming, claimed_spec, may_acquire, micro_time
+from bindery.controller.leader import (
+    LeaseTiming,
+    Observation,
+    claimed_spec,
+    may_acquire,
+    micro_time,
+    observe,
+    within_renew_deadline,
+)
 from bindery.controller.options import OperatorOptions
 from bindery.controller.rbac import LEADER_ELECTION_RULES
 from bindery.devcluster.nodes import create_node
@@ -25,21 +33,105 @@ from tests.operator.conftest import (
 from tests.operator.fakerm import FakeRM
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+TIMING = LeaseTiming()  # 15 / 10 / 2 s
 
 
-def _lease(holder: str, renewed: datetime.datetime, duration: int = 15) -> dict[str, object]:
+def _lease(
+    holder: str | None, renewed: datetime.datetime, version: str, duration: int = 15
+) -> dict[str, object]:
     return {
-        "spec": {"holderIdentity": holder, "renewTime": micro_time(renewed), "leaseDurationSeconds": duration}
+        "metadata": {"resourceVersion": version},
+        "spec": {
+            "holderIdentity": holder,
+            "renewTime": micro_time(renewed),
+            "leaseDurationSeconds": duration,
+        },
     }
 
 
-def test_a_held_lease_is_taken_only_after_it_expires() -> None:
-    assert may_acquire(lease=None, identity="me", now=NOW)
-    assert may_acquire(lease=_lease("me", NOW), identity="me", now=NOW)
-    assert not may_acquire(
-        lease=_lease("other", NOW - datetime.timedelta(seconds=10)), identity="me", now=NOW
-    )
-    assert may_acquire(lease=_lease("other", NOW - datetime.timedelta(seconds=16)), identity="me", now=NOW)
+def _watch(records: list[tuple[float, dict[str, object] | None]]) -> Observation | None:
+    """What a standby remembers after reading `records` at the given monotonic times."""
+    seen: Observation | None = None
+    for now, lease in records:
+        seen = observe(previous=seen, lease=lease, now=now)
+    return seen
+
+
+def test_a_held_lease_is_taken_only_after_it_went_unchanged_for_its_duration() -> None:
+    assert may_acquire(observation=None, identity="me", now=100.0)
+    lease = _lease("other", NOW, "1")
+    seen = _watch([(100.0, lease), (110.0, lease)])
+    assert not may_acquire(observation=seen, identity="me", now=110.0)
+    assert not may_acquire(observation=seen, identity="me", now=115.0)  # exactly the duration: not yet
+    assert may_acquire(observation=_watch([(100.0, lease), (115.5, lease)]), identity="me", now=115.5)
+
+
+def test_a_renew_time_far_in_the_past_does_not_expire_a_lease_that_keeps_changing() -> None:
+    """The holder's clock is an hour behind ours: its renewTime always looks stale, yet it renews."""
+    skewed = NOW - datetime.timedelta(hours=1)
+    records: list[tuple[float, dict[str, object] | None]] = [
+        (100.0 + 2 * i, _lease("other", skewed + datetime.timedelta(seconds=2 * i), str(i)))
+        for i in range(30)
+    ]
+    seen = _watch(records)
+    assert seen is not None
+    assert seen.observed_at == 158.0
+    assert not may_acquire(observation=seen, identity="me", now=158.0)
+    assert not may_acquire(observation=seen, identity="me", now=172.0)
+    assert may_acquire(observation=seen, identity="me", now=173.5)  # it stopped changing 15 s ago
+
+
+def test_a_renew_time_in_the_future_does_not_keep_a_dead_lease_alive() -> None:
+    """The holder's clock was ahead when it died: only our own observation counts."""
+    lease = _lease("other", NOW + datetime.timedelta(hours=1), "7")
+    seen = _watch([(100.0, lease), (102.0, lease), (116.0, lease)])
+    assert seen is not None
+    assert seen.observed_at == 100.0
+    assert may_acquire(observation=seen, identity="me", now=116.0)
+
+
+def test_a_new_standby_waits_a_full_duration_even_for_a_stale_looking_lease() -> None:
+    lease = _lease("other", NOW - datetime.timedelta(days=3), "9")
+    seen = _watch([(500.0, lease)])
+    assert not may_acquire(observation=seen, identity="me", now=500.0)
+    assert may_acquire(observation=seen, identity="me", now=515.1)
+
+
+def test_a_released_or_own_lease_is_taken_at_once() -> None:
+    assert may_acquire(observation=_watch([(1.0, _lease(None, NOW, "3"))]), identity="me", now=1.0)
+    assert may_acquire(observation=_watch([(1.0, _lease("", NOW, "3"))]), identity="me", now=1.0)
+    assert may_acquire(observation=_watch([(1.0, _lease("me", NOW, "3"))]), identity="me", now=1.0)
+
+
+def test_only_a_changed_record_moves_the_observation() -> None:
+    first = _lease("other", NOW, "1")
+    seen = _watch([(10.0, first), (12.0, first)])
+    assert seen is not None
+    assert seen.observed_at == 10.0
+    moved = _watch([(10.0, first), (12.0, _lease("other", NOW, "2"))])  # same renewTime, new write
+    assert moved is not None
+    assert moved.observed_at == 12.0
+    assert _watch([(10.0, first), (12.0, None)]) is None
+
+
+def test_the_renew_deadline_is_the_fence() -> None:
+    assert not within_renew_deadline(last_renewal=None, now=5.0, timing=TIMING)
+    assert within_renew_deadline(last_renewal=100.0, now=109.9, timing=TIMING)
+    assert not within_renew_deadline(last_renewal=100.0, now=110.0, timing=TIMING)
+    # A process frozen for longer than the lease finds itself outside at once when it wakes.
+    assert not within_renew_deadline(last_renewal=100.0, now=160.0, timing=TIMING)
+
+
+def test_timing_leaves_room_to_stop_before_the_lease_expires() -> None:
+    assert TIMING.request_timeout == 2.0
+    assert TIMING.pause_budget == 2.5
+    assert TIMING.renew_deadline + TIMING.pause_budget < TIMING.lease_duration
+    short = LeaseTiming(lease_duration=4.0, renew_deadline=3.0, retry_period=1.0)
+    assert short.request_timeout == 1.0
+    assert short.renew_deadline + short.pause_budget < short.lease_duration
+    for unsafe in ((10.0, 10.0, 2.0), (15.0, 10.0, 10.0), (15.0, 10.0, 0.0), (5.0, 10.0, 2.0)):
+        with pytest.raises(ValueError, match="renew deadline"):
+            LeaseTiming(lease_duration=unsafe[0], renew_deadline=unsafe[1], retry_period=unsafe[2])
 
 
 def test_claiming_counts_transitions_and_keeps_acquire_time_while_renewing() -> None:

@@ -4,11 +4,28 @@ Two active replicas would reserve capacity for the same pending pods and release
 reservations, so only the leader schedules. Standbys keep their watches warm and take over when the
 lease expires. Kopf's peering is not used: it pauses operators by priority without a lease and
 without fencing. The lease is updated with the resourceVersion it was read at, so two candidates
-can never both believe they acquired it. A leader that cannot renew within `renew_deadline` stops
-leading (kube-scheduler exits; here the operator stops and its supervisor restarts it).
+can never both believe they acquired it.
 
-The decisions (may I take the lease? is it still mine?) are pure functions of the Lease and the
-clock; only `LeaderElector.run` talks to the apiserver.
+Three rules make the lease a fence and not just a flag:
+
+- **Expiry is judged by observation, never by the holder's clock.** A standby remembers the record
+  as it last saw it (holder, renewTime, resourceVersion) and the moment, on its own monotonic
+  clock, at which it saw that record change; it may take the lease only once `leaseDurationSeconds`
+  have passed on that clock without a change. This is what client-go does (`observedTime`). A
+  `renewTime` far in the past (the holder's clock is behind, or ours is ahead) therefore cannot make
+  a live lease look expired: a leader that keeps renewing keeps changing the record.
+- **The leader's own validity is counted from before its write.** `last_renewal` is the monotonic
+  time at which the successful create/replace was *sent*; a standby observes the new record no
+  earlier than the write landed, so the leader's view of "my lease is good until `last_renewal +
+  renew_deadline`" always ends at least `lease_duration - renew_deadline` before any standby may
+  take over (assuming both monotonic clocks tick at the same rate, not that they agree on the time).
+- **Every lease call is bounded** by `LeaseTiming.request_timeout` and by what is left until the
+  renew deadline, so a hung apiserver connection cannot keep the renew loop from noticing that the
+  deadline passed.
+
+The decisions (what did I observe? may I take the lease? am I still within my renew deadline?) are
+pure functions of the Lease and a monotonic clock reading; only `LeaderElector` talks to the
+apiserver.
 """
 
 from __future__ import annotations
@@ -17,7 +34,8 @@ import asyncio
 import dataclasses
 import datetime
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -28,51 +46,124 @@ Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 @dataclasses.dataclass(frozen=True)
 class LeaseTiming:
+    """kube-scheduler's defaults. `lease_duration > renew_deadline > retry_period` is required."""
+
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                f"lease timing {self.lease_duration:g}/{self.renew_deadline:g}/{self.retry_period:g} s "
+                "is unsafe: it needs lease duration > renew deadline > retry period > 0, so that a "
+                "leader stops before its lease can expire; use e.g. kube-scheduler's 15/10/2"
+            )
+
+    @property
+    def request_timeout(self) -> float:
+        """Bound of one lease call (get, create or replace): a retry period, and never more than a
+        third of the renew deadline, so several attempts fit before the leader must give up."""
+        return min(self.retry_period, self.renew_deadline / 3)
+
+    @property
+    def pause_budget(self) -> float:
+        """How long a leader that missed its renew deadline may take to stop its cycles: half the gap
+        between the renew deadline and the lease's expiry, leaving the other half as a margin for
+        Bindings already on the wire. A pause that overruns it makes the process exit."""
+        return (self.lease_duration - self.renew_deadline) / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """The Lease record as this replica last saw it, and when (its monotonic clock) it last changed."""
+
+    holder: str | None
+    renew_time: str | None
+    resource_version: str | None
+    lease_duration: float
+    observed_at: float
+
+    def same_record(self, other: Observation) -> bool:
+        return (self.holder, self.renew_time, self.resource_version, self.lease_duration) == (
+            other.holder,
+            other.renew_time,
+            other.resource_version,
+            other.lease_duration,
+        )
 
 
 def micro_time(moment: datetime.datetime) -> str:
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(value: object) -> datetime.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+def observe(
+    *, previous: Observation | None, lease: Mapping[str, Any] | None, now: float
+) -> Observation | None:
+    """Pure: the record in `lease` as seen at monotonic time `now`.
 
-
-def may_acquire(*, lease: Mapping[str, Any] | None, identity: str, now: datetime.datetime) -> bool:
-    """Pure: the lease is absent, ours, released, or expired."""
+    `observed_at` moves only when the record differs from `previous`: an unchanged record keeps the
+    time it was first seen, which is what expiry is counted from. No Lease → None.
+    """
     if lease is None:
-        return True
+        return None
     spec = lease.get("spec") or {}
-    holder = spec.get("holderIdentity")
-    if not holder or holder == identity:
+    seen = Observation(
+        holder=spec.get("holderIdentity") or None,
+        renew_time=spec.get("renewTime") or None,
+        resource_version=(lease.get("metadata") or {}).get("resourceVersion"),
+        lease_duration=float(spec.get("leaseDurationSeconds") or 0),
+        observed_at=now,
+    )
+    if previous is not None and previous.same_record(seen):
+        return previous
+    return seen
+
+
+def may_acquire(*, observation: Observation | None, identity: str, now: float) -> bool:
+    """Pure: the lease is absent, ours, released, or unchanged for its whole duration on our clock."""
+    if observation is None or not observation.holder or observation.holder == identity:
         return True
-    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
-    duration = float(spec.get("leaseDurationSeconds") or 0)
-    return renewed is None or renewed + datetime.timedelta(seconds=duration) < now
+    return observation.observed_at + observation.lease_duration < now
+
+
+def within_renew_deadline(*, last_renewal: float | None, now: float, timing: LeaseTiming) -> bool:
+    """Pure: may a leader whose last successful renewal was sent at `last_renewal` still act?
+
+    This is the fence: past the renew deadline a leader starts no Binding and stops its cycles,
+    whether or not it has noticed yet that its renewals fail (a process that was stopped and
+    resumed finds itself past it at once).
+    """
+    return last_renewal is not None and now - last_renewal < timing.renew_deadline
 
 
 def claimed_spec(
     *, lease: Mapping[str, Any] | None, identity: str, now: datetime.datetime, timing: LeaseTiming
 ) -> dict[str, Any]:
-    """Pure: the Lease spec that makes `identity` the holder (keeps acquireTime while renewing)."""
+    """Pure: the Lease spec that makes `identity` the holder (keeps acquireTime while renewing).
+
+    `renewTime` is informational only (for people and for other tools); no replica of Bindery
+    judges expiry by it.
+    """
     spec = dict((lease or {}).get("spec") or {})
     renewing = spec.get("holderIdentity") == identity
     transitions = int(spec.get("leaseTransitions") or 0)
     return {
         "holderIdentity": identity,
-        "leaseDurationSeconds": int(timing.lease_duration),
+        "leaseDurationSeconds": max(1, round(timing.lease_duration)),
         "acquireTime": spec.get("acquireTime") if renewing else micro_time(now),
         "renewTime": micro_time(now),
         "leaseTransitions": transitions if renewing or lease is None else transitions + 1,
     }
 
 
+class LeaseLost(Exception):
+    """Another replica holds the lease: this one is no longer the leader."""
+
+
 class LeaderElector:
+    """One candidacy: `acquire()` until the lease is ours, then `renew()` until it is lost."""
+
     def __init__(
         self,
         *,
@@ -82,85 +173,131 @@ class LeaderElector:
         identity: str,
         timing: LeaseTiming | None = None,
         logger: Logger,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._coordination = client.CoordinationV1Api(api)
         self._namespace = namespace
         self._name = name
         self.identity = identity
-        self._timing = timing or LeaseTiming()
+        self.timing = timing or LeaseTiming()
         self._logger = logger
-        self.leading = asyncio.Event()
-        self.lost = asyncio.Event()
+        self._clock = clock
+        self.observation: Observation | None = None
+        #: monotonic time the last successful claim was sent; None until the lease is ours
+        self.last_renewal: float | None = None
 
-    async def run(self) -> None:
-        """Acquire, then renew until renewing fails for `renew_deadline`; then set `lost` and return."""
+    @property
+    def lease(self) -> str:
+        return f"Lease {self._namespace}/{self._name}"
+
+    def holds(self) -> bool:
+        """The fence: the lease is ours and the renew deadline has not passed (monotonic clock)."""
+        return within_renew_deadline(last_renewal=self.last_renewal, now=self._clock(), timing=self.timing)
+
+    async def acquire(self) -> None:
+        """Return once the lease is ours; try every retry period."""
         while True:
-            if await self._try_claim():
+            if await self._try_claim(within=self.timing.request_timeout):
                 break
-            await asyncio.sleep(self._timing.retry_period)
-        self._logger.info(
-            f"became the leader (Lease {self._namespace}/{self._name}, identity {self.identity})"
-        )
-        self.leading.set()
-        loop = asyncio.get_running_loop()
-        last_renewal = loop.time()
+            await asyncio.sleep(self.timing.retry_period)
+        self._logger.info(f"became the leader ({self.lease}, identity {self.identity})")
+
+    async def renew(self) -> None:
+        """Renew every retry period; return when the renew deadline passed without a renewal, or
+        at once when another replica is seen holding the lease."""
         while True:
-            await asyncio.sleep(self._timing.retry_period)
-            if await self._try_claim():
-                last_renewal = loop.time()
-            elif loop.time() - last_renewal > self._timing.renew_deadline:
-                self._logger.error(f"lost the Lease {self._namespace}/{self._name}: stopped leading")
-                self.leading.clear()
-                self.lost.set()
+            assert self.last_renewal is not None, "renew() before acquire()"
+            left = self.last_renewal + self.timing.renew_deadline - self._clock()
+            await asyncio.sleep(max(0.0, min(self.timing.retry_period, left)))
+            left = self.last_renewal + self.timing.renew_deadline - self._clock()
+            if left <= 0:
+                self._logger.error(
+                    f"could not renew the {self.lease} within the renew deadline "
+                    f"({self.timing.renew_deadline:g} s): stopped leading"
+                )
+                return
+            try:
+                await self._try_claim(within=min(self.timing.request_timeout, left))
+            except LeaseLost as lost:
+                self._logger.error(f"lost the {self.lease}: {lost}; stopped leading")
                 return
 
     async def release(self) -> None:
         """Give the Lease up on a graceful stop so a standby takes over at once, not after expiry."""
+        self.last_renewal = None  # whatever happens below, this replica no longer acts as leader
         try:
-            lease = await self._read()
-            spec = dict((lease or {}).get("spec") or {})
-            if lease is None or spec.get("holderIdentity") != self.identity:
-                return
-            spec["holderIdentity"] = None
-            body = {"metadata": {"name": self._name, "resourceVersion": lease["metadata"]["resourceVersion"]}}
-            await self._coordination.replace_namespaced_lease(
-                name=self._name, namespace=self._namespace, body={**body, "spec": spec}
-            )
-        except (client.ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
-            self._logger.warning(f"could not release the Lease {self._namespace}/{self._name}: {exc}")
-        finally:
-            self.leading.clear()
-
-    async def _try_claim(self) -> bool:
-        now = datetime.datetime.now(datetime.UTC)
-        try:
-            lease = await self._read()
-            if not may_acquire(lease=lease, identity=self.identity, now=now):
-                return False
-            spec = claimed_spec(lease=lease, identity=self.identity, now=now, timing=self._timing)
-            if lease is None:
-                await self._coordination.create_namespaced_lease(
-                    namespace=self._namespace, body={"metadata": {"name": self._name}, "spec": spec}
-                )
-            else:
-                body = {
-                    "metadata": {"name": self._name, "resourceVersion": lease["metadata"]["resourceVersion"]}
-                }
+            async with asyncio.timeout(self.timing.request_timeout * 2):
+                lease = await self._read(within=self.timing.request_timeout)
+                spec = dict((lease or {}).get("spec") or {})
+                if lease is None or spec.get("holderIdentity") != self.identity:
+                    return
+                spec["holderIdentity"] = None
+                metadata = {"name": self._name, "resourceVersion": lease["metadata"]["resourceVersion"]}
                 await self._coordination.replace_namespaced_lease(
-                    name=self._name, namespace=self._namespace, body={**body, "spec": spec}
+                    name=self._name,
+                    namespace=self._namespace,
+                    body={"metadata": metadata, "spec": spec},
+                    _request_timeout=self.timing.request_timeout,
                 )
+        except (client.ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
+            self._logger.warning(f"could not release the {self.lease}: {exc}; it expires on its own")
+
+    async def _try_claim(self, *, within: float) -> bool:
+        """Read the lease and write it as ours if we may; bounded by `within` seconds in all.
+
+        Raises `LeaseLost` when we were the leader and the lease shows another holder.
+        """
+        sent = self._clock()
+        try:
+            async with asyncio.timeout(within):
+                lease = await self._read(within=within)
+                self.observation = observe(previous=self.observation, lease=lease, now=self._clock())
+                if not may_acquire(observation=self.observation, identity=self.identity, now=self._clock()):
+                    if self.last_renewal is not None:
+                        holder = self.observation.holder if self.observation else None
+                        raise LeaseLost(f"it is held by {holder}")
+                    return False
+                sent = self._clock()
+                written = await self._write(lease=lease, within=within)
         except client.ApiException as exc:
             if exc.status not in (404, 409):  # 409: someone else wrote it first
-                self._logger.warning(f"Lease {self._namespace}/{self._name}: HTTP {exc.status} {exc.reason}")
+                self._logger.warning(f"{self.lease}: HTTP {exc.status} {exc.reason}")
             return False
-        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-            self._logger.warning(f"Lease {self._namespace}/{self._name}: {exc}")
+        except TimeoutError:
+            self._logger.warning(f"{self.lease}: no answer within {within:g} s")
             return False
+        except (OSError, aiohttp.ClientError) as exc:
+            self._logger.warning(f"{self.lease}: {exc}")
+            return False
+        self.last_renewal = sent
+        self.observation = observe(previous=self.observation, lease=written, now=sent)
         return True
 
-    async def _read(self) -> dict[str, Any] | None:
+    async def _write(self, *, lease: Mapping[str, Any] | None, within: float) -> dict[str, Any]:
+        now = datetime.datetime.now(datetime.UTC)
+        spec = claimed_spec(lease=lease, identity=self.identity, now=now, timing=self.timing)
+        if lease is None:
+            written = await self._coordination.create_namespaced_lease(
+                namespace=self._namespace,
+                body={"metadata": {"name": self._name}, "spec": spec},
+                _request_timeout=within,
+            )
+        else:
+            metadata = {"name": self._name, "resourceVersion": lease["metadata"]["resourceVersion"]}
+            written = await self._coordination.replace_namespaced_lease(
+                name=self._name,
+                namespace=self._namespace,
+                body={"metadata": metadata, "spec": spec},
+                _request_timeout=within,
+            )
+        body: dict[str, Any] = self._coordination.api_client.sanitize_for_serialization(written)
+        return body
+
+    async def _read(self, *, within: float) -> dict[str, Any] | None:
         try:
-            lease = await self._coordination.read_namespaced_lease(name=self._name, namespace=self._namespace)
+            lease = await self._coordination.read_namespaced_lease(
+                name=self._name, namespace=self._namespace, _request_timeout=within
+            )
         except client.ApiException as exc:
             if exc.status == 404:
                 return None

@@ -19,7 +19,6 @@ import datetime
 import logging
 import pathlib
 import tempfile
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,7 +33,8 @@ from bindery.config import (
     route_scheduler_names,
 )
 from bindery.controller.connection import connection_info, load_configuration, resolve_environment_once
-from bindery.controller.leader import LeaderElector, LeaseTiming
+from bindery.controller.leader import LeaseTiming
+from bindery.controller.leadership import FencedBinder, Leadership
 from bindery.controller.metrics import Metrics, MetricsServer, parse_address
 from bindery.controller.options import OperatorOptions
 from bindery.controller.profiles import ProfileRunner, plugins_for
@@ -87,7 +87,21 @@ class Runtime:
         self._credential_errors: dict[str, str] = {}
         self._reconciled: set[str] = set()
         self._leading = not options.leader_election  # without election this replica always leads
-        self._elector_task: asyncio.Task[None] | None = None
+        self._leadership: Leadership | None = None
+        if options.leader_election:  # leadership.py owns the Lease; _set_leading is all it calls
+            self._leadership = Leadership(
+                namespace=options.lease_namespace,
+                name=options.lease_name,
+                hostname=options.hostname,
+                timing=LeaseTiming(
+                    lease_duration=options.lease_duration,
+                    renew_deadline=options.renew_deadline,
+                    retry_period=options.retry_period,
+                ),
+                logger=logger,
+                on_started=lambda: self._set_leading(True),
+                on_stopped=lambda: self._set_leading(False),
+            )
         self._statuses: dict[str, Mapping[str, Any]] = {}
         self._probe_task: asyncio.Task[None] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -105,7 +119,7 @@ class Runtime:
         self._ports = Ports(
             nodes=IndexNodeLookup(index=node_index),
             pods=self.pods,
-            binder=self._binder,
+            binder=self._binder if self._leadership is None else self._fenced_binder(self._binder),
             events=self._events,
             conditions=self._conditions,
         )
@@ -117,8 +131,8 @@ class Runtime:
                 f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics"
             )
         self._probe_task = asyncio.create_task(self._probe_forever(), name="bindery RM probes")
-        if self.options.leader_election:
-            self._elector_task = asyncio.create_task(self._elect_forever(), name="bindery leader election")
+        if self._leadership is not None:
+            self._leadership.start(api=self._api)
 
     async def connection_info(self) -> kopf.ConnectionInfo:
         # Reloaded on every login so rotated in-cluster tokens and kubeconfig edits are picked up.
@@ -126,10 +140,8 @@ class Runtime:
         return connection_info(configuration=configuration)
 
     async def close(self) -> None:
-        if self._elector_task is not None:
-            self._elector_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._elector_task
+        if self._leadership is not None:
+            await self._leadership.close()
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -418,37 +430,9 @@ class Runtime:
                     if changed and name in self.bodies:
                         await self._write_status(name)
 
-    async def _elect_forever(self) -> None:
-        """Lead while holding the Lease; on losing it, stop scheduling and stand by again."""
-        while True:
-            elector = LeaderElector(
-                api=self.api,
-                namespace=self.options.lease_namespace,
-                name=self.options.lease_name,
-                identity=f"{self.options.hostname}_{uuid.uuid4().hex[:8]}",
-                timing=LeaseTiming(
-                    lease_duration=self.options.lease_duration,
-                    renew_deadline=self.options.renew_deadline,
-                    retry_period=self.options.retry_period,
-                ),
-                logger=self.logger,
-            )
-            election = asyncio.create_task(elector.run(), name="bindery lease")
-            elected = asyncio.create_task(elector.leading.wait())
-            try:
-                await asyncio.wait({election, elected}, return_when=asyncio.FIRST_COMPLETED)
-                if elector.leading.is_set():
-                    await self._set_leading(True)
-                await election
-            except Exception as exc:
-                self.logger.error(f"leader election failed: {exc}; retrying")
-                await asyncio.sleep(self.options.retry_period)
-            finally:
-                election.cancel()
-                elected.cancel()
-                await self._set_leading(False)
-                if elector.leading.is_set():
-                    await asyncio.wait_for(elector.release(), timeout=self.options.retry_period)
+    def _fenced_binder(self, binder: KubeBinder) -> FencedBinder:
+        assert self._leadership is not None
+        return FencedBinder(binder=binder, holds=self._leadership.holds, logger=self.logger)
 
     async def _set_leading(self, leading: bool) -> None:
         async with self._lock:

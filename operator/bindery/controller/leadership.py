@@ -1,0 +1,195 @@
+"""Leadership, in a room of its own: the election loop, the fence, and how leading starts and stops.
+
+The runtime learns about leadership through two callbacks only — `on_started` (activate every
+profile) and `on_stopped` (pause every profile) — and asks one question, `holds()`, on the path
+that writes a Binding (`FencedBinder`). Everything about Leases stays here and in `leader.py`.
+
+A term, end to end:
+
+1. Stand by: read the Lease every retry period; take it once the record has not changed for its
+   whole duration on this replica's monotonic clock (`leader.may_acquire`).
+2. Lead: `on_started` runs while the lease keeps being renewed every retry period, each call
+   bounded (`LeaseTiming.request_timeout`).
+3. Stop at the renew deadline (or at once when another holder is seen): from that instant
+   `holds()` is False, so no new Binding leaves this process; then `on_stopped` pauses every
+   profile, which cancels the cycles in flight (they release their reservations; a cycle already in
+   its Binding keeps its reservation for the reconciler or the pod's next cycle, which reuses it).
+   The pause has `LeaseTiming.pause_budget` (half of lease duration minus renew deadline) to finish,
+   so it ends before any standby can take the lease. **If it does not, the process exits** (status
+   1), as kube-scheduler does whenever it loses its lease: a process that cannot stop its own
+   cycles in time cannot be trusted to stop them later, and the Deployment restarts it as a
+   standby. Exiting loses the orderly release of in-flight reservations, which the new leader's
+   reconciliation or the reservations' TTL settle.
+4. Stand by again with a fresh identity (a new candidacy; the old term's writes are not ours).
+
+A process that was frozen (SIGSTOP, a long GC or VM pause) wakes past its renew deadline: `holds()`
+is already False before any of its coroutines resumes, so a cycle that wakes up in the middle
+cannot send its Binding; it waits there until the pause cancels it. What no lease can fence is a
+Binding already on the wire when the process froze; the apiserver refuses a second Binding of the
+same pod (409), and the new leader reuses the old one's reservation (the RM keys reservations by
+pod UID), so that late write binds the pod exactly once and on a live reservation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, NoReturn
+
+from kubernetes_asyncio import client
+
+from bindery.controller.leader import LeaderElector, LeaseTiming
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import Binder
+
+Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+def _exit(status: int) -> NoReturn:
+    logging.shutdown()
+    os._exit(status)
+
+
+class Leadership:
+    """Runs candidacies one after another; tells the runtime when it starts and stops leading."""
+
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        hostname: str,
+        timing: LeaseTiming,
+        logger: Logger,
+        on_started: Callable[[], Coroutine[Any, Any, None]],
+        on_stopped: Callable[[], Coroutine[Any, Any, None]],
+        exit_process: Callable[[int], NoReturn] = _exit,
+    ) -> None:
+        self._namespace = namespace
+        self._name = name
+        self._hostname = hostname
+        self.timing = timing
+        self._logger = logger
+        self._on_started = on_started
+        self._on_stopped = on_stopped
+        self._exit = exit_process
+        self._elector: LeaderElector | None = None
+        self._task: asyncio.Task[None] | None = None
+        #: terms that ended (lost or released); tests and metrics read it
+        self.terms_ended = 0
+
+    def holds(self) -> bool:
+        """The fence: this replica leads and is inside its renew deadline right now."""
+        return self._elector is not None and self._elector.holds()
+
+    def start(self, *, api: client.ApiClient) -> None:
+        self._task = asyncio.create_task(self._elect_forever(api=api), name="bindery leader election")
+
+    async def close(self) -> None:
+        """Graceful stop: stop leading (pause every profile), then hand the lease over at once."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _elect_forever(self, *, api: client.ApiClient) -> None:
+        while True:
+            elector = LeaderElector(
+                api=api,
+                namespace=self._namespace,
+                name=self._name,
+                identity=f"{self._hostname}_{uuid.uuid4().hex[:8]}",
+                timing=self.timing,
+                logger=self._logger,
+            )
+            try:
+                await elector.acquire()
+            except Exception as exc:  # a bug or an unexpected answer: stand by again, never crash
+                self._logger.error(f"leader election failed: {exc}; retrying")
+                await asyncio.sleep(self.timing.retry_period)
+                continue
+            graceful = True
+            self._elector = elector
+            started = asyncio.create_task(self._on_started(), name="bindery start leading")
+            try:
+                await elector.renew()
+                graceful = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._logger.error(f"renewing the {elector.lease} failed: {exc}; stopped leading")
+                graceful = False
+            finally:
+                await self._stop_leading(elector=elector, started=started, graceful=graceful)
+
+    async def _stop_leading(
+        self, *, elector: LeaderElector, started: asyncio.Task[None], graceful: bool
+    ) -> None:
+        """Pause every profile; within the pause budget unless this is a graceful shutdown."""
+        self._elector = None  # the fence closes before anything else happens
+        self.terms_ended += 1
+        started.cancel()
+
+        async def stop() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await started
+            await self._on_stopped()
+
+        stopping = asyncio.create_task(stop(), name="bindery stop leading")
+        if graceful:
+            await asyncio.shield(stopping)
+            await elector.release()
+            return
+        done, _ = await asyncio.wait({stopping}, timeout=self.timing.pause_budget)
+        if not done:
+            self._logger.critical(
+                f"could not stop the scheduling cycles within {self.timing.pause_budget:g} s of losing "
+                f"the {elector.lease}; exiting so that a process which may still be binding cannot "
+                "overlap the next leader (the Deployment restarts this replica as a standby)"
+            )
+            self._exit(1)
+        try:
+            stopping.result()
+        except Exception as exc:
+            self._logger.error(f"pausing the profiles after losing the {elector.lease} failed: {exc}")
+
+
+class FencedBinder:
+    """A Binder that sends nothing unless `holds()`: a replica past its renew deadline never binds.
+
+    Refusing by raising would make the cycle report a failure on the pod (an Event and a condition
+    written by a replica that is not the leader) and release a reservation the next leader may
+    reuse. Instead the Binding waits, unsent, for the pause that always follows a lost lease: the
+    cycle is cancelled there like any cycle cancelled by a pause.
+    """
+
+    def __init__(self, *, binder: Binder, holds: Callable[[], bool], logger: Logger) -> None:
+        self._binder = binder
+        self._holds = holds
+        self._logger = logger
+        #: Bindings withheld because the lease was not held (tests and logs read it)
+        self.withheld = 0
+
+    async def bind(  # the Binder protocol's signature: `timeout` is the Binding's own bound
+        self,
+        *,
+        pod: PodInfo,
+        node: str,
+        annotations: Mapping[str, str],
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        if not self._holds():
+            self.withheld += 1
+            self._logger.warning(
+                f"not binding pod {pod.key} to {node}: this replica no longer holds the lease; "
+                "the cycle ends when scheduling pauses"
+            )
+            await asyncio.Event().wait()  # cancelled by the pause
+        if timeout is None:
+            await self._binder.bind(pod=pod, node=node, annotations=annotations)
+        else:
+            await self._binder.bind(pod=pod, node=node, annotations=annotations, timeout=timeout)
