@@ -115,9 +115,18 @@ class FakeBinder:
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
         self.error: BaseException | None = None
+        self.timeouts: list[float | None] = []  # per bind call
 
-    async def bind(self, *, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(  # `timeout`: the Binding's own bound, derived from the lease
+        self,
+        *,
+        pod: PodInfo,
+        node: str,
+        annotations: Mapping[str, str],
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
         self.calls.record("binder.bind", pod=pod.uid, node=node, annotations=dict(annotations))
+        self.timeouts.append(timeout)
         if self.error is not None:
             raise self.error
 
@@ -126,9 +135,18 @@ class FakeEvents:
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
         self.error: BaseException | None = None
+        self.timeouts: list[float | None] = []  # per scheduled call
 
-    async def scheduled(self, *, pod: PodInfo, node: str, scheduler_name: str) -> None:
+    async def scheduled(
+        self,
+        *,
+        pod: PodInfo,
+        node: str,
+        scheduler_name: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
         self.calls.record("events.scheduled", pod=pod.uid, node=node, scheduler_name=scheduler_name)
+        self.timeouts.append(timeout)
         if self.error is not None:
             raise self.error
 

@@ -12,7 +12,11 @@ same write, so no extra PATCH is needed.
 A 409 is ambiguous: the pod may already be on our node (a lost response to our own earlier
 request), on another node (someone else won), gated, terminating, or replaced (UID precondition).
 The apiserver's message says `pod X is already assigned to node "n1"` when the pod is bound, so the
-current node is parsed from the answer: no read on any path.
+current node is parsed from the answer. Being on our node is not enough to call it ours: another
+scheduler, or a stale cycle of ours with an older reservation, may have bound it there. So on that
+409 only, the pod is read once (within what is left of the attempt's timeout) and the conflict names
+its UID and reservation annotation; if that read gets no answer, the Binding's fate is as unknown as
+an unanswered one. The success path reads nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +32,8 @@ import aiohttp
 from kubernetes_asyncio import client
 
 from bindery.kube.counters import WriteCounter
+from bindery.kube.reads import read_pod
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import BindConflict, BindError, PodGone
 
@@ -35,6 +42,7 @@ from bindery.scheduling.ports import BindConflict, BindError, PodGone
 #: up on a request after 60 s by default, and a Binding normally takes milliseconds.
 BIND_TIMEOUT_SECONDS = 30.0
 RECENTLY_BOUND = 10_000  # the watch reports a bound pod leaving the selector within seconds
+_MIN_READ_SECONDS = 0.5  # the read after a 409 gets at least this long (inside the lease margin)
 _ASSIGNED = re.compile(r'is already assigned to node "([^"]+)"')
 
 
@@ -55,12 +63,21 @@ class KubeBinder:
         """Whether this binder bound (or is binding) the pod: its DELETED event then means "left scope"."""
         return uid in self._bound
 
-    async def bind(self, *, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(  # `timeout`: the cycle's bound for this attempt (within the lease)
+        self,
+        *,
+        pod: PodInfo,
+        node: str,
+        annotations: Mapping[str, str],
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
         body = binding_body(pod=pod, node=node, annotations=annotations)
+        limit = self._timeout if timeout is None else min(self._timeout, timeout)
+        started = time.monotonic()
         # Remembered before the POST: the watch may report the pod leaving before the answer arrives.
         self._remember(pod.uid)
         try:
-            status, payload = await self._post_binding(pod=pod, body=body)
+            status, payload = await self._post_binding(pod=pod, body=body, limit=limit)
         except BaseException:
             self._bound.pop(pod.uid, None)
             raise
@@ -71,16 +88,44 @@ class KubeBinder:
         if status == 404:
             raise PodGone(f"pod {pod.namespace}/{pod.name} no longer exists: {message}")
         if status == 409:
-            raise BindConflict(
-                f"the apiserver refused to bind pod {pod.namespace}/{pod.name}: {message}",
-                current_node=assigned_node(message),
-            )
+            current = assigned_node(message)
+            refused = f"the apiserver refused to bind pod {pod.namespace}/{pod.name}: {message}"
+            if current != node:
+                raise BindConflict(refused, current_node=current)
+            uid, holder = await self._holder(pod=pod, node=node, left=limit - (time.monotonic() - started))
+            raise BindConflict(refused, current_node=current, pod_uid=uid, reservation_id=holder)
         raise BindError(
             f"binding pod {pod.namespace}/{pod.name} to node {node!r} failed: HTTP {status}: {message}",
             status=status,
         )
 
-    async def _post_binding(self, *, pod: PodInfo, body: dict[str, Any]) -> tuple[int, bytes]:
+    async def _holder(self, *, pod: PodInfo, node: str, left: float) -> tuple[str | None, str | None]:
+        """Who holds the pod on our node: its UID and reservation annotation (one read).
+
+        Raises BindError without a status if the read gets no answer: the Binding may be ours.
+        """
+        try:
+            body = await read_pod(
+                core=self._core,
+                namespace=pod.namespace,
+                name=pod.name,
+                timeout_seconds=max(left, _MIN_READ_SECONDS),
+            )
+        except (client.ApiException, aiohttp.ClientError, TimeoutError) as exc:
+            raise BindError(
+                f"binding pod {pod.namespace}/{pod.name}: the apiserver says it is already on node "
+                f"{node!r}, and reading the pod to see whether our Binding put it there failed: "
+                f"{exc or type(exc).__name__}"
+            ) from exc
+        if body is None:
+            raise PodGone(f"pod {pod.namespace}/{pod.name} no longer exists")
+        metadata = body.get("metadata") or {}
+        annotations = metadata.get("annotations") or {}
+        holder = annotations.get(RESERVATION_ANNOTATION)
+        uid = metadata.get("uid")
+        return (str(uid) if uid else None), (str(holder) if holder else None)
+
+    async def _post_binding(self, *, pod: PodInfo, body: dict[str, Any], limit: float) -> tuple[int, bytes]:
         self._counter.add(kind="binding")
         try:
             response = await self._core.create_namespaced_pod_binding(
@@ -88,7 +133,7 @@ class KubeBinder:
                 namespace=pod.namespace,
                 body=body,
                 _preload_content=False,
-                _request_timeout=self._timeout,
+                _request_timeout=limit,
             )
             try:
                 return int(response.status), await response.read()

@@ -8,6 +8,11 @@ touched and other writers' conditions survive (kube-scheduler's PatchPodStatus d
 `metadata.uid` in the patch makes the apiserver refuse it if the name now belongs to another pod.
 An identical condition already written for this pod is not written again (a pod retried on
 backoff would otherwise cost a write per attempt).
+
+`observedGeneration` is the pod's `metadata.generation` the decision was made on, as kube-scheduler
+1.36 writes it on PodScheduled=False (`podutil.CalculatePodConditionObservedGeneration`, with the
+PodObservedGenerationTracking gate GA and locked on since 1.35); Bindery's own PodScheduled=True
+correction carries it too. Each PATCH has a timeout (the generated client's default is 5 minutes).
 """
 
 from __future__ import annotations
@@ -22,22 +27,39 @@ from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import PodGone
 
 MESSAGE_LIMIT = 4096
+#: The longest one PATCH of pods/status may take; it normally takes milliseconds.
+CONDITION_TIMEOUT_SECONDS = 10.0
 
 
-def condition_patch(*, uid: str, reason: str, message: str, now: datetime.datetime) -> dict[str, Any]:
-    return _pod_scheduled(uid=uid, status="False", reason=reason, message=message[:MESSAGE_LIMIT], now=now)
+def condition_patch(
+    *, uid: str, reason: str, message: str, now: datetime.datetime, generation: int | None = None
+) -> dict[str, Any]:
+    return _pod_scheduled(
+        uid=uid,
+        status="False",
+        reason=reason,
+        message=message[:MESSAGE_LIMIT],
+        now=now,
+        generation=generation,
+    )
 
 
-def scheduled_patch(*, uid: str, now: datetime.datetime) -> dict[str, Any]:
+def scheduled_patch(*, uid: str, now: datetime.datetime, generation: int | None = None) -> dict[str, Any]:
     """`PodScheduled=True` as the Binding sets it; null drops the failed attempt's reason and message."""
-    return _pod_scheduled(uid=uid, status="True", reason=None, message=None, now=now)
+    return _pod_scheduled(uid=uid, status="True", reason=None, message=None, now=now, generation=generation)
 
 
 def _pod_scheduled(
-    *, uid: str, status: str, reason: str | None, message: str | None, now: datetime.datetime
+    *,
+    uid: str,
+    status: str,
+    reason: str | None,
+    message: str | None,
+    now: datetime.datetime,
+    generation: int | None,
 ) -> dict[str, Any]:
     """A strategic-merge patch of the PodScheduled condition, refused if the name is another pod's."""
-    condition = {
+    condition: dict[str, Any] = {
         "type": "PodScheduled",
         "status": status,
         "reason": reason,
@@ -45,32 +67,52 @@ def _pod_scheduled(
         "lastProbeTime": None,
         "lastTransitionTime": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+    if generation:
+        condition["observedGeneration"] = generation
     return {"metadata": {"uid": uid}, "status": {"conditions": [condition]}}
 
 
 class KubeConditionWriter:
-    def __init__(self, *, api: client.ApiClient, counter: WriteCounter | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        counter: WriteCounter | None = None,
+        timeout: float = CONDITION_TIMEOUT_SECONDS,
+    ) -> None:
         self._core = client.CoreV1Api(api)
         self._counter = counter or WriteCounter()
+        self._timeout = timeout
         self._written: dict[str, tuple[str, str]] = {}
 
     async def pod_scheduled_false(self, *, pod: PodInfo, reason: str, message: str) -> None:
         if self._written.get(pod.uid) == (reason, message):
             return
         body = condition_patch(
-            uid=pod.uid, reason=reason, message=message, now=datetime.datetime.now(datetime.UTC)
+            uid=pod.uid,
+            reason=reason,
+            message=message,
+            now=datetime.datetime.now(datetime.UTC),
+            generation=pod.generation,
         )
         await self._patch(pod=pod, body=body)
         self._written[pod.uid] = (reason, message)
 
     async def pod_scheduled_true(self, *, pod: PodInfo) -> None:
-        await self._patch(pod=pod, body=scheduled_patch(uid=pod.uid, now=datetime.datetime.now(datetime.UTC)))
+        body = scheduled_patch(
+            uid=pod.uid, now=datetime.datetime.now(datetime.UTC), generation=pod.generation
+        )
+        await self._patch(pod=pod, body=body)
         self._written.pop(pod.uid, None)
 
     async def _patch(self, *, pod: PodInfo, body: dict[str, Any]) -> None:
         self._counter.add(kind="condition")
         response = await self._core.patch_namespaced_pod_status(
-            name=pod.name, namespace=pod.namespace, body=body, _preload_content=False
+            name=pod.name,
+            namespace=pod.namespace,
+            body=body,
+            _preload_content=False,
+            _request_timeout=self._timeout,
         )
         try:
             if response.status == 404:

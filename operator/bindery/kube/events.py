@@ -7,6 +7,10 @@ eventTime, and the object name `<pod>.<hex nanoseconds>` as client-go's event re
 
 Repeats are throttled by the cycle (bindery.scheduling.throttle), so this sink writes every event
 it is asked to write.
+
+Every POST has a timeout: the generated client waits up to 5 minutes by default, and the
+`Scheduled` event sits between the Binding and the commit of the pod's reservation, whose lease
+must not run out meanwhile (the cycle passes a shorter `timeout` when the lease requires it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from bindery.kube.counters import WriteCounter
 from bindery.scheduling.podspec import PodInfo
 
 NOTE_LIMIT = 1024  # events.k8s.io rejects notes longer than 1 kB
+#: The longest one event POST may take; an event normally takes milliseconds.
+EVENT_TIMEOUT_SECONDS = 10.0
 
 
 def reporting_instance(*, scheduler_name: str, hostname: str | None = None) -> str:
@@ -76,12 +82,21 @@ class KubeEventSink:
         api: client.ApiClient,
         counter: WriteCounter | None = None,
         hostname: str | None = None,
+        timeout: float = EVENT_TIMEOUT_SECONDS,
     ) -> None:
         self._events = client.EventsV1Api(api)
         self._counter = counter or WriteCounter()
         self._hostname = hostname or socket.gethostname()
+        self._timeout = timeout
 
-    async def scheduled(self, *, pod: PodInfo, node: str, scheduler_name: str) -> None:
+    async def scheduled(  # `timeout`: the cycle's bound (within the reservation's lease)
+        self,
+        *,
+        pod: PodInfo,
+        node: str,
+        scheduler_name: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
         await self._create(
             pod=pod,
             scheduler_name=scheduler_name,
@@ -89,6 +104,7 @@ class KubeEventSink:
             reason="Scheduled",
             action="Binding",
             note=f"Successfully assigned {pod.namespace}/{pod.name} to {node}",
+            limit=self._timeout if timeout is None else min(self._timeout, timeout),
         )
 
     async def failed_scheduling(self, *, pod: PodInfo, message: str, scheduler_name: str) -> None:
@@ -99,6 +115,7 @@ class KubeEventSink:
             reason="FailedScheduling",
             action="Scheduling",
             note=message,
+            limit=self._timeout,
         )
 
     async def _create(
@@ -110,6 +127,7 @@ class KubeEventSink:
         reason: str,
         action: str,
         note: str,
+        limit: float,
     ) -> None:
         body = event_body(
             pod=pod,
@@ -124,7 +142,7 @@ class KubeEventSink:
         )
         self._counter.add(kind="event")
         response = await self._events.create_namespaced_event(
-            namespace=pod.namespace, body=body, _preload_content=False
+            namespace=pod.namespace, body=body, _preload_content=False, _request_timeout=limit
         )
         try:
             if response.status >= 300:

@@ -14,9 +14,16 @@ from typing import Any
 from kubernetes_asyncio import client
 
 
-async def read_pod(*, core: client.CoreV1Api, namespace: str, name: str) -> dict[str, Any] | None:
-    """The pod's current body, or None if it does not exist; raises ApiException on other answers."""
-    response = await core.read_namespaced_pod(name=name, namespace=namespace, _preload_content=False)
+async def read_pod(
+    *, core: client.CoreV1Api, namespace: str, name: str, timeout_seconds: float | None = None
+) -> dict[str, Any] | None:
+    """The pod's current body, or None if it does not exist; raises ApiException on other answers.
+
+    ``timeout_seconds`` bounds the request; the generated client's own default is 5 minutes.
+    """
+    response = await core.read_namespaced_pod(
+        name=name, namespace=namespace, _preload_content=False, _request_timeout=timeout_seconds
+    )
     try:
         if response.status == 404:
             return None

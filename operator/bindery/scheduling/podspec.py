@@ -66,6 +66,8 @@ class PodInfo:
     #: ``metadata.resourceVersion`` of the copy this projection was made from; events name it in
     #: ``regarding`` as kube-scheduler's do. Not a placement input: a status write changes it.
     resource_version: str | None = None
+    #: ``metadata.generation`` (bumped by spec changes): PodScheduled's ``observedGeneration``.
+    generation: int | None = None
 
     @property
     def key(self) -> str:
@@ -122,6 +124,7 @@ class PodInfo:
             labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
             unschedulable_condition=_unschedulable_condition(status),
             resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
+            generation=int(metadata["generation"]) if metadata.get("generation") else None,
         )
 
 

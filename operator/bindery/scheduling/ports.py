@@ -79,16 +79,36 @@ class Binder(Protocol):
     bound by mistake) and ``annotations`` in its metadata (the apiserver copies them onto the pod).
 
     Raises :class:`BindConflict` on 409, :class:`PodGone` on 404, :class:`BindError` otherwise.
+    ``timeout`` (seconds) bounds the request (the cycle derives it from the reservation's lease);
+    ``None`` leaves the adapter's own limit.
     """
 
-    async def bind(self, *, pod: PodInfo, node: str, annotations: Mapping[str, str]) -> None: ...
+    async def bind(  # `timeout`: the Binding's own bound, derived from the lease
+        self,
+        *,
+        pod: PodInfo,
+        node: str,
+        annotations: Mapping[str, str],
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None: ...
 
 
 class EventSink(Protocol):
     """Writes events.k8s.io/v1 Events as kube-scheduler does (reportingController = scheduler name)."""
 
-    async def scheduled(self, *, pod: PodInfo, node: str, scheduler_name: str) -> None:
-        """Normal ``Scheduled``, action ``Binding``, note ``Successfully assigned <ns>/<name> to <node>``."""
+    async def scheduled(
+        self,
+        *,
+        pod: PodInfo,
+        node: str,
+        scheduler_name: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        """Normal ``Scheduled``, action ``Binding``, note ``Successfully assigned <ns>/<name> to <node>``.
+
+        ``timeout`` bounds the request (the reservation is committed after it); ``None`` leaves the
+        adapter's own limit.
+        """
         ...
 
     async def failed_scheduling(self, *, pod: PodInfo, message: str, scheduler_name: str) -> None:
@@ -130,8 +150,11 @@ class BindConflict(Exception):
 
     ``current_node`` is the node the pod is already assigned to when the apiserver says so (``pod
     X is already assigned to node "n1"``), else ``None`` (UID precondition failed, the pod is being
-    deleted, or has scheduling gates).  A conflict naming the node we chose is a lost response, i.e.
-    success; any other conflict means we lost.  ``message`` goes into the pod's event verbatim.
+    deleted, or has scheduling gates).  When it is set, ``pod_uid`` and ``reservation_id`` say who
+    holds the pod there: its UID and its ``bindery.dev/reservation-id`` annotation, as read after
+    the conflict.  A conflict naming the node we chose is a lost response (success) only if the pod
+    carries our reservation and UID; otherwise another scheduler, or a stale cycle, bound it.
+    ``message`` goes into the pod's event verbatim.
     """
 
     def __init__(
@@ -139,10 +162,14 @@ class BindConflict(Exception):
         message: str = "the apiserver refused the Binding (409 Conflict)",
         *,
         current_node: str | None = None,
+        pod_uid: str | None = None,
+        reservation_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.current_node = current_node
+        self.pod_uid = pod_uid
+        self.reservation_id = reservation_id
 
 
 class PodGone(Exception):
