@@ -20,6 +20,7 @@ from bindery.scheduling.throttle import EventThrottle
 from tests.scheduling.fakes import (
     Calls,
     FakeBinder,
+    FakeClock,
     FakeConditions,
     FakeEvents,
     FakeNodes,
@@ -217,7 +218,9 @@ async def test_pod_deleted_during_bind_is_released_silently(world: World) -> Non
 
 
 async def test_conflict_naming_the_chosen_node_is_a_lost_response_and_succeeds(world: World) -> None:
-    world.binder.error = BindConflict('pod web is already assigned to node "n1"', current_node="n1")
+    world.binder.error = BindConflict(
+        'pod web is already assigned to node "n1"', current_node="n1", pod_uid="uid-web", reservation_id="r1"
+    )
     result = await world.run()
     assert result.bound
     assert world.calls.count("rm.release") == 0
@@ -506,7 +509,12 @@ async def test_unanswered_binding_is_retried_and_a_landed_first_attempt_counts_a
             await super().bind(**kwargs)
             if self.calls.count("binder.bind") == 1:
                 raise BindError("binding pod ns/web timed out")
-            raise BindConflict('pod web is already assigned to node "n1"', current_node="n1")
+            raise BindConflict(
+                'pod web is already assigned to node "n1"',
+                current_node="n1",
+                pod_uid="uid-web",
+                reservation_id="r1",
+            )
 
     world.binder = FirstLandsButTimesOut(world.calls)
     result = await world.run(plugins=PluginSet(bind=(binder,)))
@@ -560,3 +568,165 @@ async def test_cancellation_during_bind_keeps_the_reservation(world: World) -> N
     with pytest.raises(asyncio.CancelledError):
         await task
     assert world.calls.count("rm.release") == 0
+
+
+# -- the 409 that names our node -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("holder", "uid"), [("r-stale", "uid-web"), (None, "uid-web"), ("r1", "uid-other")])
+async def test_conflict_naming_our_node_is_success_only_with_our_reservation_and_uid(
+    world: World, holder: str | None, uid: str
+) -> None:
+    """Someone else (another scheduler, or a stale cycle with an older reservation) bound the pod to
+    the very node the RM chose: it is not our Binding, so our reservation is released, nothing is
+    committed and nothing is reported."""
+    world.binder.error = BindConflict(
+        'pod web is already assigned to node "n1"', current_node="n1", pod_uid=uid, reservation_id=holder
+    )
+    result = await world.run()
+    assert result.outcome is Outcome.DROPPED
+    assert result.released
+    assert world.calls.count("rm.commit") == 0
+    assert world.calls.count("rm.release") == 1
+    assert world.writes() == ["binder.bind"]
+    assert result.failure is not None
+    assert result.failure.kind is FailureKind.BOUND_ELSEWHERE
+
+
+# -- the lease: every call ends before it, renewed when it runs low ------------------------------
+
+
+class LeaseWorld:
+    """A fake monotonic clock the fake ports advance, as slow calls would."""
+
+    def __init__(self, world: World, *, ttl: int = 60) -> None:
+        self.world = world
+        self.ttl = ttl
+        self.clock = FakeClock(start=1000.0)
+        self.started: list[tuple[str, float, float | None]] = []  # (call, at, timeout)
+
+    async def sleep(self, delay: float) -> None:
+        self.clock.advance(delay)
+
+    async def run(self, **changes: Any) -> CycleOutcome:
+        from bindery.scheduling.defaults import DefaultBinder
+
+        changes.setdefault("plugins", PluginSet(bind=(DefaultBinder(sleep=self.sleep),)))
+        return await self.world.run(reservation_ttl_seconds=self.ttl, clock=self.clock.now, **changes)
+
+
+def _slow_binder(lease: LeaseWorld, outcomes: list[str]) -> FakeBinder:
+    """A binder whose attempts take their whole timeout and go unanswered ("lost"), or answer at once."""
+
+    class Slow(FakeBinder):
+        async def bind(self, **kwargs: Any) -> None:
+            timeout = kwargs.get("timeout")
+            lease.started.append(("bind", lease.clock.now(), timeout))
+            await super().bind(**kwargs)
+            outcome = outcomes.pop(0)
+            if outcome == "lost":
+                lease.clock.advance(timeout if timeout is not None else 30.0)
+                raise BindError("binding pod ns/web failed: the apiserver did not answer: timeout")
+
+    return Slow(lease.world.calls)
+
+
+async def test_a_binding_retry_that_could_outlast_the_lease_renews_it_first(world: World) -> None:
+    lease = LeaseWorld(world)
+    world.binder = _slow_binder(lease, ["lost", "ok"])
+    result = await lease.run()
+    assert result.bound
+    assert world.calls.names() == [
+        "rm.reserve",
+        "pods.get",
+        "nodes.get",
+        "binder.bind",
+        "rm.renew",
+        "binder.bind",
+        "events.scheduled",
+        "rm.commit",
+    ]
+    assert world.writes() == ["binder.bind", "binder.bind", "events.scheduled"]  # renewal is RM traffic
+    (first_at, first_timeout), (second_at, second_timeout) = [(at, t) for _, at, t in lease.started]
+    assert first_timeout is not None
+    assert first_at + first_timeout <= 1000.0 + 60 - 10
+    renewed_at = first_at + first_timeout + 0.2  # the retry delay
+    assert second_timeout is not None
+    assert second_at + second_timeout <= renewed_at + 60 - 10
+
+
+async def test_no_binding_attempt_outlasts_a_lease_that_cannot_be_renewed(world: World) -> None:
+    """A v1.0 RM cannot renew: every attempt ends before the lease (minus the margin); once too
+    little is left, the cycle stops, keeping the reservation of the unanswered attempts."""
+    from bindery.rm.errors import RMUnsupported
+
+    lease = LeaseWorld(world)
+    world.rm.renew_error = RMUnsupported("contract v1.0: no renew")
+    world.binder = _slow_binder(lease, ["lost"] * 3)
+    result = await lease.run()
+    assert result.failure is not None
+    assert result.failure.kind is FailureKind.BIND_UNCONFIRMED
+    assert world.calls.count("rm.release") == 0
+    assert lease.started, "at least one attempt"
+    for _, at, timeout in lease.started:
+        assert timeout is not None
+        assert at + timeout <= 1000.0 + 60 - 10
+    assert world.calls.count("binder.bind") == 2  # the third would start with too little left
+
+
+async def test_a_binding_is_not_sent_on_a_replayed_reservation_about_to_expire(world: World) -> None:
+    """The reservation came back with its old expiresAt (an earlier, unanswered cycle) and the RM
+    cannot renew it: the Binding is not sent at all; the reservation is released and the pod retried."""
+    import datetime
+
+    from bindery.rm.errors import RMUnsupported
+
+    lease = LeaseWorld(world)
+    world.rm.renew_error = RMUnsupported("contract v1.0: no renew")
+    reserve = world.rm.reserve
+
+    async def replayed(request: Any, /) -> Any:
+        reservation = await reserve(request)
+        soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
+        return reservation.model_copy(update={"expires_at": soon})
+
+    world.rm.reserve = replayed  # type: ignore[method-assign]
+    result = await lease.run()
+    assert result.outcome is Outcome.ERROR
+    assert world.calls.count("binder.bind") == 0
+    assert world.calls.count("rm.renew") == 1
+    assert world.calls.count("rm.release") == 1
+    assert result.released
+    assert result.failure is not None
+    assert "lease" in result.failure.message
+
+
+async def test_the_scheduled_event_post_is_bounded_by_the_lease(world: World) -> None:
+    from bindery.rm.errors import RMUnsupported
+    from bindery.scheduling.lease import margin_for
+
+    lease = LeaseWorld(world, ttl=40)
+    world.rm.renew_error = RMUnsupported("contract v1.0: no renew")
+
+    class SlowBind(FakeBinder):
+        async def bind(self, **kwargs: Any) -> None:
+            await super().bind(**kwargs)
+            lease.clock.advance(29.0)  # answered just inside its 30 s timeout: 11 s of the lease left
+
+    world.binder = SlowBind(world.calls)
+    result = await lease.run()
+    assert result.bound
+    assert world.calls.count("rm.renew") == 1  # less than a third of the lease was left
+    (timeout,) = world.events.timeouts
+    assert timeout is not None
+    assert 0 < timeout <= 40 - 29 - margin_for(40)
+    assert world.calls.count("rm.commit") == 1
+
+
+async def test_a_fresh_lease_costs_no_renewal(world: World) -> None:
+    lease = LeaseWorld(world)
+    result = await lease.run()
+    assert result.bound
+    assert world.calls.count("rm.renew") == 0
+    assert world.binder.timeouts == [30.0]
+    assert world.events.timeouts == [10.0]

@@ -27,6 +27,7 @@ EXPECTED: dict[FailureKind, tuple[Outcome, bool, str]] = {
     FailureKind.BIND_CONFLICT: (Outcome.ERROR, True, "SchedulerError"),
     FailureKind.BIND_ERROR: (Outcome.ERROR, True, "SchedulerError"),
     FailureKind.BIND_UNCONFIRMED: (Outcome.ERROR, True, "SchedulerError"),
+    FailureKind.LEASE_EXPIRED: (Outcome.ERROR, True, "SchedulerError"),
     FailureKind.INTERNAL: (Outcome.ERROR, True, "SchedulerError"),
     FailureKind.BOUND_ELSEWHERE: (Outcome.DROPPED, False, "SchedulerError"),
     FailureKind.POD_GONE: (Outcome.DROPPED, False, "SchedulerError"),

@@ -62,6 +62,7 @@ class FailureKind(enum.StrEnum):
     BIND_CONFLICT = "BindConflict"  # 409 on the Binding without a known current node
     BIND_ERROR = "BindError"  # the apiserver refused the Binding otherwise
     BIND_UNCONFIRMED = "BindUnconfirmed"  # no answer to the Binding: it may have been applied
+    LEASE_EXPIRED = "LeaseExpired"  # no Binding sent: the reservation may expire first (no renew)
     BOUND_ELSEWHERE = "BoundElsewhere"  # 409: someone else bound the pod to another node
     POD_GONE = "PodGone"  # deleted, recreated with another UID, or left the pending set
     INTERNAL = "InternalError"  # a bug: an exception nobody expected
@@ -124,6 +125,7 @@ _TABLE: dict[FailureKind, tuple[Outcome, bool, str]] = {
     FailureKind.BIND_CONFLICT: _ERROR,
     FailureKind.BIND_ERROR: _ERROR,
     FailureKind.BIND_UNCONFIRMED: _ERROR,
+    FailureKind.LEASE_EXPIRED: _ERROR,
     FailureKind.INTERNAL: _ERROR,
     FailureKind.BOUND_ELSEWHERE: _SILENT,
     FailureKind.POD_GONE: _SILENT,

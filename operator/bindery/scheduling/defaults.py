@@ -9,24 +9,34 @@ Every default is always enabled; configuration only adds plugins (or replaces th
 * PreBind: :class:`PodStillPending` (the pod still exists with the same UID and is unbound, as the
   watch sees it) then :class:`NodeCheck` (the RM's node passes the checks of ``spec.nodeCheck``).
 * Bind: :class:`DefaultBinder`, a Binding with the pod UID precondition and the reservation id
-  annotation; a 409 that names the chosen node is a lost response, i.e. success.
+  annotation; a 409 that names the chosen node is a lost response, i.e. success, but only if the
+  pod there carries our reservation and UID (else someone else bound it).
 * PostBind: :class:`ScheduledEvent` (kube-scheduler's ``Scheduled`` event) then
   :class:`CommitReservation`.
 
 Only the Binding and the event write to the apiserver; the PreBind checks read the watch caches.
+
+The reservation is a lease (:mod:`bindery.scheduling.lease`): the Reserve plugin records when it
+runs out, and every later call of the cycle (each Binding attempt, the event) gets a timeout that
+ends before it, renewing the lease first when it runs low (contract v1.1, RM traffic only).  On an
+RM that cannot renew, no Binding is sent on a lease that may have run out: the reservation is
+released and the pod retried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 
 import pydantic
 
-from bindery.rm.errors import RMConflict
+from bindery.rm.errors import RMConflict, RMUnsupported
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
+from bindery.scheduling.lease import MIN_CALL_SECONDS, Lease, Step, lease_from_answer, plan_call
 from bindery.scheduling.nodecheck import check_node
 from bindery.scheduling.podspec import reservation_request
 from bindery.scheduling.ports import BindConflict, BindError
@@ -40,6 +50,7 @@ __all__ = [
     "PodStillPending",
     "ResourceManagerReservation",
     "ScheduledEvent",
+    "call_budget",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,6 +58,14 @@ log = logging.getLogger(__name__)
 #: ``ctx.state`` key set by :class:`CommitReservation` when the commit failed.
 COMMIT_FAILED = "CommitReservation/failed"
 _RELEASED = "ResourceManagerReservation/released"
+_LEASE = "ResourceManagerReservation/lease"
+_NOT_RENEWABLE = "ResourceManagerReservation/not-renewable"
+
+#: The longest one Binding attempt may take (the lease may allow less); a Binding normally takes
+#: milliseconds, and the apiserver itself gives up on a request after 60 s.
+BIND_ATTEMPT_SECONDS = 30.0
+#: The longest the ``Scheduled`` event POST may take (the lease may allow less).
+EVENT_SECONDS = 10.0
 
 
 def _failure(ctx: CycleContext, error: BaseException, stage: Stage, plugin: str) -> Status:
@@ -55,6 +74,61 @@ def _failure(ctx: CycleContext, error: BaseException, stage: Stage, plugin: str)
             error=error, stage=stage, rm_name=ctx.profile.name, node=ctx.node, plugin=plugin
         )
     )
+
+
+async def call_budget(ctx: CycleContext, *, cap: float, needed: float = MIN_CALL_SECONDS) -> float | None:
+    """Seconds the cycle's next call may take so that it ends before the reservation's lease does.
+
+    Renews the lease first when it runs low (at most once per call; RM traffic only).  ``None``: no
+    call fits any more (the RM could not renew), so the caller must not start it.  Without a lease
+    (no RM reservation in this cycle) the call gets ``cap``.
+    """
+    lease = ctx.state.get(_LEASE)
+    if not isinstance(lease, Lease):
+        return cap
+    plan = plan_call(
+        lease=lease,
+        now=ctx.profile.clock(),
+        cap=cap,
+        needed=needed,
+        renewable=not ctx.state.get(_NOT_RENEWABLE),
+    )
+    if plan.step is Step.RENEW:
+        lease = await _renew(ctx, lease)
+        plan = plan_call(lease=lease, now=ctx.profile.clock(), cap=cap, needed=needed, renewable=False)
+    return plan.timeout if plan.step is Step.CALL else None
+
+
+async def _renew(ctx: CycleContext, lease: Lease) -> Lease:
+    """The renewed lease; the old one if the RM cannot renew now; an ended one if it is gone."""
+    ttl = ctx.profile.reservation_ttl_seconds
+    sent_at, sent_at_wall = ctx.profile.clock(), datetime.now(UTC)
+    try:
+        renewed = await ctx.profile.client.renew(lease.reservation_id, pod_uid=ctx.pod.uid, ttl_seconds=ttl)
+    except RMUnsupported as error:
+        ctx.state[_NOT_RENEWABLE] = True
+        log.info("cannot renew reservation %s of pod %s: %s", lease.reservation_id, ctx.pod.key, error)
+        return lease
+    except RMConflict as error:  # no longer active (expired, released) or not this pod's
+        ctx.state[_NOT_RENEWABLE] = True
+        log.warning(
+            "reservation %s of pod %s can no longer be renewed: %s", lease.reservation_id, ctx.pod.key, error
+        )
+        return dataclasses.replace(lease, expires=sent_at)
+    except Exception as error:
+        log.warning(
+            "renewing reservation %s of pod %s failed (%s); going on with what is left of its lease",
+            lease.reservation_id,
+            ctx.pod.key,
+            error,
+        )
+        return lease
+    ctx.reservation = renewed
+    renewed_lease = lease_from_answer(
+        reservation=renewed, ttl_seconds=ttl, sent_at=sent_at, sent_at_wall=sent_at_wall
+    )
+    ctx.state[_LEASE] = renewed_lease
+    return renewed_lease
 
 
 class ResourceManagerReservation:
@@ -74,10 +148,17 @@ class ResourceManagerReservation:
                     plugin=self.name,
                 )
             )
+        sent_at, sent_at_wall = ctx.profile.clock(), datetime.now(UTC)
         try:
             ctx.reservation = await ctx.profile.client.reserve(request)
         except Exception as error:
             return _failure(ctx, error, Stage.RESERVE, self.name)
+        ctx.state[_LEASE] = lease_from_answer(
+            reservation=ctx.reservation,
+            ttl_seconds=ctx.profile.reservation_ttl_seconds,
+            sent_at=sent_at,
+            sent_at_wall=sent_at_wall,
+        )
         return Status.success()
 
     async def unreserve(self, *, ctx: CycleContext) -> None:
@@ -144,7 +225,10 @@ class DefaultBinder:
 
     A Binding that got no answer (timeout, connection reset) may or may not have been applied.
     Retrying it is safe: the UID precondition keeps it from binding a replacement pod, and if the
-    first attempt landed the retry gets a 409 naming our node, which is success.  If every attempt
+    first attempt landed the retry gets a 409 naming our node, which is success when the pod there
+    carries our reservation id and UID (anything else is someone else's Binding: release, silently).
+    Each attempt's timeout ends before the reservation's lease (renewed first when it runs low); if
+    the lease leaves no time and cannot be renewed, no further attempt is sent.  If every attempt
     goes unanswered the outcome stays unknown, and the reservation is *kept* (see
     ``FailureKind.BIND_UNCONFIRMED``) until the pod is seen bound (commit), gone or bound elsewhere
     (release), or scheduled again (its next cycle reuses it): releasing the capacity of a pod that
@@ -158,26 +242,36 @@ class DefaultBinder:
         *,
         retry_delays: Sequence[float] = (0.2, 1.0),
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        attempt_seconds: float = BIND_ATTEMPT_SECONDS,
     ) -> None:
         self._retry_delays = tuple(retry_delays)
         self._sleep = sleep
+        self._attempt_seconds = attempt_seconds
 
     async def bind(self, *, ctx: CycleContext) -> Status:
         if ctx.reservation is None:
             return Status.error("no reservation was made before Bind; is the Reserve chain intact?")
         node = ctx.reservation.node
-        annotations = {RESERVATION_ANNOTATION: ctx.reservation.id}
+        reservation_id = ctx.reservation.id
+        annotations = {RESERVATION_ANNOTATION: reservation_id}
+        needed, unanswered = MIN_CALL_SECONDS, 0
         for delay in (*self._retry_delays, None):
+            timeout = await call_budget(ctx, cap=self._attempt_seconds, needed=needed)
+            if timeout is None:
+                return Status.failed(self._out_of_lease(ctx, unanswered=unanswered))
             try:
-                await ctx.ports.binder.bind(pod=ctx.pod, node=node, annotations=annotations)
+                await ctx.ports.binder.bind(pod=ctx.pod, node=node, annotations=annotations, timeout=timeout)
             except BindConflict as conflict:
-                if conflict.current_node == node:
+                if conflict.current_node != node:
+                    return _failure(ctx, conflict, Stage.BIND, self.name)
+                if conflict.reservation_id == reservation_id and conflict.pod_uid == ctx.pod.uid:
                     log.info("pod %s was already bound to %s (a lost response): success", ctx.pod.key, node)
                     return Status.success()
-                return _failure(ctx, conflict, Stage.BIND, self.name)
+                return Status.failed(self._someone_elses(ctx, conflict, node=node))
             except BindError as error:
                 if error.status is not None or delay is None:
                     return _failure(ctx, error, Stage.BIND, self.name)
+                unanswered, needed = unanswered + 1, timeout
                 log.info("binding pod %s got no answer (%s); retrying in %g s", ctx.pod.key, error, delay)
                 await self._sleep(delay)
             except Exception as error:
@@ -186,15 +280,78 @@ class DefaultBinder:
                 return Status.success()
         raise AssertionError("unreachable: the last attempt always returns")
 
+    def _someone_elses(self, ctx: CycleContext, conflict: BindConflict, *, node: str) -> Failure:
+        """409 naming our node, but the pod there is not bound with our reservation (or is another pod)."""
+        assert ctx.reservation is not None
+        if conflict.pod_uid != ctx.pod.uid:
+            holder = f"a pod with UID {conflict.pod_uid} now holds its name"
+        elif conflict.reservation_id is None:
+            holder = "it carries no Bindery reservation"
+        else:
+            holder = f"it carries reservation {conflict.reservation_id}"
+        return Failure(
+            kind=FailureKind.BOUND_ELSEWHERE,
+            message=(
+                f'the pod was bound to node "{node}" by someone else: {holder}, not ours '
+                f"({ctx.reservation.id})"
+            ),
+            stage=Stage.BIND,
+            plugin=self.name,
+        )
+
+    def _out_of_lease(self, ctx: CycleContext, *, unanswered: int) -> Failure:
+        """No time is left on the lease for a Binding attempt, and it could not be renewed."""
+        assert ctx.reservation is not None
+        ttl = ctx.profile.reservation_ttl_seconds
+        if unanswered:
+            return Failure(
+                kind=FailureKind.BIND_UNCONFIRMED,
+                message=(
+                    f"binding pod {ctx.pod.key} to node {ctx.reservation.node!r} got no answer "
+                    f"({unanswered} attempts), and reservation {ctx.reservation.id}'s {ttl} s lease leaves "
+                    "no time for another and could not be renewed; its reservation is kept until Bindery "
+                    "sees whether the Binding was applied"
+                ),
+                stage=Stage.BIND,
+                plugin=self.name,
+            )
+        return Failure(
+            kind=FailureKind.LEASE_EXPIRED,
+            message=(
+                f"reservation {ctx.reservation.id} on node {ctx.reservation.node!r} may expire before a "
+                f"Binding could be answered (its {ttl} s lease is nearly over and resource manager "
+                f'"{ctx.profile.name}" could not renew it), so no Binding was sent; released it and '
+                "retrying. If this repeats, raise spec.reservationTTLSeconds or upgrade the resource "
+                "manager to contract v1.1 (renew)"
+            ),
+            stage=Stage.BIND,
+            plugin=self.name,
+        )
+
 
 class ScheduledEvent:
     """PostBind: the ``Scheduled`` event, exactly as kube-scheduler writes it."""
 
     name = "ScheduledEvent"
 
+    def __init__(self, *, timeout_seconds: float = EVENT_SECONDS) -> None:
+        self._timeout_seconds = timeout_seconds
+
     async def post_bind(self, *, ctx: CycleContext) -> None:
-        if ctx.node is not None:
-            await ctx.ports.events.scheduled(pod=ctx.pod, node=ctx.node, scheduler_name=ctx.scheduler_name)
+        if ctx.node is None:
+            return
+        timeout = await call_budget(ctx, cap=self._timeout_seconds)
+        if timeout is None:  # the commit that follows matters more than the event
+            log.warning(
+                "not writing the Scheduled event of pod %s (bound to %s): the reservation's lease is "
+                "nearly over and could not be renewed, so it is committed at once",
+                ctx.pod.key,
+                ctx.node,
+            )
+            return
+        await ctx.ports.events.scheduled(
+            pod=ctx.pod, node=ctx.node, scheduler_name=ctx.scheduler_name, timeout=timeout
+        )
 
 
 class CommitReservation:

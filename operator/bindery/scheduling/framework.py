@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from bindery.scheduling.nodecheck import NodeCheckMode
@@ -197,6 +199,8 @@ class Profile:
     backoff_max_seconds: float = 10.0
     max_in_flight: int = 16
     plugins: PluginSet = PluginSet()
+    #: The monotonic clock reservation leases are measured on (see bindery.scheduling.lease).
+    clock: Callable[[], float] = time.monotonic
 
 
 @dataclasses.dataclass(eq=False, slots=True)
