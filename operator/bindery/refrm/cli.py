@@ -63,8 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--db", type=pathlib.Path, required=True, help="SQLite file holding the reservations")
     source = serve.add_mutually_exclusive_group(required=True)
-    source.add_argument("--inventory", type=pathlib.Path, help="YAML inventory file (nodes and allocatable)")
-    source.add_argument("--mirror-nodes", action="store_true", help="mirror the cluster's Node objects")
+    source.add_argument(
+        "--inventory",
+        type=pathlib.Path,
+        help="YAML inventory file (nodes and allocatable); the RM owns these nodes exclusively: it counts "
+        "only its own reservations, so nothing else may run pods there",
+    )
+    source.add_argument(
+        "--mirror-nodes",
+        action="store_true",
+        help="mirror the cluster's Node objects, and count every pod bound to them (needs get/list/watch "
+        "on nodes and pods)",
+    )
     serve.add_argument(
         "--node-selector", default="", help="label selector of the nodes to mirror, e.g. pool=gpu"
     )
@@ -134,7 +144,7 @@ async def _serve(args: argparse.Namespace) -> None:
         if args.mirror_nodes:
             from kubernetes_asyncio import client, config
 
-            from bindery.refrm.mirror import NodeMirror
+            from bindery.refrm.mirror import MirrorGate, NodeMirror, PodMirror
 
             configuration = client.Configuration()
             if args.kubeconfig is not None:
@@ -144,9 +154,16 @@ async def _serve(args: argparse.Namespace) -> None:
             else:
                 config.load_incluster_config(client_configuration=configuration)
             api = await stack.enter_async_context(client.ApiClient(configuration=configuration))
-            mirror = NodeMirror(api=api, label_selector=args.node_selector, on_change=server.rm.set_inventory)
-            task = asyncio.create_task(mirror.run(), name="node-mirror")
-            stack.callback(task.cancel)
+            # The nodes are shared with every other pod on them: count those too (refrm/accounting.py),
+            # and stay unready until both the nodes and the pods are known.
+            gate = MirrorGate(set_inventory=server.rm.set_inventory, set_bound_pods=server.rm.set_bound_pods)
+            mirrors = (
+                NodeMirror(api=api, label_selector=args.node_selector, on_change=gate.nodes),
+                PodMirror(api=api, on_change=gate.pods),
+            )
+            for mirror, task_name in zip(mirrors, ("node-mirror", "pod-mirror"), strict=True):
+                task = asyncio.create_task(mirror.run(), name=task_name)
+                stack.callback(task.cancel)
         print(f"{BANNER}{server.url}", flush=True)
         await stop.wait()
 

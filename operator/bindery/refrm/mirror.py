@@ -1,14 +1,24 @@
-"""Mirror the cluster's Node objects into the reference RM's inventory.
+"""Mirror the cluster's Node objects, and the pods bound to them, into the reference RM.
 
 In this mode the RM owns the pool of nodes selected by a label selector and sees each one's
 ``status.allocatable``, labels, taints and ``spec.unschedulable`` as they change.  Only Ready nodes
-that are not being deleted count (see :func:`bindery.refrm.inventory.node_from_object`).  The
-list-then-watch loop relists on a ``410 Gone`` and after any error, with capped backoff, so a
-restarted apiserver is survived without a restart of the RM.
+that are not being deleted count (see :func:`bindery.refrm.inventory.node_from_object`).
+
+The nodes are shared: kube-scheduler, DaemonSets, static pods and other schedulers put pods there
+too, and those pods use capacity the RM must not hand out again.  So the RM also follows every pod
+bound to a node (field selector ``spec.nodeName!=``) and hands an immutable snapshot of them to the
+store (see :mod:`bindery.refrm.accounting`).  It is not ready (``/readyz`` 503, reserve 503) until it
+knows both the nodes and the pods: a reservation placed before the pods are known could land on a
+node that is already full.
+
+Both list-then-watch loops relist on a ``410 Gone`` and after any error, with capped backoff, so a
+restarted apiserver is survived without a restart of the RM.  A relist replaces the whole set, so
+objects deleted while the watch was down disappear.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
 import logging
@@ -17,50 +27,65 @@ from typing import Any
 
 from kubernetes_asyncio import client, watch
 
+from bindery.podresources import PodResourcesError
+from bindery.refrm.accounting import BoundPod, ClusterPods, bound_pod
 from bindery.refrm.inventory import node_from_object
 from bindery.refrm.placement import InventoryNode
 
-__all__ = ["NodeMirror"]
+__all__ = ["MirrorGate", "NodeMirror", "PodMirror"]
 
 log = logging.getLogger(__name__)
 
 
-class NodeMirror:
-    """Keeps ``on_change`` fed with the current inventory of selected, Ready nodes."""
+class _ListWatch(abc.ABC):
+    """List, then watch from the list's resourceVersion; relist on 410 or any error, with backoff."""
 
-    def __init__(
-        self,
-        *,
-        api: client.ApiClient,
-        label_selector: str = "",
-        on_change: Callable[[Sequence[InventoryNode]], None],
-        watch_timeout_seconds: int = 300,
-        max_backoff: float = 10.0,
-    ) -> None:
+    what = "object"
+
+    def __init__(self, *, api: client.ApiClient, watch_timeout_seconds: int, max_backoff: float) -> None:
         self._core = client.CoreV1Api(api)
-        self._selector = label_selector
-        self._on_change = on_change
         self._watch_timeout = watch_timeout_seconds
         self._max_backoff = max_backoff
-        self._objects: dict[str, Mapping[str, Any]] = {}
 
-    def _publish(self) -> None:
-        nodes = [node for node in map(node_from_object, self._objects.values()) if node is not None]
-        self._on_change(nodes)
+    @abc.abstractmethod
+    def _list_function(self) -> Callable[..., Any]: ...
+
+    @abc.abstractmethod
+    def _selectors(self) -> dict[str, str]: ...
+
+    @abc.abstractmethod
+    def _replace(self, items: list[Mapping[str, Any]]) -> None:
+        """The whole set, from a (re)list."""
+
+    @abc.abstractmethod
+    def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
+        """One ADDED, MODIFIED or DELETED watch event."""
 
     async def _list(self) -> str:
-        response = await self._core.list_node(label_selector=self._selector, _preload_content=False)
-        document = json.loads(await response.read())
-        self._objects = {item["metadata"]["name"]: item for item in document.get("items") or []}
-        self._publish()
-        log.info("node mirror: %d node(s) match %r", len(self._objects), self._selector)
-        return str(document["metadata"].get("resourceVersion", ""))
+        items: list[Mapping[str, Any]] = []
+        continue_token: str | None = None
+        resource_version = ""
+        while True:
+            extra = {"_continue": continue_token} if continue_token else {}
+            response = await self._list_function()(
+                **self._selectors(), limit=500, _preload_content=False, **extra
+            )
+            document = json.loads(await response.read())
+            items.extend(document.get("items") or [])
+            metadata = document.get("metadata") or {}
+            resource_version = resource_version or str(metadata.get("resourceVersion", ""))
+            continue_token = metadata.get("continue") or None
+            if not continue_token:
+                break
+        self._replace(items)
+        log.info("%s mirror: %d %s(s) match %s", self.what, len(items), self.what, self._selectors())
+        return resource_version
 
     async def _watch(self, resource_version: str) -> None:
         async with watch.Watch() as stream:
             async for event in stream.stream(
-                self._core.list_node,
-                label_selector=self._selector,
+                self._list_function(),
+                **self._selectors(),
                 resource_version=resource_version,
                 timeout_seconds=self._watch_timeout,
                 allow_watch_bookmarks=True,
@@ -71,12 +96,7 @@ class NodeMirror:
                     raise _Expired(str(raw.get("message", raw)))
                 if kind == "BOOKMARK":
                     continue
-                name = raw["metadata"]["name"]
-                if kind == "DELETED":
-                    self._objects.pop(name, None)
-                else:
-                    self._objects[name] = raw
-                self._publish()
+                self._apply(kind, raw)
 
     async def run(self) -> None:
         """Run until cancelled."""
@@ -91,11 +111,167 @@ class NodeMirror:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
+                hint = ""
+                if isinstance(error, client.ApiException) and error.status == 403:
+                    hint = f" (grant the RM's service account get, list and watch on {self.what}s)"
                 log.warning(
-                    "node mirror failed (%s: %s); relisting in %.1fs", type(error).__name__, error, backoff
+                    "%s mirror failed (%s: %s)%s; relisting in %.1fs",
+                    self.what,
+                    type(error).__name__,
+                    error,
+                    hint,
+                    backoff,
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
+
+
+class NodeMirror(_ListWatch):
+    """Keeps ``on_change`` fed with the current inventory of selected, Ready nodes."""
+
+    what = "node"
+
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        label_selector: str = "",
+        on_change: Callable[[Sequence[InventoryNode]], None],
+        watch_timeout_seconds: int = 300,
+        max_backoff: float = 10.0,
+    ) -> None:
+        super().__init__(api=api, watch_timeout_seconds=watch_timeout_seconds, max_backoff=max_backoff)
+        self._selector = label_selector
+        self._on_change = on_change
+        self._objects: dict[str, Mapping[str, Any]] = {}
+
+    def _list_function(self) -> Callable[..., Any]:
+        return self._core.list_node  # type: ignore[no-any-return]
+
+    def _selectors(self) -> dict[str, str]:
+        return {"label_selector": self._selector}
+
+    def _publish(self) -> None:
+        nodes = [node for node in map(node_from_object, self._objects.values()) if node is not None]
+        self._on_change(nodes)
+
+    def _replace(self, items: list[Mapping[str, Any]]) -> None:
+        self._objects = {item["metadata"]["name"]: item for item in items}
+        self._publish()
+
+    def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
+        name = raw["metadata"]["name"]
+        if kind == "DELETED":
+            self._objects.pop(name, None)
+        else:
+            self._objects[name] = raw
+        self._publish()
+
+
+class PodMirror(_ListWatch):
+    """Keeps ``on_change`` fed with a :class:`ClusterPods` snapshot of the non-terminal bound pods.
+
+    Only the small :class:`BoundPod` projection of each pod is kept, not the pod body.  A watch
+    event rebuilds the entry of the node(s) it touches and publishes a new snapshot (copy-on-write);
+    an event that changes nothing the RM counts (a status write, a label) publishes nothing.
+    """
+
+    what = "pod"
+
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        on_change: Callable[[ClusterPods], None],
+        watch_timeout_seconds: int = 300,
+        max_backoff: float = 10.0,
+    ) -> None:
+        super().__init__(api=api, watch_timeout_seconds=watch_timeout_seconds, max_backoff=max_backoff)
+        self._on_change = on_change
+        self._pods: dict[str, BoundPod] = {}  # by UID
+        self._by_node: dict[str, dict[str, BoundPod]] = {}
+        self._snapshot = ClusterPods()
+
+    def _list_function(self) -> Callable[..., Any]:
+        return self._core.list_pod_for_all_namespaces  # type: ignore[no-any-return]
+
+    def _selectors(self) -> dict[str, str]:
+        return {"field_selector": "spec.nodeName!="}
+
+    @staticmethod
+    def _project(raw: Mapping[str, Any]) -> BoundPod | None:
+        try:
+            return bound_pod(raw)
+        except PodResourcesError as error:
+            metadata = raw.get("metadata") or {}
+            log.warning(
+                "pod mirror: not counting pod %s/%s: %s",
+                metadata.get("namespace"),
+                metadata.get("name"),
+                error,
+            )
+            return None
+
+    def _replace(self, items: list[Mapping[str, Any]]) -> None:
+        pods = [pod for pod in map(self._project, items) if pod is not None]
+        self._pods = {pod.uid: pod for pod in pods}
+        self._by_node = {}
+        for pod in pods:
+            self._by_node.setdefault(pod.node, {})[pod.uid] = pod
+        self._snapshot = ClusterPods.of(pods)
+        self._on_change(self._snapshot)
+
+    def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
+        uid = str((raw.get("metadata") or {}).get("uid") or "")
+        old = self._pods.get(uid)
+        new = None if kind == "DELETED" else self._project(raw)
+        if old == new:
+            return
+        if old is not None:
+            del self._pods[uid]
+            self._by_node.get(old.node, {}).pop(uid, None)
+        if new is not None:
+            self._pods[uid] = new
+            self._by_node.setdefault(new.node, {})[uid] = new
+        for node in {pod.node for pod in (old, new) if pod is not None}:
+            members = self._by_node.get(node, {})
+            if not members:
+                self._by_node.pop(node, None)
+            self._snapshot = self._snapshot.with_node(node, members.values())
+        self._on_change(self._snapshot)
+
+
+class MirrorGate:
+    """Hands the RM its node inventory only once the pods bound to nodes are known as well.
+
+    The server is ready as soon as it has an inventory; holding the inventory back until the first
+    pod list arrived keeps it at 503 instead of placing reservations on nodes that may be full.
+    """
+
+    def __init__(
+        self,
+        *,
+        set_inventory: Callable[[Sequence[InventoryNode]], None],
+        set_bound_pods: Callable[[ClusterPods], None],
+    ) -> None:
+        self._set_inventory = set_inventory
+        self._set_bound_pods = set_bound_pods
+        self._held: Sequence[InventoryNode] | None = None
+        self._pods_known = False
+
+    def nodes(self, nodes: Sequence[InventoryNode]) -> None:
+        if self._pods_known:
+            self._set_inventory(nodes)
+        else:
+            self._held = nodes
+
+    def pods(self, pods: ClusterPods) -> None:
+        self._set_bound_pods(pods)
+        if not self._pods_known:
+            self._pods_known = True
+            if self._held is not None:
+                self._set_inventory(self._held)
+                self._held = None
 
 
 class _Expired(Exception):

@@ -6,6 +6,9 @@ feeds it an inventory snapshot and the capacity in use, under its write serializ
 Filters run in kube-scheduler's order and a node reports only its first failing filter, so the
 unschedulable reason reads like kube-scheduler's own ``FailedScheduling`` message:
 ``0/12 nodes are available: 10 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {k: v}.``
+When pods the RM did not place fill a node (see :mod:`bindery.refrm.accounting`), the reason adds
+one sentence saying what they use there, so that "Insufficient cpu" on an apparently empty pool of
+reservations is explained.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from bindery.constraints import (
     tolerates,
     untolerated_taints,
 )
+from bindery.refrm.accounting import Foreign, describe_foreign, in_use
 
 __all__ = [
     "UNSCHEDULABLE_TAINT",
@@ -95,12 +99,18 @@ def node_failures(
         node_selector=node_selector, labels=node.labels
     ) or not matches_required_affinity(terms=affinity_terms, labels=node.labels, node_name=node.name):
         return ["node(s) didn't match Pod's node affinity/selector"]
-    reasons = []
-    for name, amount in sorted(effective_usage(requests, node).items()):
-        free = node.allocatable.get(name, Decimal(0)) - used.get(name, Decimal(0))
-        if amount > free:
-            reasons.append("Too many pods" if name == "pods" else f"Insufficient {name}")
-    return reasons
+    return [
+        "Too many pods" if name == "pods" else f"Insufficient {name}" for name in _short(node, requests, used)
+    ]
+
+
+def _short(node: InventoryNode, requests: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> list[str]:
+    """The resource names of which ``node`` has less free than the pod needs, sorted."""
+    return [
+        name
+        for name, amount in sorted(effective_usage(requests, node).items())
+        if amount > node.allocatable.get(name, Decimal(0)) - used.get(name, Decimal(0))
+    ]
 
 
 def format_reason(*, total_nodes: int, failures: Mapping[str, int]) -> str:
@@ -130,10 +140,18 @@ def choose_node(
     affinity_terms: Sequence[Mapping[str, Any]],
     tolerations: Sequence[Mapping[str, Any]],
     policy: Policy,
+    foreign: Mapping[str, Foreign] | None = None,
 ) -> Decision:
-    """Pick a node by ``policy`` among those that fit; ties go to the node name that sorts first."""
+    """Pick a node by ``policy`` among those that fit; ties go to the node name that sorts first.
+
+    ``usage_by_node`` is what this RM's reservations hold; ``foreign`` what pods it did not place
+    use (:func:`bindery.refrm.accounting.foreign_usage`).  Both count against ``allocatable``.
+    """
+    if foreign:
+        usage_by_node = in_use(usage_by_node, foreign)
     failures: Counter[str] = Counter()
     candidates: list[tuple[Decimal, str]] = []
+    short: dict[str, list[str]] = {}
     for node in nodes:
         used = usage_by_node.get(node.name, {})
         reasons = node_failures(
@@ -146,11 +164,15 @@ def choose_node(
         )
         if reasons:
             failures.update(reasons)
+            if foreign and node.name in foreign:
+                short[node.name] = _short(node, requests, used)
             continue
         score = _score(node, effective_usage(requests, node), used)
         candidates.append((-score if policy is Policy.BINPACK else score, node.name))
     if not candidates:
-        return Decision(node=None, reason=format_reason(total_nodes=len(nodes), failures=failures))
+        reason = format_reason(total_nodes=len(nodes), failures=failures)
+        explained = describe_foreign(foreign=foreign or {}, short=short)
+        return Decision(node=None, reason=f"{reason} {explained}" if explained else reason)
     return Decision(node=min(candidates)[1])
 
 

@@ -27,6 +27,7 @@ import pydantic
 import yaml
 from aiohttp import web
 
+from bindery.refrm.accounting import ClusterPods
 from bindery.refrm.placement import InventoryNode, Policy
 from bindery.refrm.store import (
     Conflict,
@@ -192,6 +193,7 @@ class ReferenceRM:
         self._inventory: tuple[InventoryNode, ...] | None = (
             tuple(inventory) if inventory is not None else None
         )
+        self._pods: ClusterPods | None = None  # mirror mode: the pods bound to nodes (refrm/accounting.py)
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="refrm-store")
         self._store = self._writer.submit(ReservationStore, db_path, clock=clock).result()
 
@@ -202,6 +204,17 @@ class ReferenceRM:
     def set_inventory(self, nodes: Sequence[InventoryNode]) -> None:
         """Swap the inventory atomically (the mirror calls this on every Node change)."""
         self._inventory = tuple(sorted(nodes, key=lambda node: node.name))
+
+    @property
+    def bound_pods(self) -> ClusterPods | None:
+        return self._pods
+
+    def set_bound_pods(self, pods: ClusterPods) -> None:
+        """Swap the snapshot of pods bound to nodes (the pod mirror calls this on every change).
+
+        Placement counts those no reservation of this RM accounts for; see :mod:`bindery.refrm.accounting`.
+        """
+        self._pods = pods
 
     async def close(self) -> None:
         await self._run(self._store.close)
@@ -305,7 +318,11 @@ class ReferenceRM:
         self._pending += 1
         try:
             outcome = await self._run(
-                self._store.reserve, reservation_request, nodes=self._inventory, policy=self.policy
+                self._store.reserve,
+                reservation_request,
+                nodes=self._inventory,
+                policy=self.policy,
+                pods=self._pods,
             )
         finally:
             self._pending -= 1

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from bindery.quantity import format_quantity, parse_quantity
+from bindery.refrm.accounting import ClusterPods, Foreign, foreign_usage
 from bindery.refrm.placement import (
     InventoryNode,
     Policy,
@@ -274,9 +275,30 @@ class ReservationStore:
         ).fetchone()
         return None if row is None else StoredReservation.from_row(row)
 
+    def _foreign(self, pods: ClusterPods) -> dict[str, Foreign]:
+        """What the bound pods that no active reservation of this RM counts use, per node, now."""
+        claimed = pods.claimed_reservations()
+        rows = (
+            self._db.execute(
+                "SELECT id, pod_uid, node FROM reservations WHERE state IN (?, ?) "
+                "AND id IN (SELECT value FROM json_each(?))",
+                (*_ACTIVE, json.dumps(claimed)),
+            ).fetchall()
+            if claimed
+            else []
+        )
+        return foreign_usage(pods, owners={str(id_): (str(uid), str(node)) for id_, uid, node in rows})
+
     def reserve(
-        self, request: ReservationRequest, *, nodes: Sequence[InventoryNode], policy: Policy
+        self,
+        request: ReservationRequest,
+        *,
+        nodes: Sequence[InventoryNode],
+        policy: Policy,
+        pods: ClusterPods | None = None,
     ) -> Placed | Conflict | Unschedulable:
+        """Place ``request`` if a node has room for it next to this RM's active reservations and
+        ``pods``, the pods bound to the nodes (mirror mode; see :mod:`bindery.refrm.accounting`)."""
         self._expire()
         fingerprint = request.fingerprint()
         existing = self._active_for_key(request.idempotency_key)
@@ -293,6 +315,7 @@ class ReservationStore:
             affinity_terms=request.placement.affinity_terms(),
             tolerations=request.placement.toleration_dicts(),
             policy=policy,
+            foreign=None if pods is None else self._foreign(pods),
         )
         if decision.node is None:
             return Unschedulable(decision.reason, retry_after=self._retry_hint())

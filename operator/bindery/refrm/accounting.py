@@ -1,0 +1,209 @@
+"""What the pods this RM did not place consume on the nodes it mirrors: pure accounting, no I/O.
+
+Why: on a shared cluster the nodes the RM mirrors also run pods that kube-scheduler, the DaemonSet
+controller, the kubelet (static pods) or another scheduler put there.  An RM that compares only its
+own reservations with ``status.allocatable`` hands out capacity those pods already use: two 4-CPU
+nodes each running a 3-CPU pod were given two more 2-CPU pods each.  So the capacity in use on a node
+is the RM's own active reservations plus every other non-terminal pod bound to it, each counted the
+way kube-scheduler's ``NodeInfo`` counts it (:func:`bindery.podresources.effective_requests` plus one
+``pods`` slot).
+
+A pod Bindery bound with one of this RM's reservations is already counted by that reservation and
+must not count twice.  It is recognised by the ``bindery.dev/reservation-id`` annotation only when
+the named reservation is active, was made for this very pod (same UID) and holds the pod's node:
+a tenant who copies another pod's annotation onto their own pod gains nothing, their pod counts.
+
+The mirror (I/O, :mod:`bindery.refrm.mirror`) keeps an immutable :class:`ClusterPods` snapshot and
+hands it to the store's single writer, which resolves the claims against its reservations with
+:func:`foreign_usage` inside the same serialized step that places the next reservation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from bindery.podresources import effective_requests
+from bindery.quantity import format_quantity
+
+__all__ = [
+    "RESERVATION_ANNOTATION",
+    "BoundPod",
+    "ClusterPods",
+    "Foreign",
+    "NodePods",
+    "bound_pod",
+    "describe_foreign",
+    "foreign_usage",
+    "in_use",
+]
+
+#: The annotation Bindery's binder puts on a pod it binds (``bindery.scheduling.framework`` spells
+#: the same string; the reference RM may not import the scheduler, it speaks only the contract).
+RESERVATION_ANNOTATION = "bindery.dev/reservation-id"
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_ONE_POD: Mapping[str, Decimal] = {"pods": Decimal(1)}
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPod:
+    """A non-terminal pod bound to a node: what it consumes there and which reservation it names."""
+
+    uid: str
+    key: str  # namespace/name, for messages
+    node: str
+    usage: Mapping[str, Decimal]  # effective requests plus one ``pods`` slot
+    reservation_id: str | None = None
+
+
+def bound_pod(obj: Mapping[str, Any]) -> BoundPod | None:
+    """A Pod (Kubernetes JSON shape) as accounting input; None when it occupies nothing.
+
+    Unbound pods and terminal pods (phase Succeeded or Failed) occupy nothing, like in
+    kube-scheduler's cache.  A pod being deleted still runs until the kubelet is done with it, so it
+    counts.  Raises :class:`bindery.podresources.PodResourcesError` on an unparsable quantity.
+    """
+    metadata: Mapping[str, Any] = obj.get("metadata") or {}
+    spec: Mapping[str, Any] = obj.get("spec") or {}
+    status: Mapping[str, Any] = obj.get("status") or {}
+    node = spec.get("nodeName")
+    if not node or status.get("phase") in _TERMINAL_PHASES:
+        return None
+    usage = {
+        name: amount
+        for name, amount in effective_requests(spec=spec, status=status).items()
+        if amount != 0 and name != "pods"
+    }
+    usage.update(_ONE_POD)
+    claim = (metadata.get("annotations") or {}).get(RESERVATION_ANNOTATION)
+    return BoundPod(
+        uid=str(metadata.get("uid") or ""),
+        key=f"{metadata.get('namespace', '')}/{metadata.get('name', '')}",
+        node=str(node),
+        usage=usage,
+        reservation_id=str(claim) if claim else None,
+    )
+
+
+def _add(target: dict[str, Decimal], usage: Mapping[str, Decimal], sign: int = 1) -> None:
+    for name, amount in usage.items():
+        target[name] = target.get(name, Decimal(0)) + sign * amount
+
+
+@dataclass(frozen=True)
+class NodePods:
+    """The pods bound to one node: their total usage, how many, and those that name a reservation."""
+
+    usage: Mapping[str, Decimal]
+    count: int
+    claims: tuple[BoundPod, ...] = ()
+
+    @classmethod
+    def of(cls, pods: Iterable[BoundPod]) -> NodePods:
+        usage: dict[str, Decimal] = {}
+        count = 0
+        claims = []
+        for pod in pods:
+            _add(usage, pod.usage)
+            count += 1
+            if pod.reservation_id:
+                claims.append(pod)
+        return cls(usage=usage, count=count, claims=tuple(claims))
+
+
+@dataclass(frozen=True)
+class ClusterPods:
+    """An immutable snapshot of the bound, non-terminal pods per node, as the pod mirror last saw them."""
+
+    nodes: Mapping[str, NodePods] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, pods: Iterable[BoundPod]) -> ClusterPods:
+        by_node: dict[str, list[BoundPod]] = {}
+        for pod in pods:
+            by_node.setdefault(pod.node, []).append(pod)
+        return cls(nodes={node: NodePods.of(members) for node, members in by_node.items()})
+
+    def with_node(self, node: str, pods: Iterable[BoundPod]) -> ClusterPods:
+        """A copy where ``node`` holds exactly ``pods`` (copy-on-write: other nodes are shared)."""
+        entry = NodePods.of(pods)
+        nodes = dict(self.nodes)
+        if entry.count:
+            nodes[node] = entry
+        else:
+            nodes.pop(node, None)
+        return ClusterPods(nodes=nodes)
+
+    def claimed_reservations(self) -> list[str]:
+        """The reservation ids the bound pods name; the store looks up which are its active ones."""
+        return sorted(
+            {pod.reservation_id for e in self.nodes.values() for pod in e.claims if pod.reservation_id}
+        )
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """What pods not accounted by this RM's reservations use on one node."""
+
+    usage: Mapping[str, Decimal]
+    count: int
+
+
+def foreign_usage(pods: ClusterPods, *, owners: Mapping[str, tuple[str, str]]) -> dict[str, Foreign]:
+    """Per node, the usage of the pods that no active reservation of this RM already counts.
+
+    ``owners`` maps each of this RM's *active* reservation ids to the ``(pod UID, node)`` it was made
+    for.  A pod counts unless it names one of them, with its own UID, on its own node.
+    """
+    result: dict[str, Foreign] = {}
+    for node, entry in pods.nodes.items():
+        usage = dict(entry.usage)
+        count = entry.count
+        for pod in entry.claims:
+            if pod.reservation_id is not None and owners.get(pod.reservation_id) == (pod.uid, pod.node):
+                _add(usage, pod.usage, -1)
+                count -= 1
+        if count:
+            result[node] = Foreign(usage={k: v for k, v in usage.items() if v != 0}, count=count)
+    return result
+
+
+def in_use(
+    own: Mapping[str, Mapping[str, Decimal]], foreign: Mapping[str, Foreign]
+) -> dict[str, dict[str, Decimal]]:
+    """The capacity in use per node: this RM's reservations plus the foreign pods."""
+    total = {node: dict(bucket) for node, bucket in own.items()}
+    for node, entry in foreign.items():
+        _add(total.setdefault(node, {}), entry.usage)
+    return total
+
+
+def describe_foreign(
+    *, foreign: Mapping[str, Foreign], short: Mapping[str, Sequence[str]], max_nodes: int = 3
+) -> str:
+    """One sentence naming what other pods use on nodes that lacked room, e.g.
+    ``Pods this RM did not place use node n1: 3 cpu (1 pod); node n2: 3 cpu (1 pod).``
+
+    ``short`` maps each node that lacked room to the resource names it lacked; only nodes where
+    foreign pods use one of those are named, at most ``max_nodes`` of them.  Empty if none.
+    """
+    parts = []
+    for node in sorted(short):
+        entry = foreign.get(node)
+        if entry is None:
+            continue
+        names = [name for name in short[node] if name != "pods" and entry.usage.get(name, Decimal(0)) > 0]
+        if not names and "pods" not in short[node]:
+            continue
+        pods = f"{entry.count} pod{'' if entry.count == 1 else 's'}"
+        amounts = ", ".join(f"{format_quantity(entry.usage[name])} {name}" for name in names)
+        parts.append(f"node {node}: {amounts} ({pods})" if amounts else f"node {node}: {pods}")
+    if not parts:
+        return ""
+    shown = "; ".join(parts[:max_nodes])
+    more = len(parts) - max_nodes
+    if more > 0:
+        shown += f"; and {more} more node{'' if more == 1 else 's'}"
+    return f"Pods this RM did not place use {shown}."
