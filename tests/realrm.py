@@ -14,7 +14,10 @@ the RM alone:
   them) than its allocatable;
 - every active reservation of the namespace is committed to its pod's node (the pod exists with
   that UID, bound there, not finished) or reserved for a pod that is still pending;
-- every bound pod of a served scheduler name has a committed reservation on its node.
+- every bound pod of a served scheduler name has an active reservation on its node.
+
+The last three are `bindery audit`'s own checks (`bindery.audit.findings`), so the suites test the
+product's definition of a leak, not a second one.
 """
 
 from __future__ import annotations
@@ -30,16 +33,14 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from decimal import Decimal
 from typing import Any, Self
 
 from kubernetes_asyncio import client
 
-from bindery.quantity import format_quantity, parse_quantity
+from bindery.audit.findings import leaked_reservations, overcommitted_nodes, unreserved_pods
 from bindery.refrm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
-from bindery.rm.models import Reservation
-from bindery.scheduling.podspec import effective_requests
+from bindery.rm.models import Reservation, ReservationState
 
 TERMINAL = ("Succeeded", "Failed")
 _METRICS = re.compile(rb"serving Prometheus metrics at (http://\S+/metrics)")
@@ -310,39 +311,6 @@ async def serve_with(
 # -- invariants ----------------------------------------------------------------------------------
 
 
-def _node_requests(spec: Mapping[str, Any]) -> dict[str, Decimal]:
-    requests = dict(effective_requests(spec=spec))
-    requests["pods"] = requests.get("pods", Decimal(0)) + 1
-    return requests
-
-
-def overcommitted_nodes(
-    *, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
-) -> list[str]:
-    """Pure: one line per node whose bound, non-terminal pods request more than it has."""
-    used: dict[str, dict[str, Decimal]] = collections.defaultdict(dict)
-    for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node or (pod.get("status") or {}).get("phase") in TERMINAL:
-            continue
-        for resource, amount in _node_requests(pod.get("spec") or {}).items():
-            used[node][resource] = used[node].get(resource, Decimal(0)) + amount
-    lines = []
-    for node in nodes:
-        name = node["metadata"]["name"]
-        allocatable = (node.get("status") or {}).get("allocatable") or {}
-        for resource, amount in sorted(used.get(name, {}).items()):
-            if resource not in allocatable:
-                continue  # a resource the node does not advertise is not counted by the kubelet either
-            limit = parse_quantity(str(allocatable[resource]))
-            if amount > limit:
-                lines.append(
-                    f"node {name} is overcommitted: {format_quantity(amount)} {resource} requested "
-                    f"of {format_quantity(limit)}"
-                )
-    return lines
-
-
 def reservation_violations(
     *,
     reservations: Sequence[Reservation],
@@ -350,38 +318,21 @@ def reservation_violations(
     namespace: str,
     scheduler_names: Collection[str],
 ) -> list[str]:
-    """Pure: reservations that are not their pod's, and bound pods without a committed reservation."""
-    by_name = {pod["metadata"]["name"]: pod for pod in pods}
-    lines = []
-    committed_for: dict[str, Reservation] = {}
-    for reservation in reservations:
-        if reservation.namespace != namespace or not reservation.state.active:
-            continue
-        where = f"reservation {reservation.id} ({reservation.state.value}, node {reservation.node}) of pod "
-        where += f"{namespace}/{reservation.name} ({reservation.pod_uid})"
-        pod = by_name.get(reservation.name or "")
-        if pod is None or pod["metadata"]["uid"] != reservation.pod_uid:
-            lines.append(f"{where}: the pod is gone or replaced")
-            continue
-        bound_to = (pod.get("spec") or {}).get("nodeName")
-        phase = (pod.get("status") or {}).get("phase")
-        if reservation.state.value == "committed":
-            committed_for[reservation.pod_uid] = reservation
-            if bound_to != reservation.node or phase in TERMINAL:
-                lines.append(f"{where}: the pod is on {bound_to or 'no node'} in phase {phase}")
-        elif bound_to:
-            lines.append(f"{where}: still reserved although the pod is bound to {bound_to}")
-    for pod in pods:
-        spec = pod.get("spec") or {}
-        if spec.get("schedulerName") not in scheduler_names or not spec.get("nodeName"):
-            continue
-        if (pod.get("status") or {}).get("phase") in TERMINAL:
-            continue
-        held = committed_for.get(pod["metadata"]["uid"])
-        if held is None or held.node != spec["nodeName"]:
+    """Pure: `bindery audit`'s leaked and unreserved findings for one namespace, plus reservations
+    left `reserved` under a pod that is already bound (settled means committed by then)."""
+    mine = [r for r in reservations if r.namespace == namespace and r.state.active]
+    findings = leaked_reservations(resource_manager="rm", reservations=mine, pods=pods)
+    findings += unreserved_pods(
+        resource_manager="rm", scheduler_names=scheduler_names, reservations=mine, pods=pods
+    )
+    lines = [f"{f.subject}: {f.message}" for f in findings]
+    by_uid = {pod["metadata"]["uid"]: pod for pod in pods}
+    for reservation in mine:
+        bound_to = (by_uid.get(reservation.pod_uid, {}).get("spec") or {}).get("nodeName")
+        if reservation.state is ReservationState.RESERVED and bound_to == reservation.node:
             lines.append(
-                f"pod {namespace}/{pod['metadata']['name']} is bound to {spec['nodeName']} "
-                "without a committed reservation there"
+                f"reservation {reservation.id}: still reserved although pod {namespace}/{reservation.name} "
+                f"is bound to {bound_to}"
             )
     return lines
 
@@ -409,7 +360,8 @@ async def invariant_violations(
     bound_pods: list[dict[str, Any]] = (await everywhere.json())["items"]
     pods: list[dict[str, Any]] = (await ours.json())["items"]
     lines = double_schedules((await events.json())["items"])
-    lines += overcommitted_nodes(nodes=(await nodes.json())["items"], pods=bound_pods)
+    overcommitted = overcommitted_nodes(nodes=(await nodes.json())["items"], pods=bound_pods)
+    lines += [f"{f.subject}: {f.message}" for f in overcommitted]
     lines += reservation_violations(
         reservations=await rm.reservations(), pods=pods, namespace=namespace, scheduler_names=scheduler_names
     )

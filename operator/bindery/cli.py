@@ -24,6 +24,7 @@ commands:
   demo         start a local control plane, the reference RM and Bindery; schedule a burst of pods
   rm serve     run the reference resource manager (bindery rm serve --help)
   rm conformance   check a resource manager against the REST contract
+  audit        report leaked reservations, unreserved bound pods, overcommitted nodes (read-only)
   devcluster   build | up: the local etcd + kube-apiserver used by the demo and tests
 """
 
@@ -50,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return demo_main(rest)
     if command == "devcluster":
         return _delegate("bindery.devcluster.__main__", rest)
+    if command == "audit":
+        return _delegate("bindery.audit", rest)
     if command == "rm" and (not rest or rest[0] in ("-h", "--help", "help")):
         print(RM_USAGE)
         return 0 if rest else 2

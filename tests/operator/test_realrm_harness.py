@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.audit.findings import overcommitted_nodes
 from bindery.devcluster.nodes import create_node
 from bindery.rm.models import PodIdentity, ReservationRequest, ReservationState
 from tests.operator.conftest import create_pod, delete_rm, eventually, node_of, pod_body
@@ -21,7 +22,6 @@ from tests.realrm import (
     double_schedules,
     invariant_violations,
     operator_process,
-    overcommitted_nodes,
     reservation_violations,
     serve_with,
     settled_invariants,
@@ -35,7 +35,11 @@ def _pod(name: str, uid: str, *, node: str | None = None, cpu: str = "1", phase:
     }
     if node:
         spec["nodeName"] = node
-    return {"metadata": {"name": name, "uid": uid}, "spec": spec, "status": {"phase": phase}}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": uid},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
 
 
 def _reservation(rid: str, *, uid: str, name: str, node: str, state: str) -> Any:
@@ -59,7 +63,8 @@ def _reservation(rid: str, *, uid: str, name: str, node: str, state: str) -> Any
 def test_overcommit_counts_every_bound_pod_and_skips_finished_ones() -> None:
     node = {"metadata": {"name": "n"}, "status": {"allocatable": {"cpu": "4", "pods": "10"}}}
     pods = [_pod("a", "1", node="n", cpu="3"), _pod("b", "2", node="n", cpu="2")]
-    assert overcommitted_nodes(nodes=[node], pods=pods) == ["node n is overcommitted: 5 cpu requested of 4"]
+    [finding] = overcommitted_nodes(nodes=[node], pods=pods)
+    assert (finding.subject, finding.message) == ("node n", "2 bound pod(s) request 5 cpu; allocatable is 4")
     pods[0]["status"]["phase"] = "Succeeded"
     assert overcommitted_nodes(nodes=[node], pods=pods) == []
 
@@ -74,10 +79,11 @@ def test_reservation_checks_find_leaks_and_unreserved_bound_pods() -> None:
     lines = reservation_violations(
         reservations=reservations, pods=pods, namespace="ns", scheduler_names={"s"}
     )
-    assert len(lines) == 2
-    assert "r3" in lines[0]
-    assert "gone or replaced" in lines[0]
-    assert lines[1] == "pod ns/c is bound to n without a committed reservation there"
+    assert lines == [
+        "reservation r3: committed on node n, but pod ns/gone (9) no longer exists",
+        "pod ns/c: bound to n with scheduler name 's', but the resource manager holds no reservation "
+        "for it there",
+    ]
 
 
 def test_double_schedule_is_reported() -> None:

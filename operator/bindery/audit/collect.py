@@ -1,0 +1,171 @@
+"""Read what `bindery audit` judges: ResourceManagers, their reservations, pods and nodes.
+
+The audit needs nothing but the caller's kubeconfig: it reads the ResourceManager objects and their
+token Secrets exactly as the operator does (`bindery.controller.secrets`), so it sees each resource
+manager through the same endpoint and credentials, and it never writes anything. Whatever it cannot
+read (a Secret it may not get, an RM that does not answer) is reported as a gap, not skipped
+silently: an audit that did not look must not pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import pathlib
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from bindery.audit.findings import (
+    Finding,
+    leaked_reservations,
+    overcommitted_nodes,
+    unexplained_pending,
+    unreserved_pods,
+)
+from bindery.config import ConfigError, ResourceManagerConfig, parse_resource_manager, route_scheduler_names
+from bindery.controller.secrets import CredentialsError, resolve_credentials
+from bindery.rm.client import ResourceManagerClient
+from bindery.rm.errors import RMError
+from bindery.rm.models import Reservation
+
+GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
+
+
+@dataclasses.dataclass
+class Audit:
+    """The findings, what could not be checked, and how much was looked at."""
+
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    gaps: list[str] = dataclasses.field(default_factory=list)
+    checked: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "findings": [f.as_json() for f in self.findings],
+            "gaps": list(self.gaps),
+            "checked": dict(self.checked),
+        }
+
+
+async def _items(response: Any) -> list[dict[str, Any]]:
+    try:
+        document: dict[str, Any] = await response.json()
+    finally:
+        response.release()
+    if response.status != 200:
+        raise client.ApiException(status=response.status, reason=str(document.get("message")))
+    return list(document.get("items") or [])
+
+
+async def _reservations(
+    *, api: client.ApiClient, config: ResourceManagerConfig, directory: pathlib.Path
+) -> list[Reservation]:
+    credentials = await resolve_credentials(api=api, config=config, directory=directory)
+    async with ResourceManagerClient(
+        base_url=config.endpoint,
+        token=credentials.token,
+        ca_file=credentials.ca_file,
+        client_cert=credentials.client_cert,
+        connect_timeout=config.connect_timeout,
+        read_timeout=config.read_timeout,
+        allow_insecure_http=config.allow_insecure_http,
+    ) as rm:
+        return [r for r in await rm.list_reservations() if r.state.active]
+
+
+async def run_audit(
+    *,
+    api: client.ApiClient,
+    namespaces: tuple[str, ...] = (),
+    grace: datetime.timedelta = datetime.timedelta(seconds=60),
+    now: datetime.datetime | None = None,
+) -> Audit:
+    """Audit the cluster of `api`; with `namespaces`, only pods and reservations in them."""
+    audit = Audit()
+    core = client.CoreV1Api(api)
+    objects = await client.CustomObjectsApi(api).list_cluster_custom_object(
+        group=GROUP, version=VERSION, plural=PLURAL
+    )
+    configs: list[ResourceManagerConfig] = []
+    for body in objects.get("items") or ():
+        try:
+            configs.append(parse_resource_manager(body=body))
+        except ConfigError as exc:
+            audit.gaps.append(
+                f"ResourceManager {(body.get('metadata') or {}).get('name')!r} is invalid: {exc}"
+            )
+    routing = route_scheduler_names(configs=configs)
+
+    if namespaces:
+        pods = [
+            p
+            for ns in namespaces
+            for p in await _items(await core.list_namespaced_pod(ns, _preload_content=False))
+        ]
+    else:
+        pods = await _items(await core.list_pod_for_all_namespaces(_preload_content=False))
+    try:
+        bound = await _items(
+            await core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=", _preload_content=False)
+        )
+        nodes = await _items(await core.list_node(_preload_content=False))
+    except client.ApiException as exc:
+        audit.gaps.append(f"could not list bound pods and nodes to check for overcommitment: {exc.reason}")
+        bound, nodes = [], []
+
+    reservation_count = 0
+    with tempfile.TemporaryDirectory(prefix="bindery-audit-") as directory:
+        for config in configs:
+            try:
+                reservations = await _reservations(api=api, config=config, directory=pathlib.Path(directory))
+            except (CredentialsError, RMError, ValueError, OSError) as exc:
+                audit.gaps.append(
+                    f"could not list the reservations of ResourceManager {config.name!r}: {exc}"
+                )
+                continue
+            if namespaces:
+                reservations = [r for r in reservations if r.namespace in namespaces]
+            reservation_count += len(reservations)
+            names = [n for n, owner in routing.served.items() if owner == config.name]
+            audit.findings += leaked_reservations(
+                resource_manager=config.name, reservations=reservations, pods=pods
+            )
+            audit.findings += unreserved_pods(
+                resource_manager=config.name, scheduler_names=names, reservations=reservations, pods=pods
+            )
+    audit.findings += overcommitted_nodes(nodes=nodes, pods=bound)
+    audit.findings += unexplained_pending(
+        pods=pods, served=routing.served, now=now or datetime.datetime.now(datetime.UTC), grace=grace
+    )
+    audit.checked = {
+        "resourceManagers": len(configs),
+        "reservations": reservation_count,
+        "pods": len(pods),
+        "nodes": len(nodes),
+    }
+    return audit
+
+
+def table(audit: Audit) -> str:
+    """The human report: one row per finding, then the gaps, then a one-line summary."""
+    rows = [("KIND", "OBJECT", "RESOURCE MANAGER", "WHAT IS WRONG")]
+    rows += [(f.kind, f.subject, f.resource_manager or "-", f.message) for f in audit.findings]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = []
+    if audit.findings:
+        lines += [
+            "  ".join(cell.ljust(widths[i]) if i < 3 else cell for i, cell in enumerate(row)) for row in rows
+        ]
+    lines += [f"could not check: {gap}" for gap in audit.gaps]
+    checked = ", ".join(f"{count} {what}" for what, count in _plain(audit.checked).items())
+    verdict = f"{len(audit.findings)} finding(s)" if audit.findings else "no findings"
+    lines.append(f"{verdict}{'; audit incomplete' if audit.gaps else ''} ({checked})")
+    return "\n".join(lines)
+
+
+def _plain(checked: Mapping[str, int]) -> dict[str, int]:
+    words = {"resourceManagers": "resource managers"}
+    return {words.get(key, key): value for key, value in checked.items()}
