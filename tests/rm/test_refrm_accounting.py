@@ -67,10 +67,22 @@ async def make_nodes(api: client.ApiClient, pool: Pool, count: int) -> list[str]
 
 @contextlib.asynccontextmanager
 async def rm_process(
-    *, plane: ControlPlane, pool: Pool, directory: pathlib.Path, token_file: pathlib.Path
+    *,
+    plane: ControlPlane,
+    pool: Pool,
+    directory: pathlib.Path,
+    token_file: pathlib.Path,
+    kubeconfig: pathlib.Path | None = None,
+    wait_ready: bool = True,
 ) -> AsyncIterator[ResourceManagerClient]:
-    """``bindery rm serve --mirror-nodes`` for the pool, yielding a client once it is ready."""
-    options = ["--mirror-nodes", "--node-selector", pool.selector, "--kubeconfig", str(plane.kubeconfig)]
+    """``bindery rm serve --mirror-nodes`` for the pool, yielding a client (once it is ready)."""
+    options = [
+        "--mirror-nodes",
+        "--node-selector",
+        pool.selector,
+        "--kubeconfig",
+        str(kubeconfig or plane.kubeconfig),
+    ]
     log_path = directory / "rm.log"
     with log_path.open("ab") as log:
         process = await asyncio.create_subprocess_exec(
@@ -85,7 +97,8 @@ async def rm_process(
         async with ResourceManagerClient(
             base_url=served_url(banner), token_file=token_file, allow_insecure_http=True, max_attempts=1
         ) as rm:
-            await eventually(rm.check_ready, f"the reference RM became ready (log: {log_path})")
+            if wait_ready:
+                await eventually(rm.check_ready, f"the reference RM became ready (log: {log_path})")
             yield rm
     finally:
         if process.returncode is None:
@@ -304,3 +317,62 @@ async def test_a_pod_with_its_own_reservation_counts_once_and_a_copied_claim_cou
             assert freed.node == node
     finally:
         await core.delete_node(name=node)
+
+
+async def test_not_ready_until_the_pods_are_known_too(
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    tmp_path: pathlib.Path,
+    token_file: pathlib.Path,
+) -> None:
+    """An RM that may read nodes but not pods stays 503 (its log says which permission is missing);
+    granted pods, it becomes ready."""
+    core = client.CoreV1Api(kube_api)
+    rbac = client.RbacAuthorizationV1Api(kube_api)
+    pool = Pool()
+    user = f"acct-rm-{pool.id}"
+    role = f"acct-rm-{pool.id}"
+    nodes_only = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    await rbac.create_cluster_role(body={"metadata": {"name": role}, "rules": nodes_only})
+    await rbac.create_cluster_role_binding(
+        body={
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+    )
+    (node,) = await make_nodes(kube_api, pool, 1)
+    log_path = tmp_path / "rm.log"
+    try:
+        async with rm_process(
+            plane=controlplane,
+            pool=pool,
+            directory=tmp_path,
+            token_file=token_file,
+            kubeconfig=controlplane.mint_kubeconfig(user=user),
+            wait_ready=False,
+        ) as rm:
+
+            async def logged(text: str) -> None:
+                assert text in log_path.read_text(), f"{text!r} not in the RM's log yet"
+
+            # The node list arrived (the RM had every chance to turn ready on nodes alone) ...
+            await eventually(lambda: logged("node mirror: 1 node(s) match"), "the RM listed the node")
+            # ... yet it is not ready: it does not know what else runs on that node.
+            with pytest.raises(RMUnavailable, match="inventory is not loaded"):
+                await rm.check_ready()
+            with pytest.raises(RMUnavailable, match="HTTP 503"):
+                await rm.reserve(request(f"early-{pool.id}", pool=pool, cpu="1"))
+            await eventually(
+                lambda: logged("grant the RM's service account get, list and watch on pods"),
+                "the RM said which permission it lacks",
+            )
+
+            reads = [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}]
+            await rbac.patch_cluster_role(name=role, body={"rules": reads})
+            await eventually(rm.check_ready, "the RM became ready once it could list pods")
+            assert (await rm.reserve(request(f"late-{pool.id}", pool=pool, cpu="1"))).node == node
+    finally:
+        await core.delete_node(name=node)
+        await rbac.delete_cluster_role_binding(name=role)
+        await rbac.delete_cluster_role(name=role)

@@ -22,6 +22,7 @@ from bindery.refrm.accounting import (
     describe_foreign,
     foreign_usage,
 )
+from bindery.refrm.mirror import MirrorGate
 from bindery.refrm.placement import InventoryNode, Policy, choose_node
 from bindery.refrm.store import Placed, ReservationStore, Unschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest
@@ -279,3 +280,23 @@ def test_store_counts_foreign_pods_once_and_a_released_reservation_leaves_its_po
     assert isinstance(still_full, Unschedulable)
     assert "node n1: 3 cpu (2 pods)" in still_full.reason
     store.close()
+
+
+# -- readiness: the inventory reaches the server only once the pods are known ----------------------
+
+
+def test_the_gate_holds_the_nodes_until_the_first_pod_list() -> None:
+    published: list[tuple[str, object]] = []
+    gate = MirrorGate(
+        set_inventory=lambda nodes: published.append(("nodes", tuple(nodes))),
+        set_bound_pods=lambda pods: published.append(("pods", pods)),
+    )
+    first, second = (four_cpu("n1"),), (four_cpu("n1"), four_cpu("n2"))
+    gate.nodes(first)
+    gate.nodes(second)
+    assert published == []  # not ready: nothing is known about the pods on these nodes
+    empty = ClusterPods()
+    gate.pods(empty)
+    assert published == [("pods", empty), ("nodes", second)]  # pods first: never nodes without pods
+    gate.nodes(first)
+    assert published[-1] == ("nodes", first)

@@ -70,7 +70,11 @@ class _ListWatch(abc.ABC):
             response = await self._list_function()(
                 **self._selectors(), limit=500, _preload_content=False, **extra
             )
-            document = json.loads(await response.read())
+            body = await response.read()
+            if not 200 <= response.status <= 299:
+                # Unread bodies are not checked by the client: a 403 would read as an empty list.
+                raise client.ApiException(status=response.status, reason=body.decode(errors="replace")[:500])
+            document = json.loads(body)
             items.extend(document.get("items") or [])
             metadata = document.get("metadata") or {}
             resource_version = resource_version or str(metadata.get("resourceVersion", ""))
