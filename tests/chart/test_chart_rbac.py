@@ -228,13 +228,17 @@ def test_operator_is_allowed(controlplane: ControlPlane, release: Release, quest
     assert can(controlplane, release, release.operator_sa, *args)
 
 
-def test_reference_rm_only_reads_nodes(controlplane: ControlPlane, release: Release) -> None:
+def test_reference_rm_only_reads_nodes_and_pods(controlplane: ControlPlane, release: Release) -> None:
+    # Pods: it counts the pods it did not place on the nodes it mirrors (refrm/accounting.py).
     sa = release.rm_sa
     for verb in ("get", "list", "watch"):
         assert can(controlplane, release, sa, verb, "nodes")
+        assert can(controlplane, release, sa, verb, "pods", "-A")
     for question in (
         ("patch", "nodes"),
-        ("get", "pods", "-A"),
+        ("patch", "pods", "-A"),
+        ("delete", "pods", "-A"),
+        ("get", "pods", "--subresource=log", "-A"),
         ("get", "secrets", "-n", release.namespace),
         ("create", "pods", "--subresource=binding", "-A"),
         ("list", "resourcemanagers.bindery.dev"),

@@ -259,8 +259,9 @@ def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
         }
     ]
     rm_role = ct.one(objects, "ClusterRole", "rel-bindery-rm")
+    # Read-only: Nodes, and the pods bound to them (pods it did not place use capacity too).
     assert rm_role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
     ]
 
 
