@@ -20,10 +20,8 @@ from bindery.controller.leader import (
     within_renew_deadline,
 )
 from bindery.controller.options import OperatorOptions
-from bindery.controller.rbac import LEADER_ELECTION_RULES
 from bindery.devcluster.nodes import create_node
 from tests.operator.conftest import (
-    OPERATOR_USER,
     create_pod,
     eventually,
     pod_body,
@@ -31,6 +29,7 @@ from tests.operator.conftest import (
     resource_manager,
 )
 from tests.operator.fakerm import FakeRM
+from tests.operator.test_leader_processes import grant_lease
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 TIMING = LeaseTiming()  # 15 / 10 / 2 s
@@ -156,24 +155,14 @@ async def test_one_leader_schedules_and_a_standby_takes_over(
     fake_rm: FakeRM,
     uniq: Callable[[str], str],
 ) -> None:
-    rbac = client.RbacAuthorizationV1Api(kube_api)
-    await rbac.create_namespaced_role(
-        namespace=namespace, body={"metadata": {"name": "bindery-leases"}, "rules": LEADER_ELECTION_RULES}
-    )
-    await rbac.create_namespaced_role_binding(
-        namespace=namespace,
-        body={
-            "metadata": {"name": "bindery-leases"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bindery-leases"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
-        },
-    )
+    lease = uniq("lease")
+    await grant_lease(kube_api, namespace=namespace, lease_name=lease)
     options = OperatorOptions(
         kubeconfig=operator_kubeconfig,
         probe_interval=1.0,
         leader_election=True,
         lease_namespace=namespace,
-        lease_name=uniq("lease"),
+        lease_name=lease,
         lease_duration=3.0,
         renew_deadline=2.0,
         retry_period=0.5,

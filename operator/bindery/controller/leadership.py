@@ -14,20 +14,25 @@ A term, end to end:
    `holds()` is False, so no new Binding leaves this process; then `on_stopped` pauses every
    profile, which cancels the cycles in flight (they release their reservations; a cycle already in
    its Binding keeps its reservation for the reconciler or the pod's next cycle, which reuses it).
-   The pause has `LeaseTiming.pause_budget` (half of lease duration minus renew deadline) to finish,
-   so it ends before any standby can take the lease. **If it does not, the process exits** (status
-   1), as kube-scheduler does whenever it loses its lease: a process that cannot stop its own
-   cycles in time cannot be trusted to stop them later, and the Deployment restarts it as a
-   standby. Exiting loses the orderly release of in-flight reservations, which the new leader's
-   reconciliation or the reservations' TTL settle.
+   The pause must be over by the term's *exit point*: last renewal + renew deadline +
+   `LeaseTiming.pause_budget` (midway between the renew deadline and the earliest moment a standby
+   may take the lease), so every release lands while no other replica can lead. **Otherwise the
+   process exits** (status 1) — kube-scheduler exits whenever it loses its lease; we pause in order
+   when there is time, because a restart costs a standby its warm caches, and exit when there is
+   not: a process that cannot stop its cycles in time cannot be trusted to stop them later, and a
+   release landing after the next leader reused that pod's reservation (the RM keys reservations by
+   pod UID) would free capacity under a pod it bound. The Deployment restarts the process as a
+   standby; the reservations it leaves are reused by the pods' next cycles or settled by the new
+   leader's reconciliation or their TTL.
 4. Stand by again with a fresh identity (a new candidacy; the old term's writes are not ours).
 
 A process that was frozen (SIGSTOP, a long GC or VM pause) wakes past its renew deadline: `holds()`
 is already False before any of its coroutines resumes, so a cycle that wakes up in the middle
-cannot send its Binding; it waits there until the pause cancels it. What no lease can fence is a
-Binding already on the wire when the process froze; the apiserver refuses a second Binding of the
-same pod (409), and the new leader reuses the old one's reservation (the RM keys reservations by
-pod UID), so that late write binds the pod exactly once and on a live reservation.
+cannot send its Binding; if it is past its exit point too, the first of the elector or such a cycle
+to run makes the process exit. What no lease can fence is a Binding already on the wire when the
+process froze; the apiserver refuses a second Binding of the same pod (409), and the new leader
+reuses the old one's reservation, so that late write binds the pod exactly once and on a live
+reservation.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn
@@ -83,8 +89,38 @@ class Leadership:
         self.terms_ended = 0
 
     def holds(self) -> bool:
-        """The fence: this replica leads and is inside its renew deadline right now."""
-        return self._elector is not None and self._elector.holds()
+        """The fence: this replica leads and is inside its renew deadline right now.
+
+        A replica that finds itself past its exit point (it was frozen) exits here, before the
+        caller can act: it is too late to pause in order (see the module docstring).
+        """
+        elector = self._elector
+        if elector is None:
+            return False
+        if elector.holds():
+            return True
+        self._exit_if_too_late(elector)
+        return False
+
+    def _exit_at(self, elector: LeaderElector) -> float | None:
+        """Monotonic time by which a lost term must have paused: midway from renew deadline to expiry."""
+        if elector.last_renewal is None:
+            return None
+        return elector.last_renewal + self.timing.renew_deadline + self.timing.pause_budget
+
+    def _exit_if_too_late(self, elector: LeaderElector) -> None:
+        """Exit when the exit point of the term has passed: this process was frozen or starved, another
+        replica may lead by now and reuse the reservations of the cycles in flight, so cancelling them
+        (which releases them) is no longer safe either."""
+        exit_at = self._exit_at(elector)
+        if exit_at is not None and time.monotonic() >= exit_at:
+            self._logger.critical(
+                f"this replica could not act for longer than its {elector.lease} allows (over "
+                f"{self.timing.renew_deadline + self.timing.pause_budget:g} s since its last renewal): "
+                "another replica may lead by now, so it exits without touching its cycles; the "
+                "Deployment restarts it as a standby"
+            )
+            self._exit(1)
 
     def start(self, *, api: client.ApiClient) -> None:
         self._task = asyncio.create_task(self._elect_forever(api=api), name="bindery leader election")
@@ -129,10 +165,18 @@ class Leadership:
     async def _stop_leading(
         self, *, elector: LeaderElector, started: asyncio.Task[None], graceful: bool
     ) -> None:
-        """Pause every profile; within the pause budget unless this is a graceful shutdown."""
+        """Pause every profile before the exit point, or exit; a graceful shutdown just pauses.
+
+        Pausing cancels the cycles in flight, which release their reservations: safe only while no
+        other replica can lead, since the next leader reuses a pod's reservation (the RM keys them
+        by pod UID) and a late release would free capacity under a pod it binds.
+        """
+        exit_at = self._exit_at(elector)
         self._elector = None  # the fence closes before anything else happens
         self.terms_ended += 1
         started.cancel()
+        if not graceful:
+            self._exit_if_too_late(elector)
 
         async def stop() -> None:
             with contextlib.suppress(asyncio.CancelledError):
@@ -140,16 +184,17 @@ class Leadership:
             await self._on_stopped()
 
         stopping = asyncio.create_task(stop(), name="bindery stop leading")
-        if graceful:
+        if graceful or exit_at is None:
             await asyncio.shield(stopping)
             await elector.release()
             return
-        done, _ = await asyncio.wait({stopping}, timeout=self.timing.pause_budget)
+        done, _ = await asyncio.wait({stopping}, timeout=max(0.0, exit_at - time.monotonic()))
         if not done:
             self._logger.critical(
-                f"could not stop the scheduling cycles within {self.timing.pause_budget:g} s of losing "
-                f"the {elector.lease}; exiting so that a process which may still be binding cannot "
-                "overlap the next leader (the Deployment restarts this replica as a standby)"
+                f"could not stop the scheduling cycles before the exit point of the lost {elector.lease} "
+                f"({self.timing.pause_budget:g} s after the renew deadline); exiting so that a process "
+                "which may still be binding cannot overlap the next leader (the Deployment restarts "
+                "this replica as a standby)"
             )
             self._exit(1)
         try:
@@ -163,8 +208,8 @@ class FencedBinder:
 
     Refusing by raising would make the cycle report a failure on the pod (an Event and a condition
     written by a replica that is not the leader) and release a reservation the next leader may
-    reuse. Instead the Binding waits, unsent, for the pause that always follows a lost lease: the
-    cycle is cancelled there like any cycle cancelled by a pause.
+    reuse. Instead the Binding waits, unsent, for what always follows a lost lease: the pause, which
+    cancels the cycle mid-Binding (its reservation is kept), or the exit of the process.
     """
 
     def __init__(self, *, binder: Binder, holds: Callable[[], bool], logger: Logger) -> None:

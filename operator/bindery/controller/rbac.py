@@ -32,10 +32,21 @@ OPERATOR_RULES: list[dict[str, Any]] = [
 ]
 
 
-#: Only with leader election (`bindery run --leader-elect`), as a Role in the Lease's namespace.
-LEADER_ELECTION_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
-]
+def leader_election_rules(*, lease_name: str) -> list[dict[str, Any]]:
+    """Only with leader election (`bindery run --leader-elect`), as a Role in the Lease's namespace.
+
+    get/update are limited to the one Lease by name; `create` cannot be (RBAC cannot know the name
+    of an object that does not exist yet), so it is granted on leases of that namespace alone.
+    """
+    return [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lease_name],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    ]
 
 
 def cluster_role(*, name: str) -> dict[str, Any]:
