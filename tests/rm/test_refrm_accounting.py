@@ -376,3 +376,63 @@ async def test_not_ready_until_the_pods_are_known_too(
         await core.delete_node(name=node)
         await rbac.delete_cluster_role_binding(name=role)
         await rbac.delete_cluster_role(name=role)
+
+
+async def test_pod_mirror_follows_binds_deletions_and_a_relist_after_a_gap(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    """The pod mirror on its own (in this process, 1-second watches so that resuming a watch the
+    server ended is exercised): a bound pod appears, a finished one disappears, and a pod deleted
+    while the mirror was down is gone after its relist."""
+    from bindery.refrm.accounting import ClusterPods
+    from bindery.refrm.mirror import PodMirror
+
+    core = client.CoreV1Api(kube_api)
+    pool = Pool()
+    node = pool.node(1)  # no Node object is needed: the pod mirror follows pods by spec.nodeName
+    snapshots: list[ClusterPods] = []
+    mirror = PodMirror(api=kube_api, on_change=snapshots.append, watch_timeout_seconds=1)
+
+    async def on_node() -> int:
+        assert snapshots, "no snapshot yet"
+        entry = snapshots[-1].nodes.get(node)
+        return 0 if entry is None else entry.count
+
+    async def count_is(expected: int) -> None:
+        assert await on_node() == expected, f"{await on_node()} pod(s) on {node}, want {expected}"
+
+    task = asyncio.create_task(mirror.run())
+    try:
+        await eventually(lambda: count_is(0), "the first list")
+        await asyncio.sleep(2.5)  # two 1-second watches end and resume: the events below must still arrive
+        for name in ("a", "b", "c"):
+            await core.create_namespaced_pod(
+                namespace=namespace, body=pod_body(name, pool=pool, cpu="1", node=node)
+            )
+        await eventually(lambda: count_is(3), "three bound pods mirrored")
+        await core.patch_namespaced_pod_status(
+            name="a", namespace=namespace, body={"status": {"phase": "Succeeded"}}
+        )
+        await eventually(lambda: count_is(2), "the finished pod no longer counted")
+        await core.delete_namespaced_pod(name="b", namespace=namespace, grace_period_seconds=0)
+        await eventually(lambda: count_is(1), "the deleted pod gone")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    # Down: a deletion nobody watches.  The relist of the next run replaces the whole set.
+    await core.delete_namespaced_pod(name="c", namespace=namespace, grace_period_seconds=0)
+    before = len(snapshots)
+    task = asyncio.create_task(mirror.run())
+    try:
+
+        async def relisted_without_c() -> None:
+            assert len(snapshots) > before, "not relisted yet"
+            await count_is(0)
+
+        await eventually(relisted_without_c, "the relist dropped the pod deleted during the gap")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -20,6 +20,7 @@ hands it to the store's single writer, which resolves the claims against its res
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -135,6 +136,11 @@ class ClusterPods:
         else:
             nodes.pop(node, None)
         return ClusterPods(nodes=nodes)
+
+    @functools.cached_property
+    def claimed(self) -> tuple[str, ...]:
+        """The reservation ids the bound pods name (computed once per snapshot, not per reserve)."""
+        return tuple(self.claimed_reservations())
 
     def claimed_reservations(self) -> list[str]:
         """The reservation ids the bound pods name; the store looks up which are its active ones."""

@@ -85,7 +85,8 @@ class _ListWatch(abc.ABC):
         log.info("%s mirror: %d %s(s) match %s", self.what, len(items), self.what, self._selectors())
         return resource_version
 
-    async def _watch(self, resource_version: str) -> None:
+    async def _watch(self, resource_version: str) -> str:
+        """Apply events until the server ends the watch; returns the last resourceVersion seen."""
         async with watch.Watch() as stream:
             async for event in stream.stream(
                 self._list_function(),
@@ -98,9 +99,11 @@ class _ListWatch(abc.ABC):
                 raw = event["raw_object"]
                 if kind == "ERROR":
                     raise _Expired(str(raw.get("message", raw)))
+                resource_version = str((raw.get("metadata") or {}).get("resourceVersion") or resource_version)
                 if kind == "BOOKMARK":
                     continue
                 self._apply(kind, raw)
+        return resource_version
 
     async def run(self) -> None:
         """Run until cancelled."""
@@ -109,9 +112,8 @@ class _ListWatch(abc.ABC):
             try:
                 resource_version = await self._list()
                 backoff = 0.5
-                while True:
-                    await self._watch(resource_version)
-                    resource_version = await self._list()
+                while True:  # a watch the server ended on its timeout resumes where it stopped
+                    resource_version = await self._watch(resource_version)
             except asyncio.CancelledError:
                 raise
             except Exception as error:

@@ -277,12 +277,12 @@ class ReservationStore:
 
     def _foreign(self, pods: ClusterPods) -> dict[str, Foreign]:
         """What the bound pods that no active reservation of this RM counts use, per node, now."""
-        claimed = pods.claimed_reservations()
+        claimed = pods.claimed
         rows = (
             self._db.execute(
                 "SELECT id, pod_uid, node FROM reservations WHERE state IN (?, ?) "
                 "AND id IN (SELECT value FROM json_each(?))",
-                (*_ACTIVE, json.dumps(claimed)),
+                (*_ACTIVE, json.dumps(list(claimed))),
             ).fetchall()
             if claimed
             else []
