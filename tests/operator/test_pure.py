@@ -177,8 +177,15 @@ def test_watch_lines_become_events_and_garbage_is_refused() -> None:
 UNCONFIRMED = UnconfirmedBind(reservation_id="r-1", pod=POD, node="n1", deadline=60.0)
 
 
-def _pod(*, uid: str = "u-1", node: str | None = None, phase: str = "Pending") -> dict[str, object]:
-    return {"metadata": {"uid": uid}, "spec": {"nodeName": node} if node else {}, "status": {"phase": phase}}
+def _pod(
+    *, uid: str = "u-1", node: str | None = None, phase: str = "Pending", reservation: str | None = "r-1"
+) -> dict[str, object]:
+    annotations = {"bindery.dev/reservation-id": reservation} if reservation else {}
+    return {
+        "metadata": {"uid": uid, "annotations": annotations},
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": phase},
+    }
 
 
 @pytest.mark.parametrize(
@@ -192,8 +199,21 @@ def _pod(*, uid: str = "u-1", node: str | None = None, phase: str = "Pending") -
         (_pod(node="n2", phase="Running"), Settle.RELEASE),  # someone else bound it elsewhere
         (_pod(node="n1", phase="Succeeded"), Settle.RELEASE),  # bound by us, and already finished
         (_pod(node="n1", phase="Failed"), Settle.RELEASE),
+        (_pod(node="n1", reservation="r-0"), Settle.RELEASE),  # a stale cycle's Binding, not this one
+        (_pod(node="n1", reservation=None), Settle.RELEASE),  # another scheduler bound it there
     ],
-    ids=["running", "bound", "pending", "gone", "replaced", "elsewhere", "succeeded", "failed"],
+    ids=[
+        "running",
+        "bound",
+        "pending",
+        "gone",
+        "replaced",
+        "elsewhere",
+        "succeeded",
+        "failed",
+        "stale",
+        "foreign",
+    ],
 )
 def test_an_unconfirmed_binding_is_settled_by_the_pods_fate(
     pod: dict[str, object] | None, expected: Settle | None

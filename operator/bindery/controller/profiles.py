@@ -298,7 +298,12 @@ class ProfileRunner:
             self._on_released()
 
     def _follow_up(self, pod: PodInfo, result: CycleOutcome) -> None:
-        """A Binding that got no answer leaves a reservation to settle; any other end settles it."""
+        """A Binding that got no answer leaves a reservation to settle; a bind with it settles it.
+
+        Only the reservation this cycle bound with is forgotten: a cycle that failed before getting
+        an earlier unanswered Binding's reservation back did not settle it (its releases go through
+        SettlingReleases), and that Binding may still land.
+        """
         unconfirmed = result.failure is not None and result.failure.kind is FailureKind.BIND_UNCONFIRMED
         if unconfirmed and result.reservation_id is not None and result.node is not None:
             self.unconfirmed.track(
@@ -306,9 +311,10 @@ class ProfileRunner:
                 pod=pod,
                 node=result.node,
                 ttl_seconds=self.profile.reservation_ttl_seconds,
+                expires=result.lease_expires,
             )
-        else:
-            self.unconfirmed.forget_pod(pod.uid)
+        elif result.bound and result.reservation_id is not None:
+            self.unconfirmed.forget(result.reservation_id)
 
     def _record(self, pod: PodInfo, outcome: Outcome, started: float) -> None:
         self.metrics.attempt(

@@ -13,10 +13,20 @@ reservations until it learns what happened to the pod:
 - the pod is still pending: nothing is done here. Its next cycle reserves with the same idempotency
   key, gets this reservation back, and then commits or releases it like any other.
 
-Two sources tell, whichever comes first: one read of the pod right after the cycle (retried with
-backoff while the apiserver does not answer, for as long as the reservation lives), and the
+Two sources tell, whichever comes first: reads of the pod, starting right after the cycle (retried
+with backoff while the apiserver does not answer, for as long as the reservation lives), and the
 bound-pod watch, which sees the pod as soon as it is bound, including by a Binding that was still
-in flight when that read ran.
+in flight when that read ran. The pod must carry this reservation in its
+``bindery.dev/reservation-id`` annotation: bound to the node by anyone else, it does not use it.
+
+While the pod is still pending, its lease is kept alive: when less than a third of it is left, the
+pod is read again and, still pending, the reservation is renewed (contract v1.1). A late Binding can
+land after the original lease would have run out, and must still find its reservation alive. An RM
+that cannot renew (v1.0) leaves the reservation to its next cycle or its expiry, as before.
+
+Only the reservation a later cycle of the pod actually ended with is forgotten here (that cycle
+bound with it and committed it); a cycle that failed before reserving, or got another reservation,
+does not settle this one, and a late Binding may still land with it.
 
 A third path closes a race: the pod's next cycle gets the same reservation back, and if the late
 Binding lands meanwhile, that cycle finds the pod gone from the unbound pods and would release it.
@@ -30,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -40,13 +51,16 @@ from kubernetes_asyncio import client
 from bindery.controller.bound import reservation_to_release
 from bindery.controller.reconcile import Settle, pod_fate
 from bindery.kube.reads import read_pod
-from bindery.rm.errors import RMConflict, RMError
+from bindery.rm.errors import RMConflict, RMError, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
+from bindery.scheduling.lease import lease_from_answer
 from bindery.scheduling.podspec import PodInfo
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 REMEMBERED_COMMITS = 10_000
+#: How long one read of the pod may take (the generated client's default is 5 minutes).
+READ_TIMEOUT_SECONDS = 10.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,14 +72,23 @@ class UnconfirmedBind:
     node: str
     #: The tracker's clock (time.monotonic) after which the RM has let the reservation expire.
     deadline: float
+    #: The lease a renewal asks for.
+    ttl_seconds: float = 60.0
 
 
 def fate(*, bind: UnconfirmedBind, pod: Mapping[str, Any] | None) -> Settle | None:
     """Pure: :func:`~bindery.controller.reconcile.pod_fate` of the bind's reservation.
 
-    None means the pod is still pending: its next cycle settles the reservation.
+    None means the pod is still pending: its next cycle settles the reservation. A pod bound to the
+    node without this reservation in its annotation was bound by someone else (another scheduler,
+    or a stale cycle with an older reservation): this one is not in use, release it.
     """
-    return pod_fate(pod_uid=bind.pod.uid, node=bind.node, pod=pod)
+    decided = pod_fate(pod_uid=bind.pod.uid, node=bind.node, pod=pod)
+    if decided is Settle.COMMIT and pod is not None:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(RESERVATION_ANNOTATION) != bind.reservation_id:
+            return Settle.RELEASE
+    return decided
 
 
 class UnconfirmedBinds:
@@ -95,24 +118,52 @@ class UnconfirmedBinds:
         #: ids committed here: a cycle that still holds one must not release it
         self._committed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._following: dict[str, asyncio.Task[None]] = {}  # reservation id -> its follow-up
 
     def __contains__(self, reservation_id: object) -> bool:
         """Whether a release of this id must be checked first (pending, or committed here)."""
         return reservation_id in self._pending or reservation_id in self._committed
 
-    def track(self, *, reservation_id: str, pod: PodInfo, node: str, ttl_seconds: float) -> None:
-        """Remember the reservation of a Binding that got no answer and start reading its pod."""
+    def track(
+        self,
+        *,
+        reservation_id: str,
+        pod: PodInfo,
+        node: str,
+        ttl_seconds: float,
+        expires: float | None = None,
+    ) -> None:
+        """Remember the reservation of a Binding that got no answer and start reading its pod.
+
+        ``expires``: when its lease runs out on this tracker's clock, as the cycle last knew it
+        (default: a whole TTL from now).
+        """
         now = self._clock()
         for rid in [rid for rid, known in self._pending.items() if known.deadline <= now]:
             del self._pending[rid]  # expired at the RM: nothing left to commit or release
-        bind = UnconfirmedBind(reservation_id=reservation_id, pod=pod, node=node, deadline=now + ttl_seconds)
+        bind = UnconfirmedBind(
+            reservation_id=reservation_id,
+            pod=pod,
+            node=node,
+            deadline=now + ttl_seconds if expires is None else expires,
+            ttl_seconds=ttl_seconds,
+        )
         self._pending[reservation_id] = bind
-        task = asyncio.create_task(self._read_and_settle(bind), name=f"settle {bind.reservation_id}")
+        running = self._following.get(reservation_id)
+        if running is not None and not running.done():
+            return  # a later cycle got the same reservation back and lost its answer too
+        task = asyncio.create_task(self._follow(reservation_id), name=f"settle {bind.reservation_id}")
+        self._following[reservation_id] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda done: self._following.pop(reservation_id, None))
+
+    def forget(self, reservation_id: str) -> None:
+        """A later cycle of the pod bound it with this reservation and committed it."""
+        self._pending.pop(reservation_id, None)
 
     def forget_pod(self, pod_uid: str) -> None:
-        """The pod's next cycle settled its reservation (committed, released or replaced it)."""
+        """The pod left for good: nothing of it is tracked any more."""
         for rid in [rid for rid, bind in self._pending.items() if bind.pod.uid == pod_uid]:
             del self._pending[rid]
 
@@ -163,9 +214,10 @@ class UnconfirmedBinds:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _read_and_settle(self, bind: UnconfirmedBind) -> None:
+    async def _follow(self, reservation_id: str) -> None:
+        """Read the pod until its fate is known, keeping the lease alive while it is pending."""
         delay = self._first_retry
-        while bind.reservation_id in self._pending:
+        while (bind := self._pending.get(reservation_id)) is not None:
             try:
                 pod = await self._read(bind)
             except Exception as exc:  # ApiException, transport errors: the apiserver is still away
@@ -173,18 +225,61 @@ class UnconfirmedBinds:
                     return
                 delay = min(delay * 2, self._max_retry)
                 continue
+            delay = self._first_retry
             decided = fate(bind=bind, pod=pod)
-            if decided is None:
+            if decided is not None:
+                await self._settle(bind, decided)
+                return
+            if not await self._keep_alive(bind):
                 self._logger.info(
                     f"pod {bind.pod.key} is still pending after a Binding that got no answer; its next "
                     f"cycle reuses reservation {bind.reservation_id}"
                 )
                 return
-            await self._settle(bind, decided)
-            return
+
+    async def _keep_alive(self, bind: UnconfirmedBind) -> bool:
+        """The pod is pending: sleep until the lease runs low, or renew it if it does; False: stop.
+
+        The caller reads the pod again after each return, so a reservation is renewed only for a
+        pod seen pending less than a third of a lease earlier.
+        """
+        rid = bind.reservation_id
+        low_at = bind.deadline - bind.ttl_seconds / 3
+        if (wait := low_at - self._clock()) > 0:
+            await asyncio.sleep(wait)
+            return True  # the caller reads the pod again, unless the watch settled it meanwhile
+        sent_at, sent_at_wall = self._clock(), datetime.datetime.now(datetime.UTC)
+        try:
+            renewed = await self._rm().renew(rid, pod_uid=bind.pod.uid, ttl_seconds=int(bind.ttl_seconds))
+        except RMUnsupported:
+            return False  # contract v1.0: the next cycle or the expiry settles it, as before v1.1
+        except RMConflict as exc:  # expired, released or not this pod's: nothing left to keep
+            self._pending.pop(rid, None)
+            self._logger.warning(
+                f"reservation {rid} of pod {bind.pod.key} (a Binding that got no answer) can no longer "
+                f"be renewed: {exc}"
+            )
+            return False
+        except RMError as exc:
+            return await self._wait(bind, self._first_retry, f"renewing it failed: {exc}")
+        lease = lease_from_answer(
+            reservation=renewed, ttl_seconds=bind.ttl_seconds, sent_at=sent_at, sent_at_wall=sent_at_wall
+        )
+        if rid in self._pending:
+            self._pending[rid] = dataclasses.replace(self._pending[rid], deadline=lease.expires)
+        self._logger.info(
+            f"renewed reservation {rid} of pod {bind.pod.key}, still pending after a Binding that got no "
+            "answer"
+        )
+        return True
 
     async def _read(self, bind: UnconfirmedBind) -> dict[str, Any] | None:
-        return await read_pod(core=self._core, namespace=bind.pod.namespace, name=bind.pod.name)
+        return await read_pod(
+            core=self._core,
+            namespace=bind.pod.namespace,
+            name=bind.pod.name,
+            timeout_seconds=READ_TIMEOUT_SECONDS,
+        )
 
     async def _settle(self, bind: UnconfirmedBind, decided: Settle) -> None:
         """Commit or release, retrying the RM while the reservation lives; the first caller wins."""

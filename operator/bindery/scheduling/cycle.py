@@ -46,6 +46,7 @@ from bindery.scheduling.defaults import (
     PodStillPending,
     ResourceManagerReservation,
     ScheduledEvent,
+    lease_of,
 )
 from bindery.scheduling.framework import (
     BindPlugin,
@@ -82,6 +83,8 @@ class CycleOutcome:
     reported: bool = False
     #: Bound, but the RM commit failed: the reservation expires unless committed later.
     commit_failed: bool = False
+    #: When the reservation's lease runs out (``profile.clock``), as the cycle last knew it.
+    lease_expires: float | None = None
 
     @property
     def bound(self) -> bool:
@@ -172,6 +175,7 @@ async def schedule_one(
         decision=decision,
         released=released,
         reported=reported,
+        lease_expires=lease.expires if (lease := lease_of(ctx)) is not None else None,
     )
 
 

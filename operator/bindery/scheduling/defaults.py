@@ -51,6 +51,7 @@ __all__ = [
     "ResourceManagerReservation",
     "ScheduledEvent",
     "call_budget",
+    "lease_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,12 @@ def _failure(ctx: CycleContext, error: BaseException, stage: Stage, plugin: str)
     )
 
 
+def lease_of(ctx: CycleContext) -> Lease | None:
+    """The reservation's lease as this cycle last knew it (None before Reserve)."""
+    lease = ctx.state.get(_LEASE)
+    return lease if isinstance(lease, Lease) else None
+
+
 async def call_budget(ctx: CycleContext, *, cap: float, needed: float = MIN_CALL_SECONDS) -> float | None:
     """Seconds the cycle's next call may take so that it ends before the reservation's lease does.
 
@@ -83,8 +90,8 @@ async def call_budget(ctx: CycleContext, *, cap: float, needed: float = MIN_CALL
     call fits any more (the RM could not renew), so the caller must not start it.  Without a lease
     (no RM reservation in this cycle) the call gets ``cap``.
     """
-    lease = ctx.state.get(_LEASE)
-    if not isinstance(lease, Lease):
+    lease = lease_of(ctx)
+    if lease is None:
         return cap
     plan = plan_call(
         lease=lease,
