@@ -50,8 +50,11 @@ RESULTS: Mapping[Outcome, str] = {
     Outcome.DROPPED: "dropped",
 }
 #: Why a reservation was released: a failed cycle, a departed bound pod, a leftover at startup, a
-#: Binding that got no answer and turned out not to have bound the pod.
-RELEASE_REASONS = ("cycle_failure", "pod_departed", "leftover", "unconfirmed_binding")
+#: Binding that got no answer and turned out not to have bound the pod, a reconcile pass.
+RELEASE_REASONS = ("cycle_failure", "pod_departed", "leftover", "unconfirmed_binding", "reconcile")
+#: What a reconcile pass did (bindery.controller.reconcile): committed or released a reservation,
+#: failed to, or found a bound pod without any active reservation.
+RECONCILE_ACTIONS = ("commit", "release", "failed", "missing_reservation")
 #: 5 ms … ~82 s: an RM round trip at the low end, a pod parked through several backoffs at the top.
 LATENCY_BUCKETS = tuple(0.005 * 2**i for i in range(15))
 
@@ -116,8 +119,22 @@ class Metrics:
         )
         self.released = Counter(
             "bindery_reservations_released",
-            "Reservations released, by reason: cycle_failure, pod_departed, leftover, unconfirmed_binding.",
+            "Reservations released, by reason: cycle_failure, pod_departed, leftover, unconfirmed_binding, "
+            "reconcile.",
             ["resource_manager", "reason"],
+            registry=self.registry,
+        )
+        self.reconcile_actions = Counter(
+            "bindery_reconcile_actions",
+            "What reconcile passes did, by action: commit, release, failed (the RM refused or did not "
+            "answer), missing_reservation (a bound pod of a served name with no active reservation).",
+            ["resource_manager", "action"],
+            registry=self.registry,
+        )
+        self.reconcile_passes = Counter(
+            "bindery_reconcile_passes",
+            "Reconcile passes by outcome: ok, or error (the RM or the apiserver could not be read).",
+            ["resource_manager", "outcome"],
             registry=self.registry,
         )
         self.registry.register(_StateCollector(writes=writes or WriteCounter(), queues=queues))
@@ -142,6 +159,12 @@ class Metrics:
 
     def release(self, *, resource_manager: str, reason: str, count: int = 1) -> None:
         self.released.labels(resource_manager, reason).inc(count)
+
+    def reconcile_action(self, *, resource_manager: str, action: str, count: int = 1) -> None:
+        self.reconcile_actions.labels(resource_manager, action).inc(count)
+
+    def reconcile_pass(self, *, resource_manager: str, outcome: str) -> None:
+        self.reconcile_passes.labels(resource_manager, outcome).inc()
 
     # -- exposition ------------------------------------------------------------------------------
 

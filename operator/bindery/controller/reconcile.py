@@ -1,39 +1,74 @@
-"""Startup reconciliation: no reservation survives a crash between reserve and commit.
+"""Level-triggered reconciliation: a ResourceManager's active reservations agree with the pods.
 
-If the operator died after the RM reserved capacity but before it committed, the reservation sits
-in state `reserved` until its TTL expires, holding capacity nobody will use (or, if the pod got
-bound, capacity that is used but never committed). Before a profile's workers start, every
-`reserved` reservation of its scheduler names is settled:
+Watches are edge-triggered and edges get lost: a pod deleted while the bound-pod watch was down
+(an apiserver restart, a 410, a timeout), a reserve whose answer never came back, an operator that
+crashed between reserve and commit, a scheduler name moved from one ResourceManager to another
+(the new owner's watch releases at the new RM, the old RM keeps the allocation). Each loss leaks
+capacity, and a committed reservation never expires, so it leaks for good. So every
+ResourceManager gets a :class:`Reconciler` whose pass compares the RM's active reservations with
+the pods as they are now, and acts on the difference. The per-RM supervisor runs a pass at start,
+on gaining leadership, after every relist of a bound-pod watch and periodically
+(``spec.reconcileIntervalSeconds``, default 30 s; well inside the reservation lease, so a reserved
+reservation whose pod got bound is committed long before it could expire).
 
-- the pod exists with the reservation's UID, is bound to the reservation's node and has not
-  finished → commit (the bind happened, only the commit was lost);
-- otherwise (pod gone, replaced, bound elsewhere, finished, or still unbound) → release. A
-  still-unbound pod simply gets a fresh reservation in its next cycle (same idempotency key).
+What a pass decides for each active reservation (:func:`reconcile_action`, from :func:`pod_fate`):
 
-The same decision (`pod_fate`) settles reservations whose Binding got no answer while running
-(`bindery.controller.unconfirmed`), except that there a still-unbound pod keeps its reservation.
+- its pod is gone, was replaced under its name (another UID), is bound to another node, or has
+  finished → **release** (with the reservation's pod UID, contract v1.1);
+- it is ``reserved`` and its pod (same UID) is bound to its node and running → **commit** (the
+  Binding landed, the commit was lost);
+- its pod is still pending → **left alone**: the pod's next cycle reserves with the same
+  idempotency key and gets it back, and a Binding still in flight (another leader's, or this
+  process's own) may yet land on it; a reservation whose pod never binds expires after its TTL;
+- ``committed`` to its running pod → nothing to do.
 
-Committed reservations whose pod is no longer bound and running (it went away while no operator
-was watching) are released as well.
+And for the other direction: a bound, running pod of a served scheduler name without any active
+reservation gets one Warning event ``ReservationMissing`` (once per pod UID, remembered bounded)
+and is counted: its resources are not accounted at the RM, which may hand them out again.
 
-This reads one pod per leftover reservation and lists the bound pods of each scheduler name, once
-per profile start: the steady state pays nothing.
+Which reservations: those of every scheduler name this RM serves now, served earlier in this
+process (a name moved to another RM), or that any ResourceManager of this operator serves
+(``known_scheduler_names``: after a restart, a moved name's leftovers at its old RM are still found).
+Reservations of other names are left alone: an external RM may serve other clusters, whose pods
+this operator cannot see and must not judge gone. A namespaced operator touches only reservations
+of pods in its namespaces.
+
+Cost of a pass: one list of bound pods per scheduler name (and namespace), two reservation lists
+per name at the RM, and one pod GET per reservation whose pod is not in those lists (pending pods,
+departed pods). Pure decisions live in functions; the class only reads and acts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import dataclasses
+import datetime
 import enum
 import logging
-from collections.abc import Mapping
-from typing import Any
+import socket
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any, Protocol
 
 from kubernetes_asyncio import client
 
-from bindery.controller.bound import TERMINAL_PHASES, BoundPodWatcher, stale_committed
+from bindery.controller.bound import TERMINAL_PHASES, list_bound_pods
+from bindery.controller.metrics import Metrics
+from bindery.kube.events import event_body
 from bindery.kube.reads import read_pod
-from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
-from bindery.rm.models import Reservation
+from bindery.rm.models import Reservation, ReservationState
+from bindery.scheduling.podspec import PodInfo
+
+Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+#: Pods warned about a missing reservation, remembered so each gets one event (oldest forgotten first).
+REMEMBERED_WARNINGS = 10_000
+#: The events' reportingController: a reconcile pass acts for the ResourceManager, not for one name.
+REPORTING_CONTROLLER = "bindery"
+MISSING_REASON = "ReservationMissing"
+#: Explicit bounds on the apiserver calls of a pass (a list of thousands of pods takes a while).
+LIST_TIMEOUT_SECONDS = 60.0
+READ_TIMEOUT_SECONDS = 10.0
 
 
 class Settle(enum.StrEnum):
@@ -60,76 +95,351 @@ def pod_fate(*, pod_uid: str, node: str, pod: Mapping[str, Any] | None) -> Settl
 
 
 def settle(*, reservation: Reservation, pod: Mapping[str, Any] | None) -> Settle:
-    """Pure: what to do with a leftover `reserved` reservation; a still-unbound pod reserves afresh."""
+    """Pure: the one-shot startup rule of old (a still-unbound pod's reservation released).
+
+    Kept for callers that settle a reservation they know no Binding can still use; a reconcile
+    pass uses :func:`reconcile_action`, which leaves a pending pod's reservation alone.
+    """
     return pod_fate(pod_uid=reservation.pod_uid, node=reservation.node, pod=pod) or Settle.RELEASE
+
+
+def reconcile_action(*, reservation: Reservation, pod: Mapping[str, Any] | None) -> Settle | None:
+    """Pure: what a pass does with one active reservation given its pod's body (None: no such pod).
+
+    None means leave it: the pod is pending (its next cycle or a late Binding settles it), or the
+    reservation is already committed to its running pod.
+    """
+    fate = pod_fate(pod_uid=reservation.pod_uid, node=reservation.node, pod=pod)
+    if fate is Settle.COMMIT and reservation.state is ReservationState.COMMITTED:
+        return None
+    return fate
+
+
+def in_scope(*, reservation: Reservation, namespaces: Collection[str]) -> bool:
+    """Pure: whether a namespaced operator (`namespaces` non-empty) may touch this reservation."""
+    return not namespaces or reservation.namespace in namespaces
+
+
+def missing_reservations(
+    *, bound_pods: Iterable[Mapping[str, Any]], active_pod_uids: Collection[str], warned: Collection[str]
+) -> list[Mapping[str, Any]]:
+    """Pure: bound, running, not-deleting pods with no active reservation, not warned about yet."""
+    found = []
+    for pod in bound_pods:
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        if not uid or uid in active_pod_uids or uid in warned or metadata.get("deletionTimestamp"):
+            continue
+        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            continue
+        found.append(pod)
+    return found
+
+
+def missing_note(*, pod: Mapping[str, Any], resource_manager: str) -> str:
+    """Pure: the Warning's text: what is wrong, why it matters, what to do."""
+    spec = pod.get("spec") or {}
+    return (
+        f"Pod is bound to node {spec.get('nodeName')} with schedulerName {spec.get('schedulerName')}, "
+        f"but ResourceManager {resource_manager} holds no active reservation for it, so the resource "
+        "manager does not account for its resources and may place other pods on them. If the pod "
+        "was bound outside Bindery (spec.nodeName set at creation), give it a schedulerName that "
+        "Bindery does not serve; otherwise check the resource manager's reservations for this pod UID."
+    )
+
+
+class ReconcilingRM(Protocol):
+    """What a pass needs of the RM client (:class:`bindery.rm.client.ResourceManagerClient`)."""
+
+    async def list_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
+    ) -> list[Reservation]: ...
+
+    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation: ...
+
+    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ReconcileReport:
+    """What one pass did: reservation ids committed, released and failed, pods newly warned about."""
+
+    reason: str
+    committed: tuple[str, ...] = ()
+    released: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()  # namespace/name of pods warned about in this pass
+    kept: int = 0  # active reservations left alone (pending pod, or committed to its running pod)
+
+    @property
+    def actions(self) -> dict[str, Settle]:
+        return {rid: Settle.COMMIT for rid in self.committed} | {rid: Settle.RELEASE for rid in self.released}
+
+
+class Reconciler:
+    """The reconcile passes of one ResourceManager; :meth:`run_once` is safe to call concurrently.
+
+    `rm` and `scheduler_names` are read at every pass, so a rotated client or an edited spec is
+    used by the next pass. `warn_missing` turns the ReservationMissing events off (a one-shot
+    pass with nobody to remember whom it warned).
+    """
+
+    def __init__(
+        self,
+        *,
+        resource_manager: str,
+        rm: Callable[[], ReconcilingRM],
+        api: client.ApiClient,
+        scheduler_names: Callable[[], Collection[str]],
+        logger: Logger,
+        namespaces: tuple[str, ...] = (),
+        known_scheduler_names: Callable[[], Collection[str]] = tuple,
+        metrics: Metrics | None = None,
+        on_released: Callable[[], None] = lambda: None,
+        warn_missing: bool = True,
+        hostname: str | None = None,
+    ) -> None:
+        self.resource_manager = resource_manager
+        self.passes = 0  # finished passes (successful or not): tests wait on it
+        self._rm = rm
+        self._api = api
+        self._core = client.CoreV1Api(api)
+        self._events = client.EventsV1Api(api)
+        self._scheduler_names = scheduler_names
+        self._known = known_scheduler_names
+        self._logger = logger
+        self._namespaces = namespaces
+        self._metrics = metrics or Metrics()
+        self._on_released = on_released
+        self._warn_missing = warn_missing
+        self._hostname = hostname or socket.gethostname()
+        self._served_before: set[str] = set()
+        self._warned: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._lock = asyncio.Lock()
+
+    async def run_once(self, *, reason: str) -> ReconcileReport:
+        """One pass; `reason` (start, leadership, relist, periodic, ...) is logged with it.
+
+        Raises what reading the RM or the apiserver raised (RMError, ApiException, a transport
+        error): the pass then stopped before acting on anything it could not see whole. A failed
+        commit or release of one reservation does not stop the pass; it is logged, counted and
+        listed in the report.
+        """
+        async with self._lock:
+            try:
+                report = await self._pass(reason)
+            except Exception as exc:
+                self._metrics.reconcile_pass(resource_manager=self.resource_manager, outcome="error")
+                self._logger.warning(
+                    f"reconcile pass of ResourceManager {self.resource_manager!r} ({reason}) failed: {exc}; "
+                    "the next pass retries"
+                )
+                raise
+            finally:
+                self.passes += 1
+        self._metrics.reconcile_pass(resource_manager=self.resource_manager, outcome="ok")
+        if report.committed or report.released or report.failed or report.missing:
+            self._logger.info(
+                f"reconcile pass of ResourceManager {self.resource_manager!r} ({reason}): "
+                f"{len(report.committed)} committed, {len(report.released)} released, "
+                f"{len(report.failed)} failed, {len(report.missing)} pods without a reservation, "
+                f"{report.kept} left alone"
+            )
+        return report
+
+    async def _pass(self, reason: str) -> ReconcileReport:
+        rm = self._rm()
+        served = frozenset(self._scheduler_names())
+        self._served_before |= served
+        # Bound pods of the served names first, reservations after: a pod in this list was bound
+        # before the reservations were read, so its reservation (made before its Binding) is listed.
+        served_pods = await self._bound_pods(served)
+        names = served | self._served_before | frozenset(self._known())
+        reservations = [
+            reservation
+            for name in sorted(names)
+            for state in (ReservationState.RESERVED, ReservationState.COMMITTED)
+            for reservation in await rm.list_reservations(scheduler_name=name, state=state.value)
+            if in_scope(reservation=reservation, namespaces=self._namespaces)
+        ]
+        pods = dict(served_pods)
+        pods |= await self._bound_pods(frozenset(r.scheduler_name for r in reservations) - served)
+
+        committed: list[str] = []
+        released: list[str] = []
+        failed: list[str] = []
+        kept = 0
+        for reservation in reservations:
+            pod = pods.get(reservation.pod_uid)
+            if pod is None:
+                pod = await self._read(reservation)  # pending, departed, or never named
+            action = reconcile_action(reservation=reservation, pod=pod)
+            if action is None:
+                kept += 1
+                continue
+            if await self._act(rm, reservation, action, reason):
+                (committed if action is Settle.COMMIT else released).append(reservation.id)
+            else:
+                failed.append(reservation.id)
+        if released:
+            self._metrics.release(
+                resource_manager=self.resource_manager, reason="reconcile", count=len(released)
+            )
+            self._on_released()
+        missing = await self._report_missing(
+            served_pods=served_pods.values(),
+            active_pod_uids={r.pod_uid for r in reservations},
+            rm=rm,
+        )
+        return ReconcileReport(
+            reason=reason,
+            committed=tuple(committed),
+            released=tuple(released),
+            failed=tuple(failed),
+            missing=tuple(missing),
+            kept=kept,
+        )
+
+    async def _bound_pods(self, names: Collection[str]) -> dict[str, dict[str, Any]]:
+        """uid → body of the bound pods of `names` (in the operator's namespaces, if it has any)."""
+        found: dict[str, dict[str, Any]] = {}
+        for name in sorted(names):
+            for namespace in self._namespaces or (None,):
+                items, _ = await list_bound_pods(
+                    core=self._core, scheduler_name=name, namespace=namespace, within=LIST_TIMEOUT_SECONDS
+                )
+                for item in items:
+                    found[str((item.get("metadata") or {}).get("uid") or "")] = item
+        return found
+
+    async def _read(self, reservation: Reservation) -> dict[str, Any] | None:
+        if not reservation.namespace or not reservation.name:
+            return None  # the RM does not know the pod's name: nothing can be bound on it by us
+        async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+            return await read_pod(core=self._core, namespace=reservation.namespace, name=reservation.name)
+
+    async def _act(self, rm: ReconcilingRM, reservation: Reservation, action: Settle, reason: str) -> bool:
+        pod = f"{reservation.namespace}/{reservation.name} ({reservation.pod_uid})"
+        try:
+            if action is Settle.COMMIT:
+                await rm.commit(reservation.id, pod_uid=reservation.pod_uid)
+            else:
+                await rm.release(reservation.id, pod_uid=reservation.pod_uid)
+        except RMError as exc:
+            self._metrics.reconcile_action(resource_manager=self.resource_manager, action="failed")
+            self._logger.warning(
+                f"reconcile ({reason}): could not {action} {reservation.state.value} reservation "
+                f"{reservation.id} of pod {pod} on node {reservation.node}: {exc}; the next pass retries"
+            )
+            return False
+        self._metrics.reconcile_action(resource_manager=self.resource_manager, action=action.value)
+        why = (
+            "bound to its node, commit was lost" if action is Settle.COMMIT else "pod gone, replaced or done"
+        )
+        self._logger.info(
+            f"reconcile ({reason}): {action.value} {reservation.state.value} reservation {reservation.id} "
+            f"of pod {pod} on node {reservation.node} ({why})"
+        )
+        return True
+
+    async def _report_missing(
+        self, *, served_pods: Iterable[Mapping[str, Any]], active_pod_uids: set[str], rm: ReconcilingRM
+    ) -> list[str]:
+        if not self._warn_missing:
+            return []
+        warned: list[str] = []
+        for listed in missing_reservations(
+            bound_pods=served_pods, active_pod_uids=active_pod_uids, warned=self._warned
+        ):
+            metadata = listed.get("metadata") or {}
+            uid, namespace, name = (
+                str(metadata["uid"]),
+                str(metadata.get("namespace")),
+                str(metadata.get("name")),
+            )
+            # Confirm before warning: the pod may have gone (and its reservation with it) since the list.
+            async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+                pod = await read_pod(core=self._core, namespace=namespace, name=name)
+            if pod is None or missing_reservations(bound_pods=[pod], active_pod_uids=(), warned=()) == []:
+                continue
+            if (pod.get("metadata") or {}).get("uid") != uid:
+                continue
+            if any(r.state.active for r in await rm.list_reservations(pod_uid=uid)):
+                continue
+            self._remember_warned(uid)
+            self._metrics.reconcile_action(
+                resource_manager=self.resource_manager, action="missing_reservation"
+            )
+            node = (pod.get("spec") or {}).get("nodeName")
+            self._logger.warning(
+                f"reconcile: pod {namespace}/{name} ({uid}) is bound to {node} "
+                f"but ResourceManager {self.resource_manager!r} holds no active reservation for it"
+            )
+            try:
+                await self._post_warning(pod)
+            except Exception as exc:  # the metric and the log already tell; the event is best effort
+                self._logger.warning(
+                    f"could not post the {MISSING_REASON} event of pod {namespace}/{name}: {exc}"
+                )
+            warned.append(f"{namespace}/{name}")
+        return warned
+
+    def _remember_warned(self, uid: str) -> None:
+        self._warned[uid] = None
+        while len(self._warned) > REMEMBERED_WARNINGS:
+            self._warned.popitem(last=False)
+
+    async def _post_warning(self, pod: Mapping[str, Any]) -> None:
+        metadata = pod.get("metadata") or {}
+        info = PodInfo(
+            uid=str(metadata.get("uid")),
+            namespace=str(metadata.get("namespace")),
+            name=str(metadata.get("name")),
+            scheduler_name=str((pod.get("spec") or {}).get("schedulerName") or ""),
+            resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
+        )
+        body = event_body(
+            pod=info,
+            resource_version=info.resource_version,
+            scheduler_name=REPORTING_CONTROLLER,
+            hostname=self._hostname,
+            type_="Warning",
+            reason=MISSING_REASON,
+            action="Reconciling",
+            note=missing_note(pod=pod, resource_manager=self.resource_manager),
+            now=datetime.datetime.now(datetime.UTC),
+        )
+        response = await self._events.create_namespaced_event(
+            namespace=info.namespace, body=body, _preload_content=False, _request_timeout=READ_TIMEOUT_SECONDS
+        )
+        try:
+            if response.status >= 300:
+                detail = (await response.read())[:300].decode("utf-8", "replace")
+                raise client.ApiException(status=response.status, reason=f"event not written: {detail}")
+        finally:
+            response.release()
 
 
 async def reconcile_reservations(
     *,
-    rm: ResourceManagerClient,
+    rm: ReconcilingRM,
     api: client.ApiClient,
     scheduler_names: frozenset[str],
-    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    logger: Logger,
     namespaces: tuple[str, ...] = (),
 ) -> dict[str, Settle]:
-    """Settle every `reserved` reservation of `scheduler_names`; returns id → action taken.
+    """One pass of a throw-away :class:`Reconciler` (no events); returns id → action taken.
 
-    With `namespaces` (a namespaced operator) only reservations of pods in them are touched.
+    For callers that still run a single pass at profile start; the per-RM supervisor keeps one
+    Reconciler and runs it continuously instead.
     """
-    core = client.CoreV1Api(api)
-    done: dict[str, Settle] = {}
-    for scheduler_name in sorted(scheduler_names):
-        for reservation in await rm.list_reservations(scheduler_name=scheduler_name, state="reserved"):
-            if namespaces and reservation.namespace not in namespaces:
-                continue  # another operator's namespace
-            pod = await _read_pod(core=core, reservation=reservation)
-            action = settle(reservation=reservation, pod=pod)
-            try:
-                if action is Settle.COMMIT:
-                    await rm.commit(reservation.id, pod_uid=reservation.pod_uid)
-                else:
-                    await rm.release(reservation.id, pod_uid=reservation.pod_uid)
-            except RMError as exc:
-                logger.warning(f"could not {action} leftover reservation {reservation.id}: {exc}")
-                continue
-            logger.info(
-                f"settled leftover reservation {reservation.id} of pod "
-                f"{reservation.namespace}/{reservation.name} ({reservation.pod_uid}): {action}"
-            )
-            done[reservation.id] = action
-        await _release_departed(
-            rm=rm, api=api, scheduler_name=scheduler_name, logger=logger, done=done, namespaces=namespaces
-        )
-    return done
-
-
-async def _release_departed(
-    *,
-    rm: ResourceManagerClient,
-    api: client.ApiClient,
-    scheduler_name: str,
-    logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
-    done: dict[str, Settle],
-    namespaces: tuple[str, ...],
-) -> None:
-    running: set[str] = set()
-    for namespace in namespaces or (None,):
-        watcher = BoundPodWatcher(
-            api=api, scheduler_name=scheduler_name, rm=lambda: rm, logger=logger, namespace=namespace
-        )
-        running |= (await watcher.running_pod_uids())[0]
-    committed = await rm.list_reservations(scheduler_name=scheduler_name, state="committed")
-    for reservation in stale_committed(committed=committed, running_pod_uids=running, namespaces=namespaces):
-        try:
-            await rm.release(reservation.id, pod_uid=reservation.pod_uid)
-        except RMError as exc:
-            logger.warning(f"could not release reservation {reservation.id} of a departed pod: {exc}")
-            continue
-        logger.info(f"released reservation {reservation.id}: pod {reservation.pod_uid} is no longer running")
-        done[reservation.id] = Settle.RELEASE
-
-
-async def _read_pod(*, core: client.CoreV1Api, reservation: Reservation) -> dict[str, Any] | None:
-    if not reservation.namespace or not reservation.name:
-        return None  # the RM does not know the pod's name: nothing can be bound on it by us
-    return await read_pod(core=core, namespace=reservation.namespace, name=reservation.name)
+    reconciler = Reconciler(
+        resource_manager="",
+        rm=lambda: rm,
+        api=api,
+        scheduler_names=lambda: scheduler_names,
+        logger=logger,
+        namespaces=namespaces,
+        warn_missing=False,
+    )
+    return (await reconciler.run_once(reason="start")).actions

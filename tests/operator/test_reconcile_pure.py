@@ -1,0 +1,91 @@
+"""Unit tests of the pure decisions of reconciliation and of the bound-pod watch's relist diff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bindery.controller.bound import departed_body, reservation_to_release, seen_entry, vanished
+from bindery.controller.reconcile import Settle, in_scope, missing_reservations, reconcile_action
+from bindery.rm.models import Reservation
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
+
+
+def _reservation(state: str = "reserved", **overrides: Any) -> Reservation:
+    fields: dict[str, Any] = {
+        "id": "r1",
+        "node": "n1",
+        "state": state,
+        "podUid": "u-1",
+        "schedulerName": "bindery",
+        "namespace": "ns",
+        "name": "p",
+    }
+    fields.update(overrides)
+    return Reservation.model_validate(fields)
+
+
+def _pod(
+    uid: str = "u-1", node: str | None = "n1", phase: str = "Running", **metadata: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": "ns", "name": "p", **metadata},
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": phase},
+    }
+
+
+def test_a_pending_pod_keeps_its_reservation_whatever_its_state() -> None:
+    pending = _pod(node=None, phase="Pending")
+    assert reconcile_action(reservation=_reservation("reserved"), pod=pending) is None
+    assert reconcile_action(reservation=_reservation("committed"), pod=pending) is None
+
+
+def test_a_reserved_reservation_of_a_pod_bound_to_its_node_is_committed_once() -> None:
+    assert reconcile_action(reservation=_reservation("reserved"), pod=_pod()) is Settle.COMMIT
+    assert reconcile_action(reservation=_reservation("committed"), pod=_pod()) is None
+
+
+def test_gone_replaced_elsewhere_or_finished_pods_release_either_state() -> None:
+    for state in ("reserved", "committed"):
+        reservation = _reservation(state)
+        assert reconcile_action(reservation=reservation, pod=None) is Settle.RELEASE
+        assert reconcile_action(reservation=reservation, pod=_pod(uid="u-2")) is Settle.RELEASE
+        assert reconcile_action(reservation=reservation, pod=_pod(node="n2")) is Settle.RELEASE
+        for phase in ("Succeeded", "Failed"):
+            assert reconcile_action(reservation=reservation, pod=_pod(phase=phase)) is Settle.RELEASE
+
+
+def test_a_namespaced_operator_touches_only_its_namespaces() -> None:
+    assert in_scope(reservation=_reservation(), namespaces=())
+    assert in_scope(reservation=_reservation(), namespaces=("ns",))
+    assert not in_scope(reservation=_reservation(), namespaces=("other",))
+    assert not in_scope(reservation=_reservation(namespace=None), namespaces=("ns",))
+
+
+def test_missing_reservations_are_bound_running_pods_without_one_not_yet_warned() -> None:
+    pods = [
+        _pod(uid="held"),
+        _pod(uid="missing"),
+        _pod(uid="warned"),
+        _pod(uid="finished", phase="Succeeded"),
+        _pod(uid="leaving", deletionTimestamp="2026-01-01T00:00:00Z"),
+    ]
+    found = missing_reservations(bound_pods=pods, active_pod_uids={"held"}, warned={"warned"})
+    assert [p["metadata"]["uid"] for p in found] == ["missing"]
+
+
+def test_the_watch_remembers_only_bound_running_pods_with_a_reservation() -> None:
+    annotated = {RESERVATION_ANNOTATION: "r1"}
+    assert seen_entry(event_type="ADDED", pod=_pod(annotations=annotated)) == ("r1", "n1")
+    assert seen_entry(event_type="MODIFIED", pod=_pod()) is None  # bound outside Bindery
+    assert seen_entry(event_type="DELETED", pod=_pod(annotations=annotated)) is None
+    assert seen_entry(event_type="MODIFIED", pod=_pod(phase="Failed", annotations=annotated)) is None
+
+
+def test_a_relist_reports_the_pods_it_no_longer_shows_as_deleted() -> None:
+    seen = {"a": ("r-a", "n1"), "b": ("r-b", "n2")}
+    gone = vanished(seen=seen, listed_uids={"a", "c"})
+    assert gone == {"b": ("r-b", "n2")}
+    body = departed_body(uid="b", reservation_id="r-b", node="n2")
+    assert reservation_to_release(event_type="DELETED", pod=body) == "r-b"
+    assert seen_entry(event_type="DELETED", pod=body) is None
