@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from bindery.config import ConfigError, parse_resource_manager
+from bindery.config.resourcemanager import reconcile_interval
 from bindery.controller.bound import departed_body, reservation_to_release, seen_entry, vanished
 from bindery.controller.reconcile import Settle, in_scope, missing_reservations, reconcile_action
 from bindery.rm.models import Reservation
@@ -89,3 +93,20 @@ def test_a_relist_reports_the_pods_it_no_longer_shows_as_deleted() -> None:
     body = departed_body(uid="b", reservation_id="r-b", node="n2")
     assert reservation_to_release(event_type="DELETED", pod=body) == "r-b"
     assert seen_entry(event_type="DELETED", pod=body) is None
+
+
+def _rm_body(**spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "rm1", "uid": "u-1", "generation": 1},
+        "spec": {"schedulerNames": ["bindery"], "endpoint": "https://rm.example", **spec},
+    }
+
+
+def test_the_reconcile_interval_defaults_to_30s_and_stays_within_half_the_lease() -> None:
+    assert parse_resource_manager(body=_rm_body()).reconcile_interval_seconds == 30
+    assert parse_resource_manager(body=_rm_body(reconcileIntervalSeconds=7)).reconcile_interval_seconds == 7
+    short_lease = _rm_body(reconcileIntervalSeconds=30, reservationTTLSeconds=20)
+    assert parse_resource_manager(body=short_lease).reconcile_interval_seconds == 10
+    assert reconcile_interval(configured=300, reservation_ttl_seconds=60) == 30
+    with pytest.raises(ConfigError, match=r"spec\.reconcileIntervalSeconds"):
+        parse_resource_manager(body=_rm_body(reconcileIntervalSeconds=1))

@@ -53,6 +53,10 @@ class ResourceManagerConfig:
     pre_bind: tuple[str, ...] = ()
     post_bind: tuple[str, ...] = ()
     bind: str | None = None
+    #: Seconds between periodic reconcile passes (bindery.controller.reconcile): the configured
+    #: spec.reconcileIntervalSeconds, capped at half the reservation TTL so that a reserved
+    #: reservation whose commit was lost is committed by a pass well before the RM expires it.
+    reconcile_interval_seconds: float = 30.0
 
     def connection_key(self) -> tuple[object, ...]:
         """The fields that require a new RM client when they change (others apply in place)."""
@@ -93,6 +97,8 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
     ca_bundle = tls.get("caBundle") or None
     if ca_ref is not None and ca_bundle is not None:
         raise ConfigError("set at most one of spec.tls.caSecretRef and spec.tls.caBundle")
+    ttl = int(_number(spec.get("reservationTTLSeconds", 60), "spec.reservationTTLSeconds", low=5))
+    interval = _number(spec.get("reconcileIntervalSeconds", 30), "spec.reconcileIntervalSeconds", low=5)
     node_check = str(spec.get("nodeCheck", "Full"))
     if node_check not in NODE_CHECK_VALUES:
         raise ConfigError(f"spec.nodeCheck is {node_check!r}; use one of {', '.join(NODE_CHECK_VALUES)}")
@@ -111,9 +117,7 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
         ),
         connect_timeout=_number(timeouts.get("connectSeconds", 2.0), "spec.timeouts.connectSeconds", low=0.1),
         read_timeout=_number(timeouts.get("readSeconds", 5.0), "spec.timeouts.readSeconds", low=0.1),
-        reservation_ttl_seconds=int(
-            _number(spec.get("reservationTTLSeconds", 60), "spec.reservationTTLSeconds", low=5)
-        ),
+        reservation_ttl_seconds=ttl,
         max_in_flight=int(_number(spec.get("maxInFlight", 16), "spec.maxInFlight", low=1)),
         backoff_initial_seconds=initial,
         backoff_max_seconds=maximum,
@@ -121,7 +125,18 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
         pre_bind=_strings(plugins.get("preBind"), "spec.plugins.preBind"),
         post_bind=_strings(plugins.get("postBind"), "spec.plugins.postBind"),
         bind=str(plugins["bind"]) if plugins.get("bind") else None,
+        reconcile_interval_seconds=reconcile_interval(configured=interval, reservation_ttl_seconds=ttl),
     )
+
+
+def reconcile_interval(*, configured: float, reservation_ttl_seconds: int) -> float:
+    """Pure: the periodic reconcile interval actually used: at most half the reservation lease.
+
+    A pass is what commits a reserved reservation whose pod got bound while the commit was lost; it
+    must come around at least twice per lease, or the RM may expire the reservation of a running pod
+    and hand its capacity out again.
+    """
+    return min(configured, reservation_ttl_seconds / 2)
 
 
 def _mapping(value: object, field: str) -> Mapping[str, Any]:
