@@ -13,6 +13,10 @@ deliberately minimal:
   remove the ``node.kubernetes.io/not-ready`` taint that ``TaintNodesByCondition``
   puts on every new Node, so hand-made Nodes would never be schedulable.
 
+The kube-apiserver can be killed and started again with the same flags while etcd keeps running
+(:meth:`ControlPlane.restart_apiserver`): what a control-plane upgrade or crash does to clients,
+whose watches end and whose writes are refused meanwhile, with every object kept.
+
 Nothing may outlive the plane, even when the Python process that started it is
 killed: every server runs in its own process group, and a small watchdog process
 holds the read end of a pipe from us. When the pipe closes (normal stop, crash or
@@ -114,6 +118,8 @@ class ControlPlane:
     _ca: pki.CertificateAuthority
     _servers: list[_Server] = dataclasses.field(default_factory=list)
     _watchdog: subprocess.Popen[bytes] | None = None
+    _apiserver_argv: list[str] = dataclasses.field(default_factory=list)
+    _apiserver_starts: int = 0
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -223,32 +229,67 @@ class ControlPlane:
         cert, key = serving.write(directory=certs, stem="apiserver")
         sa = pki.service_account_keys()
         sa_pub, sa_key = sa.write(directory=certs, stem="sa")
-        self._spawn(
-            "kube-apiserver",
-            [
-                str(self.bin_dir / "kube-apiserver"),
-                f"--etcd-servers={etcd_url}",
-                f"--cert-dir={certs}",
-                f"--tls-cert-file={cert}",
-                f"--tls-private-key-file={key}",
-                f"--client-ca-file={self.ca_file}",
-                f"--secure-port={port}",
-                "--bind-address=127.0.0.1",
-                # The apiserver advertises itself in the `kubernetes` Endpoints; with no default
-                # route on these machines it cannot guess an address, so give it loopback.
-                "--advertise-address=127.0.0.1",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--allow-privileged=true",
-                "--authorization-mode=RBAC",
-                # No controller-manager runs: see the module docstring for why these two are off.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                f"--service-account-key-file={sa_pub}",
-                f"--service-account-signing-key-file={sa_key}",
-                "--enable-priority-and-fairness=false",
-                *extra,
-            ],
-        )
+        self._apiserver_argv = [
+            str(self.bin_dir / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            f"--cert-dir={certs}",
+            f"--tls-cert-file={cert}",
+            f"--tls-private-key-file={key}",
+            f"--client-ca-file={self.ca_file}",
+            f"--secure-port={port}",
+            "--bind-address=127.0.0.1",
+            # The apiserver advertises itself in the `kubernetes` Endpoints; with no default
+            # route on these machines it cannot guess an address, so give it loopback.
+            "--advertise-address=127.0.0.1",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            "--authorization-mode=RBAC",
+            # No controller-manager runs: see the module docstring for why these two are off.
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={sa_pub}",
+            f"--service-account-signing-key-file={sa_key}",
+            "--enable-priority-and-fairness=false",
+            *extra,
+        ]
+        self._spawn_apiserver()
+
+    def _spawn_apiserver(self) -> None:
+        self._apiserver_starts += 1
+        suffix = "" if self._apiserver_starts == 1 else f"-{self._apiserver_starts}"
+        self._spawn(f"kube-apiserver{suffix}", self._apiserver_argv)
+
+    # ---- apiserver restarts (etcd keeps running) ------------------------------------------------
+
+    def stop_apiserver(self, *, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Kill the kube-apiserver (SIGKILL by default, a crash) and wait for it; etcd keeps running.
+
+        Clients see refused connections until :meth:`start_apiserver`; watches end at once.
+        """
+        for server in [s for s in self._servers if s.name.startswith("kube-apiserver")]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.proc.pid, sig)
+            try:
+                server.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server.proc.pid, signal.SIGKILL)
+                server.proc.wait()
+            self._servers.remove(server)
+
+    def start_apiserver(self, *, timeout: float = 90.0) -> None:
+        """Start the kube-apiserver again with the same flags (port, certificates, etcd) and wait
+        until it is ready; every kubeconfig minted before keeps working."""
+        if any(s.name.startswith("kube-apiserver") for s in self._servers):
+            raise ControlPlaneError("the kube-apiserver is running; stop_apiserver() first")
+        self._spawn_apiserver()
+        self._wait_ready(timeout=timeout)
+
+    def restart_apiserver(self, *, down_seconds: float = 0.0, timeout: float = 90.0) -> None:
+        """Kill the kube-apiserver, leave it down `down_seconds`, start it again (etcd kept)."""
+        self.stop_apiserver()
+        time.sleep(down_seconds)
+        self.start_apiserver(timeout=timeout)
 
     def _ssl_context(self, *, user_cert: pathlib.Path, user_key: pathlib.Path) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
