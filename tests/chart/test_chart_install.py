@@ -184,6 +184,8 @@ def test_install_refuses_bad_values_before_touching_the_cluster(
             namespace,
             "--set",
             "operator.replicaCount=2",
+            "--set",
+            "operator.leaderElection.enabled=false",
         ],
         env=controlplane.env,
         check=False,

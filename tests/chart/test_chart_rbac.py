@@ -47,6 +47,12 @@ OPERATOR_WRITES = {
     "patch events.events.k8s.io",
     "patch resourcemanagers.bindery.dev/status",
 }
+# Leader election: its one Lease (named after the release, shown as {release}-bindery), in the
+# release namespace only; create cannot be limited by name.
+LEASE_WRITES = {
+    "create leases.coordination.k8s.io",
+    "update leases.coordination.k8s.io [{release}-bindery]",
+}
 SELF_REVIEWS = {
     "create selfsubjectreviews.authentication.k8s.io",
     "create selfsubjectaccessreviews.authorization.k8s.io",
@@ -100,7 +106,8 @@ def can(plane: ControlPlane, release: Release, sa: str, *args: str) -> bool:
 
 def allowed(plane: ControlPlane, release: Release, sa: str, namespace: str) -> list[str]:
     """What `kubectl auth can-i --list` shows, from the same API (SelfSubjectRulesReview), as
-    sorted "verb resource.group[/subresource] [names]" and "verb /url" lines."""
+    sorted "verb resource.group[/subresource] [names]" and "verb /url" lines; the release's
+    random name reads `{release}` in resource names."""
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectRulesReview",
@@ -113,7 +120,8 @@ def allowed(plane: ControlPlane, release: Release, sa: str, namespace: str) -> l
     assert not status.get("incomplete"), status.get("evaluationError")
     lines: set[str] = set()
     for rule in status.get("resourceRules", []):
-        names = f" [{','.join(sorted(rule['resourceNames']))}]" if rule.get("resourceNames") else ""
+        named = sorted(n.replace(release.name, "{release}") for n in rule.get("resourceNames", []))
+        names = f" [{','.join(named)}]" if named else ""
         for group in rule.get("apiGroups", [""]):
             for resource in rule["resources"]:
                 base, _, sub = resource.partition("/")
@@ -160,7 +168,10 @@ def test_operator_writes_only_what_it_needs(controlplane: ControlPlane, release:
     for namespace in (release.namespace, OTHER_NAMESPACE):
         lines = allowed(controlplane, release, release.operator_sa, namespace)
         writes = {line for line in lines if line.split()[0] in WRITE_VERBS}
-        assert writes == OPERATOR_WRITES | SELF_REVIEWS, sorted(writes ^ (OPERATOR_WRITES | SELF_REVIEWS))
+        expected = (
+            OPERATOR_WRITES | SELF_REVIEWS | (LEASE_WRITES if namespace == release.namespace else set())
+        )
+        assert writes == expected, sorted(writes ^ expected)
 
 
 @pytest.mark.parametrize(
@@ -191,7 +202,13 @@ def test_operator_writes_only_what_it_needs(controlplane: ControlPlane, release:
         # Nothing else.
         ("create", "events", "-A"),
         ("delete", "events.events.k8s.io", "-A"),
-        ("create", "leases.coordination.k8s.io", "-n", "{ns}"),
+        # Leases: its own one, in the release namespace only.
+        ("create", "leases.coordination.k8s.io", "-n", OTHER_NAMESPACE),
+        ("update", "leases.coordination.k8s.io/{release}-bindery", "-n", OTHER_NAMESPACE),
+        ("update", "leases.coordination.k8s.io/kube-scheduler", "-n", "{ns}"),
+        ("get", "leases.coordination.k8s.io/kube-scheduler", "-n", "{ns}"),
+        ("list", "leases.coordination.k8s.io", "-n", "{ns}"),
+        ("delete", "leases.coordination.k8s.io/{release}-bindery", "-n", "{ns}"),
         ("create", "configmaps", "-n", "{ns}"),
         ("create", "serviceaccounts", "--subresource=token", "-n", "{ns}"),
         ("create", "customresourcedefinitions.apiextensions.k8s.io"),
@@ -203,7 +220,7 @@ def test_operator_writes_only_what_it_needs(controlplane: ControlPlane, release:
     ids=" ".join,
 )
 def test_operator_is_denied(controlplane: ControlPlane, release: Release, question: tuple[str, ...]) -> None:
-    args = [a.replace("{ns}", release.namespace) for a in question]
+    args = [a.replace("{ns}", release.namespace).replace("{release}", release.name) for a in question]
     assert not can(controlplane, release, release.operator_sa, *args)
 
 
@@ -220,11 +237,14 @@ def test_operator_is_denied(controlplane: ControlPlane, release: Release, questi
         ("watch", "resourcemanagers.bindery.dev"),
         ("patch", "resourcemanagers.bindery.dev", "--subresource=status"),
         ("get", "secrets", "-n", "{ns}"),
+        ("create", "leases.coordination.k8s.io", "-n", "{ns}"),
+        ("get", "leases.coordination.k8s.io/{release}-bindery", "-n", "{ns}"),
+        ("update", "leases.coordination.k8s.io/{release}-bindery", "-n", "{ns}"),
     ],
     ids=" ".join,
 )
 def test_operator_is_allowed(controlplane: ControlPlane, release: Release, question: tuple[str, ...]) -> None:
-    args = [a.replace("{ns}", release.namespace) for a in question]
+    args = [a.replace("{ns}", release.namespace).replace("{release}", release.name) for a in question]
     assert can(controlplane, release, release.operator_sa, *args)
 
 

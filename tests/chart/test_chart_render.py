@@ -87,7 +87,9 @@ def test_default_install_has_every_part(rendered: dict[str, list[dict[str, Any]]
             ("PersistentVolumeClaim", "rel-bindery-rm-data"),
             ("PodDisruptionBudget", "rel-bindery"),
             ("ResourceManager", "rel-bindery-rm"),
+            ("Role", "rel-bindery-leader-election"),
             ("Role", "rel-bindery-secrets"),
+            ("RoleBinding", "rel-bindery-leader-election"),
             ("RoleBinding", "rel-bindery-secrets"),
             ("Secret", "rel-bindery-rm-token"),
             ("Service", "rel-bindery-metrics"),
@@ -123,9 +125,28 @@ def test_operator_deployment(rendered: dict[str, list[dict[str, Any]]], value_se
     ]
     assert len(deps) == 1
     spec = deps[0]["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    operator = values.get("operator", {})
+    election = operator.get("leaderElection", {})
+    assert spec["replicas"] == operator.get("replicaCount", 2)
     (container,) = spec["template"]["spec"]["containers"]
+    if election.get("enabled", True):
+        # Only the Lease holder schedules, so a rolling update may overlap old and new pods.
+        assert spec["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
+        lease = election.get("leaseName") or deps[0]["metadata"]["name"]
+        assert container["args"][-6 - len(operator.get("extraArgs", [])) :][:6] == [
+            "--leader-elect",
+            f"--lease-namespace={NAMESPACE}",
+            f"--lease-name={lease}",
+            f"--lease-duration={election.get('leaseDuration', 15)}",
+            f"--renew-deadline={election.get('renewDeadline', 10)}",
+            f"--retry-period={election.get('retryPeriod', 2)}",
+        ]
+    else:
+        assert spec["strategy"] == {"type": "Recreate"}
+        assert not any(a.startswith("--lease") or a == "--leader-elect" for a in container["args"])
     assert container["args"][0] == f"--liveness=http://0.0.0.0:{health_port}/healthz"
     health = {"name": "health", "containerPort": health_port, "protocol": "TCP"}
     if metrics.get("enabled", True):
@@ -187,7 +208,10 @@ def test_rbac_is_exactly_what_the_operator_declares(rendered: dict[str, list[dic
     rbac = pytest.importorskip("bindery.controller.rbac")
     objects = rendered["external-rms"]
     cluster_rules = ct.one(objects, "ClusterRole", "rel-bindery")["rules"]
-    roles = ct.by_kind(objects, "Role")
+    lease_role = ct.one(objects, "Role", "rel-bindery-leader-election")
+    assert lease_role["metadata"]["namespace"] == NAMESPACE
+    assert lease_role["rules"] == rbac.leader_election_rules(lease_name="rel-bindery")
+    roles = [r for r in ct.by_kind(objects, "Role") if r is not lease_role]
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted([NAMESPACE, "default"])
     role_rules = [rule for role in roles for rule in role["rules"]]
     assert role_rules == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}] * 2
@@ -290,7 +314,7 @@ def test_resource_managers_from_values(rendered: dict[str, list[dict[str, Any]]]
     dep = ct.one(rendered["external-rms"], "Deployment")
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example.com/bindery@sha256:" + "ab" * 32
-    assert container["args"][2:] == ["--verbose"]
+    assert container["args"][-1:] == ["--verbose"]  # extraArgs come last
     assert container["env"] == [{"name": "EXAMPLE", "value": "1"}]
     assert (
         "env"
@@ -360,7 +384,21 @@ def test_kube_version_constraint(helm: str, helm_env: dict[str, str], tmp_path: 
 
 # (values, fragments the error must contain): the path of the bad value and what is wrong with it.
 REJECTED: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("two replicas", {"operator": {"replicaCount": 2}}, ["/operator/replicaCount", "value must be 1"]),
+    (
+        "two replicas without leader election",
+        {"operator": {"replicaCount": 2, "leaderElection": {"enabled": False}}},
+        ["/operator/replicaCount", "value must be 1"],
+    ),
+    (
+        "no retry period",
+        {"operator": {"leaderElection": {"retryPeriod": 0}}},
+        ["/operator/leaderElection/retryPeriod"],
+    ),
+    (
+        "bad lease name",
+        {"operator": {"leaderElection": {"leaseName": "Bindery Lease"}}},
+        ["/operator/leaderElection/leaseName", "does not match pattern"],
+    ),
     (
         "typo in a key",
         {"operator": {"replicas": 1}},
@@ -470,6 +508,61 @@ def test_schema_rejects_bad_values(
     assert "values don't meet the specifications of the schema" in error
     for fragment in fragments:
         assert fragment in error, f"{fragment!r} not in helm's message:\n{error}"
+
+
+@pytest.mark.parametrize(
+    "timing",
+    [
+        {"leaseDuration": 10, "renewDeadline": 10},
+        {"leaseDuration": 15, "renewDeadline": 20},
+        {"renewDeadline": 2, "retryPeriod": 2},
+    ],
+    ids=["renew deadline not below lease", "renew deadline above lease", "retry not below renew deadline"],
+)
+def test_unsafe_lease_timing_is_refused(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path, timing: dict[str, int]
+) -> None:
+    values = {"operator": {"leaderElection": timing}}
+    error = ct.render_error(helm=helm, env=helm_env, tmp=tmp_path, values=values)
+    assert "leaseDuration" in error
+    assert "> renewDeadline" in error
+    assert "is required, so that a leader stops binding before a standby may take its Lease" in error
+
+
+def test_leader_election_settings_reach_the_operator_and_its_role(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    timing = {"leaseName": "sched-lease", "leaseDuration": 30, "renewDeadline": 20, "retryPeriod": 4}
+    objects = ct.render(
+        helm=helm, env=helm_env, tmp=tmp_path, values={"operator": {"leaderElection": timing}}
+    )
+    deployment = ct.one(objects, "Deployment", "rel-bindery")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    for arg in ("--lease-name=sched-lease", "--lease-duration=30", "--renew-deadline=20", "--retry-period=4"):
+        assert arg in container["args"]
+    role = ct.one(objects, "Role", "rel-bindery-leader-election")
+    rbac = pytest.importorskip("bindery.controller.rbac")
+    assert role["rules"] == rbac.leader_election_rules(lease_name="sched-lease")
+    # Spread over nodes where possible: a standby on the leader's node would die with it.
+    affinity = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        == deployment["spec"]["selector"]["matchLabels"]
+    )
+
+
+def test_one_replica_without_leader_election(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    values = {"operator": {"replicaCount": 1, "leaderElection": {"enabled": False}}}
+    objects = ct.render(helm=helm, env=helm_env, tmp=tmp_path, values=values)
+    deployment = ct.one(objects, "Deployment", "rel-bindery")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
+    assert not [o for o in ct.by_kind(objects, "Role") if o["metadata"]["name"].endswith("-leader-election")]
 
 
 def test_existing_service_account_needs_a_name(

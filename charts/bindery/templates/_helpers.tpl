@@ -30,6 +30,11 @@ Service names and label values may not be longer.
 {{- printf "%s-metrics" (include "bindery.fullname" . | trunc 55 | trimSuffix "-") }}
 {{- end }}
 
+{{/* The operators' leader-election Lease (in the release namespace). */}}
+{{- define "bindery.leaseName" -}}
+{{- .Values.operator.leaderElection.leaseName | default (include "bindery.fullname" .) }}
+{{- end }}
+
 {{- define "bindery.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
