@@ -112,14 +112,14 @@ class World:
     secret: str
     rm_name: str
 
-    def served(self, **spec: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+    def served(self, *, ttl: int = TTL, **spec: Any) -> contextlib.AbstractAsyncContextManager[Any]:
         return resource_manager(
             self.api,
             name=self.rm_name,
             scheduler_names=[self.scheduler],
             endpoint=self.rm_proxy.url,
             auth={"tokenSecretRef": {"namespace": self.namespace, "name": self.secret}},
-            reservationTTLSeconds=TTL,
+            reservationTTLSeconds=ttl,
             **spec,
         )
 
