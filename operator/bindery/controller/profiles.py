@@ -4,12 +4,19 @@ A profile is rebuilt in place when its ResourceManager changes: settings that do
 connection (TTL, backoff, in-flight budget, node check, plugins) swap the frozen `Profile` the
 workers read on their next pod; a changed endpoint, token or TLS setting builds a new RM client and
 closes the old one once no cycle uses it any more. The queue survives both, so no pod is lost.
+
+A pod can vanish without the watch saying so (Kopf emits no DELETED for a pod deleted while its
+watch was down). Like kube-scheduler, which looks the pod up before reporting a failure, a cycle
+checks with one GET that its pod still exists before it writes a FailedScheduling event (the
+failure path only: the success path still reads nothing); a pod found gone or replaced is dropped
+instead of requeued. The runtime's periodic sweep of unbound pods catches the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +29,7 @@ from bindery.controller.bound import BoundPodWatcher
 from bindery.controller.metrics import MeasuredRM, Metrics
 from bindery.controller.secrets import RMCredentials
 from bindery.controller.unconfirmed import SettlingReleases, UnconfirmedBind, UnconfirmedBinds
+from bindery.kube.reads import read_pod
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
@@ -29,11 +37,14 @@ from bindery.scheduling.decisions import FailureKind, Outcome
 from bindery.scheduling.framework import PluginSet, Ports, Profile, ReservationClient
 from bindery.scheduling.nodecheck import NodeCheckMode
 from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import ConditionWriter, EventSink, PodGone
 from bindery.scheduling.queue import BackoffPolicy, QueueClosed, SchedulingQueue
 from bindery.scheduling.registry import default_registry
 from bindery.scheduling.throttle import EventThrottle
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+#: how long the existence check before a FailedScheduling event may take
+EXISTENCE_CHECK_SECONDS = 5.0
 
 
 def build_profile(*, config: ResourceManagerConfig, client: ReservationClient) -> Profile:
@@ -75,6 +86,7 @@ class ProfileRunner:
         logger: Logger,
         on_released: Callable[[], None],
         on_dropped: Callable[[str], None] = lambda uid: None,
+        on_relist: Callable[[], None] = lambda: None,
         namespaces: tuple[str, ...] = (),
         metrics: Metrics | None = None,
     ) -> None:
@@ -96,12 +108,18 @@ class ProfileRunner:
         self.active = False
         self.reachable: bool | None = None
         self.reach_message: str | None = None
-        self._ports = ports
+        self._gone: set[str] = set()  # pods a failed cycle found gone: dropped when the cycle ends
+        self._ports = dataclasses.replace(
+            ports,
+            events=_CheckedEvents(inner=ports.events, api=api, gone=self._gone),
+            conditions=_NoticedConditions(inner=ports.conditions, gone=self._gone),
+        )
         self._api = api
         self._watchers: dict[tuple[str, str | None], asyncio.Task[None]] = {}
         self._logger = logger
         self._on_released = on_released
         self._on_dropped = on_dropped
+        self._on_relist = on_relist
         self._throttle = EventThrottle()
 
         self._workers: list[asyncio.Task[None]] = []
@@ -175,6 +193,7 @@ class ProfileRunner:
                 namespace=namespace,
                 on_released=self._released_by_departure,
                 on_event=self._bound_pod_event,
+                on_relist=self._on_relist,
             )
             self._watchers[name, namespace] = asyncio.create_task(
                 watcher.run(), name=f"bindery bound pods {name} in {namespace or 'all namespaces'}"
@@ -213,7 +232,18 @@ class ProfileRunner:
         self.queue.add(pod)
 
     def withdraw(self, uid: str) -> None:
+        """The pod left (deleted, bound, gated, routed elsewhere): forget everything about it."""
         self.queue.forget(uid)
+        self._throttle.forget(uid)
+
+    def per_pod_sizes(self) -> dict[str, int]:
+        """Entries held per pod, by structure (empty once every pod left; tests and soaks read it)."""
+        return {
+            "queue": self.queue.footprint(),
+            "event_throttle": len(self._throttle),
+            "unconfirmed": len(self.unconfirmed._pending),
+            "gone": len(self._gone),
+        }
 
     # -- readiness ------------------------------------------------------------------------------
 
@@ -287,12 +317,16 @@ class ProfileRunner:
             self.queue.done(pod.uid, outcome=Outcome.ERROR)
             self._record(pod, Outcome.ERROR, started)
             return
+        if pod.uid in self._gone and result.outcome is not Outcome.BOUND:
+            result = dataclasses.replace(result, outcome=Outcome.DROPPED)  # a ghost: do not requeue
+        self._gone.discard(pod.uid)
         self._record(pod, result.outcome, started)
         self._follow_up(pod, result)
         if result.released:
             self.metrics.release(resource_manager=self.config.name, reason="cycle_failure")
         self.queue.done(pod.uid, outcome=result.outcome, retry_after=result.retry_after)
         if result.outcome is Outcome.DROPPED:
+            self._throttle.forget(pod.uid)
             self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it
         if result.released:
             self._on_released()
@@ -323,3 +357,66 @@ class ProfileRunner:
             outcome=outcome,
             seconds=time.perf_counter() - started,
         )
+
+
+class _CheckedEvents:
+    """The event sink of the cycles: a FailedScheduling event is written only for a pod that exists.
+
+    One GET (failure path only; the throttle already let the event through), as kube-scheduler
+    looks the pod up in its informer before deciding whether to requeue. A pod gone, or replaced
+    under its name, raises PodGone (the cycle treats that as harmless: nobody reads events of a
+    pod that does not exist) and is marked for dropping. A failed read does not hold the report back.
+    """
+
+    def __init__(self, *, inner: EventSink, api: kube.ApiClient, gone: set[str]) -> None:
+        self._inner = inner
+        self._core = kube.CoreV1Api(api)
+        self._gone = gone
+
+    async def scheduled(
+        self,
+        *,
+        pod: PodInfo,
+        node: str,
+        scheduler_name: str,
+        timeout: float | None = None,  # noqa: ASYNC109 (the EventSink protocol's bound on the request)
+    ) -> None:
+        await self._inner.scheduled(pod=pod, node=node, scheduler_name=scheduler_name, timeout=timeout)
+
+    async def failed_scheduling(self, *, pod: PodInfo, message: str, scheduler_name: str) -> None:
+        try:
+            async with asyncio.timeout(EXISTENCE_CHECK_SECONDS):
+                body = await read_pod(core=self._core, namespace=pod.namespace, name=pod.name)
+        except Exception:
+            body = {"metadata": {"uid": pod.uid}}  # unknown: report as before
+        if not _exists(body, uid=pod.uid):
+            self._gone.add(pod.uid)
+            raise PodGone(f"pod {pod.key} no longer exists (or another pod took its name)")
+        await self._inner.failed_scheduling(pod=pod, message=message, scheduler_name=scheduler_name)
+
+
+class _NoticedConditions:
+    """The condition writer of the cycles: a 404 on the PodScheduled patch marks the pod for dropping."""
+
+    def __init__(self, *, inner: ConditionWriter, gone: set[str]) -> None:
+        self._inner = inner
+        self._gone = gone
+
+    async def pod_scheduled_false(self, *, pod: PodInfo, reason: str, message: str) -> None:
+        try:
+            await self._inner.pod_scheduled_false(pod=pod, reason=reason, message=message)
+        except PodGone:
+            self._gone.add(pod.uid)
+            raise
+
+    async def pod_scheduled_true(self, *, pod: PodInfo) -> None:
+        await self._inner.pod_scheduled_true(pod=pod)
+
+
+def _exists(body: Mapping[str, Any] | None, *, uid: str) -> bool:
+    """Pure: the pod body read (None = not found) is still the pod with this UID.
+
+    A pod bound meanwhile still exists: its failure is reported as usual (a Binding that got no
+    answer is one), and the watch reports it leaving.
+    """
+    return body is not None and (body.get("metadata") or {}).get("uid") == uid

@@ -7,18 +7,22 @@ whatever their scheduler name, so a ResourceManager created later picks up pods 
 waiting. Pods of names no ResourceManager claims are never written to.
 
 ResourceManager events re-run one `_reconfigure` under a lock: parse every known object, decide
-routing (contested names are served by nobody), stop/start/update profiles, re-offer pods whose
-route changed, and write statuses that changed.
+routing (contested names are served by nobody), and hand each object's spec to its own
+`ResourceManagerSupervisor` (bindery.controller.supervisor), which builds, runs, retries and
+reports its profile. The runtime keeps the pods: the map, the routing, and a periodic sweep that
+forgets remembered unbound pods a fresh list no longer has (Kopf sends no DELETED for a pod that
+vanished while its watch was down).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
+import json
 import logging
 import pathlib
 import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,10 +41,16 @@ from bindery.controller.leader import LeaseTiming
 from bindery.controller.leadership import FencedBinder, Leadership
 from bindery.controller.metrics import Metrics, MetricsServer, parse_address
 from bindery.controller.options import OperatorOptions
-from bindery.controller.profiles import ProfileRunner, plugins_for
-from bindery.controller.reconcile import Settle, reconcile_reservations
-from bindery.controller.secrets import CredentialsError, RMCredentials, resolve_credentials
-from bindery.controller.status import Observation, compute_status, status_changed
+from bindery.controller.profiles import ProfileRunner
+from bindery.controller.reconcile import Reconciler
+from bindery.controller.settings import UNBOUND_PODS
+from bindery.controller.supervisor import (
+    DEFAULT_RECONCILE_INTERVAL,
+    Environment,
+    Reconcile,
+    ResourceManagerSupervisor,
+    reconcile_interval,
+)
 from bindery.kube import (
     IndexNodeLookup,
     KubeBinder,
@@ -49,12 +59,9 @@ from bindery.kube import (
     UnboundPods,
     WriteCounter,
 )
-from bindery.rm.client import ResourceManagerClient
-from bindery.rm.errors import RMError
 from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR
 from bindery.scheduling.framework import Ports
 from bindery.scheduling.podspec import PodInfo, PodSpecError
-from bindery.scheduling.registry import PluginError
 from bindery.scheduling.throttle import EventThrottle
 
 GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
@@ -73,7 +80,7 @@ class Runtime:
         self.metrics_server: MetricsServer | None = None
         self.pods = UnboundPods()
         self.bodies: dict[str, Mapping[str, Any]] = {}
-        self.runners: dict[str, ProfileRunner] = {}
+        self.supervisors: dict[str, ResourceManagerSupervisor] = {}
         self.routing = Routing(served={}, contested={})
         self._configuration: client.Configuration | None = None
         self._api: client.ApiClient | None = None
@@ -83,9 +90,6 @@ class Runtime:
         self._conditions: KubeConditionWriter | None = None
         self._lock = asyncio.Lock()
         self._conflict_throttle = EventThrottle()
-        self._errors: dict[str, str] = {}  # rm name -> config/credentials error
-        self._credential_errors: dict[str, str] = {}
-        self._reconciled: set[str] = set()
         self._leading = not options.leader_election  # without election this replica always leads
         self._leadership: Leadership | None = None
         if options.leader_election:  # leadership.py owns the Lease; _set_leading is all it calls
@@ -102,8 +106,9 @@ class Runtime:
                 on_started=lambda: self._set_leading(True),
                 on_stopped=lambda: self._set_leading(False),
             )
-        self._statuses: dict[str, Mapping[str, Any]] = {}
-        self._probe_task: asyncio.Task[None] | None = None
+        self._env: Environment | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
+        self.sweeps = 0  #: passes of the unbound-pod sweep (tests wait on it)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -130,7 +135,20 @@ class Runtime:
             self.logger.info(
                 f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics"
             )
-        self._probe_task = asyncio.create_task(self._probe_forever(), name="bindery RM probes")
+        self._env = Environment(
+            api=self._api,
+            ports=self._ports,
+            logger=self.logger,
+            metrics=self.metrics,
+            namespaces=self.options.namespaces,
+            probe_interval=self.options.probe_interval,
+            state_dir=self._state_dir,
+            reconciler=self._reconciler,
+            on_released=lambda: self._retry_parked("a reservation was released"),
+            on_dropped=self._drop,
+            on_runner=self._reoffer_all,
+        )
+        self._sweep_task = asyncio.create_task(self._sweep_forever(), name="bindery unbound-pod sweep")
         if self._leadership is not None:
             self._leadership.start(api=self._api)
 
@@ -142,13 +160,13 @@ class Runtime:
     async def close(self) -> None:
         if self._leadership is not None:
             await self._leadership.close()
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        if self._sweep_task is not None:
+            self._sweep_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._probe_task
-        for runner in list(self.runners.values()):
-            await runner.stop()
-        self.runners.clear()
+                await self._sweep_task
+        for supervisor in list(self.supervisors.values()):
+            await supervisor.close()
+        self.supervisors.clear()
         if self.metrics_server is not None:
             await self.metrics_server.stop()
         if self._api is not None:
@@ -160,6 +178,27 @@ class Runtime:
     def api(self) -> client.ApiClient:
         assert self._api is not None, "Runtime.start() was not called"
         return self._api
+
+    @property
+    def runners(self) -> dict[str, ProfileRunner]:
+        """The running profiles by ResourceManager name (a supervisor may have none yet)."""
+        return {name: s.runner for name, s in list(self.supervisors.items()) if s.runner is not None}
+
+    def per_pod_sizes(self) -> dict[str, int]:
+        """Entries held per pod, by structure: all 0 once every pod left (tests and soaks read it).
+
+        Read-only; safe to call from another thread (it only takes sizes).
+        """
+        sizes = {
+            "pods": len(self.pods),
+            "first_seen": len(self.metrics._first_seen),
+            "conflict_throttle": len(self._conflict_throttle),
+            "conditions_written": len(self._conditions._written) if self._conditions is not None else 0,
+        }
+        for name, runner in sorted(self.runners.items()):
+            for structure, size in runner.per_pod_sizes().items():
+                sizes[f"{name}/{structure}"] = size
+        return sizes
 
     # -- pods -----------------------------------------------------------------------------------
 
@@ -187,6 +226,7 @@ class Runtime:
         known = self.pods.pop(pod.uid)
         if known is None:
             return
+        self._conflict_throttle.forget(pod.uid)
         if self._conditions is not None:
             self._conditions.forget(uid=pod.uid)
         for runner in self.runners.values():
@@ -201,6 +241,7 @@ class Runtime:
         """A cycle found the pod gone or bound elsewhere: stop remembering it (a relist may miss it)."""
         self.pods.pop(uid)
         self.metrics.pod_forgotten(uid)
+        self._conflict_throttle.forget(uid)
         if self._conditions is not None:
             self._conditions.forget(uid=uid)
 
@@ -232,6 +273,73 @@ class Runtime:
         for runner in self.runners.values():
             runner.queue.move_all_to_active(reason=reason)
 
+    # -- unbound-pod sweep -----------------------------------------------------------------------
+
+    async def _sweep_forever(self) -> None:
+        """Every reconcile interval (the shortest of the ResourceManagers'), forget vanished pods."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(1.0)
+            if time.monotonic() - last < self._sweep_interval():
+                continue
+            last = time.monotonic()
+            try:
+                await self.sweep_unbound()
+            except Exception as exc:  # the next sweep tries again
+                self.logger.warning(f"could not list unbound pods to forget vanished ones: {exc}")
+
+    def _sweep_interval(self) -> float:
+        configs = [s.config for s in self.supervisors.values() if s.config is not None]
+        return min((reconcile_interval(c) for c in configs), default=DEFAULT_RECONCILE_INTERVAL)
+
+    async def sweep_unbound(self) -> int:
+        """Forget remembered unbound pods that a fresh list does not have; returns how many.
+
+        Only pods remembered before the list began are judged, so one added meanwhile is kept.
+        """
+        known = self.pods.uids()
+        listed = await self._unbound_uids() if known else set()
+        gone = known - listed
+        for uid in gone:
+            pod = self.pods.get(uid)
+            if pod is not None:
+                self._forget(pod)
+        if gone:
+            self.logger.info(f"forgot {len(gone)} unbound pods that no longer exist or were bound")
+        self.sweeps += 1
+        return len(gone)
+
+    async def _unbound_uids(self) -> set[str]:
+        """UIDs of every unbound pod in scope (paged LIST of `spec.nodeName=`, metadata only read)."""
+        core = client.CoreV1Api(self.api)
+        uids: set[str] = set()
+        for namespace in self.options.namespaces or (None,):
+            token = ""
+            while True:
+                options: dict[str, Any] = {
+                    "field_selector": UNBOUND_PODS,
+                    "limit": 500,
+                    "_preload_content": False,
+                    "_request_timeout": 60,
+                }
+                if token:
+                    options["_continue"] = token
+                if namespace is None:
+                    response = await core.list_pod_for_all_namespaces(**options)
+                else:
+                    response = await core.list_namespaced_pod(namespace, **options)
+                try:
+                    if response.status != 200:
+                        raise RuntimeError(f"listing unbound pods answered HTTP {response.status}")
+                    document = json.loads(await response.read())
+                finally:
+                    response.release()
+                uids.update(str(item["metadata"]["uid"]) for item in document.get("items") or ())
+                token = str((document.get("metadata") or {}).get("continue") or "")
+                if not token:
+                    break
+        return uids
+
     # -- resource managers ----------------------------------------------------------------------
 
     async def on_resource_manager_event(self, *, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -241,194 +349,72 @@ class Runtime:
         async with self._lock:
             if event_type == "DELETED":
                 self.bodies.pop(name, None)
-                self._statuses.pop(name, None)
             else:
                 self.bodies[name] = body
-                self._statuses[name] = body.get("status") or {}
             await self._reconfigure()
 
     async def _reconfigure(self) -> None:
-        configs = self._parse_all()
-        before = (dict(self.routing.served), {name: id(r) for name, r in self.runners.items()})
+        """Route the scheduler names anew and hand each supervisor its object's spec and conflicts."""
+        configs, errors = self._parse_all()
+        before = dict(self.routing.served)
         self.routing = route_scheduler_names(configs=configs.values())
-        for name in [n for n in self.runners if n not in configs]:
-            await self.runners.pop(name).stop()
-        for config in configs.values():
-            await self._apply(config)
-        if before != (dict(self.routing.served), {name: id(r) for name, r in self.runners.items()}):
+        for name in [n for n in self.supervisors if n not in self.bodies]:
+            await self.supervisors.pop(name).close()
+        assert self._env is not None, "Runtime.start() was not called"
+        for name, body in self.bodies.items():
+            supervisor = self.supervisors.get(name)
+            if supervisor is None:
+                supervisor = ResourceManagerSupervisor(name=name, env=self._env, leading=self._leading)
+                self.supervisors[name] = supervisor
+                supervisor.start()
+            supervisor.update(
+                config=configs.get(name),
+                generation=int((body.get("metadata") or {}).get("generation") or 0),
+                config_error=errors.get(name),
+                conflicts=self.routing.conflicts_of(rm_name=name),
+                status=body.get("status") or {},
+            )
+        if before != dict(self.routing.served):
             self._reoffer_all()
-        for name in self.bodies:
-            await self._write_status(name)
 
-    def _parse_all(self) -> dict[str, ResourceManagerConfig]:
+    def _parse_all(self) -> tuple[dict[str, ResourceManagerConfig], dict[str, str]]:
         configs: dict[str, ResourceManagerConfig] = {}
-        self._errors.clear()
+        errors: dict[str, str] = {}
         for name, body in self.bodies.items():
             try:
                 configs[name] = parse_resource_manager(body=body)
             except ConfigError as exc:
-                self._errors[name] = str(exc)
-        return configs
+                errors[name] = str(exc)
+        return configs, errors
 
-    async def _apply(self, config: ResourceManagerConfig) -> None:
-        runner = self.runners.get(config.name)
-        if runner is not None and runner.config == config:
-            return
-        self._credential_errors.pop(config.name, None)
-        try:
-            plugins_for(config=config)
-        except PluginError as exc:
-            self._credential_errors[config.name] = f"spec.plugins: {exc}"
-            return
-        needs_client = runner is None or runner.config.connection_key() != config.connection_key()
-        built = await self._client_for(config) if needs_client else None
-        if needs_client and built is None:
-            return  # credentials unavailable: reported in status, old runner (if any) keeps going
-        new_client, credentials = built if built is not None else (None, None)
-        if runner is not None:
-            runner.update(config=config, client=new_client, credentials=credentials)
-            return
-        assert new_client is not None
-        assert credentials is not None
-        assert self._ports is not None
-        runner = ProfileRunner(
-            config=config,
-            client=new_client,
-            credentials=credentials,
-            ports=self._ports,
+    def _reconciler(self, runner: ProfileRunner) -> Reconcile:
+        """The reconciliation of one runner's reservations (its supervisor decides when it runs)."""
+        return Reconciler(
+            resource_manager=runner.config.name,
+            rm=lambda: runner.client,
             api=self.api,
+            scheduler_names=lambda: runner.config.scheduler_names,
             logger=self.logger,
-            on_released=lambda: self._retry_parked("a reservation was released"),
-            on_dropped=self._drop,
             namespaces=self.options.namespaces,
+            known_scheduler_names=lambda: [*self.routing.served, *self.routing.contested],
             metrics=self.metrics,
+            on_released=lambda: self._retry_parked("a reservation was released"),
+            hostname=self.options.hostname,
         )
-        self.runners[config.name] = runner
-        await runner.probe()
-        if self._leading:
-            await self._activate(runner)
-
-    async def _activate(self, runner: ProfileRunner) -> None:
-        """The leader settles leftovers, then schedules; standbys only keep their queues warm."""
-        await self._reconcile_once(runner)
-        runner.start()
-
-    async def _client_for(
-        self, config: ResourceManagerConfig
-    ) -> tuple[ResourceManagerClient, RMCredentials] | None:
-        try:
-            credentials = await resolve_credentials(api=self.api, config=config, directory=self._state_dir())
-            rm_client = ResourceManagerClient(
-                base_url=config.endpoint,
-                token=credentials.token,
-                ca_file=credentials.ca_file,
-                client_cert=credentials.client_cert,
-                connect_timeout=config.connect_timeout,
-                read_timeout=config.read_timeout,
-                allow_insecure_http=config.allow_insecure_http,
-            )
-        except (CredentialsError, ValueError, OSError) as exc:
-            self._credential_errors[config.name] = str(exc)
-            return None
-        self._credential_errors.pop(config.name, None)
-        return rm_client, credentials
-
-    async def _refresh_credentials(self, runner: ProfileRunner) -> bool:
-        """Re-read the referenced Secrets; a rotation gets a new client. Returns whether status changed."""
-        config = runner.config
-        if config.token_ref is None and config.ca_ref is None and config.client_cert_ref is None:
-            return False
-        before = self._credential_errors.get(config.name)
-        try:
-            fresh = await resolve_credentials(api=self.api, config=config, directory=self._state_dir())
-        except CredentialsError as exc:
-            self._credential_errors[config.name] = str(exc)
-            return before != str(exc)
-        self._credential_errors.pop(config.name, None)
-        if fresh.digest != runner.credentials.digest:
-            built = await self._client_for(config)
-            if built is not None:
-                self.logger.info(f"ResourceManager {config.name!r}: credentials rotated, new RM client")
-                runner.update(config=config, client=built[0], credentials=built[1])
-        return before is not None
-
-    async def _reconcile_once(self, runner: ProfileRunner) -> None:
-        if runner.config.name in self._reconciled:
-            return
-        try:
-            settled = await reconcile_reservations(
-                rm=runner.client,
-                api=self.api,
-                scheduler_names=frozenset(runner.config.scheduler_names),
-                logger=self.logger,
-                namespaces=self.options.namespaces,
-            )
-        except (RMError, client.ApiException) as exc:
-            self.logger.warning(
-                f"could not settle leftover reservations of ResourceManager {runner.config.name!r}: {exc}; "
-                "they expire after their TTL"
-            )
-            return
-        released = sum(1 for action in settled.values() if action is Settle.RELEASE)
-        if released:
-            self.metrics.release(resource_manager=runner.config.name, reason="leftover", count=released)
-        self._reconciled.add(runner.config.name)
 
     def _reoffer_all(self) -> None:
         """Put every remembered pod where the current routing says it belongs."""
+        runners = self.runners
         for uid in self.pods.uids():
             pod = self.pods.get(uid)
             if pod is None:
                 continue
             owner = self.routing.served.get(pod.scheduler_name)
-            for name, runner in self.runners.items():
+            for name, runner in runners.items():
                 if name == owner:
                     runner.offer(pod)
                 else:
                     runner.withdraw(uid)
-
-    async def _write_status(self, name: str) -> None:
-        if not self._leading:
-            return
-        runner = self.runners.get(name)
-        observation = Observation(
-            generation=int((self.bodies[name].get("metadata") or {}).get("generation") or 0),
-            config_error=self._errors.get(name),
-            credentials_error=self._credential_errors.get(name),
-            conflicts=self.routing.conflicts_of(rm_name=name),
-            reachable=runner.reachable if runner is not None else None,
-            reach_message=runner.reach_message if runner is not None else None,
-        )
-        previous = self._statuses.get(name)
-        status = compute_status(
-            observation=observation, previous=previous, now=datetime.datetime.now(datetime.UTC)
-        )
-        if not status_changed(new=status, previous=previous):
-            return
-        try:
-            await client.CustomObjectsApi(self.api).patch_cluster_custom_object_status(
-                group=GROUP,
-                version=VERSION,
-                plural=PLURAL,
-                name=name,
-                body={"status": status},
-                _content_type="application/merge-patch+json",
-            )
-        except client.ApiException as exc:
-            if exc.status != 404:
-                self.logger.warning(f"could not write the status of ResourceManager {name!r}: {exc.reason}")
-            return
-        self._statuses[name] = status
-
-    async def _probe_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.probe_interval)
-            async with self._lock:
-                for name, runner in list(self.runners.items()):
-                    changed = await self._refresh_credentials(runner)
-                    changed = await runner.probe() or changed
-                    if changed and name in self.bodies:
-                        await self._write_status(name)
 
     def _fenced_binder(self, binder: KubeBinder) -> FencedBinder:
         assert self._leadership is not None
@@ -439,15 +425,11 @@ class Runtime:
             if self._leading == leading:
                 return
             self._leading = leading
-            if leading:
-                for runner in self.runners.values():
-                    await self._activate(runner)
-                for name in self.bodies:
-                    await self._write_status(name)
-            else:
-                self._reconciled.clear()  # the next leader term settles leftovers again
-                for runner in self.runners.values():
-                    await runner.pause()
+            for supervisor in self.supervisors.values():
+                if leading:
+                    await supervisor.activate()  # reconciles, then schedules, then writes its status
+                else:
+                    await supervisor.pause()  # workers and any reconciliation stopped on return
 
     @property
     def leading(self) -> bool:

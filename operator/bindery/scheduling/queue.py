@@ -206,6 +206,10 @@ class SchedulingQueue:
     def in_flight(self) -> int:
         return self._counts[_State.IN_FLIGHT]
 
+    def footprint(self) -> int:
+        """Items held for pods, stale heap items included: 0 once every pod left (memory checks)."""
+        return len(self._entries) + len(self._active) + len(self._timers) + len(self._unschedulable)
+
     # -- producers -----------------------------------------------------------------------------
 
     def add(self, pod: PodInfo) -> bool:
@@ -337,6 +341,17 @@ class SchedulingQueue:
         self._unschedulable.discard(entry.pod.uid)
         del self._entries[entry.pod.uid]
         entry.generation = -1
+        if not self._entries:  # every pod left: drop the stale heap items (they hold pod UIDs)
+            self._active.clear()
+            self._timers.clear()
+        elif len(self._active) > 64 + 2 * self._counts[_State.ACTIVE]:
+            self._active = [i for i in self._active if self._live(i[3], i[4], (_State.ACTIVE,))]
+            heapq.heapify(self._active)
+        waiting = self._counts[_State.BACKOFF] + self._counts[_State.UNSCHEDULABLE]
+        if self._entries and len(self._timers) > 64 + 2 * waiting:
+            parked = (_State.BACKOFF, _State.UNSCHEDULABLE)
+            self._timers = [i for i in self._timers if self._live(i[2], i[3], parked)]
+            heapq.heapify(self._timers)
 
     def _push_active(self, entry: _Entry) -> None:
         entry.generation = next(self._generations)

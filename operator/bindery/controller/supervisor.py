@@ -1,0 +1,434 @@
+"""One supervisor per ResourceManager object: it brings its profile up, keeps it up, and says how it is.
+
+Why a loop per ResourceManager rather than handlers that act once: what a profile needs to run
+arrives in any order and fails at any time. The token Secret may be created after the object, the
+RM may be down while the operator starts (the chart starts both together), a 429/503, a dropped
+connection or a bug may hit any step. A handler that tries once and returns leaves the profile
+half-built for good; a loop retries. So the supervisor owns, for its object alone:
+
+- the credentials: resolved from the referenced Secrets, re-read every `probe_interval` (a
+  rotation gets a new RM client, a Secret that appears lets the profile start);
+- the RM client and the `ProfileRunner` (queue, workers, bound-pod watches);
+- the readiness probe, every `probe_interval`;
+- the reconciliation: at start (before the workers start, but a failed pass does not keep them
+  waiting: they start and the pass is retried), on gaining leadership, when a bound-pod watch
+  relists, and every `reconcile_interval_seconds`;
+- the status of the object (Ready, Reachable), written whenever what it says changes.
+
+Every failure while building or running the profile is retried with a capped backoff (1 s doubling
+to 30 s) and shown in the status meanwhile; nothing escapes to the Kopf handler, which only hands
+the new spec over (`update`). Pod routing stays with the runtime, which learns through `on_runner`
+that a runner appeared or went away.
+
+Leadership: `activate()` lets the loop reconcile and start the workers; `pause()` stops the workers
+and any reconciliation in progress before it returns, so a replica that lost its lease stops acting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import logging
+import pathlib
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from kubernetes_asyncio import client
+
+from bindery.config import ResourceManagerConfig
+from bindery.controller.metrics import Metrics
+from bindery.controller.profiles import ProfileRunner, plugins_for
+from bindery.controller.secrets import CredentialsError, RMCredentials, resolve_credentials
+from bindery.controller.status import Observation, compute_status, status_changed
+from bindery.rm.client import ResourceManagerClient
+from bindery.scheduling.framework import Ports
+from bindery.scheduling.registry import PluginError
+
+GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
+DEFAULT_RECONCILE_INTERVAL = 30.0
+Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+class Reconcile(Protocol):
+    """One reconciliation pass of a profile's reservations against its pods; raises if it failed
+    (`bindery.controller.reconcile.Reconciler`)."""
+
+    async def run_once(self, *, reason: str) -> object: ...
+
+
+async def _run_once(reconciler: Reconcile, *, reason: str) -> object:
+    """A coroutine of the pass, so it runs as a task that `pause()` can cancel."""
+    return await reconciler.run_once(reason=reason)
+
+
+@dataclasses.dataclass
+class Backoff:
+    """Capped exponential backoff: `initial`, doubled per consecutive failure, at most `maximum`."""
+
+    initial: float = 1.0
+    maximum: float = 30.0
+    failures: int = 0
+
+    def next(self) -> float:
+        self.failures += 1
+        return min(self.initial * 2.0 ** min(self.failures - 1, 30), self.maximum)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def reconcile_interval(config: ResourceManagerConfig) -> float:
+    """Seconds between periodic passes (`spec.reconcileIntervalSeconds`, 30 s by default)."""
+    return config.reconcile_interval_seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """What every supervisor of one operator shares (the runtime builds it once)."""
+
+    api: client.ApiClient
+    ports: Ports
+    logger: Logger
+    metrics: Metrics
+    namespaces: tuple[str, ...]
+    probe_interval: float
+    state_dir: Callable[[], pathlib.Path]
+    #: builds the reconciliation of a runner's reservations
+    reconciler: Callable[[ProfileRunner], Reconcile]
+    #: a reservation was released: parked pods may fit now
+    on_released: Callable[[], None]
+    #: a cycle found its pod gone or bound elsewhere
+    on_dropped: Callable[[str], None]
+    #: the supervisor's runner appeared, was replaced or went away: re-route the pods
+    on_runner: Callable[[], None]
+
+
+class ResourceManagerSupervisor:
+    """The loop that owns one ResourceManager's profile (see the module docstring)."""
+
+    def __init__(self, *, name: str, env: Environment, leading: bool) -> None:
+        self.name = name
+        self._env = env
+        self._leading = leading
+        self.config: ResourceManagerConfig | None = None
+        self.runner: ProfileRunner | None = None
+        self.reconciled = 0  #: successful reconciliation passes
+        self._generation = 0
+        self._config_error: str | None = None
+        self._conflicts: Mapping[str, tuple[str, ...]] = {}
+        self._credentials_error: str | None = None
+        self._start_error: str | None = None
+        self._status: Mapping[str, Any] | None = None  # as last written or read from the object
+        self._wake = asyncio.Event()
+        self._backoff = Backoff()
+        self._probe_backoff = Backoff()
+        self._reconcile_backoff = Backoff()
+        self._reconcile_reason: str | None = None
+        self._reconcile_requests = 0
+        self._reconcile_at = 0.0
+        self._credentials_at = 0.0
+        self._probe_at = 0.0
+        self._reconciling: asyncio.Task[object] | None = None
+        self._reconciler: Reconcile | None = None  # one per runner: it may remember between passes
+        self._task: asyncio.Task[None] | None = None
+
+    # -- what the runtime calls --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"bindery supervisor {self.name}")
+
+    def update(
+        self,
+        *,
+        config: ResourceManagerConfig | None,
+        generation: int,
+        config_error: str | None = None,
+        conflicts: Mapping[str, tuple[str, ...]] | None = None,
+        status: Mapping[str, Any] | None = None,
+    ) -> None:
+        """A new spec (None with `config_error` if it does not parse), its routing conflicts and
+        the status the object carries now; the loop applies it."""
+        self.config = config
+        self._generation = generation
+        self._config_error = config_error
+        self._conflicts = dict(conflicts or {})
+        if status is not None:
+            self._status = status
+        self._wake.set()
+
+    async def activate(self) -> None:
+        """This replica leads now: reconcile, then schedule (the loop does both)."""
+        self._leading = True
+        self._request_reconcile("leadership")
+
+    async def pause(self) -> None:
+        """This replica no longer leads: stop reconciling and scheduling before returning."""
+        self._leading = False
+        await self._cancel_reconcile()
+        if self.runner is not None:
+            await self.runner.pause()
+
+    def relisted(self) -> None:
+        """A bound-pod watch relisted: what happened in its gap is reconciled now."""
+        self._request_reconcile("relist")
+
+    def _request_reconcile(self, reason: str) -> None:
+        """A pass as soon as possible; a pending reason (a failed start pass) is kept."""
+        self._reconcile_reason = self._reconcile_reason or reason
+        self._reconcile_requests += 1
+        self._reconcile_at = 0.0
+        self._reconcile_backoff.reset()
+        self._wake.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._cancel_reconcile()
+        await self._stop_runner()
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            try:
+                delay = await self._step(now=loop.time())
+                self._start_error = None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a transport error, a 429/503 or a bug: retried, never lost
+                delay = self._backoff.next()
+                self._start_error = (
+                    f"could not start the profile: {type(exc).__name__}: {exc}; retrying in {delay:g}s"
+                )
+                self._env.logger.warning(f"ResourceManager {self.name!r}: {self._start_error}")
+            with contextlib.suppress(Exception):
+                await self._write_status()
+            if delay is None:
+                await self._wake.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(delay, 0.0)):
+                    await self._wake.wait()
+
+    async def _step(self, *, now: float) -> float | None:
+        """Bring the profile one step closer to running; returns seconds until the next step is due
+        (None: nothing is due until the spec changes)."""
+        config = self.config
+        if config is None:
+            await self._stop_runner()
+            return None
+        try:
+            plugins_for(config=config)
+        except PluginError as exc:
+            self._credentials_error = f"spec.plugins: {exc}"
+            return None  # only an edit of the spec helps; the old runner (if any) keeps going
+        if not await self._ensure_runner(config=config, now=now):
+            return self._backoff.next()
+        runner = self.runner
+        assert runner is not None
+        self._backoff.reset()
+        if now >= self._probe_at:
+            await runner.probe()
+            if runner.reachable:
+                self._probe_backoff.reset()
+                self._probe_at = now + self._env.probe_interval
+            else:  # probed sooner while down, so Reachable turns True soon after the RM is back
+                self._probe_at = now + min(self._probe_backoff.next(), self._env.probe_interval)
+        if self._leading:
+            await self._reconcile_if_due(runner=runner, config=config, now=now)
+            if self._leading and not runner.active:
+                runner.start()  # reconciled, or the first pass failed: schedule, keep retrying it
+        due = [self._probe_at, self._credentials_at]
+        if self._leading:
+            due.append(self._reconcile_at)
+        return max(min(due) - now, 0.05)
+
+    async def _ensure_runner(self, *, config: ResourceManagerConfig, now: float) -> bool:
+        """Credentials resolved and a runner for `config`; False (error recorded) if not possible yet."""
+        runner = self.runner
+        connection_changed = runner is None or runner.config.connection_key() != config.connection_key()
+        if connection_changed or now >= self._credentials_at:
+            built = await self._credentials(config=config, runner=runner, rebuild=connection_changed)
+            if built is None and (runner is None or connection_changed):
+                return False  # nothing to run with yet (an old runner keeps its old connection)
+            self._credentials_at = now + self._env.probe_interval
+            if runner is None and built is not None:
+                self._create_runner(config=config, client=built[0], credentials=built[1])
+                return True
+            if runner is not None and (built is not None or runner.config != config):
+                runner.update(
+                    config=config,
+                    client=built[0] if built is not None else None,
+                    credentials=built[1] if built is not None else None,
+                )
+                if built is not None:
+                    self._probe_at = 0.0  # a new client: probe it now
+            return True
+        if runner is not None and runner.config != config:
+            runner.update(config=config, client=None)
+        return True
+
+    async def _credentials(
+        self, *, config: ResourceManagerConfig, runner: ProfileRunner | None, rebuild: bool
+    ) -> tuple[ResourceManagerClient, RMCredentials] | None:
+        """A new client if there is none, the connection changed or the Secrets rotated; else None."""
+        referenced = config.token_ref is not None or config.ca_ref is not None
+        if runner is not None and not rebuild and not (referenced or config.client_cert_ref is not None):
+            return None  # nothing to re-read
+        try:
+            credentials = await resolve_credentials(
+                api=self._env.api, config=config, directory=self._env.state_dir()
+            )
+        except CredentialsError as exc:
+            self._credentials_error = str(exc)
+            return None
+        self._credentials_error = None
+        if runner is not None and not rebuild and credentials.digest == runner.credentials.digest:
+            return None
+        try:
+            rm_client = ResourceManagerClient(
+                base_url=config.endpoint,
+                token=credentials.token,
+                ca_file=credentials.ca_file,
+                client_cert=credentials.client_cert,
+                connect_timeout=config.connect_timeout,
+                read_timeout=config.read_timeout,
+                allow_insecure_http=config.allow_insecure_http,
+            )
+        except (ValueError, OSError) as exc:
+            self._credentials_error = str(exc)
+            return None
+        if runner is not None and not rebuild:
+            self._env.logger.info(f"ResourceManager {self.name!r}: credentials rotated, new RM client")
+        return rm_client, credentials
+
+    def _create_runner(
+        self, *, config: ResourceManagerConfig, client: ResourceManagerClient, credentials: RMCredentials
+    ) -> None:
+        env = self._env
+        self.runner = ProfileRunner(
+            config=config,
+            client=client,
+            credentials=credentials,
+            ports=env.ports,
+            api=env.api,
+            logger=env.logger,
+            on_released=env.on_released,
+            on_dropped=env.on_dropped,
+            on_relist=self.relisted,
+            namespaces=env.namespaces,
+            metrics=env.metrics,
+        )
+        self._reconciler = env.reconciler(self.runner)
+        self._probe_at = 0.0
+        self._reconcile_reason = None
+        self._request_reconcile("start")
+        env.on_runner()
+
+    async def _stop_runner(self) -> None:
+        runner, self.runner = self.runner, None
+        self._reconciler = None
+        if runner is not None:
+            await runner.stop()
+            self._env.on_runner()
+
+    # -- reconciliation ----------------------------------------------------------------------------
+
+    async def _reconcile_if_due(
+        self, *, runner: ProfileRunner, config: ResourceManagerConfig, now: float
+    ) -> None:
+        """Run the pass that is due (requested, being retried, or periodic); failures back off."""
+        if now < self._reconcile_at:
+            return
+        reason = self._reconcile_reason or "periodic"
+        requests = self._reconcile_requests
+        reconciler = self._reconciler or self._env.reconciler(runner)
+        task = asyncio.create_task(
+            _run_once(reconciler, reason=reason), name=f"bindery reconcile {self.name}"
+        )
+        self._reconciling = task
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the supervisor itself is stopping
+            return  # pause() cancelled the pass: leadership was lost
+        except Exception as exc:
+            delay = self._reconcile_backoff.next()
+            self._reconcile_reason = reason
+            self._reconcile_at = now + delay
+            self._env.logger.warning(
+                f"ResourceManager {self.name!r}: reconciliation ({reason}) failed: "
+                f"{type(exc).__name__}: {exc}; retrying in {delay:g}s"
+            )
+            return
+        finally:
+            self._reconciling = None
+        self.reconciled += 1
+        self._reconcile_backoff.reset()
+        if self._reconcile_requests == requests:  # else a relist came during the pass: run again
+            self._reconcile_reason = None
+            self._reconcile_at = now + reconcile_interval(config)
+
+    async def _cancel_reconcile(self) -> None:
+        task, self._reconciling = self._reconciling, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # -- status ------------------------------------------------------------------------------------
+
+    def observation(self) -> Observation:
+        runner = self.runner
+        reachable = runner.reachable if runner is not None else None
+        reach_message = runner.reach_message if runner is not None else None
+        if self._start_error is not None:
+            reachable, reach_message = False, self._start_error
+        return Observation(
+            generation=self._generation,
+            config_error=self._config_error,
+            credentials_error=self._credentials_error,
+            conflicts=self._conflicts,
+            reachable=reachable,
+            reach_message=reach_message,
+        )
+
+    async def _write_status(self) -> None:
+        """Write the status if it says something new (the leader only)."""
+        if not self._leading:
+            return
+        previous = self._status
+        status = compute_status(
+            observation=self.observation(), previous=previous, now=datetime.datetime.now(datetime.UTC)
+        )
+        if not status_changed(new=status, previous=previous):
+            return
+        try:
+            await client.CustomObjectsApi(self._env.api).patch_cluster_custom_object_status(
+                group=GROUP,
+                version=VERSION,
+                plural=PLURAL,
+                name=self.name,
+                body={"status": status},
+                _content_type="application/merge-patch+json",
+            )
+        except client.ApiException as exc:
+            if exc.status != 404:
+                self._env.logger.warning(
+                    f"could not write the status of ResourceManager {self.name!r}: {exc.reason}"
+                )
+            return
+        self._status = status

@@ -1,0 +1,156 @@
+"""Each ResourceManager recovers on its own: no restart of the operator and no edit of the object.
+
+Issue 8, scenario 3 and item 5: a ResourceManager created before its token Secret, and a resource
+manager that is down while the operator starts, both end up scheduling once the missing piece
+arrives, with their status conditions following. The reference RM runs as its own process
+(tests/realrm.py) mirroring a node pool of the test's own; the operator runs embedded so the test
+can start it when the scenario needs.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from bindery.devcluster.nodes import create_node
+from bindery.devcluster.plane import ControlPlane
+from bindery.rm.models import PodIdentity, ReservationRequest
+from tests.operator.conftest import Bindery, create_pod, delete_rm, eventually, node_of, pod_body
+from tests.realrm import RMProcess, serve_with
+
+pytestmark = pytest.mark.controlplane
+OBJECTS = {"group": "bindery.dev", "version": "v1alpha1", "plural": "resourcemanagers"}
+POOL_LABEL = "bindery.dev/test-pool"
+
+
+async def _conditions(api: client.ApiClient, name: str) -> dict[str, tuple[str, str]]:
+    """Condition type → (status, reason) of the ResourceManager's status."""
+    body: dict[str, Any] = await client.CustomObjectsApi(api).get_cluster_custom_object(name=name, **OBJECTS)
+    found = (body.get("status") or {}).get("conditions") or ()
+    return {c["type"]: (c["status"], c.get("reason", "")) for c in found}
+
+
+@pytest.fixture
+async def pool(kube_api: client.ApiClient, uniq: Callable[[str], str]) -> tuple[str, str]:
+    """A node of a pool of the test's own: (node name, label selector of the pool)."""
+    name = uniq("pool")
+    node = uniq("n")
+    await create_node(kube_api, name=node, labels={POOL_LABEL: name})
+    return node, f"{POOL_LABEL}={name}"
+
+
+@pytest.fixture
+async def ref_rm(
+    controlplane: ControlPlane, tmp_path: pathlib.Path, pool: tuple[str, str]
+) -> AsyncIterator[RMProcess]:
+    async with RMProcess(
+        kubeconfig=controlplane.kubeconfig, directory=tmp_path / "rm", node_selector=pool[1]
+    ) as rm:
+        yield rm
+
+
+async def test_a_resource_manager_created_before_its_token_secret_recovers_once_it_exists(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    ref_rm: RMProcess,
+    pool: tuple[str, str],
+    uniq: Callable[[str], str],
+) -> None:
+    name, scheduler, secret = uniq("rm"), uniq("sched"), uniq("token")
+    body = {
+        "apiVersion": "bindery.dev/v1alpha1",
+        "kind": "ResourceManager",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerNames": [scheduler],
+            "endpoint": ref_rm.url,
+            "allowInsecureHTTP": True,
+            "auth": {"tokenSecretRef": {"namespace": namespace, "name": secret}},
+        },
+    }
+    await client.CustomObjectsApi(kube_api).create_cluster_custom_object(body=body, **OBJECTS)
+    try:
+
+        async def credentials_unavailable() -> bool:
+            return (await _conditions(kube_api, name)).get("Ready") == ("False", "CredentialsUnavailable")
+
+        await eventually(credentials_unavailable, within=30, what="Ready=False CredentialsUnavailable")
+        await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
+
+        await client.CoreV1Api(kube_api).create_namespaced_secret(
+            namespace=namespace, body={"metadata": {"name": secret}, "stringData": {"token": ref_rm.token}}
+        )
+
+        async def ready() -> bool:
+            return (await _conditions(kube_api, name)).get("Ready") == ("True", "Scheduling")
+
+        await eventually(ready, within=60, what="Ready=True once the Secret exists")
+        bound = await eventually(
+            lambda: node_of(kube_api, namespace=namespace, name="p"), within=60, what="the pod bound"
+        )
+        assert bound == pool[0]
+    finally:
+        await delete_rm(kube_api, name=name)
+
+
+async def test_an_rm_down_while_the_operator_starts_is_picked_up_when_it_comes_back(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    operator_kubeconfig: pathlib.Path,
+    ref_rm: RMProcess,
+    pool: tuple[str, str],
+    uniq: Callable[[str], str],
+) -> None:
+    name, scheduler = uniq("rm"), uniq("sched")
+    await serve_with(kube_api, rm=ref_rm, name=name, scheduler_names=[scheduler], namespace=namespace)
+    try:
+        # A leftover of an earlier operator: reserved for a pod that does not exist.
+        ghost = uuid.uuid4().hex
+        request = ReservationRequest(
+            pod=PodIdentity(uid=ghost, namespace=namespace, name="gone", scheduler_name=scheduler),
+            resources={"cpu": "100m"},
+            idempotency_key=ghost,
+            ttl_seconds=3600,
+        )
+        async with ref_rm.client() as rm:
+            leftover = await rm.reserve(request)
+        await ref_rm.stop()
+
+        operator = Bindery(kubeconfig=operator_kubeconfig)
+        await operator.start()
+        try:
+
+            async def unreachable() -> bool:
+                return (await _conditions(kube_api, name)).get("Reachable", ("", ""))[0] == "False"
+
+            await eventually(unreachable, within=60, what="Reachable=False while the RM is down")
+            await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
+
+            await ref_rm.start()  # same port, same database
+
+            bound = await eventually(
+                lambda: node_of(kube_api, namespace=namespace, name="p"), within=60, what="the pod bound"
+            )
+            assert bound == pool[0]
+
+            async def reachable() -> bool:
+                return (await _conditions(kube_api, name)).get("Reachable") == ("True", "ProbeSucceeded")
+
+            await eventually(reachable, within=60, what="Reachable=True once the RM is back")
+
+            async def leftover_released() -> bool:
+                return all(r.id != leftover.id for r in await ref_rm.reservations())
+
+            await eventually(leftover_released, within=60, what="the leftover reservation released")
+        finally:
+            await operator.stop()
+    finally:
+        await delete_rm(kube_api, name=name)
