@@ -88,18 +88,30 @@ def bound_pod(obj: Mapping[str, Any]) -> BoundPod | None:
     )
 
 
-def _add(target: dict[str, Decimal], usage: Mapping[str, Decimal], sign: int = 1) -> None:
+def _add(target: dict[str, Decimal], usage: Mapping[str, Decimal]) -> None:
     for name, amount in usage.items():
-        target[name] = target.get(name, Decimal(0)) + sign * amount
+        target[name] = target.get(name, Decimal(0)) + amount
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """What pods not accounted by this RM's reservations use on one node."""
+
+    usage: Mapping[str, Decimal]
+    count: int
 
 
 @dataclass(frozen=True)
 class NodePods:
-    """The pods bound to one node: their total usage, how many, and those that name a reservation."""
+    """The pods bound to one node: those that name no reservation, summed once when the snapshot is
+    made (they count whatever the store holds), and those that do, resolved at each placement."""
 
-    usage: Mapping[str, Decimal]
-    count: int
+    unclaimed: Foreign
     claims: tuple[BoundPod, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return self.unclaimed.count + len(self.claims)
 
     @classmethod
     def of(cls, pods: Iterable[BoundPod]) -> NodePods:
@@ -107,11 +119,12 @@ class NodePods:
         count = 0
         claims = []
         for pod in pods:
-            _add(usage, pod.usage)
-            count += 1
             if pod.reservation_id:
                 claims.append(pod)
-        return cls(usage=usage, count=count, claims=tuple(claims))
+            else:
+                _add(usage, pod.usage)
+                count += 1
+        return cls(unclaimed=Foreign(usage=usage, count=count), claims=tuple(claims))
 
 
 @dataclass(frozen=True)
@@ -149,14 +162,6 @@ class ClusterPods:
         )
 
 
-@dataclass(frozen=True)
-class Foreign:
-    """What pods not accounted by this RM's reservations use on one node."""
-
-    usage: Mapping[str, Decimal]
-    count: int
-
-
 def foreign_usage(pods: ClusterPods, *, owners: Mapping[str, tuple[str, str]]) -> dict[str, Foreign]:
     """Per node, the usage of the pods that no active reservation of this RM already counts.
 
@@ -165,14 +170,18 @@ def foreign_usage(pods: ClusterPods, *, owners: Mapping[str, tuple[str, str]]) -
     """
     result: dict[str, Foreign] = {}
     for node, entry in pods.nodes.items():
-        usage = dict(entry.usage)
-        count = entry.count
-        for pod in entry.claims:
-            if pod.reservation_id is not None and owners.get(pod.reservation_id) == (pod.uid, pod.node):
-                _add(usage, pod.usage, -1)
-                count -= 1
-        if count:
-            result[node] = Foreign(usage={k: v for k, v in usage.items() if v != 0}, count=count)
+        counted = [
+            pod
+            for pod in entry.claims
+            if pod.reservation_id is None or owners.get(pod.reservation_id) != (pod.uid, pod.node)
+        ]
+        if counted:
+            usage = dict(entry.unclaimed.usage)
+            for pod in counted:
+                _add(usage, pod.usage)
+            result[node] = Foreign(usage=usage, count=entry.unclaimed.count + len(counted))
+        elif entry.unclaimed.count:
+            result[node] = entry.unclaimed  # immutable by convention: shared, not copied
     return result
 
 
