@@ -42,6 +42,7 @@ import collections
 import dataclasses
 import datetime
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -250,7 +251,9 @@ class UnconfirmedBinds:
             return True  # the caller reads the pod again, unless the watch settled it meanwhile
         sent_at, sent_at_wall = self._clock(), datetime.datetime.now(datetime.UTC)
         try:
-            renewed = await self._rm().renew(rid, pod_uid=bind.pod.uid, ttl_seconds=int(bind.ttl_seconds))
+            renewed = await self._rm().renew(
+                rid, pod_uid=bind.pod.uid, ttl_seconds=max(1, math.ceil(bind.ttl_seconds))
+            )
         except RMUnsupported:
             return False  # contract v1.0: the next cycle or the expiry settles it, as before v1.1
         except RMConflict as exc:  # expired, released or not this pod's: nothing left to keep
