@@ -1,0 +1,284 @@
+"""Continuous reconciliation against the real apiserver and the reference RM as its own process.
+
+Every test here reproduces a leak or a wrong settle of issue 8: a reserved reservation of a pod
+that is still pending (a Binding may still land on it), a pod deleted while the bound-pod watch
+was down (a relist that missed the DELETED), a scheduler name moved to another ResourceManager,
+and scenario 4 (a kube-apiserver restart, then deletions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from bindery.controller.install import apply_crd, grant_operator
+from bindery.controller.reconcile import Reconciler, reconcile_reservations
+from bindery.devcluster.nodes import create_node
+from bindery.devcluster.plane import ControlPlane
+from bindery.rm.client import ResourceManagerClient
+from bindery.rm.errors import RMUnavailable, RMUnschedulable
+from bindery.rm.models import PodIdentity, Reservation, ReservationRequest
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
+from tests.conftest import api_client_for
+from tests.operator.conftest import (
+    OPERATOR_USER,
+    bind_pod,
+    create_pod,
+    create_rm,
+    delete_rm,
+    events_of,
+    eventually,
+    pod_body,
+)
+from tests.realrm import RMProcess, operator_process, serve_with
+
+pytestmark = pytest.mark.controlplane
+log = logging.getLogger(__name__)
+POOL_LABEL = "bindery.dev/test-pool"
+
+
+async def _pool_node(api: client.ApiClient, *, name: str, pool: str, cpu: str = "8") -> None:
+    await create_node(
+        api, name=name, capacity={"cpu": cpu, "memory": "16Gi", "pods": "110"}, labels={POOL_LABEL: pool}
+    )
+
+
+@pytest.fixture
+async def pool_rm(
+    controlplane: ControlPlane, kube_api: client.ApiClient, uniq: Callable[[str], str], tmp_path: pathlib.Path
+) -> AsyncIterator[tuple[RMProcess, str]]:
+    """The reference RM as a process mirroring one fresh 8-CPU node of its own pool: (rm, node)."""
+    pool, node = uniq("pool"), uniq("rcl")
+    await _pool_node(kube_api, name=node, pool=pool)
+    async with RMProcess(
+        kubeconfig=controlplane.kubeconfig, directory=tmp_path / "rm", node_selector=f"{POOL_LABEL}={pool}"
+    ) as rm:
+        yield rm, node
+
+
+async def _reserve(rm: ResourceManagerClient, *, pod: dict[str, Any], scheduler: str) -> Reservation:
+    """Reserve for `pod` as a cycle would (retrying while the RM has not mirrored the node yet)."""
+    metadata = pod["metadata"]
+    request = ReservationRequest(
+        pod=PodIdentity(
+            uid=metadata["uid"],
+            namespace=metadata["namespace"],
+            name=metadata["name"],
+            scheduler_name=scheduler,
+        ),
+        resources={"cpu": "100m"},
+        idempotency_key=metadata["uid"],
+        ttl_seconds=600,
+    )
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                return await rm.reserve(request)
+            except (RMUnavailable, RMUnschedulable):
+                await asyncio.sleep(0.2)
+
+
+async def _states(rm: ResourceManagerClient, *, scheduler: str) -> dict[str, str]:
+    """Pod name → state of its latest reservation of `scheduler` at the RM."""
+    found = sorted(await rm.list_reservations(scheduler_name=scheduler), key=lambda r: r.created_at or 0)
+    return {str(r.name): r.state.value for r in found}
+
+
+async def test_a_pass_leaves_a_pending_pod_alone_releases_a_deleted_one_and_commits_a_bound_one(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """The startup pass no longer releases a pending pod's reservation (a late Binding may land)."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    pods = {
+        name: await create_pod(
+            kube_api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler)
+        )
+        for name in ("pending", "deleted", "bound")
+    }
+    async with process.client() as rm:
+        held = {name: await _reserve(rm, pod=pod, scheduler=scheduler) for name, pod in pods.items()}
+        assert {r.node for r in held.values()} == {node}
+        await bind_pod(
+            kube_api,
+            namespace=namespace,
+            name="bound",
+            node=node,
+            annotations={RESERVATION_ANNOTATION: held["bound"].id},
+        )
+        await client.CoreV1Api(kube_api).delete_namespaced_pod(
+            name="deleted", namespace=namespace, grace_period_seconds=0
+        )
+        settled = await reconcile_reservations(
+            rm=rm, api=operator_api, scheduler_names=frozenset({scheduler}), logger=log
+        )
+        assert settled == {held["deleted"].id: "release", held["bound"].id: "commit"}
+        assert await _states(rm, scheduler=scheduler) == {
+            "pending": "reserved",
+            "deleted": "released",
+            "bound": "committed",
+        }
+
+
+async def test_a_bound_pod_without_a_reservation_is_warned_about_once(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    await create_pod(kube_api, namespace=namespace, body=pod_body(name="stray", scheduler_name=scheduler))
+    await bind_pod(kube_api, namespace=namespace, name="stray", node=node)  # bound outside Bindery
+    async with process.client() as rm:
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+        )
+        first = await reconciler.run_once(reason="test")
+        second = await reconciler.run_once(reason="test")
+    assert first.missing == (f"{namespace}/stray",)
+    assert second.missing == ()
+    events = await events_of(kube_api, namespace=namespace, pod_name="stray")
+    warnings = [e for e in events if e["reason"] == "ReservationMissing"]
+    assert len(warnings) == 1, events
+    assert warnings[0]["type"] == "Warning"
+    assert warnings[0]["reportingController"] == "bindery"
+    assert "rm-under-test" in warnings[0]["note"]
+
+
+async def test_the_crd_defaults_the_reconcile_interval_and_refuses_less_than_5s(
+    *, kube_api: client.ApiClient, crd: None, uniq: Callable[[str], str]
+) -> None:
+    name = uniq("interval")
+    created = await create_rm(kube_api, name=name, scheduler_names=[uniq("s")], endpoint="https://rm.example")
+    try:
+        assert created["spec"]["reconcileIntervalSeconds"] == 30
+    finally:
+        await delete_rm(kube_api, name=name)
+    with pytest.raises(client.ApiException) as refused:
+        await create_rm(
+            kube_api,
+            name=uniq("too-often"),
+            scheduler_names=[uniq("s")],
+            endpoint="https://rm.example",
+            reconcileIntervalSeconds=1,
+        )
+    assert "reconcileIntervalSeconds" in str(refused.value.body)
+
+
+# -- scenario 4: a kube-apiserver restart, then deletions ------------------------------------------
+
+SCENARIO_PODS = 100
+SCENARIO_DELETED = 50
+SCENARIO_NEW = 100
+
+
+async def _bound_names(api: client.ApiClient, *, namespace: str) -> set[str]:
+    listed = await client.CoreV1Api(api).list_namespaced_pod(
+        namespace=namespace, field_selector="spec.nodeName!="
+    )
+    return {pod.metadata.name for pod in listed.items}
+
+
+async def _create_pods(api: client.ApiClient, *, namespace: str, names: list[str], scheduler: str) -> None:
+    gate = asyncio.Semaphore(8)
+
+    async def one(name: str) -> None:
+        async with gate:
+            await create_pod(api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler))
+
+    await asyncio.gather(*(one(name) for name in names))
+
+
+async def _active_by_name(rm: RMProcess) -> dict[str, str]:
+    return {str(r.name): r.state.value for r in await rm.reservations()}
+
+
+async def test_scenario_4_an_apiserver_restart_leaks_no_allocation(tmp_path: pathlib.Path) -> None:
+    """100 pods bound; the kube-apiserver killed, down 10 s, restarted (etcd kept); 50 of the pods
+    deleted and 100 new ones created: the new pods bind and every deleted pod's committed
+    reservation is released within 45 s."""
+    with ControlPlane.start() as plane:
+        api = await api_client_for(str(plane.kubeconfig))
+        try:
+            await apply_crd(api=api)
+            await grant_operator(api=api, user=OPERATOR_USER)
+            kubeconfig = plane.mint_kubeconfig(user=OPERATOR_USER)
+            namespace, scheduler = "scenario4", "bindery-s4"
+            await client.CoreV1Api(api).create_namespace(body={"metadata": {"name": namespace}})
+            for index in range(2):
+                await _pool_node(api, name=f"s4-node-{index}", pool="s4", cpu="32")
+            async with (
+                RMProcess(kubeconfig=plane.kubeconfig, directory=tmp_path / "rm") as rm,
+                operator_process(kubeconfig=kubeconfig, directory=tmp_path / "op") as operator,
+            ):
+                await serve_with(api, rm=rm, name="rm-s4", scheduler_names=[scheduler], namespace=namespace)
+                first = [f"p{i:03}" for i in range(SCENARIO_PODS)]
+                await _create_pods(api, namespace=namespace, names=first, scheduler=scheduler)
+                await eventually(
+                    lambda: _all_committed(rm, first),
+                    within=120,
+                    what="the first 100 pods bound and committed",
+                )
+
+                await asyncio.to_thread(plane.restart_apiserver, down_seconds=10)
+
+                deleted = first[:SCENARIO_DELETED]
+                core = client.CoreV1Api(api)
+                for name in deleted:
+                    await core.delete_namespaced_pod(name=name, namespace=namespace, grace_period_seconds=0)
+                new = [f"q{i:03}" for i in range(SCENARIO_NEW)]
+                await _create_pods(api, namespace=namespace, names=new, scheduler=scheduler)
+                await eventually(
+                    lambda: _bound_all(api, namespace, new), within=60, what="the 100 new pods bound"
+                )
+                loop = asyncio.get_running_loop()
+                since = loop.time()
+
+                async def deleted_released() -> bool:
+                    active = await _active_by_name(rm)
+                    return not any(name in active for name in deleted)
+
+                try:
+                    await eventually(
+                        deleted_released, within=45, what="the deleted pods' reservations released"
+                    )
+                except AssertionError:
+                    still = await _active_by_name(rm)
+                    leaked = sorted(n for n in deleted if n in still)
+                    raise AssertionError(
+                        f"{len(leaked)} of {len(deleted)} deleted pods still hold an active reservation "
+                        f"{loop.time() - since:.0f}s after the new pods were bound: {leaked[:5]}...\n"
+                        f"operator log tail:\n{operator.log()[-3000:]}"
+                    ) from None
+                active = await _active_by_name(rm)
+                assert set(active) == set(first[SCENARIO_DELETED:]) | set(new)
+                assert set(active.values()) == {"committed"}
+        finally:
+            await api.close()
+
+
+async def _all_committed(rm: RMProcess, names: list[str]) -> bool:
+    active = await _active_by_name(rm)
+    return all(active.get(name) == "committed" for name in names)
+
+
+async def _bound_all(api: client.ApiClient, namespace: str, names: list[str]) -> bool:
+    return set(names) <= await _bound_names(api, namespace=namespace)
