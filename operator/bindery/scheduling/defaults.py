@@ -315,9 +315,9 @@ class DefaultBinder:
                 kind=FailureKind.BIND_UNCONFIRMED,
                 message=(
                     f"binding pod {ctx.pod.key} to node {ctx.reservation.node!r} got no answer "
-                    f"({unanswered} attempts), and reservation {ctx.reservation.id}'s {ttl} s lease leaves "
-                    "no time for another and could not be renewed; its reservation is kept until Bindery "
-                    "sees whether the Binding was applied"
+                    f"({unanswered} attempt{'s' if unanswered > 1 else ''}), and reservation "
+                    f"{ctx.reservation.id}'s {ttl} s lease leaves no time for another and could not be "
+                    "renewed; its reservation is kept until Bindery sees whether the Binding was applied"
                 ),
                 stage=Stage.BIND,
                 plugin=self.name,
