@@ -8,6 +8,9 @@ leader's crash or freeze does to the pods being scheduled.
   the old leader, on waking, sends no Binding (counted by an API proxy in front of it, so the count
   does not depend on the process's own reporting), and nothing is bound twice or on a released
   reservation.
+- The leader's lease calls hang (a proxy holds every coordination.k8s.io request unanswered, the
+  rest of its traffic flows): it must stop binding at its renew deadline, before the standby may
+  take over, instead of waiting forever on a call without a timeout while it keeps binding.
 
 Short lease timings (4 / 3 / 1 s) keep each test around a minute; the nodes are exactly full once
 every pod is bound, so a reservation lost or held twice leaves a pod pending and fails the test.
@@ -20,12 +23,14 @@ import contextlib
 import pathlib
 import re
 import signal
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from kubernetes_asyncio import client
 
 from bindery.controller.rbac import leader_election_rules
@@ -33,6 +38,7 @@ from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from tests.operator.apiproxy import serve_api_proxy
 from tests.operator.conftest import OPERATOR_USER, create_pod, delete_rm, eventually, pod_body
+from tests.operator.fakerm import serve_app
 from tests.realrm import OperatorProcess, RMProcess, serve_with, settled_invariants
 
 pytestmark = pytest.mark.controlplane
@@ -48,6 +54,8 @@ TIMING_ARGS = [
 ]
 PODS = 60
 NODES = 3
+_BINDING_PATH = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/binding$")
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 _BINDINGS = re.compile(r'^bindery_apiserver_writes_total\{kind="binding"\} (\S+)$', re.MULTILINE)
 
 
@@ -78,6 +86,66 @@ async def grant_lease(api: client.ApiClient, *, namespace: str, lease_name: str)
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
         },
     )
+
+
+class LeaseProxy:
+    """What `lease_proxy` lets the test see and do: Binding POSTs (monotonic times) and held leases."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.hold_leases = False
+        self.binding_posts: list[float] = []
+
+
+@contextlib.asynccontextmanager
+async def lease_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[LeaseProxy]:
+    """A TLS proxy in front of the apiserver (as `user`) that can leave Lease calls unanswered.
+
+    Everything else, watches included, is streamed through unchanged, so the operator behind it
+    keeps watching and binding while its lease calls hang, as with a stuck connection.
+    """
+    proxy = LeaseProxy()
+    pki = plane.workdir / "pki"
+    upstream_tls = ssl.create_default_context(cafile=str(plane.ca_file))
+    upstream_tls.load_cert_chain(str(pki / f"{user}.crt"), str(pki / f"{user}.key"))
+    cert, key = plane.issue_serving_certificate(stem="lease-proxy")
+    serving_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    serving_tls.load_cert_chain(str(cert), str(key))
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=upstream_tls),
+        timeout=aiohttp.ClientTimeout(total=None),
+        auto_decompress=False,
+    )
+    loop = asyncio.get_running_loop()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        while proxy.hold_leases and request.path.startswith("/apis/coordination.k8s.io/"):
+            await asyncio.sleep(0.05)
+        if request.method == "POST" and _BINDING_PATH.match(request.path):
+            proxy.binding_posts.append(loop.time())
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        async with session.request(
+            request.method, plane.server + request.path_qs, headers=headers, data=body or None
+        ) as upstream:
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP},
+            )
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    try:
+        async with serve_app(app, ssl_context=serving_tls, handler_cancellation=True) as port:
+            proxy.url = f"https://127.0.0.1:{port}"
+            yield proxy
+    finally:
+        await session.close()
 
 
 class Cluster:
@@ -312,3 +380,66 @@ async def test_a_leader_frozen_past_its_lease_binds_nothing_when_it_wakes(
 
 async def _at_least(pool: Cluster, count: int) -> bool:
     return await pool.bound() >= count
+
+
+async def test_a_leader_whose_lease_calls_hang_stops_binding_before_the_standby_takes_over(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    operator_kubeconfig: pathlib.Path,
+    uniq: Callable[[str], str],
+    tmp_path: pathlib.Path,
+) -> None:
+    lease = uniq("lease")
+    await grant_lease(kube_api, namespace=namespace, lease_name=lease)
+    async with (
+        cluster(
+            controlplane=controlplane, api=kube_api, namespace=namespace, tmp_path=tmp_path, pods=120
+        ) as pool,
+        lease_proxy(plane=controlplane, user=OPERATOR_USER) as proxy,
+    ):
+        behind = controlplane.mint_kubeconfig(
+            user=OPERATOR_USER, path=tmp_path / "lease.kubeconfig", server=proxy.url
+        )
+        async with replica(
+            kubeconfig=behind, directory=tmp_path, name="stuck", namespace=namespace, lease=lease
+        ) as stuck:
+            await _leader(stuck)
+            async with replica(
+                kubeconfig=operator_kubeconfig,
+                directory=tmp_path,
+                name="standby",
+                namespace=namespace,
+                lease=lease,
+            ) as standby:
+                await standby.metrics_url()
+                await pool.create_pods([f"a{i:02d}" for i in range(10)])
+                await eventually(
+                    lambda: pool.all_bound(10), within=60, what="the first pods bound by the leader"
+                )
+                loop = asyncio.get_running_loop()
+                proxy.hold_leases = True
+                held_at = loop.time()
+                # Pods keep coming while the leader's lease calls hang, until well after the standby
+                # took over: the stuck leader must stop binding within its renew deadline, not go on
+                # binding next to the new leader.
+                created, led_at = 10, None
+                while led_at is None or loop.time() < led_at + 3 * RETRY:
+                    assert loop.time() < held_at + 60, "the standby never took over"
+                    await pool.create_pods([f"b{created + i:03d}" for i in range(2)])
+                    created += 2
+                    if led_at is None and "became the leader" in standby.log():
+                        led_at = loop.time()
+                    await asyncio.sleep(0.4)
+                await eventually(lambda: pool.all_bound(created), within=90, what=f"all {created} pods bound")
+                late = [round(t - held_at, 2) for t in proxy.binding_posts if t > held_at + RENEW + 0.5]
+                print(
+                    f"\nBindings of the stuck leader after its lease calls hung: "
+                    f"{[round(t - held_at, 2) for t in proxy.binding_posts if t > held_at]} s after the hang"
+                )
+                assert stuck.running or "exit" in stuck.log()
+                assert late == [], f"the leader kept binding {late} s after its lease calls hung"
+                await settled_invariants(
+                    api=kube_api, rm=pool.rm, namespace=namespace, scheduler_names=[pool.scheduler], within=60
+                )
