@@ -730,3 +730,30 @@ async def test_a_fresh_lease_costs_no_renewal(world: World) -> None:
     assert world.calls.count("rm.renew") == 0
     assert world.binder.timeouts == [30.0]
     assert world.events.timeouts == [10.0]
+
+
+async def test_a_failed_commit_is_retried_only_for_what_is_left_of_the_lease(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bindery.scheduling.defaults import CommitReservation
+
+    windows: list[float] = []
+
+    async def record(self: CommitReservation, **kwargs: Any) -> bool:
+        windows.append(kwargs["ttl_seconds"])
+        return False
+
+    monkeypatch.setattr(CommitReservation, "retry_commit", record)
+    lease = LeaseWorld(world)
+
+    class SlowBind(FakeBinder):
+        async def bind(self, **kwargs: Any) -> None:
+            await super().bind(**kwargs)
+            lease.clock.advance(25.0)
+
+    world.binder = SlowBind(world.calls)
+    world.rm.commit_error = RMUnavailable("down")
+    result = await lease.run()
+    await asyncio.sleep(0)
+    assert result.commit_failed
+    assert windows == [35.0]  # 60 s lease, 25 s of it spent binding

@@ -138,6 +138,13 @@ async def _renew(ctx: CycleContext, lease: Lease) -> Lease:
     return renewed_lease
 
 
+def _lease_left(ctx: CycleContext) -> float:
+    """Seconds until the reservation's lease runs out (the whole TTL if the cycle knows no lease)."""
+    ttl = float(ctx.profile.reservation_ttl_seconds)
+    lease = lease_of(ctx)
+    return ttl if lease is None else max(0.0, min(ttl, lease.remaining(now=ctx.profile.clock())))
+
+
 class ResourceManagerReservation:
     """Reserve: ask the RM for capacity and a node; Unreserve: release it (once)."""
 
@@ -367,7 +374,7 @@ class CommitReservation:
     The pod is bound by now, so a failed commit cannot fail the cycle; but an uncommitted
     reservation expires after its TTL and the RM would then hand the pod's capacity to another
     pod.  So a failed commit is retried in the background (by default after 1, 2, 4, 8 and 16 s,
-    only while the reservation has not expired), and given up loudly.
+    only while the reservation's lease, as the cycle knows it, has not run out), and given up loudly.
     """
 
     name = "CommitReservation"
@@ -397,7 +404,7 @@ class CommitReservation:
                     reservation_id=ctx.reservation.id,
                     pod=ctx.pod.key,
                     pod_uid=ctx.pod.uid,
-                    ttl_seconds=ctx.profile.reservation_ttl_seconds,
+                    ttl_seconds=_lease_left(ctx),
                 ),
                 name=f"commit {ctx.reservation.id}",
             )
