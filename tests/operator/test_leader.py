@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import pathlib
 from collections.abc import Callable
@@ -196,6 +197,71 @@ async def test_one_leader_schedules_and_a_standby_takes_over(
     finally:
         for replica in replicas:
             await replica.stop()
+
+
+@pytest.mark.controlplane
+async def test_a_standby_does_not_take_a_live_lease_whose_renew_time_looks_stale(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    operator_kubeconfig: pathlib.Path,
+    uniq: Callable[[str], str],
+) -> None:
+    """A leader whose clock is an hour behind keeps renewing: its renewTime always looks an hour old.
+
+    The "leader" is this test, writing the Lease with the resourceVersion it last wrote, so if the
+    operator took the lease the next renewal fails with 409 Conflict. Once the renewals stop, the
+    operator takes the lease after one lease duration: proof that it was contending all along.
+    """
+    lease = uniq("lease")
+    await grant_lease(kube_api, namespace=namespace, lease_name=lease)
+    coordination = client.CoordinationV1Api(kube_api)
+
+    def behind() -> dict[str, object]:
+        an_hour_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
+        return {
+            "holderIdentity": "skewed-leader",
+            "leaseDurationSeconds": 3,
+            "acquireTime": micro_time(an_hour_ago),
+            "renewTime": micro_time(an_hour_ago),
+        }
+
+    written = await coordination.create_namespaced_lease(
+        namespace=namespace, body={"metadata": {"name": lease}, "spec": behind()}
+    )
+    options = OperatorOptions(
+        kubeconfig=operator_kubeconfig,
+        probe_interval=1.0,
+        leader_election=True,
+        lease_namespace=namespace,
+        lease_name=lease,
+        lease_duration=3.0,
+        renew_deadline=2.0,
+        retry_period=0.5,
+    )
+    replica = EmbeddedOperator(options=options)
+    await replica.start()
+    loop = asyncio.get_running_loop()
+    try:
+        renew_until = loop.time() + 4 * options.lease_duration
+        while loop.time() < renew_until:
+            await asyncio.sleep(0.5)
+            assert not replica.runtime.leading, "the standby took a lease that was being renewed"
+            body = {"metadata": {"name": lease, "resourceVersion": written.metadata.resource_version}}
+            try:
+                written = await coordination.replace_namespaced_lease(
+                    name=lease, namespace=namespace, body={**body, "spec": behind()}
+                )
+            except client.ApiException as exc:
+                holder = (await coordination.read_namespaced_lease(name=lease, namespace=namespace)).spec
+                raise AssertionError(
+                    f"renewing the live lease failed (HTTP {exc.status}): the standby took it; now {holder}"
+                ) from exc
+        stopped = loop.time()
+        await eventually(lambda: _async(replica.runtime.leading), within=15, what="the standby leading")
+        assert loop.time() - stopped >= options.lease_duration - 0.5  # a full duration unchanged
+    finally:
+        await replica.stop()
 
 
 async def _node_of(api: client.ApiClient, namespace: str, name: str) -> str | None:
