@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import pathlib
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 import pytest
 from kubernetes_asyncio import client
 
 from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.leader import (
+    LeaderElector,
     LeaseTiming,
     Observation,
     claimed_spec,
     may_acquire,
     micro_time,
     observe,
+    past_exit_point,
     within_renew_deadline,
 )
+from bindery.controller.leadership import FencedBinder, Leadership
 from bindery.controller.options import OperatorOptions
 from bindery.devcluster.nodes import create_node
+from bindery.scheduling.podspec import PodInfo
 from tests.operator.conftest import (
     create_pod,
     eventually,
@@ -31,6 +38,7 @@ from tests.operator.conftest import (
 )
 from tests.operator.fakerm import FakeRM
 from tests.operator.test_leader_processes import grant_lease
+from tests.scheduling.fakes import pod
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
 TIMING = LeaseTiming()  # 15 / 10 / 2 s
@@ -122,6 +130,14 @@ def test_the_renew_deadline_is_the_fence() -> None:
     assert not within_renew_deadline(last_renewal=100.0, now=160.0, timing=TIMING)
 
 
+def test_past_the_exit_point_it_is_too_late_to_pause() -> None:
+    assert not past_exit_point(last_renewal=None, now=1000.0, timing=TIMING)
+    assert not past_exit_point(last_renewal=100.0, now=110.0, timing=TIMING)  # deadline: pause now
+    assert not past_exit_point(last_renewal=100.0, now=112.4, timing=TIMING)
+    assert past_exit_point(last_renewal=100.0, now=112.5, timing=TIMING)  # midway to expiry at 115
+    assert past_exit_point(last_renewal=100.0, now=160.0, timing=TIMING)  # woke from a freeze
+
+
 def test_timing_leaves_room_to_stop_before_the_lease_expires() -> None:
     assert TIMING.request_timeout == 2.0
     assert TIMING.pause_budget == 2.5
@@ -145,6 +161,121 @@ def test_claiming_counts_transitions_and_keeps_acquire_time_while_renewing() -> 
     taken = claimed_spec(lease={"spec": renewed}, identity="other", now=later, timing=timing)
     assert taken["leaseTransitions"] == 1
     assert taken["holderIdentity"] == "other"
+
+
+class Exited(Exception):
+    pass
+
+
+def _leadership(*, on_stopped: Callable[[], Any], exits: list[int]) -> tuple[Leadership, LeaderElector]:
+    def exit_process(status: int) -> NoReturn:
+        exits.append(status)
+        raise Exited
+
+    async def started() -> None:
+        pass
+
+    timing = LeaseTiming(lease_duration=2.0, renew_deadline=1.0, retry_period=0.2)  # pause budget 0.5 s
+    leadership = Leadership(
+        namespace="ns",
+        name="lease",
+        hostname="h",
+        timing=timing,
+        logger=logging.getLogger("test"),
+        on_started=started,
+        on_stopped=on_stopped,
+        exit_process=exit_process,
+    )
+    elector = LeaderElector(
+        api=client.ApiClient(),
+        namespace="ns",
+        name="lease",
+        identity="me",
+        timing=timing,
+        logger=leadership._logger,
+    )
+    return leadership, elector
+
+
+async def _stop(leadership: Leadership, elector: LeaderElector) -> None:
+    async def nothing() -> None:
+        pass
+
+    await leadership._stop_leading(elector=elector, started=asyncio.create_task(nothing()), graceful=False)
+
+
+async def test_a_lost_term_pauses_in_order_when_there_is_time() -> None:
+    exits: list[int] = []
+    paused = asyncio.Event()
+
+    async def pause() -> None:
+        paused.set()
+
+    leadership, elector = _leadership(on_stopped=pause, exits=exits)
+    elector.last_renewal = time.monotonic() - 1.0  # just reached the renew deadline
+    await _stop(leadership, elector)
+    assert paused.is_set()
+    assert exits == []
+    assert not leadership.holds()
+
+
+async def test_a_pause_that_overruns_the_exit_point_exits_the_process() -> None:
+    exits: list[int] = []
+
+    async def stuck() -> None:
+        await asyncio.Event().wait()
+
+    leadership, elector = _leadership(on_stopped=stuck, exits=exits)
+    elector.last_renewal = time.monotonic() - 1.0
+    started = time.monotonic()
+    with pytest.raises(Exited):
+        await _stop(leadership, elector)
+    assert exits == [1]
+    assert time.monotonic() - started < 1.0  # at the exit point (0.5 s), before the lease expires
+
+
+async def test_a_term_noticed_lost_after_a_freeze_exits_without_cancelling_its_cycles() -> None:
+    exits: list[int] = []
+    paused: list[bool] = []
+
+    async def pause() -> None:
+        paused.append(True)
+
+    leadership, elector = _leadership(on_stopped=pause, exits=exits)
+    elector.last_renewal = time.monotonic() - 30.0  # frozen far past the lease
+    with pytest.raises(Exited):
+        await _stop(leadership, elector)
+    assert exits == [1]
+    assert paused == []  # cancelling would release reservations the next leader may be using
+
+
+class _Binder:
+    def __init__(self) -> None:
+        self.bound: list[str] = []
+
+    async def bind(
+        self,
+        *,
+        pod: PodInfo,
+        node: str,
+        annotations: Mapping[str, str],
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        self.bound.append(pod.name)
+
+
+async def test_the_fenced_binder_sends_nothing_without_the_lease() -> None:
+    inner, holds = _Binder(), [True]
+    fenced = FencedBinder(binder=inner, holds=lambda: holds[0], logger=logging.getLogger("test"))
+    await fenced.bind(pod=pod("a"), node="n", annotations={})
+    holds[0] = False
+    waiting = asyncio.create_task(fenced.bind(pod=pod("b"), node="n", annotations={}))
+    await eventually(lambda: _async(fenced.withheld == 1), within=5, what="the Binding withheld")
+    assert not waiting.done()
+    waiting.cancel()  # what the pause does
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert inner.bound == ["a"]
 
 
 @pytest.mark.controlplane

@@ -137,6 +137,18 @@ def within_renew_deadline(*, last_renewal: float | None, now: float, timing: Lea
     return last_renewal is not None and now - last_renewal < timing.renew_deadline
 
 
+def past_exit_point(*, last_renewal: float | None, now: float, timing: LeaseTiming) -> bool:
+    """Pure: is it too late for a leader that lost its lease to pause in order (it must exit)?
+
+    The exit point is `pause_budget` after the renew deadline, midway to the earliest moment a
+    standby may take the lease: cycles cancelled after it would release reservations that the next
+    leader may already be reusing.
+    """
+    if last_renewal is None:
+        return False
+    return now >= last_renewal + timing.renew_deadline + timing.pause_budget
+
+
 def claimed_spec(
     *, lease: Mapping[str, Any] | None, identity: str, now: datetime.datetime, timing: LeaseTiming
 ) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from typing import Any, NoReturn
 
 from kubernetes_asyncio import client
 
-from bindery.controller.leader import LeaderElector, LeaseTiming
+from bindery.controller.leader import LeaderElector, LeaseTiming, past_exit_point
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import Binder
 
@@ -103,7 +103,7 @@ class Leadership:
         return False
 
     def _exit_at(self, elector: LeaderElector) -> float | None:
-        """Monotonic time by which a lost term must have paused: midway from renew deadline to expiry."""
+        """Monotonic time by which a lost term must have paused (`leader.past_exit_point`)."""
         if elector.last_renewal is None:
             return None
         return elector.last_renewal + self.timing.renew_deadline + self.timing.pause_budget
@@ -112,8 +112,7 @@ class Leadership:
         """Exit when the exit point of the term has passed: this process was frozen or starved, another
         replica may lead by now and reuse the reservations of the cycles in flight, so cancelling them
         (which releases them) is no longer safe either."""
-        exit_at = self._exit_at(elector)
-        if exit_at is not None and time.monotonic() >= exit_at:
+        if past_exit_point(last_renewal=elector.last_renewal, now=time.monotonic(), timing=self.timing):
             self._logger.critical(
                 f"this replica could not act for longer than its {elector.lease} allows (over "
                 f"{self.timing.renew_deadline + self.timing.pause_budget:g} s since its last renewal): "
