@@ -15,6 +15,13 @@ operator never gets an answer (its connection is cut), and the POST itself is
 - `"held"`: forwarded when the test calls `proxy.forward_held()`;
 - `"drop"`: never forwarded;
 - `"hang"`: never forwarded, and the connection is held open without an answer.
+
+`blind_pod_lists` makes the operator miss what happens to pods, as a watch that was down longer
+than the apiserver keeps history would: while it is set, every list or watch of pods (a GET of a
+`pods` collection) is held unanswered, and a watch stream that was already open is cut instead of
+delivering its next event. Clearing it lets held lists through, and answers each held watch that
+resumes from a resourceVersion with what the apiserver says once that version is compacted away
+(an ERROR event, code 410), so the watchers list afresh and never see the events of the gap.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import re
 import ssl
 from collections.abc import AsyncIterator
@@ -33,6 +41,23 @@ from bindery.devcluster.plane import ControlPlane
 from tests.operator.fakerm import serve_app
 
 _BINDING = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/binding$")
+_POD_LISTS = re.compile(r"^/api/v1/(namespaces/[^/]+/)?pods$")
+_EXPIRED = (
+    json.dumps(
+        {
+            "type": "ERROR",
+            "object": {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "message": "too old resource version",
+                "reason": "Expired",
+                "code": 410,
+            },
+        }
+    )
+    + "\n"
+)
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 
 
@@ -43,6 +68,13 @@ class ApiProxy:
     held: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     #: (fault or "", the apiserver's status or None if not forwarded) per Binding POST, when known
     bindings: list[tuple[str, int | None]] = dataclasses.field(default_factory=list)
+    blind_pod_lists: bool = False
+    #: pod watch streams cut (an event not delivered) while `blind_pod_lists` was set
+    cut_pod_streams: int = 0
+    #: field selectors of the pod watches held now (resuming from a resourceVersion)
+    held_pod_watches: list[str] = dataclasses.field(default_factory=list)
+    #: held pod watches answered "410 Gone" when `blind_pod_lists` was cleared
+    expired_pod_watches: int = 0
 
     def forward_held(self) -> None:
         self.held.set()
@@ -100,6 +132,20 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
             assert request.transport is not None
             request.transport.abort()  # the operator never gets an answer
             raise asyncio.CancelledError
+        pod_list = request.method == "GET" and _POD_LISTS.match(request.path) is not None
+        if pod_list and proxy.blind_pod_lists:
+            resumed = request.query.get("watch") in ("true", "1") and bool(
+                request.query.get("resourceVersion")
+            )
+            selector = request.query.get("fieldSelector", "")
+            if resumed:
+                proxy.held_pod_watches.append(selector)
+            while proxy.blind_pod_lists:
+                await asyncio.sleep(0.05)
+            if resumed:
+                proxy.held_pod_watches.remove(selector)
+                proxy.expired_pod_watches += 1
+                return web.Response(status=200, content_type="application/json", text=_EXPIRED)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         async with session.request(
             request.method, plane.server + request.path_qs, headers=headers, data=body or None
@@ -112,6 +158,11 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
             )
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
+                if pod_list and proxy.blind_pod_lists:
+                    proxy.cut_pod_streams += 1
+                    assert request.transport is not None
+                    request.transport.abort()
+                    raise asyncio.CancelledError
                 await response.write(chunk)
             await response.write_eof()
             return response

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.controller.supervisor import Backoff
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import PodIdentity, ReservationRequest
 from tests.operator.conftest import Bindery, create_pod, delete_rm, eventually, node_of, pod_body
 from tests.realrm import RMProcess, serve_with
 
-pytestmark = pytest.mark.controlplane
 OBJECTS = {"group": "bindery.dev", "version": "v1alpha1", "plural": "resourcemanagers"}
 POOL_LABEL = "bindery.dev/test-pool"
 
@@ -54,6 +54,7 @@ async def ref_rm(
         yield rm
 
 
+@pytest.mark.controlplane
 async def test_a_resource_manager_created_before_its_token_secret_recovers_once_it_exists(
     *,
     kube_api: client.ApiClient,
@@ -100,6 +101,7 @@ async def test_a_resource_manager_created_before_its_token_secret_recovers_once_
         await delete_rm(kube_api, name=name)
 
 
+@pytest.mark.controlplane
 async def test_an_rm_down_while_the_operator_starts_is_picked_up_when_it_comes_back(
     *,
     kube_api: client.ApiClient,
@@ -154,3 +156,10 @@ async def test_an_rm_down_while_the_operator_starts_is_picked_up_when_it_comes_b
             await operator.stop()
     finally:
         await delete_rm(kube_api, name=name)
+
+
+def test_the_retry_backoff_doubles_from_one_second_to_thirty_and_starts_over_after_a_success() -> None:
+    backoff = Backoff()
+    assert [backoff.next() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    backoff.reset()
+    assert backoff.next() == 1

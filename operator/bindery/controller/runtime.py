@@ -194,6 +194,7 @@ class Runtime:
             "first_seen": len(self.metrics._first_seen),
             "conflict_throttle": len(self._conflict_throttle),
             "conditions_written": len(self._conditions._written) if self._conditions is not None else 0,
+            "recently_bound": self._binder.remembered() if self._binder is not None else 0,
         }
         for name, runner in sorted(self.runners.items()):
             for structure, size in runner.per_pod_sizes().items():
@@ -232,6 +233,8 @@ class Runtime:
         for runner in self.runners.values():
             runner.withdraw(pod.uid)
         ours = self._binder is not None and self._binder.bound_recently(pod.uid)
+        if self._binder is not None:
+            self._binder.forget(pod.uid)
         if not ours:  # a pod we bound is forgotten by its cycle, which observes its latency
             self.metrics.pod_forgotten(pod.uid)
         if pod.scheduler_name in self.routing.served and not ours:

@@ -63,6 +63,14 @@ class KubeBinder:
         """Whether this binder bound (or is binding) the pod: its DELETED event then means "left scope"."""
         return uid in self._bound
 
+    def forget(self, uid: str) -> None:
+        """The pod's departure from the unbound pods was handled: nothing asks about it any more."""
+        self._bound.pop(uid, None)
+
+    def remembered(self) -> int:
+        """Pods remembered as bound by this binder (bounded; 0 once their departures were seen)."""
+        return len(self._bound)
+
     async def bind(  # `timeout`: the cycle's bound for this attempt (within the lease)
         self,
         *,
