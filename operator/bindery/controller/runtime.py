@@ -362,7 +362,10 @@ class Runtime:
         before = dict(self.routing.served)
         self.routing = route_scheduler_names(configs=configs.values())
         for name in [n for n in self.supervisors if n not in self.bodies]:
-            await self.supervisors.pop(name).close()
+            try:
+                await self.supervisors.pop(name).close()
+            except Exception as exc:  # never into the Kopf handler: the object is gone either way
+                self.logger.warning(f"stopping the profile of deleted ResourceManager {name!r} failed: {exc}")
         assert self._env is not None, "Runtime.start() was not called"
         for name, body in self.bodies.items():
             supervisor = self.supervisors.get(name)
