@@ -6,8 +6,8 @@ bound pods are followed by a second, narrow watch per scheduler name with the se
 selector `spec.schedulerName=<name>,spec.nodeName!=`: the pods this profile placed and nothing
 else. When one is deleted or reaches a terminal phase (Succeeded/Failed: it no longer uses its
 resources, as kube-scheduler counts it), the reservation named by its `bindery.dev/reservation-id`
-annotation is released. Nothing is stored per pod; releases are idempotent at the RM, and ids
-already released by this process are remembered (bounded) so relists do not repeat them.
+annotation is released. Releases are idempotent at the RM, and ids already released by this
+process are remembered (bounded) so relists do not repeat them.
 
 Pods that went away while no operator was running are found by the reconciler's passes.
 
@@ -275,7 +275,8 @@ class BoundPodWatcher:
     async def _handle(self, event_type: str, pod: Mapping[str, Any]) -> None:
         if self._on_event is not None:
             await self._on_event(event_type, pod)
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
         entry = seen_entry(event_type=event_type, pod=pod)
         if entry is None:
             self.seen.pop(uid, None)
@@ -284,8 +285,6 @@ class BoundPodWatcher:
         reservation_id = reservation_to_release(event_type=event_type, pod=pod)
         if reservation_id is None or reservation_id in self._released:
             return
-        metadata = pod.get("metadata") or {}
-        uid = str(metadata.get("uid") or "")
         try:
             await self._rm().release(reservation_id, pod_uid=uid or None)
         except RMPodMismatch:  # a copied annotation: the RM refused, so the owner keeps its capacity
