@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.cli import main
 from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.leader import (
     LeaderElector,
@@ -161,6 +162,19 @@ def test_claiming_counts_transitions_and_keeps_acquire_time_while_renewing() -> 
     taken = claimed_spec(lease={"spec": renewed}, identity="other", now=later, timing=timing)
     assert taken["leaseTransitions"] == 1
     assert taken["holderIdentity"] == "other"
+
+
+@pytest.mark.parametrize(
+    "timing",
+    [["--lease-duration", "10"], ["--renew-deadline", "1", "--retry-period", "2"], ["--retry-period", "0"]],
+)
+def test_bindery_run_refuses_unsafe_lease_timing(
+    timing: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--leader-elect", *timing])
+    assert exited.value.code == 2
+    assert "it needs lease duration > renew deadline > retry period > 0" in capsys.readouterr().err
 
 
 class Exited(Exception):
