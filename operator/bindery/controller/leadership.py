@@ -85,8 +85,6 @@ class Leadership:
         self._exit = exit_process
         self._elector: LeaderElector | None = None
         self._task: asyncio.Task[None] | None = None
-        #: terms that ended (lost or released); tests and metrics read it
-        self.terms_ended = 0
 
     def holds(self) -> bool:
         """The fence: this replica leads and is inside its renew deadline right now.
@@ -172,7 +170,6 @@ class Leadership:
         """
         exit_at = self._exit_at(elector)
         self._elector = None  # the fence closes before anything else happens
-        self.terms_ended += 1
         started.cancel()
         if not graceful:
             self._exit_if_too_late(elector)
