@@ -26,14 +26,17 @@ from bindery.rm.errors import RMUnavailable, RMUnschedulable
 from bindery.rm.models import PodIdentity, Reservation, ReservationRequest
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from tests.conftest import api_client_for
+from tests.operator.apiproxy import serve_api_proxy
 from tests.operator.conftest import (
     OPERATOR_USER,
+    Bindery,
     bind_pod,
     create_pod,
     create_rm,
     delete_rm,
     events_of,
     eventually,
+    now,
     pod_body,
 )
 from tests.realrm import RMProcess, operator_process, serve_with
@@ -282,3 +285,140 @@ async def _all_committed(rm: RMProcess, names: list[str]) -> bool:
 
 async def _bound_all(api: client.ApiClient, namespace: str, names: list[str]) -> bool:
     return set(names) <= await _bound_names(api, namespace=namespace)
+
+
+# -- a relist that missed a DELETED; a scheduler name moved to another ResourceManager -------------
+
+
+async def _committed_to(rm: RMProcess, pod: dict[str, Any]) -> Reservation | None:
+    async with rm.client() as client_:
+        found = await client_.list_reservations(pod_uid=pod["metadata"]["uid"], state="committed")
+    return found[0] if found else None
+
+
+async def _active_for(rm: RMProcess, pod: dict[str, Any]) -> list[Reservation]:
+    async with rm.client() as client_:
+        return [r for r in await client_.list_reservations(pod_uid=pod["metadata"]["uid"]) if r.state.active]
+
+
+async def test_a_pod_deleted_while_the_bound_pod_watch_was_down_gives_its_reservation_back(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    operator_kubeconfig: pathlib.Path,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+    tmp_path: pathlib.Path,
+) -> None:
+    """The DELETED event never reaches the operator (its pod streams are cut); its relist must see
+    that the pod is gone and release the pod's committed reservation."""
+    rm, _ = pool_rm
+    scheduler, rm_name = uniq("sched"), uniq("rm")
+    async with serve_api_proxy(plane=controlplane, user=OPERATOR_USER) as proxy:
+        kubeconfig = controlplane.mint_kubeconfig(
+            user=OPERATOR_USER, path=tmp_path / "proxied.kubeconfig", server=proxy.url
+        )
+        operator = Bindery(kubeconfig=kubeconfig)
+        await operator.start()
+        try:
+            await serve_with(kube_api, rm=rm, name=rm_name, scheduler_names=[scheduler], namespace=namespace)
+            victim = await create_pod(
+                kube_api, namespace=namespace, body=pod_body(name="victim", scheduler_name=scheduler)
+            )
+            await eventually(lambda: _committed_to(rm, victim), within=60, what="the victim committed")
+
+            proxy.blind_pod_lists = True
+            await client.CoreV1Api(kube_api).delete_namespaced_pod(
+                name="victim", namespace=namespace, grace_period_seconds=0
+            )
+            await eventually(lambda: now(proxy.cut_pod_streams > 0), what="the DELETED event cut")
+            proxy.blind_pod_lists = False
+
+            async def released() -> bool:
+                return not await _active_for(rm, victim)
+
+            await eventually(released, within=30, what="the victim's reservation released after the relist")
+        finally:
+            proxy.blind_pod_lists = False
+            await operator.stop()
+            await delete_rm(kube_api, name=rm_name)
+
+
+async def test_a_scheduler_name_moved_to_another_resource_manager_leaks_nothing_at_the_old_one(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    bindery: Bindery,
+    tmp_path: pathlib.Path,
+) -> None:
+    """A pod bound via RM1; its scheduler name moves to RM2; deleting the pod releases RM1's allocation."""
+    pool = uniq("pool")
+    await _pool_node(kube_api, name=uniq("mv"), pool=pool)
+    moved, kept = uniq("moved"), uniq("kept")
+    first, second = uniq("rm1"), uniq("rm2")
+    custom = client.CustomObjectsApi(kube_api)
+    async with (
+        RMProcess(
+            kubeconfig=controlplane.kubeconfig,
+            directory=tmp_path / "rm1",
+            node_selector=f"{POOL_LABEL}={pool}",
+        ) as rm1,
+        RMProcess(
+            kubeconfig=controlplane.kubeconfig,
+            directory=tmp_path / "rm2",
+            node_selector=f"{POOL_LABEL}={pool}",
+        ) as rm2,
+    ):
+        try:
+            await serve_with(
+                kube_api,
+                rm=rm1,
+                name=first,
+                scheduler_names=[moved],
+                namespace=namespace,
+                reconcileIntervalSeconds=5,
+            )
+            await serve_with(
+                kube_api,
+                rm=rm2,
+                name=second,
+                scheduler_names=[kept],
+                namespace=namespace,
+                reconcileIntervalSeconds=5,
+            )
+            pod = await create_pod(
+                kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=moved)
+            )
+            await eventually(lambda: _committed_to(rm1, pod), within=60, what="the pod committed at RM1")
+
+            for name, names in ((first, [uniq("other")]), (second, [kept, moved])):
+                await custom.patch_cluster_custom_object(
+                    group="bindery.dev",
+                    version="v1alpha1",
+                    plural="resourcemanagers",
+                    name=name,
+                    body={"spec": {"schedulerNames": names}},
+                    _content_type="application/merge-patch+json",
+                )
+            # RM2 serves the name now: a new pod of it is placed there (the move took effect).
+            later = await create_pod(
+                kube_api, namespace=namespace, body=pod_body(name="later", scheduler_name=moved)
+            )
+            await eventually(
+                lambda: _committed_to(rm2, later), within=60, what="a pod of the moved name at RM2"
+            )
+
+            await client.CoreV1Api(kube_api).delete_namespaced_pod(
+                name="p", namespace=namespace, grace_period_seconds=0
+            )
+
+            async def released() -> bool:
+                return not await _active_for(rm1, pod)
+
+            await eventually(released, within=45, what="RM1's reservation of the deleted pod released")
+        finally:
+            await delete_rm(kube_api, name=first)
+            await delete_rm(kube_api, name=second)
