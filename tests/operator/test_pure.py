@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from bindery.controller.bound import stale_committed, watch_event
-from bindery.controller.reconcile import Settle, settle
+from bindery.controller.bound import watch_event
+from bindery.controller.reconcile import Settle, reconcile_action
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.controller.unconfirmed import UnconfirmedBind, fate
 from bindery.kube.binder import assigned_node, binding_body
@@ -90,13 +90,14 @@ def _reservation(**overrides: object) -> Reservation:
 def test_leftover_reservations_are_committed_only_if_the_pod_is_bound_to_their_node() -> None:
     reservation = _reservation()
     bound_here = {"metadata": {"uid": "u-1"}, "spec": {"nodeName": "n1"}}
-    assert settle(reservation=reservation, pod=bound_here) is Settle.COMMIT
-    assert settle(reservation=reservation, pod=None) is Settle.RELEASE
-    assert settle(reservation=reservation, pod={"metadata": {"uid": "u-1"}, "spec": {}}) is Settle.RELEASE
+    assert reconcile_action(reservation=reservation, pod=bound_here) is Settle.COMMIT
+    assert reconcile_action(reservation=reservation, pod=None) is Settle.RELEASE
+    pending = {"metadata": {"uid": "u-1"}, "spec": {}}
+    assert reconcile_action(reservation=reservation, pod=pending) is None  # a late Binding may land
     elsewhere = {"metadata": {"uid": "u-1"}, "spec": {"nodeName": "n2"}}
-    assert settle(reservation=reservation, pod=elsewhere) is Settle.RELEASE
+    assert reconcile_action(reservation=reservation, pod=elsewhere) is Settle.RELEASE
     recreated = {"metadata": {"uid": "u-2"}, "spec": {"nodeName": "n1"}}
-    assert settle(reservation=reservation, pod=recreated) is Settle.RELEASE
+    assert reconcile_action(reservation=reservation, pod=recreated) is Settle.RELEASE
 
 
 def _ready(status: dict[str, object]) -> dict[str, object]:
@@ -134,33 +135,6 @@ def test_transition_time_moves_only_when_the_status_changes() -> None:
     )
     assert _ready(down)["lastTransitionTime"] != _ready(first)["lastTransitionTime"]
     assert status_changed(new=down, previous=first)
-
-
-def test_stale_committed_reservations_are_only_those_in_scope() -> None:
-    def committed(rid: str, namespace: str | None) -> Reservation:
-        return Reservation.model_validate(
-            {
-                "id": rid,
-                "node": "n1",
-                "state": "committed",
-                "podUid": f"u-{rid}",
-                "schedulerName": "bindery",
-                "namespace": namespace,
-                "name": rid,
-            }
-        )
-
-    reservations = [
-        committed("a", "ns"),
-        committed("b", "elsewhere"),
-        committed("c", None),
-        committed("d", "ns"),
-    ]
-    running = {"u-d"}
-    everywhere = stale_committed(committed=reservations, running_pod_uids=running)
-    assert [r.id for r in everywhere] == ["a", "b", "c"]
-    scoped = stale_committed(committed=reservations, running_pod_uids=running, namespaces=("ns",))
-    assert [r.id for r in scoped] == ["a"]
 
 
 def test_watch_lines_become_events_and_garbage_is_refused() -> None:

@@ -18,7 +18,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.controller.install import apply_crd, grant_operator
-from bindery.controller.reconcile import Reconciler, reconcile_reservations
+from bindery.controller.reconcile import Reconciler
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.client import ResourceManagerClient
@@ -101,7 +101,7 @@ async def test_a_pass_leaves_a_pending_pod_alone_releases_a_deleted_one_and_comm
     uniq: Callable[[str], str],
     pool_rm: tuple[RMProcess, str],
 ) -> None:
-    """The startup pass no longer releases a pending pod's reservation (a late Binding may land)."""
+    """A pass (at start, too) no longer releases a pending pod's reservation (a late Binding may land)."""
     process, node = pool_rm
     scheduler = uniq("sched")
     pods = {
@@ -123,10 +123,15 @@ async def test_a_pass_leaves_a_pending_pod_alone_releases_a_deleted_one_and_comm
         await client.CoreV1Api(kube_api).delete_namespaced_pod(
             name="deleted", namespace=namespace, grace_period_seconds=0
         )
-        settled = await reconcile_reservations(
-            rm=rm, api=operator_api, scheduler_names=frozenset({scheduler}), logger=log
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
         )
-        assert settled == {held["deleted"].id: "release", held["bound"].id: "commit"}
+        report = await reconciler.run_once(reason="start")
+        assert report.actions == {held["deleted"].id: "release", held["bound"].id: "commit"}
         assert await _states(rm, scheduler=scheduler) == {
             "pending": "reserved",
             "deleted": "released",

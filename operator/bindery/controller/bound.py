@@ -38,7 +38,6 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from bindery.rm.errors import RMError, RMPodMismatch
-from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -122,18 +121,6 @@ def departed_body(*, uid: str, reservation_id: str, node: str) -> dict[str, Any]
     }
 
 
-def stale_committed(
-    *, committed: list[Reservation], running_pod_uids: set[str], namespaces: Collection[str] = ()
-) -> list[Reservation]:
-    """Pure: committed reservations whose pod is no longer bound and running.
-
-    With `namespaces` (a namespaced operator), only reservations of pods known to be in one of them
-    are candidates: the running pods of other namespaces were not listed.
-    """
-    in_scope = [r for r in committed if not namespaces or r.namespace in namespaces]
-    return [r for r in in_scope if r.pod_uid not in running_pod_uids]
-
-
 def watch_event(line: bytes) -> tuple[str, dict[str, Any]] | None:
     """Pure: (type, object) of one line of a watch stream; None for a blank line.
 
@@ -182,16 +169,6 @@ class BoundPodWatcher:
         #: uid → (reservation id, node) of the bound pods seen with a reservation (see `seen_entry`)
         self.seen: dict[str, tuple[str, str]] = {}
         self._released: collections.OrderedDict[str, None] = collections.OrderedDict()
-
-    async def running_pod_uids(self) -> tuple[set[str], str]:
-        """One LIST: UIDs of bound, non-terminal pods of this scheduler name, and the list's version."""
-        items, version = await self._list()
-        uids = {
-            str(item["metadata"]["uid"])
-            for item in items
-            if (item.get("status") or {}).get("phase") not in TERMINAL_PHASES
-        }
-        return uids, version
 
     async def run(self) -> None:
         """Run until cancelled: list, release for terminal pods, then watch; relist on any error."""

@@ -94,15 +94,6 @@ def pod_fate(*, pod_uid: str, node: str, pod: Mapping[str, Any] | None) -> Settl
     return Settle.COMMIT
 
 
-def settle(*, reservation: Reservation, pod: Mapping[str, Any] | None) -> Settle:
-    """Pure: the one-shot startup rule of old (a still-unbound pod's reservation released).
-
-    Kept for callers that settle a reservation they know no Binding can still use; a reconcile
-    pass uses :func:`reconcile_action`, which leaves a pending pod's reservation alone.
-    """
-    return pod_fate(pod_uid=reservation.pod_uid, node=reservation.node, pod=pod) or Settle.RELEASE
-
-
 def reconcile_action(*, reservation: Reservation, pod: Mapping[str, Any] | None) -> Settle | None:
     """Pure: what a pass does with one active reservation given its pod's body (None: no such pod).
 
@@ -418,28 +409,3 @@ class Reconciler:
                 raise client.ApiException(status=response.status, reason=f"event not written: {detail}")
         finally:
             response.release()
-
-
-async def reconcile_reservations(
-    *,
-    rm: ReconcilingRM,
-    api: client.ApiClient,
-    scheduler_names: frozenset[str],
-    logger: Logger,
-    namespaces: tuple[str, ...] = (),
-) -> dict[str, Settle]:
-    """One pass of a throw-away :class:`Reconciler` (no events); returns id → action taken.
-
-    For callers that still run a single pass at profile start; the per-RM supervisor keeps one
-    Reconciler and runs it continuously instead.
-    """
-    reconciler = Reconciler(
-        resource_manager="",
-        rm=lambda: rm,
-        api=api,
-        scheduler_names=lambda: scheduler_names,
-        logger=logger,
-        namespaces=namespaces,
-        warn_missing=False,
-    )
-    return (await reconciler.run_once(reason="start")).actions
