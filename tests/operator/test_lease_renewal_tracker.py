@@ -7,6 +7,7 @@ is a fraction of a second so the renewals happen within the test.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -143,3 +144,23 @@ async def test_only_the_reservation_a_later_cycle_bound_with_is_forgotten(api: c
     assert "r1" in tracker
     tracker.forget("r1")
     assert "r1" not in tracker
+
+
+async def test_renewals_back_off_while_the_rm_is_away(api: client.ApiClient) -> None:
+    """Each failed renewal doubles the wait, so an unreachable RM is not asked (and the pod not read)
+    every `first_retry` until the lease runs out."""
+    from bindery.rm.errors import RMUnavailable
+
+    calls = Calls()
+    holder: list[Scripted] = []
+    rm = RecordingRM(calls, holder)
+    rm.renew_error = RMUnavailable("the RM is away")
+    tracker = Scripted(api=api, rm=lambda: rm, logger=logging.getLogger("test"), first_retry=0.02)
+    holder.append(tracker)
+    tracker.body = pending()
+    tracker.track(reservation_id="r1", pod=POD, node="n1", ttl_seconds=3.0, expires=time.monotonic() + 1.5)
+    await until(lambda: not tracker._tasks, within=10)  # gave up when the lease ran out
+    gaps = [later - earlier for (earlier, _), (later, _) in itertools.pairwise(rm.renewals)]
+    assert len(gaps) >= 3
+    assert all(later > 1.5 * earlier for earlier, later in itertools.pairwise(gaps)), gaps
+    assert not tracker._renew_delays

@@ -114,6 +114,7 @@ class UnconfirmedBinds:
         self._on_committed = on_committed
         self._first_retry = first_retry
         self._max_retry = max_retry
+        self._renew_delays: dict[str, float] = {}  # reservation id -> next wait after a failed renewal
         self._clock = clock
         self._pending: dict[str, UnconfirmedBind] = {}  # reservation id -> bind
         #: ids committed here: a cycle that still holds one must not release it
@@ -217,6 +218,12 @@ class UnconfirmedBinds:
 
     async def _follow(self, reservation_id: str) -> None:
         """Read the pod until its fate is known, keeping the lease alive while it is pending."""
+        try:
+            await self._follow_until_known(reservation_id)
+        finally:
+            self._renew_delays.pop(reservation_id, None)
+
+    async def _follow_until_known(self, reservation_id: str) -> None:
         delay = self._first_retry
         while (bind := self._pending.get(reservation_id)) is not None:
             try:
@@ -263,8 +270,11 @@ class UnconfirmedBinds:
                 f"be renewed: {exc}"
             )
             return False
-        except RMError as exc:
-            return await self._wait(bind, self._first_retry, f"renewing it failed: {exc}")
+        except RMError as exc:  # the RM is away: back off, or the pod would be read every half second
+            delay = self._renew_delays.get(rid, self._first_retry)
+            self._renew_delays[rid] = min(delay * 2, self._max_retry)
+            return await self._wait(bind, delay, f"renewing it failed: {exc}")
+        self._renew_delays.pop(rid, None)
         lease = lease_from_answer(
             reservation=renewed, ttl_seconds=bind.ttl_seconds, sent_at=sent_at, sent_at_wall=sent_at_wall
         )
