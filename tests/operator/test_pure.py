@@ -16,6 +16,7 @@ from bindery.kube.binder import assigned_node, binding_body
 from bindery.kube.conditions import condition_patch
 from bindery.kube.events import event_body, micro_time
 from bindery.rm.models import Reservation
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
 
 POD = PodInfo(uid="u-1", namespace="ns", name="p", scheduler_name="bindery")
@@ -89,7 +90,10 @@ def _reservation(**overrides: object) -> Reservation:
 
 def test_leftover_reservations_are_committed_only_if_the_pod_is_bound_to_their_node() -> None:
     reservation = _reservation()
-    bound_here = {"metadata": {"uid": "u-1"}, "spec": {"nodeName": "n1"}}
+    bound_here = {
+        "metadata": {"uid": "u-1", "annotations": {RESERVATION_ANNOTATION: "r-1"}},
+        "spec": {"nodeName": "n1"},
+    }
     assert reconcile_action(reservation=reservation, pod=bound_here) is Settle.COMMIT
     assert reconcile_action(reservation=reservation, pod=None) is Settle.RELEASE
     pending = {"metadata": {"uid": "u-1"}, "spec": {}}

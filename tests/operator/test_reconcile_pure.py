@@ -29,10 +29,15 @@ def _reservation(state: str = "reserved", **overrides: Any) -> Reservation:
 
 
 def _pod(
-    uid: str = "u-1", node: str | None = "n1", phase: str = "Running", **metadata: Any
+    uid: str = "u-1",
+    node: str | None = "n1",
+    phase: str = "Running",
+    reservation: str | None = "r1",
+    **metadata: Any,
 ) -> dict[str, Any]:
+    annotations = {RESERVATION_ANNOTATION: reservation} if reservation else {}
     return {
-        "metadata": {"uid": uid, "namespace": "ns", "name": "p", **metadata},
+        "metadata": {"uid": uid, "namespace": "ns", "name": "p", "annotations": annotations, **metadata},
         "spec": {"nodeName": node} if node else {},
         "status": {"phase": phase},
     }
@@ -47,6 +52,14 @@ def test_a_pending_pod_keeps_its_reservation_whatever_its_state() -> None:
 def test_a_reserved_reservation_of_a_pod_bound_to_its_node_is_committed_once() -> None:
     assert reconcile_action(reservation=_reservation("reserved"), pod=_pod()) is Settle.COMMIT
     assert reconcile_action(reservation=_reservation("committed"), pod=_pod()) is None
+
+
+def test_a_pod_on_the_node_with_another_reservation_or_none_does_not_use_this_one() -> None:
+    """Another scheduler, or a stale cycle with an older reservation, bound the pod there."""
+    for holder in (None, "r0"):
+        pod = _pod(reservation=holder)
+        assert reconcile_action(reservation=_reservation("reserved"), pod=pod) is Settle.RELEASE
+        assert reconcile_action(reservation=_reservation("committed"), pod=pod) is Settle.RELEASE
 
 
 def test_gone_replaced_elsewhere_or_finished_pods_release_either_state() -> None:
@@ -81,7 +94,7 @@ def test_missing_reservations_are_bound_running_pods_without_one_not_yet_warned(
 def test_the_watch_remembers_only_bound_running_pods_with_a_reservation() -> None:
     annotated = {RESERVATION_ANNOTATION: "r1"}
     assert seen_entry(event_type="ADDED", pod=_pod(annotations=annotated)) == ("r1", "n1")
-    assert seen_entry(event_type="MODIFIED", pod=_pod()) is None  # bound outside Bindery
+    assert seen_entry(event_type="MODIFIED", pod=_pod(reservation=None)) is None  # bound outside Bindery
     assert seen_entry(event_type="DELETED", pod=_pod(annotations=annotated)) is None
     assert seen_entry(event_type="MODIFIED", pod=_pod(phase="Failed", annotations=annotated)) is None
 

@@ -58,6 +58,7 @@ from bindery.kube.events import event_body
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation, ReservationState
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
@@ -76,11 +77,17 @@ class Settle(enum.StrEnum):
     RELEASE = "release"
 
 
-def pod_fate(*, pod_uid: str, node: str, pod: Mapping[str, Any] | None) -> Settle | None:
+def pod_fate(
+    *, pod_uid: str, node: str, pod: Mapping[str, Any] | None, reservation_id: str | None = None
+) -> Settle | None:
     """Pure: what a reservation held for `pod_uid` on `node` becomes, given the pod's current body.
 
     Commit if that pod is bound to that node and still running; release if it is gone (None),
-    replaced under its name, bound elsewhere or finished; None while it is still unbound.
+    replaced under its name, bound elsewhere or finished; None while it is still unbound. With
+    `reservation_id`, a pod on that node whose reservation annotation names another reservation
+    (or none) was bound by someone else, or by a stale cycle with an older reservation: this one is
+    not in use, so it is released (the RM counts the pod through the reservation it does carry, or as
+    a pod it did not place).
     """
     if pod is None:
         return Settle.RELEASE
@@ -91,6 +98,9 @@ def pod_fate(*, pod_uid: str, node: str, pod: Mapping[str, Any] | None) -> Settl
         return None
     if bound_to != node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
         return Settle.RELEASE
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if reservation_id is not None and annotations.get(RESERVATION_ANNOTATION) != reservation_id:
+        return Settle.RELEASE
     return Settle.COMMIT
 
 
@@ -100,7 +110,9 @@ def reconcile_action(*, reservation: Reservation, pod: Mapping[str, Any] | None)
     None means leave it: the pod is pending (its next cycle or a late Binding settles it), or the
     reservation is already committed to its running pod.
     """
-    fate = pod_fate(pod_uid=reservation.pod_uid, node=reservation.node, pod=pod)
+    fate = pod_fate(
+        pod_uid=reservation.pod_uid, node=reservation.node, pod=pod, reservation_id=reservation.id
+    )
     if fate is Settle.COMMIT and reservation.state is ReservationState.COMMITTED:
         return None
     return fate

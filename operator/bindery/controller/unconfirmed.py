@@ -84,12 +84,7 @@ def fate(*, bind: UnconfirmedBind, pod: Mapping[str, Any] | None) -> Settle | No
     node without this reservation in its annotation was bound by someone else (another scheduler,
     or a stale cycle with an older reservation): this one is not in use, release it.
     """
-    decided = pod_fate(pod_uid=bind.pod.uid, node=bind.node, pod=pod)
-    if decided is Settle.COMMIT and pod is not None:
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        if annotations.get(RESERVATION_ANNOTATION) != bind.reservation_id:
-            return Settle.RELEASE
-    return decided
+    return pod_fate(pod_uid=bind.pod.uid, node=bind.node, pod=pod, reservation_id=bind.reservation_id)
 
 
 class UnconfirmedBinds:
