@@ -112,7 +112,7 @@ class Metrics:
         )
         self.rm_requests = Histogram(
             "bindery_rm_request_duration_seconds",
-            "Resource-manager requests by verb (reserve, commit, release, ready) and outcome.",
+            "Resource-manager requests by verb (reserve, renew, commit, release, ready) and outcome.",
             ["resource_manager", "verb", "outcome"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
