@@ -22,6 +22,9 @@ than the apiserver keeps history would: while it is set, every list or watch of 
 delivering its next event. Clearing it lets held lists through, and answers each held watch that
 resumes from a resourceVersion with what the apiserver says once that version is compacted away
 (an ERROR event, code 410), so the watchers list afresh and never see the events of the gap.
+
+`bound_pod_list_status`, when set, is the HTTP status every list of bound pods (a GET of a `pods`
+collection whose field selector has `spec.nodeName!=`, not a watch) is answered with, unforwarded.
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ class ApiProxy:
     held_pod_watches: list[str] = dataclasses.field(default_factory=list)
     #: held pod watches answered "410 Gone" when `blind_pod_lists` was cleared
     expired_pod_watches: int = 0
+    bound_pod_list_status: int | None = None
+    #: lists of bound pods answered with `bound_pod_list_status`
+    failed_bound_pod_lists: int = 0
 
     def forward_held(self) -> None:
         self.held.set()
@@ -133,6 +139,12 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
             request.transport.abort()  # the operator never gets an answer
             raise asyncio.CancelledError
         pod_list = request.method == "GET" and _POD_LISTS.match(request.path) is not None
+        failing = proxy.bound_pod_list_status
+        bound_list = "spec.nodeName!=" in request.query.get("fieldSelector", "")
+        if pod_list and failing and bound_list and request.query.get("watch") not in ("true", "1"):
+            proxy.failed_bound_pod_lists += 1
+            message = {"kind": "Status", "status": "Failure", "message": "injected", "code": failing}
+            return web.Response(status=failing, content_type="application/json", text=json.dumps(message))
         if pod_list and proxy.blind_pod_lists:
             resumed = request.query.get("watch") in ("true", "1") and bool(
                 request.query.get("resourceVersion")

@@ -21,7 +21,17 @@ from bindery.controller.supervisor import Backoff
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import PodIdentity, ReservationRequest
-from tests.operator.conftest import Bindery, create_pod, delete_rm, eventually, node_of, pod_body
+from tests.operator.apiproxy import serve_api_proxy
+from tests.operator.conftest import (
+    OPERATOR_USER,
+    Bindery,
+    create_pod,
+    delete_rm,
+    eventually,
+    node_of,
+    now,
+    pod_body,
+)
 from tests.realrm import RMProcess, serve_with
 
 OBJECTS = {"group": "bindery.dev", "version": "v1alpha1", "plural": "resourcemanagers"}
@@ -163,3 +173,43 @@ def test_the_retry_backoff_doubles_from_one_second_to_thirty_and_starts_over_aft
     assert [backoff.next() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     backoff.reset()
     assert backoff.next() == 1
+
+
+@pytest.mark.controlplane
+async def test_a_start_pass_that_fails_neither_keeps_the_workers_waiting_nor_is_given_up(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    ref_rm: RMProcess,
+    pool: tuple[str, str],
+    uniq: Callable[[str], str],
+    tmp_path: pathlib.Path,
+    operator_kubeconfig: pathlib.Path,
+) -> None:
+    """The apiserver answers the start pass's list of bound pods with 503 (not a typed error of the
+    client): the pods are scheduled anyway, and the pass is retried until it succeeds."""
+    name, scheduler = uniq("rm"), uniq("sched")
+    async with serve_api_proxy(plane=controlplane, user=OPERATOR_USER) as proxy:
+        kubeconfig = controlplane.mint_kubeconfig(
+            user=OPERATOR_USER, path=tmp_path / "proxied.kubeconfig", server=proxy.url
+        )
+        proxy.bound_pod_list_status = 503
+        operator = Bindery(kubeconfig=kubeconfig)
+        await operator.start()
+        try:
+            await serve_with(kube_api, rm=ref_rm, name=name, scheduler_names=[scheduler], namespace=namespace)
+            await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
+            bound = await eventually(
+                lambda: node_of(kube_api, namespace=namespace, name="p"), within=60, what="the pod bound"
+            )
+            assert bound == pool[0]
+            assert proxy.failed_bound_pod_lists > 0
+            supervisor = operator.runtime.supervisors[name]
+            assert supervisor.reconciled == 0  # every pass so far met the 503
+
+            proxy.bound_pod_list_status = None
+            await eventually(lambda: now(supervisor.reconciled > 0), within=60, what="the start pass retried")
+        finally:
+            await operator.stop()
+            await delete_rm(kube_api, name=name)
