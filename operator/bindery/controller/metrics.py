@@ -16,6 +16,7 @@ one process (tests, the demo) never share or collide on metrics.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TypeVar
@@ -88,6 +89,7 @@ class Metrics:
         *,
         writes: WriteCounter | None = None,
         queues: Callable[[], Mapping[str, QueueStats]] = dict,
+        per_pod: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         self.attempts = Counter(
@@ -137,7 +139,9 @@ class Metrics:
             ["resource_manager", "outcome"],
             registry=self.registry,
         )
-        self.registry.register(_StateCollector(writes=writes or WriteCounter(), queues=queues))
+        self.registry.register(
+            _StateCollector(writes=writes or WriteCounter(), queues=queues, per_pod=per_pod)
+        )
         self._first_seen: dict[str, float] = {}
 
     # -- per pod ---------------------------------------------------------------------------------
@@ -212,11 +216,19 @@ class MeasuredRM:
 
 
 class _StateCollector(Collector):
-    """Read at scrape time: queue depths per ResourceManager and apiserver writes by kind."""
+    """Read at scrape time: queue depths per ResourceManager, apiserver writes by kind, and (for
+    soaks and leak hunts) the entries held per pod by structure and the event loop's task count."""
 
-    def __init__(self, *, writes: WriteCounter, queues: Callable[[], Mapping[str, QueueStats]]) -> None:
+    def __init__(
+        self,
+        *,
+        writes: WriteCounter,
+        queues: Callable[[], Mapping[str, QueueStats]],
+        per_pod: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
         self._writes = writes
         self._queues = queues
+        self._per_pod = per_pod
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(
@@ -237,6 +249,21 @@ class _StateCollector(Collector):
         for kind, count in sorted(self._writes.snapshot().items()):
             writes.add_metric([kind], count)
         yield writes
+        entries = GaugeMetricFamily(
+            "bindery_per_pod_entries",
+            "Entries the operator holds per pod, by structure (0 once every pod left; flat in a soak).",
+            labels=["structure"],
+        )
+        for structure, size in sorted(self._per_pod().items()):
+            entries.add_metric([structure], size)
+        yield entries
+        try:  # scraped on the operator's own loop (MetricsServer); elsewhere there is no loop to count
+            tasks = len(asyncio.all_tasks())
+        except RuntimeError:
+            return
+        yield GaugeMetricFamily(
+            "bindery_asyncio_tasks", "Tasks alive on the operator's event loop.", value=tasks
+        )
 
 
 class MetricsServer:

@@ -75,7 +75,9 @@ class Runtime:
         self.logger = logger
         self.writes = WriteCounter()
         self.metrics = Metrics(
-            writes=self.writes, queues=lambda: {name: r.queue.stats() for name, r in self.runners.items()}
+            writes=self.writes,
+            queues=lambda: {name: r.queue.stats() for name, r in self.runners.items()},
+            per_pod=self.per_pod_sizes,
         )
         self.metrics_server: MetricsServer | None = None
         self.pods = UnboundPods()
