@@ -25,6 +25,7 @@ from bindery.devcluster.plane import ControlPlane
 from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.queue import SchedulingQueue
+from bindery.scheduling.throttle import EventThrottle
 from tests.operator.apiproxy import ApiProxy, serve_api_proxy
 from tests.operator.conftest import (
     OPERATOR_USER,
@@ -243,3 +244,17 @@ def test_a_queue_every_pod_left_holds_nothing_for_them() -> None:
     for pod in pods[150:]:
         queue.forget(pod.uid)
     assert queue.footprint() == 0
+
+
+def test_the_event_throttle_forgets_a_pod_by_its_uid_and_stays_bounded() -> None:
+    throttle = EventThrottle(max_tracked=3)
+    for i in range(5):
+        throttle.admit(uid=f"u{i}", key="k", message="m")
+    throttle.admit(uid="u4", key="other", message="m")  # evicts the oldest: u0, u1, then u2
+    assert len(throttle) == 3
+    throttle.forget("u4")
+    assert len(throttle) == 1
+    throttle.forget("u0")  # evicted long ago: nothing left to forget
+    throttle.forget("u3")
+    assert len(throttle) == 0
+    assert throttle.admit(uid="u3", key="k", message="again") == "again"  # a new pod history

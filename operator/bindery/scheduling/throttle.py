@@ -10,6 +10,7 @@ the exact text: an RM's reason often embeds counts (``0/12 nodes are available: 
 cpu``) that change between attempts without telling the user anything new.  A new kind of failure
 is reported at once; repeats of a known kind are reported at most once per ``interval``, with the
 latest text and how many were suppressed.  Pure logic on an injectable clock; bounded memory.
+Keys are indexed by pod UID, so forgetting a pod (every departure calls it) costs its own keys only.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class EventThrottle:
         self._max_tracked = max_tracked
         self._clock = clock
         self._seen: OrderedDict[tuple[str, str], _Seen] = OrderedDict()
+        self._keys: dict[str, set[str]] = {}  # uid -> its keys in _seen
 
     def admit(self, *, uid: str, key: str, message: str) -> str | None:
         """The event message to write now, or ``None`` to suppress this repeat."""
@@ -52,8 +54,10 @@ class EventThrottle:
             return None
         if seen is None:
             self._seen[(uid, key)] = _Seen(emitted_at=now)
+            self._keys.setdefault(uid, set()).add(key)
             while len(self._seen) > self._max_tracked:
-                self._seen.popitem(last=False)
+                (old_uid, old_key), _ = self._seen.popitem(last=False)
+                self._unindex(old_uid, old_key)
             return message
         self._seen.move_to_end((uid, key))
         repeats, seen.suppressed, seen.emitted_at = seen.suppressed, 0, now
@@ -62,9 +66,16 @@ class EventThrottle:
         return message
 
     def forget(self, uid: str) -> None:
-        """The pod was bound or deleted: drop its history (an O(tracked) scan, off the hot path)."""
-        for key in [key for key in self._seen if key[0] == uid]:
-            del self._seen[key]
+        """The pod was bound or deleted: drop its history."""
+        for key in self._keys.pop(uid, ()):
+            del self._seen[(uid, key)]
+
+    def _unindex(self, uid: str, key: str) -> None:
+        keys = self._keys.get(uid)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._keys[uid]
 
     def __len__(self) -> int:
         return len(self._seen)
