@@ -91,8 +91,10 @@ class Pool:
         scheduler: str,
         label: str,
         rng: random.Random,
+        unschedulable_share: float = 0.0,
     ) -> None:
         self.api = api
+        self.unschedulable_share = unschedulable_share
         self.namespace = namespace
         self.rm = rm
         self.rm_name = rm_name
@@ -163,6 +165,14 @@ class Pool:
     async def _burst(self) -> None:
         budget = len(self.nodes) * NODE_CPU_M * 2 // 3 - sum(self._live.values())
         for _ in range(self.rng.randint(1, 6)):
+            if self.rng.random() < self.unschedulable_share:
+                # Fits no node: stays pending (queued, conditions written) until the churn deletes it.
+                self.created += 1
+                name = f"u{self.created:04d}"
+                body = pod_body(name=name, scheduler_name=self.scheduler, cpu=f"{2 * NODE_CPU_M}m")
+                self._live[name] = 0
+                await self.core.create_namespaced_pod(namespace=self.namespace, body=body)
+                continue
             cpu = self.rng.choice(POD_CPU_M)
             if cpu > budget:
                 return
@@ -311,6 +321,7 @@ async def pool(
     directory: pathlib.Path,
     rng: random.Random,
     proxy_seed: int | None = None,
+    unschedulable_share: float = 0.0,
 ) -> AsyncIterator[Pool]:
     """`NODES` fresh nodes, the reference RM (its own process) mirroring them, a ResourceManager
     serving a fresh scheduler name: at the RM, or with `proxy_seed` at an `RMFaultProxy` in front
@@ -323,7 +334,14 @@ async def pool(
             kubeconfig=kubeconfig, directory=directory / "rm", node_selector=f"{POOL_LABEL}={label}"
         ) as rm:
             made = Pool(
-                api=api, namespace=namespace, rm=rm, rm_name=rm_name, scheduler=rm_name, label=label, rng=rng
+                api=api,
+                namespace=namespace,
+                rm=rm,
+                rm_name=rm_name,
+                scheduler=rm_name,
+                label=label,
+                rng=rng,
+                unschedulable_share=unschedulable_share,
             )
             for _ in range(NODES):
                 await made.add_node()
