@@ -164,3 +164,19 @@ async def test_renewals_back_off_while_the_rm_is_away(api: client.ApiClient) -> 
     assert len(gaps) >= 3
     assert all(later > 1.5 * earlier for earlier, later in itertools.pairwise(gaps)), gaps
     assert not tracker._renew_delays
+
+
+@pytest.mark.parametrize("event_type", ["ADDED", "DELETED"])
+async def test_another_pod_copying_the_annotation_neither_releases_nor_untracks_it(
+    api: client.ApiClient, event_type: str
+) -> None:
+    """Scenario 2 through the tracker: a hostile pod names the victim's unconfirmed reservation."""
+    tracker, _, calls = tracker_with(api)
+    tracker._pending["r1"] = UnconfirmedBind(reservation_id="r1", pod=POD, node="n1", deadline=1e12)
+    attacker = bound(reservation="r1")
+    attacker["metadata"]["uid"] = "attacker"
+    await tracker.observe(event_type=event_type, pod=attacker)
+    assert "r1" in tracker
+    assert calls.count("rm.release") == 0
+    await tracker.observe(event_type="MODIFIED", pod=bound(reservation="r1"))  # the victim's own
+    assert calls.count("rm.commit") == 1

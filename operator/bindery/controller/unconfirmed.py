@@ -168,8 +168,8 @@ class UnconfirmedBinds:
         """A bound-pod watch event: settle the reservation it carries, if it is one of ours."""
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         bind = self._pending.get(str(annotations.get(RESERVATION_ANNOTATION) or ""))
-        if bind is None:
-            return
+        if bind is None or (pod.get("metadata") or {}).get("uid") != bind.pod.uid:
+            return  # not ours, or another pod that copied the annotation: it says nothing of ours
         if reservation_to_release(event_type=event_type, pod=pod) is not None:
             del self._pending[bind.reservation_id]  # deleted or finished: the watch releases it
             return
