@@ -139,6 +139,52 @@ async def test_a_pass_leaves_a_pending_pod_alone_releases_a_deleted_one_and_comm
         }
 
 
+class _Anonymous:
+    """An RM that, as the contract allows, does not echo the pod's namespace and name."""
+
+    def __init__(self, inner: ResourceManagerClient) -> None:
+        self.inner = inner
+
+    async def list_reservations(self, **filters: Any) -> list[Reservation]:
+        found = await self.inner.list_reservations(**filters)
+        return [r.model_copy(update={"namespace": None, "name": None}) for r in found]
+
+    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
+        return await self.inner.commit(reservation_id, pod_uid=pod_uid)
+
+    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
+        await self.inner.release(reservation_id, pod_uid=pod_uid)
+
+
+async def test_a_reservation_whose_pod_the_rm_does_not_name_is_left_alone(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """namespace and name are optional in a Reservation: not knowing the pod is not the pod being gone."""
+    process, _ = pool_rm
+    scheduler = uniq("sched")
+    pod = await create_pod(
+        kube_api, namespace=namespace, body=pod_body(name="pending", scheduler_name=scheduler)
+    )
+    async with process.client() as rm:
+        held = await _reserve(rm, pod=pod, scheduler=scheduler)
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: _Anonymous(rm),
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+        )
+        report = await reconciler.run_once(reason="periodic")
+        assert report.actions == {}
+        assert report.kept == 1
+        assert [r.state.value for r in await rm.list_reservations(pod_uid=held.pod_uid)] == ["reserved"]
+
+
 async def test_a_bound_pod_without_a_reservation_is_warned_about_once(
     *,
     kube_api: client.ApiClient,

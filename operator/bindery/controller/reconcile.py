@@ -274,8 +274,11 @@ class Reconciler:
         kept = 0
         for reservation in reservations:
             pod = pods.get(reservation.pod_uid)
+            if pod is None and not (reservation.namespace and reservation.name):
+                kept += 1  # the RM did not name the pod: unknown is not gone (a reserved one expires)
+                continue
             if pod is None:
-                pod = await self._read(reservation)  # pending, departed, or never named
+                pod = await self._read(reservation)  # pending or departed
             action = reconcile_action(reservation=reservation, pod=pod)
             if action is None:
                 kept += 1
@@ -316,10 +319,11 @@ class Reconciler:
         return found
 
     async def _read(self, reservation: Reservation) -> dict[str, Any] | None:
-        if not reservation.namespace or not reservation.name:
-            return None  # the RM does not know the pod's name: nothing can be bound on it by us
+        """The reservation's pod by name (a pass skips reservations whose pod the RM did not name)."""
         async with asyncio.timeout(READ_TIMEOUT_SECONDS):
-            return await read_pod(core=self._core, namespace=reservation.namespace, name=reservation.name)
+            return await read_pod(
+                core=self._core, namespace=str(reservation.namespace), name=str(reservation.name)
+            )
 
     async def _act(self, rm: ReconcilingRM, reservation: Reservation, action: Settle, reason: str) -> bool:
         pod = f"{reservation.namespace}/{reservation.name} ({reservation.pod_uid})"
