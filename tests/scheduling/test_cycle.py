@@ -243,13 +243,22 @@ async def test_other_conflict_and_bind_errors_release_and_report(world: World) -
     assert result.outcome is Outcome.ERROR
     assert world.calls.count("rm.release") == 1
     world.calls.log.clear()
-    sentence = "binding pod ns/web to node 'n1' failed: HTTP 500: etcd timeout"
-    world.binder.error = BindError(sentence, status=500)
+    sentence = "binding pod ns/web to node 'n1' failed: HTTP 422: Binding is invalid"
+    world.binder.error = BindError(sentence, status=422)
     result = await world.run()
     assert result.failure is not None
     assert result.failure.kind is FailureKind.BIND_ERROR
     assert world.calls.count("rm.release") == 1
     assert world.calls.log[-2][1]["message"] == sentence
+
+
+async def test_a_binding_answered_with_a_server_error_keeps_its_reservation(world: World) -> None:
+    """An etcd timeout (500) or the apiserver's deadline (504) may have stored the Binding."""
+    world.binder.error = BindError("binding failed: HTTP 500: etcdserver: request timed out", status=500)
+    result = await world.run()
+    assert result.failure is not None
+    assert result.failure.kind is FailureKind.BIND_UNCONFIRMED
+    assert world.calls.count("rm.release") == 0
 
 
 async def test_release_failure_is_logged_and_does_not_change_the_outcome(
@@ -436,7 +445,7 @@ async def test_extra_reserve_plugins_run_after_the_rm_and_unreserve_in_reverse(w
 
 async def test_release_happens_once_even_if_a_plugin_fails_late(world: World) -> None:
     a = RecordingReserve(world.calls, name="a")
-    world.binder.error = BindError("boom", status=500)
+    world.binder.error = BindError("boom", status=422)
     await world.run(plugins=PluginSet(reserve=(a,), pre_bind=(GateKeeper(world.calls),)))
     assert world.calls.count("rm.release") == 1
     assert world.calls.count("a.unreserve") == 1

@@ -80,10 +80,13 @@ def test_bind_errors() -> None:
     unknown = classify(BindConflict("UID precondition failed"), stage=Stage.BIND)
     assert unknown.kind is FailureKind.BIND_CONFLICT
     assert unknown.message == "UID precondition failed"  # the adapter's sentence, verbatim
-    sentence = "binding pod ns/p to node 'n1' failed: HTTP 500: etcd"
-    failed = classify(BindError(sentence, status=500), stage=Stage.BIND)
+    sentence = "binding pod ns/p to node 'n1' failed: HTTP 403: forbidden"
+    failed = classify(BindError(sentence, status=403), stage=Stage.BIND)
     assert failed.kind is FailureKind.BIND_ERROR
     assert failed.message == sentence
+    for status in (500, 502, 503, 504):  # e.g. "etcdserver: request timed out": it may have been applied
+        maybe = classify(BindError(f"binding failed: HTTP {status}", status=status), stage=Stage.BIND)
+        assert maybe.kind is FailureKind.BIND_UNCONFIRMED, status
     assert classify(PodGone(), stage=Stage.BIND).kind is FailureKind.POD_GONE
     unanswered = classify(BindError("binding pod ns/p timed out"), stage=Stage.BIND)
     assert unanswered.kind is FailureKind.BIND_UNCONFIRMED

@@ -156,6 +156,12 @@ def failure_from_exception(
     return Failure(kind=kind, message=message, stage=stage, retry_after=retry_after, plugin=plugin)
 
 
+#: Binding answers that do not say the write was refused: the apiserver may have stored it (an etcd
+#: timeout answers 500 "etcdserver: request timed out", the apiserver's own deadline 504, a proxy
+#: in front of it 502/503). Like no answer at all, they keep the reservation until the pod is seen.
+_MAYBE_APPLIED = frozenset({500, 502, 503, 504})
+
+
 def _classify(
     *, error: BaseException, rm_name: str, node: str | None
 ) -> tuple[FailureKind, str, float | None]:
@@ -189,7 +195,7 @@ def _classify(
             )
         return FailureKind.BIND_CONFLICT, error.message, None
     if isinstance(error, BindError):
-        if error.status is None:
+        if error.status is None or error.status in _MAYBE_APPLIED:
             kept = "; its reservation is kept until Bindery sees whether the Binding was applied"
             return FailureKind.BIND_UNCONFIRMED, f"{error.message}{kept}", None
         return FailureKind.BIND_ERROR, error.message, None
