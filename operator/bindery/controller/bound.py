@@ -35,6 +35,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 
 from bindery.rm.errors import RMError, RMPodMismatch
@@ -155,8 +156,10 @@ class BoundPodWatcher:
         on_event: Callable[[str, Mapping[str, Any]], Awaitable[None]] | None = None,
         on_relist: Callable[[], None] = lambda: None,
         max_backoff: float = 10.0,
+        watch_seconds: int = 300,
     ) -> None:
         self._core = client.CoreV1Api(api)
+        self._watch_seconds = watch_seconds
         self._scheduler_name = scheduler_name
         self._selector = bound_pods_selector(scheduler_name=scheduler_name)
         self._namespace = namespace
@@ -221,10 +224,16 @@ class BoundPodWatcher:
             *args,
             field_selector=self._selector,
             resource_version=version,
-            timeout_seconds=300,
+            timeout_seconds=self._watch_seconds,
             allow_watch_bookmarks=True,
             watch=True,
             _preload_content=False,
+            # The server ends the watch after timeout_seconds; a connection silent for longer is
+            # half-open (the apiserver's host vanished, a load balancer dropped it) and would hang
+            # here forever, releasing nothing: give it up and relist.
+            _request_timeout=aiohttp.ClientTimeout(
+                sock_connect=10, sock_read=self._watch_seconds + max(5, self._watch_seconds / 10)
+            ),
         )
         try:
             if response.status != 200:

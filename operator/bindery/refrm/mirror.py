@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, watch
 
 from bindery.podresources import PodResourcesError
@@ -35,6 +36,9 @@ from bindery.refrm.placement import InventoryNode
 __all__ = ["MirrorGate", "NodeMirror", "PodMirror"]
 
 log = logging.getLogger(__name__)
+
+#: Bound of one page of a (re)list.
+LIST_TIMEOUT_SECONDS = 60
 
 
 class _ListWatch(abc.ABC):
@@ -68,7 +72,11 @@ class _ListWatch(abc.ABC):
         while True:
             extra = {"_continue": continue_token} if continue_token else {}
             response = await self._list_function()(
-                **self._selectors(), limit=500, _preload_content=False, **extra
+                **self._selectors(),
+                limit=500,
+                _preload_content=False,
+                _request_timeout=LIST_TIMEOUT_SECONDS,
+                **extra,
             )
             body = await response.read()
             if not 200 <= response.status <= 299:
@@ -94,6 +102,11 @@ class _ListWatch(abc.ABC):
                 resource_version=resource_version,
                 timeout_seconds=self._watch_timeout,
                 allow_watch_bookmarks=True,
+                # A connection silent past the server's own timeout is half-open: without this the
+                # mirror would keep a stale snapshot for ever and place pods on capacity in use.
+                _request_timeout=aiohttp.ClientTimeout(
+                    sock_connect=10, sock_read=self._watch_timeout + max(5, self._watch_timeout / 10)
+                ),
             ):
                 kind = event["type"]
                 raw = event["raw_object"]

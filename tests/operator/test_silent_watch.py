@@ -1,0 +1,89 @@
+"""A watch whose connection goes silent (half-open TCP: the apiserver's host vanished, a load
+balancer dropped the flow) must end and relist; otherwise departed pods are never released.
+
+The server here answers the list, then holds every watch open without sending a byte, which is
+what a half-open connection looks like from the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from bindery.controller.bound import BoundPodWatcher
+from bindery.refrm.mirror import NodeMirror
+from tests.operator.fakerm import serve_app
+from tests.scheduling.fakes import Calls, FakeRM
+
+
+async def test_a_silent_bound_pod_watch_is_given_up_and_relisted() -> None:
+    lists = 0
+    silence = asyncio.Event()
+
+    async def pods(request: web.Request) -> web.StreamResponse:
+        nonlocal lists
+        if request.query.get("watch") not in ("true", "1", "True"):
+            lists += 1
+            return web.json_response({"kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": []})
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await silence.wait()  # never set: the stream stays open and silent
+        return response
+
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", pods)
+    async with serve_app(app, shutdown_timeout=0.1, handler_cancellation=True) as port:
+        configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
+        async with client.ApiClient(configuration=configuration) as api:
+            watcher = BoundPodWatcher(
+                api=api,
+                scheduler_name="bindery",
+                rm=lambda: FakeRM(Calls()),
+                logger=logging.getLogger("test"),
+                watch_seconds=1,
+                max_backoff=0.1,
+            )
+            task = asyncio.create_task(watcher.run())
+            try:
+                async with asyncio.timeout(30):
+                    while lists < 2:
+                        await asyncio.sleep(0.05)
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_silent_node_mirror_watch_is_given_up_and_relisted() -> None:
+    """The reference RM's mirror: a stale snapshot would let it place pods on capacity in use."""
+    lists = 0
+    silence = asyncio.Event()
+
+    async def nodes(request: web.Request) -> web.StreamResponse:
+        nonlocal lists
+        if request.query.get("watch") not in ("true", "1", "True"):
+            lists += 1
+            return web.json_response({"kind": "NodeList", "metadata": {"resourceVersion": "1"}, "items": []})
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await silence.wait()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/api/v1/nodes", nodes)
+    async with serve_app(app, shutdown_timeout=0.1, handler_cancellation=True) as port:
+        configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
+        async with client.ApiClient(configuration=configuration) as api:
+            mirror = NodeMirror(
+                api=api, on_change=lambda nodes: None, watch_timeout_seconds=1, max_backoff=0.1
+            )
+            task = asyncio.create_task(mirror.run())
+            try:
+                async with asyncio.timeout(30):
+                    while lists < 2:
+                        await asyncio.sleep(0.05)
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
