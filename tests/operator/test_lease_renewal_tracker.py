@@ -160,9 +160,10 @@ async def test_renewals_back_off_while_the_rm_is_away(api: client.ApiClient) -> 
     tracker.body = pending()
     tracker.track(reservation_id="r1", pod=POD, node="n1", ttl_seconds=3.0, expires=time.monotonic() + 1.5)
     await until(lambda: not tracker._tasks, within=10)  # gave up when the lease ran out
+    # Doubling from 0.02 s fits about 6 tries in the 1.5 s lease; a fixed 0.02 s would fit ~70.
+    assert 2 <= len(rm.renewals) <= 12, [at for at, _ in rm.renewals]
     gaps = [later - earlier for (earlier, _), (later, _) in itertools.pairwise(rm.renewals)]
-    assert len(gaps) >= 3
-    assert all(later > 1.5 * earlier for earlier, later in itertools.pairwise(gaps)), gaps
+    assert gaps[-1] > 4 * gaps[0], gaps
     assert not tracker._renew_delays
 
 

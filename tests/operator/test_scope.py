@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from tests.operator.conftest import (
     Bindery,
     Stage,
@@ -109,7 +110,14 @@ async def test_restart_settles_reservations_left_by_a_crash(
     """Reserved-but-not-committed reservations are committed if the bind happened, else released."""
     node, scheduler = stage.node, stage.scheduler
     bound = await stage.create("bound")
-    await bind_pod(kube_api, namespace=namespace, name="bound", node=node)
+    # as the crashed Bindery's Binding did: the pod carries its reservation
+    await bind_pod(
+        kube_api,
+        namespace=namespace,
+        name="bound",
+        node=node,
+        annotations={RESERVATION_ANNOTATION: "r-bound"},
+    )
     leftovers = {
         "r-bound": reservation_entry(
             rid="r-bound",
@@ -187,7 +195,13 @@ async def test_restart_releases_committed_reservations_of_pods_that_went_away(
 ) -> None:
     node, scheduler = stage.node, stage.scheduler
     running = await stage.create("running")
-    await bind_pod(kube_api, namespace=namespace, name="running", node=node)
+    await bind_pod(
+        kube_api,
+        namespace=namespace,
+        name="running",
+        node=node,
+        annotations={RESERVATION_ANNOTATION: "c-running"},
+    )
     for rid, name, uid in (
         ("c-running", "running", running["metadata"]["uid"]),
         ("c-gone", "gone", "uid-gone"),
