@@ -31,6 +31,7 @@ from tests.operator.conftest import (
     OPERATOR_USER,
     Bindery,
     bind_pod,
+    closed_port_url,
     create_pod,
     create_rm,
     delete_rm,
@@ -394,6 +395,61 @@ async def test_a_pod_deleted_while_the_bound_pod_watch_was_down_gives_its_reserv
             proxy.blind_pod_lists = False
             await operator.stop()
             await delete_rm(kube_api, name=rm_name)
+
+
+async def test_a_pass_leaves_names_this_rm_never_served_to_whoever_serves_them_there(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    bindery: Bindery,
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """A shared RM also serves another cluster under a name this cluster gives to another RM: the
+    other cluster's allocations are not this cluster's to judge (its pods are invisible here)."""
+    shared, _ = pool_rm
+    ours, theirs = uniq("ours"), uniq("theirs")
+    first, second = uniq("rm-shared"), uniq("rm-other")
+    async with shared.client() as rm:
+        elsewhere = ReservationRequest(
+            pod=PodIdentity(
+                uid=uniq("uid"), namespace=namespace, name="in-another-cluster", scheduler_name=theirs
+            ),
+            resources={"cpu": "100m"},
+            idempotency_key=uniq("key"),
+            ttl_seconds=600,
+        )
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    held = await rm.reserve(elsewhere)
+                    break
+                except (RMUnavailable, RMUnschedulable):
+                    await asyncio.sleep(0.2)
+        await rm.commit(held.id)
+        try:
+            await serve_with(
+                kube_api,
+                rm=shared,
+                name=first,
+                scheduler_names=[ours],
+                namespace=namespace,
+                reconcileIntervalSeconds=5,
+            )
+            await create_rm(kube_api, name=second, scheduler_names=[theirs], endpoint=closed_port_url())
+
+            def passes() -> int:
+                supervisor = bindery.runtime.supervisors.get(first)
+                return supervisor.reconciled if supervisor is not None else 0
+
+            await eventually(
+                lambda: now(passes() >= 3), within=60, what="three reconcile passes of the shared RM"
+            )
+            assert [r.state.value for r in await rm.list_reservations(pod_uid=held.pod_uid)] == ["committed"]
+        finally:
+            await delete_rm(kube_api, name=first)
+            await delete_rm(kube_api, name=second)
 
 
 async def test_a_scheduler_name_moved_to_another_resource_manager_leaks_nothing_at_the_old_one(

@@ -26,11 +26,12 @@ And for the other direction: a bound, running pod of a served scheduler name wit
 reservation gets one Warning event ``ReservationMissing`` (once per pod UID, remembered bounded)
 and is counted: its resources are not accounted at the RM, which may hand them out again.
 
-Which reservations: those of every scheduler name this RM serves now, served earlier in this
-process (a name moved to another RM), or that any ResourceManager of this operator serves
-(``known_scheduler_names``: after a restart, a moved name's leftovers at its old RM are still found).
-Reservations of other names are left alone: an external RM may serve other clusters, whose pods
-this operator cannot see and must not judge gone. A namespaced operator touches only reservations
+Which reservations: those of every scheduler name this RM serves now or served earlier in this
+process (a name moved to another RM). Reservations of other names are left alone, even names
+another ResourceManager of this operator serves: an external RM may serve other clusters, whose
+pods this operator cannot see and must not judge gone, and another cluster may use the same name
+with this RM. (So a name moved away while no operator ran leaves its old RM's allocations to that
+RM: they are released only if the name comes back.) A namespaced operator touches only reservations
 of pods in its namespaces.
 
 Cost of a pass: one list of bound pods per scheduler name (and namespace), two reservation lists
@@ -196,7 +197,6 @@ class Reconciler:
         scheduler_names: Callable[[], Collection[str]],
         logger: Logger,
         namespaces: tuple[str, ...] = (),
-        known_scheduler_names: Callable[[], Collection[str]] = tuple,
         metrics: Metrics | None = None,
         on_released: Callable[[], None] = lambda: None,
         warn_missing: bool = True,
@@ -209,7 +209,6 @@ class Reconciler:
         self._core = client.CoreV1Api(api)
         self._events = client.EventsV1Api(api)
         self._scheduler_names = scheduler_names
-        self._known = known_scheduler_names
         self._logger = logger
         self._namespaces = namespaces
         self._metrics = metrics or Metrics()
@@ -257,7 +256,7 @@ class Reconciler:
         # Bound pods of the served names first, reservations after: a pod in this list was bound
         # before the reservations were read, so its reservation (made before its Binding) is listed.
         served_pods = await self._bound_pods(served)
-        names = served | self._served_before | frozenset(self._known())
+        names = served | self._served_before
         reservations = [
             reservation
             for name in sorted(names)

@@ -404,7 +404,6 @@ class Runtime:
             scheduler_names=lambda: runner.config.scheduler_names,
             logger=self.logger,
             namespaces=self.options.namespaces,
-            known_scheduler_names=lambda: [*self.routing.served, *self.routing.contested],
             metrics=self.metrics,
             on_released=lambda: self._retry_parked("a reservation was released"),
             hostname=self.options.hostname,
