@@ -245,6 +245,10 @@ class Pool:
             await asyncio.sleep(0.5)
         else:
             raise AssertionError(f"{report.line()}: {len(pending)} pods never bound, e.g. {pending[:5]}")
+        # A pod scheduled twice stays so: fail at once (with the count) instead of waiting it out.
+        doubles = await self.measure(report)
+        if doubles:
+            raise AssertionError(f"{report.line()}: pods scheduled more than once:\n" + "\n".join(doubles))
         left = max(30.0, within - (loop.time() - started))
         try:
             await settled_invariants(
@@ -259,11 +263,13 @@ class Pool:
         report.settle = loop.time() - started
         await self.measure(report)
 
-    async def measure(self, report: Report) -> None:
+    async def measure(self, report: Report) -> list[str]:
+        """Fill the report's counts from what the apiserver says now; returns the double schedules."""
         events = await client.EventsV1Api(self.api).list_namespaced_event(
             self.namespace, _preload_content=False
         )
-        report.double = len(double_schedules((await events.json())["items"]))
+        doubles = double_schedules((await events.json())["items"])
+        report.double = len(doubles)
         nodes = await self.core.list_node(label_selector=f"{POOL_LABEL}={self.label}", _preload_content=False)
         bound = await self.core.list_pod_for_all_namespaces(
             field_selector="spec.nodeName!=", _preload_content=False
@@ -272,6 +278,7 @@ class Pool:
             overcommitted_nodes(nodes=(await nodes.json())["items"], pods=(await bound.json())["items"])
         )
         report.pods = self.created
+        return doubles
 
     async def audit(self, *, kubeconfig: pathlib.Path, report: Report) -> list[str]:
         """`bindery audit -o json -n <ns>` as a user runs it; the findings that concern this test."""
