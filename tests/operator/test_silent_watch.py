@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pathlib
 
+import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from bindery.config import ResourceManagerConfig, SecretKeyRef
+from bindery.controller import secrets
 from bindery.controller.bound import BoundPodWatcher
 from bindery.refrm.mirror import NodeMirror
 from tests.operator.fakerm import serve_app
@@ -87,3 +91,31 @@ async def test_a_silent_node_mirror_watch_is_given_up_and_relisted() -> None:
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_secret_read_that_gets_no_answer_is_a_credentials_error(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ResourceManager's loop reads its Secrets every probe: a hung read would freeze it for ever."""
+    monkeypatch.setattr(secrets, "READ_TIMEOUT_SECONDS", 1.0)
+    silence = asyncio.Event()
+
+    async def secret(request: web.Request) -> web.StreamResponse:
+        await silence.wait()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces/ns/secrets/token", secret)
+    config = ResourceManagerConfig(
+        name="rm",
+        uid="u",
+        generation=1,
+        scheduler_names=("bindery",),
+        endpoint="https://rm.invalid",
+        token_ref=SecretKeyRef(namespace="ns", name="token", key="token"),
+    )
+    async with serve_app(app, shutdown_timeout=0.1, handler_cancellation=True) as port:
+        configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
+        async with client.ApiClient(configuration=configuration) as api, asyncio.timeout(30):
+            with pytest.raises(secrets.CredentialsError, match="did not answer within 1 s"):
+                await secrets.resolve_credentials(api=api, config=config, directory=tmp_path)

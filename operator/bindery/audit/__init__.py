@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds a pending pod may wait without a PodScheduled=False condition (default %(default)s)",
     )
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="give up after this many seconds (default %(default)s)"
+    )
     return parser
 
 
@@ -48,7 +51,7 @@ async def _audit(args: argparse.Namespace) -> Audit:
     from bindery.controller.connection import load_configuration
 
     configuration = await load_configuration(kubeconfig=args.kubeconfig)
-    async with client.ApiClient(configuration=configuration) as api:
+    async with client.ApiClient(configuration=configuration) as api, asyncio.timeout(args.timeout):
         return await run_audit(
             api=api, namespaces=tuple(args.namespace), grace=datetime.timedelta(seconds=args.grace)
         )
@@ -58,6 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         audit = asyncio.run(_audit(args))
+    except TimeoutError:
+        print(
+            f"bindery audit: the apiserver or a resource manager did not answer within {args.timeout:g} s; "
+            "nothing was checked (raise --timeout on a large cluster)",
+            file=sys.stderr,
+        )
+        return 2
     except Exception as exc:  # no cluster, no permission: say so, as an incomplete audit
         print(f"bindery audit: could not read the cluster: {exc}", file=sys.stderr)
         return 2

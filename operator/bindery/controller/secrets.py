@@ -14,9 +14,13 @@ import dataclasses
 import hashlib
 import pathlib
 
+import aiohttp
 from kubernetes_asyncio import client
 
 from bindery.config import ResourceManagerConfig, SecretKeyRef
+
+#: Bound of one Secret read: a hung apiserver connection must not freeze a ResourceManager's loop.
+READ_TIMEOUT_SECONDS = 10.0
 
 
 class CredentialsError(RuntimeError):
@@ -62,11 +66,18 @@ async def resolve_credentials(
 
 async def _secret_value(*, core: client.CoreV1Api, ref: SecretKeyRef, what: str) -> bytes:
     try:
-        secret = await core.read_namespaced_secret(name=ref.name, namespace=ref.namespace)
+        secret = await core.read_namespaced_secret(
+            name=ref.name, namespace=ref.namespace, _request_timeout=READ_TIMEOUT_SECONDS
+        )
     except client.ApiException as exc:
         raise CredentialsError(
             f"cannot read Secret {ref.namespace}/{ref.name} for the {what}: HTTP {exc.status} {exc.reason}; "
             "create it, or grant the operator `get` on it"
+        ) from exc
+    except (TimeoutError, aiohttp.ClientError) as exc:  # the caller retries with backoff
+        raise CredentialsError(
+            f"cannot read Secret {ref.namespace}/{ref.name} for the {what}: the apiserver did not answer "
+            f"within {READ_TIMEOUT_SECONDS:g} s ({type(exc).__name__}); retrying"
         ) from exc
     data = secret.data or {}
     if ref.key not in data:

@@ -35,6 +35,7 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import aiohttp
 from kubernetes_asyncio import client
 
 from bindery.config import ResourceManagerConfig
@@ -48,6 +49,8 @@ from bindery.scheduling.registry import PluginError
 
 GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
 DEFAULT_RECONCILE_INTERVAL = 30.0
+#: Bound of one status write: a hung apiserver connection must not freeze this loop.
+STATUS_WRITE_SECONDS = 10.0
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 
@@ -424,7 +427,11 @@ class ResourceManagerSupervisor:
                 name=self.name,
                 body={"status": status},
                 _content_type="application/merge-patch+json",
+                _request_timeout=STATUS_WRITE_SECONDS,
             )
+        except (TimeoutError, aiohttp.ClientError) as exc:  # written again at the next change or probe
+            self._env.logger.warning(f"could not write the status of ResourceManager {self.name!r}: {exc!r}")
+            return
         except client.ApiException as exc:
             if exc.status != 404:
                 self._env.logger.warning(
