@@ -181,3 +181,17 @@ async def test_another_pod_copying_the_annotation_neither_releases_nor_untracks_
     assert calls.count("rm.release") == 0
     await tracker.observe(event_type="MODIFIED", pod=bound(reservation="r1"))  # the victim's own
     assert calls.count("rm.commit") == 1
+
+
+async def test_a_replica_past_its_renew_deadline_releases_nothing(api: client.ApiClient) -> None:
+    """Another replica may lead and may have reused the pod's reservation (same idempotency key)."""
+    from bindery.controller.unconfirmed import SettlingReleases
+
+    tracker, rm, calls = tracker_with(api)
+    leading = False
+    releases = SettlingReleases(inner=rm, unconfirmed=tracker, holds=lambda: leading)
+    await releases.release("r1", pod_uid=POD.uid)
+    assert calls.count("rm.release") == 0
+    leading = True
+    await releases.release("r1", pod_uid=POD.uid)
+    assert calls.count("rm.release") == 1

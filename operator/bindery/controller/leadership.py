@@ -12,11 +12,13 @@ A term, end to end:
    bounded (`LeaseTiming.request_timeout`).
 3. Stop at the renew deadline (or at once when another holder is seen): from that instant
    `holds()` is False, so no new Binding leaves this process; then `on_stopped` pauses every
-   profile, which cancels the cycles in flight (they release their reservations; a cycle already in
-   its Binding keeps its reservation for the reconciler or the pod's next cycle, which reuses it).
+   profile, which cancels the cycles in flight. They release nothing: `holds()` fences releases
+   too (`unconfirmed.SettlingReleases`), because the next leader may already have reused the
+   pod's reservation; the pod's next cycle reuses it, or the new leader's reconciliation or its
+   TTL settles it.
    The pause must be over by the term's *exit point*: last renewal + renew deadline +
    `LeaseTiming.pause_budget` (midway between the renew deadline and the earliest moment a standby
-   may take the lease), so every release lands while no other replica can lead. **Otherwise the
+   may take the lease), so this process is quiet before any other replica can lead. **Otherwise the
    process exits** (status 1) — kube-scheduler exits whenever it loses its lease; we pause in order
    when there is time, because a restart costs a standby its warm caches, and exit when there is
    not: a process that cannot stop its cycles in time cannot be trusted to stop them later, and a

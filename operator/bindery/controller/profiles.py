@@ -87,12 +87,15 @@ class ProfileRunner:
         on_released: Callable[[], None],
         on_dropped: Callable[[str], None] = lambda uid: None,
         on_relist: Callable[[], None] = lambda: None,
+        holds: Callable[[], bool] = lambda: True,
         namespaces: tuple[str, ...] = (),
         metrics: Metrics | None = None,
     ) -> None:
         self.config = config
         self.namespaces = namespaces
         self.metrics = metrics or Metrics()
+        self._holds = holds  # the leader fence: no release once another replica may lead
+        self._logger = logger
         self.client = client
         self.credentials = credentials
         self.measured = self._measure(client)
@@ -201,7 +204,9 @@ class ProfileRunner:
 
     def _cycle_client(self) -> SettlingReleases:
         """What the cycles call: the measured client, releases checked against unconfirmed Bindings."""
-        return SettlingReleases(inner=self.measured, unconfirmed=self.unconfirmed)
+        return SettlingReleases(
+            inner=self.measured, unconfirmed=self.unconfirmed, holds=self._holds, logger=self._logger
+        )
 
     def _measure(self, client: ResourceManagerClient) -> MeasuredRM:
         return MeasuredRM(inner=client, metrics=self.metrics, resource_manager=self.config.name)

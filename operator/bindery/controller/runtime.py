@@ -149,6 +149,7 @@ class Runtime:
             on_released=lambda: self._retry_parked("a reservation was released"),
             on_dropped=self._drop,
             on_runner=self._reoffer_all,
+            holds=self._leadership.holds if self._leadership is not None else lambda: True,
         )
         self._sweep_task = asyncio.create_task(self._sweep_forever(), name="bindery unbound-pod sweep")
         if self._leadership is not None:

@@ -106,6 +106,8 @@ class Environment:
     on_dropped: Callable[[str], None]
     #: the supervisor's runner appeared, was replaced or went away: re-route the pods
     on_runner: Callable[[], None]
+    #: the leader fence (always True without leader election): no release once it is False
+    holds: Callable[[], bool] = lambda: True
 
 
 class ResourceManagerSupervisor:
@@ -330,6 +332,7 @@ class ResourceManagerSupervisor:
             on_released=env.on_released,
             on_dropped=env.on_dropped,
             on_relist=self.relisted,
+            holds=env.holds,
             namespaces=env.namespaces,
             metrics=env.metrics,
         )

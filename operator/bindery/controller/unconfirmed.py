@@ -355,9 +355,18 @@ class SettlingReleases:
     the cycle's outcome (the caller merely retries parked pods once more).
     """
 
-    def __init__(self, *, inner: ReservationClient, unconfirmed: UnconfirmedBinds) -> None:
+    def __init__(
+        self,
+        *,
+        inner: ReservationClient,
+        unconfirmed: UnconfirmedBinds,
+        holds: Callable[[], bool] = lambda: True,
+        logger: Logger | None = None,
+    ) -> None:
         self._inner = inner
         self._unconfirmed = unconfirmed
+        self._holds = holds
+        self._logger = logger
 
     async def reserve(self, request: ReservationRequest, /) -> Reservation:
         return await self._inner.reserve(request)
@@ -366,6 +375,16 @@ class SettlingReleases:
         return await self._inner.commit(reservation_id, pod_uid=pod_uid)
 
     async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
+        if not self._holds():
+            # Past the renew deadline another replica may lead and may have reused this pod's
+            # reservation (same idempotency key) for a Binding of its own: releasing it now could
+            # free capacity under that pod. It is the next leader's to settle (reconcile, or TTL).
+            if self._logger is not None:
+                self._logger.warning(
+                    f"not releasing reservation {reservation_id} of pod {pod_uid}: this replica no longer "
+                    "holds the leader lease; the leader settles it"
+                )
+            return
         if reservation_id in self._unconfirmed and await self._unconfirmed.settle_before_release(
             reservation_id
         ):
