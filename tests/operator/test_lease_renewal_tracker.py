@@ -195,3 +195,26 @@ async def test_a_replica_past_its_renew_deadline_releases_nothing(api: client.Ap
     leading = True
     await releases.release("r1", pod_uid=POD.uid)
     assert calls.count("rm.release") == 1
+
+
+async def test_a_replaced_rm_client_is_closed_once_no_cycle_can_use_it() -> None:
+    """Each credential rotation replaces the client: the old pool must not stay open for ever."""
+    import types
+
+    from bindery.controller.profiles import ProfileRunner
+
+    class Client:
+        closed = False
+
+        async def aclose(self) -> None:
+            self.closed = True
+
+    runner = types.SimpleNamespace(
+        _retired_clients=set(), _closing=set(), config=types.SimpleNamespace(name="rm")
+    )
+    old = Client()
+    ProfileRunner._retire(runner, old, after=0.05)  # type: ignore[arg-type]
+    assert not old.closed  # cycles that started with it may still be running
+    await until(lambda: old.closed)
+    assert not runner._retired_clients
+    await until(lambda: not runner._closing)

@@ -128,7 +128,8 @@ class ProfileRunner:
         self._workers: list[asyncio.Task[None]] = []
         self._busy: set[asyncio.Task[Any]] = set()  # workers inside a cycle
         self._retiring = 0  # busy workers to stop once their cycle ends (the budget shrank)
-        self._retired_clients: list[ResourceManagerClient] = []
+        self._retired_clients: set[ResourceManagerClient] = set()
+        self._closing: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -156,8 +157,12 @@ class ProfileRunner:
         await self.pause()
         await self.unconfirmed.close()
         await self.client.aclose()
+        for task in self._closing:
+            task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         for old in self._retired_clients:
             await old.aclose()
+        self._retired_clients.clear()
 
     def update(
         self,
@@ -170,7 +175,7 @@ class ProfileRunner:
         if credentials is not None:
             self.credentials = credentials
         if client is not None:
-            self._retired_clients.append(self.client)
+            self._retire(self.client, after=2.0 * self.config.reservation_ttl_seconds + 30.0)
             self.client = client
             self.reachable, self.reach_message = None, None
         self.config = config
@@ -180,6 +185,24 @@ class ProfileRunner:
         if self.active:
             self._resize_workers(config.max_in_flight)
             self._follow_bound_pods()
+
+    def _retire(self, old: ResourceManagerClient, *, after: float) -> None:
+        """Close a replaced RM client once no cycle can still use it, and not before.
+
+        Cycles already running hold the old client until they end, and no cycle outlives its
+        reservation's lease; two leases and a margin later it is closed, so each credential rotation
+        does not keep one more connection pool open for the life of the process.
+        """
+        self._retired_clients.add(old)
+
+        async def close_later() -> None:
+            await asyncio.sleep(after)
+            self._retired_clients.discard(old)
+            await old.aclose()
+
+        task = asyncio.create_task(close_later(), name=f"bindery retired RM client {self.config.name}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _follow_bound_pods(self) -> None:
         """One bound-pod watch per scheduler name (and namespace, if the operator is namespaced)."""
