@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bindery.rm.errors import RMConflict, RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
+from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
 from bindery.scheduling.decisions import FailureKind, Outcome
 from bindery.scheduling.framework import PluginSet, Ports, Profile, Status
@@ -250,6 +251,29 @@ async def test_other_conflict_and_bind_errors_release_and_report(world: World) -
     assert result.failure.kind is FailureKind.BIND_ERROR
     assert world.calls.count("rm.release") == 1
     assert world.calls.log[-2][1]["message"] == sentence
+
+
+async def test_a_reserve_answered_with_a_committed_reservation_ends_the_cycle_quietly(world: World) -> None:
+    """An earlier Binding of the pod landed and was committed: no second Binding, no second
+    Scheduled event, and above all no release of the running pod's allocation."""
+    committed = Reservation(
+        id="r-earlier",
+        node="n1",
+        state=ReservationState.COMMITTED,
+        pod_uid=world.pod.uid,
+        scheduler_name=world.pod.scheduler_name,
+    )
+
+    async def replay(request: ReservationRequest, /) -> Reservation:
+        world.calls.record("rm.reserve", pod=request.pod.uid, key=request.idempotency_key)
+        return committed
+
+    world.rm.reserve = replay  # type: ignore[method-assign]
+    result = await world.run()
+    assert result.outcome is Outcome.DROPPED
+    assert world.calls.count("rm.release") == 0
+    assert world.calls.count("binder.bind") == 0
+    assert [name for name, _ in world.calls.log if name.startswith(("events.", "conditions."))] == []
 
 
 async def test_a_binding_answered_with_a_server_error_keeps_its_reservation(world: World) -> None:

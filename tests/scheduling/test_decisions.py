@@ -31,6 +31,7 @@ EXPECTED: dict[FailureKind, tuple[Outcome, bool, str]] = {
     FailureKind.INTERNAL: (Outcome.ERROR, True, "SchedulerError"),
     FailureKind.BOUND_ELSEWHERE: (Outcome.DROPPED, False, "SchedulerError"),
     FailureKind.POD_GONE: (Outcome.DROPPED, False, "SchedulerError"),
+    FailureKind.ALREADY_BOUND: (Outcome.DROPPED, False, "SchedulerError"),
 }
 
 
@@ -45,8 +46,8 @@ def test_decision_table(kind: FailureKind) -> None:
     assert (decision.outcome, decision.report) == (outcome, report)
     if report:
         assert decision.condition_reason == reason
-    # A pod that is not bound by us never keeps its reservation; one that may be bound does.
-    assert decision.release is (kind is not FailureKind.BIND_UNCONFIRMED)
+    # A pod that is not bound by us never keeps its reservation; one that may be, or is, does.
+    assert decision.release is (kind not in (FailureKind.BIND_UNCONFIRMED, FailureKind.ALREADY_BOUND))
     assert decision.message == "why"
     assert decision.retry_after == 3.0
 

@@ -65,6 +65,7 @@ class FailureKind(enum.StrEnum):
     LEASE_EXPIRED = "LeaseExpired"  # no Binding sent: the reservation may expire first (no renew)
     BOUND_ELSEWHERE = "BoundElsewhere"  # 409: someone else bound the pod to another node
     POD_GONE = "PodGone"  # deleted, recreated with another UID, or left the pending set
+    ALREADY_BOUND = "AlreadyBound"  # the reserve answered a committed reservation: bound earlier
     INTERNAL = "InternalError"  # a bug: an exception nobody expected
 
 
@@ -111,7 +112,7 @@ _SILENT = (Outcome.DROPPED, False, REASON_SCHEDULER_ERROR)
 #: Failures after which the reservation is kept: the pod may be bound after all, and releasing the
 #: capacity of a running pod is worse than letting an unused reservation expire.  If the pod is in
 #: fact still pending, its next cycle gets the same reservation back (same idempotency key).
-_KEEP_RESERVATION = frozenset({FailureKind.BIND_UNCONFIRMED})
+_KEEP_RESERVATION = frozenset({FailureKind.BIND_UNCONFIRMED, FailureKind.ALREADY_BOUND})
 
 _TABLE: dict[FailureKind, tuple[Outcome, bool, str]] = {
     FailureKind.RM_UNSCHEDULABLE: _UNSCHEDULABLE,
@@ -128,6 +129,7 @@ _TABLE: dict[FailureKind, tuple[Outcome, bool, str]] = {
     FailureKind.LEASE_EXPIRED: _ERROR,
     FailureKind.INTERNAL: _ERROR,
     FailureKind.BOUND_ELSEWHERE: _SILENT,
+    FailureKind.ALREADY_BOUND: _SILENT,
     FailureKind.POD_GONE: _SILENT,
 }
 

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 import pydantic
 
 from bindery.rm.errors import RMConflict, RMUnsupported
+from bindery.rm.models import ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, Lease, Step, lease_from_answer, plan_call
@@ -167,6 +168,19 @@ class ResourceManagerReservation:
             ctx.reservation = await ctx.profile.client.reserve(request)
         except Exception as error:
             return _failure(ctx, error, Stage.RESERVE, self.name)
+        if ctx.reservation.state is ReservationState.COMMITTED:
+            # The RM replayed this pod's reservation as committed: an earlier Binding of this pod
+            # landed and was settled (a Binding that got no answer, committed by the tracker).
+            # Binding again would meet a 409 and write a second Scheduled event; releasing it would
+            # free capacity under the running pod.
+            return Status.failed(
+                Failure(
+                    kind=FailureKind.ALREADY_BOUND,
+                    message=f"the pod is already bound with committed reservation {ctx.reservation.id}",
+                    stage=Stage.RESERVE,
+                    plugin=self.name,
+                )
+            )
         ctx.state[_LEASE] = lease_from_answer(
             reservation=ctx.reservation,
             ttl_seconds=ctx.profile.reservation_ttl_seconds,
