@@ -529,6 +529,28 @@ async def test_commit_retries_stop_before_the_reservation_expires_or_once_it_is_
     assert sleep.delays == [1.0]
 
 
+async def test_a_refusal_after_an_unanswered_attempt_keeps_the_reservation(world: World) -> None:
+    """The first attempt may have landed (an apiserver restarting mid-Binding); the retry's 403 (its
+    authorizer not loaded yet) says nothing about that one, so the reservation must not be released."""
+    from bindery.scheduling.defaults import DefaultBinder
+
+    binder = DefaultBinder(retry_delays=(0.2, 1.0), sleep=RecordingSleep())
+
+    class UnansweredThenForbidden(FakeBinder):
+        async def bind(self, **kwargs: Any) -> None:
+            await super().bind(**kwargs)
+            if self.calls.count("binder.bind") == 1:
+                raise BindError("binding pod ns/web got no answer")
+            raise BindError("binding pod ns/web failed: HTTP 403: forbidden", status=403)
+
+    world.binder = UnansweredThenForbidden(world.calls)
+    result = await world.run(plugins=PluginSet(bind=(binder,)))
+    assert result.failure is not None
+    assert result.failure.kind is FailureKind.BIND_UNCONFIRMED
+    assert "HTTP 403" in result.failure.message
+    assert world.calls.count("rm.release") == 0
+
+
 async def test_unanswered_binding_is_retried_and_a_landed_first_attempt_counts_as_success(
     world: World,
 ) -> None:

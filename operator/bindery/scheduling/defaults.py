@@ -297,6 +297,9 @@ class DefaultBinder:
                     return Status.success()
                 return Status.failed(self._someone_elses(ctx, conflict, node=node))
             except BindError as error:
+                if unanswered and error.status is not None:
+                    # An earlier attempt may have landed; this answer speaks only for itself.
+                    return Status.failed(self._after_unanswered(ctx, error, unanswered=unanswered))
                 if error.status is not None or delay is None:
                     return _failure(ctx, error, Stage.BIND, self.name)
                 unanswered, needed = unanswered + 1, timeout
@@ -322,6 +325,19 @@ class DefaultBinder:
             message=(
                 f'the pod was bound to node "{node}" by someone else: {holder}, not ours '
                 f"({ctx.reservation.id})"
+            ),
+            stage=Stage.BIND,
+            plugin=self.name,
+        )
+
+    def _after_unanswered(self, ctx: CycleContext, error: BindError, *, unanswered: int) -> Failure:
+        """A refusal (e.g. 403 from an apiserver still loading its authorizer) after attempts that got
+        no answer: those may have bound the pod, so the reservation is kept and the pod read."""
+        return Failure(
+            kind=FailureKind.BIND_UNCONFIRMED,
+            message=(
+                f"{error.message}, after {unanswered} attempt{'s' if unanswered > 1 else ''} that got no "
+                "answer; its reservation is kept until Bindery sees whether the Binding was applied"
             ),
             stage=Stage.BIND,
             plugin=self.name,
