@@ -15,6 +15,7 @@ instead of requeued. The runtime's periodic sweep of unbound pods catches the re
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -43,6 +44,8 @@ from bindery.scheduling.registry import default_registry
 from bindery.scheduling.throttle import EventThrottle
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+#: Pods whose Scheduled event was written, remembered so that it is written once (see _CheckedEvents).
+REMEMBERED_SCHEDULED = 10_000
 #: how long the existence check before a FailedScheduling event may take
 EXISTENCE_CHECK_SECONDS = 5.0
 
@@ -388,18 +391,25 @@ class ProfileRunner:
 
 
 class _CheckedEvents:
-    """The event sink of the cycles: a FailedScheduling event is written only for a pod that exists.
+    """The event sink of the cycles: a FailedScheduling event is written only for a pod that exists,
+    and a Scheduled event once per pod.
 
     One GET (failure path only; the throttle already let the event through), as kube-scheduler
     looks the pod up in its informer before deciding whether to requeue. A pod gone, or replaced
     under its name, raises PodGone (the cycle treats that as harmless: nobody reads events of a
     pod that does not exist) and is marked for dropping. A failed read does not hold the report back.
+
+    Scheduled: a Binding that got no answer can land while the pod's next cycle runs; then the
+    tracker (reading the pod) and the cycle (meeting a 409 naming our node with our reservation)
+    both see it bound, in the same instant. The first to report wins; the UIDs reported are
+    remembered, bounded (the race is over within a cycle).
     """
 
     def __init__(self, *, inner: EventSink, api: kube.ApiClient, gone: set[str]) -> None:
         self._inner = inner
         self._core = kube.CoreV1Api(api)
         self._gone = gone
+        self._scheduled: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     async def scheduled(
         self,
@@ -409,6 +419,11 @@ class _CheckedEvents:
         scheduler_name: str,
         timeout: float | None = None,  # noqa: ASYNC109 (the EventSink protocol's bound on the request)
     ) -> None:
+        if pod.uid in self._scheduled:
+            return  # the other path reported this pod's bind already
+        self._scheduled[pod.uid] = None  # before awaiting: the other path may run meanwhile
+        while len(self._scheduled) > REMEMBERED_SCHEDULED:
+            self._scheduled.popitem(last=False)
         await self._inner.scheduled(pod=pod, node=node, scheduler_name=scheduler_name, timeout=timeout)
 
     async def failed_scheduling(self, *, pod: PodInfo, message: str, scheduler_name: str) -> None:
