@@ -186,6 +186,63 @@ async def test_a_reservation_whose_pod_the_rm_does_not_name_is_left_alone(
         assert [r.state.value for r in await rm.list_reservations(pod_uid=held.pod_uid)] == ["reserved"]
 
 
+async def test_a_commit_by_reconciliation_corrects_a_pod_reported_unscheduled(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """A Binding that got no answer landed, its cycle had said PodScheduled=False, and the pass (not
+    the tracker) commits it: the pod is reported scheduled after all. A pod bound without such a
+    report (a crash between Binding and commit) keeps its single Scheduled event from the bind."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    core = client.CoreV1Api(kube_api)
+    pods = {
+        name: await create_pod(
+            kube_api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler)
+        )
+        for name in ("reported", "quiet")
+    }
+    corrected: list[str] = []
+
+    async def report(reservation: Reservation, pod: Any) -> None:
+        corrected.append(pod["metadata"]["name"])
+
+    async with process.client() as rm:
+        for name, pod in pods.items():
+            held = await _reserve(rm, pod=pod, scheduler=scheduler)
+            await bind_pod(
+                kube_api,
+                namespace=namespace,
+                name=name,
+                node=node,
+                annotations={RESERVATION_ANNOTATION: held.id},
+            )
+        await core.patch_namespaced_pod_status(
+            name="reported",
+            namespace=namespace,
+            body={
+                "status": {
+                    "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulerError"}]
+                }
+            },
+        )
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            on_reported_unbound=report,
+        )
+        report_ = await reconciler.run_once(reason="periodic")
+        assert len(report_.committed) == 2
+    assert corrected == ["reported"]
+
+
 async def test_a_bound_pod_without_a_reservation_is_warned_about_once(
     *,
     kube_api: client.ApiClient,

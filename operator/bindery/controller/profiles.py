@@ -33,6 +33,7 @@ from bindery.controller.unconfirmed import SettlingReleases, UnconfirmedBind, Un
 from bindery.kube.reads import read_pod
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
+from bindery.rm.models import Reservation
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
 from bindery.scheduling.decisions import FailureKind, Outcome
 from bindery.scheduling.framework import PluginSet, Ports, Profile, ReservationClient
@@ -248,6 +249,14 @@ class ProfileRunner:
             await self._ports.conditions.pod_scheduled_true(pod=pod)
         except Exception as exc:
             self._logger.warning(f"could not report pod {pod.key} as scheduled to {bind.node}: {exc}")
+
+    async def report_bound(self, reservation: Reservation, pod: Mapping[str, Any]) -> None:
+        """Reconciliation committed a reservation the pod's failed cycle had reported as unscheduled."""
+        await self._bound_after_all(
+            UnconfirmedBind(
+                reservation_id=reservation.id, pod=PodInfo.from_body(pod), node=reservation.node, deadline=0.0
+            )
+        )
 
     def _released_unconfirmed(self) -> None:
         self.metrics.release(resource_manager=self.config.name, reason="unconfirmed_binding")

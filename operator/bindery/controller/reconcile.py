@@ -48,7 +48,7 @@ import datetime
 import enum
 import logging
 import socket
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from kubernetes_asyncio import client
@@ -117,6 +117,12 @@ def reconcile_action(*, reservation: Reservation, pod: Mapping[str, Any] | None)
     if fate is Settle.COMMIT and reservation.state is ReservationState.COMMITTED:
         return None
     return fate
+
+
+def reported_unscheduled(pod: Mapping[str, Any]) -> bool:
+    """Pure: the pod's PodScheduled condition is False (a failed cycle reported it)."""
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conditions)
 
 
 def in_scope(*, reservation: Reservation, namespaces: Collection[str]) -> bool:
@@ -199,6 +205,7 @@ class Reconciler:
         namespaces: tuple[str, ...] = (),
         metrics: Metrics | None = None,
         on_released: Callable[[], None] = lambda: None,
+        on_reported_unbound: Callable[[Reservation, Mapping[str, Any]], Awaitable[None]] | None = None,
         warn_missing: bool = True,
         hostname: str | None = None,
     ) -> None:
@@ -213,6 +220,7 @@ class Reconciler:
         self._namespaces = namespaces
         self._metrics = metrics or Metrics()
         self._on_released = on_released
+        self._on_reported_unbound = on_reported_unbound
         self._warn_missing = warn_missing
         self._hostname = hostname or socket.gethostname()
         self._served_before: set[str] = set()
@@ -284,6 +292,8 @@ class Reconciler:
                 continue
             if await self._act(rm, reservation, action, reason):
                 (committed if action is Settle.COMMIT else released).append(reservation.id)
+                if action is Settle.COMMIT and pod is not None and reported_unscheduled(pod):
+                    await self._correct(reservation, pod)
             else:
                 failed.append(reservation.id)
         if released:
@@ -316,6 +326,16 @@ class Reconciler:
                 for item in items:
                     found[str((item.get("metadata") or {}).get("uid") or "")] = item
         return found
+
+    async def _correct(self, reservation: Reservation, pod: Mapping[str, Any]) -> None:
+        """The pod's failed cycle said PodScheduled=False, yet it runs on this reservation (a Binding
+        that got no answer landed and nobody else settled it): say it is scheduled after all."""
+        if self._on_reported_unbound is None:
+            return
+        try:
+            await self._on_reported_unbound(reservation, pod)
+        except Exception as exc:  # best effort: the pod runs either way
+            self._logger.warning(f"could not report pod {reservation.name} as scheduled: {exc}")
 
     async def _read(self, reservation: Reservation) -> dict[str, Any] | None:
         """The reservation's pod by name (a pass skips reservations whose pod the RM did not name)."""

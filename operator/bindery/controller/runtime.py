@@ -407,6 +407,7 @@ class Runtime:
             namespaces=self.options.namespaces,
             metrics=self.metrics,
             on_released=lambda: self._retry_parked("a reservation was released"),
+            on_reported_unbound=runner.report_bound,
             hostname=self.options.hostname,
         )
 
