@@ -215,6 +215,11 @@ class Runtime:
         if event_type == "DELETED" or not pod.schedulable:
             self._forget(pod)
             return
+        if self._binder is not None and self._binder.bound_recently(pod.uid):
+            # An event older than our Binding (it is on the wire, or landed and the DELETED that says
+            # so is next): the pod is not pending. Taking it as pending would requeue it, and mark
+            # it seen after its cycle forgot it, with nothing left to forget it again.
+            return
         self.pods.put(pod)
         self.metrics.pod_seen(pod.uid)
         await self._route(pod)
