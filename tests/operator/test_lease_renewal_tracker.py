@@ -218,4 +218,3 @@ async def test_a_replaced_rm_client_is_closed_once_no_cycle_can_use_it() -> None
     await until(lambda: old.closed)
     assert not runner._retired_clients
     await until(lambda: not runner._closing)
-
