@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import os
 import pathlib
 import re
@@ -306,6 +307,58 @@ async def serve_with(
         group="bindery.dev", version="v1alpha1", plural="resourcemanagers", body=body
     )
     return created
+
+
+@dataclasses.dataclass(frozen=True)
+class Scene:
+    """A labelled node of its own, the reference RM mirroring it, the operator, and a served name."""
+
+    rm: RMProcess
+    operator: OperatorProcess
+    node: str
+    scheduler: str
+    rm_name: str
+
+
+@contextlib.asynccontextmanager
+async def scene(
+    api: client.ApiClient,
+    *,
+    admin_kubeconfig: pathlib.Path,
+    operator_kubeconfig: pathlib.Path,
+    namespace: str,
+    directory: pathlib.Path,
+    capacity: Mapping[str, str] | None = None,
+) -> AsyncIterator[Scene]:
+    """The usual stage of a process test; the ResourceManager and the node are deleted afterwards."""
+    from bindery.devcluster.nodes import create_node
+
+    token = uuid.uuid4().hex[:8]
+    node, scheduler, rm_name = f"scene-{token}", f"sched-{token}", f"rm-{token}"
+    await create_node(
+        api,
+        name=node,
+        capacity=dict(capacity or {"cpu": "4", "memory": "8Gi", "pods": "20"}),
+        labels={"bindery.dev/test-pool": token},
+    )
+    try:
+        async with (
+            RMProcess(
+                kubeconfig=admin_kubeconfig,
+                directory=directory,
+                node_selector=f"bindery.dev/test-pool={token}",
+            ) as rm,
+            operator_process(kubeconfig=operator_kubeconfig, directory=directory) as operator,
+        ):
+            await serve_with(api, rm=rm, name=rm_name, scheduler_names=[scheduler], namespace=namespace)
+            yield Scene(rm=rm, operator=operator, node=node, scheduler=scheduler, rm_name=rm_name)
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await client.CustomObjectsApi(api).delete_cluster_custom_object(
+                group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=rm_name
+            )
+        with contextlib.suppress(client.ApiException):
+            await client.CoreV1Api(api).delete_node(name=node)
 
 
 # -- invariants ----------------------------------------------------------------------------------

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import json
 import pathlib
 import sys
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
 from bindery.audit.findings import leaked_reservations, unexplained_pending
-from bindery.devcluster.nodes import create_node
 from bindery.rm.models import PodIdentity, Reservation, ReservationRequest
-from tests.operator.conftest import create_pod, delete_rm, eventually, node_of, pod_body
-from tests.realrm import RMProcess, operator_process, serve_with
+from tests.operator.conftest import create_pod, eventually, node_of, pod_body
+from tests.realrm import scene
 
 NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.UTC)
 
@@ -123,73 +119,58 @@ async def test_audit_command_finds_a_leak_that_the_operator_did_not_make(
     kube_api: client.ApiClient,
     namespace: str,
     operator_kubeconfig: pathlib.Path,
-    uniq: Callable[[str], str],
     tmp_path: pathlib.Path,
 ) -> None:
-    pool = uuid.uuid4().hex[:8]
-    node = uniq("an")
-    scheduler, rm_name = uniq("sched"), uniq("rm")
-    await create_node(
-        kube_api, name=node, capacity={"cpu": "4", "memory": "8Gi", "pods": "20"}, labels={"audit-pool": pool}
-    )
-    try:
-        async with (
-            RMProcess(
-                kubeconfig=controlplane.kubeconfig, directory=tmp_path, node_selector=f"audit-pool={pool}"
-            ) as rm,
-            operator_process(kubeconfig=operator_kubeconfig, directory=tmp_path),
-        ):
-            await serve_with(kube_api, rm=rm, name=rm_name, scheduler_names=[scheduler], namespace=namespace)
-            await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
-            await eventually(
-                lambda: node_of(kube_api, namespace=namespace, name="p"), within=60, what="bound"
-            )
+    async with scene(
+        kube_api,
+        admin_kubeconfig=controlplane.kubeconfig,
+        operator_kubeconfig=operator_kubeconfig,
+        namespace=namespace,
+        directory=tmp_path,
+    ) as stage:
+        rm, scheduler, node, rm_name = stage.rm, stage.scheduler, stage.node, stage.rm_name
+        await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
+        await eventually(lambda: node_of(kube_api, namespace=namespace, name="p"), within=60, what="bound")
 
-            def ours(report: dict[str, Any]) -> list[dict[str, Any]]:
-                return [
-                    f for f in report["findings"] if f["resourceManager"] == rm_name or node in f["subject"]
-                ]
+        def ours(report: dict[str, Any]) -> list[dict[str, Any]]:
+            return [f for f in report["findings"] if f["resourceManager"] == rm_name or node in f["subject"]]
 
-            async def clean() -> bool:
-                _, report = await _audit(controlplane.kubeconfig, "-n", namespace)
-                return not ours(report)
+        async def clean() -> bool:
+            _, report = await _audit(controlplane.kubeconfig, "-n", namespace)
+            return not ours(report)
 
-            await eventually(clean, within=60, what="a clean audit once the pod's reservation is committed")
+        await eventually(clean, within=60, what="a clean audit once the pod's reservation is committed")
 
-            async with rm.client() as direct:
-                leaked = await direct.reserve(
-                    ReservationRequest(
-                        pod=PodIdentity(
-                            uid="u-ghost", namespace=namespace, name="ghost", scheduler_name=scheduler
-                        ),
-                        resources={"cpu": "100m"},
-                        idempotency_key="u-ghost",
-                        ttl_seconds=600,
-                    )
+        async with rm.client() as direct:
+            leaked = await direct.reserve(
+                ReservationRequest(
+                    pod=PodIdentity(
+                        uid="u-ghost", namespace=namespace, name="ghost", scheduler_name=scheduler
+                    ),
+                    resources={"cpu": "100m"},
+                    idempotency_key="u-ghost",
+                    ttl_seconds=600,
                 )
-                await direct.commit(leaked.id)
-                status, report = await _audit(controlplane.kubeconfig, "-n", namespace)
-                assert status == 1
-                assert ours(report) == [
-                    {
-                        "kind": "leaked",
-                        "subject": f"reservation {leaked.id}",
-                        "message": (
-                            f"committed on node {node}, but pod {namespace}/ghost (u-ghost) no longer exists"
-                        ),
-                        "resourceManager": rm_name,
-                    }
-                ]
-                await direct.release(leaked.id)
-            rm.kill()
-            await rm.wait()
+            )
+            await direct.commit(leaked.id)
             status, report = await _audit(controlplane.kubeconfig, "-n", namespace)
-            assert any(rm_name in gap for gap in report["gaps"]), report
-            assert status in (1, 2)  # other tests' leftovers may be findings; the gap is what matters here
-    finally:
-        await delete_rm(kube_api, name=rm_name)
-        with contextlib.suppress(client.ApiException):
-            await client.CoreV1Api(kube_api).delete_node(name=node)
+            assert status == 1
+            assert ours(report) == [
+                {
+                    "kind": "leaked",
+                    "subject": f"reservation {leaked.id}",
+                    "message": (
+                        f"committed on node {node}, but pod {namespace}/ghost (u-ghost) no longer exists"
+                    ),
+                    "resourceManager": rm_name,
+                }
+            ]
+            await direct.release(leaked.id)
+        rm.kill()
+        await rm.wait()
+        status, report = await _audit(controlplane.kubeconfig, "-n", namespace)
+        assert any(rm_name in gap for gap in report["gaps"]), report
+        assert status in (1, 2)  # other tests' leftovers may be findings; the gap is what matters here
 
 
 def test_table_lists_findings_then_gaps_then_a_verdict() -> None:

@@ -11,20 +11,16 @@ Everything is real: the apiserver, the operator and the reference RM as their ow
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.devcluster.nodes import create_node
 from bindery.rm.models import ReservationState
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
-from tests.operator.conftest import create_pod, delete_rm, eventually, node_of, pod_body, read_pod
-from tests.realrm import RMProcess, operator_process, serve_with, settled_invariants
+from tests.operator.conftest import create_pod, eventually, node_of, pod_body, read_pod
+from tests.realrm import scene, settled_invariants
 
 pytestmark = pytest.mark.controlplane
 
@@ -42,77 +38,59 @@ async def test_deleting_a_pod_with_a_copied_reservation_annotation_keeps_the_vic
     kube_api: client.ApiClient,
     namespace: str,
     operator_kubeconfig: pathlib.Path,
-    uniq: Callable[[str], str],
     tmp_path: pathlib.Path,
 ) -> None:
-    pool = uuid.uuid4().hex[:8]
-    node = uniq("uid-node")
-    scheduler, rm_name = uniq("sched"), uniq("rm")
-    await create_node(
+    async with scene(
         kube_api,
-        name=node,
-        capacity={"cpu": "4", "memory": "8Gi", "pods": "20"},
-        labels={"bindery.dev/test-pool": pool},
-    )
-    try:
-        async with (
-            RMProcess(
-                kubeconfig=controlplane.kubeconfig,
-                directory=tmp_path,
-                node_selector=f"bindery.dev/test-pool={pool}",
-            ) as rm,
-            operator_process(kubeconfig=operator_kubeconfig, directory=tmp_path) as operator,
-        ):
-            await serve_with(kube_api, rm=rm, name=rm_name, scheduler_names=[scheduler], namespace=namespace)
-            victim = await create_pod(
-                kube_api, namespace=namespace, body=pod_body(name="victim", scheduler_name=scheduler)
-            )
-            victim_uid = victim["metadata"]["uid"]
-            await eventually(
-                lambda: node_of(kube_api, namespace=namespace, name="victim"), within=60, what="victim bound"
-            )
+        admin_kubeconfig=controlplane.kubeconfig,
+        operator_kubeconfig=operator_kubeconfig,
+        namespace=namespace,
+        directory=tmp_path,
+    ) as stage:
+        rm, operator, scheduler, node = stage.rm, stage.operator, stage.scheduler, stage.node
+        victim = await create_pod(
+            kube_api, namespace=namespace, body=pod_body(name="victim", scheduler_name=scheduler)
+        )
+        victim_uid = victim["metadata"]["uid"]
+        await eventually(
+            lambda: node_of(kube_api, namespace=namespace, name="victim"), within=60, what="victim bound"
+        )
 
-            async def victims_reservation() -> Any:
-                held = [r for r in await rm.reservations() if r.pod_uid == victim_uid]
-                return held[0] if [r.state for r in held] == [ReservationState.COMMITTED] else None
+        async def victims_reservation() -> Any:
+            held = [r for r in await rm.reservations() if r.pod_uid == victim_uid]
+            return held[0] if [r.state for r in held] == [ReservationState.COMMITTED] else None
 
-            reservation = await eventually(
-                victims_reservation, within=30, what="the victim's reservation committed"
-            )
-            annotation = (await read_pod(kube_api, namespace=namespace, name="victim"))["metadata"][
-                "annotations"
-            ]
-            assert annotation[RESERVATION_ANNOTATION] == reservation.id
+        reservation = await eventually(
+            victims_reservation, within=30, what="the victim's reservation committed"
+        )
+        annotation = (await read_pod(kube_api, namespace=namespace, name="victim"))["metadata"]["annotations"]
+        assert annotation[RESERVATION_ANNOTATION] == reservation.id
 
-            # The attacker: bound by its creator, Bindery's scheduler name, the victim's reservation id.
-            attacker = pod_body(name="attacker", scheduler_name=scheduler, nodeName=node)
-            attacker["metadata"]["annotations"] = {RESERVATION_ANNOTATION: reservation.id}
-            created = await create_pod(kube_api, namespace=namespace, body=attacker)
-            await _delete_now(kube_api, namespace=namespace, name="attacker")
+        # The attacker: bound by its creator, Bindery's scheduler name, the victim's reservation id.
+        attacker = pod_body(name="attacker", scheduler_name=scheduler, nodeName=node)
+        attacker["metadata"]["annotations"] = {RESERVATION_ANNOTATION: reservation.id}
+        created = await create_pod(kube_api, namespace=namespace, body=attacker)
+        await _delete_now(kube_api, namespace=namespace, name="attacker")
 
-            # Proof that the operator saw the deletion and acted on it, one way or the other.
-            acted = await operator.wait_for_log(
-                rf"(carries the reservation annotation of reservation {reservation.id}, which belongs to "
-                rf"another pod; not releasing it)|(released reservation {reservation.id}\b)",
-                within=60,
-            )
-            assert acted.group(1), f"the operator released the victim's reservation: {acted.group(0)}"
-            warning = next(line for line in operator.log().splitlines() if acted.group(1) in line)
-            assert f"{namespace}/attacker ({created['metadata']['uid']})" in warning, warning
-            assert " WARNING " in warning, warning
+        # Proof that the operator saw the deletion and acted on it, one way or the other.
+        acted = await operator.wait_for_log(
+            rf"(carries the reservation annotation of reservation {reservation.id}, which belongs to "
+            rf"another pod; not releasing it)|(released reservation {reservation.id}\b)",
+            within=60,
+        )
+        assert acted.group(1), f"the operator released the victim's reservation: {acted.group(0)}"
+        warning = next(line for line in operator.log().splitlines() if acted.group(1) in line)
+        assert f"{namespace}/attacker ({created['metadata']['uid']})" in warning, warning
+        assert " WARNING " in warning, warning
 
-            still = [r for r in await rm.reservations() if r.id == reservation.id]
-            assert [r.state for r in still] == [ReservationState.COMMITTED], still
-            await settled_invariants(api=kube_api, rm=rm, namespace=namespace, scheduler_names=[scheduler])
+        still = [r for r in await rm.reservations() if r.id == reservation.id]
+        assert [r.state for r in still] == [ReservationState.COMMITTED], still
+        await settled_invariants(api=kube_api, rm=rm, namespace=namespace, scheduler_names=[scheduler])
 
-            # The rightful pod still frees its own reservation when it goes.
-            await _delete_now(kube_api, namespace=namespace, name="victim")
+        # The rightful pod still frees its own reservation when it goes.
+        await _delete_now(kube_api, namespace=namespace, name="victim")
 
-            async def released() -> bool:
-                return not [r for r in await rm.reservations() if r.id == reservation.id]
+        async def released() -> bool:
+            return not [r for r in await rm.reservations() if r.id == reservation.id]
 
-            await eventually(released, within=30, what="the victim's reservation released with the victim")
-    finally:
-        await delete_rm(kube_api, name=rm_name)
-        with contextlib.suppress(client.ApiException):
-            await client.CoreV1Api(kube_api).delete_node(name=node)
+        await eventually(released, within=30, what="the victim's reservation released with the victim")

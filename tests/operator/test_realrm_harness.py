@@ -3,27 +3,21 @@ double schedule and an overcommitted node, and its processes bind a pod end to e
 
 from __future__ import annotations
 
-import contextlib
 import pathlib
 import signal
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
 from bindery.audit.findings import overcommitted_nodes
-from bindery.devcluster.nodes import create_node
 from bindery.rm.models import PodIdentity, ReservationRequest, ReservationState
-from tests.operator.conftest import create_pod, delete_rm, eventually, node_of, pod_body
+from tests.operator.conftest import create_pod, eventually, node_of, pod_body
 from tests.realrm import (
-    RMProcess,
     double_schedules,
     invariant_violations,
-    operator_process,
     reservation_violations,
-    serve_with,
+    scene,
     settled_invariants,
 )
 
@@ -99,66 +93,50 @@ async def test_processes_bind_and_the_leak_check_can_fail(
     kube_api: client.ApiClient,
     namespace: str,
     operator_kubeconfig: pathlib.Path,
-    uniq: Callable[[str], str],
     tmp_path: pathlib.Path,
 ) -> None:
-    pool = uuid.uuid4().hex[:8]
-    node = uniq("hn")
-    scheduler, rm_name = uniq("sched"), uniq("rm")
-    await create_node(
+    async with scene(
         kube_api,
-        name=node,
-        capacity={"cpu": "4", "memory": "8Gi", "pods": "20"},
-        labels={"bindery.dev/test-pool": pool},
-    )
-    try:
-        async with (
-            RMProcess(
-                kubeconfig=controlplane.kubeconfig,
-                directory=tmp_path,
-                node_selector=f"bindery.dev/test-pool={pool}",
-            ) as rm,
-            operator_process(kubeconfig=operator_kubeconfig, directory=tmp_path) as operator,
-        ):
-            await serve_with(kube_api, rm=rm, name=rm_name, scheduler_names=[scheduler], namespace=namespace)
-            for name in ("one", "two", "three"):
-                await create_pod(
-                    kube_api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler)
-                )
-            for name in ("one", "two", "three"):
-                await eventually(
-                    lambda name=name: node_of(kube_api, namespace=namespace, name=name),  # type: ignore[misc]
-                    within=60,
-                    what=f"pod {name} bound",
-                )
-            await settled_invariants(api=kube_api, rm=rm, namespace=namespace, scheduler_names=[scheduler])
-            committed = [r for r in await rm.reservations() if r.namespace == namespace]
-            assert sorted(r.state for r in committed) == [ReservationState.COMMITTED] * 3
+        admin_kubeconfig=controlplane.kubeconfig,
+        operator_kubeconfig=operator_kubeconfig,
+        namespace=namespace,
+        directory=tmp_path,
+    ) as stage:
+        rm, operator, scheduler = stage.rm, stage.operator, stage.scheduler
+        for name in ("one", "two", "three"):
+            await create_pod(
+                kube_api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler)
+            )
+        for name in ("one", "two", "three"):
+            await eventually(
+                lambda name=name: node_of(kube_api, namespace=namespace, name=name),  # type: ignore[misc]
+                within=60,
+                what=f"pod {name} bound",
+            )
+        await settled_invariants(api=kube_api, rm=rm, namespace=namespace, scheduler_names=[scheduler])
+        committed = [r for r in await rm.reservations() if r.namespace == namespace]
+        assert sorted(r.state for r in committed) == [ReservationState.COMMITTED] * 3
 
-            # A reservation for a pod that does not exist is exactly what the check exists to catch.
-            async with rm.client() as direct:
-                leaked = await direct.reserve(
-                    ReservationRequest(
-                        pod=PodIdentity(
-                            uid="ghost-uid", namespace=namespace, name="ghost", scheduler_name=scheduler
-                        ),
-                        resources={"cpu": "100m"},
-                        idempotency_key="ghost-uid",
-                        ttl_seconds=300,
-                    )
+        # A reservation for a pod that does not exist is exactly what the check exists to catch.
+        async with rm.client() as direct:
+            leaked = await direct.reserve(
+                ReservationRequest(
+                    pod=PodIdentity(
+                        uid="ghost-uid", namespace=namespace, name="ghost", scheduler_name=scheduler
+                    ),
+                    resources={"cpu": "100m"},
+                    idempotency_key="ghost-uid",
+                    ttl_seconds=300,
                 )
-                lines = await invariant_violations(
-                    api=kube_api, rm=rm, namespace=namespace, scheduler_names=[scheduler]
-                )
-                assert any(leaked.id in line for line in lines), lines
-                await direct.release(leaked.id)
+            )
+            lines = await invariant_violations(
+                api=kube_api, rm=rm, namespace=namespace, scheduler_names=[scheduler]
+            )
+            assert any(leaked.id in line for line in lines), lines
+            await direct.release(leaked.id)
 
-            # The RM survives SIGKILL on the same URL with what it acknowledged.
-            rm.kill(signal.SIGKILL)
-            await rm.restart()
-            assert len([r for r in await rm.reservations() if r.namespace == namespace]) == 3
-            assert operator.running
-    finally:
-        await delete_rm(kube_api, name=rm_name)
-        with contextlib.suppress(client.ApiException):
-            await client.CoreV1Api(kube_api).delete_node(name=node)
+        # The RM survives SIGKILL on the same URL with what it acknowledged.
+        rm.kill(signal.SIGKILL)
+        await rm.restart()
+        assert len([r for r in await rm.reservations() if r.namespace == namespace]) == 3
+        assert operator.running
