@@ -50,9 +50,9 @@ RESULTS: Mapping[Outcome, str] = {
     Outcome.ERROR: "error",
     Outcome.DROPPED: "dropped",
 }
-#: Why a reservation was released: a failed cycle, a departed bound pod, a leftover at startup, a
-#: Binding that got no answer and turned out not to have bound the pod, a reconcile pass.
-RELEASE_REASONS = ("cycle_failure", "pod_departed", "leftover", "unconfirmed_binding", "reconcile")
+#: Why a reservation was released: a failed cycle, a departed bound pod, a Binding that got no
+#: answer and turned out not to have bound the pod, a reconcile pass (leftovers at start included).
+RELEASE_REASONS = ("cycle_failure", "pod_departed", "unconfirmed_binding", "reconcile")
 #: What a reconcile pass did (bindery.controller.reconcile): committed or released a reservation,
 #: failed to, or found a bound pod without any active reservation.
 RECONCILE_ACTIONS = ("commit", "release", "failed", "missing_reservation")
@@ -121,8 +121,7 @@ class Metrics:
         )
         self.released = Counter(
             "bindery_reservations_released",
-            "Reservations released, by reason: cycle_failure, pod_departed, leftover, unconfirmed_binding, "
-            "reconcile.",
+            "Reservations released, by reason: cycle_failure, pod_departed, unconfirmed_binding, reconcile.",
             ["resource_manager", "reason"],
             registry=self.registry,
         )

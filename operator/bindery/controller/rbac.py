@@ -3,8 +3,8 @@
 Tests run the operator under a minted identity bound to exactly these rules, so a missing or extra
 need shows up as a failing test rather than in a user's cluster.
 
-- pods get/list/watch: the `spec.nodeName=` watch; `get` only when settling leftover reservations
-  after a restart.
+- pods get/list/watch: the `spec.nodeName=` watch and the bound-pod watches; `get` for the
+  reconcile passes, the unconfirmed-Binding tracker and the check before a FailedScheduling event.
 - pods/binding create: the Binding (one write per pod).
 - pods/status patch: the PodScheduled=False condition after a failed attempt.
 - events (events.k8s.io) create/patch: Scheduled and FailedScheduling events, as kube-scheduler.
