@@ -19,6 +19,10 @@ from bindery.audit.findings import Finding
 
 __all__ = ["Audit", "Finding", "main", "run_audit"]
 
+#: Seconds to wait before looking again when part of the cluster could not be read (then it is
+#: reported as not checked, exit status 2).
+RETRY_WAITS = (1.0, 2.0, 4.0)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -52,9 +56,24 @@ async def _audit(args: argparse.Namespace) -> Audit:
 
     configuration = await load_configuration(kubeconfig=args.kubeconfig)
     async with client.ApiClient(configuration=configuration) as api, asyncio.timeout(args.timeout):
-        return await run_audit(
-            api=api, namespaces=tuple(args.namespace), grace=datetime.timedelta(seconds=args.grace)
-        )
+        for wait in (*RETRY_WAITS, None):
+            try:
+                audit = await run_audit(
+                    api=api, namespaces=tuple(args.namespace), grace=datetime.timedelta(seconds=args.grace)
+                )
+            except client.ApiException as exc:
+                if wait is None or exc.status not in (429, 500, 503, 504):
+                    raise
+                problem = f"the apiserver answered {exc.status} {exc.reason}"
+            else:
+                if wait is None or not audit.gaps:
+                    return audit
+                problem = f"{len(audit.gaps)} part(s) could not be checked"
+            # A restarting apiserver answers 429 "storage is (re)initializing", an RM may be
+            # restarting: what could not be read now may be readable in a moment.
+            print(f"bindery audit: {problem}; looking again in {wait:g} s", file=sys.stderr)
+            await asyncio.sleep(wait)
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
