@@ -26,8 +26,7 @@ from bindery.audit.findings import (
     unreserved_pods,
 )
 from bindery.config import ConfigError, ResourceManagerConfig, parse_resource_manager, route_scheduler_names
-from bindery.controller.secrets import CredentialsError, resolve_credentials
-from bindery.rm.client import ResourceManagerClient
+from bindery.controller.secrets import CredentialsError, resolve_credentials, rm_client_for
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
 
@@ -64,15 +63,7 @@ async def _reservations(
     *, api: client.ApiClient, config: ResourceManagerConfig, directory: pathlib.Path
 ) -> list[Reservation]:
     credentials = await resolve_credentials(api=api, config=config, directory=directory)
-    async with ResourceManagerClient(
-        base_url=config.endpoint,
-        token=credentials.token,
-        ca_file=credentials.ca_file,
-        client_cert=credentials.client_cert,
-        connect_timeout=config.connect_timeout,
-        read_timeout=config.read_timeout,
-        allow_insecure_http=config.allow_insecure_http,
-    ) as rm:
+    async with rm_client_for(config=config, credentials=credentials) as rm:
         return [r for r in await rm.list_reservations() if r.state.active]
 
 

@@ -44,10 +44,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import datetime
 import enum
 import logging
-import socket
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
@@ -55,7 +53,7 @@ from kubernetes_asyncio import client
 
 from bindery.controller.bound import TERMINAL_PHASES, list_bound_pods
 from bindery.controller.metrics import Metrics
-from bindery.kube.events import event_body
+from bindery.kube.events import KubeEventSink
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation, ReservationState
@@ -208,13 +206,14 @@ class Reconciler:
         on_reported_unbound: Callable[[Reservation, Mapping[str, Any]], Awaitable[None]] | None = None,
         warn_missing: bool = True,
         hostname: str | None = None,
+        events: KubeEventSink | None = None,
     ) -> None:
         self.resource_manager = resource_manager
         self.passes = 0  # finished passes (successful or not): tests wait on it
         self._rm = rm
         self._api = api
         self._core = client.CoreV1Api(api)
-        self._events = client.EventsV1Api(api)
+        self._events = events or KubeEventSink(api=api, hostname=hostname)
         self._scheduler_names = scheduler_names
         self._logger = logger
         self._namespaces = namespaces
@@ -222,7 +221,6 @@ class Reconciler:
         self._on_released = on_released
         self._on_reported_unbound = on_reported_unbound
         self._warn_missing = warn_missing
-        self._hostname = hostname or socket.gethostname()
         self._served_before: set[str] = set()
         self._warned: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = asyncio.Lock()
@@ -424,23 +422,10 @@ class Reconciler:
             scheduler_name=str((pod.get("spec") or {}).get("schedulerName") or ""),
             resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
         )
-        body = event_body(
+        await self._events.warning(
             pod=info,
-            resource_version=info.resource_version,
-            scheduler_name=REPORTING_CONTROLLER,
-            hostname=self._hostname,
-            type_="Warning",
             reason=MISSING_REASON,
             action="Reconciling",
             note=missing_note(pod=pod, resource_manager=self.resource_manager),
-            now=datetime.datetime.now(datetime.UTC),
+            reporter=REPORTING_CONTROLLER,
         )
-        response = await self._events.create_namespaced_event(
-            namespace=info.namespace, body=body, _preload_content=False, _request_timeout=READ_TIMEOUT_SECONDS
-        )
-        try:
-            if response.status >= 300:
-                detail = (await response.read())[:300].decode("utf-8", "replace")
-                raise client.ApiException(status=response.status, reason=f"event not written: {detail}")
-        finally:
-            response.release()

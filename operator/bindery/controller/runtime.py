@@ -413,7 +413,7 @@ class Runtime:
             metrics=self.metrics,
             on_released=lambda: self._retry_parked("a reservation was released"),
             on_reported_unbound=runner.report_bound,
-            hostname=self.options.hostname,
+            events=self._events,  # counted with the operator's other writes
         )
 
     def _reoffer_all(self) -> None:

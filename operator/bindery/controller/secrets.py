@@ -18,6 +18,7 @@ import aiohttp
 from kubernetes_asyncio import client
 
 from bindery.config import ResourceManagerConfig, SecretKeyRef
+from bindery.rm.client import ResourceManagerClient
 
 #: Bound of one Secret read: a hung apiserver connection must not freeze a ResourceManager's loop.
 READ_TIMEOUT_SECONDS = 10.0
@@ -92,3 +93,20 @@ def _write(path: pathlib.Path, data: bytes) -> pathlib.Path:
     path.touch(mode=0o600, exist_ok=True)
     path.write_bytes(data)
     return path
+
+
+def rm_client_for(*, config: ResourceManagerConfig, credentials: RMCredentials) -> ResourceManagerClient:
+    """The RM client a ResourceManager's spec and its resolved credentials describe.
+
+    One place, so the operator and `bindery audit` reach an RM the same way. Raises ValueError or
+    OSError for an endpoint or TLS material the client refuses.
+    """
+    return ResourceManagerClient(
+        base_url=config.endpoint,
+        token=credentials.token,
+        ca_file=credentials.ca_file,
+        client_cert=credentials.client_cert,
+        connect_timeout=config.connect_timeout,
+        read_timeout=config.read_timeout,
+        allow_insecure_http=config.allow_insecure_http,
+    )

@@ -41,7 +41,7 @@ from kubernetes_asyncio import client
 from bindery.config import ResourceManagerConfig
 from bindery.controller.metrics import Metrics
 from bindery.controller.profiles import ProfileRunner, plugins_for
-from bindery.controller.secrets import CredentialsError, RMCredentials, resolve_credentials
+from bindery.controller.secrets import CredentialsError, RMCredentials, resolve_credentials, rm_client_for
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.rm.client import ResourceManagerClient
 from bindery.scheduling.framework import Ports
@@ -302,15 +302,7 @@ class ResourceManagerSupervisor:
         if runner is not None and not rebuild and credentials.digest == runner.credentials.digest:
             return None
         try:
-            rm_client = ResourceManagerClient(
-                base_url=config.endpoint,
-                token=credentials.token,
-                ca_file=credentials.ca_file,
-                client_cert=credentials.client_cert,
-                connect_timeout=config.connect_timeout,
-                read_timeout=config.read_timeout,
-                allow_insecure_http=config.allow_insecure_http,
-            )
+            rm_client = rm_client_for(config=config, credentials=credentials)
         except (ValueError, OSError) as exc:
             self._credentials_error = str(exc)
             return None

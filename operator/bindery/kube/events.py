@@ -118,6 +118,18 @@ class KubeEventSink:
             limit=self._timeout,
         )
 
+    async def warning(self, *, pod: PodInfo, reason: str, action: str, note: str, reporter: str) -> None:
+        """Any other Warning event about a pod (e.g. reconciliation's ReservationMissing)."""
+        await self._create(
+            pod=pod,
+            scheduler_name=reporter,
+            type_="Warning",
+            reason=reason,
+            action=action,
+            note=note,
+            limit=self._timeout,
+        )
+
     async def _create(
         self,
         *,
