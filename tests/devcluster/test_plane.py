@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from kubernetes_asyncio import client
 
 from bindery.devcluster import binaries
 from bindery.devcluster.nodes import create_node
-from bindery.devcluster.plane import ControlPlane, ControlPlaneError, free_port
+from bindery.devcluster.plane import ControlPlane, ControlPlaneError, free_port, free_ports
 from tests.devcluster.test_apiserver_semantics import pod_body
 
 pytestmark = pytest.mark.controlplane
@@ -87,6 +88,39 @@ def test_a_plane_that_cannot_start_quotes_its_logs() -> None:
     assert "kube-apiserver exited" in message
     assert "unknown flag: --no-such-flag" in message
     assert "last lines of etcd" in message
+
+
+def test_a_port_taken_before_the_apiserver_listens_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process takes the apiserver's port between its choice and the start (CI saw this):
+    the plane starts again on new ports instead of failing."""
+    from bindery.devcluster import plane as plane_module
+
+    real = plane_module.free_ports
+    calls: list[list[int]] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+
+        def first_one_busy(count: int) -> list[int]:
+            ports = real(count)
+            if not calls:
+                ports[0] = busy  # the apiserver's
+            calls.append(ports)
+            return ports
+
+        monkeypatch.setattr(plane_module, "free_ports", first_one_busy)
+        with ControlPlane.start(timeout=60) as started:
+            assert started.server != f"https://127.0.0.1:{busy}"
+            assert started.kubectl("get", "--raw", "/readyz").stdout == "ok"
+    assert len(calls) == 2
+    assert calls[0][0] == busy
+
+
+def test_free_ports_are_distinct_and_outside_the_ephemeral_range() -> None:
+    ports = free_ports(50)
+    assert len(set(ports)) == 50
+    assert all(20000 <= port < 32768 for port in ports)
 
 
 def _alive(pid: int) -> bool:

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -80,11 +81,42 @@ class ControlPlaneError(RuntimeError):
     """The control plane did not start, or a server in it died."""
 
 
+#: Listening ports are picked below Linux's default ephemeral range (32768-60999): a port the
+#: kernel hands out for port 0 or an outgoing connection can be handed out again, to etcd's next
+#: port or to any client, before the server meant to listen there has started.
+_PORT_RANGE = (20000, 32767)
+
+
+_PORT_TAKEN = "address already in use"
+_LAUNCH_ATTEMPTS = 3
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports nobody listens on, outside the ephemeral range.
+
+    All are held open until all are chosen, so one call never returns the same port twice. A port
+    can still be taken between this call and the server's start; `ControlPlane.start` retries then.
+    """
+    held: list[socket.socket] = []
+    try:
+        while len(held) < count:
+            candidate = random.randint(*_PORT_RANGE)
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("127.0.0.1", candidate))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """One loopback port nobody listens on (see `free_ports`)."""
+    return free_ports(1)[0]
 
 
 def _tail(path: pathlib.Path, *, lines: int = 25) -> str:
@@ -133,11 +165,17 @@ class ControlPlane:
         extra_apiserver_args: Sequence[str] = (),
     ) -> Iterator[ControlPlane]:
         """Start a plane, yield it, and stop it on exit (also on errors and signals)."""
-        plane = cls._launch(
-            bin_dir=bin_dir or binaries.ensure_built(quiet=True),
-            timeout=timeout,
-            extra_apiserver_args=extra_apiserver_args,
-        )
+        bin_dir = bin_dir or binaries.ensure_built(quiet=True)
+        for attempt in range(1, _LAUNCH_ATTEMPTS + 1):
+            try:
+                plane = cls._launch(
+                    bin_dir=bin_dir, timeout=timeout, extra_apiserver_args=extra_apiserver_args
+                )
+                break
+            except ControlPlaneError as exc:
+                # Another process took a chosen port before its server listened: new ports.
+                if _PORT_TAKEN not in str(exc) or attempt == _LAUNCH_ATTEMPTS:
+                    raise
         with _signals_stop(plane):
             try:
                 yield plane
@@ -159,7 +197,7 @@ class ControlPlane:
         certs.mkdir()
         ca_file = certs / "ca.crt"
         ca_file.write_bytes(ca.cert_pem)
-        apiserver_port = free_port()
+        apiserver_port, etcd_client_port, etcd_peer_port = free_ports(3)
         plane = cls(
             workdir=workdir,
             bin_dir=bin_dir,
@@ -171,7 +209,7 @@ class ControlPlane:
         )
         try:
             plane.mint_kubeconfig(user=ADMIN_USER, groups=["system:masters"], path=plane.kubeconfig)
-            etcd_url = plane._start_etcd()
+            etcd_url = plane._start_etcd(client=etcd_client_port, peer=etcd_peer_port)
             plane._start_apiserver(port=apiserver_port, etcd_url=etcd_url, extra=extra_apiserver_args)
             plane._wait_ready(timeout=timeout)
         except BaseException:
@@ -200,8 +238,7 @@ class ControlPlane:
                 self._watchdog.stdin.write(f"{line}\n".encode())
                 self._watchdog.stdin.flush()
 
-    def _start_etcd(self) -> str:
-        client, peer = free_port(), free_port()
+    def _start_etcd(self, *, client: int, peer: int) -> str:
         url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
         self._spawn(
             "etcd",
