@@ -280,7 +280,12 @@ class _Binder:
 
 async def test_the_fenced_binder_sends_nothing_without_the_lease() -> None:
     inner, holds = _Binder(), [True]
-    fenced = FencedBinder(binder=inner, holds=lambda: holds[0], logger=logging.getLogger("test"))
+    fenced = FencedBinder(
+        binder=inner,
+        holds=lambda: holds[0],
+        holds_for=lambda: 60.0 if holds[0] else 0.0,
+        logger=logging.getLogger("test"),
+    )
     await fenced.bind(pod=pod("a"), node="n", annotations={})
     holds[0] = False
     waiting = asyncio.create_task(fenced.bind(pod=pod("b"), node="n", annotations={}))
@@ -290,6 +295,86 @@ async def test_the_fenced_binder_sends_nothing_without_the_lease() -> None:
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert inner.bound == ["a"]
+
+
+class _SlowBinder:
+    """A Binding that takes `seconds` before it is written (a connection being opened)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.sent: list[str] = []
+
+    async def bind(
+        self,
+        *,
+        pod: PodInfo,
+        node: str,
+        annotations: Mapping[str, str],
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> None:
+        await asyncio.sleep(self.seconds)
+        self.sent.append(pod.name)
+
+
+async def test_a_binding_in_flight_when_the_event_loop_froze_past_the_deadline_is_not_sent() -> None:
+    """The freeze is real: the event loop is blocked (as SIGSTOP blocks it) while the Binding waits on
+    its connection; on waking, the fence's timer runs before the Binding resumes, so it is cut."""
+    inner = _SlowBinder(0.05)
+    deadline = time.monotonic() + 0.2
+    fenced = FencedBinder(
+        binder=inner,
+        holds=lambda: time.monotonic() < deadline,
+        holds_for=lambda: max(0.0, deadline - time.monotonic()),
+        logger=logging.getLogger("test"),
+    )
+    binding = asyncio.create_task(fenced.bind(pod=pod("a"), node="n", annotations={}))
+    await asyncio.sleep(0.01)  # the Binding is waiting on its "connection"
+    time.sleep(0.4)  # the freeze (the loop blocked), past the renew deadline
+    await eventually(lambda: _async(fenced.withheld == 1), within=5, what="the Binding cut")
+    assert inner.sent == []
+    assert not binding.done()  # it waits for the pause, which cancels it and keeps its reservation
+    binding.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await binding
+
+
+async def test_a_binding_that_outlives_a_renewed_deadline_is_sent() -> None:
+    """Renewals move the deadline: a Binding slower than the first deadline but inside the renewed one
+    is not cut (the timer looks again instead)."""
+    inner = _SlowBinder(0.3)
+    deadline = [time.monotonic() + 0.1]
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            deadline[0] = time.monotonic() + 0.1
+
+    renewing = asyncio.create_task(renew())
+    fenced = FencedBinder(
+        binder=inner,
+        holds=lambda: time.monotonic() < deadline[0],
+        holds_for=lambda: max(0.0, deadline[0] - time.monotonic()),
+        logger=logging.getLogger("test"),
+    )
+    try:
+        await asyncio.wait_for(fenced.bind(pod=pod("a"), node="n", annotations={}), timeout=5)
+    finally:
+        renewing.cancel()
+    assert inner.sent == ["a"]
+    assert fenced.withheld == 0
+
+
+async def test_a_pause_during_a_binding_cancels_it_as_before() -> None:
+    inner = _SlowBinder(30)
+    fenced = FencedBinder(
+        binder=inner, holds=lambda: True, holds_for=lambda: 60.0, logger=logging.getLogger("test")
+    )
+    binding = asyncio.create_task(fenced.bind(pod=pod("a"), node="n", annotations={}))
+    await asyncio.sleep(0.01)
+    binding.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await binding
+    assert fenced.withheld == 0
 
 
 @pytest.mark.controlplane

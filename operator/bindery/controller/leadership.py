@@ -102,6 +102,16 @@ class Leadership:
         self._exit_if_too_late(elector)
         return False
 
+    def holds_for(self) -> float:
+        """Seconds the fence stays open from now if no renewal succeeds meanwhile (0 when it is shut).
+
+        `FencedBinder` cuts a Binding still in flight at this point instead of letting it finish.
+        """
+        elector = self._elector
+        if elector is None or elector.last_renewal is None:
+            return 0.0
+        return max(0.0, elector.last_renewal + self.timing.renew_deadline - time.monotonic())
+
     def _exit_at(self, elector: LeaderElector) -> float | None:
         """Monotonic time by which a lost term must have paused (`leader.past_exit_point`)."""
         if elector.last_renewal is None:
@@ -208,13 +218,29 @@ class FencedBinder:
     written by a replica that is not the leader) and release a reservation the next leader may
     reuse. Instead the Binding waits, unsent, for what always follows a lost lease: the pause, which
     cancels the cycle mid-Binding (its reservation is kept), or the exit of the process.
+
+    The fence is checked before the Binding starts *and* while it is in flight: a timer at the renew
+    deadline cancels a Binding that has not finished by then. A process frozen (SIGSTOP, a VM pause)
+    while opening the connection or between the check and the write would otherwise send the
+    Binding when it wakes, long after another replica took over. On waking, asyncio runs the expired
+    timer before the task resumes, so the request is cancelled before it is written. Only bytes
+    already handed to the kernel when the process froze still reach the apiserver; a second Binding
+    of a bound pod is refused there (409).
     """
 
-    def __init__(self, *, binder: Binder, holds: Callable[[], bool], logger: Logger) -> None:
+    def __init__(
+        self,
+        *,
+        binder: Binder,
+        holds: Callable[[], bool],
+        holds_for: Callable[[], float],
+        logger: Logger,
+    ) -> None:
         self._binder = binder
         self._holds = holds
+        self._holds_for = holds_for
         self._logger = logger
-        #: Bindings withheld because the lease was not held (tests and logs read it)
+        #: Bindings withheld, or cut in flight, because the lease was not held (tests and logs read it)
         self.withheld = 0
 
     async def bind(  # the Binder protocol's signature: `timeout` is the Binding's own bound
@@ -226,13 +252,46 @@ class FencedBinder:
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> None:
         if not self._holds():
-            self.withheld += 1
-            self._logger.warning(
+            await self._withhold(
                 f"not binding pod {pod.key} to {node}: this replica no longer holds the lease; "
                 "the cycle ends when scheduling pauses"
             )
-            await asyncio.Event().wait()  # cancelled by the pause
-        if timeout is None:
-            await self._binder.bind(pod=pod, node=node, annotations=annotations)
-        else:
-            await self._binder.bind(pod=pod, node=node, annotations=annotations, timeout=timeout)
+        task = asyncio.current_task()
+        assert task is not None, "a Binding is always sent from a task"
+        loop = asyncio.get_running_loop()
+        cut = False
+        timer: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            nonlocal timer, cut
+            if (left := self._holds_for()) > 0:
+                timer = loop.call_later(left, check)  # renewed meanwhile: look again then
+                return
+            cut = True
+            self._holds()  # past its exit point (it was frozen), the process exits right here
+            task.cancel()
+
+        timer = loop.call_later(self._holds_for(), check)
+        try:
+            if timeout is None:
+                await self._binder.bind(pod=pod, node=node, annotations=annotations)
+            else:
+                await self._binder.bind(pod=pod, node=node, annotations=annotations, timeout=timeout)
+            return
+        except asyncio.CancelledError:
+            if not cut or task.uncancel() > 0:
+                raise  # the pause or a stop, not (only) the fence
+        finally:
+            if timer is not None:
+                timer.cancel()
+        await self._withhold(
+            f"stopped binding pod {pod.key} to {node}: this replica's lease ran out while the Binding "
+            "was in flight (it may or may not have reached the apiserver); the cycle ends when "
+            "scheduling pauses and keeps its reservation"
+        )
+
+    async def _withhold(self, message: str) -> NoReturn:
+        self.withheld += 1
+        self._logger.warning(message)
+        await asyncio.Event().wait()  # cancelled by the pause
+        raise AssertionError("unreachable: only cancellation ends the wait")

@@ -432,7 +432,12 @@ class Runtime:
 
     def _fenced_binder(self, binder: KubeBinder) -> FencedBinder:
         assert self._leadership is not None
-        return FencedBinder(binder=binder, holds=self._leadership.holds, logger=self.logger)
+        return FencedBinder(
+            binder=binder,
+            holds=self._leadership.holds,
+            holds_for=self._leadership.holds_for,
+            logger=self.logger,
+        )
 
     async def _set_leading(self, leading: bool) -> None:
         async with self._lock:
