@@ -69,13 +69,15 @@ async def test_a_binding_applied_without_an_answer_is_committed(
         pod = await stage.create("p")
         uid = pod["metadata"]["uid"]
         await eventually(lambda: states_are(stage.rm, uid, "committed"), what="the commit")
+        # The cycle reported the unanswered Binding; once settled, the pod says it is scheduled. This
+        # waits while the RM is still served: the correction may come from whichever of the tracker
+        # and a reconcile pass committed, a moment after the commit.
+        events = await eventually(lambda: _scheduled_again(kube_api, namespace, "p"), what="the correction")
     assert await stage.node_of("p") == stage.node
     # The first POST bound the pod; the retries met "already assigned"; nobody heard either.
     assert [status for _, status in proxy.bindings] == [201, 409, 409]
     assert not [call for call in stage.rm.calls if call[0] == "release"]
     assert stage.rm.reserve_attempts == ["p"]
-    # The cycle reported the unanswered Binding; once settled, the pod says it is scheduled.
-    events = await eventually(lambda: _scheduled_again(kube_api, namespace, "p"), what="the correction")
     failed = [e for e in events if e["reason"] == "FailedScheduling"]
     assert len(failed) == 1
     assert "did not answer" in failed[0]["note"]
@@ -109,10 +111,10 @@ async def test_a_binding_that_landed_late_is_committed_through_the_bound_pod_wat
         pod = await stage.create("p")
         uid = pod["metadata"]["uid"]
         await eventually(lambda: states_are(stage.rm, uid, "committed"), what="the commit")
+        await eventually(lambda: _scheduled_again(kube_api, namespace, "p"), what="the correction")
     assert await stage.node_of("p") == stage.node
     assert [status for fault, status in proxy.bindings if fault.startswith("late")] == [201]
     assert stage.rm.reserve_attempts == ["p"]
-    await eventually(lambda: _scheduled_again(kube_api, namespace, "p"), what="the correction")
 
 
 async def test_a_binding_that_never_landed_is_bound_by_the_next_cycle_on_the_same_reservation(
