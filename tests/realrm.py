@@ -26,6 +26,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import json
 import os
 import pathlib
 import re
@@ -445,3 +446,43 @@ async def settled_invariants(
             return loop.time() - started
         await asyncio.sleep(0.5)
     raise AssertionError(f"invariants still violated after {within:g}s:\n" + "\n".join(lines))
+
+
+async def audit_findings(
+    *, kubeconfig: pathlib.Path, namespace: str, rm_name: str, nodes: Collection[str]
+) -> list[str]:
+    """`bindery audit -o json -n <namespace>` as a user runs it: the findings and gaps that concern
+    this namespace, this RM or these nodes (other tests share the plane), one line each."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bindery",
+        "audit",
+        "-o",
+        "json",
+        "-n",
+        namespace,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--grace",
+        "600",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=120)
+    try:
+        document = json.loads(out)
+    except json.JSONDecodeError:
+        raise AssertionError(
+            f"bindery audit exited {process.returncode} without JSON: {err.decode()[-2000:]}"
+        ) from None
+    mine = {f"node {n}" for n in nodes}
+    relevant = [
+        f"{f['kind']}: {f['subject']}: {f['message']}"
+        for f in document["findings"]
+        if f.get("resourceManager") == rm_name
+        or f["subject"].startswith(f"pod {namespace}/")
+        or f["subject"] in mine
+    ]
+    relevant += [f"gap: {gap}" for gap in document["gaps"] if rm_name in gap]
+    return relevant

@@ -20,11 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import pathlib
 import random
-import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -35,7 +33,7 @@ from kubernetes_asyncio import client
 from bindery.audit.findings import overcommitted_nodes
 from bindery.devcluster.nodes import create_node
 from tests.operator.conftest import delete_rm, pod_body
-from tests.realrm import RMProcess, double_schedules, serve_with, settled_invariants
+from tests.realrm import RMProcess, audit_findings, double_schedules, serve_with, settled_invariants
 from tests.rmproxy import RMFaultProxy, rm_fault_proxy
 
 #: Seconds of faults per scenario: short in CI, `scripts/chaos --minutes N` sets it higher.
@@ -282,39 +280,12 @@ class Pool:
 
     async def audit(self, *, kubeconfig: pathlib.Path, report: Report) -> list[str]:
         """`bindery audit -o json -n <ns>` as a user runs it; the findings that concern this test."""
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bindery",
-            "audit",
-            "-o",
-            "json",
-            "-n",
-            self.namespace,
-            "--kubeconfig",
-            str(kubeconfig),
-            "--grace",
-            "600",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(process.communicate(), timeout=120)
         try:
-            document = json.loads(out)
-        except json.JSONDecodeError:
-            raise AssertionError(
-                f"{report.line()}: bindery audit exited {process.returncode} without JSON: "
-                f"{err.decode()[-2000:]}"
-            ) from None
-        mine = {f"node {n}" for n in self.nodes}
-        relevant = [
-            f"{f['kind']}: {f['subject']}: {f['message']}"
-            for f in document["findings"]
-            if f.get("resourceManager") == self.rm_name
-            or f["subject"].startswith(f"pod {self.namespace}/")
-            or f["subject"] in mine
-        ]
-        relevant += [f"gap: {gap}" for gap in document["gaps"] if self.rm_name in gap]
+            relevant = await audit_findings(
+                kubeconfig=kubeconfig, namespace=self.namespace, rm_name=self.rm_name, nodes=self.nodes
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{report.line()}: {exc}") from None
         report.findings = len(relevant)
         return relevant
 

@@ -15,10 +15,28 @@ from bindery.devcluster.plane import ControlPlane
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bindery devcluster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="build etcd, kube-apiserver, kube-scheduler, kubectl, helm (cached)")
+    build = sub.add_parser("build", help="build the control plane, kubectl, helm and kwok (cached)")
     build.add_argument("--print-dir", action="store_true", help="print the binaries' directory and exit")
     up = sub.add_parser("up", help="start etcd + kube-apiserver and keep them running until Ctrl-C")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for /readyz (default 90)")
+    up.add_argument(
+        "--controllers",
+        action="store_true",
+        help="also run kube-controller-manager (Deployments, Jobs, DaemonSets, namespace deletion, GC)",
+    )
+    up.add_argument(
+        "--kwok",
+        action="store_true",
+        help="also run kwok: Nodes labelled bindery.dev/kwok=true turn Ready and their pods Running",
+    )
+    up.add_argument(
+        "--kube-scheduler", action="store_true", help="also run kube-scheduler (the default scheduler name)"
+    )
+    up.add_argument(
+        "--cluster",
+        action="store_true",
+        help="all three: controllers, kwok and kube-scheduler (a small cluster whose pods run)",
+    )
     args = parser.parse_args(argv)
     if args.command == "build":
         return binaries.main(["--print-dir"] if args.print_dir else [])
@@ -26,7 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # (or `kill -INT`) stop the plane whichever way `up` was started.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
-    with ControlPlane.start(timeout=args.timeout) as plane:
+    with ControlPlane.start(
+        timeout=args.timeout,
+        controllers=args.controllers or args.cluster,
+        kwok=args.kwok or args.cluster,
+        kube_scheduler=args.kube_scheduler or args.cluster,
+    ) as plane:
         # Block the stop signals before the kubeconfig is printed, then wait for them with
         # sigwait: whoever reads that line may signal at once, and a KeyboardInterrupt raised
         # between the print and a try block would end the process before the plane is stopped.

@@ -31,10 +31,20 @@ GOMOD_DIR = pathlib.Path(__file__).parent / "gomod"
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
 HELM_VERSION = "v3.21.4"
+KWOK_VERSION = "v0.8.0"
 
 # What `git describe` would say for these releases; kube-apiserver's /version,
 # `kubectl version` and Helm's kubeVersion checks all read these stamps.
 _K8S_COMMIT = "0000000000000000000000000000000000000000"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Bundle:
+    """Files shipped inside a Go module (not compiled), concatenated into one output file."""
+
+    output: str
+    module: str
+    files: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,6 +55,12 @@ class Target:
     packages: tuple[str, ...]
     outputs: tuple[str, ...]
     ldflags: tuple[str, ...]
+    bundles: tuple[Bundle, ...] = ()
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Everything this target puts into the bin directory."""
+        return (*self.outputs, *(bundle.output for bundle in self.bundles))
 
 
 def _k8s_ldflags() -> tuple[str, ...]:
@@ -74,11 +90,33 @@ TARGETS: tuple[Target, ...] = (
         module="kubernetes",
         packages=(
             "k8s.io/kubernetes/cmd/kube-apiserver",
+            "k8s.io/kubernetes/cmd/kube-controller-manager",
             "k8s.io/kubernetes/cmd/kube-scheduler",
             "k8s.io/kubernetes/cmd/kubectl",
         ),
-        outputs=("kube-apiserver", "kube-scheduler", "kubectl"),
+        outputs=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
         ldflags=_k8s_ldflags(),
+    ),
+    Target(
+        module="kwok",
+        packages=("sigs.k8s.io/kwok/cmd/kwok",),
+        outputs=("kwok",),
+        ldflags=(),
+        # kwok does nothing without stages; these ship in its module: nodes turn Ready and renew
+        # their Leases, bound pods turn Running, Job pods complete, deleted pods go away.
+        bundles=(
+            Bundle(
+                output="kwok-stages.yaml",
+                module="sigs.k8s.io/kwok",
+                files=(
+                    "kustomize/stage/node/fast/node-initialize.yaml",
+                    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+                    "kustomize/stage/pod/fast/pod-ready.yaml",
+                    "kustomize/stage/pod/fast/pod-complete.yaml",
+                    "kustomize/stage/pod/fast/pod-delete.yaml",
+                ),
+            ),
+        ),
     ),
     Target(
         module="helm",
@@ -110,7 +148,8 @@ def _go_version() -> str:
     except FileNotFoundError as e:
         raise SystemExit(
             "bindery: the Go toolchain is not on PATH; it is needed once to build the dev "
-            "control plane (etcd, kube-apiserver, kube-scheduler, kubectl, helm)."
+            "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, "
+            "helm, kwok)."
         ) from e
     return out.stdout.strip()
 
@@ -121,7 +160,8 @@ def cache_key() -> str:
         digest.update(repr(target).encode())
         for name in ("go.mod", "go.sum", "tools.go"):
             digest.update((GOMOD_DIR / target.module / name).read_bytes())
-    return f"k8s-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}-helm-{HELM_VERSION}-{digest.hexdigest()[:12]}"
+    versions = f"k8s-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}-helm-{HELM_VERSION}-kwok-{KWOK_VERSION}"
+    return f"{versions}-{digest.hexdigest()[:12]}"
 
 
 def bin_dir() -> pathlib.Path:
@@ -172,13 +212,33 @@ def _build(target: Target, dest: pathlib.Path) -> None:
             built = staging / "server"
         os.replace(built, dest / out)
     shutil.rmtree(staging, ignore_errors=True)
-    _log(f"built {', '.join(target.outputs)} in {time.monotonic() - started:.0f}s")
+    for bundle in target.bundles:
+        _write_bundle(target, bundle, dest)
+    _log(f"built {', '.join(target.files)} in {time.monotonic() - started:.0f}s")
+
+
+def _write_bundle(target: Target, bundle: Bundle, dest: pathlib.Path) -> None:
+    """Concatenate files of a module the build just downloaded (as YAML documents) into `dest`."""
+    env = {**os.environ, "GOFLAGS": "-mod=mod"}
+    found = subprocess.run(
+        ["go", "list", "-m", "-f", "{{.Dir}}", bundle.module],
+        cwd=GOMOD_DIR / target.module,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    root = pathlib.Path(found.stdout.strip())
+    documents = [(root / name).read_text().strip() for name in bundle.files]
+    partial = dest / f".{bundle.output}.partial-{os.getpid()}"
+    partial.write_text("\n---\n".join(documents) + "\n")
+    os.replace(partial, dest / bundle.output)
 
 
 def ensure_built(*, quiet: bool = False) -> pathlib.Path:
     """Build whatever is missing and return the directory holding the binaries."""
     dest = bin_dir()
-    missing = [t for t in TARGETS if not all((dest / o).is_file() for o in t.outputs)]
+    missing = [t for t in TARGETS if not all((dest / o).is_file() for o in t.files)]
     if not missing:
         if not quiet:
             _log(f"up to date: {dest}")

@@ -3,6 +3,10 @@
 No kubelet runs in the dev plane, so a Node is only an object: it is created, then its
 status (capacity, allocatable, a ``Ready=True`` condition) is written through the
 ``nodes/status`` subresource, which is what a kubelet would report.
+
+A kwok node (:func:`create_kwok_node`, on a plane started with ``kwok=True``) gets only its
+capacity here; kwok then plays its kubelet: it reports it Ready, renews its Lease, runs the pods
+bound to it (Running; Job pods then Succeeded) and finishes their deletion.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
+
+from bindery.devcluster.plane import KWOK_NODE_LABEL
 
 DEFAULT_CAPACITY: Mapping[str, str] = {"cpu": "4", "memory": "8Gi", "pods": "110"}
 
@@ -67,6 +73,26 @@ async def create_node(
     body = node_body(name=name, labels=labels, taints=taints, unschedulable=unschedulable)
     await core.create_node(body=body)
     status = node_status(capacity=capacity, allocatable=allocatable)
+    stored = await core.patch_node_status(name=name, body={"status": status})
+    result: dict[str, Any] = api.sanitize_for_serialization(stored)
+    return result
+
+
+async def create_kwok_node(
+    api: client.ApiClient,
+    *,
+    name: str,
+    capacity: Mapping[str, str] = DEFAULT_CAPACITY,
+    labels: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Create a Node that kwok manages (its label); kwok reports it Ready within seconds."""
+    core = client.CoreV1Api(api)
+    key, value = KWOK_NODE_LABEL
+    body = node_body(name=name, labels={key: value, **(labels or {})}, taints=taints)
+    body["metadata"]["annotations"] = {"kwok.x-k8s.io/node": "fake"}
+    await core.create_node(body=body)
+    status = {"capacity": dict(capacity), "allocatable": dict(capacity)}
     stored = await core.patch_node_status(name=name, body={"status": status})
     result: dict[str, Any] = api.sanitize_for_serialization(stored)
     return result

@@ -87,6 +87,25 @@ class ControlPlaneError(RuntimeError):
 _PORT_RANGE = (20000, 32767)
 
 
+#: kube-controller-manager's controllers in a plane started with ``controllers=True``: those that
+#: make and remove pods, finish namespace deletion, bind volumes and collect garbage. Node
+#: lifecycle stays off: Nodes made by ``nodes.create_node`` have no kubelet to heartbeat, and it
+#: would taint them unreachable and evict their pods (kwok's nodes heartbeat, the others do not).
+CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "job-controller",
+    "statefulset-controller",
+    "daemonset-controller",
+    "namespace-controller",
+    "garbage-collector-controller",
+    "persistentvolume-binder-controller",
+    "serviceaccount-controller",
+    "pod-garbage-collector-controller",
+)
+#: The label that puts a Node in kwok's care (see ``nodes.create_kwok_node``).
+KWOK_NODE_LABEL = ("bindery.dev/kwok", "true")
+
 _PORT_TAKEN = "address already in use"
 _LAUNCH_ATTEMPTS = 3
 
@@ -163,13 +182,28 @@ class ControlPlane:
         bin_dir: pathlib.Path | None = None,
         timeout: float = 90.0,
         extra_apiserver_args: Sequence[str] = (),
+        controllers: bool = False,
+        kwok: bool = False,
+        kube_scheduler: bool = False,
     ) -> Iterator[ControlPlane]:
-        """Start a plane, yield it, and stop it on exit (also on errors and signals)."""
+        """Start a plane, yield it, and stop it on exit (also on errors and signals).
+
+        ``controllers``: also run kube-controller-manager (:data:`CONTROLLERS`), so Deployments,
+        Jobs and DaemonSets make pods and namespaces finish deleting. ``kwok``: also run kwok, which
+        makes Nodes labelled :data:`KWOK_NODE_LABEL` Ready, keeps their Leases renewed, turns pods
+        bound to them Running (Job pods then Succeeded) and finishes their deletion.
+        ``kube_scheduler``: also run kube-scheduler, for the pods of the default scheduler name.
+        """
         bin_dir = bin_dir or binaries.ensure_built(quiet=True)
         for attempt in range(1, _LAUNCH_ATTEMPTS + 1):
             try:
                 plane = cls._launch(
-                    bin_dir=bin_dir, timeout=timeout, extra_apiserver_args=extra_apiserver_args
+                    bin_dir=bin_dir,
+                    timeout=timeout,
+                    extra_apiserver_args=extra_apiserver_args,
+                    controllers=controllers,
+                    kwok=kwok,
+                    kube_scheduler=kube_scheduler,
                 )
                 break
             except ControlPlaneError as exc:
@@ -184,7 +218,14 @@ class ControlPlane:
 
     @classmethod
     def _launch(
-        cls, *, bin_dir: pathlib.Path, timeout: float, extra_apiserver_args: Sequence[str]
+        cls,
+        *,
+        bin_dir: pathlib.Path,
+        timeout: float,
+        extra_apiserver_args: Sequence[str],
+        controllers: bool,
+        kwok: bool,
+        kube_scheduler: bool,
     ) -> ControlPlane:
         workdir = pathlib.Path(tempfile.mkdtemp(prefix="bindery-plane-"))
         watchdog = subprocess.Popen(
@@ -197,7 +238,8 @@ class ControlPlane:
         certs.mkdir()
         ca_file = certs / "ca.crt"
         ca_file.write_bytes(ca.cert_pem)
-        apiserver_port, etcd_client_port, etcd_peer_port = free_ports(3)
+        ports = free_ports(6)
+        apiserver_port, etcd_client_port, etcd_peer_port, manager_port, kwok_port, scheduler_port = ports
         plane = cls(
             workdir=workdir,
             bin_dir=bin_dir,
@@ -212,6 +254,14 @@ class ControlPlane:
             etcd_url = plane._start_etcd(client=etcd_client_port, peer=etcd_peer_port)
             plane._start_apiserver(port=apiserver_port, etcd_url=etcd_url, extra=extra_apiserver_args)
             plane._wait_ready(timeout=timeout)
+            if controllers:
+                plane._start_controller_manager(port=manager_port)
+            if kwok:
+                plane._start_kwok(port=kwok_port)
+            if kube_scheduler:
+                plane._start_kube_scheduler(port=scheduler_port)
+            if controllers or kwok or kube_scheduler:
+                plane._wait_ready(timeout=timeout)  # none exited at once on a bad flag
         except BaseException:
             plane.stop()
             raise
@@ -290,6 +340,57 @@ class ControlPlane:
             *extra,
         ]
         self._spawn_apiserver()
+
+    def _start_controller_manager(self, *, port: int) -> None:
+        certs = self.workdir / "pki"
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                f"--controllers={','.join(CONTROLLERS)}",
+                f"--secure-port={port}",
+                "--bind-address=127.0.0.1",
+                f"--cert-dir={certs / 'kube-controller-manager'}",
+                f"--root-ca-file={self.ca_file}",
+                f"--service-account-private-key-file={certs / 'sa.key'}",
+                "--use-service-account-credentials=false",
+                "--v=1",
+            ],
+        )
+
+    def _start_kube_scheduler(self, *, port: int) -> None:
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.bin_dir / "kube-scheduler"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                f"--secure-port={port}",
+                "--bind-address=127.0.0.1",
+                f"--cert-dir={self.workdir / 'pki' / 'kube-scheduler'}",
+            ],
+        )
+
+    def _start_kwok(self, *, port: int) -> None:
+        key, value = KWOK_NODE_LABEL
+        self._spawn(
+            "kwok",
+            [
+                str(self.bin_dir / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--manage-nodes-with-label-selector={key}={value}",
+                f"--config={self.bin_dir / 'kwok-stages.yaml'}",
+                f"--server-address=127.0.0.1:{port}",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=127.0.0.1",
+            ],
+        )
 
     def _spawn_apiserver(self) -> None:
         self._apiserver_starts += 1

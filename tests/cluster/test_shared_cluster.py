@@ -1,0 +1,305 @@
+"""Bindery in a small real cluster: controllers make the pods, kwok runs them, kube-scheduler shares
+the nodes.
+
+Three kwok nodes of 4 CPU. A DaemonSet and a Deployment of the default scheduler land first (kube-
+scheduler places them); then a Deployment and a Job of Bindery's scheduler name are placed by the
+operator through the reference RM, which mirrors the nodes and counts every pod on them. The pods
+turn Running (the Job's pods then Succeeded), the Deployment is scaled past what fits and back,
+and the namespace is deleted. After each step: no node overcommitted (whoever bound its pods), no pod
+scheduled twice, every reservation committed to its pod's node or released, and `bindery audit`
+clean.
+
+The default-scheduler pods are placed before Bindery's: two schedulers placing pods onto the same
+node *at the same instant* can overcommit it whatever either does (kube-scheduler has the same race
+with any second scheduler; the kubelet then rejects one pod). What is checked is that Bindery never
+overcommits a node given what is already bound there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes_asyncio import client
+
+from bindery.devcluster.nodes import create_kwok_node
+from bindery.devcluster.plane import ControlPlane
+from tests.realrm import (
+    RMProcess,
+    audit_findings,
+    invariant_violations,
+    operator_process,
+    serve_with,
+)
+
+pytestmark = pytest.mark.controlplane
+
+T = TypeVar("T")
+NODES = 3
+POOL = "bindery.dev/cluster-pool"
+
+
+async def eventually(check: Callable[[], Awaitable[T | None]], *, within: float, what: str) -> T:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    last: T | None = None
+    while loop.time() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"timed out after {within:g}s waiting for {what}; last value: {last!r}")
+
+
+def template(*, labels: Mapping[str, str], cpu: str, scheduler: str | None, pool: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeSelector": {POOL: pool},
+        "containers": [
+            {"name": "main", "image": "registry.invalid/app:1", "resources": {"requests": {"cpu": cpu}}}
+        ],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    return {"metadata": {"labels": dict(labels)}, "spec": spec}
+
+
+def deployment(name: str, *, replicas: int, cpu: str, scheduler: str | None, pool: str) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": template(labels=labels, cpu=cpu, scheduler=scheduler, pool=pool),
+        },
+    }
+
+
+def daemonset(name: str, *, cpu: str, pool: str) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": template(labels=labels, cpu=cpu, scheduler=None, pool=pool),
+        },
+    }
+
+
+def job(
+    name: str, *, completions: int, parallelism: int, cpu: str, scheduler: str, pool: str
+) -> dict[str, Any]:
+    body = template(labels={"job": name}, cpu=cpu, scheduler=scheduler, pool=pool)
+    body["spec"]["restartPolicy"] = "Never"
+    return {
+        "metadata": {"name": name},
+        "spec": {"completions": completions, "parallelism": parallelism, "backoffLimit": 0, "template": body},
+    }
+
+
+class Cluster:
+    """Reads of one namespace on the cluster plane."""
+
+    def __init__(self, *, api: client.ApiClient, namespace: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.namespace = namespace
+
+    async def pods(self, label: str) -> list[dict[str, Any]]:
+        response = await self.core.list_namespaced_pod(
+            self.namespace, label_selector=label, _preload_content=False
+        )
+        items: list[dict[str, Any]] = (await response.json())["items"]
+        return [p for p in items if not (p["metadata"].get("deletionTimestamp"))]
+
+    async def running(self, label: str, count: int) -> list[dict[str, Any]] | None:
+        """The pods of `label` once exactly `count` exist and all are Running."""
+        pods = await self.pods(label)
+        ready = len(pods) == count and all((p.get("status") or {}).get("phase") == "Running" for p in pods)
+        return pods if ready else None
+
+
+@contextlib.asynccontextmanager
+async def bindery_on(
+    *,
+    api: client.ApiClient,
+    cluster: ControlPlane,
+    operator_kubeconfig: pathlib.Path,
+    namespace: str,
+    pool: str,
+    directory: pathlib.Path,
+) -> AsyncIterator[tuple[RMProcess, str, str]]:
+    """The reference RM mirroring the pool, the operator, and a served name: (rm, name, RM object).
+
+    The RM's token Secret lives in a namespace of its own (as in the chart's install): the test
+    deletes the workload namespace and the operator must still reach the RM to release.
+    """
+    token = uuid.uuid4().hex[:6]
+    scheduler, rm_name, system = f"bindery-{token}", f"rm-{token}", f"sys-{token}"
+    core = client.CoreV1Api(api)
+    await core.create_namespace(body={"metadata": {"name": system}})
+    async with (
+        RMProcess(kubeconfig=cluster.kubeconfig, directory=directory, node_selector=f"{POOL}={pool}") as rm,
+        operator_process(kubeconfig=operator_kubeconfig, directory=directory) as _,
+    ):
+        await serve_with(api, rm=rm, name=rm_name, scheduler_names=[scheduler], namespace=system)
+        try:
+            yield rm, scheduler, rm_name
+        finally:
+            with contextlib.suppress(client.ApiException):
+                await client.CustomObjectsApi(api).delete_cluster_custom_object(
+                    group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=rm_name
+                )
+            with contextlib.suppress(client.ApiException):
+                await core.delete_namespace(system)
+
+
+async def test_controllers_kwok_and_two_schedulers_share_nodes_without_overcommit_or_leaks(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    namespace = cluster_namespace
+    pool = uuid.uuid4().hex[:6]
+    nodes = [f"kwok-{pool}-{i}" for i in range(NODES)]
+    for node in nodes:
+        await create_kwok_node(
+            cluster_api,
+            name=node,
+            capacity={"cpu": "4", "memory": "8Gi", "pods": "20"},
+            labels={POOL: pool},
+        )
+    view = Cluster(api=cluster_api, namespace=namespace)
+
+    async def ready_nodes() -> bool:
+        listed = await view.core.list_node(label_selector=f"{POOL}={pool}")
+        return (
+            all(
+                any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+                for n in listed.items
+            )
+            and len(listed.items) == NODES
+        )
+
+    await eventually(ready_nodes, within=60, what="kwok reporting the nodes Ready")
+
+    # The default scheduler's share first: 0.5 CPU per node (DaemonSet) + 3 x 1 CPU.
+    await view.apps.create_namespaced_daemon_set(namespace, daemonset("agent", cpu="500m", pool=pool))
+    await view.apps.create_namespaced_deployment(
+        namespace, deployment("web", replicas=3, cpu="1", scheduler=None, pool=pool)
+    )
+    await eventually(lambda: view.running("app=agent", NODES), within=90, what="the DaemonSet's pods Running")
+    await eventually(lambda: view.running("app=web", 3), within=90, what="the default Deployment Running")
+
+    try:
+        async with bindery_on(
+            api=cluster_api,
+            cluster=cluster,
+            operator_kubeconfig=cluster_operator_kubeconfig,
+            namespace=namespace,
+            pool=pool,
+            directory=tmp_path,
+        ) as (rm, scheduler, rm_name):
+
+            async def clean() -> list[str]:
+                lines = await invariant_violations(
+                    api=cluster_api, rm=rm, namespace=namespace, scheduler_names=[scheduler]
+                )
+                return lines + await audit_findings(
+                    kubeconfig=cluster.kubeconfig, namespace=namespace, rm_name=rm_name, nodes=nodes
+                )
+
+            async def settled() -> bool:
+                return not await clean()
+
+            # 12 CPU in all, 4.5 used by the default scheduler's pods: 7.5 left.
+            await view.apps.create_namespaced_deployment(
+                namespace, deployment("api", replicas=4, cpu="1", scheduler=scheduler, pool=pool)
+            )
+            await view.batch.create_namespaced_job(
+                namespace,
+                job("batch", completions=6, parallelism=3, cpu="500m", scheduler=scheduler, pool=pool),
+            )
+            await eventually(
+                lambda: view.running("app=api", 4), within=90, what="Bindery's Deployment Running"
+            )
+
+            async def job_complete() -> bool:
+                status = (await view.batch.read_namespaced_job_status("batch", namespace)).status
+                return (status.succeeded or 0) == 6
+
+            await eventually(job_complete, within=120, what="Bindery's Job completing its 6 pods")
+            await eventually(settled, within=60, what="no finding after the Job completed")
+            # Every pod Bindery placed for the Job ended: their reservations were released.
+            finished = await view.pods("job=batch")
+            assert len(finished) == 6
+            assert all(p["status"]["phase"] == "Succeeded" for p in finished)
+            assert {p["spec"]["schedulerName"] for p in finished} == {scheduler}
+            held = {r.pod_uid for r in await rm.reservations() if r.namespace == namespace}
+            assert not held & {p["metadata"]["uid"] for p in finished}
+
+            # Past what fits: each node has 4 - 0.5 - (its share of 3 x 1) CPU free, which holds six
+            # 1-CPU pods in all however kube-scheduler spread "web": two more of 5 fit, 3 stay
+            # pending, with the RM's reason in their condition.
+            await view.apps.patch_namespaced_deployment_scale("api", namespace, {"spec": {"replicas": 9}})
+
+            async def placed_and_explained() -> list[dict[str, Any]] | None:
+                pods = await view.pods("app=api")
+                bound = [p for p in pods if p["spec"].get("nodeName")]
+                pending = [p for p in pods if not p["spec"].get("nodeName")]
+                explained = [
+                    p
+                    for p in pending
+                    for c in (p.get("status") or {}).get("conditions") or []
+                    if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("message")
+                ]
+                return pending if len(pods) == 9 and len(bound) == 6 and len(explained) == 3 else None
+
+            pending = await eventually(placed_and_explained, within=90, what="6 of 9 placed, 3 explained")
+            assert await clean() == []
+            reasons = [
+                c["message"] for c in pending[0]["status"]["conditions"] if c["type"] == "PodScheduled"
+            ]
+            print(f"\na pending pod says: {reasons[0]}")
+
+            # Back down: the pending pods go first; the rest keep running on their reservations.
+            await view.apps.patch_namespaced_deployment_scale("api", namespace, {"spec": {"replicas": 2}})
+            await eventually(
+                lambda: view.running("app=api", 2), within=90, what="the Deployment at 2 replicas"
+            )
+            await eventually(settled, within=60, what="no finding after scaling down")
+            api_uids = {p["metadata"]["uid"] for p in await view.pods("app=api")}
+            held = {r.pod_uid for r in await rm.reservations() if r.namespace == namespace}
+            assert held == api_uids, "exactly the running pods of Bindery hold reservations"
+
+            # The namespace goes, with everything in it: the namespace controller deletes the pods,
+            # kwok finishes their deletion, and every reservation is released.
+            await view.core.delete_namespace(namespace)
+
+            async def namespace_gone() -> bool:
+                try:
+                    await view.core.read_namespace(namespace)
+                except client.ApiException as exc:
+                    return bool(exc.status == 404)
+                return False
+
+            await eventually(namespace_gone, within=120, what="the namespace deleted")
+
+            async def all_released() -> bool:
+                return not [r for r in await rm.reservations() if r.namespace == namespace]
+
+            await eventually(all_released, within=60, what="every reservation of the namespace released")
+    finally:
+        for node in nodes:
+            with contextlib.suppress(client.ApiException):
+                await view.core.delete_node(node)
