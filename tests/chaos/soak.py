@@ -30,8 +30,7 @@ from kubernetes_asyncio import client
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.devcluster.plane import ControlPlane
 from tests.chaos.harness import Pool, pool
-from tests.conftest import api_client_for
-from tests.operator.conftest import OPERATOR_USER
+from tests.conftest import OPERATOR_USER, api_client_for
 from tests.realrm import OperatorProcess, operator_process
 
 _TASKS = re.compile(r"^bindery_asyncio_tasks (\S+)$", re.MULTILINE)

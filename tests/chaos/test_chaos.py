@@ -32,8 +32,8 @@ from kubernetes_asyncio import client
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.devcluster.plane import ControlPlane
 from tests.chaos.harness import SECONDS, Pool, Report, chaos_seed, check, hard_timeout, pool
-from tests.conftest import api_client_for
-from tests.operator.conftest import OPERATOR_USER, eventually, now
+from tests.conftest import OPERATOR_USER, api_client_for
+from tests.operator.conftest import eventually, now
 from tests.operator.test_leader_processes import grant_lease
 from tests.realrm import OperatorProcess, operator_process
 from tests.rmproxy import KINDS

@@ -25,10 +25,8 @@ from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.options import OperatorOptions
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
-from tests.conftest import api_client_for
+from tests.conftest import OPERATOR_USER, api_client_for
 from tests.operator.fakerm import FakeRM, serve_fake_rm
-
-OPERATOR_USER = "bindery-operator"
 
 
 @pytest.fixture(scope="session")

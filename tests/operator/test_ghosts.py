@@ -26,9 +26,9 @@ from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.queue import SchedulingQueue
 from bindery.scheduling.throttle import EventThrottle
+from tests.conftest import OPERATOR_USER
 from tests.operator.apiproxy import ApiProxy, serve_api_proxy
 from tests.operator.conftest import (
-    OPERATOR_USER,
     Bindery,
     create_pod,
     delete_rm,

@@ -36,8 +36,9 @@ from kubernetes_asyncio import client
 from bindery.controller.rbac import leader_election_rules
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
+from tests.conftest import OPERATOR_USER
 from tests.operator.apiproxy import serve_api_proxy
-from tests.operator.conftest import OPERATOR_USER, create_pod, delete_rm, eventually, pod_body
+from tests.operator.conftest import create_pod, delete_rm, eventually, pod_body
 from tests.operator.fakerm import serve_app
 from tests.realrm import OperatorProcess, RMProcess, serve_with, settled_invariants
 

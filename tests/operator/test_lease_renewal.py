@@ -29,9 +29,9 @@ from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import Reservation, ReservationState
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
+from tests.conftest import OPERATOR_USER
 from tests.operator.apiproxy import ApiProxy, serve_api_proxy
 from tests.operator.conftest import (
-    OPERATOR_USER,
     Bindery,
     create_pod,
     eventually,

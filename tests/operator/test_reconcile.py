@@ -25,10 +25,9 @@ from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable, RMUnschedulable
 from bindery.rm.models import PodIdentity, Reservation, ReservationRequest
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
-from tests.conftest import api_client_for
+from tests.conftest import OPERATOR_USER, api_client_for
 from tests.operator.apiproxy import serve_api_proxy
 from tests.operator.conftest import (
-    OPERATOR_USER,
     Bindery,
     bind_pod,
     closed_port_url,

@@ -21,9 +21,9 @@ from bindery.controller.supervisor import Backoff
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import PodIdentity, ReservationRequest
+from tests.conftest import OPERATOR_USER
 from tests.operator.apiproxy import serve_api_proxy
 from tests.operator.conftest import (
-    OPERATOR_USER,
     Bindery,
     create_pod,
     delete_rm,

@@ -20,10 +20,9 @@ from bindery.devcluster.plane import ControlPlane
 from bindery.kube import KubeBinder
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import BindError
-from tests.conftest import api_client_for
+from tests.conftest import OPERATOR_USER, api_client_for
 from tests.operator.apiproxy import ApiProxy, serve_api_proxy
 from tests.operator.conftest import (
-    OPERATOR_USER,
     Bindery,
     Stage,
     condition,
