@@ -142,6 +142,11 @@ class BoundPodWatcher:
     every event first (the profile settles Bindings that got no answer with it), including the
     stand-in DELETED of a pod that vanished between two lists. `on_relist` is called after every
     relist (not the first list), once its vanished pods were handled.
+
+    `defer_release(uid, reservation_id)` is asked before each release; True means the pod's
+    scheduling cycle still runs and releases the reservation itself once it ends. A pod can finish
+    (a Job pod that exits at once, a container that crashes at start) or be deleted between its
+    Binding and its cycle's commit; releasing first would make that commit fail with a 409.
     """
 
     def __init__(
@@ -155,6 +160,7 @@ class BoundPodWatcher:
         on_released: Callable[[], None] = lambda: None,
         on_event: Callable[[str, Mapping[str, Any]], Awaitable[None]] | None = None,
         on_relist: Callable[[], None] = lambda: None,
+        defer_release: Callable[[str, str], bool] = lambda uid, reservation_id: False,
         max_backoff: float = 10.0,
         watch_seconds: int = 300,
     ) -> None:
@@ -169,6 +175,7 @@ class BoundPodWatcher:
         self._on_released = on_released
         self._on_event = on_event
         self._on_relist = on_relist
+        self._defer_release = defer_release
         #: uid → (reservation id, node) of the bound pods seen with a reservation (see `seen_entry`)
         self.seen: dict[str, tuple[str, str]] = {}
         self._released: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -271,6 +278,8 @@ class BoundPodWatcher:
         reservation_id = reservation_to_release(event_type=event_type, pod=pod)
         if reservation_id is None or reservation_id in self._released:
             return
+        if uid and self._defer_release(uid, reservation_id):
+            return  # its cycle releases it after its commit
         try:
             await self._rm().release(reservation_id, pod_uid=uid or None)
         except RMPodMismatch:  # a copied annotation: the RM refused, so the owner keeps its capacity

@@ -116,6 +116,9 @@ class ProfileRunner:
         self.reachable: bool | None = None
         self.reach_message: str | None = None
         self._gone: set[str] = set()  # pods a failed cycle found gone: dropped when the cycle ends
+        self._cycling: set[str] = set()  # UIDs of the pods whose cycle runs now
+        #: uid → reservation id: the pod finished or left while its cycle ran; released when it ends
+        self._departed: dict[str, str] = {}
         self._ports = dataclasses.replace(
             ports,
             events=_CheckedEvents(inner=ports.events, api=api, gone=self._gone),
@@ -224,6 +227,7 @@ class ProfileRunner:
                 on_released=self._released_by_departure,
                 on_event=self._bound_pod_event,
                 on_relist=self._on_relist,
+                defer_release=self._defer_departed,
             )
             self._watchers[name, namespace] = asyncio.create_task(
                 watcher.run(), name=f"bindery bound pods {name} in {namespace or 'all namespaces'}"
@@ -345,18 +349,24 @@ class ProfileRunner:
     async def _cycle(self, pod: PodInfo) -> None:
         """One pod: the scheduling cycle, then its outcome to the queue, the metrics and the settling."""
         started = time.perf_counter()
+        self._cycling.add(pod.uid)
         try:
             result = await schedule_one(
                 pod=pod, profile=self.profile, ports=self._ports, throttle=self._throttle
             )
         except asyncio.CancelledError:  # paused or stopped: the cycle has unreserved; requeue
             self.queue.done(pod.uid, outcome=Outcome.ERROR)
+            self._departed.pop(pod.uid, None)  # left to reconciliation: the lease may be lost
             raise
         except Exception:  # a bug in the cycle must not kill the worker
             self._logger.exception(f"scheduling cycle of pod {pod.key} crashed; retrying after backoff")
             self.queue.done(pod.uid, outcome=Outcome.ERROR)
             self._record(pod, Outcome.ERROR, started)
+            await self._release_departed(pod)
             return
+        finally:
+            self._cycling.discard(pod.uid)
+        await self._release_departed(pod)
         if pod.uid in self._gone and result.outcome is not Outcome.BOUND:
             result = dataclasses.replace(result, outcome=Outcome.DROPPED)  # a ghost: do not requeue
         self._gone.discard(pod.uid)
@@ -370,6 +380,36 @@ class ProfileRunner:
             self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it
         if result.released:
             self._on_released()
+
+    def _defer_departed(self, uid: str, reservation_id: str) -> bool:
+        """The bound-pod watch saw this pod finish or go: while its cycle runs, the cycle releases.
+
+        Its PostBind commit may not have been sent yet; a release before it would make the commit
+        fail (409) and report a failure for a pod that did nothing wrong.
+        """
+        if uid not in self._cycling:
+            return False
+        self._departed[uid] = reservation_id
+        return True
+
+    async def _release_departed(self, pod: PodInfo) -> None:
+        """Release what the bound-pod watch left to this pod's cycle (see `_defer_departed`)."""
+        reservation_id = self._departed.pop(pod.uid, None)
+        if reservation_id is None:
+            return
+        try:
+            await self.profile.client.release(reservation_id, pod_uid=pod.uid)
+        except RMError as exc:
+            self._logger.warning(
+                f"could not release reservation {reservation_id} of pod {pod.key}, which finished or was "
+                f"deleted while it was being scheduled: {exc}; reconciliation releases it"
+            )
+            return
+        self._logger.info(
+            f"released reservation {reservation_id}: pod {pod.key} finished or was deleted while it was "
+            "being scheduled"
+        )
+        self._released_by_departure()
 
     def _follow_up(self, pod: PodInfo, result: CycleOutcome) -> None:
         """A Binding that got no answer leaves a reservation to settle; a bind with it settles it.
