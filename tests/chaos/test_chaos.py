@@ -13,8 +13,8 @@ scenario's own, so the session's plane stays up); a proxy between operator and R
 fault kind of `tests.rmproxy`; two replicas with leader election whose leader is SIGSTOPped past
 its lease, then SIGCONTed.
 
-Not here yet (needs kube-controller-manager and kwok on the test bed): pods made by Deployments
-and Jobs, pods that run and complete, namespace deletion.
+Pods made by Deployments and Jobs, pods that run and complete: `test_cluster_chaos.py`, on the
+cluster plane (kube-controller-manager, kwok, kube-scheduler). Namespace deletion: tests/cluster.
 """
 
 from __future__ import annotations

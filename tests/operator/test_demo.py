@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.controlplane
 
 
-async def test_the_demo_binds_every_pod_with_two_writes_each() -> None:
+async def test_the_demo_runs_a_deployment_and_a_job_beside_kube_scheduler() -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -19,6 +19,8 @@ async def test_the_demo_binds_every_pod_with_two_writes_each() -> None:
         "demo",
         "--pods",
         "12",
+        "--job-pods",
+        "6",
         "--nodes",
         "2",
         stdout=asyncio.subprocess.PIPE,
@@ -27,10 +29,18 @@ async def test_the_demo_binds_every_pod_with_two_writes_each() -> None:
     output, _ = await asyncio.wait_for(process.communicate(), timeout=240)
     text = output.decode()
     assert process.returncode == 0, text
-    assert "bound 12/12 pods" in text
+    assert "kube-scheduler placed a DaemonSet" in text
+    assert "bound 18/18 pods" in text
     assert re.search(r"writes per bound pod \(counted by the operator\): 2\.00", text), text
-    assert re.search(r"writes per bound pod \(apiserver_request_total\): 2\.00", text), text
-    rows = re.findall(r"^burst-\d{3}\s+(pool-\d)\s+\d+ ms$", text, flags=re.MULTILINE)
-    assert len(rows) == 12
-    assert set(rows) <= {"pool-1", "pool-2"}
+    assert re.search(r"Bindings per bound pod \(apiserver_request_total\): 1\.00", text), text
+    rows = re.findall(r"^(api|batch)-\S+\s+(pool-\d)\s+\d+ ms\s+(\w+)$", text, flags=re.MULTILINE)
+    assert len(rows) == 18, text
+    assert {node for _, node, _ in rows} <= {"pool-1", "pool-2"}
+    assert {phase for kind, _, phase in rows if kind == "api"} == {"Running"}
+    assert {phase for kind, _, phase in rows if kind == "batch"} == {"Succeeded"}
+    # What each node holds: Bindery's 12 running pods, the default scheduler's 2 per node.
+    holds = re.findall(r"^(pool-\d)\s+(\d+)\s+(\d+)\s+\S+ / 8$", text, flags=re.MULTILINE)
+    assert sum(int(ours) for _, ours, _ in holds) == 12, text
+    assert all(int(default) == 2 for _, _, default in holds), text
     assert "OS signals are ignored" not in text  # the demo owns signals; Kopf's warning is noise
+    assert "WARNING" not in text, text

@@ -358,6 +358,9 @@ class ControlPlane:
                 f"--root-ca-file={self.ca_file}",
                 f"--service-account-private-key-file={certs / 'sa.key'}",
                 "--use-service-account-credentials=false",
+                # The default 20 requests/s would pace a 60-replica Deployment over seconds.
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
                 "--v=1",
             ],
         )
