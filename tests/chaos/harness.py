@@ -7,8 +7,8 @@ when pods come and go *while* the fault happens. The driver creates pods of the 
 name in bursts, deletes random ones (pending ones included, i.e. mid-cycle), cordons and uncordons
 a node and replaces a node (deleting its pods first, as kube-controller-manager's pod GC would:
 this pool is on the shared plane, which runs no controllers; `test_cluster_chaos.py` churns
-Deployments and Jobs on the cluster plane). Every decision comes from one `random.Random(seed)`; the seed is in
-every report and failure message so a run can be replayed (timing still varies).
+Deployments and Jobs on the cluster plane). Every decision comes from one `random.Random(seed)`;
+the seed is in every report and failure message so a run can be replayed (timing still varies).
 
 The live load is kept at two thirds of the pool's CPU, so every pod fits once the faults stop:
 "settled" means every pod bound, `settled_invariants` holding and `bindery audit` clean for this
