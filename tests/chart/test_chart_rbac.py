@@ -46,6 +46,9 @@ OPERATOR_WRITES = {
     "create events.events.k8s.io",
     "patch events.events.k8s.io",
     "patch resourcemanagers.bindery.dev/status",
+    # Volume binding: a claim's selected-node annotation, a static volume's claimRef.
+    "patch persistentvolumeclaims",
+    "patch persistentvolumes",
 }
 # Leader election: its one Lease (named after the release, shown as {release}-bindery), in the
 # release namespace only; create cannot be limited by name.
@@ -185,6 +188,13 @@ def test_operator_writes_only_what_it_needs(controlplane: ControlPlane, release:
         ("patch", "pods", "-A"),
         ("create", "pods", "--subresource=eviction", "-A"),
         ("update", "pods", "--subresource=status", "-A"),
+        # Volumes: annotate a claim or pre-bind a volume, never create, delete or resize them.
+        ("create", "persistentvolumes"),
+        ("delete", "persistentvolumes"),
+        ("create", "persistentvolumeclaims", "-A"),
+        ("delete", "persistentvolumeclaims", "-A"),
+        ("update", "persistentvolumeclaims", "--subresource=status", "-A"),
+        ("patch", "storageclasses.storage.k8s.io"),
         # Secrets: get, in the release namespace only.
         ("get", "secrets", "-n", OTHER_NAMESPACE),
         ("get", "secrets", "-A"),
@@ -237,6 +247,11 @@ def test_operator_is_denied(controlplane: ControlPlane, release: Release, questi
         ("watch", "resourcemanagers.bindery.dev"),
         ("patch", "resourcemanagers.bindery.dev", "--subresource=status"),
         ("get", "secrets", "-n", "{ns}"),
+        ("get", "persistentvolumeclaims", "-A"),
+        ("patch", "persistentvolumeclaims", "-A"),
+        ("list", "persistentvolumes"),
+        ("patch", "persistentvolumes"),
+        ("get", "storageclasses.storage.k8s.io"),
         ("create", "leases.coordination.k8s.io", "-n", "{ns}"),
         ("get", "leases.coordination.k8s.io/{release}-bindery", "-n", "{ns}"),
         ("update", "leases.coordination.k8s.io/{release}-bindery", "-n", "{ns}"),

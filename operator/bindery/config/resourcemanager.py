@@ -57,6 +57,8 @@ class ResourceManagerConfig:
     #: spec.reconcileIntervalSeconds, capped at half the reservation TTL so that a reserved
     #: reservation whose commit was lost is committed by a pass well before the RM expires it.
     reconcile_interval_seconds: float = 30.0
+    #: How long PreBind waits for a pod's volume claims to be bound (spec.volumeBindTimeoutSeconds).
+    volume_bind_timeout_seconds: float = 600.0
 
     def connection_key(self) -> tuple[object, ...]:
         """The fields that require a new RM client when they change (others apply in place)."""
@@ -126,6 +128,9 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
         post_bind=_strings(plugins.get("postBind"), "spec.plugins.postBind"),
         bind=str(plugins["bind"]) if plugins.get("bind") else None,
         reconcile_interval_seconds=reconcile_interval(configured=interval, reservation_ttl_seconds=ttl),
+        volume_bind_timeout_seconds=_number(
+            spec.get("volumeBindTimeoutSeconds", 600), "spec.volumeBindTimeoutSeconds", low=1
+        ),
     )
 
 

@@ -63,6 +63,7 @@ def build_profile(*, config: ResourceManagerConfig, client: ReservationClient) -
         backoff_max_seconds=config.backoff_max_seconds,
         max_in_flight=config.max_in_flight,
         plugins=plugins_for(config=config),
+        volume_bind_timeout_seconds=config.volume_bind_timeout_seconds,
     )
 
 

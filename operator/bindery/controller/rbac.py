@@ -12,6 +12,9 @@ need shows up as a failing test rather than in a user's cluster.
 - resourcemanagers list/watch, resourcemanagers/status patch: configuration and its status.
 - secrets get: the bearer token / TLS material a ResourceManager references (the chart may narrow
   this with resourceNames or a namespaced Role).
+- persistentvolumeclaims get/patch, persistentvolumes get/list/patch, storageclasses get: volume
+  binding for pods with claims (bindery.scheduling.volumes): read the claims, their volumes and
+  classes, set a claim's selected-node annotation, pre-bind a static volume (its claimRef).
 Not needed: Kopf's peering objects (standalone), CRD/namespace listing (scanning disabled), core
 events (Kopf's posting disabled), finalizers or pod patches (no change-detection handlers).
 """
@@ -29,6 +32,9 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["bindery.dev"], "resources": ["resourcemanagers"], "verbs": ["list", "watch"]},
     {"apiGroups": ["bindery.dev"], "resources": ["resourcemanagers/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "patch"]},
+    {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "list", "patch"]},
+    {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get"]},
 ]
 
 

@@ -56,6 +56,7 @@ from bindery.kube import (
     KubeBinder,
     KubeConditionWriter,
     KubeEventSink,
+    KubeVolumes,
     UnboundPods,
     WriteCounter,
 )
@@ -129,6 +130,7 @@ class Runtime:
             binder=self._binder if self._leadership is None else self._fenced_binder(self._binder),
             events=self._events,
             conditions=self._conditions,
+            volumes=KubeVolumes(api=self._api, counter=self.writes),
         )
         if self.options.metrics_address is not None:
             host, port = parse_address(self.options.metrics_address)

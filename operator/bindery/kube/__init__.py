@@ -11,12 +11,14 @@ from bindery.kube.conditions import KubeConditionWriter
 from bindery.kube.counters import WriteCounter
 from bindery.kube.events import KubeEventSink, reporting_instance
 from bindery.kube.lookups import IndexNodeLookup, UnboundPods, project_node
+from bindery.kube.volumes import KubeVolumes
 
 __all__ = [
     "IndexNodeLookup",
     "KubeBinder",
     "KubeConditionWriter",
     "KubeEventSink",
+    "KubeVolumes",
     "UnboundPods",
     "WriteCounter",
     "project_node",

@@ -1,4 +1,5 @@
-"""One scheduling cycle for one pod: reserve, pre-bind, bind, post-bind; unreserve on any failure.
+"""One scheduling cycle for one pod: pre-filter, reserve, pre-bind, bind, post-bind; unreserve on any
+failure after reserving.
 
 This is kube-scheduler's binding cycle with the placement decision delegated to the resource
 manager.  :func:`schedule_one` runs the extension points in order and never raises for an ordinary
@@ -55,6 +56,7 @@ from bindery.scheduling.framework import (
     Ports,
     PostBindPlugin,
     PreBindPlugin,
+    PreFilterPlugin,
     Profile,
     ReservePlugin,
     Status,
@@ -62,6 +64,7 @@ from bindery.scheduling.framework import (
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import PodGone
 from bindery.scheduling.throttle import EventThrottle
+from bindery.scheduling.volumes import VolumeBinding
 
 __all__ = ["CycleOutcome", "PluginChain", "plugin_chain", "schedule_one"]
 
@@ -99,14 +102,19 @@ class CycleOutcome:
 class PluginChain:
     """The plugins of every extension point, defaults included, in the order they run."""
 
+    pre_filter: tuple[PreFilterPlugin, ...]
     reserve: tuple[ReservePlugin, ...]
     pre_bind: tuple[PreBindPlugin, ...]
     bind: tuple[BindPlugin, ...]
     post_bind: tuple[PostBindPlugin, ...]
 
 
-_DEFAULT_RESERVE: tuple[ReservePlugin, ...] = (ResourceManagerReservation(),)
-_DEFAULT_PRE_BIND: tuple[PreBindPlugin, ...] = (PodStillPending(), NodeCheck())
+_VOLUMES = VolumeBinding()
+_DEFAULT_PRE_FILTER: tuple[PreFilterPlugin, ...] = (_VOLUMES,)
+# VolumeBinding after the RM's reservation: its unreserve (undo the claims' selected node) runs
+# before the release, in reverse order.
+_DEFAULT_RESERVE: tuple[ReservePlugin, ...] = (ResourceManagerReservation(), _VOLUMES)
+_DEFAULT_PRE_BIND: tuple[PreBindPlugin, ...] = (PodStillPending(), NodeCheck(), _VOLUMES)
 _DEFAULT_BIND: tuple[BindPlugin, ...] = (DefaultBinder(),)
 _DEFAULT_POST_BIND: tuple[PostBindPlugin, ...] = (ScheduledEvent(), CommitReservation())
 
@@ -115,6 +123,7 @@ def plugin_chain(*, profile: Profile) -> PluginChain:
     """Defaults first, then the ResourceManager's extra plugins; a configured binder replaces the default."""
     extra = profile.plugins
     return PluginChain(
+        pre_filter=_DEFAULT_PRE_FILTER + extra.pre_filter,
         reserve=_DEFAULT_RESERVE + extra.reserve,
         pre_bind=_DEFAULT_PRE_BIND + extra.pre_bind,
         bind=extra.bind if extra.bind is not None else _DEFAULT_BIND,
@@ -133,7 +142,9 @@ async def schedule_one(
     chain = plugin_chain(profile=profile)
     binding = False
     try:
-        failure = await _reserve(ctx, chain)
+        failure = await _pre_filter(ctx, chain)
+        if failure is None:
+            failure = await _reserve(ctx, chain)
         if failure is None:
             failure = await _pre_bind(ctx, chain)
         if failure is None:
@@ -208,6 +219,16 @@ def _as_failure(status: Status, stage: Stage, plugin: str) -> Failure:
         stage=stage,
         plugin=plugin,
     )
+
+
+async def _pre_filter(ctx: CycleContext, chain: PluginChain) -> Failure | None:
+    for plugin in chain.pre_filter:
+        status = await _call(
+            ctx, Stage.PRE_FILTER, plugin.name, functools.partial(plugin.pre_filter, ctx=ctx)
+        )
+        if status.code not in (Code.SUCCESS, Code.SKIP):
+            return _as_failure(status, Stage.PRE_FILTER, plugin.name)
+    return None
 
 
 async def _reserve(ctx: CycleContext, chain: PluginChain) -> Failure | None:

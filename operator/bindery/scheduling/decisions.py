@@ -44,6 +44,7 @@ REASON_SCHEDULER_ERROR = "SchedulerError"
 class Stage(enum.StrEnum):
     """The extension point a failure happened in (for messages and logs)."""
 
+    PRE_FILTER = "PreFilter"
     RESERVE = "Reserve"
     PRE_BIND = "PreBind"
     BIND = "Bind"

@@ -153,7 +153,11 @@ class ResourceManagerReservation:
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
         try:
-            request = reservation_request(pod=ctx.pod, ttl_seconds=ctx.profile.reservation_ttl_seconds)
+            request = reservation_request(
+                pod=ctx.pod,
+                ttl_seconds=ctx.profile.reservation_ttl_seconds,
+                required_node_affinity=ctx.required_node_terms(),
+            )
         except (ValueError, pydantic.ValidationError) as error:
             return Status.failed(
                 Failure(

@@ -1,9 +1,12 @@
 """The scheduler framework's extension points, narrowed to what a binding pipeline needs.
 
 Bindery does not filter or score nodes (the resource manager places pods), so of kube-scheduler's
-framework only the binding-cycle extension points remain: Reserve/Unreserve, PreBind, Bind and
-PostBind.  The built-in steps are the default plugins of these points (see
-:mod:`bindery.scheduling.defaults`); a ResourceManager can add PreBind and PostBind plugins, extra
+framework only PreFilter and the binding-cycle extension points remain: PreFilter, Reserve/Unreserve,
+PreBind, Bind and PostBind. PreFilter runs before anything is reserved: it may find the pod
+unschedulable outright (a missing volume claim), and it may narrow the nodes the RM may pick
+(:meth:`CycleContext.require_nodes`, e.g. to where the pod's volumes are). The built-in steps are
+the default plugins of these points (see :mod:`bindery.scheduling.defaults` and
+:mod:`bindery.scheduling.volumes`); a ResourceManager can add PreBind and PostBind plugins, extra
 Reserve plugins, or replace the Bind plugin, by entry-point name (see
 :mod:`bindery.scheduling.registry`).
 
@@ -11,6 +14,8 @@ The interfaces are deliberately narrow: a plugin receives one :class:`CycleConte
 profile, the reservation, the ports) and returns a :class:`Status`; it never sees the queue and
 cannot touch other pods.  The semantics follow kube-scheduler:
 
+* PreFilter plugins run in order; the first non-success status fails the cycle before any
+  reservation exists (nothing to undo).
 * Reserve plugins run in order; if one fails, *every* Reserve plugin's ``unreserve`` runs in
   reverse order, including those whose ``reserve`` never ran, so ``unreserve`` must be idempotent
   and must cope with nothing to undo.  The same unreserve runs on any later failure.
@@ -27,8 +32,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from bindery.scheduling.nodecheck import NodeCheckMode
 
@@ -36,7 +41,14 @@ if TYPE_CHECKING:
     from bindery.rm.models import Reservation, ReservationRequest
     from bindery.scheduling.decisions import Failure
     from bindery.scheduling.podspec import PodInfo
-    from bindery.scheduling.ports import Binder, ConditionWriter, EventSink, NodeLookup, PodLookup
+    from bindery.scheduling.ports import (
+        Binder,
+        ConditionWriter,
+        EventSink,
+        NodeLookup,
+        PodLookup,
+        VolumeAccess,
+    )
 
 __all__ = [
     "RESERVATION_ANNOTATION",
@@ -47,6 +59,7 @@ __all__ = [
     "Ports",
     "PostBindPlugin",
     "PreBindPlugin",
+    "PreFilterPlugin",
     "Profile",
     "ReservationClient",
     "ReservePlugin",
@@ -133,6 +146,19 @@ class Ports:
     binder: Binder
     events: EventSink
     conditions: ConditionWriter
+    #: Claims, volumes and storage classes (the VolumeBinding plugin); ``None`` where no adapter is
+    #: wired, and then a pod with claims fails with an error rather than binding without volumes.
+    volumes: VolumeAccess | None = None
+
+
+@runtime_checkable
+class PreFilterPlugin(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    async def pre_filter(self, *, ctx: CycleContext) -> Status:
+        """Before reserving: unschedulable outright, or narrow the nodes (`ctx.require_nodes`)."""
+        ...
 
 
 @runtime_checkable
@@ -177,6 +203,7 @@ class PostBindPlugin(Protocol):
 class PluginSet:
     """The plugins a ResourceManager enables *in addition to* the defaults (or, for Bind, instead)."""
 
+    pre_filter: tuple[PreFilterPlugin, ...] = ()
     reserve: tuple[ReservePlugin, ...] = ()
     pre_bind: tuple[PreBindPlugin, ...] = ()
     #: ``None``: the default binder.  Otherwise these replace it (tried in order until one does
@@ -201,6 +228,9 @@ class Profile:
     plugins: PluginSet = PluginSet()
     #: The monotonic clock reservation leases are measured on (see bindery.scheduling.lease).
     clock: Callable[[], float] = time.monotonic
+    #: How long PreBind waits for the pod's volume claims to be bound (kube-scheduler's
+    #: VolumeBinding ``bindTimeoutSeconds``, 600 by default).
+    volume_bind_timeout_seconds: float = 600.0
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -215,6 +245,24 @@ class CycleContext:
     #: Scratch space for plugins to pass data between extension points (like kube-scheduler's
     #: CycleState); key by plugin name to avoid collisions.
     state: dict[str, object] = dataclasses.field(default_factory=dict)
+    #: Node constraints from PreFilter plugins, each a list of nodeSelectorTerms (ORed); all of them
+    #: and the pod's own required node affinity must hold (see `required_node_terms`).
+    node_constraints: list[tuple[Mapping[str, Any], ...]] = dataclasses.field(default_factory=list)
+
+    def require_nodes(self, terms: Sequence[Mapping[str, Any]]) -> None:
+        """Only nodes matching one of `terms` (nodeSelectorTerms) will do; the RM is told so."""
+        self.node_constraints.append(tuple(terms))
+
+    def required_node_terms(self) -> list[dict[str, Any]]:
+        """The pod's required node affinity ANDed with every PreFilter constraint, as nodeSelectorTerms.
+
+        Terms are ORed and requirements within a term ANDed, so ANDing two lists of terms is their
+        cross product with the requirements of each pair merged (empty: no constraint at all).
+        """
+        combined: list[dict[str, Any]] = [dict(term) for term in self.pod.affinity_terms]
+        for terms in self.node_constraints:
+            combined = and_terms(combined, terms)
+        return combined
 
     @property
     def node(self) -> str | None:
@@ -224,3 +272,23 @@ class CycleContext:
     @property
     def scheduler_name(self) -> str:
         return self.pod.scheduler_name
+
+
+def and_terms(left: Sequence[Mapping[str, Any]], right: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Pure: nodeSelectorTerms matching a node iff one of `left` and one of `right` match it.
+
+    An empty list is no constraint, so it is the identity on either side.
+    """
+    if not left:
+        return [dict(term) for term in right]
+    if not right:
+        return [dict(term) for term in left]
+    return [
+        {
+            key: [*(a.get(key) or ()), *(b.get(key) or ())]
+            for key in ("matchExpressions", "matchFields")
+            if a.get(key) or b.get(key)
+        }
+        for a in left
+        for b in right
+    ]

@@ -68,6 +68,9 @@ class PodInfo:
     resource_version: str | None = None
     #: ``metadata.generation`` (bumped by spec changes): PodScheduled's ``observedGeneration``.
     generation: int | None = None
+    #: The PersistentVolumeClaims the pod uses, by name (an ephemeral volume's claim is
+    #: ``<pod>-<volume>``, as the ephemeral-volume controller names it).
+    claims: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -125,7 +128,18 @@ class PodInfo:
             unschedulable_condition=_unschedulable_condition(status),
             resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
             generation=int(metadata["generation"]) if metadata.get("generation") else None,
+            claims=_claims(name=str(metadata.get("name") or ""), volumes=spec.get("volumes") or ()),
         )
+
+
+def _claims(*, name: str, volumes: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    claims: list[str] = []
+    for volume in volumes:
+        if (source := volume.get("persistentVolumeClaim")) and source.get("claimName"):
+            claims.append(str(source["claimName"]))
+        elif volume.get("ephemeral"):
+            claims.append(f"{name}-{volume.get('name')}")
+    return tuple(claims)
 
 
 def _timestamp(value: object) -> datetime:
@@ -157,16 +171,24 @@ def effective_requests(*, spec: Mapping[str, Any]) -> dict[str, Decimal]:
         raise PodSpecError(str(error)) from None
 
 
-def reservation_request(*, pod: PodInfo, ttl_seconds: int) -> ReservationRequest:
+def reservation_request(
+    *,
+    pod: PodInfo,
+    ttl_seconds: int,
+    required_node_affinity: Sequence[Mapping[str, Any]] | None = None,
+) -> ReservationRequest:
     """The RM request that reserves room for ``pod``; the pod UID is the idempotency key.
 
     Using the UID (not namespace/name) means a retry after a lost response gets the same
     reservation back, while a recreated pod of the same name gets a new one.
+    ``required_node_affinity``: the nodeSelectorTerms to send instead of the pod's own (the cycle
+    ANDs PreFilter constraints such as volume topology into them).
     """
+    terms = pod.affinity_terms if required_node_affinity is None else required_node_affinity
     placement = Placement.model_validate(
         {
             "nodeSelector": dict(pod.node_selector),
-            "requiredNodeAffinity": [dict(term) for term in pod.affinity_terms],
+            "requiredNodeAffinity": [dict(term) for term in terms],
             "tolerations": [_contract_toleration(t) for t in pod.tolerations],
         }
     )

@@ -29,6 +29,8 @@ __all__ = [
     "NodeProjection",
     "PodGone",
     "PodLookup",
+    "VolumeAccess",
+    "VolumeError",
 ]
 
 
@@ -127,6 +129,43 @@ class ConditionWriter(Protocol):
     async def pod_scheduled_true(self, *, pod: PodInfo) -> None:
         """Restore ``True`` (as the Binding set it) over a ``False`` written by a failed attempt."""
         ...
+
+
+class VolumeAccess(Protocol):
+    """Claims, volumes and storage classes, for the VolumeBinding plugin (a pod with claims only).
+
+    Unlike the lookups above these read the apiserver: only pods that use PersistentVolumeClaims pay
+    for it, and a claim's binding must be seen as it is now, not as a cache last heard. Objects are
+    in Kubernetes JSON shape; ``None`` means not found. Writers raise :class:`VolumeError`.
+    """
+
+    async def claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+    async def volume(self, name: str) -> Mapping[str, Any] | None: ...
+
+    async def volumes(self) -> list[Mapping[str, Any]]:
+        """Every PersistentVolume (the candidates for an unbound WaitForFirstConsumer claim)."""
+        ...
+
+    async def storage_class(self, name: str) -> Mapping[str, Any] | None: ...
+
+    async def bind_volume(self, *, volume: Mapping[str, Any], claim: Mapping[str, Any]) -> None:
+        """Pre-bind a static PV to the claim (its ``spec.claimRef``), as kube-scheduler does; the
+        PV controller completes the binding. Fails if the PV changed since it was read."""
+        ...
+
+    async def select_node(self, *, claim: Mapping[str, Any], node: str | None) -> None:
+        """Set (``node``) or remove (``None``) the claim's ``volume.kubernetes.io/selected-node``
+        annotation, which tells its provisioner where to create the volume."""
+        ...
+
+
+class VolumeError(Exception):
+    """A claim or volume could not be read or written; ``message`` is a sentence for the pod's event."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class BindError(Exception):

@@ -1,0 +1,421 @@
+"""Volume binding: pods with PersistentVolumeClaims get their volumes on the node the RM picked.
+
+kube-scheduler's VolumeBinding plugin, in Bindery's cycle. Without it a pod whose claim waits for its
+first consumer would be bound to a node where no volume is, or ever will be, and stay in
+ContainerCreating; a pod whose volume exists on another node would be bound where the kubelet cannot
+mount it. The three extension points:
+
+* **PreFilter** — before anything is reserved. A missing claim, a claim being deleted, or an unbound
+  claim whose StorageClass binds immediately (the PV controller binds it, not the scheduler) makes the
+  pod Unschedulable, with kube-scheduler's messages. Then the RM is told where the volumes can be, as
+  required node affinity: a bound claim's volume's node affinity; for an unbound WaitForFirstConsumer
+  claim, the node affinity of the static volumes that could take it, or, if its class provisions,
+  the class's ``allowedTopologies`` (no limit without them). A class that cannot provision
+  (``kubernetes.io/no-provisioner``) with no matching volume left is Unschedulable.
+* **PreBind** — on the node the RM chose: bound volumes are checked against it; each unbound
+  WaitForFirstConsumer claim gets the smallest matching static volume on that node (its
+  ``claimRef``, which the PV controller completes) or, for a provisioning class, the annotation
+  ``volume.kubernetes.io/selected-node`` that tells the provisioner where to create the volume.
+  Then it waits, bounded by the ResourceManager's ``volumeBindTimeoutSeconds`` (kube-scheduler's
+  ``bindTimeoutSeconds``, 600 s by default), until every claim is bound to a volume that can be on
+  that node, renewing the reservation's lease meanwhile. Only then is the Binding sent.
+* **Unreserve** — on any later failure (timeout, a volume on the wrong node, the Binding refused) the
+  selected-node annotations this cycle set are removed from claims still unbound, so the provisioner
+  does not create a volume for a placement that no longer holds; the reservation is then released.
+
+Reads of claims and volumes go to the apiserver (:class:`~bindery.scheduling.ports.VolumeAccess`);
+pods without claims never touch them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+from bindery.constraints import matches_required_affinity
+from bindery.quantity import QuantityError, parse_quantity
+from bindery.scheduling.decisions import Failure, FailureKind, Stage
+from bindery.scheduling.defaults import call_budget
+from bindery.scheduling.framework import CycleContext, Status
+from bindery.scheduling.lease import MIN_CALL_SECONDS
+from bindery.scheduling.ports import NodeProjection, VolumeAccess, VolumeError
+
+__all__ = [
+    "NO_PROVISIONER",
+    "SELECTED_NODE",
+    "ClaimView",
+    "VolumeBinding",
+    "claim_problem",
+    "claim_terms",
+    "matching_volumes",
+    "volume_for_node",
+]
+
+log = logging.getLogger(__name__)
+
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+NO_PROVISIONER = "kubernetes.io/no-provisioner"
+WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
+#: How often PreBind looks at the claims while it waits for them to be bound.
+POLL_SECONDS = 0.5
+_STATE = "VolumeBinding"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClaimView:
+    """One claim of the pod as PreFilter read it: the claim, its volume if bound, its class."""
+
+    name: str
+    claim: Mapping[str, Any] | None
+    volume: Mapping[str, Any] | None = None
+    storage_class: Mapping[str, Any] | None = None
+
+    @property
+    def bound(self) -> bool:
+        return bool(_spec(self.claim).get("volumeName"))
+
+    @property
+    def class_name(self) -> str:
+        return str(_spec(self.claim).get("storageClassName") or "")
+
+    @property
+    def waits_for_first_consumer(self) -> bool:
+        return (self.storage_class or {}).get("volumeBindingMode") == WAIT_FOR_FIRST_CONSUMER
+
+    @property
+    def provisions(self) -> bool:
+        provisioner = (self.storage_class or {}).get("provisioner")
+        return bool(provisioner) and provisioner != NO_PROVISIONER
+
+
+@dataclasses.dataclass(slots=True)
+class _CycleVolumes:
+    """What one cycle learned and did (ctx.state): claims read by PreFilter, annotations set by PreBind."""
+
+    claims: list[ClaimView]
+    candidates: dict[str, list[Mapping[str, Any]]]  # claim name → static volumes that could take it
+    selected: list[Mapping[str, Any]] = dataclasses.field(default_factory=list)  # claims annotated
+
+
+# -- pure decisions ------------------------------------------------------------------------------
+
+
+def _spec(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return (obj or {}).get("spec") or {}
+
+
+def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return (obj or {}).get("metadata") or {}
+
+
+def claim_problem(view: ClaimView) -> str | None:
+    """Pure: why the pod cannot be scheduled at all because of this claim (kube-scheduler's words)."""
+    if view.claim is None:
+        return f'persistentvolumeclaim "{view.name}" not found'
+    if _meta(view.claim).get("deletionTimestamp"):
+        return f'persistentvolumeclaim "{view.name}" is being deleted'
+    if view.bound:
+        if view.volume is None:
+            return f'persistentvolume "{_spec(view.claim).get("volumeName")}" not found'
+        return None
+    if not view.waits_for_first_consumer:
+        return "pod has unbound immediate PersistentVolumeClaims"
+    return None
+
+
+def _volume_terms(volume: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The volume's required node affinity (empty: it can be used on any node)."""
+    required = (_spec(volume).get("nodeAffinity") or {}).get("required") or {}
+    return list(required.get("nodeSelectorTerms") or ())
+
+
+def _requested_storage(claim: Mapping[str, Any]) -> Decimal:
+    requests = (_spec(claim).get("resources") or {}).get("requests") or {}
+    try:
+        return parse_quantity(str(requests.get("storage", "0")))
+    except QuantityError:
+        return Decimal(0)
+
+
+def _capacity(volume: Mapping[str, Any]) -> Decimal:
+    try:
+        return parse_quantity(str((_spec(volume).get("capacity") or {}).get("storage", "0")))
+    except QuantityError:
+        return Decimal(0)
+
+
+def _selector_matches(claim: Mapping[str, Any], volume: Mapping[str, Any]) -> bool:
+    selector = _spec(claim).get("selector") or {}
+    labels = _meta(volume).get("labels") or {}
+    if selector.get("matchExpressions"):
+        return False  # not supported here: such a claim matches no static volume
+    return all(labels.get(key) == value for key, value in (selector.get("matchLabels") or {}).items())
+
+
+def matching_volumes(
+    *, claim: Mapping[str, Any], volumes: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """Pure: the static volumes that could take this unbound claim, smallest first.
+
+    Available (or already pre-bound to this claim), same class, enough capacity, every access mode
+    the claim asks for, the same volume mode, and the claim's label selector (matchLabels).
+    """
+    meta = _meta(claim)
+    spec = _spec(claim)
+    wanted_modes = set(spec.get("accessModes") or ())
+    wanted_mode = spec.get("volumeMode") or "Filesystem"
+    size = _requested_storage(claim)
+    found = []
+    for volume in volumes:
+        vspec = _spec(volume)
+        ref = vspec.get("claimRef")
+        if ref and not (
+            ref.get("namespace") == meta.get("namespace") and ref.get("name") == meta.get("name")
+        ):
+            continue
+        if ((volume.get("status") or {}).get("phase") or "Available") not in ("Available", "Pending"):
+            continue
+        if _meta(volume).get("deletionTimestamp"):
+            continue
+        if (vspec.get("storageClassName") or "") != (spec.get("storageClassName") or ""):
+            continue
+        if (vspec.get("volumeMode") or "Filesystem") != wanted_mode:
+            continue
+        if not wanted_modes <= set(vspec.get("accessModes") or ()):
+            continue
+        if _capacity(volume) < size or not _selector_matches(claim, volume):
+            continue
+        found.append(volume)
+    return sorted(found, key=lambda v: (_capacity(v), str(_meta(v).get("name"))))
+
+
+def _topology_terms(storage_class: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A class's ``allowedTopologies`` as nodeSelectorTerms (empty: provisions anywhere)."""
+    terms: list[Mapping[str, Any]] = []
+    for topology in storage_class.get("allowedTopologies") or ():
+        expressions = [
+            {"key": item.get("key"), "operator": "In", "values": list(item.get("values") or ())}
+            for item in topology.get("matchLabelExpressions") or ()
+        ]
+        if expressions:
+            terms.append({"matchExpressions": expressions})
+    return terms
+
+
+def claim_terms(view: ClaimView, candidates: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
+    """Pure: the nodeSelectorTerms this claim limits the pod to; ``None``: no limit; ``[]``: no node.
+
+    Bound: its volume's node affinity. Unbound (WaitForFirstConsumer): a node where one of the
+    candidate static volumes can be used, or, if the class provisions, where it may provision.
+    """
+    if view.bound:
+        return _volume_terms(view.volume or {}) or None
+    options: list[Mapping[str, Any]] = []
+    for volume in candidates:
+        terms = _volume_terms(volume)
+        if not terms:
+            return None  # a volume usable anywhere
+        options.extend(terms)
+    if view.provisions:
+        topology = _topology_terms(view.storage_class or {})
+        if not topology:
+            return None
+        options.extend(topology)
+    return options
+
+
+def _usable_on(volume: Mapping[str, Any], node: NodeProjection) -> bool:
+    return matches_required_affinity(terms=_volume_terms(volume), labels=node.labels, node_name=node.name)
+
+
+def volume_for_node(
+    *, candidates: Sequence[Mapping[str, Any]], node: NodeProjection, taken: set[str]
+) -> Mapping[str, Any] | None:
+    """Pure: the smallest candidate usable on `node` that no other claim of the pod took."""
+    for volume in candidates:
+        if str(_meta(volume).get("name")) not in taken and _usable_on(volume, node):
+            return volume
+    return None
+
+
+# -- the plugin ----------------------------------------------------------------------------------
+
+
+class VolumeBinding:
+    """PreFilter, Reserve (unreserve only) and PreBind for pods with PersistentVolumeClaims."""
+
+    name = "VolumeBinding"
+
+    async def pre_filter(self, *, ctx: CycleContext) -> Status:
+        if not ctx.pod.claims:
+            return Status.skip()
+        access = ctx.ports.volumes
+        if access is None:
+            return Status.error("the pod uses PersistentVolumeClaims, but no volume adapter is configured")
+        try:
+            claims = [await _read_claim(access, ctx.pod.namespace, name) for name in ctx.pod.claims]
+        except VolumeError as error:
+            return Status.error(error.message)
+        for view in claims:
+            if (problem := claim_problem(view)) is not None:
+                return Status.unschedulable(problem)
+        unbound = [view for view in claims if not view.bound]
+        try:
+            volumes = await access.volumes() if unbound else []
+        except VolumeError as error:
+            return Status.error(error.message)
+        candidates = {
+            view.name: matching_volumes(claim=view.claim or {}, volumes=volumes) for view in unbound
+        }
+        for view in claims:
+            terms = claim_terms(view, candidates.get(view.name, ()))
+            if terms is not None and not terms:
+                return Status.unschedulable(
+                    f'no persistent volume is available for claim "{view.name}" of class '
+                    f'"{view.class_name}", and the class does not provision volumes'
+                )
+            if terms is not None:
+                ctx.require_nodes(terms)
+        ctx.state[_STATE] = _CycleVolumes(claims=claims, candidates=candidates)
+        return Status.success()
+
+    async def reserve(self, *, ctx: CycleContext) -> Status:
+        return Status.success()
+
+    async def unreserve(self, *, ctx: CycleContext) -> None:
+        state = ctx.state.get(_STATE)
+        if not isinstance(state, _CycleVolumes) or ctx.ports.volumes is None:
+            return
+        while state.selected:
+            claim = state.selected.pop()
+            name = _meta(claim).get("name")
+            try:
+                current = await ctx.ports.volumes.claim(namespace=ctx.pod.namespace, name=str(name))
+                if current is not None and not _spec(current).get("volumeName"):
+                    await ctx.ports.volumes.select_node(claim=current, node=None)
+            except VolumeError as error:
+                log.warning(
+                    "could not remove the selected node from claim %s/%s: %s", ctx.pod.namespace, name, error
+                )
+
+    async def pre_bind(self, *, ctx: CycleContext) -> Status:
+        state = ctx.state.get(_STATE)
+        access = ctx.ports.volumes
+        if not isinstance(state, _CycleVolumes) or access is None:
+            return Status.skip()  # no claims
+        node_name = ctx.node
+        node = ctx.ports.nodes.get(node_name) if node_name else None
+        if node is None:
+            return Status.error(f"the chosen node {node_name!r} is not known")
+        try:
+            if (failure := await self._prepare(ctx, state, access, node)) is not None:
+                return Status.failed(failure)
+            return await self._wait_bound(ctx, state, access, node)
+        except VolumeError as error:
+            return Status.failed(self._failure(FailureKind.PLUGIN_ERROR, f"binding volumes: {error.message}"))
+
+    async def _prepare(
+        self, ctx: CycleContext, state: _CycleVolumes, access: VolumeAccess, node: NodeProjection
+    ) -> Failure | None:
+        """Check bound volumes against the node; give each unbound claim a volume or a selected node."""
+        taken: set[str] = set()
+        for view in state.claims:
+            if view.bound:
+                if view.volume is not None and not _usable_on(view.volume, node):
+                    return self._failure(
+                        FailureKind.NODE_CHECK,
+                        f'resource manager "{ctx.profile.name}" chose node "{node.name}", but volume '
+                        f'"{_meta(view.volume).get("name")}" of claim "{view.name}" cannot be used there '
+                        "(volume node affinity conflict)",
+                    )
+                continue
+            volume = volume_for_node(candidates=state.candidates.get(view.name, ()), node=node, taken=taken)
+            if volume is not None:
+                taken.add(str(_meta(volume).get("name")))
+                await access.bind_volume(volume=volume, claim=view.claim or {})
+                log.info(
+                    "pod %s: pre-bound volume %s to claim %s",
+                    ctx.pod.key,
+                    _meta(volume).get("name"),
+                    view.name,
+                )
+            elif view.provisions:
+                await access.select_node(claim=view.claim or {}, node=node.name)
+                state.selected.append(view.claim or {})
+                log.info("pod %s: claim %s to be provisioned on node %s", ctx.pod.key, view.name, node.name)
+            else:
+                return self._failure(
+                    FailureKind.PLUGIN_UNSCHEDULABLE,
+                    f'no persistent volume for claim "{view.name}" can be used on node "{node.name}"',
+                )
+        return None
+
+    async def _wait_bound(
+        self, ctx: CycleContext, state: _CycleVolumes, access: VolumeAccess, node: NodeProjection
+    ) -> Status:
+        """Until every claim is bound to a volume usable on the node, the timeout, or the lease's end."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ctx.profile.volume_bind_timeout_seconds
+        waiting = [view.name for view in state.claims]
+        while True:
+            still: list[str] = []
+            for name in waiting:
+                claim = await access.claim(namespace=ctx.pod.namespace, name=name)
+                if claim is None:
+                    return Status.failed(
+                        self._failure(FailureKind.PLUGIN_ERROR, f'persistentvolumeclaim "{name}" was deleted')
+                    )
+                volume_name = _spec(claim).get("volumeName")
+                if not volume_name or (claim.get("status") or {}).get("phase") != "Bound":
+                    still.append(name)
+                    continue
+                volume = await access.volume(str(volume_name))
+                if volume is None or not _usable_on(volume, node):
+                    return Status.failed(
+                        self._failure(
+                            FailureKind.PLUGIN_ERROR,
+                            f'claim "{name}" was bound to volume "{volume_name}", which cannot be used on '
+                            f'node "{node.name}"',
+                        )
+                    )
+            if not still:
+                return Status.success()
+            waiting = still
+            left = deadline - loop.time()
+            if left <= 0:
+                return Status.failed(
+                    self._failure(
+                        FailureKind.PLUGIN_ERROR,
+                        f"binding volumes: timed out after {ctx.profile.volume_bind_timeout_seconds:g} s "
+                        f"waiting for claim(s) {', '.join(sorted(still))} to be bound on node "
+                        f'"{node.name}" (is their provisioner running?)',
+                    )
+                )
+            # Keeps the reservation alive while the provisioner works (renews when it runs low).
+            if await call_budget(ctx, cap=POLL_SECONDS, needed=MIN_CALL_SECONDS) is None:
+                return Status.failed(
+                    self._failure(
+                        FailureKind.LEASE_EXPIRED,
+                        "binding volumes: the reservation's lease ran out and could not be renewed while "
+                        f"waiting for claim(s) {', '.join(sorted(still))}",
+                    )
+                )
+            await asyncio.sleep(min(POLL_SECONDS, left))
+
+    def _failure(self, kind: FailureKind, message: str) -> Failure:
+        return Failure(kind=kind, message=message, stage=Stage.PRE_BIND, plugin=self.name)
+
+
+async def _read_claim(access: VolumeAccess, namespace: str, name: str) -> ClaimView:
+    claim = await access.claim(namespace=namespace, name=name)
+    if claim is None:
+        return ClaimView(name=name, claim=None)
+    volume_name = _spec(claim).get("volumeName")
+    volume = await access.volume(str(volume_name)) if volume_name else None
+    class_name = _spec(claim).get("storageClassName")
+    storage_class = await access.storage_class(str(class_name)) if class_name else None
+    return ClaimView(name=name, claim=claim, volume=volume, storage_class=storage_class)
