@@ -122,9 +122,10 @@ async def bindery_on(
     pool: str,
     directory: pathlib.Path,
     operator_args: Sequence[str] = (),
+    **spec: Any,
 ) -> AsyncIterator[Bindery]:
     """The reference RM mirroring the pool, the operator (`bindery run` with `operator_args`) and a
-    ResourceManager serving a scheduler name of its own.
+    ResourceManager serving a scheduler name of its own (extra `spec` fields go into its spec).
 
     The RM's token Secret lives in a namespace of its own (as in the chart's install): the test
     deletes the workload namespace and the operator must still reach the RM to release.
@@ -137,7 +138,7 @@ async def bindery_on(
         RMProcess(kubeconfig=cluster.kubeconfig, directory=directory, node_selector=f"{POOL}={pool}") as rm,
         operator_process(kubeconfig=operator_kubeconfig, directory=directory, args=operator_args) as operator,
     ):
-        await serve_with(api, rm=rm, name=rm_name, scheduler_names=[scheduler], namespace=system)
+        await serve_with(api, rm=rm, name=rm_name, scheduler_names=[scheduler], namespace=system, **spec)
         try:
             yield Bindery(rm=rm, scheduler=scheduler, rm_name=rm_name, operator=operator)
         finally:
