@@ -17,7 +17,9 @@ Fault kinds (`KINDS`):
   instead of the answer: the client cannot tell it from ``drop``, which is the hard case.
 
 The first faults cycle through every kind once (in a seeded order), so even a short run injects
-each kind; after that kinds are drawn at random.
+each kind; after that kinds are drawn at random. A test about one fault narrows `kinds` to it,
+`applies` to the requests it concerns (the others are forwarded untouched and draw nothing), and
+`delay` to a range that is sure to cross its client's deadline.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import contextlib
 import random
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -43,14 +45,29 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"
 class RMFaultProxy:
     """What the test sees and steers: `rate` (0 stops faults), counts by kind, requests seen."""
 
-    def __init__(self, *, upstream: str, seed: int, rate: float = 0.3) -> None:
+    def __init__(
+        self,
+        *,
+        upstream: str,
+        seed: int,
+        rate: float = 0.3,
+        kinds: Sequence[str] = KINDS,
+        delay: tuple[float, float] = (0.2, 2.5),
+        applies: Callable[[str, str], bool] | None = None,
+    ) -> None:
+        if not kinds or set(kinds) - set(KINDS):
+            raise ValueError(f"fault kinds must be some of {KINDS}, not {list(kinds)}")
         self.upstream = upstream.rstrip("/")
         self.rate = rate
         self.url = ""
         self.requests = 0
         self.faults: collections.Counter[str] = collections.Counter()
+        self.delay = delay
+        #: (method, path) → whether the request may draw a fault; None: every request may
+        self.applies = applies
+        self._kinds = tuple(kinds)
         self._rng = random.Random(seed)
-        self._order = list(KINDS)
+        self._order = list(self._kinds)
         self._rng.shuffle(self._order)
 
     @property
@@ -61,7 +78,7 @@ class RMFaultProxy:
         if self.rate <= 0 or self._rng.random() >= self.rate:
             return None
         done = self.injected
-        kind = self._order[done] if done < len(self._order) else self._rng.choice(KINDS)
+        kind = self._order[done] if done < len(self._order) else self._rng.choice(self._kinds)
         self.faults[kind] += 1
         return kind
 
@@ -78,9 +95,17 @@ def _cut(request: web.Request, *, reset: bool) -> None:
 
 
 @contextlib.asynccontextmanager
-async def rm_fault_proxy(*, upstream: str, seed: int, rate: float = 0.3) -> AsyncIterator[RMFaultProxy]:
+async def rm_fault_proxy(
+    *,
+    upstream: str,
+    seed: int,
+    rate: float = 0.3,
+    kinds: Sequence[str] = KINDS,
+    delay: tuple[float, float] = (0.2, 2.5),
+    applies: Callable[[str, str], bool] | None = None,
+) -> AsyncIterator[RMFaultProxy]:
     """Serve an `RMFaultProxy` to `upstream` on a loopback port for the block."""
-    proxy = RMFaultProxy(upstream=upstream, seed=seed, rate=rate)
+    proxy = RMFaultProxy(upstream=upstream, seed=seed, rate=rate, kinds=kinds, delay=delay, applies=applies)
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), auto_decompress=False)
 
     async def forward(request: web.Request) -> tuple[int, dict[str, str], bytes]:
@@ -95,7 +120,8 @@ async def rm_fault_proxy(*, upstream: str, seed: int, rate: float = 0.3) -> Asyn
 
     async def handle(request: web.Request) -> web.StreamResponse:
         proxy.requests += 1
-        kind = proxy._draw()
+        faulty = proxy.applies is None or proxy.applies(request.method, request.path)
+        kind = proxy._draw() if faulty else None
         if kind in ("drop", "reset"):
             _cut(request, reset=kind == "reset")
             return web.Response(status=499)  # never reaches the client: the connection is gone
@@ -108,7 +134,7 @@ async def rm_fault_proxy(*, upstream: str, seed: int, rate: float = 0.3) -> Asyn
         if kind == "garbage":
             return web.Response(body=b"\x00{not json", status=200, content_type="application/json")
         if kind == "delay":
-            await asyncio.sleep(proxy._rng.uniform(0.2, 2.5))
+            await asyncio.sleep(proxy._rng.uniform(*proxy.delay))
         try:
             status, headers, payload = await forward(request)
         except (aiohttp.ClientError, TimeoutError):

@@ -71,6 +71,9 @@ class ApiProxy:
     held: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     #: (fault or "", the apiserver's status or None if not forwarded) per Binding POST, when known
     bindings: list[tuple[str, int | None]] = dataclasses.field(default_factory=list)
+    #: (status, body) of every Binding answer the apiserver gave, delivered to the operator or not:
+    #: the apiserver's own words, for tests that must not rely on a hand-written copy of them
+    binding_answers: list[tuple[int, str]] = dataclasses.field(default_factory=list)
     blind_pod_lists: bool = False
     #: pod watch streams cut (an event not delivered) while `blind_pod_lists` was set
     cut_pod_streams: int = 0
@@ -110,7 +113,8 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
         async with session.post(
             plane.server + request.path_qs, headers=headers, data=body or None
         ) as upstream:
-            await upstream.read()
+            payload = await upstream.read()
+            proxy.binding_answers.append((upstream.status, payload.decode(errors="replace")))
             proxy.bindings.append((fault, upstream.status))
 
     async def later(request: web.Request, body: bytes, fault: str, delay: float | None) -> None:
@@ -162,20 +166,26 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
         async with session.request(
             request.method, plane.server + request.path_qs, headers=headers, data=body or None
         ) as upstream:
-            if request.method == "POST" and _BINDING.match(request.path):
+            binding = request.method == "POST" and _BINDING.match(request.path) is not None
+            if binding:
                 proxy.bindings.append(("", upstream.status))
             response = web.StreamResponse(
                 status=upstream.status,
                 headers={k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP},
             )
             await response.prepare(request)
+            answer = bytearray()
             async for chunk in upstream.content.iter_any():
                 if pod_list and proxy.blind_pod_lists:
                     proxy.cut_pod_streams += 1
                     assert request.transport is not None
                     request.transport.abort()
                     raise asyncio.CancelledError
+                if binding:
+                    answer += chunk
                 await response.write(chunk)
+            if binding:
+                proxy.binding_answers.append((upstream.status, answer.decode(errors="replace")))
             await response.write_eof()
             return response
 

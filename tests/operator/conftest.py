@@ -22,11 +22,14 @@ from kubernetes_asyncio import client
 
 from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
+from bindery.controller.metrics import RESULTS
 from bindery.controller.options import OperatorOptions
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
+from bindery.rm.models import Reservation
 from tests.conftest import OPERATOR_USER, api_client_for
 from tests.operator.fakerm import FakeRM, serve_fake_rm
+from tests.realrm import RMProcess, settled_invariants
 
 
 @pytest.fixture(scope="session")
@@ -131,6 +134,120 @@ async def stage(
         scheduler=uniq("sched"),
         rm_name=uniq("rm"),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class RealStage:
+    """`Stage` with the reference RM as its own process (tests/realrm.py) instead of the fake.
+
+    Why: a check that nothing leaked only means something when the RM really stores reservations,
+    and capacity is what the RM derives from the Node and the pods bound there (`--mirror-nodes`),
+    not a counter the test sets. The node is in a pool of its own (a label), so the RM sees no other
+    test's node. Faults come from a proxy in front of the RM (`served(endpoint=proxy.url)`), never
+    from the RM itself.
+    """
+
+    api: client.ApiClient
+    namespace: str
+    rm: RMProcess
+    node: str
+    scheduler: str
+    rm_name: str
+    secret: str
+
+    def served(
+        self, *, endpoint: str | None = None, **spec: Any
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        return resource_manager(
+            self.api,
+            name=self.rm_name,
+            scheduler_names=[self.scheduler],
+            endpoint=endpoint or self.rm.url,
+            auth={"tokenSecretRef": {"namespace": self.namespace, "name": self.secret}},
+            **spec,
+        )
+
+    async def create(self, name: str, **fields: Any) -> dict[str, Any]:
+        body = pod_body(name=name, scheduler_name=self.scheduler, **fields)
+        return await create_pod(self.api, namespace=self.namespace, body=body)
+
+    async def node_of(self, name: str) -> str | None:
+        return await node_of(self.api, namespace=self.namespace, name=name)
+
+    async def reservations_of(self, uid: str) -> list[Reservation]:
+        """Every reservation the RM has for the pod, released and expired ones included."""
+        return [r for r in await self.rm.reservations(active=False) if r.pod_uid == uid]
+
+    async def states_are(self, uid: str, *states: str) -> bool:
+        """The pod's reservations at the RM are in exactly these states (one per reservation)."""
+        return [r.state.value for r in await self.reservations_of(uid)] == list(states)
+
+    async def active(self) -> list[Reservation]:
+        """The reserved and committed reservations of this stage's scheduler name."""
+        return [r for r in await self.rm.reservations() if r.scheduler_name == self.scheduler]
+
+    async def settled(self, *, within: float = 60.0) -> None:
+        """tests/realrm.py's invariants hold for this namespace: no leak, nothing unreserved."""
+        await settled_invariants(
+            api=self.api,
+            rm=self.rm,
+            namespace=self.namespace,
+            scheduler_names=[self.scheduler],
+            within=within,
+        )
+
+
+@contextlib.asynccontextmanager
+async def real_stage_of(
+    *,
+    controlplane: ControlPlane,
+    api: client.ApiClient,
+    namespace: str,
+    directory: pathlib.Path,
+    capacity: Mapping[str, str] | None = None,
+) -> AsyncIterator[RealStage]:
+    """A node of its own pool, the reference RM mirroring it, and the RM's token as a Secret."""
+    token = uuid.uuid4().hex[:8]
+    node = f"real-{token}"
+    await create_node(
+        api,
+        name=node,
+        capacity=dict(capacity or {"cpu": "4", "memory": "8Gi", "pods": "20"}),
+        labels={"bindery.dev/test-pool": token},
+    )
+    try:
+        async with RMProcess(
+            kubeconfig=controlplane.kubeconfig,
+            directory=directory,
+            node_selector=f"bindery.dev/test-pool={token}",
+        ) as rm:
+            secret = f"rm-token-{token}"
+            await client.CoreV1Api(api).create_namespaced_secret(
+                namespace=namespace, body={"metadata": {"name": secret}, "stringData": {"token": rm.token}}
+            )
+            yield RealStage(
+                api=api,
+                namespace=namespace,
+                rm=rm,
+                node=node,
+                scheduler=f"sched-{token}",
+                rm_name=f"rm-{token}",
+                secret=secret,
+            )
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await client.CoreV1Api(api).delete_node(name=node)
+
+
+@pytest.fixture
+async def real_stage(
+    controlplane: ControlPlane, kube_api: client.ApiClient, crd: None, namespace: str, tmp_path: pathlib.Path
+) -> AsyncIterator[RealStage]:
+    """`real_stage_of` with a 4-CPU node (tests that need another capacity call it themselves)."""
+    async with real_stage_of(
+        controlplane=controlplane, api=kube_api, namespace=namespace, directory=tmp_path / "rm"
+    ) as staged:
+        yield staged
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -274,6 +391,22 @@ async def eventually(
             return last
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {within:g}s waiting for {what or check}; last value: {last!r}")
+
+
+def attempts(operator: EmbeddedOperator, *, resource_manager: str) -> int:
+    """Binding cycles the operator has finished for `resource_manager`, whatever their result.
+
+    A cycle is counted after everything it does (releases included), so a count that moved is the
+    positive signal that a cycle had its chance to do something a test then asserts it did not do.
+    """
+    registry = operator.runtime.metrics.registry
+    found = (
+        registry.get_sample_value(
+            "bindery_schedule_attempts_total", {"resource_manager": resource_manager, "result": result}
+        )
+        for result in RESULTS.values()
+    )
+    return int(sum(value or 0.0 for value in found))
 
 
 async def events_of(api: client.ApiClient, *, namespace: str, pod_name: str) -> list[dict[str, Any]]:

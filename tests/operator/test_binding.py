@@ -1,12 +1,12 @@
-"""The binding pipeline end to end: real apiserver, real HTTP resource manager, operator in-process."""
+"""The binding pipeline end to end: real apiserver, the reference RM as its own process, operator
+in-process."""
 
 from __future__ import annotations
 
 import pytest
 from kubernetes_asyncio import client
 
-from tests.operator.conftest import Bindery, Stage, condition, events_of, eventually, read_pod, states_are
-from tests.operator.fakerm import FakeRM
+from tests.operator.conftest import Bindery, RealStage, condition, events_of, eventually, read_pod
 
 pytestmark = pytest.mark.controlplane
 
@@ -16,20 +16,19 @@ async def test_happy_path_binds_to_the_rm_node_with_one_event_and_a_commit(
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
-    fake_rm: FakeRM,
-    stage: Stage,
+    real_stage: RealStage,
 ) -> None:
+    stage = real_stage
     node, scheduler = stage.node, stage.scheduler
     async with stage.served():
         created = await stage.create("p")
-        assert await eventually(lambda: stage.node_of("p"), what="the pod to be bound") == node
-        await eventually(
-            lambda: states_are(fake_rm, created["metadata"]["uid"], "committed"), what="the commit"
-        )
+        assert await eventually(lambda: stage.node_of("p"), within=30, what="the pod to be bound") == node
+        await eventually(lambda: stage.states_are(created["metadata"]["uid"], "committed"), what="the commit")
 
         pod = await read_pod(kube_api, namespace=namespace, name="p")
-        (reservation,) = fake_rm.for_pod(pod["metadata"]["uid"])
-        assert pod["metadata"].get("annotations") == {"bindery.dev/reservation-id": reservation["id"]}
+        (reservation,) = await stage.reservations_of(pod["metadata"]["uid"])
+        assert (reservation.node, reservation.name) == (node, "p")
+        assert pod["metadata"].get("annotations") == {"bindery.dev/reservation-id": reservation.id}
         assert not pod["metadata"].get("finalizers")
         scheduled = condition(pod)
         assert scheduled is not None
@@ -50,3 +49,4 @@ async def test_happy_path_binds_to_the_rm_node_with_one_event_and_a_commit(
         # the version the operator saw when it bound: the pod as created (binding changes it later)
         assert event["regarding"]["resourceVersion"] == created["metadata"]["resourceVersion"]
         assert "." in event["eventTime"]  # MicroTime
+        await stage.settled()

@@ -3,12 +3,15 @@ PodScheduled carries observedGeneration, as kube-scheduler 1.36 writes it.
 
 The 409 is the real apiserver's own: another scheduler binds the pod to the very node the RM chose
 while the operator's first Binding hangs in the apiserver proxy (tests/operator/apiproxy.py), so
-the operator's retry meets `pod p is already assigned to node "n"`. The reference RM runs as its
-own process (see tests/operator/test_lease_renewal.py for the world these tests share).
+the operator's retry meets `pod p is already assigned to node "n"`; or the operator's own first
+Binding lands and loses its answer, and the retry meets the same words about our own write. The
+reference RM runs as its own process (see tests/operator/test_lease_renewal.py for the world these
+tests share).
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +21,7 @@ from kubernetes_asyncio import client
 
 from bindery.devcluster.nodes import create_node
 from bindery.kube import KubeBinder
+from bindery.kube.binder import assigned_node
 from bindery.kube.conditions import KubeConditionWriter
 from bindery.rm.models import ReservationState
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
@@ -72,6 +76,46 @@ async def test_a_pod_bound_to_our_node_by_someone_else_is_not_taken_as_ours(
     reasons = [e["reason"] for e in await events_of(world.api, namespace=world.namespace, pod_name="p")]
     assert "Scheduled" not in reasons  # the cycle ended (it released) without claiming the bind
     assert "FailedScheduling" not in reasons  # nor reporting a failure: the pod is bound
+
+
+async def test_a_retry_that_meets_our_own_landed_binding_succeeds_on_the_apiservers_own_409(
+    world: World,  # noqa: F811
+) -> None:
+    """The first Binding lands but its answer is lost (the proxy applies it, then cuts the
+    connection); the binder's retry gets the apiserver's own `409 ... is already assigned to node`,
+    `assigned_node` finds our node in it, the pod there carries our reservation and UID: success, so
+    the cycle itself commits and reports `Scheduled`, and nothing reports a failure.
+
+    Only the first attempt is swallowed, so it is the cycle's 409 path that settles the pod, not the
+    unconfirmed-Binding tracker of tests/operator/test_unconfirmed_bind.py. Were the apiserver's
+    words not what `assigned_node` parses, the cycle would take the 409 as someone else's bind and
+    release the reservation under the bound pod: no `Scheduled` event, and the invariants would
+    report a bound pod without a reservation.
+    """
+    world.api_proxy.binding_faults = ["swallow"]
+    async with world.served(ttl=60, backoff={"initialSeconds": 0.5, "maxSeconds": 1}):
+        uid = await world.create("p")
+        pod = await eventually(lambda: world.bound("p"), within=60, what="the pod bound")
+        rid = (pod["metadata"].get("annotations") or {}).get(RESERVATION_ANNOTATION)
+        await eventually(
+            lambda: _states(world, uid, ReservationState.COMMITTED), within=30, what="the commit"
+        )
+        await eventually(
+            lambda: _reasons(world, "p", "Scheduled"), within=30, what="the cycle's Scheduled event"
+        )
+        await world.settled()
+    # Our Binding, applied unanswered; then our retry, refused by the apiserver naming our node.
+    assert world.api_proxy.bindings == [("swallow", 201), ("", 409)]
+    (landed, _), (refused, answer) = world.api_proxy.binding_answers
+    assert (landed, refused) == (201, 409)
+    status = json.loads(answer)
+    assert (status["kind"], status["reason"], status["code"]) == ("Status", "Conflict", 409)
+    assert assigned_node(status["message"]) == world.node, status["message"]
+    (reservation,) = await world.reservations_of(uid)
+    assert reservation.id == rid
+    assert pod["metadata"]["uid"] == uid
+    reasons = [e["reason"] for e in await events_of(world.api, namespace=world.namespace, pod_name="p")]
+    assert reasons == ["Scheduled"]  # the retry's success reported once; no unanswered-Binding report
 
 
 async def test_the_binder_names_who_holds_the_pod_after_the_apiservers_409(
@@ -162,6 +206,11 @@ async def _unschedulable(api: client.ApiClient, namespace: str) -> dict[str, Any
 
 async def _has(items: list[tuple[str, int | None]], item: tuple[str, int | None]) -> bool:
     return item in items
+
+
+async def _reasons(served: World, name: str, reason: str) -> bool:
+    events = await events_of(served.api, namespace=served.namespace, pod_name=name)
+    return any(e["reason"] == reason for e in events)
 
 
 async def _states(served: World, uid: str, *states: ReservationState) -> bool:

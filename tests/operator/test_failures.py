@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
+import json
+import pathlib
 from collections.abc import Callable
 from typing import Any
 
@@ -10,8 +11,13 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.devcluster.nodes import create_node
+from bindery.devcluster.plane import ControlPlane
+from bindery.kube.binder import assigned_node
+from bindery.rm.models import ReservationState
+from tests.operator.apiproxy import ApiProxy
 from tests.operator.conftest import (
     Bindery,
+    RealStage,
     Stage,
     bind_pod,
     closed_port_url,
@@ -20,8 +26,11 @@ from tests.operator.conftest import (
     eventually,
     now,
     read_pod,
+    real_stage_of,
 )
 from tests.operator.fakerm import FakeRM
+from tests.operator.test_unconfirmed_bind import proxied  # noqa: F401 (the fixture)
+from tests.rmproxy import rm_fault_proxy
 
 pytestmark = pytest.mark.controlplane
 
@@ -62,27 +71,87 @@ async def test_unschedulable_reports_retries_and_binds_when_capacity_frees(
         assert [e["reason"] for e in events].count("Scheduled") == 1
 
 
-@pytest.mark.parametrize("fault", ["down", "500", "malformed", "slow"])
+def _reserves_only(method: str, path: str) -> bool:
+    """The requests the fault proxy breaks: reserve calls; probes, commits and releases go through."""
+    return (method, path) == ("POST", "/v1/reservations")
+
+
+@pytest.mark.parametrize("fault", ["drop", "error500", "garbage", "delay", "lost_answer"])
 async def test_rm_faults_are_scheduler_errors_without_leaks(
     *,
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
-    fake_rm: FakeRM,
-    stage: Stage,
+    real_stage: RealStage,
     fault: str,
 ) -> None:
-    fake_rm.mode = "ok" if fault == "down" else fault
-    fake_rm.slow_seconds = 3.0
-    endpoint = closed_port_url() if fault == "down" else fake_rm.url
-    async with stage.served(endpoint=endpoint, timeouts={"connectSeconds": 0.5, "readSeconds": 0.5}):
+    """Every reserve breaks between the operator and the reference RM (tests/rmproxy.py): the RM is
+    unreachable (`drop`), fails (`error500`), answers garbage, answers after the client's deadline
+    (`delay`: the reservation is made all the same) or makes the reservation and the answer is lost
+    (`lost_answer`). The pod is reported and stays pending; once the faults stop it binds, and the
+    RM holds exactly its one committed reservation: the one the operator never heard of was taken
+    back by its next reserve (same idempotency key), not left to hold capacity.
+    """
+    stage = real_stage
+    async with (
+        rm_fault_proxy(
+            upstream=stage.rm.url,
+            seed=1,
+            rate=1.0,
+            kinds=[fault],
+            delay=(1.0, 1.5),  # past the 0.5 s read timeout, every time
+            applies=_reserves_only,
+        ) as proxy,
+        stage.served(
+            endpoint=proxy.url,
+            timeouts={"connectSeconds": 0.5, "readSeconds": 0.5},
+            backoff={"initialSeconds": 0.2, "maxSeconds": 0.5},
+        ),
+    ):
+        created = await stage.create("p")
+        uid = created["metadata"]["uid"]
+        cond = await eventually(
+            lambda: _failed(kube_api, namespace, "p", "SchedulerError"), within=40, what="SchedulerError"
+        )
+        assert cond["message"]
+        assert await stage.node_of("p") is None
+        assert set(proxy.faults) == {fault}
+        proxy.rate = 0  # the RM is reachable again
+        assert await eventually(lambda: stage.node_of("p"), within=30, what="the bind") == stage.node
+        await stage.settled()
+        held = [(r.pod_uid, r.state) for r in await stage.active()]
+        assert held == [(uid, ReservationState.COMMITTED)]
+        # ... and it is the only one the RM ever made for the pod: a reservation made while its answer
+        # was lost or late was taken back by the next reserve, not left for a later release.
+        assert len(await stage.reservations_of(uid)) == 1
+
+
+async def test_an_rm_that_is_down_is_a_scheduler_error_until_it_is_back(
+    *, kube_api: client.ApiClient, namespace: str, bindery: Bindery, real_stage: RealStage
+) -> None:
+    """Nothing listens at the endpoint: reported, pending; pointed at the running RM, it binds."""
+    stage = real_stage
+    async with stage.served(
+        endpoint=closed_port_url(),
+        timeouts={"connectSeconds": 0.5, "readSeconds": 0.5},
+        backoff={"initialSeconds": 0.2, "maxSeconds": 0.5},
+    ):
         await stage.create("p")
         cond = await eventually(
             lambda: _failed(kube_api, namespace, "p", "SchedulerError"), within=40, what="SchedulerError"
         )
         assert cond["message"]
         assert await stage.node_of("p") is None
-        assert fake_rm.active() == []
+        await client.CustomObjectsApi(kube_api).patch_cluster_custom_object(
+            group="bindery.dev",
+            version="v1alpha1",
+            plural="resourcemanagers",
+            name=stage.rm_name,
+            body={"spec": {"endpoint": stage.rm.url}},
+            _content_type="application/merge-patch+json",
+        )
+        assert await eventually(lambda: stage.node_of("p"), within=30, what="the bind") == stage.node
+        await stage.settled()
 
 
 @pytest.mark.parametrize("problem", ["missing", "cordoned", "tainted"])
@@ -135,7 +204,7 @@ async def test_a_pod_deleted_between_reserve_and_bind_releases_its_reservation(
         assert not [e for e in events if e["reason"] == "Scheduled"]
 
 
-async def test_a_pod_bound_by_someone_else_first_is_released_not_double_bound(
+async def test_a_pod_bound_by_someone_else_first_is_released_without_a_binding(
     *,
     kube_api: client.ApiClient,
     namespace: str,
@@ -144,42 +213,99 @@ async def test_a_pod_bound_by_someone_else_first_is_released_not_double_bound(
     uniq: Callable[[str], str],
     stage: Stage,
 ) -> None:
+    """Someone else binds the pod while the RM reserves, and the operator sees it before binding:
+    PodStillPending stops the cycle, no Binding is sent, the reservation is released, nothing is
+    reported. The RM answers only once the operator has dropped the pod from its unbound pods, so
+    this path (not the 409 one below) is the one taken, every run."""
     theirs = uniq("theirs")  # ours is the stage's node, where the RM reserves
     await create_node(kube_api, name=theirs)
 
     async def someone_else_binds(reservation: dict[str, Any]) -> None:
         await bind_pod(kube_api, namespace=namespace, name=reservation["name"], node=theirs)
+        uid = reservation["podUid"]
+        await eventually(lambda: now(uid not in bindery.runtime.pods.uids()), what="the pod seen bound")
 
     fake_rm.on_reserve = someone_else_binds
     async with stage.served():
         await stage.create("p")
         await eventually(lambda: _released_all(fake_rm), what="the release")
         assert await stage.node_of("p") == theirs
+        assert bindery.runtime.writes.snapshot().get("binding", 0) == 0  # the release came after PreBind
         events = await events_of(kube_api, namespace=namespace, pod_name="p")
         assert not [e for e in events if e["reason"] in ("Scheduled", "FailedScheduling")]
 
 
-async def test_two_pods_racing_for_the_last_slot(
+async def test_a_pod_bound_elsewhere_unseen_meets_the_apiservers_409_and_is_released(
     *,
     kube_api: client.ApiClient,
     namespace: str,
-    bindery: Bindery,
+    proxied: tuple[ApiProxy, Bindery],  # noqa: F811
     fake_rm: FakeRM,
+    uniq: Callable[[str], str],
     stage: Stage,
 ) -> None:
-    node = stage.node
-    fake_rm.slots[node] = 1
-    async with stage.served():
-        for name in ("a", "b"):
-            await stage.create(name)
+    """Someone else binds the pod while the RM reserves, and the operator cannot see it (its pod
+    watches are blind in the apiserver proxy): its Binding is sent and meets the apiserver's own
+    `409 ... already assigned to node "theirs"`; not our node, so the reservation is released and
+    nothing is reported. FakeRM: the bind must happen inside the reserve call."""
+    proxy, _ = proxied
+    theirs = uniq("theirs")
+    await create_node(kube_api, name=theirs)
 
-        async def one_bound_one_unschedulable() -> bool:
-            nodes = [await stage.node_of(n) for n in ("a", "b")]
-            loser = "b" if nodes[0] else "a"
-            return nodes.count(node) == 1 and bool(await _failed(kube_api, namespace, loser, "Unschedulable"))
+    async def someone_else_binds_unseen(reservation: dict[str, Any]) -> None:
+        proxy.blind_pod_lists = True
+        await bind_pod(kube_api, namespace=namespace, name=reservation["name"], node=theirs)
 
-        await eventually(one_bound_one_unschedulable, what="one winner and one Unschedulable")
-        assert len(fake_rm.active()) == 1
+    fake_rm.on_reserve = someone_else_binds_unseen
+    try:
+        async with stage.served():
+            await stage.create("p")
+            await eventually(lambda: _released_all(fake_rm), what="the release")
+    finally:
+        proxy.blind_pod_lists = False
+    assert proxy.bindings == [("", 409)]  # the Binding was sent, and refused
+    ((status, answer),) = proxy.binding_answers
+    assert status == 409
+    assert assigned_node(json.loads(answer)["message"]) == theirs
+    assert await stage.node_of("p") == theirs
+    events = await events_of(kube_api, namespace=namespace, pod_name="p")
+    assert not [e for e in events if e["reason"] in ("Scheduled", "FailedScheduling")]
+
+
+async def test_two_pods_racing_for_the_last_slot(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    crd: None,
+    namespace: str,
+    bindery: Bindery,
+    tmp_path: pathlib.Path,
+) -> None:
+    """A 1-CPU node at the reference RM and two pods of 600m: one binds, the other is reported
+    Unschedulable, and the RM holds one reservation (the loser's refused reserve left nothing)."""
+    async with real_stage_of(
+        controlplane=controlplane,
+        api=kube_api,
+        namespace=namespace,
+        directory=tmp_path / "rm",
+        capacity={"cpu": "1", "memory": "8Gi", "pods": "20"},
+    ) as stage:
+        node = stage.node
+        async with stage.served():
+            for name in ("a", "b"):
+                await stage.create(name, cpu="600m")
+
+            async def one_bound_one_unschedulable() -> bool:
+                nodes = [await stage.node_of(n) for n in ("a", "b")]
+                loser = "b" if nodes[0] else "a"
+                unschedulable = await _failed(kube_api, namespace, loser, "Unschedulable")
+                return nodes.count(node) == 1 and bool(unschedulable)
+
+            await eventually(one_bound_one_unschedulable, within=30, what="one winner and one Unschedulable")
+            await stage.settled()
+            (held,) = await stage.active()
+            winner = "a" if await stage.node_of("a") else "b"
+            assert (held.name, held.state) == (winner, ReservationState.COMMITTED)
 
 
 async def _released_all(rm: FakeRM) -> bool:
@@ -204,7 +330,13 @@ async def test_parked_pods_are_retried_on_deletions_not_on_our_own_binds(
         await eventually(lambda: _failed(kube_api, namespace, "parked", "Unschedulable"), what="parked")
         await stage.create("bound")
         await eventually(lambda: stage.node_of("bound"), what="the other pod bound")
-        await asyncio.sleep(2)  # the bound pod's DELETED event (left scope) has arrived by now
+        # The runtime remembers the pod it bound until it handles that pod leaving the unbound pods
+        # (the DELETED event of "left scope"); the same call would retry the parked pods, at once.
+        await eventually(
+            lambda: now(bindery.runtime.per_pod_sizes()["recently_bound"] == 0),
+            what="the bound pod's departure handled",
+        )
+        assert bindery.runtime.runners[stage.rm_name].queue.stats().unschedulable == 1  # still parked
         assert _reserves(fake_rm, "parked") == 1
 
         await stage.create("doomed")

@@ -13,9 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.metrics import parse_address, rm_outcome_label
 from bindery.controller.options import OperatorOptions
+from bindery.devcluster.nodes import node_status
+from bindery.devcluster.plane import ControlPlane
 from bindery.rm.errors import RMConflict, RMUnavailable, RMUnschedulable
-from tests.operator.conftest import Stage, eventually
-from tests.operator.fakerm import FakeRM
+from tests.operator.conftest import eventually, real_stage_of
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -34,110 +35,156 @@ async def measured(operator_kubeconfig: pathlib.Path) -> AsyncIterator[EmbeddedO
         await operator.stop()
 
 
-async def scrape(operator: EmbeddedOperator) -> Samples:
+async def scrape_text(operator: EmbeddedOperator) -> str:
     server = operator.runtime.metrics_server
     assert server is not None
     async with httpx.AsyncClient() as http:
         answer = await http.get(f"http://127.0.0.1:{server.port}/metrics")
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return answer.text
+
+
+async def scrape(operator: EmbeddedOperator) -> Samples:
     samples: Samples = {}
-    for family in text_string_to_metric_families(answer.text):  # also proves the format parses
+    for family in text_string_to_metric_families(await scrape_text(operator)):  # also proves it parses
         for sample in family.samples:
             samples[sample.name, frozenset(sample.labels.items())] = sample.value
     return samples
 
 
+async def families(operator: EmbeddedOperator) -> set[str]:
+    """The metric families served (a family with no labelled child yet has no sample line)."""
+    return {family.name for family in text_string_to_metric_families(await scrape_text(operator))}
+
+
 def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sample's value, 0 while it is missing: only for polling, where missing means "not yet"."""
     return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def present(samples: Samples, name: str, **labels: str) -> float:
+    """The sample's value; a missing line fails, so an assertion on it cannot pass by absence."""
+    key = (name, frozenset(labels.items()))
+    if key not in samples:
+        served = sorted(f"{n}{dict(sorted(ls))}" for n, ls in samples if n == name)
+        raise AssertionError(f"no sample {name}{labels} in /metrics; {name} has: {served}")
+    return samples[key]
 
 
 @pytest.mark.controlplane
 async def test_scheduling_moves_the_counters_served_at_metrics(
     *,
+    controlplane: ControlPlane,
     kube_api: client.ApiClient,
+    crd: None,
     namespace: str,
     measured: EmbeddedOperator,
-    fake_rm: FakeRM,
-    stage: Stage,
+    tmp_path: pathlib.Path,
 ) -> None:
-    node, rm = stage.node, stage.rm_name
-    before = await scrape(measured)
-    assert value(before, "bindery_apiserver_writes_total", kind="binding") == 0
-    fake_rm.slots[node] = 0  # first no room: an unschedulable attempt
-    async with stage.served(backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}):
-        await stage.create("p")
+    """The reference RM first has no room (a 1-CPU node, a 2-CPU pod), then the node grows: one
+    unschedulable attempt, one bind, one commit, and one release when the pod goes, each in /metrics.
 
-        async def unschedulable() -> Samples | None:
-            samples = await scrape(measured)
-            found = value(
-                samples, "bindery_schedule_attempts_total", resource_manager=rm, result="unschedulable"
+    The node grows rather than another pod leaving, so no other pod's cycles move the counters.
+    """
+    async with real_stage_of(
+        controlplane=controlplane,
+        api=kube_api,
+        namespace=namespace,
+        directory=tmp_path / "rm",
+        capacity={"cpu": "1", "memory": "8Gi", "pods": "20"},
+    ) as stage:
+        node, rm = stage.node, stage.rm_name
+        before = await scrape(measured)
+        # A fresh operator has written nothing: the family is served, with no `binding` child yet (a
+        # counter child appears with its first increment), so "before" is a known 0, not a missing line.
+        assert "bindery_apiserver_writes" in await families(measured)
+        assert not [key for key in before if key[0] == "bindery_apiserver_writes_total"], before
+        async with stage.served(backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}):
+            created = await stage.create("p", cpu="2")
+            uid = created["metadata"]["uid"]
+
+            async def unschedulable() -> Samples | None:
+                samples = await scrape(measured)
+                found = value(
+                    samples, "bindery_schedule_attempts_total", resource_manager=rm, result="unschedulable"
+                )
+                return samples if found else None
+
+            samples = await eventually(unschedulable, within=30, what="an unschedulable attempt in /metrics")
+            assert (
+                present(
+                    samples,
+                    "bindery_rm_request_duration_seconds_count",
+                    resource_manager=rm,
+                    verb="reserve",
+                    outcome="unschedulable",
+                )
+                >= 1
             )
-            return samples if found else None
+            assert await stage.node_of("p") is None
+            await client.CoreV1Api(kube_api).patch_node_status(
+                name=node, body={"status": node_status(capacity={"cpu": "4", "memory": "8Gi", "pods": "20"})}
+            )
 
-        samples = await eventually(unschedulable, what="an unschedulable attempt in /metrics")
-        assert (
-            value(
+            async def bound() -> Samples | None:
+                samples = await scrape(measured)
+                found = value(
+                    samples,
+                    "bindery_rm_request_duration_seconds_count",
+                    resource_manager=rm,
+                    verb="commit",
+                    outcome="ok",
+                )
+                return samples if found else None
+
+            samples = await eventually(bound, within=30, what="the bind and its commit in /metrics")
+            assert await stage.node_of("p") == node
+            assert await stage.states_are(uid, "committed")
+            scheduled = present(
+                samples, "bindery_schedule_attempts_total", resource_manager=rm, result="scheduled"
+            )
+            assert scheduled == 1
+            assert present(samples, "bindery_pod_scheduling_duration_seconds_count", resource_manager=rm) == 1
+            # first seen → bound spans the unschedulable attempt, so it is longer than the last attempt
+            assert present(
+                samples, "bindery_pod_scheduling_duration_seconds_sum", resource_manager=rm
+            ) > present(
                 samples,
-                "bindery_rm_request_duration_seconds_count",
+                "bindery_scheduling_attempt_duration_seconds_sum",
                 resource_manager=rm,
-                verb="reserve",
-                outcome="unschedulable",
+                result="scheduled",
             )
-            >= 1
-        )
-        fake_rm.slots[node] = 1
-
-        async def bound() -> Samples | None:
-            samples = await scrape(measured)
-            found = value(
-                samples,
-                "bindery_rm_request_duration_seconds_count",
-                resource_manager=rm,
-                verb="commit",
-                outcome="ok",
+            assert (
+                present(
+                    samples,
+                    "bindery_rm_request_duration_seconds_count",
+                    resource_manager=rm,
+                    verb="reserve",
+                    outcome="ok",
+                )
+                == 1
             )
-            return samples if found else None
+            assert present(samples, "bindery_apiserver_writes_total", kind="binding") == 1
+            # FailedScheduling + Scheduled
+            assert present(samples, "bindery_apiserver_writes_total", kind="event") >= 2
+            for queue in ("active", "backoff", "unschedulable", "in_flight"):
+                assert present(samples, "bindery_queue_pods", resource_manager=rm, queue=queue) == 0
 
-        samples = await eventually(bound, what="a scheduled attempt and its commit in /metrics")
-        assert value(samples, "bindery_schedule_attempts_total", resource_manager=rm, result="scheduled") == 1
-        assert value(samples, "bindery_pod_scheduling_duration_seconds_count", resource_manager=rm) == 1
-        # first seen → bound spans the unschedulable attempt, so it is longer than the last attempt
-        assert value(samples, "bindery_pod_scheduling_duration_seconds_sum", resource_manager=rm) > value(
-            samples,
-            "bindery_scheduling_attempt_duration_seconds_sum",
-            resource_manager=rm,
-            result="scheduled",
-        )
-        assert (
-            value(
-                samples,
-                "bindery_rm_request_duration_seconds_count",
-                resource_manager=rm,
-                verb="reserve",
-                outcome="ok",
-            )
-            == 1
-        )
-        assert value(samples, "bindery_apiserver_writes_total", kind="binding") == 1
-        assert (
-            value(samples, "bindery_apiserver_writes_total", kind="event") >= 2
-        )  # FailedScheduling + Scheduled
-        for queue in ("active", "backoff", "unschedulable", "in_flight"):
-            assert ("bindery_queue_pods", frozenset({("resource_manager", rm), ("queue", queue)})) in samples
-        assert value(samples, "bindery_queue_pods", resource_manager=rm, queue="active") == 0
-
-        await client.CoreV1Api(kube_api).delete_namespaced_pod(
-            name="p", namespace=namespace, grace_period_seconds=0
-        )
-
-        async def released() -> float:
-            samples = await scrape(measured)
-            return value(
-                samples, "bindery_reservations_released_total", resource_manager=rm, reason="pod_departed"
+            await client.CoreV1Api(kube_api).delete_namespaced_pod(
+                name="p", namespace=namespace, grace_period_seconds=0
             )
 
-        assert await eventually(released, what="the departed pod's release in /metrics") == 1
+            async def released() -> float:
+                samples = await scrape(measured)
+                return value(
+                    samples, "bindery_reservations_released_total", resource_manager=rm, reason="pod_departed"
+                )
+
+            assert await eventually(released, what="the departed pod's release in /metrics") == 1
+            assert await stage.states_are(uid, "released")
+            await stage.settled()
+            assert await stage.active() == []
 
 
 def test_rm_outcome_labels_name_the_most_specific_error() -> None:

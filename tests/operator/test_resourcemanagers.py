@@ -14,6 +14,7 @@ from bindery.scheduling.framework import CycleContext, Status
 from bindery.scheduling.registry import default_registry
 from tests.operator.conftest import (
     Bindery,
+    RealStage,
     Stage,
     closed_port_url,
     events_of,
@@ -78,14 +79,17 @@ async def test_a_contested_scheduler_name_is_reported_in_both_and_served_by_neit
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
-    fake_rm: FakeRM,
     uniq: Callable[[str], str],
-    stage: Stage,
+    real_stage: RealStage,
 ) -> None:
+    stage = real_stage
     node, shared = stage.node, stage.scheduler
-    first, second = uniq("rm-a"), uniq("rm-b")
-    async with resource_manager(kube_api, name=first, scheduler_names=[shared], endpoint=fake_rm.url):
-        second_rm = resource_manager(kube_api, name=second, scheduler_names=[shared], endpoint=fake_rm.url)
+    first, second = stage.rm_name, uniq("rm-b")
+    async with stage.served():
+        auth = {"tokenSecretRef": {"namespace": namespace, "name": stage.secret}}
+        second_rm = resource_manager(
+            kube_api, name=second, scheduler_names=[shared], endpoint=stage.rm.url, auth=auth
+        )
         async with second_rm:
             for this, other in ((first, second), (second, first)):
 
@@ -104,10 +108,11 @@ async def test_a_contested_scheduler_name_is_reported_in_both_and_served_by_neit
             (event,) = await eventually(reported, what="a FailedScheduling event naming the conflict")
             assert first in event["note"]
             assert second in event["note"]
-            assert fake_rm.reservations == {}
+            assert await stage.rm.reservations(active=False) == []  # neither reserved anything
             assert await stage.node_of("p") is None
         # The second claimant is gone: the name is uncontested, the pod gets scheduled.
-        assert await eventually(lambda: stage.node_of("p"), what="the bind") == node
+        assert await eventually(lambda: stage.node_of("p"), within=30, what="the bind") == node
+        await stage.settled()
 
 
 async def test_an_endpoint_change_applies_without_restart(
@@ -152,26 +157,35 @@ async def test_a_prebind_plugin_enabled_per_resource_manager(
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
-    fake_rm: FakeRM,
-    stage: Stage,
+    real_stage: RealStage,
 ) -> None:
+    stage = real_stage
     node, name = stage.node, stage.rm_name
     default_registry.register(name="test-reject", plugin=RejectingPreBind())
     try:
         async with stage.served(
             plugins={"preBind": ["test-reject"]}, backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}
         ):
-            await stage.create("p")
+            created = await stage.create("p")
+            uid = created["metadata"]["uid"]
 
             async def refused() -> list[dict[str, Any]]:
                 events = await events_of(kube_api, namespace=namespace, pod_name="p")
                 return [e for e in events if "test-reject refuses" in e["note"]]
 
-            await eventually(refused, what="the plugin's FailedScheduling event")
-            assert fake_rm.reservations
-            assert fake_rm.active() == []
+            await eventually(refused, within=30, what="the plugin's FailedScheduling event")
+
+            # Each refused cycle reserved at the RM (PreBind comes after Reserve) and released; polled,
+            # since the next cycle may hold a reservation for the instant between its reserve and release.
+            async def all_released() -> bool:
+                made = await stage.reservations_of(uid)
+                return bool(made) and not [r for r in made if r.state.active]
+
+            await eventually(all_released, what="the refused cycles' reservations released")
             await _patch_spec(kube_api, name, {"plugins": {"preBind": []}})
             assert await eventually(lambda: stage.node_of("p"), what="the bind") == node
+            await stage.settled()
+            assert [r.pod_uid for r in await stage.active()] == [uid]
     finally:
         default_registry.unregister(name="test-reject")
 

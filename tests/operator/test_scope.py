@@ -12,6 +12,7 @@ from kubernetes_asyncio import client
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from tests.operator.conftest import (
     Bindery,
+    RealStage,
     Stage,
     bind_pod,
     create_pod,
@@ -21,7 +22,6 @@ from tests.operator.conftest import (
     pod_body,
     read_pod,
     reservation_entry,
-    states_are,
 )
 from tests.operator.fakerm import FakeRM
 
@@ -75,18 +75,17 @@ async def test_pods_of_other_scheduler_names_are_never_touched(
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
-    fake_rm: FakeRM,
     uniq: Callable[[str], str],
-    stage: Stage,
+    real_stage: RealStage,
 ) -> None:
-    fake_rm.slots[stage.node] = 10
+    stage = real_stage
     async with stage.served():
         await create_pod(
             kube_api, namespace=namespace, body=pod_body(name="other", scheduler_name=uniq("nobody"))
         )
         await stage.create("ours")
         # "ours" was created later, so once it is bound the operator has seen "other" too.
-        await eventually(lambda: stage.node_of("ours"), what="the served pod bound")
+        await eventually(lambda: stage.node_of("ours"), within=30, what="the served pod bound")
         other = await read_pod(kube_api, namespace=namespace, name="other")
         assert other["spec"].get("nodeName") is None
         assert not (other.get("status") or {}).get("conditions")
@@ -95,7 +94,8 @@ async def test_pods_of_other_scheduler_names_are_never_touched(
         # Only the test's client (kubernetes_asyncio's default agent) wrote it; Bindery's agent is "bindery".
         assert managers == {"OpenAPI-Generator"}
         assert await events_of(kube_api, namespace=namespace, pod_name="other") == []
-        assert [r["name"] for r in fake_rm.reservations.values()] == ["ours"]
+        assert [r.name for r in await stage.rm.reservations(active=False)] == ["ours"]
+        await stage.settled()
 
 
 async def test_restart_settles_reservations_left_by_a_crash(
@@ -160,10 +160,10 @@ async def test_departed_pods_give_their_capacity_back(
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
-    fake_rm: FakeRM,
-    stage: Stage,
+    real_stage: RealStage,
 ) -> None:
     """Deleted or finished pods that Bindery bound get their committed reservations released."""
+    stage = real_stage
     core = client.CoreV1Api(kube_api)
     async with stage.served():
         uids = {}
@@ -171,18 +171,18 @@ async def test_departed_pods_give_their_capacity_back(
             created = await stage.create(name)
             uids[name] = created["metadata"]["uid"]
         for name, uid in uids.items():
-            await eventually(functools.partial(_committed, fake_rm, uid), what=f"{name} committed")
+            await eventually(
+                functools.partial(stage.states_are, uid, "committed"), within=30, what=f"{name} committed"
+            )
         await core.delete_namespaced_pod(name="deleted", namespace=namespace, grace_period_seconds=0)
         await core.patch_namespaced_pod_status(
             name="finished", namespace=namespace, body={"status": {"phase": "Succeeded"}}
         )
-        await eventually(lambda: states_are(fake_rm, uids["deleted"], "released"), what="deleted released")
-        await eventually(lambda: states_are(fake_rm, uids["finished"], "released"), what="finished released")
-        assert await states_are(fake_rm, uids["running"], "committed")
-
-
-async def _committed(rm: FakeRM, uid: str) -> bool:
-    return await states_are(rm, uid, "committed")
+        await eventually(lambda: stage.states_are(uids["deleted"], "released"), what="deleted released")
+        await eventually(lambda: stage.states_are(uids["finished"], "released"), what="finished released")
+        assert await stage.states_are(uids["running"], "committed")
+        await stage.settled()
+        assert [r.name for r in await stage.active()] == ["running"]
 
 
 async def test_restart_releases_committed_reservations_of_pods_that_went_away(

@@ -8,7 +8,6 @@ a dead connection, every attempt.
 
 from __future__ import annotations
 
-import asyncio
 import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,6 +24,7 @@ from tests.operator.apiproxy import ApiProxy, serve_api_proxy
 from tests.operator.conftest import (
     Bindery,
     Stage,
+    attempts,
     condition,
     events_of,
     eventually,
@@ -151,7 +151,12 @@ async def test_a_late_binding_landing_during_the_next_cycle_is_committed_not_rel
         uid = pod["metadata"]["uid"]
         await eventually(lambda: now(stage.rm.reserve_attempts == ["p", "p"]), what="the replay")
         await eventually(lambda: states_are(stage.rm, uid, "committed"), what="the commit")
-        await asyncio.sleep(1)  # a release would follow the commit at once
+        # The second cycle is counted only once it has ended, its release (or not) included: two
+        # cycles counted means the release that must not happen had its chance.
+        await eventually(
+            lambda: now(attempts(operator, resource_manager=stage.rm_name) >= 2),
+            what="the second cycle ended",
+        )
         assert await states_are(stage.rm, uid, "committed")
     assert await stage.node_of("p") == stage.node
     assert not [call for call in stage.rm.calls if call[0] == "release"]
