@@ -402,3 +402,16 @@ async def test_a_pod_without_claims_touches_no_volume_api(claims: tuple[str, ...
     outcome = await world.run()
     assert outcome.outcome is Outcome.BOUND
     assert not [name for name in world.calls.names() if name.startswith("volumes.")]
+
+
+async def test_the_lease_is_renewed_while_the_provisioner_works() -> None:
+    """Provisioning outlasts the reservation's lease (3 s here): PreBind renews it instead of letting it
+    run out under a pod whose volume is being made for that node."""
+    world = VolumeWorld("data")
+    world.volumes.claims["data"] = claim("data")
+    world.volumes.provision_after = 8  # polls, every 0.5 s: about 4 s
+    outcome = await world.run(reservation_ttl_seconds=3)
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+    assert "rm.renew" in world.calls.names()
+    names = world.calls.names()
+    assert names.index("rm.renew") < names.index("binder.bind")
