@@ -412,6 +412,6 @@ async def test_the_lease_is_renewed_while_the_provisioner_works() -> None:
     world.volumes.provision_after = 8  # polls, every 0.5 s: about 4 s
     outcome = await world.run(reservation_ttl_seconds=3)
     assert outcome.outcome is Outcome.BOUND, outcome.failure
-    assert "rm.renew" in world.calls.names()
     names = world.calls.names()
-    assert names.index("rm.renew") < names.index("binder.bind")
+    last_look = max(i for i, name in enumerate(names) if name == "volumes.claim")
+    assert "rm.renew" in names[names.index("volumes.select_node") : last_look], names  # while waiting
