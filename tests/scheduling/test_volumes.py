@@ -18,6 +18,7 @@ from bindery.scheduling.volumes import (
     ClaimView,
     claim_problem,
     claim_terms,
+    compact_terms,
     matching_volumes,
     volume_for_node,
 )
@@ -130,7 +131,7 @@ def test_static_candidates_and_provisioning_topology_bound_an_unbound_claim() ->
     assert [v["metadata"]["name"] for v in candidates] == ["a", "b"]  # too small for 1Gi: left out
     terms = claim_terms(local, candidates)
     assert terms is not None
-    assert [t["matchExpressions"][0]["values"] for t in terms] == [["n1"], ["n3"]]
+    assert [t["matchExpressions"][0]["values"] for t in terms] == [["n1", "n3"]]  # one term, two nodes
     assert claim_terms(local, []) == []  # nothing can take it and nothing provisions: no node at all
     dynamic = ClaimView(name="data", claim=claim("data"), storage_class=WFFC)
     assert claim_terms(dynamic, []) is None  # provisions anywhere
@@ -357,10 +358,7 @@ async def test_a_static_local_volume_on_the_chosen_node_is_pre_bound() -> None:
     outcome = await world.run()
     assert outcome.outcome is Outcome.BOUND
     [request] = world.rm.requests
-    assert [t["matchExpressions"][0]["values"] for t in request.placement.affinity_terms()] == [
-        ["n1"],
-        ["n2"],
-    ]
+    assert [t["matchExpressions"][0]["values"] for t in request.placement.affinity_terms()] == [["n1", "n2"]]
     [(_, bound)] = [entry for entry in world.calls.log if entry[0] == "volumes.bind_volume"]
     assert bound == {"volume": "on-n2", "claim": "data"}
     assert "volumes.select_node" not in world.calls.names()
@@ -415,3 +413,105 @@ async def test_the_lease_is_renewed_while_the_provisioner_works() -> None:
     names = world.calls.names()
     last_look = max(i for i, name in enumerate(names) if name == "volumes.claim")
     assert "rm.renew" in names[names.index("volumes.select_node") : last_look], names  # while waiting
+
+
+def test_many_local_volumes_make_one_term_per_key_not_one_per_volume() -> None:
+    """70 local volumes on 10 nodes: 70 terms would exceed the contract's 64 and fail every reserve."""
+    local = ClaimView(name="data", claim=claim("data", cls="local"), storage_class=LOCAL)
+    volumes = [pv(f"v{i}", node=f"n{i % 10}") for i in range(70)]
+    terms = claim_terms(local, matching_volumes(claim=local.claim or {}, volumes=volumes))
+    assert terms is not None
+    assert len(terms) == 1
+    assert sorted(terms[0]["matchExpressions"][0]["values"]) == sorted(f"n{i}" for i in range(10))
+    assert compact_terms([terms[0], terms[0]]) == terms
+
+
+async def test_a_claim_already_selected_for_a_node_keeps_the_pod_there() -> None:
+    world = VolumeWorld("data")
+    world.volumes.claims["data"] = claim("data")
+    world.volumes.claims["data"]["metadata"]["annotations"] = {SELECTED_NODE: "n2"}
+    await world.run()
+    [request] = world.rm.requests
+    assert request.placement.affinity_terms() == [
+        {
+            "matchExpressions": [],
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}],
+        }
+    ]
+
+
+async def test_a_provisioner_that_removes_the_selected_node_ends_the_wait_at_once() -> None:
+    world = VolumeWorld("data")
+    world.volumes.claims["data"] = claim("data")
+    world.volumes.provision_after = None
+    real_claim = world.volumes.claim
+
+    async def gives_up(*, namespace: str, name: str) -> Mapping[str, Any] | None:
+        found = world.volumes.claims.get(name)
+        if found is not None and world.calls.count("volumes.claim") >= 3:
+            found["metadata"].get("annotations", {}).pop(SELECTED_NODE, None)  # "no capacity there"
+        return await real_claim(namespace=namespace, name=name)
+
+    world.volumes.claim = gives_up  # type: ignore[method-assign]
+    outcome = await world.run(volume_bind_timeout_seconds=60)
+    assert outcome.failure is not None
+    assert "gave up on node" in outcome.failure.message
+    assert outcome.released
+    assert world.calls.count("volumes.claim") < 10  # not 60 s of polling
+
+
+async def test_a_pod_deleted_while_its_volumes_are_bound_ends_the_wait_and_releases() -> None:
+    world = VolumeWorld("data")
+    world.volumes.claims["data"] = claim("data")
+    world.volumes.provision_after = None
+    real_claim = world.volumes.claim
+
+    async def then_deleted(*, namespace: str, name: str) -> Mapping[str, Any] | None:
+        if world.calls.count("volumes.claim") >= 3:
+            world.pods.pods.clear()
+        return await real_claim(namespace=namespace, name=name)
+
+    world.volumes.claim = then_deleted  # type: ignore[method-assign]
+    outcome = await world.run(volume_bind_timeout_seconds=60)
+    assert outcome.failure is not None
+    assert outcome.failure.kind is FailureKind.POD_GONE
+    assert outcome.released
+
+
+async def test_a_read_that_fails_once_while_waiting_is_retried_not_fatal() -> None:
+    world = VolumeWorld("data")
+    world.volumes.claims["data"] = claim("data")
+    world.volumes.provision_after = 3
+    real_claim = world.volumes.claim
+    failed: list[bool] = []
+
+    async def flaky(*, namespace: str, name: str) -> Mapping[str, Any] | None:
+        if world.calls.count("volumes.claim") == 3 and not failed:
+            failed.append(True)
+            raise VolumeError("reading persistentvolumeclaim ns/data failed: HTTP 500: busy")
+        return await real_claim(namespace=namespace, name=name)
+
+    world.volumes.claim = flaky  # type: ignore[method-assign]
+    outcome = await world.run(volume_bind_timeout_seconds=60)
+    assert failed == [True]
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+
+
+async def test_unreserve_leaves_a_selection_another_scheduler_made_since() -> None:
+    world = VolumeWorld("data")
+    world.volumes.claims["data"] = claim("data")
+    world.volumes.provision_after = None
+    real_claim = world.volumes.claim
+
+    async def reselected(*, namespace: str, name: str) -> Mapping[str, Any] | None:
+        found = await real_claim(namespace=namespace, name=name)
+        if world.calls.count("volumes.claim") == 4:
+            world.volumes.claims["data"]["metadata"]["annotations"][SELECTED_NODE] = "n3"
+        return found
+
+    world.volumes.claim = reselected  # type: ignore[method-assign]
+    outcome = await world.run(volume_bind_timeout_seconds=60)
+    assert outcome.failure is not None  # the provisioner's "gave up on n2", as it now says n3
+    assert world.volumes.claims["data"]["metadata"]["annotations"] == {SELECTED_NODE: "n3"}
+    selects = [entry[1]["node"] for entry in world.calls.log if entry[0] == "volumes.select_node"]
+    assert selects == ["n2"]  # set once, never removed: it is not ours any more

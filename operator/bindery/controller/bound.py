@@ -259,6 +259,12 @@ class BoundPodWatcher:
         finally:
             response.release()
 
+    def _remember_released(self, reservation_id: str) -> None:
+        """Later events of the same pod (finished, then deleted) must not release it again."""
+        self._released[reservation_id] = None
+        while len(self._released) > REMEMBERED_RELEASES:
+            self._released.popitem(last=False)
+
     def _lister(self) -> tuple[Callable[..., Any], tuple[str, ...]]:
         """The list call of the scope and its positional arguments (the list and the watch use both)."""
         if self._namespace is None:
@@ -279,7 +285,8 @@ class BoundPodWatcher:
         if reservation_id is None or reservation_id in self._released:
             return
         if uid and self._defer_release(uid, reservation_id):
-            return  # its cycle releases it after its commit
+            self._remember_released(reservation_id)  # its cycle releases it, after its commit
+            return
         try:
             await self._rm().release(reservation_id, pod_uid=uid or None)
         except RMPodMismatch:  # a copied annotation: the RM refused, so the owner keeps its capacity
@@ -291,8 +298,6 @@ class BoundPodWatcher:
         except RMError as exc:
             self._logger.warning(f"could not release reservation {reservation_id} of a departed pod: {exc}")
             return
-        self._released[reservation_id] = None
-        while len(self._released) > REMEMBERED_RELEASES:
-            self._released.popitem(last=False)
+        self._remember_released(reservation_id)
         self._logger.info(f"released reservation {reservation_id}: its pod was deleted or finished")
         self._on_released()

@@ -367,7 +367,6 @@ class ProfileRunner:
             return
         finally:
             self._cycling.discard(pod.uid)
-        await self._release_departed(pod)
         if pod.uid in self._gone and result.outcome is not Outcome.BOUND:
             result = dataclasses.replace(result, outcome=Outcome.DROPPED)  # a ghost: do not requeue
         self._gone.discard(pod.uid)
@@ -381,6 +380,9 @@ class ProfileRunner:
             self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it
         if result.released:
             self._on_released()
+        # After `_follow_up`: an unanswered Binding's reservation is tracked by now, and the release
+        # goes through SettlingReleases, which reads the pod (finished: released, not committed).
+        await self._release_departed(pod)
 
     def _defer_departed(self, uid: str, reservation_id: str) -> bool:
         """The bound-pod watch saw this pod finish or go: while its cycle runs, the cycle releases.

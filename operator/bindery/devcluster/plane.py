@@ -100,6 +100,8 @@ CONTROLLERS = (
     "namespace-controller",
     "garbage-collector-controller",
     "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "persistentvolumeclaim-protection-controller",
     "serviceaccount-controller",
     "pod-garbage-collector-controller",
 )
@@ -254,14 +256,18 @@ class ControlPlane:
             etcd_url = plane._start_etcd(client=etcd_client_port, peer=etcd_peer_port)
             plane._start_apiserver(port=apiserver_port, etcd_url=etcd_url, extra=extra_apiserver_args)
             plane._wait_ready(timeout=timeout)
+            health: list[str] = []
             if controllers:
                 plane._start_controller_manager(port=manager_port)
+                health.append(f"https://127.0.0.1:{manager_port}/healthz")
             if kwok:
                 plane._start_kwok(port=kwok_port)
+                health.append(f"http://127.0.0.1:{kwok_port}/healthz")
             if kube_scheduler:
                 plane._start_kube_scheduler(port=scheduler_port)
-            if controllers or kwok or kube_scheduler:
-                plane._wait_ready(timeout=timeout)  # none exited at once on a bad flag
+                health.append(f"https://127.0.0.1:{scheduler_port}/healthz")
+            for url in health:
+                plane._wait_healthy(url, timeout=timeout)
         except BaseException:
             plane.stop()
             raise
@@ -463,6 +469,36 @@ class ControlPlane:
             time.sleep(0.2)
         raise ControlPlaneError(
             f"the control plane was not ready within {timeout:.0f}s ({last}).\n{self.describe_logs()}"
+        )
+
+    def _wait_healthy(self, url: str, *, timeout: float) -> None:
+        """Until a component started after the apiserver answers its /healthz (it serves its own
+        self-signed certificate); fails at once, with the logs, if any server exited meanwhile."""
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # loopback, its own throw-away certificate
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            for server in self._servers:
+                if server.proc.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{server.name} exited with code {server.proc.returncode} while the control plane "
+                        f"was starting.\n{self.describe_logs()}"
+                    )
+            try:
+                with urllib.request.urlopen(
+                    url, context=ctx if url.startswith("https") else None, timeout=2
+                ) as r:
+                    if r.status == 200:
+                        return
+            except urllib.error.HTTPError as e:
+                last = f"{url} answered {e.code}"
+            except (urllib.error.URLError, OSError) as e:
+                last = f"{url} unreachable: {e}"
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"{url} was not healthy within {timeout:.0f}s ({last}).\n{self.describe_logs()}"
         )
 
     def describe_logs(self) -> str:

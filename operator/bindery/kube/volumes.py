@@ -63,7 +63,12 @@ class KubeVolumes:
     async def bind_volume(self, *, volume: Mapping[str, Any], claim: Mapping[str, Any]) -> None:
         meta, claim_meta = volume.get("metadata") or {}, claim.get("metadata") or {}
         patch = {
-            "metadata": {"resourceVersion": meta.get("resourceVersion")},
+            # As kube-scheduler marks it: the PV controller then owns this claimRef, and resets it if
+            # the claim ends up bound elsewhere, instead of keeping the volume reserved for the claim.
+            "metadata": {
+                "resourceVersion": meta.get("resourceVersion"),
+                "annotations": {"pv.kubernetes.io/bound-by-controller": "yes"},
+            },
             "spec": {
                 "claimRef": {
                     "apiVersion": "v1",

@@ -51,6 +51,7 @@ __all__ = [
     "VolumeBinding",
     "claim_problem",
     "claim_terms",
+    "compact_terms",
     "matching_volumes",
     "volume_for_node",
 ]
@@ -62,6 +63,8 @@ NO_PROVISIONER = "kubernetes.io/no-provisioner"
 WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
 #: How often PreBind looks at the claims while it waits for them to be bound.
 POLL_SECONDS = 0.5
+#: How long Unreserve may spend removing selected-node annotations (it also runs on a pause).
+UNDO_SECONDS = 1.0
 _STATE = "VolumeBinding"
 
 
@@ -98,7 +101,8 @@ class _CycleVolumes:
 
     claims: list[ClaimView]
     candidates: dict[str, list[Mapping[str, Any]]]  # claim name → static volumes that could take it
-    selected: list[Mapping[str, Any]] = dataclasses.field(default_factory=list)  # claims annotated
+    #: (claim name, node) of the selected-node annotations this cycle set (Unreserve removes them)
+    selected: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 # -- pure decisions ------------------------------------------------------------------------------
@@ -110,6 +114,10 @@ def _spec(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return (obj or {}).get("metadata") or {}
+
+
+def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return _meta(obj).get("annotations") or {}
 
 
 def claim_problem(view: ClaimView) -> str | None:
@@ -225,7 +233,28 @@ def claim_terms(view: ClaimView, candidates: Sequence[Mapping[str, Any]]) -> lis
         if not topology:
             return None
         options.extend(topology)
-    return options
+    return compact_terms(options)
+
+
+def compact_terms(terms: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pure: the same ORed nodeSelectorTerms, fewer of them: duplicates dropped, and terms that are a
+    single ``In`` on the same key (local volumes: one hostname each) merged into one.
+
+    A hundred local volumes on ten nodes are ten hostnames, not a hundred terms; the contract allows
+    64 terms per request.
+    """
+    merged: dict[str, list[str]] = {}
+    rest: list[Mapping[str, Any]] = []
+    for term in terms:
+        expressions = term.get("matchExpressions") or []
+        single_in = len(expressions) == 1 and expressions[0].get("operator") == "In"
+        if single_in and not term.get("matchFields"):
+            values = merged.setdefault(str(expressions[0].get("key")), [])
+            values.extend(str(v) for v in expressions[0].get("values") or () if str(v) not in values)
+        elif term not in rest:
+            rest.append(term)
+    singles = [{"matchExpressions": [{"key": k, "operator": "In", "values": v}]} for k, v in merged.items()]
+    return [*singles, *rest]
 
 
 def _usable_on(volume: Mapping[str, Any], node: NodeProjection) -> bool:
@@ -272,6 +301,12 @@ class VolumeBinding:
             view.name: matching_volumes(claim=view.claim or {}, volumes=volumes) for view in unbound
         }
         for view in claims:
+            if not view.bound and (selected := _annotations(view.claim).get(SELECTED_NODE)):
+                # Provisioning for that node may be under way (an earlier cycle, another replica):
+                # stay there, as kube-scheduler does, rather than ask for a second volume elsewhere.
+                ctx.require_nodes(
+                    [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [selected]}]}]
+                )
             terms = claim_terms(view, candidates.get(view.name, ()))
             if terms is not None and not terms:
                 return Status.unschedulable(
@@ -287,20 +322,35 @@ class VolumeBinding:
         return Status.success()
 
     async def unreserve(self, *, ctx: CycleContext) -> None:
+        """Remove the selected node this cycle set from claims still unbound, within UNDO_SECONDS.
+
+        Bounded: it also runs when a lost lease pauses the cycles, which must be over quickly. A claim
+        whose annotation names another node now (another pod, another scheduler) is left alone.
+        """
         state = ctx.state.get(_STATE)
-        if not isinstance(state, _CycleVolumes) or ctx.ports.volumes is None:
+        access = ctx.ports.volumes
+        if not isinstance(state, _CycleVolumes) or access is None or not state.selected:
             return
-        while state.selected:
-            claim = state.selected.pop()
-            name = _meta(claim).get("name")
-            try:
-                current = await ctx.ports.volumes.claim(namespace=ctx.pod.namespace, name=str(name))
-                if current is not None and not _spec(current).get("volumeName"):
-                    await ctx.ports.volumes.select_node(claim=current, node=None)
-            except VolumeError as error:
-                log.warning(
-                    "could not remove the selected node from claim %s/%s: %s", ctx.pod.namespace, name, error
-                )
+        try:
+            async with asyncio.timeout(UNDO_SECONDS):
+                while state.selected:
+                    name, node = state.selected[-1]
+                    current = await access.claim(namespace=ctx.pod.namespace, name=name)
+                    if (
+                        current is not None
+                        and not _spec(current).get("volumeName")
+                        and _annotations(current).get(SELECTED_NODE) == node
+                    ):
+                        await access.select_node(claim=current, node=None)
+                    state.selected.pop()
+        except (VolumeError, TimeoutError) as error:
+            log.warning(
+                "could not remove the selected node from claim(s) %s of pod %s: %s; their provisioner may "
+                "still create a volume there",
+                ", ".join(name for name, _ in state.selected),
+                ctx.pod.key,
+                error or "timed out",
+            )
 
     async def pre_bind(self, *, ctx: CycleContext) -> Status:
         state = ctx.state.get(_STATE)
@@ -333,10 +383,17 @@ class VolumeBinding:
                         "(volume node affinity conflict)",
                     )
                 continue
+            current = await access.claim(namespace=ctx.pod.namespace, name=view.name)
+            if current is None:
+                return self._failure(
+                    FailureKind.PLUGIN_ERROR, f'persistentvolumeclaim "{view.name}" was deleted'
+                )
+            if _spec(current).get("volumeName"):
+                continue  # bound meanwhile (another pod of the claim, the PV controller): checked below
             volume = volume_for_node(candidates=state.candidates.get(view.name, ()), node=node, taken=taken)
             if volume is not None:
                 taken.add(str(_meta(volume).get("name")))
-                await access.bind_volume(volume=volume, claim=view.claim or {})
+                await access.bind_volume(volume=volume, claim=current)
                 log.info(
                     "pod %s: pre-bound volume %s to claim %s",
                     ctx.pod.key,
@@ -344,8 +401,8 @@ class VolumeBinding:
                     view.name,
                 )
             elif view.provisions:
-                await access.select_node(claim=view.claim or {}, node=node.name)
-                state.selected.append(view.claim or {})
+                state.selected.append((view.name, node.name))  # before the write: a cancel may cut it
+                await access.select_node(claim=current, node=node.name)
                 log.info("pod %s: claim %s to be provisioned on node %s", ctx.pod.key, view.name, node.name)
             else:
                 return self._failure(
@@ -357,31 +414,34 @@ class VolumeBinding:
     async def _wait_bound(
         self, ctx: CycleContext, state: _CycleVolumes, access: VolumeAccess, node: NodeProjection
     ) -> Status:
-        """Until every claim is bound to a volume usable on the node, the timeout, or the lease's end."""
+        """Until every claim is bound to a volume usable on the node, the timeout, or the lease's end.
+
+        It gives up early, as kube-scheduler does, when waiting cannot succeed: the pod is gone, a
+        claim was deleted or bound to a volume elsewhere, or its provisioner removed the selected node
+        (how an external provisioner asks for another node). A failed read is retried until the
+        deadline: one 500 from a busy apiserver must not undo provisioning under way.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ctx.profile.volume_bind_timeout_seconds
         waiting = [view.name for view in state.claims]
+        selected = dict(state.selected)
         while True:
-            still: list[str] = []
-            for name in waiting:
-                claim = await access.claim(namespace=ctx.pod.namespace, name=name)
-                if claim is None:
-                    return Status.failed(
-                        self._failure(FailureKind.PLUGIN_ERROR, f'persistentvolumeclaim "{name}" was deleted')
+            if ctx.ports.pods.get(ctx.pod.uid) is None:
+                return Status.failed(
+                    Failure(
+                        kind=FailureKind.POD_GONE,
+                        message="the pod was deleted or bound by someone else while its volumes were bound",
+                        stage=Stage.PRE_BIND,
+                        plugin=self.name,
                     )
-                volume_name = _spec(claim).get("volumeName")
-                if not volume_name or (claim.get("status") or {}).get("phase") != "Bound":
-                    still.append(name)
-                    continue
-                volume = await access.volume(str(volume_name))
-                if volume is None or not _usable_on(volume, node):
-                    return Status.failed(
-                        self._failure(
-                            FailureKind.PLUGIN_ERROR,
-                            f'claim "{name}" was bound to volume "{volume_name}", which cannot be used on '
-                            f'node "{node.name}"',
-                        )
-                    )
+                )
+            try:
+                still = await self._unbound(ctx, access, node, waiting, selected)
+            except VolumeError as error:
+                log.info("pod %s: reading its claims failed (%s); trying again", ctx.pod.key, error.message)
+                still = waiting
+            if isinstance(still, Failure):
+                return Status.failed(still)
             if not still:
                 return Status.success()
             waiting = still
@@ -405,6 +465,39 @@ class VolumeBinding:
                     )
                 )
             await asyncio.sleep(min(POLL_SECONDS, left))
+
+    async def _unbound(
+        self,
+        ctx: CycleContext,
+        access: VolumeAccess,
+        node: NodeProjection,
+        waiting: Sequence[str],
+        selected: Mapping[str, str],
+    ) -> list[str] | Failure:
+        """The claims of `waiting` not bound yet; a Failure when waiting on cannot succeed."""
+        still: list[str] = []
+        for name in waiting:
+            claim = await access.claim(namespace=ctx.pod.namespace, name=name)
+            if claim is None:
+                return self._failure(FailureKind.PLUGIN_ERROR, f'persistentvolumeclaim "{name}" was deleted')
+            volume_name = _spec(claim).get("volumeName")
+            if not volume_name or (claim.get("status") or {}).get("phase") != "Bound":
+                if name in selected and _annotations(claim).get(SELECTED_NODE) != selected[name]:
+                    return self._failure(
+                        FailureKind.PLUGIN_ERROR,
+                        f'binding volumes: the provisioner of claim "{name}" gave up on node '
+                        f'"{selected[name]}" (it removed the selected node)',
+                    )
+                still.append(name)
+                continue
+            volume = await access.volume(str(volume_name))
+            if volume is None or not _usable_on(volume, node):
+                return self._failure(
+                    FailureKind.PLUGIN_ERROR,
+                    f'claim "{name}" was bound to volume "{volume_name}", which cannot be used on node '
+                    f'"{node.name}"',
+                )
+        return still
 
     def _failure(self, kind: FailureKind, message: str) -> Failure:
         return Failure(kind=kind, message=message, stage=Stage.PRE_BIND, plugin=self.name)
