@@ -341,13 +341,13 @@ async def test_a_binding_in_flight_when_the_event_loop_froze_past_the_deadline_i
 async def test_a_binding_that_outlives_a_renewed_deadline_is_sent() -> None:
     """Renewals move the deadline: a Binding slower than the first deadline but inside the renewed one
     is not cut (the timer looks again instead)."""
-    inner = _SlowBinder(0.3)
-    deadline = [time.monotonic() + 0.1]
+    inner = _SlowBinder(2.5)
+    deadline = [time.monotonic() + 1.0]
 
-    async def renew() -> None:
+    async def renew() -> None:  # every 0.2 s a deadline 1 s ahead: slack for a loaded machine
         while True:
-            await asyncio.sleep(0.05)
-            deadline[0] = time.monotonic() + 0.1
+            await asyncio.sleep(0.2)
+            deadline[0] = time.monotonic() + 1.0
 
     renewing = asyncio.create_task(renew())
     fenced = FencedBinder(
