@@ -21,10 +21,11 @@ USAGE = """bindery <command> [options]
 
 commands:
   run          run the scheduler against the cluster of your kubeconfig (or in-cluster)
-  demo         start a local control plane, the reference RM and Bindery; schedule a burst of pods
+  demo         a small local cluster: Bindery schedules a Deployment and a Job beside kube-scheduler
   rm serve     run the reference resource manager (bindery rm serve --help)
   rm conformance   check a resource manager against the REST contract
   audit        report leaked reservations, unreserved bound pods, overcommitted nodes (read-only)
+  explain      why a pod is pending, or where and how it was bound (read-only)
   devcluster   build | up: the local etcd + kube-apiserver used by the demo and tests
 """
 
@@ -53,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _delegate("bindery.devcluster.__main__", rest)
     if command == "audit":
         return _delegate("bindery.audit", rest)
+    if command == "explain":
+        return _delegate("bindery.explain", rest)
     if command == "rm" and (not rest or rest[0] in ("-h", "--help", "help")):
         print(RM_USAGE)
         return 0 if rest else 2

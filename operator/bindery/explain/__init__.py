@@ -1,0 +1,66 @@
+"""`bindery explain POD`: why a pod is pending, or where and how it was bound.
+
+Read-only, with the kubeconfig alone: the pod's PodScheduled condition and scheduling events, the
+ResourceManager serving its scheduler name and what that resource manager holds for it (reservation,
+state, node, lease), and its volume claims. What it cannot see (the operator's queue) it says.
+Exit status 0 when answered, 1 when the pod does not exist, 2 when the cluster could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pathlib
+import sys
+from collections.abc import Sequence
+
+from bindery.explain.facts import Explanation, explain, render
+
+__all__ = ["Explanation", "explain", "main", "render"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bindery explain", description="Why a pod is pending, or where and how it was bound."
+    )
+    parser.add_argument("pod", help="the pod's name")
+    parser.add_argument("--namespace", "-n", default="default", help="the pod's namespace (default: default)")
+    parser.add_argument(
+        "--kubeconfig", type=pathlib.Path, help="default: $KUBECONFIG, ~/.kube/config, in-cluster"
+    )
+    parser.add_argument("--output", "-o", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="give up after this many seconds (default %(default)s)"
+    )
+    return parser
+
+
+async def _explain(args: argparse.Namespace) -> Explanation:
+    from kubernetes_asyncio import client
+
+    from bindery.controller.connection import load_configuration
+    from bindery.explain.collect import explain_pod
+
+    configuration = await load_configuration(kubeconfig=args.kubeconfig)
+    async with client.ApiClient(configuration=configuration) as api, asyncio.timeout(args.timeout):
+        return await explain_pod(api=api, namespace=args.namespace, name=args.pod)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from bindery.explain.collect import PodNotFound
+
+    args = build_parser().parse_args(argv)
+    try:
+        answer = asyncio.run(_explain(args))
+    except PodNotFound as exc:
+        print(f"bindery explain: {exc}", file=sys.stderr)
+        return 1
+    except TimeoutError:
+        print(f"bindery explain: the cluster did not answer within {args.timeout:g} s", file=sys.stderr)
+        return 2
+    except Exception as exc:  # no cluster, no permission: say so
+        print(f"bindery explain: could not read the cluster: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(answer.as_json(), indent=2) if args.output == "json" else render(answer))
+    return 0

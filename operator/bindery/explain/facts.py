@@ -1,0 +1,262 @@
+"""Why is this pod where it is: the facts `bindery explain` gathers, joined into one answer (pure).
+
+A pending pod's story is split between the cluster (its condition, its events, its claims) and the
+resource manager (the reservation, its state, its lease). Each is read elsewhere (`collect.py`); this
+module only joins them, so every verdict is a unit-tested function of what was read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: The events that tell a pod's scheduling story, newest first in the answer.
+SCHEDULING_REASONS = ("FailedScheduling", "Scheduled")
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+RESERVATION_ANNOTATION = "bindery.dev/reservation-id"
+#: The fact `explain` cannot see from outside the operator, said on every pending pod.
+QUEUE_UNSEEN = (
+    "when the next attempt is due is not visible from outside the operator (its queue); Bindery retries "
+    "a pod that found no room when capacity is released or its backoff ends (1 s doubling to 10 s by "
+    "default), and an error after its backoff"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One FailedScheduling or Scheduled event (a repeated one counts its repeats)."""
+
+    time: str
+    reason: str
+    message: str
+    count: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ReservationView:
+    id: str
+    state: str
+    node: str
+    expires_at: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimState:
+    name: str
+    phase: str
+    volume: str | None
+    selected_node: str | None
+
+
+@dataclasses.dataclass
+class Explanation:
+    pod: str
+    uid: str
+    scheduler_name: str
+    resource_manager: str | None
+    phase: str
+    node: str | None
+    verdict: str
+    condition: dict[str, str] | None = None
+    attempts: list[Attempt] = dataclasses.field(default_factory=list)
+    reservations: list[ReservationView] = dataclasses.field(default_factory=list)
+    claims: list[ClaimState] = dataclasses.field(default_factory=list)
+    seconds_to_bind: float | None = None
+    unseen: list[str] = dataclasses.field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _timestamp(value: object) -> datetime.datetime | None:
+    if isinstance(value, str) and value:
+        try:
+            return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return None
+
+
+def attempts_of(events: Sequence[Mapping[str, Any]], *, limit: int = 5) -> list[Attempt]:
+    """Pure: the pod's scheduling events (core/v1 shape), newest first."""
+    found = []
+    for event in events:
+        if event.get("reason") not in SCHEDULING_REASONS:
+            continue
+        series = event.get("series") or {}
+        time = str(
+            series.get("lastObservedTime")
+            or event.get("lastTimestamp")
+            or event.get("eventTime")
+            or event.get("firstTimestamp")
+            or ""
+        )
+        count = int(series.get("count") or event.get("count") or 1)
+        found.append(
+            Attempt(
+                time=time, reason=str(event["reason"]), message=str(event.get("message") or ""), count=count
+            )
+        )
+    found.sort(key=lambda a: a.time, reverse=True)
+    return found[:limit]
+
+
+def claim_states(claims: Sequence[tuple[str, Mapping[str, Any] | None]]) -> list[ClaimState]:
+    """Pure: (name, claim or None) → what the claim says."""
+    states = []
+    for name, claim in claims:
+        if claim is None:
+            states.append(ClaimState(name=name, phase="Missing", volume=None, selected_node=None))
+            continue
+        annotations = (claim.get("metadata") or {}).get("annotations") or {}
+        states.append(
+            ClaimState(
+                name=name,
+                phase=str((claim.get("status") or {}).get("phase") or "Pending"),
+                volume=(claim.get("spec") or {}).get("volumeName") or None,
+                selected_node=annotations.get(SELECTED_NODE),
+            )
+        )
+    return states
+
+
+def explain(
+    *,
+    pod: Mapping[str, Any],
+    resource_manager: str | None,
+    events: Sequence[Mapping[str, Any]],
+    reservations: Sequence[ReservationView] | None,
+    claims: Sequence[tuple[str, Mapping[str, Any] | None]] = (),
+    rm_problem: str | None = None,
+) -> Explanation:
+    """Pure: the answer for `pod`, from what was read. `reservations` None: the RM could not be asked
+    (`rm_problem` says why)."""
+    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    status: Mapping[str, Any] = pod.get("status") or {}
+    key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    scheduler_name = str(spec.get("schedulerName") or "default-scheduler")
+    node = spec.get("nodeName") or None
+    condition = next((c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), None)
+    answer = Explanation(
+        pod=key,
+        uid=str(metadata.get("uid") or ""),
+        scheduler_name=scheduler_name,
+        resource_manager=resource_manager,
+        phase=str(status.get("phase") or "Pending"),
+        node=node,
+        verdict="",
+        condition={
+            k: str(condition.get(k) or "") for k in ("status", "reason", "message", "lastTransitionTime")
+        }
+        if condition
+        else None,
+        attempts=attempts_of(events),
+        reservations=list(reservations or ()),
+        claims=claim_states(claims),
+    )
+    if rm_problem is not None:
+        answer.unseen.append(f"the resource manager's view: {rm_problem}")
+    if resource_manager is None:
+        answer.verdict = (
+            f'no ResourceManager serves scheduler name "{scheduler_name}": Bindery does not schedule this pod'
+            + ("; kube-scheduler does" if scheduler_name == "default-scheduler" else "")
+        )
+        return answer
+    if node:
+        answer.verdict = _bound_verdict(answer, metadata, condition)
+        return answer
+    answer.unseen.append(QUEUE_UNSEEN)
+    answer.verdict = _pending_verdict(answer, metadata, spec)
+    return answer
+
+
+def _bound_verdict(
+    answer: Explanation, metadata: Mapping[str, Any], condition: Mapping[str, Any] | None
+) -> str:
+    created = _timestamp(metadata.get("creationTimestamp"))
+    bound_at = (
+        _timestamp((condition or {}).get("lastTransitionTime"))
+        if (condition or {}).get("status") == "True"
+        else None
+    )
+    if created and bound_at:
+        answer.seconds_to_bind = max(0.0, (bound_at - created).total_seconds())
+    reservation_id = ((metadata.get("annotations") or {}).get(RESERVATION_ANNOTATION)) or None
+    held = next((r for r in answer.reservations if r.id == reservation_id), None)
+    if reservation_id is None:
+        return (
+            f"bound to {answer.node}, without a Bindery reservation (bound by someone else, or before "
+            "Bindery served its name)"
+        )
+    if held is None:
+        state = "not active at the resource manager (released, expired, or the RM could not be asked)"
+    else:
+        state = f"{held.state} on {held.node}"
+    took = (
+        f" {answer.seconds_to_bind:.1f} s after it was created" if answer.seconds_to_bind is not None else ""
+    )
+    return f"bound to {answer.node}{took}, with reservation {reservation_id} ({state})"
+
+
+def _pending_verdict(answer: Explanation, metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
+    if metadata.get("deletionTimestamp"):
+        return "being deleted: Bindery no longer schedules it"
+    if spec.get("schedulingGates"):
+        gates = ", ".join(str(g.get("name")) for g in spec["schedulingGates"])
+        return f"held by scheduling gates ({gates}): Bindery schedules it once they are removed"
+    missing = [c.name for c in answer.claims if c.phase == "Missing"]
+    if missing:
+        return f"waiting for claim(s) {', '.join(missing)}, which do not exist"
+    active = [r for r in answer.reservations if r.state in ("reserved", "committed")]
+    provisioning = [c for c in answer.claims if c.phase != "Bound" and c.selected_node]
+    if active and provisioning:
+        names = ", ".join(f"{c.name} (on {c.selected_node})" for c in provisioning)
+        return f"reserved on {active[0].node}; waiting for its volume(s) to be provisioned: {names}"
+    if active:
+        return f"reserved on {active[0].node} ({active[0].state}); the Binding is on its way or being settled"
+    cond = answer.condition
+    if cond and cond.get("status") == "False":
+        kind = "no room" if cond.get("reason") == "Unschedulable" else "an error"
+        return f"not scheduled yet ({cond.get('reason')}, {kind}): {cond.get('message')}"
+    return "not tried yet, or no attempt has been reported: it waits in Bindery's queue"
+
+
+def render(answer: Explanation) -> str:
+    """The human answer: the verdict first, then the facts it rests on."""
+    lines = [
+        f"Pod:               {answer.pod} ({answer.uid})",
+        f"Scheduler name:    {answer.scheduler_name}"
+        + (f" (ResourceManager {answer.resource_manager})" if answer.resource_manager else " (not served)"),
+        f"Phase:             {answer.phase}" + (f" on {answer.node}" if answer.node else ""),
+        f"Why:               {answer.verdict}",
+    ]
+    if answer.condition:
+        c = answer.condition
+        lines.append(f"PodScheduled:      {c['status']} {c['reason']} {c['message']}".rstrip())
+    if answer.attempts:
+        lines.append("Attempts (newest first):")
+        lines += [
+            f"  {a.time}  {a.reason}{f' (x{a.count})' if a.count > 1 else ''}: {a.message}"
+            for a in answer.attempts
+        ]
+    if answer.reservations:
+        lines.append("At the resource manager:")
+        lines += [
+            f"  {r.id}  {r.state} on {r.node}" + (f", lease until {r.expires_at}" if r.expires_at else "")
+            for r in answer.reservations
+        ]
+    elif answer.resource_manager and not any("resource manager" in u for u in answer.unseen):
+        lines.append("At the resource manager: no active reservation")
+    if answer.claims:
+        lines.append("Claims:")
+        lines += [
+            f"  {c.name}  {c.phase}"
+            + (f", volume {c.volume}" if c.volume else "")
+            + (f", selected node {c.selected_node}" if c.selected_node else "")
+            for c in answer.claims
+        ]
+    lines += [f"Not seen:          {u}" for u in answer.unseen]
+    return "\n".join(lines)
