@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.devcluster.nodes import create_node
+from bindery.devcluster.nodes import create_node, node_status
 from bindery.devcluster.plane import ControlPlane
 from bindery.kube.binder import assigned_node
 from bindery.rm.models import ReservationState
@@ -19,6 +19,7 @@ from tests.operator.conftest import (
     Bindery,
     RealStage,
     Stage,
+    attempts,
     bind_pod,
     closed_port_url,
     condition,
@@ -49,26 +50,41 @@ async def _failed(api: client.ApiClient, namespace: str, name: str, reason: str)
 
 async def test_unschedulable_reports_retries_and_binds_when_capacity_frees(
     *,
+    controlplane: ControlPlane,
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
-    fake_rm: FakeRM,
-    stage: Stage,
+    crd: None,
+    tmp_path: pathlib.Path,
 ) -> None:
-    node = stage.node
-    fake_rm.slots[node] = 0
-    async with stage.served(backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}):
-        await stage.create("p")
+    """The reference RM finds no room on a 1-CPU node for a 2-CPU pod: Unschedulable with its reason,
+    no reservation held. The node grows (what the RM mirrors): backoff brings the pod back, it binds,
+    and exactly one reservation, committed, is left."""
+    async with (
+        real_stage_of(
+            controlplane=controlplane,
+            api=kube_api,
+            namespace=namespace,
+            directory=tmp_path / "rm",
+            capacity={"cpu": "1", "memory": "8Gi", "pods": "20"},
+        ) as stage,
+        stage.served(backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}),
+    ):
+        uid = (await stage.create("p", cpu="2"))["metadata"]["uid"]
         cond = await eventually(
             lambda: _failed(kube_api, namespace, "p", "Unschedulable"), what="Unschedulable"
         )
-        assert "all nodes are full" in cond["message"]
-        attempts = len([c for c in fake_rm.calls if c[0] == "reserve"])
-        fake_rm.slots[node] = 1  # capacity frees up (the RM's view); backoff brings the pod back
-        assert await eventually(lambda: stage.node_of("p"), what="the bind") == node
-        assert len([c for c in fake_rm.calls if c[0] == "reserve"]) > attempts
+        assert f'resource manager "{stage.rm_name}" has no room for the pod' in cond["message"]
+        assert await stage.active() == []
+        await client.CoreV1Api(kube_api).patch_node_status(
+            name=stage.node,
+            body={"status": node_status(capacity={"cpu": "4", "memory": "8Gi", "pods": "20"})},
+        )
+        assert await eventually(lambda: stage.node_of("p"), what="the bind") == stage.node
+        await eventually(lambda: stage.states_are(uid, "committed"), what="the commit")
         events = await events_of(kube_api, namespace=namespace, pod_name="p")
         assert [e["reason"] for e in events].count("Scheduled") == 1
+        await stage.settled()
 
 
 def _reserves_only(method: str, path: str) -> bool:
@@ -353,17 +369,31 @@ def _reserves(rm: FakeRM, name: str) -> int:
 
 async def test_repeated_failures_do_not_flood_the_api(
     *,
+    controlplane: ControlPlane,
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
-    fake_rm: FakeRM,
-    stage: Stage,
+    crd: None,
+    tmp_path: pathlib.Path,
 ) -> None:
-    fake_rm.slots[stage.node] = 0
-    async with stage.served(backoff={"initialSeconds": 0.1, "maxSeconds": 0.2}):
-        await stage.create("p")
-        await eventually(lambda: now(_reserves(fake_rm, "p") >= 8), what="eight attempts")
+    """Eight attempts that the reference RM refuses for lack of room write one FailedScheduling event
+    and the condition at most twice: repeats are throttled and an unchanged condition is not rewritten."""
+    async with (
+        real_stage_of(
+            controlplane=controlplane,
+            api=kube_api,
+            namespace=namespace,
+            directory=tmp_path / "rm",
+            capacity={"cpu": "1", "memory": "8Gi", "pods": "20"},
+        ) as stage,
+        stage.served(backoff={"initialSeconds": 0.1, "maxSeconds": 0.2}),
+    ):
+        await stage.create("p", cpu="2")
+        await eventually(
+            lambda: now(attempts(bindery, resource_manager=stage.rm_name) >= 8), what="eight attempts"
+        )
         events = await events_of(kube_api, namespace=namespace, pod_name="p")
         assert len([e for e in events if e["reason"] == "FailedScheduling"]) == 1
         writes = bindery.runtime.writes.snapshot()
         assert writes.get("condition", 0) <= 2, writes  # an unchanged condition is not rewritten
+        assert await stage.active() == []
