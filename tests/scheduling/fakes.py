@@ -181,6 +181,9 @@ class FakeRM:
         self.calls = calls
         self.node = node
         self.reserve_error: BaseException | None = None
+        self.reserve_errors: list[BaseException] = []  # raised first, one per reserve
+        #: what list_reservations answers (filtered by pod UID)
+        self.listed: list[Reservation] = []
         self.commit_error: BaseException | None = None
         self.commit_errors: list[BaseException] = []  # raised first, one per commit
         self.release_error: BaseException | None = None
@@ -193,6 +196,8 @@ class FakeRM:
     async def reserve(self, request: ReservationRequest, /) -> Reservation:
         self.calls.record("rm.reserve", pod=request.pod.uid, key=request.idempotency_key)
         self.requests.append(request)
+        if self.reserve_errors:
+            raise self.reserve_errors.pop(0)
         if self.reserve_error is not None:
             raise self.reserve_error
         return Reservation(
@@ -236,3 +241,9 @@ class FakeRM:
             pod_uid=pod_uid,
             scheduler_name="",
         )
+
+    async def list_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
+    ) -> list[Reservation]:
+        self.calls.record("rm.list", pod=pod_uid)
+        return [r for r in self.listed if pod_uid is None or r.pod_uid == pod_uid]

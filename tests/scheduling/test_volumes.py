@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from bindery.rm.errors import ProblemType, RMConflict
+from bindery.rm.models import Reservation, ReservationState
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
 from bindery.scheduling.decisions import FailureKind, Outcome
 from bindery.scheduling.framework import CycleContext, Ports, Profile, and_terms
@@ -515,3 +517,58 @@ async def test_unreserve_leaves_a_selection_another_scheduler_made_since() -> No
     assert world.volumes.claims["data"]["metadata"]["annotations"] == {SELECTED_NODE: "n3"}
     selects = [entry[1]["node"] for entry in world.calls.log if entry[0] == "volumes.select_node"]
     assert selects == ["n2"]  # set once, never removed: it is not ours any more
+
+
+def _key_reused() -> RMConflict:
+    return RMConflict(
+        "the RM rejected reserve with HTTP 409: idempotency key reused for a different request",
+        status=409,
+        problem={"type": ProblemType.IDEMPOTENCY_KEY_REUSED},
+    )
+
+
+async def test_a_reservation_kept_from_before_the_claim_was_bound_is_kept_if_its_node_still_fits() -> None:
+    """An earlier cycle reserved on n2 without a volume constraint, bound the claim there and lost its
+    Binding's answer; the next cycle's request now carries the volume's node affinity (n2), and the RM
+    answers 409 idempotency-key-reused. The earlier reservation fits the new request: it is used."""
+    world = VolumeWorld("data")
+    world.volumes.claims["data"] = claim("data", volume="pv-1")
+    world.volumes.pvs["pv-1"] = pv("pv-1", node="n2")
+    world.rm.reserve_errors = [_key_reused()]
+    world.rm.listed = [
+        Reservation(
+            id="earlier",
+            node="n2",
+            state=ReservationState.RESERVED,
+            pod_uid=world.pod.uid,
+            scheduler_name="bindery",
+        )
+    ]
+    outcome = await world.run()
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+    assert outcome.reservation_id == "earlier"
+    assert world.calls.count("rm.reserve") == 1
+    assert "rm.release" not in world.calls.names()
+
+
+async def test_a_kept_reservation_the_new_constraints_rule_out_is_released_and_replaced() -> None:
+    world = VolumeWorld("data")
+    world.volumes.claims["data"] = claim("data", volume="pv-1")
+    world.volumes.pvs["pv-1"] = pv("pv-1", node="n2")
+    world.rm.reserve_errors = [_key_reused()]
+    world.rm.listed = [
+        Reservation(
+            id="earlier",
+            node="n1",
+            state=ReservationState.RESERVED,
+            pod_uid=world.pod.uid,
+            scheduler_name="bindery",
+        )
+    ]
+    outcome = await world.run()
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+    names = world.calls.names()
+    assert names.count("rm.reserve") == 2
+    assert names.index("rm.release") < len(names) - names[::-1].index("rm.reserve") - 1
+    assert ("release", "earlier", world.pod.uid) in world.rm.pod_uids
+    assert outcome.reservation_id != "earlier"

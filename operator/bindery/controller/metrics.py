@@ -200,6 +200,14 @@ class MeasuredRM:
             "renew", lambda: self.inner.renew(reservation_id, pod_uid=pod_uid, ttl_seconds=ttl_seconds)
         )
 
+    async def list_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
+    ) -> list[Reservation]:
+        return await self.measure(
+            "list",
+            lambda: self.inner.list_reservations(scheduler_name=scheduler_name, state=state, pod_uid=pod_uid),
+        )
+
     async def measure(self, verb: str, call: Callable[[], Awaitable[T]]) -> T:
         started = time.perf_counter()
         error: BaseException | None = None

@@ -393,3 +393,10 @@ class SettlingReleases:
 
     async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation:
         return await self._inner.renew(reservation_id, pod_uid=pod_uid, ttl_seconds=ttl_seconds)
+
+    async def list_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
+    ) -> list[Reservation]:
+        return await self._inner.list_reservations(
+            scheduler_name=scheduler_name, state=state, pod_uid=pod_uid
+        )

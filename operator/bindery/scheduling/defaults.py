@@ -33,8 +33,9 @@ from datetime import UTC, datetime
 
 import pydantic
 
-from bindery.rm.errors import RMConflict, RMUnsupported
-from bindery.rm.models import ReservationState
+from bindery.constraints import matches_required_affinity
+from bindery.rm.errors import ProblemType, RMConflict, RMUnsupported
+from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, Lease, Step, lease_from_answer, plan_call
@@ -170,6 +171,13 @@ class ResourceManagerReservation:
         sent_at, sent_at_wall = ctx.profile.clock(), datetime.now(UTC)
         try:
             ctx.reservation = await ctx.profile.client.reserve(request)
+        except RMConflict as error:
+            if error.problem.get("type") != ProblemType.IDEMPOTENCY_KEY_REUSED:
+                return _failure(ctx, error, Stage.RESERVE, self.name)
+            try:
+                ctx.reservation = await self._earlier_or_anew(ctx, request)
+            except Exception as again:
+                return _failure(ctx, again, Stage.RESERVE, self.name)
         except Exception as error:
             return _failure(ctx, error, Stage.RESERVE, self.name)
         if ctx.reservation.state is ReservationState.COMMITTED:
@@ -192,6 +200,46 @@ class ResourceManagerReservation:
             sent_at_wall=sent_at_wall,
         )
         return Status.success()
+
+    async def _earlier_or_anew(self, ctx: CycleContext, request: ReservationRequest) -> Reservation:
+        """The RM holds a reservation for this pod (same key) made from a different request.
+
+        It happens when a reservation outlives its cycle (a Binding that got no answer, a leader
+        change) and the pod's placement constraints changed meanwhile: its claim got bound to a
+        volume in PreBind, so the volume's node affinity is now part of the request. Keep that
+        reservation if its node satisfies the new request; otherwise release it (with the pod's UID)
+        and reserve anew, once.
+        """
+        earlier = [
+            r
+            for r in await ctx.profile.client.list_reservations(pod_uid=ctx.pod.uid)
+            if r.pod_uid == ctx.pod.uid and r.state.active
+        ]
+        node = ctx.ports.nodes.get(earlier[0].node) if earlier else None
+        terms = request.placement.affinity_terms()
+        if earlier and (
+            earlier[0].state is ReservationState.COMMITTED
+            or (
+                node is not None
+                and matches_required_affinity(terms=terms, labels=node.labels, node_name=node.name)
+            )
+        ):
+            log.info(
+                "pod %s: keeping its reservation %s on %s, made before its placement constraints changed",
+                ctx.pod.key,
+                earlier[0].id,
+                earlier[0].node,
+            )
+            return earlier[0]
+        for stale in earlier:
+            await ctx.profile.client.release(stale.id, pod_uid=ctx.pod.uid)
+            log.info(
+                "pod %s: released its reservation %s on %s, which its new placement constraints rule out",
+                ctx.pod.key,
+                stale.id,
+                stale.node,
+            )
+        return await ctx.profile.client.reserve(request)
 
     async def unreserve(self, *, ctx: CycleContext) -> None:
         if ctx.reservation is None or ctx.state.get(_RELEASED):

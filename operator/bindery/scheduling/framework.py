@@ -136,6 +136,10 @@ class ReservationClient(Protocol):
 
     async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation: ...
 
+    async def list_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
+    ) -> list[Reservation]: ...
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ports:
