@@ -87,6 +87,12 @@ def run_command(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="json: one object per line; lines about a pod carry it, its ResourceManager and reservation",
+    )
+    parser.add_argument(
         "--liveness",
         metavar="URL",
         help="serve Kopf's liveness endpoint at this URL, e.g. http://0.0.0.0:8080/healthz "
@@ -151,6 +157,11 @@ def run_command(argv: Sequence[str]) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.log_format == "json":
+        from bindery.logcontext import JsonFormatter
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     from bindery.controller.options import OperatorOptions
     from bindery.controller.run import run_operator
 

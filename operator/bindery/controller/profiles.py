@@ -31,6 +31,7 @@ from bindery.controller.metrics import MeasuredRM, Metrics
 from bindery.controller.secrets import RMCredentials
 from bindery.controller.unconfirmed import SettlingReleases, UnconfirmedBind, UnconfirmedBinds
 from bindery.kube.reads import read_pod
+from bindery.logcontext import log_context
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
@@ -349,6 +350,10 @@ class ProfileRunner:
 
     async def _cycle(self, pod: PodInfo) -> None:
         """One pod: the scheduling cycle, then its outcome to the queue, the metrics and the settling."""
+        with log_context(pod=pod.key, pod_uid=pod.uid, resource_manager=self.config.name):
+            await self._cycle_in_context(pod)
+
+    async def _cycle_in_context(self, pod: PodInfo) -> None:
         started = time.perf_counter()
         self._cycling.add(pod.uid)
         try:

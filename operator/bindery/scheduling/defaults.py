@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 import pydantic
 
 from bindery.constraints import matches_required_affinity
+from bindery.logcontext import add_log_context
 from bindery.rm.errors import ProblemType, RMConflict, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
@@ -193,6 +194,7 @@ class ResourceManagerReservation:
                     plugin=self.name,
                 )
             )
+        add_log_context(reservation=ctx.reservation.id)
         ctx.state[_LEASE] = lease_from_answer(
             reservation=ctx.reservation,
             ttl_seconds=ctx.profile.reservation_ttl_seconds,
