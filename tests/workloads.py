@@ -97,11 +97,11 @@ class Cluster:
         items: list[dict[str, Any]] = (await response.json())["items"]
         return [p for p in items if not (p["metadata"].get("deletionTimestamp"))]
 
-    async def running(self, label: str, count: int) -> list[dict[str, Any]] | None:
-        """The pods of `label` once exactly `count` exist and all are Running."""
+    async def running(self, label: str, count: int) -> bool:
+        """Whether exactly `count` pods of `label` exist and all are Running (a bool, not the pods: with
+        `count` 0 an empty list would read as "not yet" to `eventually`)."""
         pods = await self.pods(label)
-        ready = len(pods) == count and all((p.get("status") or {}).get("phase") == "Running" for p in pods)
-        return pods if ready else None
+        return len(pods) == count and all((p.get("status") or {}).get("phase") == "Running" for p in pods)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -137,7 +137,7 @@ async def test_chaos_controllers_churn_while_operator_and_rm_are_killed(
             await eventually(
                 lambda: view.running("app=api", replicas),
                 within=120,
-                what=f"the Deployment at {replicas} Running",
+                what=f"the Deployment at {replicas} Running ({report.line()})",
             )
 
             async def jobs_complete() -> bool:
@@ -147,7 +147,7 @@ async def test_chaos_controllers_churn_while_operator_and_rm_are_killed(
                         return False
                 return True
 
-            await eventually(jobs_complete, within=120, what=f"the Jobs {jobs} complete")
+            await eventually(jobs_complete, within=120, what=f"the Jobs {jobs} complete ({report.line()})")
             lines: list[str] = []
 
             async def clean() -> bool:
