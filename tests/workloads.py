@@ -168,3 +168,15 @@ async def kwok_pool(
 
     await eventually(ready, within=60, what="kwok reporting the nodes Ready")
     return nodes
+
+
+async def default_scheduler_share(view: Cluster, *, pool: str, nodes: int) -> None:
+    """What already runs on a real pool, placed by kube-scheduler before Bindery's pods: a DaemonSet
+    of 0.5 CPU per node and a Deployment of 3 x 1 CPU, returned once all of it is Running."""
+    namespace = view.namespace
+    await view.apps.create_namespaced_daemon_set(namespace, daemonset("agent", cpu="500m", pool=pool))
+    await view.apps.create_namespaced_deployment(
+        namespace, deployment("web", replicas=3, cpu="1", scheduler=None, pool=pool)
+    )
+    await eventually(lambda: view.running("app=agent", nodes), within=90, what="the DaemonSet's pods Running")
+    await eventually(lambda: view.running("app=web", 3), within=90, what="the default Deployment Running")

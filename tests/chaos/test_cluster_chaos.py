@@ -24,7 +24,15 @@ from kubernetes_asyncio import client
 from bindery.devcluster.plane import ControlPlane
 from tests.chaos.harness import SECONDS, Report, chaos_seed, hard_timeout
 from tests.realrm import audit_findings, invariant_violations
-from tests.workloads import Cluster, bindery_on, daemonset, deployment, eventually, job, kwok_pool
+from tests.workloads import (
+    Cluster,
+    bindery_on,
+    default_scheduler_share,
+    deployment,
+    eventually,
+    job,
+    kwok_pool,
+)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.controlplane, pytest.mark.timeout(int(hard_timeout()) + 60)]
 
@@ -49,11 +57,7 @@ async def test_chaos_controllers_churn_while_operator_and_rm_are_killed(
         cluster_api, pool=pool, count=NODES, capacity={"cpu": "4", "memory": "8Gi", "pods": "30"}
     )
     view = Cluster(api=cluster_api, namespace=namespace)
-    await view.apps.create_namespaced_daemon_set(namespace, daemonset("agent", cpu="500m", pool=pool))
-    await view.apps.create_namespaced_deployment(
-        namespace, deployment("web", replicas=3, cpu="1", scheduler=None, pool=pool)
-    )
-    await eventually(lambda: view.running("app=web", 3), within=90, what="the default Deployment Running")
+    await default_scheduler_share(view, pool=pool, nodes=NODES)
     try:
         async with (
             asyncio.timeout(hard_timeout()),

@@ -27,7 +27,15 @@ from kubernetes_asyncio import client
 
 from bindery.devcluster.plane import ControlPlane
 from tests.realrm import audit_findings, invariant_violations
-from tests.workloads import Cluster, bindery_on, daemonset, deployment, eventually, job, kwok_pool
+from tests.workloads import (
+    Cluster,
+    bindery_on,
+    default_scheduler_share,
+    deployment,
+    eventually,
+    job,
+    kwok_pool,
+)
 
 pytestmark = pytest.mark.controlplane
 
@@ -50,12 +58,7 @@ async def test_controllers_kwok_and_two_schedulers_share_nodes_without_overcommi
     view = Cluster(api=cluster_api, namespace=namespace)
 
     # The default scheduler's share first: 0.5 CPU per node (DaemonSet) + 3 x 1 CPU.
-    await view.apps.create_namespaced_daemon_set(namespace, daemonset("agent", cpu="500m", pool=pool))
-    await view.apps.create_namespaced_deployment(
-        namespace, deployment("web", replicas=3, cpu="1", scheduler=None, pool=pool)
-    )
-    await eventually(lambda: view.running("app=agent", NODES), within=90, what="the DaemonSet's pods Running")
-    await eventually(lambda: view.running("app=web", 3), within=90, what="the default Deployment Running")
+    await default_scheduler_share(view, pool=pool, nodes=NODES)
 
     try:
         async with bindery_on(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -48,28 +48,33 @@ async def _failed(api: client.ApiClient, namespace: str, name: str, reason: str)
     return cond
 
 
+@pytest.fixture
+async def one_cpu_stage(
+    controlplane: ControlPlane, kube_api: client.ApiClient, crd: None, namespace: str, tmp_path: pathlib.Path
+) -> AsyncIterator[RealStage]:
+    """`real_stage_of` with a 1-CPU node: room for one small pod, none for a 2-CPU one."""
+    async with real_stage_of(
+        controlplane=controlplane,
+        api=kube_api,
+        namespace=namespace,
+        directory=tmp_path / "rm",
+        capacity={"cpu": "1", "memory": "8Gi", "pods": "20"},
+    ) as stage:
+        yield stage
+
+
 async def test_unschedulable_reports_retries_and_binds_when_capacity_frees(
     *,
-    controlplane: ControlPlane,
+    one_cpu_stage: RealStage,
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
-    crd: None,
-    tmp_path: pathlib.Path,
 ) -> None:
     """The reference RM finds no room on a 1-CPU node for a 2-CPU pod: Unschedulable with its reason,
     no reservation held. The node grows (what the RM mirrors): backoff brings the pod back, it binds,
     and exactly one reservation, committed, is left."""
-    async with (
-        real_stage_of(
-            controlplane=controlplane,
-            api=kube_api,
-            namespace=namespace,
-            directory=tmp_path / "rm",
-            capacity={"cpu": "1", "memory": "8Gi", "pods": "20"},
-        ) as stage,
-        stage.served(backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}),
-    ):
+    stage = one_cpu_stage
+    async with stage.served(backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}):
         uid = (await stage.create("p", cpu="2"))["metadata"]["uid"]
         cond = await eventually(
             lambda: _failed(kube_api, namespace, "p", "Unschedulable"), what="Unschedulable"
@@ -290,38 +295,30 @@ async def test_a_pod_bound_elsewhere_unseen_meets_the_apiservers_409_and_is_rele
 
 async def test_two_pods_racing_for_the_last_slot(
     *,
-    controlplane: ControlPlane,
+    one_cpu_stage: RealStage,
     kube_api: client.ApiClient,
-    crd: None,
     namespace: str,
     bindery: Bindery,
-    tmp_path: pathlib.Path,
 ) -> None:
     """A 1-CPU node at the reference RM and two pods of 600m: one binds, the other is reported
     Unschedulable, and the RM holds one reservation (the loser's refused reserve left nothing)."""
-    async with real_stage_of(
-        controlplane=controlplane,
-        api=kube_api,
-        namespace=namespace,
-        directory=tmp_path / "rm",
-        capacity={"cpu": "1", "memory": "8Gi", "pods": "20"},
-    ) as stage:
-        node = stage.node
-        async with stage.served():
-            for name in ("a", "b"):
-                await stage.create(name, cpu="600m")
+    stage = one_cpu_stage
+    node = stage.node
+    async with stage.served():
+        for name in ("a", "b"):
+            await stage.create(name, cpu="600m")
 
-            async def one_bound_one_unschedulable() -> bool:
-                nodes = [await stage.node_of(n) for n in ("a", "b")]
-                loser = "b" if nodes[0] else "a"
-                unschedulable = await _failed(kube_api, namespace, loser, "Unschedulable")
-                return nodes.count(node) == 1 and bool(unschedulable)
+        async def one_bound_one_unschedulable() -> bool:
+            nodes = [await stage.node_of(n) for n in ("a", "b")]
+            loser = "b" if nodes[0] else "a"
+            unschedulable = await _failed(kube_api, namespace, loser, "Unschedulable")
+            return nodes.count(node) == 1 and bool(unschedulable)
 
-            await eventually(one_bound_one_unschedulable, within=30, what="one winner and one Unschedulable")
-            await stage.settled()
-            (held,) = await stage.active()
-            winner = "a" if await stage.node_of("a") else "b"
-            assert (held.name, held.state) == (winner, ReservationState.COMMITTED)
+        await eventually(one_bound_one_unschedulable, within=30, what="one winner and one Unschedulable")
+        await stage.settled()
+        (held,) = await stage.active()
+        winner = "a" if await stage.node_of("a") else "b"
+        assert (held.name, held.state) == (winner, ReservationState.COMMITTED)
 
 
 async def _released_all(rm: FakeRM) -> bool:
@@ -369,25 +366,15 @@ def _reserves(rm: FakeRM, name: str) -> int:
 
 async def test_repeated_failures_do_not_flood_the_api(
     *,
-    controlplane: ControlPlane,
+    one_cpu_stage: RealStage,
     kube_api: client.ApiClient,
     namespace: str,
     bindery: Bindery,
-    crd: None,
-    tmp_path: pathlib.Path,
 ) -> None:
     """Eight attempts that the reference RM refuses for lack of room write one FailedScheduling event
     and the condition at most twice: repeats are throttled and an unchanged condition is not rewritten."""
-    async with (
-        real_stage_of(
-            controlplane=controlplane,
-            api=kube_api,
-            namespace=namespace,
-            directory=tmp_path / "rm",
-            capacity={"cpu": "1", "memory": "8Gi", "pods": "20"},
-        ) as stage,
-        stage.served(backoff={"initialSeconds": 0.1, "maxSeconds": 0.2}),
-    ):
+    stage = one_cpu_stage
+    async with stage.served(backoff={"initialSeconds": 0.1, "maxSeconds": 0.2}):
         await stage.create("p", cpu="2")
         await eventually(
             lambda: now(attempts(bindery, resource_manager=stage.rm_name) >= 8), what="eight attempts"

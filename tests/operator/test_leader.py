@@ -264,8 +264,13 @@ async def test_a_term_noticed_lost_after_a_freeze_exits_without_cancelling_its_c
 
 
 class _Binder:
-    def __init__(self) -> None:
-        self.bound: list[str] = []
+    """Records each Binding it sends; `seconds` is how long a Binding takes before it is written (a
+    connection being opened), and `started` is set once the first one is under way."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+        self.sent: list[str] = []
+        self.started = asyncio.Event()
 
     async def bind(
         self,
@@ -275,17 +280,24 @@ class _Binder:
         annotations: Mapping[str, str],
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> None:
-        self.bound.append(pod.name)
+        self.started.set()
+        await asyncio.sleep(self.seconds)
+        self.sent.append(pod.name)
+
+
+def _fenced(inner: _Binder, deadline: Callable[[], float]) -> FencedBinder:
+    """A FencedBinder whose lease holds until `deadline()` (monotonic), as the elector's fence does."""
+    return FencedBinder(
+        binder=inner,
+        holds=lambda: time.monotonic() < deadline(),
+        holds_for=lambda: max(0.0, deadline() - time.monotonic()),
+        logger=logging.getLogger("test"),
+    )
 
 
 async def test_the_fenced_binder_sends_nothing_without_the_lease() -> None:
     inner, holds = _Binder(), [True]
-    fenced = FencedBinder(
-        binder=inner,
-        holds=lambda: holds[0],
-        holds_for=lambda: 60.0 if holds[0] else 0.0,
-        logger=logging.getLogger("test"),
-    )
+    fenced = _fenced(inner, lambda: time.monotonic() + 60.0 if holds[0] else 0.0)
     await fenced.bind(pod=pod("a"), node="n", annotations={})
     holds[0] = False
     waiting = asyncio.create_task(fenced.bind(pod=pod("b"), node="n", annotations={}))
@@ -294,41 +306,17 @@ async def test_the_fenced_binder_sends_nothing_without_the_lease() -> None:
     waiting.cancel()  # what the pause does
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert inner.bound == ["a"]
-
-
-class _SlowBinder:
-    """A Binding that takes `seconds` before it is written (a connection being opened)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.sent: list[str] = []
-
-    async def bind(
-        self,
-        *,
-        pod: PodInfo,
-        node: str,
-        annotations: Mapping[str, str],
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> None:
-        await asyncio.sleep(self.seconds)
-        self.sent.append(pod.name)
+    assert inner.sent == ["a"]
 
 
 async def test_a_binding_in_flight_when_the_event_loop_froze_past_the_deadline_is_not_sent() -> None:
     """The freeze is real: the event loop is blocked (as SIGSTOP blocks it) while the Binding waits on
     its connection; on waking, the fence's timer runs before the Binding resumes, so it is cut."""
-    inner = _SlowBinder(0.05)
+    inner = _Binder(0.05)
     deadline = time.monotonic() + 0.2
-    fenced = FencedBinder(
-        binder=inner,
-        holds=lambda: time.monotonic() < deadline,
-        holds_for=lambda: max(0.0, deadline - time.monotonic()),
-        logger=logging.getLogger("test"),
-    )
+    fenced = _fenced(inner, lambda: deadline)
     binding = asyncio.create_task(fenced.bind(pod=pod("a"), node="n", annotations={}))
-    await asyncio.sleep(0.01)  # the Binding is waiting on its "connection"
+    await inner.started.wait()  # the Binding is waiting on its "connection"
     time.sleep(0.4)  # the freeze (the loop blocked), past the renew deadline
     await eventually(lambda: _async(fenced.withheld == 1), within=5, what="the Binding cut")
     assert inner.sent == []
@@ -341,7 +329,7 @@ async def test_a_binding_in_flight_when_the_event_loop_froze_past_the_deadline_i
 async def test_a_binding_that_outlives_a_renewed_deadline_is_sent() -> None:
     """Renewals move the deadline: a Binding slower than the first deadline but inside the renewed one
     is not cut (the timer looks again instead)."""
-    inner = _SlowBinder(2.5)
+    inner = _Binder(2.5)
     deadline = [time.monotonic() + 1.0]
 
     async def renew() -> None:  # every 0.2 s a deadline 1 s ahead: slack for a loaded machine
@@ -350,12 +338,7 @@ async def test_a_binding_that_outlives_a_renewed_deadline_is_sent() -> None:
             deadline[0] = time.monotonic() + 1.0
 
     renewing = asyncio.create_task(renew())
-    fenced = FencedBinder(
-        binder=inner,
-        holds=lambda: time.monotonic() < deadline[0],
-        holds_for=lambda: max(0.0, deadline[0] - time.monotonic()),
-        logger=logging.getLogger("test"),
-    )
+    fenced = _fenced(inner, lambda: deadline[0])
     try:
         await asyncio.wait_for(fenced.bind(pod=pod("a"), node="n", annotations={}), timeout=5)
     finally:
@@ -365,12 +348,10 @@ async def test_a_binding_that_outlives_a_renewed_deadline_is_sent() -> None:
 
 
 async def test_a_pause_during_a_binding_cancels_it_as_before() -> None:
-    inner = _SlowBinder(30)
-    fenced = FencedBinder(
-        binder=inner, holds=lambda: True, holds_for=lambda: 60.0, logger=logging.getLogger("test")
-    )
+    inner = _Binder(30)
+    fenced = _fenced(inner, lambda: time.monotonic() + 60.0)
     binding = asyncio.create_task(fenced.bind(pod=pod("a"), node="n", annotations={}))
-    await asyncio.sleep(0.01)
+    await inner.started.wait()
     binding.cancel()
     with pytest.raises(asyncio.CancelledError):
         await binding

@@ -4,7 +4,7 @@ a whole cycle against in-memory claims, volumes and classes (the real apiserver:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -215,9 +215,13 @@ class FakeVolumes:
         self.pvs: dict[str, dict[str, Any]] = {}
         self.classes: dict[str, Mapping[str, Any]] = {"wffc": WFFC, "local": LOCAL, "fast": IMMEDIATE}
         self.provision_after: int | None = 1  # None: no provisioner runs
+        #: called before each claim read with the number of reads so far (to change the world, or raise)
+        self.before_read: Callable[[int], None] | None = None
         self._polls: dict[str, int] = {}
 
     async def claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
+        if self.before_read is not None:
+            self.before_read(self.calls.count("volumes.claim"))
         self.calls.record("volumes.claim", name=name)
         found = self.claims.get(name)
         if found is not None and SELECTED_NODE in (found["metadata"].get("annotations") or {}):
@@ -385,10 +389,10 @@ async def test_provisioning_that_never_happens_times_out_undoes_the_annotation_a
 async def test_a_volume_api_failure_is_a_scheduler_error_not_unschedulable() -> None:
     world = VolumeWorld("data")
 
-    async def broken(*, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def broken(reads: int) -> None:
         raise VolumeError("reading persistentvolumeclaim ns/data failed: HTTP 500: etcd is away")
 
-    world.volumes.claim = broken  # type: ignore[method-assign]
+    world.volumes.before_read = broken
     outcome = await world.run()
     assert outcome.outcome is Outcome.ERROR
     assert outcome.failure is not None
@@ -442,19 +446,22 @@ async def test_a_claim_already_selected_for_a_node_keeps_the_pod_there() -> None
     ]
 
 
-async def test_a_provisioner_that_removes_the_selected_node_ends_the_wait_at_once() -> None:
+def waiting_world() -> VolumeWorld:
+    """A WaitForFirstConsumer claim whose provisioner never provisions (tests change the world)."""
     world = VolumeWorld("data")
     world.volumes.claims["data"] = claim("data")
     world.volumes.provision_after = None
-    real_claim = world.volumes.claim
+    return world
 
-    async def gives_up(*, namespace: str, name: str) -> Mapping[str, Any] | None:
-        found = world.volumes.claims.get(name)
-        if found is not None and world.calls.count("volumes.claim") >= 3:
-            found["metadata"].get("annotations", {}).pop(SELECTED_NODE, None)  # "no capacity there"
-        return await real_claim(namespace=namespace, name=name)
 
-    world.volumes.claim = gives_up  # type: ignore[method-assign]
+async def test_a_provisioner_that_removes_the_selected_node_ends_the_wait_at_once() -> None:
+    world = waiting_world()
+
+    def gives_up(reads: int) -> None:
+        if reads >= 3:  # "no capacity there"
+            world.volumes.claims["data"]["metadata"].get("annotations", {}).pop(SELECTED_NODE, None)
+
+    world.volumes.before_read = gives_up
     outcome = await world.run(volume_bind_timeout_seconds=60)
     assert outcome.failure is not None
     assert "gave up on node" in outcome.failure.message
@@ -463,17 +470,13 @@ async def test_a_provisioner_that_removes_the_selected_node_ends_the_wait_at_onc
 
 
 async def test_a_pod_deleted_while_its_volumes_are_bound_ends_the_wait_and_releases() -> None:
-    world = VolumeWorld("data")
-    world.volumes.claims["data"] = claim("data")
-    world.volumes.provision_after = None
-    real_claim = world.volumes.claim
+    world = waiting_world()
 
-    async def then_deleted(*, namespace: str, name: str) -> Mapping[str, Any] | None:
-        if world.calls.count("volumes.claim") >= 3:
+    def then_deleted(reads: int) -> None:
+        if reads >= 3:
             world.pods.pods.clear()
-        return await real_claim(namespace=namespace, name=name)
 
-    world.volumes.claim = then_deleted  # type: ignore[method-assign]
+    world.volumes.before_read = then_deleted
     outcome = await world.run(volume_bind_timeout_seconds=60)
     assert outcome.failure is not None
     assert outcome.failure.kind is FailureKind.POD_GONE
@@ -484,34 +487,27 @@ async def test_a_read_that_fails_once_while_waiting_is_retried_not_fatal() -> No
     world = VolumeWorld("data")
     world.volumes.claims["data"] = claim("data")
     world.volumes.provision_after = 3
-    real_claim = world.volumes.claim
     failed: list[bool] = []
 
-    async def flaky(*, namespace: str, name: str) -> Mapping[str, Any] | None:
-        if world.calls.count("volumes.claim") == 3 and not failed:
+    def flaky(reads: int) -> None:
+        if reads == 3 and not failed:
             failed.append(True)
             raise VolumeError("reading persistentvolumeclaim ns/data failed: HTTP 500: busy")
-        return await real_claim(namespace=namespace, name=name)
 
-    world.volumes.claim = flaky  # type: ignore[method-assign]
+    world.volumes.before_read = flaky
     outcome = await world.run(volume_bind_timeout_seconds=60)
     assert failed == [True]
     assert outcome.outcome is Outcome.BOUND, outcome.failure
 
 
 async def test_unreserve_leaves_a_selection_another_scheduler_made_since() -> None:
-    world = VolumeWorld("data")
-    world.volumes.claims["data"] = claim("data")
-    world.volumes.provision_after = None
-    real_claim = world.volumes.claim
+    world = waiting_world()
 
-    async def reselected(*, namespace: str, name: str) -> Mapping[str, Any] | None:
-        found = await real_claim(namespace=namespace, name=name)
-        if world.calls.count("volumes.claim") == 4:
+    def reselected(reads: int) -> None:
+        if reads == 4:  # after the fourth read: another scheduler selected n3
             world.volumes.claims["data"]["metadata"]["annotations"][SELECTED_NODE] = "n3"
-        return found
 
-    world.volumes.claim = reselected  # type: ignore[method-assign]
+    world.volumes.before_read = reselected
     outcome = await world.run(volume_bind_timeout_seconds=60)
     assert outcome.failure is not None  # the provisioner's "gave up on n2", as it now says n3
     assert world.volumes.claims["data"]["metadata"]["annotations"] == {SELECTED_NODE: "n3"}
@@ -527,10 +523,9 @@ def _key_reused() -> RMConflict:
     )
 
 
-async def test_a_reservation_kept_from_before_the_claim_was_bound_is_kept_if_its_node_still_fits() -> None:
-    """An earlier cycle reserved on n2 without a volume constraint, bound the claim there and lost its
-    Binding's answer; the next cycle's request now carries the volume's node affinity (n2), and the RM
-    answers 409 idempotency-key-reused. The earlier reservation fits the new request: it is used."""
+def world_with_earlier_reservation(*, on: str) -> VolumeWorld:
+    """The claim is bound to a volume on n2; the RM still holds a reservation for the pod on `on`,
+    made under another request, so the next reserve answers 409 idempotency-key-reused."""
     world = VolumeWorld("data")
     world.volumes.claims["data"] = claim("data", volume="pv-1")
     world.volumes.pvs["pv-1"] = pv("pv-1", node="n2")
@@ -538,12 +533,20 @@ async def test_a_reservation_kept_from_before_the_claim_was_bound_is_kept_if_its
     world.rm.listed = [
         Reservation(
             id="earlier",
-            node="n2",
+            node=on,
             state=ReservationState.RESERVED,
             pod_uid=world.pod.uid,
             scheduler_name="bindery",
         )
     ]
+    return world
+
+
+async def test_a_reservation_kept_from_before_the_claim_was_bound_is_kept_if_its_node_still_fits() -> None:
+    """An earlier cycle reserved on n2 without a volume constraint, bound the claim there and lost its
+    Binding's answer; the next cycle's request now carries the volume's node affinity (n2), and the RM
+    answers 409 idempotency-key-reused. The earlier reservation fits the new request: it is used."""
+    world = world_with_earlier_reservation(on="n2")
     outcome = await world.run()
     assert outcome.outcome is Outcome.BOUND, outcome.failure
     assert outcome.reservation_id == "earlier"
@@ -552,19 +555,7 @@ async def test_a_reservation_kept_from_before_the_claim_was_bound_is_kept_if_its
 
 
 async def test_a_kept_reservation_the_new_constraints_rule_out_is_released_and_replaced() -> None:
-    world = VolumeWorld("data")
-    world.volumes.claims["data"] = claim("data", volume="pv-1")
-    world.volumes.pvs["pv-1"] = pv("pv-1", node="n2")
-    world.rm.reserve_errors = [_key_reused()]
-    world.rm.listed = [
-        Reservation(
-            id="earlier",
-            node="n1",
-            state=ReservationState.RESERVED,
-            pod_uid=world.pod.uid,
-            scheduler_name="bindery",
-        )
-    ]
+    world = world_with_earlier_reservation(on="n1")
     outcome = await world.run()
     assert outcome.outcome is Outcome.BOUND, outcome.failure
     names = world.calls.names()

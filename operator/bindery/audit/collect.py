@@ -26,7 +26,7 @@ from bindery.audit.findings import (
     unreserved_pods,
 )
 from bindery.config import ConfigError, ResourceManagerConfig, parse_resource_manager, route_scheduler_names
-from bindery.controller.secrets import CredentialsError, resolve_credentials, rm_client_for
+from bindery.controller.secrets import CredentialsError, reservations_at
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
 
@@ -62,9 +62,7 @@ async def _items(response: Any) -> list[dict[str, Any]]:
 async def _reservations(
     *, api: client.ApiClient, config: ResourceManagerConfig, directory: pathlib.Path
 ) -> list[Reservation]:
-    credentials = await resolve_credentials(api=api, config=config, directory=directory)
-    async with rm_client_for(config=config, credentials=credentials) as rm:
-        return [r for r in await rm.list_reservations() if r.state.active]
+    return [r for r in await reservations_at(api=api, config=config, directory=directory) if r.state.active]
 
 
 async def run_audit(

@@ -19,6 +19,7 @@ from kubernetes_asyncio import client
 
 from bindery.config import ResourceManagerConfig, SecretKeyRef
 from bindery.rm.client import ResourceManagerClient
+from bindery.rm.models import Reservation
 
 #: Bound of one Secret read: a hung apiserver connection must not freeze a ResourceManager's loop.
 READ_TIMEOUT_SECONDS = 10.0
@@ -110,3 +111,19 @@ def rm_client_for(*, config: ResourceManagerConfig, credentials: RMCredentials) 
         read_timeout=config.read_timeout,
         allow_insecure_http=config.allow_insecure_http,
     )
+
+
+async def reservations_at(
+    *,
+    api: client.ApiClient,
+    config: ResourceManagerConfig,
+    directory: pathlib.Path,
+    scheduler_name: str | None = None,
+) -> list[Reservation]:
+    """What the RM of a ResourceManager lists, asked as the operator asks it (read-only tooling).
+
+    Raises CredentialsError, RMError, ValueError or OSError (see `rm_client_for`).
+    """
+    credentials = await resolve_credentials(api=api, config=config, directory=directory)
+    async with rm_client_for(config=config, credentials=credentials) as rm:
+        return await rm.list_reservations(scheduler_name=scheduler_name)

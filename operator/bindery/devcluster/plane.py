@@ -449,34 +449,18 @@ class ControlPlane:
             self.workdir / "pki" / f"{ADMIN_USER}.key",
         )
         ctx = self._ssl_context(user_cert=admin_cert, user_key=admin_key)
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            for server in self._servers:
-                if server.proc.poll() is not None:
-                    raise ControlPlaneError(
-                        f"{server.name} exited with code {server.proc.returncode} while the control plane "
-                        f"was starting.\n{self.describe_logs()}"
-                    )
-            try:
-                with urllib.request.urlopen(f"{self.server}/readyz", context=ctx, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except urllib.error.HTTPError as e:
-                last = f"/readyz answered {e.code}"
-            except (urllib.error.URLError, OSError) as e:
-                last = f"/readyz unreachable: {e}"
-            time.sleep(0.2)
-        raise ControlPlaneError(
-            f"the control plane was not ready within {timeout:.0f}s ({last}).\n{self.describe_logs()}"
-        )
+        self._poll(f"{self.server}/readyz", context=ctx, timeout=timeout, what="the control plane")
 
     def _wait_healthy(self, url: str, *, timeout: float) -> None:
         """Until a component started after the apiserver answers its /healthz (it serves its own
-        self-signed certificate); fails at once, with the logs, if any server exited meanwhile."""
+        self-signed certificate)."""
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # loopback, its own throw-away certificate
+        self._poll(url, context=ctx if url.startswith("https") else None, timeout=timeout, what=url)
+
+    def _poll(self, url: str, *, context: ssl.SSLContext | None, timeout: float, what: str) -> None:
+        """Until `url` answers 200; fails at once, with the logs, if any server exited meanwhile."""
         deadline = time.monotonic() + timeout
         last = "no answer yet"
         while time.monotonic() < deadline:
@@ -487,10 +471,8 @@ class ControlPlane:
                         f"was starting.\n{self.describe_logs()}"
                     )
             try:
-                with urllib.request.urlopen(
-                    url, context=ctx if url.startswith("https") else None, timeout=2
-                ) as r:
-                    if r.status == 200:
+                with urllib.request.urlopen(url, context=context, timeout=2) as resp:
+                    if resp.status == 200:
                         return
             except urllib.error.HTTPError as e:
                 last = f"{url} answered {e.code}"
@@ -498,7 +480,7 @@ class ControlPlane:
                 last = f"{url} unreachable: {e}"
             time.sleep(0.2)
         raise ControlPlaneError(
-            f"{url} was not healthy within {timeout:.0f}s ({last}).\n{self.describe_logs()}"
+            f"{what} was not ready within {timeout:.0f}s ({last}).\n{self.describe_logs()}"
         )
 
     def describe_logs(self) -> str:

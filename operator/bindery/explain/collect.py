@@ -15,9 +15,10 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from bindery.config import ConfigError, parse_resource_manager, route_scheduler_names
-from bindery.controller.secrets import CredentialsError, resolve_credentials, rm_client_for
+from bindery.controller.secrets import CredentialsError, reservations_at
 from bindery.explain.facts import Explanation, ReservationView, explain
 from bindery.rm.errors import RMError
+from bindery.scheduling.podspec import pod_claims
 
 GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
 
@@ -50,22 +51,15 @@ async def explain_pod(*, api: client.ApiClient, namespace: str, name: str) -> Ex
             namespace, field_selector=f"involvedObject.uid={uid}", _preload_content=False
         )
     )
-    claims = []
-    for volume in (pod.get("spec") or {}).get("volumes") or ():
-        claim_name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
-        if volume.get("ephemeral"):
-            claim_name = f"{name}-{volume.get('name')}"
-        if claim_name:
-            claims.append(
-                (
-                    claim_name,
-                    await _json(
-                        await core.read_namespaced_persistent_volume_claim(
-                            claim_name, namespace, _preload_content=False
-                        )
-                    ),
-                )
-            )
+    claims = [
+        (
+            claim,
+            await _json(
+                await core.read_namespaced_persistent_volume_claim(claim, namespace, _preload_content=False)
+            ),
+        )
+        for claim in pod_claims(name=name, volumes=(pod.get("spec") or {}).get("volumes") or ())
+    ]
     scheduler_name = str((pod.get("spec") or {}).get("schedulerName") or "default-scheduler")
     objects = await client.CustomObjectsApi(api).list_cluster_custom_object(
         group=GROUP, version=VERSION, plural=PLURAL
@@ -83,11 +77,9 @@ async def explain_pod(*, api: client.ApiClient, namespace: str, name: str) -> Ex
     if config is not None:
         try:
             with tempfile.TemporaryDirectory(prefix="bindery-explain-") as directory:
-                credentials = await resolve_credentials(
-                    api=api, config=config, directory=pathlib.Path(directory)
+                listed = await reservations_at(
+                    api=api, config=config, directory=pathlib.Path(directory), scheduler_name=scheduler_name
                 )
-                async with rm_client_for(config=config, credentials=credentials) as rm:
-                    listed = await rm.list_reservations(scheduler_name=scheduler_name)
             reservations = [
                 ReservationView(
                     id=r.id,

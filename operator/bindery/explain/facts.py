@@ -12,10 +12,11 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
+from bindery.scheduling.volumes import SELECTED_NODE
+
 #: The events that tell a pod's scheduling story, newest first in the answer.
 SCHEDULING_REASONS = ("FailedScheduling", "Scheduled")
-SELECTED_NODE = "volume.kubernetes.io/selected-node"
-RESERVATION_ANNOTATION = "bindery.dev/reservation-id"
 #: The fact `explain` cannot see from outside the operator, said on every pending pod.
 QUEUE_UNSEEN = (
     "when the next attempt is due is not visible from outside the operator (its queue); Bindery retries "

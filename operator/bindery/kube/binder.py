@@ -92,7 +92,7 @@ class KubeBinder:
         if 200 <= status < 300:
             return
         self._bound.pop(pod.uid, None)
-        message = _status_message(payload) or f"HTTP {status}"
+        message = status_message(payload) or f"HTTP {status}"
         if status == 404:
             raise PodGone(f"pod {pod.namespace}/{pod.name} no longer exists: {message}")
         if status == 409:
@@ -177,7 +177,8 @@ def assigned_node(message: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _status_message(payload: bytes) -> str:
+def status_message(payload: bytes) -> str:
+    """The `message` of an apiserver Status body (its first 200 bytes if it is not JSON)."""
     try:
         data = json.loads(payload)
     except ValueError:

@@ -14,12 +14,13 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from bindery.kube.binder import status_message
 from bindery.kube.counters import WriteCounter
 from bindery.scheduling.ports import VolumeError
+from bindery.scheduling.volumes import BOUND_BY_CONTROLLER, SELECTED_NODE
 
 #: One read or write; the generated client's own default is 5 minutes.
 TIMEOUT_SECONDS = 10.0
-SELECTED_NODE = "volume.kubernetes.io/selected-node"
 
 
 class KubeVolumes:
@@ -63,11 +64,9 @@ class KubeVolumes:
     async def bind_volume(self, *, volume: Mapping[str, Any], claim: Mapping[str, Any]) -> None:
         meta, claim_meta = volume.get("metadata") or {}, claim.get("metadata") or {}
         patch = {
-            # As kube-scheduler marks it: the PV controller then owns this claimRef, and resets it if
-            # the claim ends up bound elsewhere, instead of keeping the volume reserved for the claim.
             "metadata": {
                 "resourceVersion": meta.get("resourceVersion"),
-                "annotations": {"pv.kubernetes.io/bound-by-controller": "yes"},
+                "annotations": {BOUND_BY_CONTROLLER: "yes"},
             },
             "spec": {
                 "claimRef": {
@@ -113,7 +112,7 @@ class KubeVolumes:
                 return None
             text = await response.read()
             if response.status >= 300:
-                raise VolumeError(f"reading {what} failed: HTTP {response.status}: {_message(text)}")
+                raise VolumeError(f"reading {what} failed: HTTP {response.status}: {status_message(text)}")
             body: dict[str, Any] = json.loads(text)
             return body
         finally:
@@ -126,13 +125,8 @@ class KubeVolumes:
             raise VolumeError(f"{what} failed: {error or type(error).__name__}") from error
         try:
             if response.status >= 300:
-                raise VolumeError(f"{what} failed: HTTP {response.status}: {_message(await response.read())}")
+                raise VolumeError(
+                    f"{what} failed: HTTP {response.status}: {status_message(await response.read())}"
+                )
         finally:
             response.release()
-
-
-def _message(raw: bytes) -> str:
-    try:
-        return str(json.loads(raw).get("message") or raw[:200].decode("utf-8", "replace"))
-    except (ValueError, AttributeError):
-        return raw[:200].decode("utf-8", "replace")

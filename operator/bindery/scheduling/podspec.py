@@ -128,11 +128,12 @@ class PodInfo:
             unschedulable_condition=_unschedulable_condition(status),
             resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
             generation=int(metadata["generation"]) if metadata.get("generation") else None,
-            claims=_claims(name=str(metadata.get("name") or ""), volumes=spec.get("volumes") or ()),
+            claims=pod_claims(name=str(metadata.get("name") or ""), volumes=spec.get("volumes") or ()),
         )
 
 
-def _claims(*, name: str, volumes: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+def pod_claims(*, name: str, volumes: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The claim names of pod `name`'s volumes (an ephemeral volume's claim is `<pod>-<volume>`)."""
     claims: list[str] = []
     for volume in volumes:
         if (source := volume.get("persistentVolumeClaim")) and source.get("claimName"):

@@ -45,6 +45,7 @@ from bindery.scheduling.lease import MIN_CALL_SECONDS
 from bindery.scheduling.ports import NodeProjection, VolumeAccess, VolumeError
 
 __all__ = [
+    "BOUND_BY_CONTROLLER",
     "NO_PROVISIONER",
     "SELECTED_NODE",
     "ClaimView",
@@ -65,6 +66,9 @@ WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
 POLL_SECONDS = 0.5
 #: How long Unreserve may spend removing selected-node annotations (it also runs on a pause).
 UNDO_SECONDS = 1.0
+#: kube-scheduler's marker on a volume it pre-binds: the PV controller then owns the claimRef (and
+#: resets a stale one) instead of treating it as a user's reservation of the volume for that claim.
+BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
 _STATE = "VolumeBinding"
 
 
