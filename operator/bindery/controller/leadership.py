@@ -223,9 +223,10 @@ class FencedBinder:
     deadline cancels a Binding that has not finished by then. A process frozen (SIGSTOP, a VM pause)
     while opening the connection or between the check and the write would otherwise send the
     Binding when it wakes, long after another replica took over. On waking, asyncio runs the expired
-    timer before the task resumes, so the request is cancelled before it is written. Only bytes
-    already handed to the kernel when the process froze still reach the apiserver; a second Binding
-    of a bound pod is refused there (409).
+    timer before the task resumes, so the request is cancelled before it is written. What no timer
+    can stop is a write already under way in the step the process froze in (from the fence check to
+    the socket write may be one synchronous step): it goes out on waking, and the apiserver refuses
+    it (409) because the next leader bound that pod.
     """
 
     def __init__(
