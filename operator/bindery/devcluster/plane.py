@@ -105,6 +105,15 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "pod-garbage-collector-controller",
 )
+#: The Workload API (scheduling.k8s.io/v1alpha2: Workload, PodGroup) and kube-scheduler's gang
+#: scheduling, alpha in 1.36: every component of the plane runs with the same gates, so Bindery's
+#: pod groups and kube-scheduler's can be compared on one cluster. ``WorkloadWithJob`` lets the Job
+#: controller create a Job's Workload and PodGroup; ``TopologyAwareWorkloadScheduling`` serves
+#: ``spec.schedulingConstraints.topology``. Checked on the v1.36.3 binaries (tests/devcluster).
+FEATURE_GATES = (
+    "GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true,WorkloadWithJob=true"
+)
+WORKLOAD_API = "scheduling.k8s.io/v1alpha2=true"
 #: The label that puts a Node in kwok's care (see ``nodes.create_kwok_node``).
 KWOK_NODE_LABEL = ("bindery.dev/kwok", "true")
 
@@ -343,6 +352,8 @@ class ControlPlane:
             f"--service-account-key-file={sa_pub}",
             f"--service-account-signing-key-file={sa_key}",
             "--enable-priority-and-fairness=false",
+            f"--feature-gates={FEATURE_GATES}",
+            f"--runtime-config={WORKLOAD_API}",
             *extra,
         ]
         self._spawn_apiserver()
@@ -367,6 +378,7 @@ class ControlPlane:
                 # The default 20 requests/s would pace a 60-replica Deployment over seconds.
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
+                f"--feature-gates={FEATURE_GATES}",
                 "--v=1",
             ],
         )
@@ -383,6 +395,7 @@ class ControlPlane:
                 f"--secure-port={port}",
                 "--bind-address=127.0.0.1",
                 f"--cert-dir={self.workdir / 'pki' / 'kube-scheduler'}",
+                f"--feature-gates={FEATURE_GATES}",
             ],
         )
 
