@@ -48,6 +48,7 @@ from bindery.rm.errors import (
     ProblemType,
     RMConflict,
     RMError,
+    RMGroupsUnsupported,
     RMPodMismatch,
     RMProtocolError,
     RMRejected,
@@ -55,7 +56,15 @@ from bindery.rm.errors import (
     RMUnschedulable,
     RMUnsupported,
 )
-from bindery.rm.models import Problem, Reservation, ReservationList, ReservationRequest, ReservationState
+from bindery.rm.models import (
+    Problem,
+    Reservation,
+    ReservationGroup,
+    ReservationGroupRequest,
+    ReservationList,
+    ReservationRequest,
+    ReservationState,
+)
 from bindery.rm.transport import AiohttpTransport
 
 __all__ = ["CircuitBreaker", "ResourceManagerClient", "TokenSource"]
@@ -417,11 +426,98 @@ class ResourceManagerClient:
             "v1.1): leases cannot be extended; upgrade the RM, or keep cycles shorter than the lease"
         )
 
+    # -- reservation groups (contract v1.1) -----------------------------------------------------
+
+    async def reserve_group(self, request: ReservationGroupRequest) -> ReservationGroup:
+        """Reserve for every member of a group or for none (contract v1.1); safe to retry, because
+        the RM deduplicates by the group's idempotency key and answers a replay with the same group.
+
+        Raises ``RMUnschedulable`` when the group does not fit (its ``reason`` says why the GROUP
+        does not), ``RMConflict`` when the key belongs to a different request, and
+        ``RMGroupsUnsupported`` when the RM answers 404 (or 405) on the path: it has no groups. On a
+        replay the members may have moved on since (committed, or released one by one): their
+        states are the RM's current ones.
+        """
+        body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
+        answer = await self._call("POST", "/v1/reservation-groups", json_body=body)
+        if answer.status in (200, 201):
+            group = self._decode(answer, ReservationGroup, "reserve group")
+            asked = [member.pod.uid for member in request.members]
+            answered = [member.pod_uid for member in group.members]
+            strays = [member.id for member in group.members if member.group_id != group.id]
+            if answered != asked or strays:
+                raise RMProtocolError(
+                    f"the RM answered the group reservation of {request.group.namespace}/"
+                    f"{request.group.name} with group {group.id} whose members are pods {answered} "
+                    f"(asked for {asked}, in that order), members not in the group: {strays}; an RM must "
+                    "return one reservation per member, in the order asked, each with the group's id"
+                )
+            return group
+        if answer.status in (404, 405):
+            raise self._groups_unsupported(answer.status)
+        raise self._error(answer, "reserve group")
+
+    async def get_group(self, group_id: str, /) -> ReservationGroup:
+        """The group with its members' current states; ``RMRejected`` (404) when the RM does not
+        know it (never made, or gone after its members ended and were cleaned up)."""
+        answer = await self._call("GET", f"/v1/reservation-groups/{_quote(group_id)}")
+        if answer.status == 200:
+            group = self._decode(answer, ReservationGroup, "read group")
+            if group.id != group_id:
+                raise RMProtocolError(f"the RM answered a read of group {group_id} with group {group.id}")
+            return group
+        raise self._error(answer, f"read group {group_id}")
+
+    async def release_group(self, group_id: str, /) -> None:
+        """Release every member still ``reserved``; committed members stay (they belong to bound
+        pods, released one by one with :meth:`release`).  An unknown group is not an error."""
+        answer = await self._call("DELETE", f"/v1/reservation-groups/{_quote(group_id)}")
+        if answer.status in (200, 202, 204, 404, 410):
+            return
+        raise self._error(answer, f"release group {group_id}")
+
+    async def renew_group(self, group_id: str, /, *, ttl_seconds: int) -> ReservationGroup:
+        """Move the group's one lease to now + ``ttl_seconds``: every ``reserved`` member's.
+
+        Raises ``RMConflict`` when no member is active any more (reserve again) and ``RMRejected``
+        (404) when the RM does not know the group.
+        """
+        answer = await self._call(
+            "POST", f"/v1/reservation-groups/{_quote(group_id)}/renew", json_body={"ttlSeconds": ttl_seconds}
+        )
+        if answer.status == 200:
+            group = self._decode(answer, ReservationGroup, "renew group")
+            if group.id != group_id:
+                raise RMProtocolError(
+                    f"the RM answered the renewal of group {group_id} with group {group.id}"
+                )
+            return group
+        if answer.status == 405:
+            raise self._groups_unsupported(answer.status)
+        raise self._error(answer, f"renew group {group_id}")
+
+    def _groups_unsupported(self, status: int) -> RMGroupsUnsupported:
+        return RMGroupsUnsupported(
+            f"the RM at {self.base_url} has no reservation groups (it answered HTTP {status} on "
+            "/v1/reservation-groups: it speaks contract v1.0, or v1.1 without groups), so a pod group "
+            "cannot be reserved all-or-nothing there; upgrade the RM to one that offers groups, or "
+            "serve the group's scheduler name with such an RM"
+        )
+
     async def list_reservations(
-        self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
+        self,
+        *,
+        scheduler_name: str | None = None,
+        state: str | None = None,
+        pod_uid: str | None = None,
+        group_id: str | None = None,
     ) -> list[Reservation]:
-        """Every matching reservation, following pagination to the end."""
-        params = {"schedulerName": scheduler_name, "state": state, "podUid": pod_uid}
+        """Every matching reservation, following pagination to the end.
+
+        ``group_id`` (v1.1) keeps the members of one reservation group; a v1.0 RM rejects the
+        parameter (400).
+        """
+        params = {"schedulerName": scheduler_name, "state": state, "podUid": pod_uid, "groupId": group_id}
         query = {key: value for key, value in params.items() if value is not None}
         items: list[Reservation] = []
         seen: set[str] = set()

@@ -16,6 +16,7 @@ __all__ = [
     "ProblemType",
     "RMConflict",
     "RMError",
+    "RMGroupsUnsupported",
     "RMPodMismatch",
     "RMProtocolError",
     "RMRejected",
@@ -39,6 +40,7 @@ class ProblemType:
     UNSCHEDULABLE = PROBLEM_BASE + "unschedulable"  # 409: no node fits now
     RESERVATION_NOT_ACTIVE = PROBLEM_BASE + "reservation-not-active"  # 409: commit after release/expiry
     POD_MISMATCH = PROBLEM_BASE + "pod-mismatch"  # 409 (v1.1): the reservation belongs to another pod
+    # 409 on POST /v1/reservation-groups (v1.1) is ``unschedulable`` or ``idempotency-key-reused`` too.
     PAYLOAD_TOO_LARGE = PROBLEM_BASE + "payload-too-large"  # 413
     UNSUPPORTED_MEDIA_TYPE = PROBLEM_BASE + "unsupported-media-type"  # 415
     RATE_LIMITED = PROBLEM_BASE + "rate-limited"  # 429 with Retry-After
@@ -103,4 +105,14 @@ class RMUnsupported(RMError):
 
     Not a failure of the RM: the caller falls back to what v1.0 offers (for renew: re-reserve with
     the same idempotency key after the lease, or commit sooner).
+    """
+
+
+class RMGroupsUnsupported(RMUnsupported):
+    """The RM has no reservation groups (it answers 404 on ``/v1/reservation-groups``): a v1.0 RM, or
+    a v1.1 RM that does not offer them.
+
+    Unlike renew there is no fallback: reserving a gang pod by pod would let half of it hold
+    capacity while the rest waits, which is what groups exist to prevent. The caller reports the
+    group as unsupported by that RM instead of placing it.
     """

@@ -18,15 +18,19 @@ import enum
 import re
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from bindery.quantity import QuantityError, format_quantity, parse_nonnegative_quantity
 
 __all__ = [
     "CONTRACT_VERSION",
+    "MAX_GROUP_MEMBERS",
+    "GroupIdentity",
+    "GroupMemberRequest",
+    "GroupRenewRequest",
     "NodeSelectorRequirement",
     "NodeSelectorTerm",
     "Placement",
@@ -34,15 +38,20 @@ __all__ = [
     "Problem",
     "RenewRequest",
     "Reservation",
+    "ReservationGroup",
+    "ReservationGroupRequest",
     "ReservationList",
     "ReservationRequest",
     "ReservationState",
     "Toleration",
+    "TopologyConstraint",
     "is_qualified_name",
 ]
 
 #: The contract version these models implement (``info.version`` of the OpenAPI document).
 CONTRACT_VERSION = "1.1.0"
+#: The most members one reservation group may have (contract v1.1).
+MAX_GROUP_MEMBERS = 1000
 
 _NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -142,41 +151,56 @@ class Placement(_Request):
         return [toleration.model_dump(by_alias=True, exclude_none=True) for toleration in self.tolerations]
 
 
-class ReservationRequest(_Request):
-    """``POST /v1/reservations``: reserve capacity for one pod and let the RM pick its node."""
+def _check_quantities(resources: dict[str, str]) -> dict[str, str]:
+    for name, value in resources.items():
+        try:
+            parse_nonnegative_quantity(value, what=f"request for {name}")
+        except QuantityError as error:
+            raise ValueError(str(error)) from None
+    return resources
 
-    pod: PodIdentity
-    resources: dict[ResourceName, Annotated[str, Field(max_length=64)]] = Field(max_length=128)
-    placement: Placement = Field(default_factory=Placement)
-    idempotency_key: ShortText
-    ttl_seconds: Integer = Field(ge=1, le=86_400)
 
-    @field_validator("resources")
-    @classmethod
-    def _quantities_are_valid(cls, resources: dict[str, str]) -> dict[str, str]:
-        for name, value in resources.items():
-            try:
-                parse_nonnegative_quantity(value, what=f"request for {name}")
-            except QuantityError as error:
-                raise ValueError(str(error)) from None
-        return resources
+Resources = Annotated[
+    dict[ResourceName, Annotated[str, Field(max_length=64)]],
+    Field(max_length=128),
+    AfterValidator(_check_quantities),
+]
+
+
+class _Resourced(_Request):
+    """A request for one pod's resources: the quantities as numbers, and in canonical form.
+
+    The field itself is declared by each subclass, so that it keeps its place in the JSON (the
+    reference RM stores fingerprints, which must not change across versions).
+    """
+
+    if TYPE_CHECKING:
+        resources: dict[str, str]
 
     def requested(self) -> dict[str, Decimal]:
         """The requests as exact numbers (already validated, so this cannot fail)."""
         return {name: parse_nonnegative_quantity(value) for name, value in self.resources.items()}
+
+    def canonical_resources(self) -> dict[str, str]:
+        """Quantities by value and names sorted, so ``"1000m"`` and ``"1"`` compare equal."""
+        return {name: format_quantity(value) for name, value in sorted(self.requested().items())}
+
+
+class ReservationRequest(_Resourced):
+    """``POST /v1/reservations``: reserve capacity for one pod and let the RM pick its node."""
+
+    pod: PodIdentity
+    resources: Resources
+    placement: Placement = Field(default_factory=Placement)
+    idempotency_key: ShortText
+    ttl_seconds: Integer = Field(ge=1, le=86_400)
 
     def fingerprint(self) -> str:
         """A canonical form: two requests with the same fingerprint are "the same request".
 
         Quantities are compared by value, so ``"1000m"`` and ``"1"`` are the same request.
         """
-        canonical = self.model_copy(
-            update={
-                "resources": {
-                    name: format_quantity(value) for name, value in sorted(self.requested().items())
-                }
-            }
-        )
+        canonical = self.model_copy(update={"resources": self.canonical_resources()})
         return canonical.model_dump_json(by_alias=True)
 
 
@@ -188,6 +212,90 @@ class RenewRequest(_Request):
     """
 
     pod_uid: ShortText
+    ttl_seconds: Integer = Field(ge=1, le=86_400)
+
+
+class GroupIdentity(_Request):
+    """Contract v1.1: whom a reservation group is for, e.g. a Kubernetes PodGroup.
+
+    ``uid`` is the PodGroup's UID when there is one; the scheduler name is every member's.
+    """
+
+    namespace: ShortText
+    name: ShortText
+    uid: ShortText | None = None
+    scheduler_name: ShortText
+
+
+class TopologyConstraint(_Request):
+    """Contract v1.1: every member of the group on nodes that share ONE value of the label ``key``.
+
+    As ``schedulingConstraints.topology[].key`` of a Kubernetes PodGroup asks; a node without the
+    label takes no member of such a group.
+    """
+
+    key: Annotated[str, Field(min_length=1, max_length=317)]
+
+
+class GroupMemberRequest(_Resourced):
+    """One member of a reservation group: a pod, what it requests, and its own hard constraints."""
+
+    pod: PodIdentity
+    resources: Resources
+    placement: Placement = Field(default_factory=Placement)
+
+
+class ReservationGroupRequest(_Request):
+    """``POST /v1/reservation-groups`` (v1.1): reserve for every member or for none, atomically.
+
+    One idempotency key and one lease (``ttlSeconds``) for the whole group; the answer holds one
+    ordinary reservation per member, in the order of ``members``.
+    """
+
+    group: GroupIdentity
+    members: list[GroupMemberRequest] = Field(min_length=1, max_length=MAX_GROUP_MEMBERS)
+    topology: list[TopologyConstraint] = Field(default_factory=list, max_length=8)
+    idempotency_key: ShortText
+    ttl_seconds: Integer = Field(ge=1, le=86_400)
+
+    @model_validator(mode="after")
+    def _members_are_one_group(self) -> ReservationGroupRequest:
+        seen: set[str] = set()
+        for index, member in enumerate(self.members):
+            pod = member.pod
+            if pod.uid in seen:
+                raise ValueError(
+                    f"members[{index}]: pod uid {pod.uid!r} appears twice; each member is a distinct pod"
+                )
+            seen.add(pod.uid)
+            if pod.namespace != self.group.namespace or pod.scheduler_name != self.group.scheduler_name:
+                raise ValueError(
+                    f"members[{index}]: pod {pod.namespace}/{pod.name} (scheduler {pod.scheduler_name!r}) "
+                    f"is not in the group's namespace {self.group.namespace!r} with its scheduler "
+                    f"{self.group.scheduler_name!r}; a group's members share both"
+                )
+        keys = [constraint.key for constraint in self.topology]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"topology names a key twice: {keys}")
+        return self
+
+    def fingerprint(self) -> str:
+        """A canonical form: two requests with the same fingerprint are "the same request"
+        (quantities compared by value, as for a single reservation)."""
+        canonical = self.model_copy(
+            update={
+                "members": [
+                    member.model_copy(update={"resources": member.canonical_resources()})
+                    for member in self.members
+                ]
+            }
+        )
+        return canonical.model_dump_json(by_alias=True)
+
+
+class GroupRenewRequest(_Request):
+    """``POST /v1/reservation-groups/{id}/renew`` (v1.1): one lease for the group, to now + ttl."""
+
     ttl_seconds: Integer = Field(ge=1, le=86_400)
 
 
@@ -216,6 +324,20 @@ class Reservation(_Response):
     name: str | None = None
     resources: dict[str, str] = Field(default_factory=dict)
     created_at: datetime | None = None
+    group_id: str | None = None  # v1.1: the reservation group this one is a member of
+
+
+class ReservationGroup(_Response):
+    """A reservation group as the RM reports it (v1.1): one reservation per member, in request order.
+
+    ``expiresAt`` is the group's lease (that of its members still ``reserved``; absent when none
+    is); ``topologyValue`` maps each requested topology key to the value the group landed on.
+    """
+
+    id: Annotated[str, Field(min_length=1, max_length=253)]
+    members: list[Reservation]
+    expires_at: datetime | None = None
+    topology_value: dict[str, str] = Field(default_factory=dict)
 
 
 class ReservationList(_Response):
