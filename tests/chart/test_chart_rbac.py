@@ -43,6 +43,7 @@ WRITE_VERBS = {
 OPERATOR_WRITES = {
     "create pods/binding",
     "patch pods/status",
+    "patch podgroups.scheduling.k8s.io/status",
     "create events.events.k8s.io",
     "patch events.events.k8s.io",
     "patch resourcemanagers.bindery.dev/status",

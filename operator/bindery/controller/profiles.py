@@ -27,6 +27,7 @@ from kubernetes_asyncio import client as kube
 
 from bindery.config import ResourceManagerConfig
 from bindery.controller.bound import BoundPodWatcher
+from bindery.controller.gangs import GangCoordinator
 from bindery.controller.metrics import MeasuredRM, Metrics
 from bindery.controller.secrets import RMCredentials
 from bindery.controller.unconfirmed import SettlingReleases, UnconfirmedBind, UnconfirmedBinds
@@ -133,6 +134,17 @@ class ProfileRunner:
         self._on_dropped = on_dropped
         self._on_relist = on_relist
         self._throttle = EventThrottle()
+        #: Pods of a PodGroup are placed with their group, never through the queue.
+        self.gangs = GangCoordinator(
+            profile=lambda: self.profile,
+            ports=lambda: self._ports,
+            client=lambda: self.client,
+            measured=lambda: self.measured,
+            api=api,
+            logger=logger,
+            metrics=self.metrics,
+            on_released=on_released,
+        )
 
         self._workers: list[asyncio.Task[None]] = []
         self._busy: set[asyncio.Task[Any]] = set()  # workers inside a cycle
@@ -147,10 +159,12 @@ class ProfileRunner:
         self.active = True
         self._resize_workers(self.config.max_in_flight)
         self._follow_bound_pods()
+        self.gangs.start()
 
     async def pause(self) -> None:
         """Stop scheduling but keep the queue (leadership lost); in-flight cycles unreserve."""
         self.active = False
+        await self.gangs.pause()
         for name in list(self._watchers):
             self._watchers.pop(name).cancel()
         for task in self._workers:
@@ -275,11 +289,15 @@ class ProfileRunner:
     # -- pods -----------------------------------------------------------------------------------
 
     def offer(self, pod: PodInfo) -> None:
+        if pod.scheduling_group is not None:
+            self.gangs.offer(pod)
+            return
         self.queue.add(pod)
 
     def withdraw(self, uid: str) -> None:
         """The pod left (deleted, bound, gated, routed elsewhere): forget everything about it."""
         self.queue.forget(uid)
+        self.gangs.withdraw(uid)
         self._throttle.forget(uid)
 
     def per_pod_sizes(self) -> dict[str, int]:
@@ -289,6 +307,7 @@ class ProfileRunner:
             "event_throttle": len(self._throttle),
             "unconfirmed": len(self.unconfirmed._pending),
             "gone": len(self._gone),
+            **self.gangs.sizes(),
         }
 
     # -- readiness ------------------------------------------------------------------------------

@@ -285,6 +285,7 @@ class Runtime:
     def _retry_parked(self, reason: str = "a pending pod went away") -> None:
         for runner in self.runners.values():
             runner.queue.move_all_to_active(reason=reason)
+            runner.gangs.retry()
 
     # -- unbound-pod sweep -----------------------------------------------------------------------
 

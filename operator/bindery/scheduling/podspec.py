@@ -71,6 +71,9 @@ class PodInfo:
     #: The PersistentVolumeClaims the pod uses, by name (an ephemeral volume's claim is
     #: ``<pod>-<volume>``, as the ephemeral-volume controller names it).
     claims: tuple[str, ...] = ()
+    #: ``spec.schedulingGroup.podGroupName``: the PodGroup (same namespace) this pod is a member
+    #: of; such a pod is placed with its group (bindery.controller.gangs), never on its own.
+    scheduling_group: str | None = None
 
     @property
     def key(self) -> str:
@@ -129,6 +132,9 @@ class PodInfo:
             resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
             generation=int(metadata["generation"]) if metadata.get("generation") else None,
             claims=pod_claims(name=str(metadata.get("name") or ""), volumes=spec.get("volumes") or ()),
+            scheduling_group=str(group)
+            if (group := (spec.get("schedulingGroup") or {}).get("podGroupName"))
+            else None,
         )
 
 
