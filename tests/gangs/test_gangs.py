@@ -1,0 +1,305 @@
+"""Pod groups placed by Bindery through the reference RM (its own process) on the cluster plane.
+
+(a) a group of 8 where 7 fit: none bound, every member explained, nothing held at the RM; room
+freed: all 8 bound. (b) two groups that each fit alone but not together: one whole, the other
+wholly pending, which follows once the first finishes. (c) topology: every member in one zone.
+(d) the operator SIGKILLed once the group is reserved: after its restart every member is bound and
+committed (or everything released). (e) an RM without groups (v1.0): the group is refused with a
+reason on every member, and no member is placed alone. Each ends with the settled invariants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from bindery.devcluster.plane import ControlPlane
+from tests.gangs.scenarios import LAYOUTS, Layout, Stage, room_for_seven, topology, two_groups
+from tests.operator.fakerm import serve_app
+from tests.realrm import RMProcess, operator_process, serve_with, settled_invariants
+from tests.rmproxy import rm_fault_proxy
+from tests.workloads import POOL, Bindery, bindery_on, eventually
+
+pytestmark = pytest.mark.controlplane
+
+
+@contextlib.asynccontextmanager
+async def gang_stage(
+    *,
+    cluster: ControlPlane,
+    api: client.ApiClient,
+    operator_kubeconfig: pathlib.Path,
+    namespace: str,
+    directory: pathlib.Path,
+    layout: Layout,
+) -> AsyncIterator[tuple[Stage, Bindery]]:
+    """Bindery on a pool of its own (made first: the RM starts knowing every node's capacity);
+    a pending group must hold nothing at the RM."""
+    pool = uuid.uuid4().hex[:6]
+    stage = Stage(api=api, namespace=namespace, scheduler="", pool=pool)
+    await stage.pool(*layout)
+    async with bindery_on(
+        api=api,
+        cluster=cluster,
+        operator_kubeconfig=operator_kubeconfig,
+        namespace=namespace,
+        pool=pool,
+        directory=directory,
+    ) as bindery:
+        stage.scheduler = bindery.scheduler
+
+        async def nothing_held(group: str) -> None:
+            held = [
+                r
+                for r in await bindery.rm.reservations()
+                if r.namespace == namespace and r.state.active and (r.name or "").startswith(f"{group}-")
+            ]
+            assert held == [], f"members of pending group {group} hold reservations: {held}"
+
+        stage.on_pending = nothing_held
+        try:
+            yield stage, bindery
+            await settled_invariants(
+                api=api, rm=bindery.rm, namespace=namespace, scheduler_names=[bindery.scheduler]
+            )
+        finally:
+            await stage.cleanup()
+
+
+async def condition(api: client.ApiClient, namespace: str, group: str) -> dict[str, Any] | None:
+    body = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", namespace, "podgroups", group
+    )
+    conditions = (body.get("status") or {}).get("conditions") or ()
+    return next((c for c in conditions if c["type"] == "PodGroupScheduled"), None)
+
+
+async def test_a_group_of_8_where_7_fit_waits_whole_then_binds_whole(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    async with gang_stage(
+        cluster=cluster,
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        directory=tmp_path,
+        layout=LAYOUTS["room_for_seven"],
+    ) as (stage, _):
+        result = await room_for_seven(stage)
+        assert 'cannot place pod group "' in result.notes[0], result.notes
+        assert "none placed" in result.notes[0]
+
+        async def scheduled() -> bool:
+            found = await condition(cluster_api, cluster_namespace, "big")
+            return found is not None and found["status"] == "True" and found["reason"] == "Scheduled"
+
+        await eventually(scheduled, within=30, what="PodGroupScheduled=True on the group")
+
+
+async def test_two_groups_that_fit_only_alone_go_one_after_the_other_whole(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    async with gang_stage(
+        cluster=cluster,
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        directory=tmp_path,
+        layout=LAYOUTS["two_groups"],
+    ) as (stage, _):
+        result = await two_groups(stage)
+        assert result.outcome.startswith("4+0"), result.outcome
+
+
+async def test_a_topology_constrained_group_lands_in_one_zone(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    async with gang_stage(
+        cluster=cluster,
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        directory=tmp_path,
+        layout=LAYOUTS["topology"],
+    ) as (stage, _):
+        result = await topology(stage)
+        # Zone b holds 3 of the 4 CPUs: only zone a fits the whole group.
+        assert result.notes == ["zones: ['a']"], result
+
+
+async def test_an_operator_killed_after_the_group_reservation_binds_every_member_after_restart(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """The group reservation is applied at the RM but its answer is lost (the proxy cuts it), so the
+    operator holds a reserved group and has sent no Binding when it is SIGKILLed; after its restart
+    every member is bound with its reserved member reservation and committed, and nothing leaks."""
+    namespace, pool = cluster_namespace, uuid.uuid4().hex[:6]
+    stage = Stage(api=cluster_api, namespace=namespace, scheduler="", pool=pool)
+    token = uuid.uuid4().hex[:6]
+    scheduler, rm_name = f"gang-{token}", f"rm-gang-{token}"
+    stage.scheduler = scheduler
+    await stage.pool({"0": {}, "1": {}}, {"0": "4", "1": "4"})  # before the RM: it starts knowing them
+    try:
+        async with (
+            RMProcess(
+                kubeconfig=cluster.kubeconfig, directory=tmp_path, node_selector=f"{POOL}={pool}"
+            ) as rm,
+            rm_fault_proxy(
+                upstream=rm.url,
+                seed=11,
+                rate=1.0,
+                kinds=("lost_answer",),
+                applies=lambda method, path: method == "POST" and path == "/v1/reservation-groups",
+            ) as proxy,
+            operator_process(kubeconfig=cluster_operator_kubeconfig, directory=tmp_path) as operator,
+        ):
+            await serve_with(
+                cluster_api,
+                rm=rm,
+                name=rm_name,
+                scheduler_names=[scheduler],
+                namespace=namespace,
+                endpoint=proxy.url,
+            )
+            await stage.group("crash", min_count=6)
+            await stage.members("crash", [f"crash-{i}" for i in range(6)], pool=pool)
+
+            async def reserved() -> bool:
+                held = [
+                    r
+                    for r in await rm.reservations()
+                    if r.namespace == namespace and r.state.value == "reserved"
+                ]
+                return len(held) == 6
+
+            await eventually(reserved, within=60, what="the group's 6 members reserved at the RM")
+            assert await stage.bound("crash") == {}, "a member was bound although the answer was lost"
+            operator.kill(signal.SIGKILL)
+            await operator.wait()
+            proxy.rate = 0.0
+            await operator.start()
+            await stage.all_bound("crash", 6, since=0.0, within=90)
+            await settled_invariants(api=cluster_api, rm=rm, namespace=namespace, scheduler_names=[scheduler])
+            committed = [
+                r
+                for r in await rm.reservations()
+                if r.namespace == namespace and r.state.value == "committed"
+            ]
+            assert len(committed) == 6, committed
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await client.CustomObjectsApi(cluster_api).delete_cluster_custom_object(
+                group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=rm_name
+            )
+        await stage.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def without_groups(upstream: str) -> AsyncIterator[str]:
+    """The reference RM as a contract v1.0 server: 404 on /v1/reservation-groups, the rest forwarded."""
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if request.path.startswith("/v1/reservation-groups"):
+            return web.json_response(
+                {"title": "Not Found", "status": 404}, status=404, content_type="application/problem+json"
+            )
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        async with session.request(
+            request.method, upstream + request.path_qs, headers=headers, data=await request.read() or None
+        ) as answer:
+            return web.Response(
+                status=answer.status, body=await answer.read(), content_type=answer.content_type
+            )
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    try:
+        async with serve_app(app) as port:
+            yield f"http://127.0.0.1:{port}"
+    finally:
+        await session.close()
+
+
+async def test_an_rm_without_groups_refuses_the_group_and_places_no_member_alone(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    namespace, pool = cluster_namespace, uuid.uuid4().hex[:6]
+    token = uuid.uuid4().hex[:6]
+    scheduler, rm_name = f"gang-{token}", f"rm-gang-{token}"
+    stage = Stage(api=cluster_api, namespace=namespace, scheduler=scheduler, pool=pool)
+    await stage.pool({"0": {}}, {"0": "8"})
+    try:
+        async with (
+            RMProcess(
+                kubeconfig=cluster.kubeconfig, directory=tmp_path, node_selector=f"{POOL}={pool}"
+            ) as rm,
+            without_groups(rm.url) as url,
+            operator_process(kubeconfig=cluster_operator_kubeconfig, directory=tmp_path),
+        ):
+            await serve_with(
+                cluster_api,
+                rm=rm,
+                name=rm_name,
+                scheduler_names=[scheduler],
+                namespace=namespace,
+                endpoint=url,
+            )
+            await stage.group("old", min_count=2)
+            await stage.members("old", ["old-0", "old-1"], pool=pool)
+            messages = await stage.explained("old", 2)
+            for message in messages:
+                assert "does not support reservation groups" in message, message
+                assert "never places a group's members one by one" in message, message
+            # An ordinary pod of the same scheduler name is placed: the RM works, only groups do not.
+            await stage.members(None, ["single"], pool=pool)
+            await stage.all_bound("none", 1, since=0.0)
+            assert await stage.bound("old") == {}
+            found = await condition(cluster_api, namespace, "old")
+            assert found is not None, "no PodGroupScheduled condition"
+            assert (found["status"], found["reason"]) == ("False", "SchedulerError"), found
+            assert [
+                r
+                for r in await rm.reservations()
+                if r.namespace == namespace and (r.name or "").startswith("old-")
+            ] == []
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await client.CustomObjectsApi(cluster_api).delete_cluster_custom_object(
+                group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=rm_name
+            )
+        await stage.cleanup()
