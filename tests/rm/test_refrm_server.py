@@ -178,7 +178,7 @@ async def test_bad_input_answers_problem_and_changes_nothing(
 
 async def test_unknown_paths_and_methods_are_problems(refrm: RunningServer) -> None:
     async with httpx.AsyncClient(base_url=refrm.url) as http:
-        missing = await http.get("/v1/reservation-groups", headers=AUTH)
+        missing = await http.get("/v1/placements", headers=AUTH)  # v1.1 made reservation-groups a path
         wrong_method = await http.put("/v1/reservations", headers=AUTH)
         bad_limit = await http.get("/v1/reservations", params={"limit": "0"}, headers=AUTH)
         bad_param = await http.get("/v1/reservations", params={"owner": "me"}, headers=AUTH)

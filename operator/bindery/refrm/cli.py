@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from bindery.refrm.inventory import InventoryError, load_inventory_file
 from bindery.refrm.placement import Policy
-from bindery.refrm.server import DEFAULT_MAX_BODY_BYTES, serve_reference_rm
+from bindery.refrm.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GROUP_BODY_BYTES, serve_reference_rm
 
 __all__ = ["build_parser", "main", "serve_command", "served_url"]
 
@@ -88,6 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-key", type=pathlib.Path, help="server private key (PEM)")
     serve.add_argument("--client-ca", type=pathlib.Path, help="require client certificates signed by this CA")
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    serve.add_argument(
+        "--max-group-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_GROUP_BODY_BYTES,
+        help="largest body of POST /v1/reservation-groups (default %(default)s)",
+    )
+    serve.add_argument(
+        "--no-groups",
+        action="store_true",
+        help="serve without reservation groups (contract v1.1): their paths answer 404 as a v1.0 RM's "
+        "do, to test how a caller handles an RM that lacks them",
+    )
     serve.add_argument("--log-level", default="INFO")
     return parser
 
@@ -139,6 +151,8 @@ async def _serve(args: argparse.Namespace) -> None:
                 policy=Policy(args.policy),
                 ssl_context=_ssl_context(args),
                 max_body_bytes=args.max_body_bytes,
+                groups=not args.no_groups,
+                max_group_body_bytes=args.max_group_body_bytes,
             )
         )
         if args.mirror_nodes:

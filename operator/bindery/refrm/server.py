@@ -31,25 +31,45 @@ from bindery.refrm.accounting import ClusterPods
 from bindery.refrm.placement import InventoryNode, Policy
 from bindery.refrm.store import (
     Conflict,
+    GroupConflict,
+    GroupPlaced,
     NotActive,
     NotFound,
     Placed,
     PodMismatch,
     ReservationStore,
+    StoredGroup,
     StoredReservation,
     Unschedulable,
 )
 from bindery.rm.contract import openapi_text
 from bindery.rm.errors import ProblemType
-from bindery.rm.models import CONTRACT_VERSION, RenewRequest, ReservationRequest, ReservationState
+from bindery.rm.models import (
+    CONTRACT_VERSION,
+    GroupRenewRequest,
+    RenewRequest,
+    ReservationGroupRequest,
+    ReservationRequest,
+    ReservationState,
+)
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ReferenceRM", "RunningServer", "TokenCheck", "serve_reference_rm"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_GROUP_BODY_BYTES",
+    "ReferenceRM",
+    "RunningServer",
+    "TokenCheck",
+    "serve_reference_rm",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
+#: A group of up to 1000 members needs more than one pod's request: about 300 bytes per member.
+DEFAULT_MAX_GROUP_BODY_BYTES = 2 * 1024 * 1024
+_GROUPS = "/v1/reservation-groups"
 _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.yaml", "/openapi.json"})
-_LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "limit", "cursor"})
+_LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "limit", "cursor"})
 _TITLES = {
     400: "Invalid request",
     401: "Unauthorized",
@@ -184,9 +204,15 @@ class ReferenceRM:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_pending: int = 1024,
         clock: Callable[[], float] = time.time,
+        groups: bool = True,
+        max_group_body_bytes: int = DEFAULT_MAX_GROUP_BODY_BYTES,
     ) -> None:
+        """``groups=False`` serves contract v1.1 without reservation groups: their paths answer 404,
+        as a v1.0 RM's do, so a caller can be tested against an RM that lacks them."""
         self.policy = policy
         self.max_body_bytes = max_body_bytes
+        self.groups = groups
+        self.max_group_body_bytes = max(max_group_body_bytes, max_body_bytes)
         self._tokens = tokens
         self._max_pending = max_pending
         self._pending = 0
@@ -280,6 +306,14 @@ class ReferenceRM:
         app.router.add_delete("/v1/reservations/{id}", self._release)
         app.router.add_post("/v1/reservations/{id}/commit", self._commit)
         app.router.add_post("/v1/reservations/{id}/renew", self._renew)
+        if self.groups:
+            app.router.add_post(_GROUPS, self._reserve_group)
+            app.router.add_get(_GROUPS + "/{id}", self._get_group, allow_head=False)
+            app.router.add_delete(_GROUPS + "/{id}", self._release_group)
+            app.router.add_post(_GROUPS + "/{id}/renew", self._renew_group)
+        else:
+            app.router.add_route("*", _GROUPS, self._no_groups)
+            app.router.add_route("*", _GROUPS + "/{tail:.*}", self._no_groups)
         app.router.add_get("/healthz", self._healthz, allow_head=False)
         app.router.add_get("/readyz", self._readyz, allow_head=False)
         app.router.add_get("/openapi.yaml", self._openapi_yaml, allow_head=False)
@@ -441,6 +475,136 @@ class ReferenceRM:
         log.debug("renewed %s (pod uid %s) for %d s", outcome.id, outcome.pod_uid, renewal.ttl_seconds)
         return web.json_response(text=outcome.to_model().model_dump_json(by_alias=True))
 
+    # -- reservation groups (contract v1.1) -----------------------------------------------------
+
+    async def _no_groups(self, request: web.Request) -> web.Response:
+        return problem(
+            404,
+            ProblemType.NOT_FOUND,
+            f"there is no {request.path} here: this resource manager serves contract v1 without "
+            "reservation groups (the reference RM was started with --no-groups)",
+        )
+
+    async def _read_group_body(self, request: web.Request) -> bytes | web.Response:
+        """The body, up to the group limit (larger than one pod's: a group carries its members)."""
+        limit = self.max_group_body_bytes
+        too_large = problem(
+            413,
+            ProblemType.PAYLOAD_TOO_LARGE,
+            f"the body exceeds the limit of {limit} bytes for a reservation group; split the group or "
+            "raise the RM's --max-group-body-bytes",
+        )
+        if request.content_length is not None and request.content_length > limit:
+            return too_large
+        body = bytearray()
+        while chunk := await request.content.readany():
+            body.extend(chunk)
+            if len(body) > limit:
+                return too_large
+        return bytes(body)
+
+    def _group_answer(self, group: StoredGroup, *, status: int = 200) -> web.Response:
+        return web.Response(
+            status=status,
+            text=group.to_model().model_dump_json(by_alias=True),
+            content_type="application/json",
+            headers={"Location": f"{_GROUPS}/{group.id}"},
+        )
+
+    async def _reserve_group(self, request: web.Request) -> web.Response:
+        if not _is_json(request):
+            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+        body = await self._read_group_body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            group_request = ReservationGroupRequest.model_validate_json(body)
+        except pydantic.ValidationError as error:
+            detail, errors = _validation_errors(error)
+            return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
+        busy = self._back_pressure()
+        if busy is not None:
+            return busy
+        assert self._inventory is not None
+        self._pending += 1
+        try:
+            outcome = await self._run(
+                self._store.reserve_group,
+                group_request,
+                nodes=self._inventory,
+                policy=self.policy,
+                pods=self._pods,
+            )
+        finally:
+            self._pending -= 1
+        who = f"{group_request.group.namespace}/{group_request.group.name}"
+        if isinstance(outcome, GroupPlaced):
+            log.info(
+                "%s group %s for %s (%d members) on %s",
+                "reserved" if outcome.created else "replayed",
+                outcome.group.id,
+                who,
+                len(outcome.group.members),
+                ", ".join(sorted({member.node for member in outcome.group.members})),
+            )
+            return self._group_answer(outcome.group, status=201 if outcome.created else 200)
+        if isinstance(outcome, GroupConflict):
+            log.info("idempotency key %r reused for a different group request", group_request.idempotency_key)
+            return problem(
+                409,
+                ProblemType.IDEMPOTENCY_KEY_REUSED,
+                f"idempotency key {group_request.idempotency_key!r} already belongs to reservation group "
+                f"{outcome.existing.id} for a different request; release that group first or use a new key",
+                title="Idempotency key reused",
+                groupId=outcome.existing.id,
+            )
+        log.info("group %s unschedulable: %s", who, outcome.reason)
+        return problem(
+            409,
+            ProblemType.UNSCHEDULABLE,
+            outcome.reason,
+            title="Unschedulable",
+            reason=outcome.reason,
+            retryAfterSeconds=outcome.retry_after,
+        )
+
+    async def _get_group(self, request: web.Request) -> web.Response:
+        group = await self._run(self._store.get_group, request.match_info["id"])
+        if group is None:
+            return problem(404, ProblemType.NOT_FOUND, f"no reservation group {request.match_info['id']!r}")
+        return self._group_answer(group)
+
+    async def _release_group(self, request: web.Request) -> web.Response:
+        group = await self._run(self._store.release_group, request.match_info["id"])
+        if group is None:
+            return problem(404, ProblemType.NOT_FOUND, f"no reservation group {request.match_info['id']!r}")
+        log.info("released the reserved members of group %s", group.id)
+        return web.Response(status=204)
+
+    async def _renew_group(self, request: web.Request) -> web.Response:
+        if not _is_json(request):
+            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+        try:
+            renewal = GroupRenewRequest.model_validate_json(await request.read())
+        except pydantic.ValidationError as error:
+            detail, errors = _validation_errors(error)
+            return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
+        group_id = request.match_info["id"]
+        outcome = await self._run(self._store.renew_group, group_id, ttl_seconds=renewal.ttl_seconds)
+        if isinstance(outcome, NotFound):
+            return problem(404, ProblemType.NOT_FOUND, f"no reservation group {group_id!r}")
+        if isinstance(outcome, NotActive):
+            return problem(
+                409,
+                ProblemType.RESERVATION_NOT_ACTIVE,
+                f"reservation group {group_id} has no active member (all released or expired) and cannot "
+                "be renewed; reserve the group again",
+                title="Reservation not active",
+                state=outcome.reservation.state.value,
+            )
+        log.debug("renewed group %s for %d s", group_id, renewal.ttl_seconds)
+        return self._group_answer(outcome)
+
     async def _get(self, request: web.Request) -> web.Response:
         stored = await self._run(self._store.get, request.match_info["id"])
         if stored is None:
@@ -471,7 +635,7 @@ class ReferenceRM:
             if not (cursor.startswith("s") and cursor[1:].isdigit() and len(cursor) < 20):
                 return problem(400, ProblemType.INVALID_REQUEST, "cursor is not one this server issued")
             after = int(cursor[1:])
-        for name in ("schedulerName", "podUid"):
+        for name in ("schedulerName", "podUid", "groupId"):
             if name in query and not 1 <= len(query[name]) <= 253:
                 return problem(400, ProblemType.INVALID_REQUEST, f"{name} must be 1 to 253 characters long")
         items, next_seq = await self._run(
@@ -479,6 +643,7 @@ class ReferenceRM:
             scheduler_name=query.get("schedulerName"),
             state=state,
             pod_uid=query.get("podUid"),
+            group_id=query.get("groupId"),
             after=after,
             limit=limit,
         )
@@ -528,6 +693,8 @@ async def serve_reference_rm(
     ssl_context: ssl.SSLContext | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_pending: int = 1024,
+    groups: bool = True,
+    max_group_body_bytes: int = DEFAULT_MAX_GROUP_BODY_BYTES,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -547,6 +714,8 @@ async def serve_reference_rm(
         inventory=inventory,
         max_body_bytes=max_body_bytes,
         max_pending=max_pending,
+        groups=groups,
+        max_group_body_bytes=max_group_body_bytes,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()
@@ -557,7 +726,12 @@ async def serve_reference_rm(
         scheme = "https" if ssl_context is not None else "http"
         shown_host = f"[{host}]" if ":" in host else host
         log.info(
-            "reference RM (contract %s) listening on %s://%s:%d", CONTRACT_VERSION, scheme, host, bound_port
+            "reference RM (contract %s%s) listening on %s://%s:%d",
+            CONTRACT_VERSION,
+            "" if groups else ", without reservation groups",
+            scheme,
+            host,
+            bound_port,
         )
         yield RunningServer(url=f"{scheme}://{shown_host}:{bound_port}", port=bound_port, rm=rm)
     finally:

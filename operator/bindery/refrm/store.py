@@ -11,6 +11,12 @@ Since contract v1.1 a commit, release or renew may name the pod it acts for; a r
 another pod is then refused (``PodMismatch``) before anything changes, and renew moves a reserved
 lease's end.
 
+Since contract v1.1 a reservation group places every member or none in ONE transaction: the group
+row and one ordinary reservation per member (``group_id`` set, their order in ``group_index``) are
+written together or not at all, and only then counted in memory.  The members share the group's
+idempotency key (deduplicated on the group) and its lease (one ``expires_at``); afterwards they are
+ordinary reservations, committed and released one by one, or released together while reserved.
+
 Expiry is lazy: every operation first marks reservations whose lease ran out as ``expired``, so the
 answer never depends on a background timer having run.  Released and expired rows are kept for
 ``retention`` seconds so late releases, lists and commits get a precise answer, then deleted.
@@ -30,6 +36,7 @@ from decimal import Decimal
 
 from bindery.quantity import format_quantity, parse_quantity
 from bindery.refrm.accounting import ClusterPods, Foreign, foreign_usage
+from bindery.refrm.groups import MemberAsk, place_group
 from bindery.refrm.placement import (
     InventoryNode,
     Policy,
@@ -38,15 +45,24 @@ from bindery.refrm.placement import (
     effective_usage,
     subtract_usage,
 )
-from bindery.rm.models import Reservation, ReservationRequest, ReservationState
+from bindery.rm.models import (
+    Reservation,
+    ReservationGroup,
+    ReservationGroupRequest,
+    ReservationRequest,
+    ReservationState,
+)
 
 __all__ = [
     "Conflict",
+    "GroupConflict",
+    "GroupPlaced",
     "NotActive",
     "NotFound",
     "Placed",
     "PodMismatch",
     "ReservationStore",
+    "StoredGroup",
     "StoredReservation",
     "Unschedulable",
 ]
@@ -70,11 +86,29 @@ CREATE TABLE IF NOT EXISTS reservations (
 );
 CREATE INDEX IF NOT EXISTS reservations_key ON reservations (idempotency_key, state);
 CREATE INDEX IF NOT EXISTS reservations_state ON reservations (state, expires_at);
+CREATE TABLE IF NOT EXISTS reservation_groups (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    idempotency_key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    uid TEXT,
+    scheduler_name TEXT NOT NULL,
+    topology_value TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reservation_groups_key ON reservation_groups (idempotency_key);
 """
+#: Columns added by contract v1.1 groups; a database of an older RM gains them when it is opened.
+_GROUP_COLUMNS = {"group_id": "TEXT", "group_index": "INTEGER"}
 _ACTIVE = (ReservationState.RESERVED.value, ReservationState.COMMITTED.value)
 _COLUMNS = (
     "seq, id, idempotency_key, fingerprint, pod_uid, namespace, name, scheduler_name, node, resources, "
-    "state, created_at, expires_at"
+    "state, created_at, expires_at, group_id"
+)
+_GROUP_ROW = (
+    "id, idempotency_key, fingerprint, namespace, name, uid, scheduler_name, topology_value, created_at"
 )
 
 
@@ -93,6 +127,7 @@ class StoredReservation:
     state: ReservationState
     created_at: float
     expires_at: float | None
+    group_id: str | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[object]) -> StoredReservation:
@@ -110,6 +145,7 @@ class StoredReservation:
             state,
             created,
             expires,
+            group,
         ) = row
         return cls(
             seq=int(str(seq)),
@@ -125,6 +161,7 @@ class StoredReservation:
             state=ReservationState(str(state)),
             created_at=float(str(created)),
             expires_at=None if expires is None else float(str(expires)),
+            group_id=None if group is None else str(group),
         )
 
     def usage(self) -> dict[str, Decimal]:
@@ -142,6 +179,37 @@ class StoredReservation:
             name=self.name,
             resources=dict(self.resources),
             created_at=_timestamp(self.created_at),
+            group_id=self.group_id,
+        )
+
+
+@dataclass(frozen=True)
+class StoredGroup:
+    """A reservation group and its members (in request order), as stored."""
+
+    id: str
+    idempotency_key: str
+    fingerprint: str
+    namespace: str
+    name: str
+    uid: str | None
+    scheduler_name: str
+    topology_value: Mapping[str, str]
+    created_at: float
+    members: tuple[StoredReservation, ...]
+
+    @property
+    def active(self) -> bool:
+        """Whether any member still holds capacity: only then does the group own its key."""
+        return any(member.state.active for member in self.members)
+
+    def to_model(self) -> ReservationGroup:
+        leases = [m.expires_at for m in self.members if m.state is ReservationState.RESERVED and m.expires_at]
+        return ReservationGroup(
+            id=self.id,
+            members=[member.to_model() for member in self.members],
+            expires_at=_timestamp(min(leases)) if leases else None,
+            topology_value=dict(self.topology_value),
         )
 
 
@@ -158,6 +226,17 @@ class Placed:
 @dataclass(frozen=True)
 class Conflict:
     existing: StoredReservation
+
+
+@dataclass(frozen=True)
+class GroupPlaced:
+    group: StoredGroup
+    created: bool  # False: an idempotent replay of an existing group
+
+
+@dataclass(frozen=True)
+class GroupConflict:
+    existing: StoredGroup
 
 
 @dataclass(frozen=True)
@@ -204,6 +283,7 @@ class ReservationStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        self._migrate()
         self._usage: dict[str, dict[str, Decimal]] = {}
         for row in self._db.execute(f"SELECT {_COLUMNS} FROM reservations WHERE state IN (?, ?)", _ACTIVE):
             stored = StoredReservation.from_row(row)
@@ -214,6 +294,16 @@ class ReservationStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def _migrate(self) -> None:
+        """Add the v1.1 group columns to a table an older RM created (its rows are in no group)."""
+        present = {str(row[1]) for row in self._db.execute("PRAGMA table_info(reservations)")}
+        for column, kind in _GROUP_COLUMNS.items():
+            if column not in present:
+                self._db.execute(f"ALTER TABLE reservations ADD COLUMN {column} {kind}")
+        self._db.execute(
+            "CREATE INDEX IF NOT EXISTS reservations_group ON reservations (group_id, group_index)"
+        )
 
     def usage(self) -> dict[str, dict[str, Decimal]]:
         """A copy of the capacity in use per node (after expiring what is due)."""
@@ -242,6 +332,11 @@ class ReservationStore:
             self._db.execute(
                 "DELETE FROM reservations WHERE state NOT IN (?, ?) AND updated_at < ?",
                 (*_ACTIVE, now - self._retention),
+            )
+            self._db.execute(
+                "DELETE FROM reservation_groups WHERE created_at < ? AND NOT EXISTS "
+                "(SELECT 1 FROM reservations WHERE group_id = reservation_groups.id)",
+                (now - self._retention,),
             )
             self._db.execute("COMMIT")
         except BaseException:
@@ -417,6 +512,7 @@ class ReservationStore:
         scheduler_name: str | None = None,
         state: ReservationState | None = None,
         pod_uid: str | None = None,
+        group_id: str | None = None,
         after: int = 0,
         limit: int = 100,
     ) -> tuple[list[StoredReservation], int | None]:
@@ -424,7 +520,13 @@ class ReservationStore:
         self._expire()
         clauses: list[str] = ["seq > ?"]
         args: list[object] = [after]
-        for column, value in (("scheduler_name", scheduler_name), ("state", state), ("pod_uid", pod_uid)):
+        filters = (
+            ("scheduler_name", scheduler_name),
+            ("state", state),
+            ("pod_uid", pod_uid),
+            ("group_id", group_id),
+        )
+        for column, value in filters:
             if value is not None:
                 clauses.append(f"{column} = ?")
                 args.append(value)
@@ -434,3 +536,182 @@ class ReservationStore:
         ).fetchall()
         items = [StoredReservation.from_row(row) for row in rows[:limit]]
         return items, (items[-1].seq if len(rows) > limit else None)
+
+    # -- reservation groups (contract v1.1) -----------------------------------------------------
+
+    def _group(self, row: Sequence[object]) -> StoredGroup:
+        id_, key, fingerprint, namespace, name, uid, scheduler, topology, created = row
+        members = self._db.execute(
+            f"SELECT {_COLUMNS} FROM reservations WHERE group_id = ? ORDER BY group_index", (id_,)
+        ).fetchall()
+        return StoredGroup(
+            id=str(id_),
+            idempotency_key=str(key),
+            fingerprint=str(fingerprint),
+            namespace=str(namespace),
+            name=str(name),
+            uid=None if uid is None else str(uid),
+            scheduler_name=str(scheduler),
+            topology_value=json.loads(str(topology)),
+            created_at=float(str(created)),
+            members=tuple(StoredReservation.from_row(member) for member in members),
+        )
+
+    def get_group(self, group_id: str) -> StoredGroup | None:
+        self._expire()
+        row = self._db.execute(
+            f"SELECT {_GROUP_ROW} FROM reservation_groups WHERE id = ?", (group_id,)
+        ).fetchone()
+        return None if row is None else self._group(row)
+
+    def _active_group_for_key(self, key: str) -> StoredGroup | None:
+        row = self._db.execute(
+            f"SELECT {_GROUP_ROW} FROM reservation_groups g WHERE idempotency_key = ? AND EXISTS "
+            "(SELECT 1 FROM reservations r WHERE r.group_id = g.id AND r.state IN (?, ?)) "
+            "ORDER BY seq DESC LIMIT 1",
+            (key, *_ACTIVE),
+        ).fetchone()
+        return None if row is None else self._group(row)
+
+    def reserve_group(
+        self,
+        request: ReservationGroupRequest,
+        *,
+        nodes: Sequence[InventoryNode],
+        policy: Policy,
+        pods: ClusterPods | None = None,
+    ) -> GroupPlaced | GroupConflict | Unschedulable:
+        """Place every member, or none (:func:`bindery.refrm.groups.place_group`), and store the
+        group and its members in one transaction.
+
+        The key belongs to the group while any member is active: the same request then replays the
+        group (members in their current states), a different one is a conflict.
+        """
+        self._expire()
+        fingerprint = request.fingerprint()
+        existing = self._active_group_for_key(request.idempotency_key)
+        if existing is not None:
+            if existing.fingerprint == fingerprint:
+                return GroupPlaced(existing, created=False)
+            return GroupConflict(existing)
+        asks = [
+            MemberAsk(
+                label=f"{member.pod.namespace}/{member.pod.name}",
+                requests=member.requested(),
+                node_selector=member.placement.node_selector,
+                affinity_terms=member.placement.affinity_terms(),
+                tolerations=member.placement.toleration_dicts(),
+            )
+            for member in request.members
+        ]
+        decision = place_group(
+            group=f"{request.group.namespace}/{request.group.name}",
+            members=asks,
+            topology_keys=[constraint.key for constraint in request.topology],
+            nodes=nodes,
+            usage_by_node=self._usage,
+            policy=policy,
+            foreign=None if pods is None else self._foreign(pods),
+        )
+        if decision.nodes is None:
+            return Unschedulable(decision.reason, retry_after=self._retry_hint())
+        by_name = {node.name: node for node in nodes}
+        usages = [
+            effective_usage(ask.requests, by_name[node])
+            for ask, node in zip(asks, decision.nodes, strict=True)
+        ]
+        now = self._clock()
+        group_id = f"grp-{uuid.uuid4().hex}"
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute(
+                "INSERT INTO reservation_groups (id, idempotency_key, fingerprint, namespace, name, uid, "
+                "scheduler_name, topology_value, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    group_id,
+                    request.idempotency_key,
+                    fingerprint,
+                    request.group.namespace,
+                    request.group.name,
+                    request.group.uid,
+                    request.group.scheduler_name,
+                    json.dumps(dict(decision.topology_value)),
+                    now,
+                ),
+            )
+            self._db.executemany(
+                "INSERT INTO reservations (id, idempotency_key, fingerprint, pod_uid, namespace, name, "
+                "scheduler_name, node, resources, state, created_at, expires_at, updated_at, group_id, "
+                "group_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        f"rsv-{uuid.uuid4().hex}",
+                        # The group owns the key; a member's own key only has to be unique and
+                        # never match a caller's key while it is active, which the group id ensures.
+                        f"{group_id}/{index}",
+                        group_id,  # the fingerprint is the group's (one copy, not one per member)
+                        member.pod.uid,
+                        member.pod.namespace,
+                        member.pod.name,
+                        member.pod.scheduler_name,
+                        node,
+                        json.dumps({name: format_quantity(amount) for name, amount in sorted(usage.items())}),
+                        ReservationState.RESERVED.value,
+                        now,
+                        now + request.ttl_seconds,
+                        now,
+                        group_id,
+                        index,
+                    )
+                    for index, (member, node, usage) in enumerate(
+                        zip(request.members, decision.nodes, usages, strict=True)
+                    )
+                ],
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        for node, usage in zip(decision.nodes, usages, strict=True):
+            add_usage(self._usage, node, usage)  # committed: every member is durable now
+        self._next_expiry = min(self._next_expiry, now + request.ttl_seconds)
+        group = self.get_group(group_id)
+        assert group is not None
+        return GroupPlaced(group, created=True)
+
+    def release_group(self, group_id: str) -> StoredGroup | None:
+        """Release every member still ``reserved`` (one statement: all of them or none); committed
+        members stay, they belong to bound pods.  None when the group is unknown."""
+        if self.get_group(group_id) is None:
+            return None
+        rows = self._db.execute(
+            "UPDATE reservations SET state = ?, updated_at = ? WHERE group_id = ? AND state = ? "
+            "RETURNING node, resources",
+            (ReservationState.RELEASED.value, self._clock(), group_id, ReservationState.RESERVED.value),
+        ).fetchall()
+        for node, resources in rows:
+            subtract_usage(
+                self._usage, node, {k: parse_quantity(v) for k, v in json.loads(resources).items()}
+            )
+        return self.get_group(group_id)
+
+    def renew_group(self, group_id: str, *, ttl_seconds: int) -> StoredGroup | NotFound | NotActive:
+        """The group's one lease: every ``reserved`` member now expires ``ttl_seconds`` from now.
+
+        A group whose members are all committed comes back unchanged; one with no active member
+        is ``NotActive`` (carrying its first member), like a single released reservation.
+        """
+        current = self.get_group(group_id)
+        if current is None:
+            return NotFound()
+        if not current.active:
+            return NotActive(current.members[0])
+        now = self._clock()
+        self._db.execute(
+            "UPDATE reservations SET expires_at = ?, updated_at = ? WHERE group_id = ? AND state = ?",
+            (now + ttl_seconds, now, group_id, ReservationState.RESERVED.value),
+        )
+        self._next_expiry = min(self._next_expiry, now + ttl_seconds)
+        renewed = self.get_group(group_id)
+        assert renewed is not None
+        return renewed

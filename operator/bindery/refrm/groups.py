@@ -1,0 +1,244 @@
+"""Pure placement of a reservation group (contract v1.1): every member, or none, and why not.
+
+Why a module of its own: a group is placed in one step under the store's write serialization, so
+the decision must be made against one view of the capacity in use, with each member's choice
+counted before the next member is placed; and when it fails, the answer must say why the GROUP
+does not fit ("8 pods of 1 cpu; the most any value of zone holds is 7"), not merely why its last
+member did.  Kept free of I/O, like :mod:`bindery.refrm.placement`, which it uses per member.
+
+The algorithm is a greedy first-fit-decreasing per topology domain:
+
+* without topology the whole inventory is one domain;
+* with topology keys, a domain is one combination of values of those labels; a node that lacks
+  any of the labels belongs to no domain and takes no member;
+* in each domain the members are placed largest first (by their share of the largest node's
+  allocatable), each by the RM's policy among the domain's nodes;
+* among the domains that take every member, ``binpack`` picks the one left fullest, ``spread``
+  the one left emptiest; ties go to the values that sort first.
+
+Greedy can miss a packing that exists (bin packing is NP-hard); it never overcommits, and its
+"no" names the member it could not place and what stopped it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from bindery.quantity import format_quantity
+from bindery.refrm.accounting import Foreign, in_use
+from bindery.refrm.placement import InventoryNode, Policy, add_usage, choose_node, effective_usage
+
+__all__ = ["GroupDecision", "MemberAsk", "place_group"]
+
+Usage = dict[str, dict[str, Decimal]]
+
+
+@dataclass(frozen=True)
+class MemberAsk:
+    """One member as placement sees it: its requests and its own hard constraints."""
+
+    label: str  # namespace/name, for messages
+    requests: Mapping[str, Decimal]
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    affinity_terms: Sequence[Mapping[str, Any]] = ()
+    tolerations: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+    """Per member (in request order) its node, or None and why the group does not fit."""
+
+    nodes: tuple[str, ...] | None
+    topology_value: Mapping[str, str] = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass
+class _Attempt:
+    """The outcome of placing the group greedily in one domain."""
+
+    value: tuple[str, ...]
+    nodes: list[InventoryNode]
+    assigned: dict[int, str] = field(default_factory=dict)
+    failure: str = ""  # the first member that did not fit, and why
+    after: Usage = field(default_factory=dict)
+
+
+def _copy(usage: Mapping[str, Mapping[str, Decimal]]) -> Usage:
+    return {node: dict(bucket) for node, bucket in usage.items()}
+
+
+def _size_order(members: Sequence[MemberAsk], nodes: Sequence[InventoryNode]) -> list[int]:
+    """Member indexes, largest first: each member's summed share of the largest allocatable of
+    every resource it requests (a stable sort, so equal members keep the request's order)."""
+    largest: dict[str, Decimal] = {}
+    for node in nodes:
+        for name, amount in node.allocatable.items():
+            largest[name] = max(largest.get(name, Decimal(0)), amount)
+
+    def share(index: int) -> Decimal:
+        return sum(
+            (amount / largest[name] for name, amount in members[index].requests.items() if largest.get(name)),
+            Decimal(0),
+        )
+
+    return sorted(range(len(members)), key=lambda index: -share(index))
+
+
+def _attempt(
+    *,
+    value: tuple[str, ...],
+    nodes: list[InventoryNode],
+    members: Sequence[MemberAsk],
+    order: Sequence[int],
+    own: Mapping[str, Mapping[str, Decimal]],
+    foreign: Mapping[str, Foreign] | None,
+    policy: Policy,
+) -> _Attempt:
+    attempt = _Attempt(value=value, nodes=nodes)
+    names = {node.name for node in nodes}
+    mine = {name: dict(bucket) for name, bucket in own.items() if name in names}
+    total = in_use(mine, {n: f for n, f in (foreign or {}).items() if n in names}) if foreign else _copy(mine)
+    by_name = {node.name: node for node in nodes}
+    for index in order:
+        member = members[index]
+        decision = choose_node(
+            nodes=nodes,
+            requests=member.requests,
+            usage_by_node=total,
+            node_selector=member.node_selector,
+            affinity_terms=member.affinity_terms,
+            tolerations=member.tolerations,
+            policy=policy,
+        )
+        if decision.node is None:
+            if not attempt.failure:
+                # Asked again with this RM's own usage and the foreign pods apart, so the reason can
+                # say what pods the RM did not place use there.
+                explained = choose_node(
+                    nodes=nodes,
+                    requests=member.requests,
+                    usage_by_node=mine,
+                    node_selector=member.node_selector,
+                    affinity_terms=member.affinity_terms,
+                    tolerations=member.tolerations,
+                    policy=policy,
+                    foreign=foreign,
+                )
+                attempt.failure = f"for member {member.label}: {explained.reason or decision.reason}"
+            continue
+        usage = effective_usage(member.requests, by_name[decision.node])
+        add_usage(total, decision.node, usage)
+        add_usage(mine, decision.node, usage)
+        attempt.assigned[index] = decision.node
+    attempt.after = total
+    return attempt
+
+
+def _fullness(attempt: _Attempt, members: Sequence[MemberAsk]) -> Decimal:
+    """Mean fraction in use, after placing the group, of each resource the group requests."""
+    names = sorted({name for member in members for name, amount in member.requests.items() if amount > 0})
+    fractions = []
+    for name in names:
+        capacity = sum((node.allocatable.get(name, Decimal(0)) for node in attempt.nodes), Decimal(0))
+        if capacity > 0:
+            used = sum(
+                (attempt.after.get(node.name, {}).get(name, Decimal(0)) for node in attempt.nodes), Decimal(0)
+            )
+            fractions.append(used / capacity)
+    return sum(fractions, Decimal(0)) / len(fractions) if fractions else Decimal(0)
+
+
+def _shape(members: Sequence[MemberAsk]) -> str:
+    """``8 pods of 1 cpu, 1Gi memory`` when every member asks the same, else ``8 pods``."""
+    count = f"{len(members)} pod{'' if len(members) == 1 else 's'}"
+    first = members[0].requests
+    if any(member.requests != first for member in members[1:]):
+        return count
+    amounts = ", ".join(
+        f"{format_quantity(amount)} {name}" for name, amount in sorted(first.items()) if amount
+    )
+    return f"{count} of {amounts}" if amounts else count
+
+
+def place_group(
+    *,
+    group: str,
+    members: Sequence[MemberAsk],
+    topology_keys: Sequence[str],
+    nodes: Sequence[InventoryNode],
+    usage_by_node: Mapping[str, Mapping[str, Decimal]],
+    policy: Policy,
+    foreign: Mapping[str, Foreign] | None = None,
+) -> GroupDecision:
+    """Place every member or none; see the module docstring.  ``group`` names it in messages."""
+    order = _size_order(members, nodes)
+    domains: dict[tuple[str, ...], list[InventoryNode]] = {}
+    unlabelled = 0
+    for node in nodes:
+        values = tuple(node.labels.get(key) for key in topology_keys)
+        if any(value is None for value in values):
+            unlabelled += 1
+            continue
+        domains.setdefault(tuple(str(value) for value in values), []).append(node)
+    needs = _shape(members)
+    if topology_keys:
+        keys = ", ".join(topology_keys)
+        where = f" on nodes sharing one value of {keys}"
+    else:
+        keys, where = "", ""
+    if not domains:
+        if not nodes:
+            why = "the resource manager has no nodes in its inventory"
+        else:
+            why = (
+                f"none of the {len(nodes)} nodes has the label{'s' if len(topology_keys) > 1 else ''} {keys}"
+            )
+        return GroupDecision(nodes=None, reason=f"group {group} needs {needs}{where}; {why}.")
+    attempts = [
+        _attempt(
+            value=value,
+            nodes=domain,
+            members=members,
+            order=order,
+            own=usage_by_node,
+            foreign=foreign,
+            policy=policy,
+        )
+        for value, domain in sorted(domains.items())
+    ]
+    complete = [attempt for attempt in attempts if len(attempt.assigned) == len(members)]
+    if complete:
+        ranked = sorted(
+            complete,
+            key=lambda a: (
+                -_fullness(a, members) if policy is Policy.BINPACK else _fullness(a, members),
+                a.value,
+            ),
+        )
+        best = ranked[0]
+        return GroupDecision(
+            nodes=tuple(best.assigned[index] for index in range(len(members))),
+            topology_value=dict(zip(topology_keys, best.value, strict=True)),
+        )
+    most = max(attempts, key=lambda a: len(a.assigned))  # max keeps the first of equals: sorted values
+    if not topology_keys:
+        reason = (
+            f"group {group} needs {needs} reserved together; the RM could place only "
+            f"{len(most.assigned)} of them, {most.failure}"
+        )
+    else:
+        value = ", ".join(f"{k}={v}" for k, v in zip(topology_keys, most.value, strict=True))
+        reason = (
+            f"group {group} needs {needs}{where}; the most any value holds is {len(most.assigned)} ({value}; "
+            f"{len(domains)} value{'' if len(domains) == 1 else 's'} tried), {most.failure}"
+        )
+        if unlabelled:
+            reason += (
+                f" {unlabelled} node{' lacks' if unlabelled == 1 else 's lack'} the label"
+                f"{'s' if len(topology_keys) > 1 else ''} and take{'s' if unlabelled == 1 else ''} no member."
+            )
+    return GroupDecision(nodes=None, reason=reason)

@@ -1,0 +1,225 @@
+"""Pure group placement (``bindery.refrm.groups``): every member or none, topology, and the reason
+a group does not fit, which must be about the GROUP."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from bindery.refrm.accounting import Foreign
+from bindery.refrm.groups import MemberAsk, place_group
+from bindery.refrm.placement import InventoryNode, Policy
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+def node(name: str, cpu: str, zone: str | None = None, **labels: str) -> InventoryNode:
+    all_labels = {**labels, **({ZONE: zone} if zone else {})}
+    return InventoryNode(name=name, allocatable={"cpu": Decimal(cpu)}, labels=all_labels)
+
+
+def members(count: int, cpu: str = "1") -> list[MemberAsk]:
+    return [MemberAsk(label=f"ns/w-{i}", requests={"cpu": Decimal(cpu)}) for i in range(count)]
+
+
+def test_a_group_that_fits_gets_a_node_per_member_in_request_order() -> None:
+    nodes = [node("n1", "4"), node("n2", "4")]
+    decision = place_group(
+        group="ns/g",
+        members=members(8),
+        topology_keys=[],
+        nodes=nodes,
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    assert decision.nodes is not None
+    assert sorted(decision.nodes) == ["n1"] * 4 + ["n2"] * 4
+    assert decision.topology_value == {}
+
+
+def test_a_group_one_pod_too_big_gets_no_node_and_the_groups_reason() -> None:
+    nodes = [node("n1", "4"), node("n2", "3")]
+    decision = place_group(
+        group="ns/g",
+        members=members(8),
+        topology_keys=[],
+        nodes=nodes,
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    assert decision.nodes is None
+    assert decision.reason == (
+        "group ns/g needs 8 pods of 1 cpu reserved together; the RM could place only 7 of them, "
+        "for member ns/w-7: 0/2 nodes are available: 2 Insufficient cpu."
+    )
+
+
+def test_capacity_in_use_counts() -> None:
+    nodes = [node("n1", "4"), node("n2", "4")]
+    used = {"n1": {"cpu": Decimal(1)}}
+    decision = place_group(
+        group="ns/g",
+        members=members(8),
+        topology_keys=[],
+        nodes=nodes,
+        usage_by_node=used,
+        policy=Policy.SPREAD,
+    )
+    assert decision.nodes is None
+    assert "only 7 of them" in decision.reason
+
+
+def test_topology_puts_every_member_in_one_value_of_the_key() -> None:
+    nodes = [node("a1", "2", "a"), node("a2", "2", "a"), node("b1", "3", "b"), node("b2", "3", "b")]
+    decision = place_group(
+        group="ns/g",
+        members=members(5),
+        topology_keys=[ZONE],
+        nodes=nodes,
+        usage_by_node={},
+        policy=Policy.SPREAD,
+    )
+    assert decision.nodes is not None
+    assert set(decision.nodes) <= {"b1", "b2"}  # zone a holds only 4
+    assert decision.topology_value == {ZONE: "b"}
+
+
+def test_binpack_takes_the_domain_left_fullest_and_spread_the_emptiest() -> None:
+    nodes = [node("a1", "4", "a"), node("b1", "8", "b")]
+    binpack = place_group(
+        group="ns/g",
+        members=members(4),
+        topology_keys=[ZONE],
+        nodes=nodes,
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    spread = place_group(
+        group="ns/g",
+        members=members(4),
+        topology_keys=[ZONE],
+        nodes=nodes,
+        usage_by_node={},
+        policy=Policy.SPREAD,
+    )
+    assert binpack.topology_value == {ZONE: "a"}
+    assert spread.topology_value == {ZONE: "b"}
+
+
+def test_topology_reason_names_the_most_any_value_holds_and_unlabelled_nodes() -> None:
+    nodes = [node("a1", "4", "a"), node("a2", "3", "a"), node("b1", "5", "b"), node("x", "64")]
+    decision = place_group(
+        group="ns/g",
+        members=members(8),
+        topology_keys=[ZONE],
+        nodes=nodes,
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    assert decision.nodes is None
+    assert decision.reason == (
+        f"group ns/g needs 8 pods of 1 cpu on nodes sharing one value of {ZONE}; the most any value holds "
+        f"is 7 ({ZONE}=a; 2 values tried), for member ns/w-7: 0/2 nodes are available: 2 Insufficient cpu. "
+        "1 node lacks the label and takes no member."
+    )
+
+
+def test_no_node_with_the_label() -> None:
+    decision = place_group(
+        group="ns/g",
+        members=members(2),
+        topology_keys=["rack"],
+        nodes=[node("n1", "8")],
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    assert decision.nodes is None
+    assert (
+        decision.reason == "group ns/g needs 2 pods of 1 cpu on nodes sharing one value of rack; "
+        "none of the 1 nodes has the label rack."
+    )
+
+
+def test_two_keys_make_one_domain_per_combination() -> None:
+    nodes = [
+        InventoryNode(name="r1", allocatable={"cpu": Decimal(2)}, labels={"zone": "a", "rack": "1"}),
+        InventoryNode(name="r2", allocatable={"cpu": Decimal(2)}, labels={"zone": "a", "rack": "2"}),
+    ]
+    decision = place_group(
+        group="ns/g",
+        members=members(3),
+        topology_keys=["zone", "rack"],
+        nodes=nodes,
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    assert decision.nodes is None
+    assert "the most any value holds is 2 (zone=a, rack=1; 2 values tried)" in decision.reason
+
+
+def test_largest_members_are_placed_first() -> None:
+    """Request order small, small, big on 2+2 cpu: in that order the big one would find no room."""
+    asks = [
+        MemberAsk(label="ns/s1", requests={"cpu": Decimal(1)}),
+        MemberAsk(label="ns/s2", requests={"cpu": Decimal(1)}),
+        MemberAsk(label="ns/big", requests={"cpu": Decimal(2)}),
+    ]
+    decision = place_group(
+        group="ns/g",
+        members=asks,
+        topology_keys=[],
+        nodes=[node("n1", "2"), node("n2", "2")],
+        usage_by_node={},
+        policy=Policy.SPREAD,
+    )
+    assert decision.nodes is not None
+    assert decision.nodes[0] == decision.nodes[1] != decision.nodes[2]
+
+
+def test_member_constraints_apply_per_member() -> None:
+    nodes = [node("n1", "4", gpu="yes"), node("n2", "4")]
+    asks = [
+        MemberAsk(label="ns/a", requests={"cpu": Decimal(1)}, node_selector={"gpu": "yes"}),
+        MemberAsk(label="ns/b", requests={"cpu": Decimal(1)}, node_selector={"gpu": "no"}),
+    ]
+    decision = place_group(
+        group="ns/g", members=asks, topology_keys=[], nodes=nodes, usage_by_node={}, policy=Policy.BINPACK
+    )
+    assert decision.nodes is None
+    assert decision.reason.endswith(
+        "for member ns/b: 0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+    )
+    assert "needs 2 pods of 1 cpu" in decision.reason
+
+
+def test_pods_the_rm_did_not_place_are_counted_and_named() -> None:
+    nodes = [node("n1", "2")]
+    foreign = {"n1": Foreign(usage={"cpu": Decimal(1)}, count=1)}
+    decision = place_group(
+        group="ns/g",
+        members=members(2),
+        topology_keys=[],
+        nodes=nodes,
+        usage_by_node={},
+        policy=Policy.BINPACK,
+        foreign=foreign,
+    )
+    assert decision.nodes is None
+    assert "Pods this RM did not place use node n1: 1 cpu (1 pod)." in decision.reason
+
+
+def test_mixed_members_are_counted_not_described() -> None:
+    asks = [
+        MemberAsk(label="ns/a", requests={"cpu": Decimal(1)}),
+        MemberAsk(label="ns/b", requests={"cpu": Decimal(9)}),
+    ]
+    decision = place_group(
+        group="ns/g",
+        members=asks,
+        topology_keys=[],
+        nodes=[node("n1", "4")],
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    assert decision.reason.startswith(
+        "group ns/g needs 2 pods reserved together; the RM could place only 1 of them"
+    )
