@@ -6,7 +6,9 @@ Starts a real etcd + kube-apiserver with kube-controller-manager, kube-scheduler
 there turn Running and Job pods complete. kube-scheduler first places a DaemonSet and a Deployment
 of the default scheduler on the pool. Then the reference RM (SQLite, mirroring the pool's nodes and
 counting every pod on them, whoever placed it) and the operator start in this process, a
-ResourceManager object is created, and a Deployment and a Job with `schedulerName: bindery` follow.
+ResourceManager object is created, and a Deployment, a Job and a gang with `schedulerName: bindery`
+follow. The gang is an Indexed Job whose pods form a PodGroup (the Job controller makes it, with
+WorkloadWithJob): Bindery reserves all of its pods in one call to the RM and binds them together.
 The user watches Bindery's pods go Pending -> Scheduled -> Running (the Job's -> Succeeded); the
 demo ends with where each pod went, what each node holds, pods bound per second, and apiserver
 writes per bound pod as the operator counted them (and the Bindings as the apiserver's own
@@ -58,12 +60,19 @@ class DemoArgs:
     nodes: int
     cpu_per_node: int
     max_in_flight: int
+    gang_pods: int = 6
 
 
 def parse_args(argv: Sequence[str]) -> DemoArgs:
     parser = argparse.ArgumentParser(prog="bindery demo", description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=48, help="replicas of Bindery's Deployment (default 48)")
     parser.add_argument("--job-pods", type=int, default=12, help="completions of Bindery's Job (default 12)")
+    parser.add_argument(
+        "--gang-pods",
+        type=int,
+        default=6,
+        help="pods of the gang (an Indexed Job forming a PodGroup; 0: none)",
+    )
     parser.add_argument("--nodes", type=int, default=4, help="kwok nodes in the pool (default 4)")
     parser.add_argument("--cpu-per-node", type=int, default=8, help="allocatable CPUs per node (default 8)")
     parser.add_argument("--max-in-flight", type=int, default=16, help="the ResourceManager's maxInFlight")
@@ -72,6 +81,7 @@ def parse_args(argv: Sequence[str]) -> DemoArgs:
         pods=args.pods,
         job_pods=args.job_pods,
         nodes=args.nodes,
+        gang_pods=args.gang_pods,
         cpu_per_node=args.cpu_per_node,
         max_in_flight=args.max_in_flight,
     )
@@ -285,7 +295,7 @@ class _Seen:
     """One of Bindery's pods as the demo's watch saw it."""
 
     created: float
-    kind: str  # "api" (the Deployment) or "batch" (the Job)
+    kind: str  # "api" (the Deployment), "batch" (the Job) or "gang" (the gang's Job)
     bound: float | None = None
     node: str = ""
     phase: str = "Pending"
@@ -299,7 +309,7 @@ async def _bindery_workloads(
     watcher = asyncio.create_task(_watch(core, seen))
     await asyncio.sleep(0.5)  # let the watch start
     writes_before, metrics_before = runtime.writes.snapshot(), await _write_metrics(api)
-    total = args.pods + args.job_pods
+    total = args.pods + args.job_pods + args.gang_pods
     say(
         f"creating a Deployment (api, {args.pods} x {APP_CPU} CPU) and a Job (batch, {args.job_pods} "
         f"completions x {JOB_CPU} CPU) with schedulerName: {SCHEDULER} in namespace {NAMESPACE} ..."
@@ -322,12 +332,34 @@ async def _bindery_workloads(
             },
         },
     )
-    await _follow(seen, total=total, pods=args.pods, job_pods=args.job_pods)
+    if args.gang_pods > 1:
+        say(
+            f"creating a gang (an Indexed Job of {args.gang_pods} x {JOB_CPU} CPU, parallelism = "
+            "completions: the Job controller gives it a PodGroup, all of its pods or none) ..."
+        )
+        gang = _template(app="gang", cpu=JOB_CPU, scheduler=SCHEDULER)
+        gang["spec"]["restartPolicy"] = "Never"
+        await client.BatchV1Api(api).create_namespaced_job(
+            NAMESPACE,
+            {
+                "metadata": {"name": "gang"},
+                "spec": {
+                    "completions": args.gang_pods,
+                    "parallelism": args.gang_pods,
+                    "completionMode": "Indexed",
+                    "backoffLimit": 0,
+                    "template": gang,
+                },
+            },
+        )
+    await _follow(seen, total=total, pods=args.pods, job_pods=args.job_pods, gang_pods=args.gang_pods)
     await asyncio.sleep(1.0)  # the Scheduled events are written right after the binds
     watcher.cancel()
     writes_after, metrics_after = runtime.writes.snapshot(), await _write_metrics(api)
     _pod_table(seen)
     await _node_table(core, nodes)
+    if args.gang_pods > 1:
+        await _gang_summary(api, seen)
     bound = [s.bound for s in seen.values() if s.bound is not None]
     return _summary(
         pods=total,
@@ -338,16 +370,22 @@ async def _bindery_workloads(
     )
 
 
-def _done(seen: Mapping[str, _Seen], *, pods: int, job_pods: int) -> bool:
+def _done(seen: Mapping[str, _Seen], *, pods: int, job_pods: int, gang_pods: int = 0) -> bool:
     running = sum(1 for s in seen.values() if s.kind == "api" and s.phase == "Running")
     succeeded = sum(1 for s in seen.values() if s.kind == "batch" and s.phase == "Succeeded")
-    return running >= pods and succeeded >= job_pods
+    gang = sum(1 for s in seen.values() if s.kind == "gang" and s.phase == "Succeeded")
+    return running >= pods and succeeded >= job_pods and gang >= (gang_pods if gang_pods > 1 else 0)
 
 
-async def _follow(seen: dict[str, _Seen], *, total: int, pods: int, job_pods: int) -> None:
-    """Progress until the Deployment runs and the Job completed, or nothing moved for STALL_SECONDS."""
+async def _follow(
+    seen: dict[str, _Seen], *, total: int, pods: int, job_pods: int, gang_pods: int = 0
+) -> None:
+    """Progress until the Deployment runs and the Jobs completed, or nothing moved for STALL_SECONDS."""
     last_change, last_state = time.monotonic(), ""
-    while not _done(seen, pods=pods, job_pods=job_pods) and time.monotonic() - last_change < STALL_SECONDS:
+    while (
+        not _done(seen, pods=pods, job_pods=job_pods, gang_pods=gang_pods)
+        and time.monotonic() - last_change < STALL_SECONDS
+    ):
         state = _progress(seen, total=total)
         if state != last_state:
             last_change, last_state = time.monotonic(), state
@@ -421,6 +459,38 @@ async def _node_table(core: client.CoreV1Api, nodes: Sequence[str]) -> None:
         )
         allocatable = (await core.read_node(node)).status.allocatable["cpu"]
         say(f"{node:<8} {ours:>8} {len(mine) - ours:>8} {format_quantity(cpu) + ' / ' + allocatable:>14}")
+
+
+async def _gang_summary(api: client.ApiClient, seen: Mapping[str, _Seen]) -> None:
+    """How the gang went: when its pods were bound, relative to each other, and its PodGroup's status."""
+    gang = [s for s in seen.values() if s.kind == "gang" and s.bound is not None]
+    groups = await client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", NAMESPACE, "podgroups"
+    )
+    say("")
+    for group in groups.get("items") or ():
+        spec = group.get("spec") or {}
+        min_count = ((spec.get("schedulingPolicy") or {}).get("gang") or {}).get("minCount")
+        condition: Mapping[str, Any] = next(
+            (
+                c
+                for c in (group.get("status") or {}).get("conditions") or ()
+                if c["type"] == "PodGroupScheduled"
+            ),
+            {},
+        )
+        say(
+            f"PodGroup {group['metadata']['name']} (made by the Job controller, minCount {min_count}): "
+            f"PodGroupScheduled={condition.get('status', '?')} ({condition.get('reason', '')}: "
+            f"{condition.get('message', '')})"
+        )
+    if gang:
+        spread = 1000 * (max(s.bound or 0 for s in gang) - min(s.bound or 0 for s in gang))
+        waited = 1000 * (max(s.bound or 0 for s in gang) - max(s.created for s in gang))
+        say(
+            f"the gang: {len(gang)} pods bound together, within {spread:.0f} ms of each other, "
+            f"{waited:.0f} ms after its last pod was created, through one group reservation at the RM"
+        )
 
 
 def _summary(

@@ -26,7 +26,7 @@ from kubernetes_asyncio import client
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.devcluster.plane import ControlPlane
 from tests.conftest import OPERATOR_USER, api_client_for
-from tests.gangs.scenarios import LAYOUTS, SCENARIOS, Result, Stage
+from tests.gangs.scenarios import LAYOUTS, SCENARIOS, Result, Stage, resource_manager_ready
 from tests.workloads import bindery_on
 
 Scenario = Callable[[Stage], Awaitable[Result]]
@@ -74,6 +74,7 @@ async def under_bindery(
             directory=directory / ns,
         ) as bindery:
             stage.scheduler = bindery.scheduler
+            await resource_manager_ready(api, bindery.rm_name)
             try:
                 return await scenario(stage)
             finally:

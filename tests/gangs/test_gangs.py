@@ -24,7 +24,15 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from bindery.devcluster.plane import ControlPlane
-from tests.gangs.scenarios import LAYOUTS, Layout, Stage, room_for_seven, topology, two_groups
+from tests.gangs.scenarios import (
+    LAYOUTS,
+    Layout,
+    Stage,
+    resource_manager_ready,
+    room_for_seven,
+    topology,
+    two_groups,
+)
 from tests.operator.fakerm import serve_app
 from tests.realrm import RMProcess, operator_process, serve_with, settled_invariants
 from tests.rmproxy import rm_fault_proxy
@@ -57,6 +65,7 @@ async def gang_stage(
         directory=directory,
     ) as bindery:
         stage.scheduler = bindery.scheduler
+        await resource_manager_ready(api, bindery.rm_name)
 
         async def nothing_held(group: str) -> None:
             held = [

@@ -56,6 +56,7 @@ from bindery.scheduling.decisions import (
 )
 from bindery.scheduling.framework import Code, CycleContext, Ports, Profile, Status
 from bindery.scheduling.podgroups import (
+    GANG_WAIT_SECONDS,
     GROUP,
     PLURAL,
     VERSION,
@@ -77,6 +78,10 @@ log = logging.getLogger(__name__)
 READ_SECONDS = 10.0
 LIST_SECONDS = 30.0
 GroupKey = tuple[str, str]
+#: A group still short of members (or of its PodGroup) is reported only after this long: a Job's
+#: controller creates its pods one request at a time, and kube-scheduler says nothing about pods
+#: its PreEnqueue holds back; a group that completes within it costs no write.
+REPORT_WAITING_AFTER_SECONDS = 3.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -239,16 +244,21 @@ class GangCoordinator:
             placed=placed,
             waited_seconds=now - group.waiting_since,
         )
+        waited = now - group.waiting_since
         if decision.step is Step.WAIT_FOR_GROUP:
-            await self._report(decision.members, decision.message, reason=REASON_UNSCHEDULABLE)
+            if waited >= REPORT_WAITING_AFTER_SECONDS:
+                await self._report(decision.members, decision.message, reason=REASON_UNSCHEDULABLE)
             return self._next_backoff(group)  # no watch on PodGroups: look again
         assert info is not None
         if decision.step is Step.WAIT_FOR_MEMBERS:
+            if waited < REPORT_WAITING_AFTER_SECONDS:
+                return REPORT_WAITING_AFTER_SECONDS - waited  # a new member wakes the group sooner
             await self._report(decision.members, decision.message, reason=REASON_UNSCHEDULABLE)
             await self._set_condition(
                 info, scheduled=False, reason=REASON_UNSCHEDULABLE, message=decision.message
             )
-            return None  # a new member wakes the group
+            # A new member wakes the group; else look again when kube-scheduler's wait would end.
+            return GANG_WAIT_SECONDS - waited if waited < GANG_WAIT_SECONDS else None
         batches = [[pod] for pod in decision.members] if decision.each_alone else [list(decision.members)]
         delays = [await self._place(info, group, batch) for batch in batches]
         pending_delays = [d for d in delays if d is not None]

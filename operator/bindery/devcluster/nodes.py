@@ -86,13 +86,18 @@ async def create_kwok_node(
     labels: Mapping[str, str] | None = None,
     taints: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Create a Node that kwok manages (its label); kwok reports it Ready within seconds."""
+    """Create a Node that kwok manages (its label); kwok reports it Ready within seconds.
+
+    The capacity goes into the create itself (a Node may carry its status from creation), not into
+    a later status patch: kwok's first stage writes ``allocatable`` from the Node as it saw it, and
+    seeing it before such a patch it wrote its default (1000 CPUs) over ours, at random, so a
+    3-CPU node sometimes took 8 pods.
+    """
     core = client.CoreV1Api(api)
     key, value = KWOK_NODE_LABEL
     body = node_body(name=name, labels={key: value, **(labels or {})}, taints=taints)
     body["metadata"]["annotations"] = {"kwok.x-k8s.io/node": "fake"}
-    await core.create_node(body=body)
-    status = {"capacity": dict(capacity), "allocatable": dict(capacity)}
-    stored = await core.patch_node_status(name=name, body={"status": status})
-    result: dict[str, Any] = api.sanitize_for_serialization(stored)
+    body["status"] = {"capacity": dict(capacity), "allocatable": dict(capacity)}
+    created = await core.create_node(body=body)
+    result: dict[str, Any] = api.sanitize_for_serialization(created)
     return result
