@@ -22,7 +22,9 @@ T = TypeVar("T")
 POOL = "bindery.dev/cluster-pool"
 
 
-async def eventually(check: Callable[[], Awaitable[T | None]], *, within: float, what: str) -> T:
+async def eventually(
+    check: Callable[[], Awaitable[T | None]], *, within: float, what: str, every: float = 0.3
+) -> T:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     last: T | None = None
@@ -30,7 +32,7 @@ async def eventually(check: Callable[[], Awaitable[T | None]], *, within: float,
         last = await check()
         if last:
             return last
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(every)
     raise AssertionError(f"timed out after {within:g}s waiting for {what}; last value: {last!r}")
 
 

@@ -2,6 +2,7 @@
 
     python -m tests.gangs.compare              # scenarios (a)-(c) under both; prints a Markdown table
     python -m tests.gangs.compare --only kube-scheduler
+    python -m tests.gangs.compare --repeat 5       # the median time of 5 runs each
 
 Starts its own cluster plane (kube-controller-manager, kwok, kube-scheduler, all with the Workload
 API gates) and, for Bindery, the reference RM and `bindery run` as processes, exactly as the tests
@@ -89,6 +90,27 @@ async def failed(scenario: Scenario, run: Awaitable[Result]) -> Result:
         return Result(scenario=scenario.__name__, outcome=f"FAILED: {str(error).splitlines()[0][:120]}")
 
 
+def combine(results: list[Result]) -> Result | None:
+    """Several runs of one scenario under one scheduler: the first's outcome (and how many runs
+    ended otherwise), the median time, and every run's time in the notes."""
+    if not results:
+        return None
+    first = results[0]
+    times = sorted(r.seconds for r in results if r.seconds is not None)
+    outcome = first.outcome
+    others = [r.outcome for r in results[1:] if r.outcome != first.outcome]
+    if others:
+        outcome += f" ({len(others)} of {len(results)} runs otherwise: {others[0]})"
+    if len(results) > 1:
+        outcome += f" [{len(results)} runs]"
+    median = times[len(times) // 2] if times else None
+    follows = sorted(r.follow_seconds for r in results if r.follow_seconds is not None)
+    if follows:
+        outcome += f"; followed {follows[len(follows) // 2]:.2f} s after the first finished"
+    notes = [*first.notes, f"times: {', '.join(f'{t:.2f}' for t in times)} s"]
+    return Result(scenario=first.scenario, outcome=outcome, seconds=median, notes=notes)
+
+
 def table(rows: list[tuple[Result | None, Result | None]]) -> str:
     lines = [
         "| scenario | Bindery (reference RM) | time | kube-scheduler GangScheduling | time |",
@@ -112,6 +134,9 @@ async def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--only", choices=("bindery", "kube-scheduler"))
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of each scenario per scheduler (median time)"
+    )
     args = parser.parse_args(argv)
     with (
         ControlPlane.start(controllers=True, kwok=True, kube_scheduler=True) as plane,
@@ -124,13 +149,19 @@ async def main(argv: list[str] | None = None) -> int:
             operator_kubeconfig = plane.mint_kubeconfig(user=OPERATOR_USER)
             rows: list[tuple[Result | None, Result | None]] = []
             for scenario in SCENARIOS:
-                ours = theirs = None
-                if args.only != "kube-scheduler":
-                    ours = await failed(
-                        scenario, under_bindery(api, plane, operator_kubeconfig, scenario, pathlib.Path(tmp))
-                    )
-                if args.only != "bindery":
-                    theirs = await failed(scenario, under_kube_scheduler(api, scenario))
+                bindery_runs: list[Result] = []
+                kube_runs: list[Result] = []
+                for _ in range(args.repeat):
+                    if args.only != "kube-scheduler":
+                        bindery_runs.append(
+                            await failed(
+                                scenario,
+                                under_bindery(api, plane, operator_kubeconfig, scenario, pathlib.Path(tmp)),
+                            )
+                        )
+                    if args.only != "bindery":
+                        kube_runs.append(await failed(scenario, under_kube_scheduler(api, scenario)))
+                ours, theirs = combine(bindery_runs), combine(kube_runs)
                 rows.append((ours, theirs))
                 for result in (ours, theirs):
                     for note in result.notes if result else ():

@@ -137,7 +137,8 @@ async def test_two_groups_that_fit_only_alone_go_one_after_the_other_whole(
         layout=LAYOUTS["two_groups"],
     ) as (stage, _):
         result = await two_groups(stage)
-        assert result.outcome.startswith("4+0"), result.outcome
+        assert result.outcome.startswith("one group 4/4, the other 0/4"), result.outcome
+        assert result.follow_seconds is not None
 
 
 async def test_a_topology_constrained_group_lands_in_one_zone(

@@ -11,6 +11,7 @@ from bindery.scheduling.podgroups import (
     decide,
     group_request,
     scheduled_conditions,
+    unsupported,
 )
 from bindery.scheduling.podspec import PodInfo
 
@@ -156,3 +157,21 @@ def test_the_condition_is_written_as_kube_scheduler_writes_it() -> None:
         scheduled_conditions(group=placed, scheduled=False, reason="Unschedulable", message="x", now=NOW)
         is None
     )
+
+
+def test_members_with_volume_claims_are_refused_not_bound_without_their_volumes() -> None:
+    plain = pod("a")
+    body = {
+        "metadata": {"name": "b", "namespace": "ns", "uid": "uid-b"},
+        "spec": {
+            "schedulerName": "bindery",
+            "schedulingGroup": {"podGroupName": "pg"},
+            "containers": [{"name": "c"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-b"}}],
+        },
+    }
+    with_claim = PodInfo.from_body(body)
+    assert unsupported(group=gang(2), members=[plain]) is None
+    message = unsupported(group=gang(2), members=[plain, with_claim])
+    assert message is not None
+    assert "ns/b" in message

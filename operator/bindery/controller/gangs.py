@@ -65,6 +65,7 @@ from bindery.scheduling.podgroups import (
     decide,
     group_request,
     scheduled_conditions,
+    unsupported,
 )
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import PodGone
@@ -269,6 +270,10 @@ class GangCoordinator:
     async def _place(self, info: PodGroupInfo, group: _Group, members: Sequence[PodInfo]) -> float | None:
         profile = self._profile()
         started = time.perf_counter()
+        refusal = unsupported(group=info, members=members)
+        if refusal is not None:
+            await self._fail(info, members, refusal, reason=REASON_SCHEDULER_ERROR, started=started)
+            return profile.backoff_max_seconds
         request = group_request(
             group=info,
             members=members,

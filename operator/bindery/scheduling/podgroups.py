@@ -60,6 +60,7 @@ __all__ = [
     "group_key",
     "group_request",
     "scheduled_conditions",
+    "unsupported",
 ]
 
 GROUP, VERSION, PLURAL = "scheduling.k8s.io", "v1alpha2", "podgroups"
@@ -175,6 +176,23 @@ def decide(
             f"after {_duration(wait_seconds)}); create the missing pods or lower minCount"
         )
     return GangDecision(step=Step.WAIT_FOR_MEMBERS, members=members, message=message)
+
+
+def unsupported(*, group: PodGroupInfo, members: Sequence[PodInfo]) -> str | None:
+    """Pure: why these members cannot be placed as a group by Bindery yet, or ``None``.
+
+    Volume binding (PreFilter narrowing the nodes to where the claims' volumes are, then PreBind)
+    is per pod; a group reservation has no such step yet, so members with PersistentVolumeClaims
+    are refused rather than bound without their volumes being checked.
+    """
+    with_claims = [pod.key for pod in members if pod.claims]
+    if not with_claims:
+        return None
+    return (
+        f'pod group "{group.key}" has members with PersistentVolumeClaims ({", ".join(with_claims[:3])}'
+        f"{', ...' if len(with_claims) > 3 else ''}); Bindery does not bind volumes for pod groups yet, "
+        "so it does not place the group; use pods without claims in groups, or no group"
+    )
 
 
 def idempotency_key(*, group: PodGroupInfo, members: Iterable[PodInfo], attempt: int) -> str:
