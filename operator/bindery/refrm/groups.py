@@ -171,7 +171,11 @@ def _attempt(
     own: Mapping[str, Mapping[str, Decimal]],
     foreign: Mapping[str, Foreign] | None,
     policy: Policy,
+    kinds_of: Sequence[tuple[object, ...]] | None = None,
 ) -> _Attempt:
+    """Place the members greedily in one domain; ``kinds_of[i]`` is ``_kind(members[i])``."""
+    if kinds_of is None:
+        kinds_of = [_kind(member) for member in members]
     attempt = _Attempt(value=value, nodes=nodes)
     names = {node.name for node in nodes}
     mine = {name: dict(bucket) for name, bucket in own.items() if name in names}
@@ -179,7 +183,7 @@ def _attempt(
     kinds: dict[tuple[object, ...], _Candidates] = {}
     for index in order:
         member = members[index]
-        kind = _kind(member)
+        kind = kinds_of[index]
         if kind not in kinds:
             kinds[kind] = _Candidates(member=member, nodes=nodes, total=total, policy=policy)
         node = kinds[kind].best()
@@ -247,6 +251,7 @@ def place_group(
 ) -> GroupDecision:
     """Place every member or none; see the module docstring.  ``group`` names it in messages."""
     order = _size_order(members, nodes)
+    kinds_of = [_kind(member) for member in members]
     domains: dict[tuple[str, ...], list[InventoryNode]] = {}
     unlabelled = 0
     for node in nodes:
@@ -278,6 +283,7 @@ def place_group(
             own=usage_by_node,
             foreign=foreign,
             policy=policy,
+            kinds_of=kinds_of,
         )
         for value, domain in sorted(domains.items())
     ]
