@@ -26,7 +26,7 @@ from .conftest import TOKEN
 
 @pytest.mark.parametrize("check", CHECKS, ids=[check.name for check in CHECKS])
 async def test_reference_rm_conforms(refrm: RunningServer, check: Check) -> None:
-    config = ConformanceConfig(url=refrm.url, token=TOKEN)
+    config = ConformanceConfig(url=refrm.url, token=TOKEN, topology_key="zone")  # one zone per node
     async with http_client(config) as http:
         result = await run_check(check, config, http)
     assert result.passed, result.error
@@ -91,11 +91,11 @@ def test_cli_against_a_served_reference_rm(
 
 @pytest.fixture
 async def v1_0_rm(refrm: RunningServer) -> AsyncIterator[str]:
-    """The reference RM as a v1.0 server would look: podUid ignored, no renew path (404)."""
+    """The reference RM as a v1.0 server would look: podUid ignored, no renew or group paths (404)."""
     async with httpx.AsyncClient(base_url=refrm.url) as upstream:
 
         async def forward(request: web.Request) -> web.StreamResponse:
-            if request.path.endswith("/renew"):
+            if request.path.endswith("/renew") or request.path.startswith("/v1/reservation-groups"):
                 return web.json_response(
                     {"type": ProblemType.NOT_FOUND, "title": "Not found", "status": 404},
                     status=404,
@@ -131,15 +131,19 @@ async def v1_0_rm(refrm: RunningServer) -> AsyncIterator[str]:
 async def test_kit_fails_a_v1_0_server_on_the_v1_1_checks_only(v1_0_rm: str) -> None:
     """The v1.1 checks can fail: a server that ignores podUid and has no renew fails each of them,
     and passes everything when certified at 1.0."""
-    config = ConformanceConfig(url=v1_0_rm, token=TOKEN)
+    config = ConformanceConfig(url=v1_0_rm, token=TOKEN, topology_key="zone")
     newer = [check for check in CHECKS if check.since == "1.1"]
-    assert len(newer) == 5
+    assert len(newer) == 12
     async with http_client(config) as http:
         for check in newer:
             result = await run_check(check, config, http)
             assert not result.passed, check.name
-        for check in checks_for("1.0"):
-            result = await run_check(check, config, http)
+            if check.name.startswith("group-"):
+                assert "--contract-version 1.0" in (result.error or ""), result.error
+        groups_path = next(check for check in CHECKS if check.name == "groups-path")
+        assert not (await run_check(groups_path, config, http)).passed  # a 404 fails at 1.1 ...
+        for check in checks_for("1.0"):  # ... and passes at 1.0
+            result = await run_check(check, config, http, contract_version="1.0")
             assert result.passed, (check.name, result.error)
 
 
@@ -158,3 +162,77 @@ async def test_client_tells_a_v1_0_server_from_an_unknown_reservation(v1_0_rm: s
         with pytest.raises(RMUnsupported, match=r"v1\.0"):
             await client.renew(made.id, pod_uid="u1", ttl_seconds=60)
         await client.release(made.id, pod_uid="u1")
+
+
+@pytest.fixture
+async def careless_groups_rm(refrm: RunningServer) -> AsyncIterator[str]:
+    """An RM whose groups are not atomic: it reserves member by member, keeps what it got when one
+    does not fit, and ignores topology. Everything else is the reference RM."""
+    async with httpx.AsyncClient(base_url=refrm.url) as upstream:
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            headers = {
+                k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")
+            }
+            if request.method == "POST" and request.path == "/v1/reservation-groups":
+                body = await request.json()
+                members = []
+                for index, member in enumerate(body["members"]):
+                    single = {
+                        **member,
+                        "idempotencyKey": f"{body['idempotencyKey']}/{index}",
+                        "ttlSeconds": 60,
+                    }
+                    answer = await upstream.post("/v1/reservations", json=single, headers=headers)
+                    if answer.status_code not in (200, 201):
+                        return web.Response(
+                            status=answer.status_code,
+                            body=answer.content,
+                            content_type="application/problem+json",
+                        )
+                    members.append({**answer.json(), "groupId": body["idempotencyKey"]})
+                return web.json_response({"id": body["idempotencyKey"], "members": members}, status=201)
+            answer = await upstream.request(
+                request.method,
+                request.path,
+                params=request.query,
+                content=await request.read(),
+                headers=headers,
+            )
+            return web.Response(
+                status=answer.status_code,
+                body=answer.content,
+                headers={"Content-Type": answer.headers.get("content-type", "application/octet-stream")},
+            )
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("group-all-or-nothing", "a group that did not fit left 4 reservations behind"),
+        ("group-concurrent", "exactly one fits"),
+        ("group-topology", "expected HTTP 409, got 201"),
+    ],
+)
+async def test_kit_fails_an_rm_whose_groups_are_not_atomic(
+    careless_groups_rm: str, name: str, message: str
+) -> None:
+    """The group checks can fail: partial groups left behind, racing groups both half placed, and a
+    topology no node satisfies placed anyway."""
+    config = ConformanceConfig(url=careless_groups_rm, token=TOKEN, topology_key="zone")
+    check = next(c for c in CHECKS if c.name == name)
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert not result.passed
+    assert message in (result.error or ""), result.error

@@ -6,7 +6,20 @@ from openapi_spec_validator import validate
 
 from bindery.rm.contract import load_openapi
 from bindery.rm.errors import PROBLEM_BASE, ProblemType
-from bindery.rm.models import CONTRACT_VERSION, RenewRequest, ReservationRequest, ReservationState
+from bindery.rm.models import (
+    CONTRACT_VERSION,
+    MAX_GROUP_MEMBERS,
+    GroupIdentity,
+    GroupMemberRequest,
+    GroupRenewRequest,
+    RenewRequest,
+    Reservation,
+    ReservationGroup,
+    ReservationGroupRequest,
+    ReservationRequest,
+    ReservationState,
+    TopologyConstraint,
+)
 
 
 def test_document_validates_as_openapi_3_1() -> None:
@@ -25,8 +38,6 @@ def test_required_paths_present() -> None:
     assert "post" in paths["/v1/reservations/{id}/commit"]
     assert "delete" in paths["/v1/reservations/{id}"]
     assert {"/healthz", "/readyz"} <= set(paths)
-    # Reserved for gang reservations in a later minor version.
-    assert not any(path.startswith("/v1/reservation-groups") for path in paths)
 
 
 def test_request_fields_match_model() -> None:
@@ -57,3 +68,32 @@ def test_v1_1_additions_match_the_models() -> None:
     assert document["components"]["parameters"]["PodUid"]["required"] is False
     kinds = document["components"]["schemas"]["Problem"]["description"].replace("\n", " ")
     assert ProblemType.POD_MISMATCH.removeprefix(PROBLEM_BASE) in kinds
+
+
+def test_v1_1_groups_match_the_models() -> None:
+    """The group paths exist, and every group schema has exactly the fields of its model."""
+    document = load_openapi()
+    paths = document["paths"]
+    assert "post" in paths["/v1/reservation-groups"]
+    assert {"get", "delete"} <= set(paths["/v1/reservation-groups/{groupId}"])
+    assert "post" in paths["/v1/reservation-groups/{groupId}/renew"]
+    schemas = document["components"]["schemas"]
+    for name, model in (
+        ("GroupIdentity", GroupIdentity),
+        ("TopologyConstraint", TopologyConstraint),
+        ("GroupMemberRequest", GroupMemberRequest),
+        ("ReservationGroupRequest", ReservationGroupRequest),
+        ("GroupRenewRequest", GroupRenewRequest),
+    ):
+        fields = {field.alias for field in model.model_fields.values()}
+        assert set(schemas[name]["properties"]) == fields, name
+        assert schemas[name]["additionalProperties"] is False, name
+        required = {f.alias for f in model.model_fields.values() if f.is_required()}
+        assert set(schemas[name].get("required", [])) == required, name
+    assert schemas["ReservationGroupRequest"]["properties"]["members"]["maxItems"] == MAX_GROUP_MEMBERS
+    assert set(schemas["ReservationGroup"]["properties"]) == {
+        f.alias for f in ReservationGroup.model_fields.values()
+    }
+    assert set(schemas["Reservation"]["properties"]) == {f.alias for f in Reservation.model_fields.values()}
+    listing = {p["name"] for p in paths["/v1/reservations"]["get"]["parameters"]}
+    assert "groupId" in listing

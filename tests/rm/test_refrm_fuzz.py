@@ -42,6 +42,17 @@ def fuzzable_contract() -> dict[str, Any]:
     document["components"]["schemas"]["Quantity"]["pattern"] = (
         r"^\+?([0-9]{1,9}(\.[0-9]*)?|\.[0-9]+)([KMG]i|[numkMG]|[eE][+-]?[0-9])?$"
     )
+    # A group's members are distinct pods in the group's namespace with its scheduler name (v1.1):
+    # generate one member whose pod shares the group's fixed namespace and scheduler name.
+    schemas = document["components"]["schemas"]
+    pinned = {"type": "string", "enum": ["fuzz"]}
+    schemas["FuzzPod"] = {
+        **schemas["PodIdentity"],
+        "properties": {**schemas["PodIdentity"]["properties"], "namespace": pinned, "schedulerName": pinned},
+    }
+    schemas["GroupMemberRequest"]["properties"]["pod"] = {"$ref": "#/components/schemas/FuzzPod"}
+    schemas["GroupIdentity"]["properties"].update(namespace=pinned, schedulerName=pinned)
+    schemas["ReservationGroupRequest"]["properties"]["members"]["maxItems"] = 1
     return document
 
 

@@ -3,11 +3,14 @@ a group does not fit, which must be about the GROUP."""
 
 from __future__ import annotations
 
+import random
 from decimal import Decimal
 
+import pytest
+
 from bindery.refrm.accounting import Foreign
-from bindery.refrm.groups import MemberAsk, place_group
-from bindery.refrm.placement import InventoryNode, Policy
+from bindery.refrm.groups import MemberAsk, _attempt, _size_order, place_group
+from bindery.refrm.placement import InventoryNode, Policy, add_usage, choose_node, effective_usage
 
 ZONE = "topology.kubernetes.io/zone"
 
@@ -223,3 +226,75 @@ def test_mixed_members_are_counted_not_described() -> None:
     assert decision.reason.startswith(
         "group ns/g needs 2 pods reserved together; the RM could place only 1 of them"
     )
+
+
+def _naive(
+    *,
+    nodes: list[InventoryNode],
+    members: list[MemberAsk],
+    used: dict[str, dict[str, Decimal]],
+    policy: Policy,
+) -> dict[int, str]:
+    """The definition the fast path must match: each member, largest first, by choose_node."""
+    total = {name: dict(bucket) for name, bucket in used.items()}
+    assigned = {}
+    for index in _size_order(members, nodes):
+        member = members[index]
+        decision = choose_node(
+            nodes=nodes,
+            requests=member.requests,
+            usage_by_node=total,
+            node_selector=member.node_selector,
+            affinity_terms=member.affinity_terms,
+            tolerations=member.tolerations,
+            policy=policy,
+        )
+        if decision.node is not None:
+            chosen = next(n for n in nodes if n.name == decision.node)
+            add_usage(total, chosen.name, effective_usage(member.requests, chosen))
+            assigned[index] = decision.node
+    return assigned
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_the_fast_path_places_exactly_as_choose_node_would(seed: int) -> None:
+    rng = random.Random(seed)
+    nodes = [
+        InventoryNode(
+            name=f"n{i}",
+            allocatable={
+                "cpu": Decimal(rng.choice(["1", "2", "4", "7.5"])),
+                "memory": Decimal(rng.choice([2, 4, 8])) * 2**30,
+                **({"pods": Decimal(rng.randint(1, 6))} if rng.random() < 0.5 else {}),
+            },
+            labels={"disk": rng.choice(["ssd", "hdd"])},
+            taints=({"key": "gpu", "value": "", "effect": "NoSchedule"},) if rng.random() < 0.2 else (),
+            unschedulable=rng.random() < 0.1,
+        )
+        for i in range(rng.randint(1, 12))
+    ]
+    kinds = [
+        MemberAsk(
+            label=f"ns/kind-{k}",
+            requests={
+                "cpu": Decimal(rng.choice(["0.5", "1", "1.5", "3"])),
+                "memory": Decimal(rng.choice([0, 1, 3])) * 2**30,
+            },
+            node_selector={"disk": "ssd"} if rng.random() < 0.3 else {},
+            tolerations=[{"operator": "Exists"}] if rng.random() < 0.3 else [],
+        )
+        for k in range(rng.randint(1, 3))
+    ]
+    members = [rng.choice(kinds) for _ in range(rng.randint(1, 20))]
+    used = {n.name: {"cpu": Decimal(rng.choice(["0", "0.5", "1"]))} for n in nodes if rng.random() < 0.5}
+    for policy in Policy:
+        fast = _attempt(
+            value=(),
+            nodes=nodes,
+            members=members,
+            order=_size_order(members, nodes),
+            own=used,
+            foreign=None,
+            policy=policy,
+        )
+        assert fast.assigned == _naive(nodes=nodes, members=members, used=used, policy=policy), (seed, policy)

@@ -24,7 +24,15 @@ from bindery.quantity import parse_quantity
 from bindery.refrm import InventoryNode, serve_reference_rm
 from bindery.refrm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
-from bindery.rm.errors import ProblemType, RMConflict, RMGroupsUnsupported, RMRejected, RMUnschedulable
+from bindery.rm.errors import (
+    ProblemType,
+    RMConflict,
+    RMGroupsUnsupported,
+    RMProtocolError,
+    RMRejected,
+    RMUnavailable,
+    RMUnschedulable,
+)
 from bindery.rm.models import ReservationGroupRequest, ReservationState
 
 from .conftest import TOKEN
@@ -347,3 +355,55 @@ async def test_the_cli_flag_no_groups(tmp_path: pathlib.Path) -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         await asyncio.wait_for(process.wait(), timeout=30)
+
+
+async def test_an_rm_killed_while_groups_race_holds_whole_groups_after_restart(
+    tmp_path: pathlib.Path,
+) -> None:
+    """SIGKILL the RM process while 30 groups are being reserved: after restart every group it
+    holds has all its members, none is partial, and no node is overcommitted."""
+    nodes = [(f"n{i}", "6", "a") for i in range(3)]
+    inventory_file = tmp_path / "inventory.yaml"
+    inventory_file.write_text(
+        yaml.safe_dump(
+            {"nodes": [{"name": n, "labels": {ZONE: z}, "allocatable": {"cpu": c}} for n, c, z in nodes]}
+        )
+    )
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    argv = serve_command(
+        db=tmp_path / "rm.sqlite", token_file=token_file, options=["--inventory", str(inventory_file)]
+    )
+    sizes = {f"race{i}": 2 + i % 4 for i in range(30)}
+    process, url = await _start(argv)
+    first_answer = asyncio.Event()
+
+    async def one(key: str) -> None:
+        async with ResourceManagerClient(
+            base_url=url, token=TOKEN, allow_insecure_http=True, max_attempts=1
+        ) as client:
+            try:
+                await client.reserve_group(group_request(key, sizes[key], cpu="500m", ttl=600))
+            except (RMUnschedulable, RMUnavailable, RMProtocolError):
+                pass
+            finally:
+                first_answer.set()
+
+    try:
+        racing = [asyncio.create_task(one(key)) for key in sizes]
+        await first_answer.wait()
+        process.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(process.wait(), timeout=30)
+        await asyncio.gather(*racing)
+        argv[argv.index("--listen") + 1] = url.removeprefix("http://")
+        process, url = await _start(argv)
+        items = await listed(url)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), timeout=30)
+    assert items, "not even the first group was stored"
+    held = collections.Counter(item["groupId"] for item in items if item["state"] == "reserved")
+    owner = {item["groupId"]: item["podUid"].rsplit("-", 1)[0] for item in items}
+    partial = {owner[g]: f"{n} of {sizes[owner[g]]}" for g, n in held.items() if n != sizes[owner[g]]}
+    assert partial == {}
+    assert overcommitted(items, inventory(*nodes)) == []

@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import pytest
 
+from bindery.refrm.accounting import BoundPod, ClusterPods
 from bindery.refrm.placement import InventoryNode, Policy
 from bindery.refrm.store import (
     GroupConflict,
@@ -226,4 +227,32 @@ def test_a_database_written_before_groups_is_upgraded_in_place(tmp_path: pathlib
     assert single.reservation.group_id is None
     made = placed(store.reserve_group(group("g", 2), nodes=NODES, policy=Policy.BINPACK))
     assert {m.node for m in made.members} == {"b1"}
+    store.close()
+
+
+def test_mirror_mode_counts_foreign_pods_once_and_members_claimed_by_their_pods_once(
+    tmp_path: pathlib.Path,
+) -> None:
+    """On shared nodes a group counts the pods the RM did not place; a pod bound with a member's
+    reservation is that member, not a second consumer."""
+    node = [InventoryNode(name="n1", allocatable={"cpu": Decimal(3)})]
+    store = ReservationStore(tmp_path / "db", clock=lambda: 0.0)
+    foreign = ClusterPods.of([BoundPod(uid="x", key="other/x", node="n1", usage={"cpu": Decimal(2)})])
+    refused = store.reserve_group(group("g", 2), nodes=node, policy=Policy.BINPACK, pods=foreign)
+    assert isinstance(refused, Unschedulable)
+    assert "Pods this RM did not place use node n1: 2 cpu (1 pod)." in refused.reason
+    made = placed(store.reserve_group(group("g", 2), nodes=node, policy=Policy.BINPACK))
+    first = made.members[0]
+    bound = ClusterPods.of(
+        [
+            BoundPod(
+                uid=first.pod_uid,
+                key=f"ns/{first.name}",
+                node="n1",
+                usage={"cpu": Decimal(1)},
+                reservation_id=first.id,
+            )
+        ]
+    )
+    assert placed(store.reserve_group(group("h", 1), nodes=node, policy=Policy.BINPACK, pods=bound)).members
     store.close()

@@ -27,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resource", default=DEFAULT_RESOURCE, help="resource reserved by the checks")
     parser.add_argument("--capacity", type=int, default=4, help="total of --resource in the pool (default 4)")
     parser.add_argument("--ttl-seconds", type=int, default=2, help="lease used by the expiry check")
+    parser.add_argument(
+        "--topology-key",
+        help="a node label whose value differs on every node of the pool (e.g. kubernetes.io/hostname), "
+        "for the reservation-group topology check",
+    )
     parser.add_argument("--ca-file", help="CA bundle to verify the server's certificate")
     parser.add_argument("--client-cert", nargs=2, metavar=("CERT", "KEY"), help="client certificate and key")
     parser.add_argument("--check", action="append", choices=[c.name for c in CHECKS], help="run only these")
@@ -67,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ttl_seconds=args.ttl_seconds,
         ca_file=args.ca_file,
         client_cert=tuple(args.client_cert) if args.client_cert else None,
+        topology_key=args.topology_key,
     )
     results = asyncio.run(run_checks(config, names=args.check, contract_version=args.contract_version))
     for result in results:

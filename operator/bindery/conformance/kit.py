@@ -14,27 +14,53 @@ What the server under test must provide (pass other values with ``--resource``/`
 
 Each check says which minor version of v1 introduced what it tests (``Check.since``): an RM that
 implements v1.0 runs ``--contract-version 1.0`` and skips the v1.1 checks (``podUid`` on commit and
-release, renew), which a v1.0 server would fail.
+release, renew, reservation groups), which a v1.0 server would fail; at 1.0 the ``groups-path``
+check accepts a 404 on ``/v1/reservation-groups`` (see :mod:`bindery.conformance.groups`).
+
+For the topology check pass ``--topology-key``: a node label whose value differs on every node of
+the pool (``kubernetes.io/hostname`` on Kubernetes nodes); without it only a key no node has is
+tried.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import ssl
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from bindery.conformance.groups import (
+    check_group_all_or_nothing,
+    check_group_bad_requests,
+    check_group_concurrent,
+    check_group_members,
+    check_group_renew_and_expiry,
+    check_group_replay,
+    check_group_topology,
+    check_groups_path,
+)
+from bindery.conformance.harness import (
+    CONTRACT_VERSIONS,
+    DEFAULT_RESOURCE,
+    ConformanceConfig,
+    ConformanceFailure,
+    Harness,
+    expect_problem,
+    expect_reservation,
+    expect_status,
+    instant,
+    require,
+)
 from bindery.rm.errors import ProblemType
 
 __all__ = [
     "CHECKS",
     "CONTRACT_VERSIONS",
+    "DEFAULT_RESOURCE",
     "Check",
     "ConformanceConfig",
     "ConformanceFailure",
@@ -43,174 +69,6 @@ __all__ = [
     "checks_for",
     "run_checks",
 ]
-
-DEFAULT_RESOURCE = "bindery.dev/conformance-slot"
-#: The minor versions of contract v1 the kit knows, oldest first.
-CONTRACT_VERSIONS = ("1.0", "1.1")
-
-
-class ConformanceFailure(AssertionError):
-    """The server under test broke the contract; the message says where."""
-
-
-@dataclass(frozen=True)
-class ConformanceConfig:
-    url: str
-    token: str
-    resource: str = DEFAULT_RESOURCE
-    capacity: int = 4
-    ttl_seconds: int = 2
-    ca_file: str | None = None
-    client_cert: tuple[str, str] | None = None
-    timeout: float = 10.0
-
-
-@dataclass
-class Harness:
-    """A raw HTTP session against the server under test, remembering what to clean up."""
-
-    config: ConformanceConfig
-    http: httpx.AsyncClient
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
-    created: list[str] = field(default_factory=list)
-    _counter: int = 0
-
-    @property
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.config.token}"}
-
-    @property
-    def scheduler_name(self) -> str:
-        return f"conformance-{self.run_id}"
-
-    def request_body(
-        self,
-        *,
-        key: str | None = None,
-        amount: str = "1",
-        ttl: int | None = None,
-        scheduler_name: str | None = None,
-    ) -> dict[str, Any]:
-        """A valid reservation request for one slot; a fresh pod uid/key unless ``key`` is given."""
-        self._counter += 1
-        uid = key or f"{self.run_id}-pod-{self._counter}"
-        return {
-            "pod": {
-                "uid": uid,
-                "namespace": "conformance",
-                "name": f"pod-{uid}",
-                "schedulerName": scheduler_name or self.scheduler_name,
-                "priority": 0,
-                "labels": {"app": "conformance"},
-            },
-            "resources": {self.config.resource: amount},
-            "placement": {"tolerations": [{"operator": "Exists"}]},
-            "idempotencyKey": uid,
-            "ttlSeconds": ttl or 60,
-        }
-
-    async def reserve(self, body: dict[str, Any]) -> httpx.Response:
-        response = await self.http.post("/v1/reservations", json=body, headers=self.auth)
-        if response.status_code in (200, 201) and _is_json(response):
-            self.created.append(response.json().get("id", ""))
-        return response
-
-    async def get(self, reservation_id: str) -> httpx.Response:
-        return await self.http.get(f"/v1/reservations/{reservation_id}", headers=self.auth)
-
-    async def commit(self, reservation_id: str, *, pod_uid: str | None = None) -> httpx.Response:
-        return await self.http.post(
-            f"/v1/reservations/{reservation_id}/commit", json={}, params=_pod(pod_uid), headers=self.auth
-        )
-
-    async def release(self, reservation_id: str, *, pod_uid: str | None = None) -> httpx.Response:
-        return await self.http.delete(
-            f"/v1/reservations/{reservation_id}", params=_pod(pod_uid), headers=self.auth
-        )
-
-    async def renew(self, reservation_id: str, *, pod_uid: str, ttl: int) -> httpx.Response:
-        return await self.http.post(
-            f"/v1/reservations/{reservation_id}/renew",
-            json={"podUid": pod_uid, "ttlSeconds": ttl},
-            headers=self.auth,
-        )
-
-    async def list_all(self, **params: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        query = dict(params)
-        for _ in range(1000):
-            response = await self.http.get("/v1/reservations", params=query, headers=self.auth)
-            expect_status(response, 200, "GET /v1/reservations")
-            page = response.json()
-            items.extend(page["items"])
-            if not page.get("nextCursor"):
-                return items
-            query["cursor"] = page["nextCursor"]
-        raise ConformanceFailure("GET /v1/reservations: pagination did not end after 1000 pages")
-
-    async def cleanup(self) -> None:
-        for reservation_id in self.created:
-            if reservation_id:
-                await self.release(reservation_id)
-        self.created.clear()
-
-
-def _pod(pod_uid: str | None) -> dict[str, str]:
-    return {} if pod_uid is None else {"podUid": pod_uid}
-
-
-def _media(response: httpx.Response) -> str:
-    value: str = response.headers.get("content-type") or ""
-    return value.split(";", maxsplit=1)[0].strip()
-
-
-def _is_json(response: httpx.Response) -> bool:
-    return _media(response) == "application/json"
-
-
-def expect_status(response: httpx.Response, expected: int | Sequence[int], what: str) -> None:
-    allowed = (expected,) if isinstance(expected, int) else tuple(expected)
-    if response.status_code not in allowed:
-        raise ConformanceFailure(
-            f"{what}: expected HTTP {' or '.join(map(str, allowed))}, got {response.status_code}: "
-            f"{response.text[:300]}"
-        )
-
-
-def expect_problem(response: httpx.Response, status: int, kind: str, what: str) -> dict[str, Any]:
-    """The response is an RFC 9457 problem with this status and type."""
-    expect_status(response, status, what)
-    media = _media(response)
-    if media != "application/problem+json":
-        raise ConformanceFailure(f"{what}: expected content type application/problem+json, got {media!r}")
-    try:
-        body = response.json()
-    except json.JSONDecodeError:
-        raise ConformanceFailure(f"{what}: the problem body is not JSON: {response.text[:200]!r}") from None
-    if not isinstance(body, dict) or body.get("type") != kind or body.get("status") != status:
-        raise ConformanceFailure(f"{what}: expected problem type {kind} with status {status}, got {body}")
-    if not isinstance(body.get("title"), str):
-        raise ConformanceFailure(f"{what}: the problem has no title: {body}")
-    return body
-
-
-def expect_reservation(response: httpx.Response, status: int | Sequence[int], what: str) -> dict[str, Any]:
-    expect_status(response, status, what)
-    if not _is_json(response):
-        raise ConformanceFailure(
-            f"{what}: expected application/json, got {response.headers.get('content-type')}"
-        )
-    body = response.json()
-    for key in ("id", "node", "state", "podUid", "schedulerName"):
-        if not isinstance(body.get(key), str) or not body[key]:
-            raise ConformanceFailure(f"{what}: the reservation lacks a string {key!r}: {body}")
-    return dict(body)
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConformanceFailure(message)
-
 
 # -- the checks ------------------------------------------------------------------------------------
 
@@ -546,8 +404,8 @@ async def check_renew_extends_lease(h: Harness) -> None:
     )
     require(renewed["state"] == "reserved", f"after renew the state is {renewed['state']!r}")
     require(
-        _instant(renewed.get("expiresAt"), "expiresAt after renew")
-        > _instant(leased.get("expiresAt"), "expiresAt"),
+        instant(renewed.get("expiresAt"), "expiresAt after renew")
+        > instant(leased.get("expiresAt"), "expiresAt"),
         f"renew did not move expiresAt later: {leased.get('expiresAt')} → {renewed.get('expiresAt')}",
     )
     await asyncio.sleep(ttl + 1.5)
@@ -610,15 +468,6 @@ async def check_renew_refusals(h: Harness) -> None:
     )
 
 
-def _instant(value: object, what: str) -> datetime.datetime:
-    if not isinstance(value, str):
-        raise ConformanceFailure(f"{what} must be a date-time string, got {value!r}")
-    try:
-        return datetime.datetime.fromisoformat(value)
-    except ValueError:
-        raise ConformanceFailure(f"{what} is not an RFC 3339 date-time: {value!r}") from None
-
-
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -648,6 +497,14 @@ CHECKS: tuple[Check, ...] = (
     Check("renew-extends-lease", check_renew_extends_lease, since="1.1"),
     Check("renew-idempotent", check_renew_idempotent, since="1.1"),
     Check("renew-refusals", check_renew_refusals, since="1.1"),
+    Check("groups-path", check_groups_path),
+    Check("group-all-or-nothing", check_group_all_or_nothing, since="1.1"),
+    Check("group-concurrent", check_group_concurrent, since="1.1"),
+    Check("group-replay", check_group_replay, since="1.1"),
+    Check("group-topology", check_group_topology, since="1.1"),
+    Check("group-members", check_group_members, since="1.1"),
+    Check("group-renew-and-expiry", check_group_renew_and_expiry, since="1.1"),
+    Check("group-bad-requests", check_group_bad_requests, since="1.1"),
 )
 
 
@@ -671,8 +528,14 @@ def http_client(config: ConformanceConfig) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=config.url, verify=verify, timeout=config.timeout)
 
 
-async def run_check(check: Check, config: ConformanceConfig, http: httpx.AsyncClient) -> Result:
-    harness = Harness(config=config, http=http)
+async def run_check(
+    check: Check,
+    config: ConformanceConfig,
+    http: httpx.AsyncClient,
+    *,
+    contract_version: str = CONTRACT_VERSIONS[-1],
+) -> Result:
+    harness = Harness(config=config, http=http, contract_version=contract_version)
     try:
         await check.run(harness)
     except ConformanceFailure as failure:
@@ -704,4 +567,4 @@ async def run_checks(
     """Run the selected checks (all of ``contract_version`` by default) one after the other."""
     selected = [check for check in checks_for(contract_version) if names is None or check.name in names]
     async with http_client(config) as http:
-        return [await run_check(check, config, http) for check in selected]
+        return [await run_check(check, config, http, contract_version=contract_version) for check in selected]

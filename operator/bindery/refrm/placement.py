@@ -35,8 +35,11 @@ __all__ = [
     "Policy",
     "add_usage",
     "choose_node",
+    "fits",
     "format_reason",
     "node_failures",
+    "score",
+    "static_failure",
     "subtract_usage",
 ]
 
@@ -87,21 +90,46 @@ def node_failures(
     tolerations: Sequence[Mapping[str, Any]],
 ) -> list[str]:
     """Why ``node`` cannot take the pod (empty when it fits), from the first failing filter only."""
-    if node.unschedulable and not any(
-        tolerates(toleration=t, taint=UNSCHEDULABLE_TAINT) for t in tolerations
-    ):
-        return ["node(s) were unschedulable"]
-    blocking = untolerated_taints(taints=node.taints, tolerations=tolerations)
-    if blocking:
-        taint = blocking[0]
-        return [f"node(s) had untolerated taint {{{taint.get('key', '')}: {taint.get('value') or ''}}}"]
-    if not matches_node_selector(
-        node_selector=node_selector, labels=node.labels
-    ) or not matches_required_affinity(terms=affinity_terms, labels=node.labels, node_name=node.name):
-        return ["node(s) didn't match Pod's node affinity/selector"]
+    failure = static_failure(
+        node=node, node_selector=node_selector, affinity_terms=affinity_terms, tolerations=tolerations
+    )
+    if failure is not None:
+        return [failure]
     return [
         "Too many pods" if name == "pods" else f"Insufficient {name}" for name in _short(node, requests, used)
     ]
+
+
+def static_failure(
+    *,
+    node: InventoryNode,
+    node_selector: Mapping[str, str],
+    affinity_terms: Sequence[Mapping[str, Any]],
+    tolerations: Sequence[Mapping[str, Any]],
+) -> str | None:
+    """The filters that do not depend on what is in use (unschedulable, taints, affinity/selector):
+    the first one ``node`` fails, or None.  Group placement evaluates them once per kind of member."""
+    if node.unschedulable and not any(
+        tolerates(toleration=t, taint=UNSCHEDULABLE_TAINT) for t in tolerations
+    ):
+        return "node(s) were unschedulable"
+    blocking = untolerated_taints(taints=node.taints, tolerations=tolerations)
+    if blocking:
+        taint = blocking[0]
+        return f"node(s) had untolerated taint {{{taint.get('key', '')}: {taint.get('value') or ''}}}"
+    if not matches_node_selector(
+        node_selector=node_selector, labels=node.labels
+    ) or not matches_required_affinity(terms=affinity_terms, labels=node.labels, node_name=node.name):
+        return "node(s) didn't match Pod's node affinity/selector"
+    return None
+
+
+def fits(node: InventoryNode, usage: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> bool:
+    """Whether ``usage`` (see :func:`effective_usage`) fits in what ``node`` has free."""
+    return all(
+        amount <= node.allocatable.get(name, Decimal(0)) - used.get(name, Decimal(0))
+        for name, amount in usage.items()
+    )
 
 
 def _short(node: InventoryNode, requests: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> list[str]:
@@ -121,7 +149,7 @@ def format_reason(*, total_nodes: int, failures: Mapping[str, int]) -> str:
     return f"0/{total_nodes} nodes are available: {', '.join(parts)}."
 
 
-def _score(node: InventoryNode, usage: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> Decimal:
+def score(node: InventoryNode, usage: Mapping[str, Decimal], used: Mapping[str, Decimal]) -> Decimal:
     """Mean fraction of each consumed resource that would be in use after placing the pod."""
     fractions = [
         (used.get(name, Decimal(0)) + amount) / node.allocatable[name]
@@ -167,8 +195,8 @@ def choose_node(
             if foreign and node.name in foreign:
                 short[node.name] = _short(node, requests, used)
             continue
-        score = _score(node, effective_usage(requests, node), used)
-        candidates.append((-score if policy is Policy.BINPACK else score, node.name))
+        fill = score(node, effective_usage(requests, node), used)
+        candidates.append((-fill if policy is Policy.BINPACK else fill, node.name))
     if not candidates:
         reason = format_reason(total_nodes=len(nodes), failures=failures)
         explained = describe_foreign(foreign=foreign or {}, short=short)
