@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from bindery.controller.gangs import REPORT_WAITING_AFTER_SECONDS
 from bindery.devcluster.plane import ControlPlane
 from tests.gangs.scenarios import (
     LAYOUTS,
@@ -329,3 +330,34 @@ async def test_an_rm_without_groups_refuses_the_group_and_places_no_member_alone
                 group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=rm_name
             )
         await stage.cleanup()
+
+
+async def test_a_member_arriving_after_its_group_was_placed_is_placed_alone(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """As kube-scheduler's Permit counts scheduled pods: minCount is met by the members bound, so a
+    late member neither waits for more members nor unschedules the group."""
+    async with gang_stage(
+        cluster=cluster,
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        directory=tmp_path,
+        layout=({"0": {}}, {"0": "8"}),
+    ) as (stage, _):
+        await stage.group("late", min_count=3)
+        created = await stage.members("late", ["late-0", "late-1", "late-2"], pool=stage.pool_id)
+        await stage.all_bound("late", 3, since=created)
+        created = await stage.members("late", ["late-3"], pool=stage.pool_id)
+        took = await stage.all_bound("late", 4, since=created, within=30)
+        assert took < REPORT_WAITING_AFTER_SECONDS, (
+            f"the late member waited {took:.1f} s as if short of members"
+        )
+        found = await condition(cluster_api, cluster_namespace, "late")
+        assert found is not None
+        assert found["status"] == "True"
