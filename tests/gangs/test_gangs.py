@@ -361,3 +361,76 @@ async def test_a_member_arriving_after_its_group_was_placed_is_placed_alone(
         found = await condition(cluster_api, cluster_namespace, "late")
         assert found is not None
         assert found["status"] == "True"
+
+
+async def test_a_member_deleted_while_its_group_is_reserved_binds_no_member_and_releases_all(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """The group reservation is held 3 s at a proxy; a member is deleted meanwhile. The reservation
+    then comes back for all 4 members, PreBind finds one gone, and no member is bound: the whole
+    group is released and the 3 left wait for a fourth member; once it comes, all 4 are bound."""
+    namespace, pool = cluster_namespace, uuid.uuid4().hex[:6]
+    token = uuid.uuid4().hex[:6]
+    scheduler, rm_name = f"gang-{token}", f"rm-gang-{token}"
+    stage = Stage(api=cluster_api, namespace=namespace, scheduler=scheduler, pool=pool)
+    await stage.pool({"0": {}}, {"0": "8"})
+    try:
+        async with (
+            RMProcess(
+                kubeconfig=cluster.kubeconfig, directory=tmp_path, node_selector=f"{POOL}={pool}"
+            ) as rm,
+            rm_fault_proxy(
+                upstream=rm.url,
+                seed=5,
+                rate=1.0,
+                kinds=("delay",),
+                delay=(3.0, 3.0),
+                applies=lambda method, path: method == "POST" and path == "/v1/reservation-groups",
+            ) as proxy,
+            operator_process(kubeconfig=cluster_operator_kubeconfig, directory=tmp_path),
+        ):
+            await serve_with(
+                cluster_api,
+                rm=rm,
+                name=rm_name,
+                scheduler_names=[scheduler],
+                namespace=namespace,
+                endpoint=proxy.url,
+            )
+            await resource_manager_ready(cluster_api, rm_name)
+            await stage.group("mid", min_count=4)
+            await stage.members("mid", [f"mid-{i}" for i in range(4)], pool=pool)
+            await eventually(
+                lambda: asyncio.sleep(0, result=proxy.injected >= 1),
+                within=30,
+                what="the group reservation held at the proxy",
+                every=0.01,
+            )
+            proxy.rate = 0.0
+            await client.CoreV1Api(cluster_api).delete_namespaced_pod(
+                "mid-0", namespace, grace_period_seconds=0
+            )
+            messages = await stage.explained("mid", 3)
+            assert any("released the reservation of all 4 members" in m for m in messages) or all(
+                "waiting for 1 more" in m for m in messages
+            ), messages
+
+            async def released() -> bool:
+                return not [r for r in await rm.reservations() if r.namespace == namespace]
+
+            await eventually(released, within=30, what="every member reservation released")
+            assert await stage.bound("mid") == {}
+            created = await stage.members("mid", ["mid-4"], pool=pool)
+            await stage.all_bound("mid", 4, since=created, within=30)
+            await settled_invariants(api=cluster_api, rm=rm, namespace=namespace, scheduler_names=[scheduler])
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await client.CustomObjectsApi(cluster_api).delete_cluster_custom_object(
+                group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=rm_name
+            )
+        await stage.cleanup()

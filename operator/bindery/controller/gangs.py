@@ -340,6 +340,7 @@ class GangCoordinator:
                 f'pod group "{info.key}" was not placed: {why}; released the reservation of all '
                 f"{len(pairs)} members (no member was bound) and trying again"
             )
+            self._logger.info(f"released reservation group {group_id}: {message}")
             gone = {
                 ctx.pod.uid
                 for ctx, s in failed
