@@ -24,6 +24,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from bindery.controller.gangs import REPORT_WAITING_AFTER_SECONDS
+from bindery.controller.rbac import OPERATOR_RULES, cluster_role, cluster_role_binding
 from bindery.devcluster.plane import ControlPlane
 from tests.gangs.scenarios import (
     LAYOUTS,
@@ -433,4 +434,51 @@ async def test_a_member_deleted_while_its_group_is_reserved_binds_no_member_and_
             await client.CustomObjectsApi(cluster_api).delete_cluster_custom_object(
                 group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=rm_name
             )
+        await stage.cleanup()
+
+
+async def test_an_operator_that_may_not_read_pod_groups_says_so_on_the_members(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """An older ClusterRole (without podgroups): the members are told what permission is missing."""
+    token = uuid.uuid4().hex[:6]
+    user, role = f"old-operator-{token}", f"old-operator-{token}"
+    rbac_api = client.RbacAuthorizationV1Api(cluster_api)
+    older = [rule for rule in OPERATOR_RULES if "scheduling.k8s.io" not in rule["apiGroups"]]
+    await rbac_api.create_cluster_role(body={**cluster_role(name=role), "rules": older})
+    await rbac_api.create_cluster_role_binding(body=cluster_role_binding(name=role, user=user))
+    kubeconfig = cluster.mint_kubeconfig(user=user)
+    namespace, pool = cluster_namespace, uuid.uuid4().hex[:6]
+    scheduler, rm_name = f"gang-{token}", f"rm-gang-{token}"
+    stage = Stage(api=cluster_api, namespace=namespace, scheduler=scheduler, pool=pool)
+    await stage.pool({"0": {}}, {"0": "8"})
+    try:
+        async with (
+            RMProcess(
+                kubeconfig=cluster.kubeconfig, directory=tmp_path, node_selector=f"{POOL}={pool}"
+            ) as rm,
+            operator_process(kubeconfig=kubeconfig, directory=tmp_path),
+        ):
+            await serve_with(
+                cluster_api, rm=rm, name=rm_name, scheduler_names=[scheduler], namespace=namespace
+            )
+            await stage.group("forbidden", min_count=2)
+            await stage.members("forbidden", ["forbidden-0", "forbidden-1"], pool=pool)
+            messages = await stage.explained("forbidden", 2)
+            for message in messages:
+                assert "HTTP 403" in message, message
+                assert "get on podgroups.scheduling.k8s.io" in message, message
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await client.CustomObjectsApi(cluster_api).delete_cluster_custom_object(
+                group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=rm_name
+            )
+        with contextlib.suppress(client.ApiException):
+            await rbac_api.delete_cluster_role_binding(role)
+        with contextlib.suppress(client.ApiException):
+            await rbac_api.delete_cluster_role(role)
         await stage.cleanup()

@@ -223,7 +223,16 @@ class GangCoordinator:
             group.pending.pop(uid, None)
         if not pending:
             return None
-        body = await self._read_group(namespace=namespace, name=name)
+        try:
+            body = await self._read_group(namespace=namespace, name=name)
+        except kube.ApiException as error:
+            message = (
+                f'cannot read the pod\'s PodGroup "{namespace}/{name}" (HTTP {error.status} {error.reason}); '
+                "the operator needs get on podgroups.scheduling.k8s.io (the chart grants it) and an "
+                "apiserver serving scheduling.k8s.io/v1alpha2"
+            )
+            await self._report(pending, message, reason=REASON_SCHEDULER_ERROR)
+            return self._next_backoff(group)
         info = PodGroupInfo.from_body(body) if body is not None else None
         if not group.recovered:
             group.recovered = True
