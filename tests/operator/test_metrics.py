@@ -170,6 +170,26 @@ async def test_scheduling_moves_the_counters_served_at_metrics(
             assert present(samples, "bindery_apiserver_writes_total", kind="event") >= 2
             for queue in ("active", "backoff", "unschedulable", "in_flight"):
                 assert present(samples, "bindery_queue_pods", resource_manager=rm, queue=queue) == 0
+            for queue in ("active", "backoff", "unschedulable"):
+                assert present(samples, "bindery_pending_pods", resource_manager=rm, queue=queue) == 0
+            # kube-scheduler's attempts-per-pod: one unschedulable attempt or more, then the bind
+            assert present(samples, "bindery_pod_scheduling_attempts_count", resource_manager=rm) == 1
+            assert present(samples, "bindery_pod_scheduling_attempts_sum", resource_manager=rm) >= 2
+            reservations = {
+                outcome: value(samples, "bindery_reservations_total", resource_manager=rm, outcome=outcome)
+                for outcome in ("reserved", "unschedulable", "committed", "released", "reserve_failed")
+            }
+            assert reservations["reserved"] == reservations["committed"] == 1, reservations
+            assert reservations["unschedulable"] >= 1, reservations
+            assert reservations["released"] == reservations["reserve_failed"] == 0, reservations
+            breaker = {
+                state: present(samples, "bindery_rm_circuit_breaker_state", resource_manager=rm, state=state)
+                for state in ("closed", "open", "half-open")
+            }
+            assert breaker == {"closed": 1, "open": 0, "half-open": 0}
+            # without leader election this replica always leads, and renews no Lease
+            assert present(samples, "bindery_leader_election_master_status") == 1
+            assert "bindery_leader_lease_renewals" in await families(measured)
 
             await client.CoreV1Api(kube_api).delete_namespaced_pod(
                 name="p", namespace=namespace, grace_period_seconds=0
@@ -182,6 +202,11 @@ async def test_scheduling_moves_the_counters_served_at_metrics(
                 )
 
             assert await eventually(released, what="the departed pod's release in /metrics") == 1
+            samples = await scrape(measured)
+            released_total = present(
+                samples, "bindery_reservations_total", resource_manager=rm, outcome="released"
+            )
+            assert released_total == 1
             assert await stage.states_are(uid, "released")
             await stage.settled()
             assert await stage.active() == []

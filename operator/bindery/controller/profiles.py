@@ -444,6 +444,7 @@ class ProfileRunner:
             uid=pod.uid,
             outcome=outcome,
             seconds=time.perf_counter() - started,
+            attempts=self.queue.attempts(pod.uid) + 1,  # before `done` counts this one
         )
 
 

@@ -39,7 +39,7 @@ from bindery.config import (
 from bindery.controller.connection import connection_info, load_configuration, resolve_environment_once
 from bindery.controller.leader import LeaseTiming
 from bindery.controller.leadership import FencedBinder, Leadership
-from bindery.controller.metrics import Metrics, MetricsServer, parse_address
+from bindery.controller.metrics import LeaderState, Metrics, MetricsServer, parse_address
 from bindery.controller.options import OperatorOptions
 from bindery.controller.profiles import ProfileRunner
 from bindery.controller.reconcile import Reconciler
@@ -79,6 +79,8 @@ class Runtime:
             writes=self.writes,
             queues=lambda: {name: r.queue.stats() for name, r in self.runners.items()},
             per_pod=self.per_pod_sizes,
+            breakers=lambda: {name: r.client.breaker.state for name, r in self.runners.items()},
+            leader=self._leader_state,
         )
         self.metrics_server: MetricsServer | None = None
         self.pods = UnboundPods()
@@ -178,6 +180,11 @@ class Runtime:
             await self._api.close()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+    def _leader_state(self) -> LeaderState | None:
+        if self._leadership is None:
+            return None
+        return LeaderState(leading=self._leading, renewals=dict(self._leadership.renewals))
 
     @property
     def api(self) -> client.ApiClient:
