@@ -38,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from bindery.controller.queueview import QueueView
 from bindery.kube.counters import WriteCounter
 from bindery.rm.errors import (
     RMConflict,
@@ -389,10 +390,12 @@ class _StateCollector(Collector):
 
 
 class MetricsServer:
-    """`GET /metrics` in the Prometheus text format, on the operator's event loop (aiohttp)."""
+    """`GET /metrics` in the Prometheus text format, on the operator's event loop (aiohttp); with a
+    `queue`, also its read-only JSON views (`/debug/queue`, bindery.controller.queueview)."""
 
-    def __init__(self, *, metrics: Metrics, host: str, port: int) -> None:
+    def __init__(self, *, metrics: Metrics, host: str, port: int, queue: QueueView | None = None) -> None:
         self._metrics = metrics
+        self._queue = queue
         self._host = host
         self._port = port
         self._runner: web.AppRunner | None = None
@@ -400,6 +403,9 @@ class MetricsServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._serve)
+        if self._queue is not None:
+            app.router.add_get("/debug/queue", self._serve_queue)
+            app.router.add_get("/debug/queue/{namespace}/{name}", self._serve_pod)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host=self._host, port=self._port)
@@ -421,6 +427,19 @@ class MetricsServer:
     async def _serve(self, request: web.Request) -> web.Response:
         body, content_type = self._metrics.exposition(accept=request.headers.get("Accept", ""))
         return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def _serve_queue(self, request: web.Request) -> web.Response:
+        assert self._queue is not None
+        return web.json_response(self._queue.summary())
+
+    async def _serve_pod(self, request: web.Request) -> web.Response:
+        assert self._queue is not None
+        status, body = self._queue.pod(
+            namespace=request.match_info["namespace"],
+            name=request.match_info["name"],
+            uid=request.query.get("uid") or None,
+        )
+        return web.json_response(body, status=status)
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -42,6 +42,7 @@ from bindery.controller.leadership import FencedBinder, Leadership
 from bindery.controller.metrics import LeaderState, Metrics, MetricsServer, parse_address
 from bindery.controller.options import OperatorOptions
 from bindery.controller.profiles import ProfileRunner
+from bindery.controller.queueview import QueueView
 from bindery.controller.reconcile import Reconciler
 from bindery.controller.settings import UNBOUND_PODS
 from bindery.controller.supervisor import (
@@ -136,10 +137,12 @@ class Runtime:
         )
         if self.options.metrics_address is not None:
             host, port = parse_address(self.options.metrics_address)
-            self.metrics_server = MetricsServer(metrics=self.metrics, host=host, port=port)
+            queue = QueueView(runners=lambda: self.runners, pods=self.pods, leading=lambda: self._leading)
+            self.metrics_server = MetricsServer(metrics=self.metrics, host=host, port=port, queue=queue)
             await self.metrics_server.start()
             self.logger.info(
-                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics"
+                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics "
+                "(and the scheduling queues, read-only, at /debug/queue)"
             )
         self._env = Environment(
             api=self._api,
