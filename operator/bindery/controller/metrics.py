@@ -38,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from bindery import tracing
 from bindery.controller.queueview import QueueView
 from bindery.kube.counters import WriteCounter
 from bindery.rm.errors import (
@@ -285,6 +286,13 @@ class MeasuredRM:
         )
 
     async def measure(self, verb: str, call: Callable[[], Awaitable[T]]) -> T:
+        if tracing.state.on:  # a client span, whose context the RM client sends as traceparent
+            attributes = {"bindery.resource_manager": self._name, "bindery.rm.verb": verb}
+            with tracing.span(f"RM {verb}", attributes, kind="client"):
+                return await self._timed(verb, call)
+        return await self._timed(verb, call)
+
+    async def _timed(self, verb: str, call: Callable[[], Awaitable[T]]) -> T:
         started = time.perf_counter()
         error: BaseException | None = None
         try:

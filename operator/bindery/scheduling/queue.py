@@ -223,6 +223,15 @@ class SchedulingQueue:
     def in_flight(self) -> int:
         return self._counts[_State.IN_FLIGHT]
 
+    def now(self) -> float:
+        """The queue's clock (what :meth:`ready_since` is measured on)."""
+        return self._clock.now()
+
+    def ready_since(self, uid: str) -> float | None:
+        """When the pod's last backoff ended (it was due again); None before its first failure."""
+        entry = self._entries.get(uid)
+        return entry.ready_at if entry is not None and entry.attempts > 0 else None
+
     def position(self, uid: str) -> QueuePosition | None:
         """Where the pod is and when it is tried next; None if the queue does not hold it."""
         entry = self._entries.get(uid)
