@@ -154,6 +154,31 @@ async def test_one_pods_reserve_is_one_trace_across_the_operator_and_the_rm(
 
             trace = await eventually(whole_trace, within=60, what="the attempt's trace, RM spans included")
             await operator.wait_for_log('"bound pod ', within=30)
+
+            # A pod the RM has no room for: its attempt's trace holds the RM's refusal and the event.
+            await create_pod(
+                kube_api, namespace=namespace, body=pod_body(name="big", scheduler_name=scheduler, cpu="100")
+            )
+
+            async def refused() -> list[ReceivedSpan] | None:
+                roots = [
+                    s
+                    for s in receiver.spans
+                    if s.name == "Schedule pod"
+                    and s.attributes.get("k8s.pod.name") == "big"
+                    and s.attributes.get("bindery.result") == "unschedulable"
+                ]
+                for root in roots:
+                    spans = [s for s in receiver.spans if s.trace_id == root.trace_id]
+                    names = {(s.service, s.name) for s in spans}
+                    if {
+                        ("bindery-rm", "POST /v1/reservations"),
+                        ("bindery-operator", "Event FailedScheduling"),
+                    } <= (names):
+                        return spans
+                return None
+
+            no_room = await eventually(refused, within=60, what="the unschedulable attempt's trace")
             log = operator.log()
 
         by_name = {(s.service, s.name): s for s in trace}
@@ -191,6 +216,8 @@ async def test_one_pods_reserve_is_one_trace_across_the_operator_and_the_rm(
         assert by_name["bindery-rm", "POST /v1/reservations/{id}/commit"].attributes[
             "bindery.reservation"
         ] == (reservation)
+        [rm_refusal] = [s for s in no_room if s.service == "bindery-rm" and s.name == "POST /v1/reservations"]
+        assert rm_refusal.attributes["http.response.status_code"] >= 400
         # The token never leaves in a span, and the bind's JSON log line names the trace.
         assert rm.token not in json.dumps([dataclasses.asdict(s) for s in receiver.spans])
         assert rm.token not in log

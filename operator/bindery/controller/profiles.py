@@ -521,15 +521,16 @@ class _CheckedEvents:
         await self._inner.scheduled(pod=pod, node=node, scheduler_name=scheduler_name, timeout=timeout)
 
     async def failed_scheduling(self, *, pod: PodInfo, message: str, scheduler_name: str) -> None:
-        try:
-            async with asyncio.timeout(EXISTENCE_CHECK_SECONDS):
-                body = await read_pod(core=self._core, namespace=pod.namespace, name=pod.name)
-        except Exception:
-            body = {"metadata": {"uid": pod.uid}}  # unknown: report as before
-        if not _exists(body, uid=pod.uid):
-            self._gone.add(pod.uid)
-            raise PodGone(f"pod {pod.key} no longer exists (or another pod took its name)")
-        await self._inner.failed_scheduling(pod=pod, message=message, scheduler_name=scheduler_name)
+        with tracing.span("Event FailedScheduling"):  # a shared no-op unless tracing is on
+            try:
+                async with asyncio.timeout(EXISTENCE_CHECK_SECONDS):
+                    body = await read_pod(core=self._core, namespace=pod.namespace, name=pod.name)
+            except Exception:
+                body = {"metadata": {"uid": pod.uid}}  # unknown: report as before
+            if not _exists(body, uid=pod.uid):
+                self._gone.add(pod.uid)
+                raise PodGone(f"pod {pod.key} no longer exists (or another pod took its name)")
+            await self._inner.failed_scheduling(pod=pod, message=message, scheduler_name=scheduler_name)
 
 
 class _NoticedConditions:

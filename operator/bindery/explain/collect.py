@@ -163,12 +163,16 @@ async def operator_queue(
         except httpx.HTTPError as exc:
             return None, f"the operator at {address.url} did not answer: {exc or type(exc).__name__}"
         return _queue_answer(response.status_code, response.content, where=address.url)
-    services = [address.service] if address.service is not None else await _operator_services(api)
-    if not services:
-        return None, (
-            f"found no operator Service (labels {OPERATOR_SERVICE_SELECTOR}, a port named "
-            f"{OPERATOR_PORT_NAME!r}); pass --operator-service NAMESPACE/NAME:PORT or --operator-url"
-        )
+    if address.service is not None:
+        services = [address.service]
+    else:
+        services, refused = await _operator_services(api)
+        if not services:
+            return None, (
+                (refused or "found no operator Service")
+                + f" (labels {OPERATOR_SERVICE_SELECTOR}, a port named {OPERATOR_PORT_NAME!r}); pass "
+                "--operator-service NAMESPACE/NAME:PORT or --operator-url"
+            )
     standby: dict[str, Any] | None = None
     problems = []
     for service_namespace, service, port in services:
@@ -203,18 +207,20 @@ async def operator_queue(
     return None, "; ".join(problems)
 
 
-async def _operator_services(api: client.ApiClient) -> list[tuple[str, str, str]]:
+async def _operator_services(api: client.ApiClient) -> tuple[list[tuple[str, str, str]], str | None]:
+    """The chart's operator Services (namespace, name, port name), or why they could not be listed."""
     try:
         listed = await client.CoreV1Api(api).list_service_for_all_namespaces(
             label_selector=OPERATOR_SERVICE_SELECTOR, _request_timeout=OPERATOR_TIMEOUT
         )
-    except client.ApiException:
-        return []  # e.g. no permission to list Services cluster-wide: said as "found no Service"
-    return [
+    except client.ApiException as exc:  # e.g. no permission to list Services in every namespace
+        return [], f"could not list Services to find the operator's (HTTP {exc.status} {exc.reason})"
+    found = [
         (svc.metadata.namespace, svc.metadata.name, OPERATOR_PORT_NAME)
         for svc in listed.items
         if any(port.name == OPERATOR_PORT_NAME for port in (svc.spec.ports or ()))
     ]
+    return found, None
 
 
 def _queue_answer(status: int, body: bytes, *, where: str) -> tuple[dict[str, Any] | None, str | None]:
