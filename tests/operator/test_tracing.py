@@ -40,6 +40,7 @@ class ReceivedSpan:
     parent_id: str
     name: str
     kind: int
+    start_ns: int
     attributes: dict[str, Any]
 
 
@@ -69,6 +70,7 @@ class OTLPReceiver:
                             parent_id=span.parent_span_id.hex(),
                             name=span.name,
                             kind=span.kind,
+                            start_ns=span.start_time_unix_nano,
                             attributes={a.key: _value(a.value) for a in span.attributes},
                         )
                     )
@@ -181,6 +183,7 @@ async def test_one_pods_reserve_is_one_trace_across_the_operator_and_the_rm(
             no_room = await eventually(refused, within=60, what="the unschedulable attempt's trace")
             log = operator.log()
 
+        print("\n--- one attempt's trace (service: span) ---\n" + _tree(trace))
         by_name = {(s.service, s.name): s for s in trace}
         root = by_name["bindery-operator", "Schedule pod"]
         assert root.parent_id == "", "the attempt is the root of its own trace"
@@ -228,3 +231,19 @@ async def test_one_pods_reserve_is_one_trace_across_the_operator_and_the_rm(
         await delete_rm(kube_api, name=rm_name)
         await client.CoreV1Api(kube_api).delete_node(node)
         await asyncio.sleep(0)
+
+
+def _tree(spans: list[ReceivedSpan]) -> str:
+    """The spans of one trace as an indented tree, children in start order."""
+    children: dict[str, list[ReceivedSpan]] = {}
+    for span in sorted(spans, key=lambda s: s.start_ns):
+        children.setdefault(span.parent_id, []).append(span)
+    lines: list[str] = []
+
+    def walk(parent: str, depth: int) -> None:
+        for span in children.get(parent, []):
+            lines.append(f"{'  ' * depth}{span.service}: {span.name}")
+            walk(span.span_id, depth + 1)
+
+    walk("", 0)
+    return "\n".join(lines)
