@@ -23,12 +23,12 @@ import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["configure", "current_trace_id", "extract", "inject", "span", "state"]
+__all__ = ["NO_SPAN", "configure", "current_trace_id", "extract", "inject", "span", "state"]
 
 log = logging.getLogger(__name__)
 
-#: One no-op context manager for every disabled `span(...)`: entering it allocates nothing.
-_NOTHING = contextlib.nullcontext()
+#: The one no-op context manager every disabled `span(...)` returns: entering it allocates nothing.
+NO_SPAN: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
 
 class _State:
@@ -106,7 +106,7 @@ def span(
     start (epoch nanoseconds), for a span that covers time spent before the block.
     """
     if not state.on:
-        return _NOTHING
+        return NO_SPAN
     from opentelemetry.trace import SpanKind
 
     kinds = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT, "server": SpanKind.SERVER}

@@ -30,7 +30,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -75,13 +75,12 @@ LATENCY_BUCKETS = tuple(0.005 * 2**i for i in range(15))
 ATTEMPT_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0)
 #: The pending queues of kube-scheduler's `scheduler_pending_pods` (in flight is not pending).
 PENDING_QUEUES = ("active", "backoff", "unschedulable")
-#: What became of the reservation an RM request was about, by (verb, request outcome label); a
-#: request outcome not listed for its verb counts as `<verb>_failed`.
-RESERVATION_OUTCOMES: Mapping[tuple[str, str], str] = {
-    ("reserve", "ok"): "reserved",
-    ("reserve", "unschedulable"): "unschedulable",
-    ("commit", "ok"): "committed",
-    ("release", "ok"): "released",
+#: What became of the reservation an RM request was about, by verb and request outcome label; an
+#: outcome not listed for its verb counts as `<verb>_failed`. Nested, so a lookup builds no tuple.
+RESERVATION_OUTCOMES: Mapping[str, Mapping[str, str]] = {
+    "reserve": {"ok": "reserved", "unschedulable": "unschedulable", "": "reserve_failed"},
+    "commit": {"ok": "committed", "": "commit_failed"},
+    "release": {"ok": "released", "": "release_failed"},
 }
 #: The client's circuit-breaker states (bindery.rm.client.CircuitBreaker), as label values.
 BREAKER_STATES = ("closed", "open", "half-open")
@@ -205,6 +204,7 @@ class Metrics:
             )
         )
         self._first_seen: dict[str, float] = {}
+        self._reservation_children: dict[str, dict[str, Any]] = {}
 
     # -- per pod ---------------------------------------------------------------------------------
 
@@ -231,9 +231,14 @@ class Metrics:
     def rm_request(self, *, resource_manager: str, verb: str, outcome: str, seconds: float) -> None:
         """One RM request: its latency, and what it did to a reservation (reserve, commit, release, renew)."""
         self.rm_requests.labels(resource_manager, verb, outcome).observe(seconds)
-        if verb in ("reserve", "commit", "release"):
-            fate = RESERVATION_OUTCOMES.get((verb, outcome)) or f"{verb}_failed"
-            self.reservations.labels(resource_manager, fate).inc()
+        fates = RESERVATION_OUTCOMES.get(verb)
+        if fates is not None:
+            fate = fates.get(outcome) or fates[""]
+            children = self._reservation_children.setdefault(resource_manager, {})
+            child = children.get(fate)
+            if child is None:  # once per (RM, fate): labels() is not free on the per-pod path
+                child = children[fate] = self.reservations.labels(resource_manager, fate)
+            child.inc()
         elif verb == "renew":
             self.renewals.labels(resource_manager, outcome).inc()
 
@@ -286,27 +291,28 @@ class MeasuredRM:
         )
 
     async def measure(self, verb: str, call: Callable[[], Awaitable[T]]) -> T:
-        if tracing.state.on:  # a client span, whose context the RM client sends as traceparent
-            attributes = {"bindery.resource_manager": self._name, "bindery.rm.verb": verb}
-            with tracing.span(f"RM {verb}", attributes, kind="client"):
-                return await self._timed(verb, call)
-        return await self._timed(verb, call)
-
-    async def _timed(self, verb: str, call: Callable[[], Awaitable[T]]) -> T:
-        started = time.perf_counter()
-        error: BaseException | None = None
-        try:
-            return await call()
-        except Exception as exc:
-            error = exc
-            raise
-        finally:
-            self._metrics.rm_request(
-                resource_manager=self._name,
-                verb=verb,
-                outcome=rm_outcome_label(error),
-                seconds=time.perf_counter() - started,
-            )
+        # With tracing on, a client span, whose context the RM client sends as traceparent; off, the
+        # shared no-op (nothing allocated).
+        scope = (
+            tracing.span(f"RM {verb}", {"bindery.resource_manager": self._name}, kind="client")
+            if tracing.state.on
+            else tracing.NO_SPAN
+        )
+        with scope:
+            started = time.perf_counter()
+            error: BaseException | None = None
+            try:
+                return await call()
+            except Exception as exc:
+                error = exc
+                raise
+            finally:
+                self._metrics.rm_request(
+                    resource_manager=self._name,
+                    verb=verb,
+                    outcome=rm_outcome_label(error),
+                    seconds=time.perf_counter() - started,
+                )
 
 
 class _StateCollector(Collector):
