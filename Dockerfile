@@ -21,7 +21,7 @@ COPY pyproject.toml README.md ./
 COPY contract/ contract/
 COPY crds/ crds/
 COPY operator/ operator/
-RUN python -m pip wheel --wheel-dir /wheelhouse ".[rm]"
+RUN python -m pip wheel --wheel-dir /wheelhouse ".[rm,tracing]"
 
 FROM python:3.11-slim
 ARG VERSION=0.1.0
@@ -42,7 +42,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 # The wheels are bind-mounted from the builder for this one step, so they never become a layer.
 # setuptools and wheel are build tools the runtime does not need.
 RUN --mount=type=bind,from=builder,source=/wheelhouse,target=/wheelhouse \
-    python -m pip install --no-index --find-links=/wheelhouse "kube-bindery[rm]==${VERSION}" \
+    python -m pip install --no-index --find-links=/wheelhouse "kube-bindery[rm,tracing]==${VERSION}" \
     && python -m pip uninstall --yes setuptools wheel
 # Numeric, so the kubelet can verify runAsNonRoot without reading /etc/passwd; matches the chart's
 # podSecurityContext.runAsUser.

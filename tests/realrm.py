@@ -73,8 +73,10 @@ class RMProcess:
         directory: pathlib.Path,
         node_selector: str = "",
         options: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.directory = directory
+        self._env = {**os.environ, **env} if env else None  # e.g. OTEL_* for the tracing test
         directory.mkdir(parents=True, exist_ok=True)
         self.token = uuid.uuid4().hex
         self.token_file = directory / "rm-token"
@@ -97,7 +99,7 @@ class RMProcess:
         argv[argv.index("--listen") + 1] = self._listen
         with self.log_path.open("ab") as log:
             self._process = await asyncio.create_subprocess_exec(
-                *argv, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+                *argv, stdout=subprocess.PIPE, stderr=log, start_new_session=True, env=self._env
             )
         assert self._process.stdout is not None
         try:
@@ -167,9 +169,16 @@ class OperatorProcess:
     """`bindery run` as its own process (its own session, so signals reach it alone)."""
 
     def __init__(
-        self, *, kubeconfig: pathlib.Path, directory: pathlib.Path, args: Sequence[str] = (), name: str = "op"
+        self,
+        *,
+        kubeconfig: pathlib.Path,
+        directory: pathlib.Path,
+        args: Sequence[str] = (),
+        name: str = "op",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        self._env = dict(env or {})
         self.log_path = directory / f"{name}.log"
         self._argv = [
             sys.executable,
@@ -186,7 +195,7 @@ class OperatorProcess:
         self._log_offset = 0
 
     async def start(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self._env}
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self._process = await asyncio.create_subprocess_exec(
@@ -261,10 +270,15 @@ class OperatorProcess:
 
 @contextlib.asynccontextmanager
 async def operator_process(
-    *, kubeconfig: pathlib.Path, directory: pathlib.Path, args: Sequence[str] = (), name: str = "op"
+    *,
+    kubeconfig: pathlib.Path,
+    directory: pathlib.Path,
+    args: Sequence[str] = (),
+    name: str = "op",
+    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[OperatorProcess]:
     """An OperatorProcess for the `async with` block; its log is printed if the block fails."""
-    process = OperatorProcess(kubeconfig=kubeconfig, directory=directory, args=args, name=name)
+    process = OperatorProcess(kubeconfig=kubeconfig, directory=directory, args=args, name=name, env=env)
     await process.start()
     try:
         yield process

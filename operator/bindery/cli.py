@@ -162,6 +162,9 @@ def run_command(argv: Sequence[str]) -> int:
 
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonFormatter())
+    from bindery import tracing
+
+    tracing.configure(service_name="bindery-operator")  # only when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     from bindery.controller.options import OperatorOptions
     from bindery.controller.run import run_operator
 

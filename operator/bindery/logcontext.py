@@ -4,7 +4,8 @@ A scheduling cycle runs in one asyncio task (and the tasks it starts inherit its
 its ResourceManager and, once reserved, the reservation id are set once per cycle in a context
 variable; every line logged meanwhile carries them, whoever logs it (the cycle, a plugin, the RM
 client, Kopf). The text format is unchanged; the JSON format writes them as fields, so a log search
-for one pod's UID or one reservation finds its whole story.
+for one pod's UID or one reservation finds its whole story; with tracing on (bindery.tracing) it adds
+the `trace_id` of the attempt the line belongs to.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 import logging
 import types
 from collections.abc import Iterator, Mapping
+
+from bindery import tracing
 
 __all__ = ["JsonFormatter", "add_log_context", "log_context", "log_fields"]
 
@@ -57,6 +60,8 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             **log_fields(),
         }
+        if tracing.state.on and (trace_id := tracing.current_trace_id()) is not None:
+            entry["trace_id"] = trace_id  # the attempt's trace (bindery.tracing), when tracing is on
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)

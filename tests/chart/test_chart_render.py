@@ -346,6 +346,36 @@ def test_long_release_names_stay_valid(helm: str, helm_env: dict[str, str], tmp_
     assert len(set(names)) == 2
 
 
+def test_grafana_dashboard_is_off_by_default_and_a_sidecar_configmap_when_on(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    assert not [
+        o for o in ct.by_kind(rendered["defaults"], "ConfigMap") if "dashboard" in o["metadata"]["name"]
+    ]
+    config_map = ct.one(rendered["external-rms"], "ConfigMap", "rel-bindery-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "Bindery"}
+    assert config_map["metadata"]["namespace"] == NAMESPACE
+    shipped = json.loads((ct.CHART / "dashboards" / "bindery.json").read_text())
+    assert json.loads(config_map["data"]["bindery.json"]) == shipped
+    titles = {panel["title"] for panel in shipped["panels"]}
+    for wanted in (
+        "Scheduling attempts by result",  # throughput
+        "Pod scheduling latency (first seen → bound)",  # latency percentiles
+        "Pending pods by queue",  # queue depth
+        "RM request latency by verb (p99)",
+        "RM errors by verb and outcome",
+        "Reconcile actions",
+    ):
+        assert wanted in titles, sorted(titles)
+
+
+def test_grafana_dashboard_needs_metrics(helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path) -> None:
+    values = {"metrics": {"enabled": False, "grafanaDashboard": {"enabled": True}}}
+    error = ct.render_error(helm=helm, env=helm_env, tmp=tmp_path, values=values)
+    assert "metrics.grafanaDashboard.enabled is true but metrics.enabled is false" in error
+
+
 def test_service_monitor(helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path) -> None:
     values = {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}}
     error = ct.render_error(helm=helm, env=helm_env, tmp=tmp_path, values=values)

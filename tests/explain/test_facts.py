@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bindery.explain.facts import ReservationView, attempts_of, explain, render
@@ -67,3 +68,78 @@ def test_missing_claims_gates_and_names_nobody_serves() -> None:
         pod=pod(schedulerName="default-scheduler"), resource_manager=None, events=[], reservations=None
     )
     assert stray.verdict.endswith("Bindery does not schedule this pod; kube-scheduler does")
+
+
+def test_the_operators_queue_says_when_the_next_attempt_is_due() -> None:
+    served = {
+        "pod": "ns/p",
+        "uid": "u1",
+        "leading": True,
+        "resource_manager": "pool",
+        "queue": "unschedulable",
+        "attempts": 3,
+        "next_attempt_in_seconds": 4.25,
+        "next_attempt_at": "2026-01-01T00:00:09+00:00",
+        "waits_for_capacity": True,
+    }
+    answer = explain(pod=pod(), resource_manager="pool", events=[], reservations=[], queue=served)
+    assert answer.next_attempt == (
+        "parked as unschedulable after 3 failed attempts: next attempt in 4.2 s "
+        "(at 2026-01-01T00:00:09+00:00), or sooner when capacity is released"
+    )
+    assert answer.queue == served
+    assert not any("next attempt" in u for u in answer.unseen)
+    assert "Operator queue:    parked as unschedulable" in render(answer)
+    backoff = explain(
+        pod=pod(),
+        resource_manager="pool",
+        events=[],
+        reservations=[],
+        queue={**served, "queue": "backoff", "attempts": 1, "leading": False},
+    )
+    assert backoff.next_attempt is not None
+    assert backoff.next_attempt.startswith("backing off after 1 failed attempt: next attempt in 4.2 s")
+    assert backoff.next_attempt.endswith("(a standby replica's view: the leader's queue was not reached)")
+    missing = {"pod": "ns/p", "uid": "u1", "leading": True, "message": "the operator holds no unbound pod"}
+    gone = explain(pod=pod(), resource_manager="pool", events=[], reservations=[], queue=missing)
+    assert gone.next_attempt == "in no queue of the operator: the operator holds no unbound pod"
+
+
+def test_an_unreachable_operator_is_said_with_what_could_not_be_seen() -> None:
+    answer = explain(
+        pod=pod(),
+        resource_manager="pool",
+        events=[],
+        reservations=[],
+        queue_problem=(
+            "service bindery-system/bindery-metrics:metrics is not reachable (HTTP 503: no endpoints)"
+        ),
+    )
+    assert answer.next_attempt is None
+    [unseen] = answer.unseen
+    assert unseen.startswith("the operator's queue: service bindery-system/bindery-metrics:metrics is not")
+    assert "when the next attempt is due is not visible" in unseen
+    assert "Not seen:          the operator's queue: service" in render(answer)
+
+
+def test_queue_answers_and_refusals_are_told_apart() -> None:
+    from bindery.explain.collect import OperatorAddress, _queue_answer
+
+    active = {"pod": "ns/p", "queue": "active"}
+    assert _queue_answer(200, json.dumps(active).encode(), where="w") == (active, None)
+    none = {"pod": "ns/p", "message": "none"}
+    assert _queue_answer(404, json.dumps(none).encode(), where="w") == (none, None)
+    status = {"kind": "Status", "apiVersion": "v1", "message": 'services "m" not found', "code": 404}
+    assert _queue_answer(404, json.dumps(status).encode(), where="svc") == (
+        None,
+        'svc: the apiserver answered HTTP 404: services "m" not found',
+    )
+    view, problem = _queue_answer(503, b"no endpoints available for service", where="svc")
+    assert view is None
+    assert problem is not None
+    assert problem.startswith("svc is not reachable (HTTP 503: no endpoints available for service)")
+    _, refused = _queue_answer(403, b"forbidden", where="svc")
+    assert refused is not None
+    assert "needs get on services/proxy" in refused
+    assert OperatorAddress.parse_service("ns/svc") == OperatorAddress(service=("ns", "svc", "metrics"))
+    assert OperatorAddress.parse_service("ns/svc:9090").service == ("ns", "svc", "9090")

@@ -31,8 +31,8 @@ async def _explain(kubeconfig: pathlib.Path, *args: str) -> tuple[int, str, str]
     return process.returncode, out.decode(), err.decode()
 
 
-async def _answer(kubeconfig: pathlib.Path, namespace: str, name: str) -> dict[str, Any]:
-    status, out, err = await _explain(kubeconfig, name, "-n", namespace, "-o", "json")
+async def _answer(kubeconfig: pathlib.Path, namespace: str, name: str, *args: str) -> dict[str, Any]:
+    status, out, err = await _explain(kubeconfig, name, "-n", namespace, "-o", "json", *args)
     assert status == 0, out + err
     answer: dict[str, Any] = json.loads(out)
     return answer
@@ -92,10 +92,43 @@ async def test_explain_says_why_a_pod_is_pending_or_where_it_was_bound(
         assert "has no room for the pod" in big["verdict"]
         assert big["reservations"] == []
         assert big["attempts"][0]["reason"] == "FailedScheduling"
-        assert any("next attempt" in u for u in big["unseen"])
-        status, text, _ = await _explain(admin, "big", "-n", namespace)
+        # No operator Service in this cluster: explain says it could not see the queue, and why.
+        [unseen] = [u for u in big["unseen"] if "next attempt" in u]
+        assert unseen.startswith("the operator's queue: found no operator Service"), unseen
+        assert big["queue"] is None
+        # Through the apiserver's service proxy, as kubectl reaches a Service: one without a ready
+        # endpoint is refused by the proxy, which explain reports as such.
+        await client.CoreV1Api(kube_api).create_namespaced_service(
+            namespace,
+            {
+                "metadata": {"name": "op-metrics"},
+                "spec": {"ports": [{"name": "metrics", "port": 9090, "targetPort": 9090}]},
+            },
+        )
+        proxied = await _answer(admin, namespace, "big", "--operator-service", f"{namespace}/op-metrics")
+        [unseen] = [u for u in proxied["unseen"] if "next attempt" in u]
+        assert f"service {namespace}/op-metrics:metrics (through the apiserver's proxy)" in unseen, unseen
+        assert "the apiserver answered HTTP" in unseen, unseen
+        # The operator's own queue (its metrics port; in a cluster, behind that proxy): parked as
+        # unschedulable, with its failed attempts and when it is tried next.
+        operator_url = (await stage.operator.metrics_url()).removesuffix("/metrics")
+
+        async def parked() -> dict[str, Any] | None:
+            answer = await _answer(admin, namespace, "big", "--operator-url", operator_url)
+            queue = answer["queue"] or {}
+            return answer if queue.get("queue") == "unschedulable" else None
+
+        queued = await eventually(parked, within=60, what="the pod parked in the operator's queue")
+        assert queued["queue"]["leading"] is True
+        assert queued["queue"]["resource_manager"] == stage.rm_name
+        assert queued["queue"]["attempts"] >= 1
+        assert queued["queue"]["next_attempt_in_seconds"] is not None
+        assert queued["next_attempt"].startswith("parked as unschedulable after ")
+        assert not [u for u in queued["unseen"] if "next attempt" in u]
+        status, text, _ = await _explain(admin, "big", "-n", namespace, "--operator-url", operator_url)
         assert status == 0
         assert "At the resource manager: no active reservation" in text
+        assert "Operator queue:    parked as unschedulable after " in text
         print("--- bindery explain big ---\n" + text)
 
         # The RM is down: the pod is in backoff with a SchedulerError, and explain says it could not ask.
@@ -115,8 +148,16 @@ async def test_explain_says_why_a_pod_is_pending_or_where_it_was_bound(
         later = await eventually(errored, within=60, what="the SchedulerError answer")
         assert later["verdict"].startswith("not scheduled yet (SchedulerError, an error): ")
         assert any(f"could not ask ResourceManager {stage.rm_name!r}" in u for u in later["unseen"]), later
+
+        async def backing_off() -> dict[str, Any] | None:
+            answer = await _answer(admin, namespace, "later", "--operator-url", operator_url)
+            return answer if (answer["queue"] or {}).get("queue") == "backoff" else None
+
+        later = await eventually(backing_off, within=60, what="the pod backing off in the operator's queue")
+        assert later["next_attempt"].startswith("backing off after ")
         print(
-            "--- bindery explain later (RM down) ---\n" + (await _explain(admin, "later", "-n", namespace))[1]
+            "--- bindery explain later (RM down) ---\n"
+            + (await _explain(admin, "later", "-n", namespace, "--operator-url", operator_url))[1]
         )
         await stage.rm.restart()
         await eventually(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
 
 import httpx
 import pytest
@@ -170,6 +173,26 @@ async def test_scheduling_moves_the_counters_served_at_metrics(
             assert present(samples, "bindery_apiserver_writes_total", kind="event") >= 2
             for queue in ("active", "backoff", "unschedulable", "in_flight"):
                 assert present(samples, "bindery_queue_pods", resource_manager=rm, queue=queue) == 0
+            for queue in ("active", "backoff", "unschedulable"):
+                assert present(samples, "bindery_pending_pods", resource_manager=rm, queue=queue) == 0
+            # kube-scheduler's attempts-per-pod: one unschedulable attempt or more, then the bind
+            assert present(samples, "bindery_pod_scheduling_attempts_count", resource_manager=rm) == 1
+            assert present(samples, "bindery_pod_scheduling_attempts_sum", resource_manager=rm) >= 2
+            reservations = {
+                outcome: value(samples, "bindery_reservations_total", resource_manager=rm, outcome=outcome)
+                for outcome in ("reserved", "unschedulable", "committed", "released", "reserve_failed")
+            }
+            assert reservations["reserved"] == reservations["committed"] == 1, reservations
+            assert reservations["unschedulable"] >= 1, reservations
+            assert reservations["released"] == reservations["reserve_failed"] == 0, reservations
+            breaker = {
+                state: present(samples, "bindery_rm_circuit_breaker_state", resource_manager=rm, state=state)
+                for state in ("closed", "open", "half-open")
+            }
+            assert breaker == {"closed": 1, "open": 0, "half-open": 0}
+            # without leader election this replica always leads, and renews no Lease
+            assert present(samples, "bindery_leader_election_master_status") == 1
+            assert "bindery_leader_lease_renewals" in await families(measured)
 
             await client.CoreV1Api(kube_api).delete_namespaced_pod(
                 name="p", namespace=namespace, grace_period_seconds=0
@@ -182,6 +205,11 @@ async def test_scheduling_moves_the_counters_served_at_metrics(
                 )
 
             assert await eventually(released, what="the departed pod's release in /metrics") == 1
+            samples = await scrape(measured)
+            released_total = present(
+                samples, "bindery_reservations_total", resource_manager=rm, outcome="released"
+            )
+            assert released_total == 1
             assert await stage.states_are(uid, "released")
             await stage.settled()
             assert await stage.active() == []
@@ -201,3 +229,101 @@ def test_metrics_addresses_are_host_and_port() -> None:
     assert parse_address("[::]:9090") == ("::", 9090)
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_address("9090x")
+
+
+# -- the chart's Grafana dashboard against a live scrape ------------------------------------------
+
+DASHBOARD = pathlib.Path(__file__).parents[2] / "charts" / "bindery" / "dashboards" / "bindery.json"
+#: PromQL words that are not metric names: functions (followed by "("), aggregation modifiers, keywords.
+_PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+    "and",
+    "or",
+}
+_PROMQL_WORDS |= {"unless", "inf", "nan"}
+_NOT_A_NAME = re.compile(
+    r'"(?:[^"\\]|\\.)*"'  # string literals (label values, regexes)
+    r"|\{[^}]*\}"  # label matchers
+    r"|\[[^\]]*\]"  # range selectors ($__rate_interval)
+    r"|\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"  # label lists
+)
+_WORD = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(?![A-Za-z0-9_:])(?!\s*\()")
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Pure: the metric names an expression reads (not its functions, labels, literals or keywords)."""
+    bare = _NOT_A_NAME.sub(" ", expr)
+    return {w for w in _WORD.findall(bare) if w.lower() not in _PROMQL_WORDS and not w.startswith("$")}
+
+
+def dashboard_queries(node: Any) -> Iterator[str]:
+    """Every PromQL expression in a dashboard: panel targets and template-variable queries."""
+    if isinstance(node, Mapping):
+        for key, item in node.items():
+            if key in ("expr", "definition") and isinstance(item, str):
+                yield item
+            else:
+                yield from dashboard_queries(item)
+    elif isinstance(node, list):
+        for item in node:
+            yield from dashboard_queries(item)
+
+
+def test_promql_names_are_found_in_expressions() -> None:
+    expr = (
+        'sum by (le, verb) (rate(bindery_rm_request_duration_seconds_bucket{resource_manager=~"$rm",'
+        'outcome!="ok"}[$__rate_interval])) / on (verb) group_left max(other_metric) > bool 0'
+    )
+    assert promql_metric_names(expr) == {"bindery_rm_request_duration_seconds_bucket", "other_metric"}
+    assert promql_metric_names("label_values(bindery_pending_pods, resource_manager)") == {
+        "bindery_pending_pods",
+        "resource_manager",  # a label argument reads as a name: the check below only keeps bindery_*
+    }
+
+
+def _family_of(sample_name: str, served: Mapping[str, str]) -> str | None:
+    """The served family a sample name belongs to (a counter's _total, a histogram's _bucket/_count/_sum)."""
+    if served.get(sample_name) in ("gauge", "unknown"):
+        return sample_name
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+    for family, kind in served.items():
+        for suffix in suffixes.get(kind, ()):
+            if sample_name == family + suffix:
+                return family
+    return None
+
+
+@pytest.mark.controlplane
+async def test_every_metric_the_dashboard_queries_is_served(
+    *, controlplane: ControlPlane, measured: EmbeddedOperator
+) -> None:
+    """The chart's dashboard reads only metrics a running operator serves, each with the suffix its
+    type has (a histogram's _bucket, a counter's _total), so no panel is empty for a typo or a rename."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    names = set()
+    for expr in dashboard_queries(dashboard):
+        names |= {n for n in promql_metric_names(expr) if n.startswith("bindery_")}
+    assert len(names) >= 10, names  # the parse found the queries
+    served = {
+        family.name: family.type for family in text_string_to_metric_families(await scrape_text(measured))
+    }
+    missing = sorted(n for n in names if _family_of(n, served) is None)
+    assert not missing, f"the dashboard queries metrics /metrics does not serve: {missing}; served: {served}"
+    print(f"\nthe dashboard's {len(names)} metrics, all served: {sorted(names)}")
+    # Beside /metrics, the queue view `bindery explain` reads (read-only JSON).
+    server = measured.runtime.metrics_server
+    assert server is not None
+    async with httpx.AsyncClient() as http:
+        queues = await http.get(f"http://127.0.0.1:{server.port}/debug/queue")
+        nobody = await http.get(f"http://127.0.0.1:{server.port}/debug/queue/default/nobody")
+    assert queues.status_code == 200
+    assert queues.json()["leading"] is True
+    assert nobody.status_code == 404
+    assert nobody.json()["pod"] == "default/nobody"

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from bindery.scheduling.decisions import Outcome
-from bindery.scheduling.queue import BackoffPolicy, QueueClosed, SchedulingQueue
+from bindery.scheduling.queue import BackoffPolicy, QueueClosed, QueuePosition, SchedulingQueue
 from tests.scheduling.fakes import FakeClock, pod
 
 
@@ -335,3 +335,29 @@ async def test_pop_wakes_for_a_pod_moved_out_of_the_unschedulable_pool() -> None
     assert not waiter.done()
     clock.advance(0.5)
     assert (await asyncio.wait_for(waiter, 5)).name == "a"
+
+
+def test_position_says_where_a_pod_waits_and_when_it_is_tried_next() -> None:
+    queue, clock = make_queue(backoff=BackoffPolicy(initial=1.0, maximum=10.0))
+    queue.add(pod("a"))
+    queue.add(pod("b"))
+    assert queue.position("uid-a") == QueuePosition(
+        queue="active", attempts=0, ready_in=None, waits_for_capacity=False
+    )
+    queue.pop_nowait()
+    queue.pop_nowait()
+    assert queue.position("uid-a") == QueuePosition(
+        queue="in-flight", attempts=0, ready_in=None, waits_for_capacity=False
+    )
+    queue.done("uid-a", outcome=Outcome.UNSCHEDULABLE, retry_after=30.0)  # the RM's hint wins
+    queue.done("uid-b", outcome=Outcome.ERROR)
+    clock.advance(0.25)
+    assert queue.position("uid-a") == QueuePosition(
+        queue="unschedulable", attempts=1, ready_in=29.75, waits_for_capacity=True
+    )
+    assert queue.position("uid-b") == QueuePosition(
+        queue="backoff", attempts=1, ready_in=0.75, waits_for_capacity=False
+    )
+    queue.forget("uid-b")
+    assert queue.position("uid-b") is None
+    assert queue.position("never-seen") is None

@@ -186,8 +186,10 @@ class LeaderElector:
         timing: LeaseTiming | None = None,
         logger: Logger,
         clock: Callable[[], float] = time.monotonic,
+        on_renewal: Callable[[bool], None] = lambda renewed: None,
     ) -> None:
         self._coordination = client.CoordinationV1Api(api)
+        self._on_renewal = on_renewal  # told whether each renewal attempt succeeded (metrics)
         self._namespace = namespace
         self._name = name
         self.identity = identity
@@ -229,10 +231,12 @@ class LeaderElector:
                 )
                 return
             try:
-                await self._try_claim(within=min(self.timing.request_timeout, left))
+                renewed = await self._try_claim(within=min(self.timing.request_timeout, left))
             except LeaseLost as lost:
+                self._on_renewal(False)
                 self._logger.error(f"lost the {self.lease}: {lost}; stopped leading")
                 return
+            self._on_renewal(renewed)
 
     async def release(self) -> None:
         """Give the Lease up on a graceful stop so a standby takes over at once, not after expiry."""

@@ -87,6 +87,8 @@ class Leadership:
         self._exit = exit_process
         self._elector: LeaderElector | None = None
         self._task: asyncio.Task[None] | None = None
+        #: Renewal attempts of the leader's Lease by outcome, for `bindery_leader_lease_renewals_total`.
+        self.renewals = {"ok": 0, "failed": 0}
 
     def holds(self) -> bool:
         """The fence: this replica leads and is inside its renew deadline right now.
@@ -131,6 +133,9 @@ class Leadership:
             )
             self._exit(1)
 
+    def _count_renewal(self, renewed: bool) -> None:
+        self.renewals["ok" if renewed else "failed"] += 1
+
     def start(self, *, api: client.ApiClient) -> None:
         self._task = asyncio.create_task(self._elect_forever(api=api), name="bindery leader election")
 
@@ -150,6 +155,7 @@ class Leadership:
                 identity=f"{self._hostname}_{uuid.uuid4().hex[:8]}",
                 timing=self.timing,
                 logger=self._logger,
+                on_renewal=self._count_renewal,
             )
             try:
                 await elector.acquire()

@@ -6,6 +6,16 @@ attempt and each resource-manager request takes (by verb and outcome), how deep 
 ResourceManager's queue is, how many apiserver writes Bindery made (the two-writes-per-pod budget)
 and how many reservations it gave back.
 
+kube-scheduler's own names have a `bindery_` twin of the same shape where the meaning is the same:
+`scheduler_schedule_attempts_total{result}` → `bindery_schedule_attempts_total`,
+`scheduler_pending_pods{queue}` → `bindery_pending_pods`, `scheduler_scheduling_attempt_duration_seconds`
+→ `bindery_scheduling_attempt_duration_seconds`, `scheduler_pod_scheduling_sli_duration_seconds` →
+`bindery_pod_scheduling_duration_seconds`, `scheduler_pod_scheduling_attempts` →
+`bindery_pod_scheduling_attempts`, `leader_election_master_status` → `bindery_leader_election_master_status`
+(each with a `resource_manager` label where kube-scheduler has `profile`). The resource manager's side
+has no kube-scheduler equivalent: request latency by verb and outcome, reservations by outcome, lease
+renewals, the client's circuit breaker.
+
 Cost on the per-pod path is a dict insert when a pod is first seen and a few counter increments
 and histogram observations per attempt. Queue depths and write counts are not pushed at all: a
 collector reads them from the queues and the `WriteCounter` when Prometheus scrapes.
@@ -17,9 +27,10 @@ one process (tests, the demo) never share or collide on metrics.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -27,6 +38,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from bindery import tracing
+from bindery.controller.queueview import QueueView
 from bindery.kube.counters import WriteCounter
 from bindery.rm.errors import (
     RMConflict,
@@ -58,6 +71,27 @@ RELEASE_REASONS = ("cycle_failure", "pod_departed", "unconfirmed_binding", "reco
 RECONCILE_ACTIONS = ("commit", "release", "failed", "missing_reservation")
 #: 5 ms … ~82 s: an RM round trip at the low end, a pod parked through several backoffs at the top.
 LATENCY_BUCKETS = tuple(0.005 * 2**i for i in range(15))
+#: kube-scheduler's `scheduler_pod_scheduling_attempts` buckets: 1, 2, 4, 8, 16 attempts.
+ATTEMPT_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0)
+#: The pending queues of kube-scheduler's `scheduler_pending_pods` (in flight is not pending).
+PENDING_QUEUES = ("active", "backoff", "unschedulable")
+#: What became of the reservation an RM request was about, by verb and request outcome label; an
+#: outcome not listed for its verb counts as `<verb>_failed`. Nested, so a lookup builds no tuple.
+RESERVATION_OUTCOMES: Mapping[str, Mapping[str, str]] = {
+    "reserve": {"ok": "reserved", "unschedulable": "unschedulable", "": "reserve_failed"},
+    "commit": {"ok": "committed", "": "commit_failed"},
+    "release": {"ok": "released", "": "release_failed"},
+}
+#: The client's circuit-breaker states (bindery.rm.client.CircuitBreaker), as label values.
+BREAKER_STATES = ("closed", "open", "half-open")
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderState:
+    """What the collector reports about leader election: leading now, Lease renewals by outcome."""
+
+    leading: bool
+    renewals: Mapping[str, int]
 
 
 def result_label(outcome: Outcome) -> str:
@@ -90,6 +124,8 @@ class Metrics:
         writes: WriteCounter | None = None,
         queues: Callable[[], Mapping[str, QueueStats]] = dict,
         per_pod: Callable[[], Mapping[str, int]] = dict,
+        breakers: Callable[[], Mapping[str, str]] = dict,
+        leader: Callable[[], LeaderState | None] = lambda: None,
     ) -> None:
         self.registry = CollectorRegistry()
         self.attempts = Counter(
@@ -110,6 +146,26 @@ class Metrics:
             "From the operator first seeing a pod unbound to its successful bind, across retries.",
             ["resource_manager"],
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.pod_attempts = Histogram(
+            "bindery_pod_scheduling_attempts",
+            "Attempts it took to schedule a pod (kube-scheduler's scheduler_pod_scheduling_attempts).",
+            ["resource_manager"],
+            buckets=ATTEMPT_BUCKETS,
+            registry=self.registry,
+        )
+        self.reservations = Counter(
+            "bindery_reservations",
+            "Reservations by outcome: reserved, unschedulable (the RM had no room), reserve_failed, "
+            "committed, commit_failed, released, release_failed.",
+            ["resource_manager", "outcome"],
+            registry=self.registry,
+        )
+        self.renewals = Counter(
+            "bindery_reservation_renewals",
+            "Reservation lease renewals (contract v1.1) by outcome, as bindery_rm_request_duration_seconds.",
+            ["resource_manager", "outcome"],
             registry=self.registry,
         )
         self.rm_requests = Histogram(
@@ -139,9 +195,16 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(
-            _StateCollector(writes=writes or WriteCounter(), queues=queues, per_pod=per_pod)
+            _StateCollector(
+                writes=writes or WriteCounter(),
+                queues=queues,
+                per_pod=per_pod,
+                breakers=breakers,
+                leader=leader,
+            )
         )
         self._first_seen: dict[str, float] = {}
+        self._reservation_children: dict[str, dict[str, Any]] = {}
 
     # -- per pod ---------------------------------------------------------------------------------
 
@@ -151,14 +214,33 @@ class Metrics:
     def pod_forgotten(self, uid: str) -> None:
         self._first_seen.pop(uid, None)
 
-    def attempt(self, *, resource_manager: str, uid: str, outcome: Outcome, seconds: float) -> None:
+    def attempt(
+        self, *, resource_manager: str, uid: str, outcome: Outcome, seconds: float, attempts: int = 1
+    ) -> None:
+        """One cycle ended; `attempts` counts it and the pod's failed ones before it."""
         result = result_label(outcome)
         self.attempts.labels(resource_manager, result).inc()
         self.attempt_duration.labels(resource_manager, result).observe(seconds)
         if outcome in (Outcome.BOUND, Outcome.DROPPED):
             seen = self._first_seen.pop(uid, None)
-            if outcome is Outcome.BOUND and seen is not None:
-                self.pod_scheduling.labels(resource_manager).observe(time.monotonic() - seen)
+            if outcome is Outcome.BOUND:
+                self.pod_attempts.labels(resource_manager).observe(attempts)
+                if seen is not None:
+                    self.pod_scheduling.labels(resource_manager).observe(time.monotonic() - seen)
+
+    def rm_request(self, *, resource_manager: str, verb: str, outcome: str, seconds: float) -> None:
+        """One RM request: its latency, and what it did to a reservation (reserve, commit, release, renew)."""
+        self.rm_requests.labels(resource_manager, verb, outcome).observe(seconds)
+        fates = RESERVATION_OUTCOMES.get(verb)
+        if fates is not None:
+            fate = fates.get(outcome) or fates[""]
+            children = self._reservation_children.setdefault(resource_manager, {})
+            child = children.get(fate)
+            if child is None:  # once per (RM, fate): labels() is not free on the per-pod path
+                child = children[fate] = self.reservations.labels(resource_manager, fate)
+            child.inc()
+        elif verb == "renew":
+            self.renewals.labels(resource_manager, outcome).inc()
 
     def release(self, *, resource_manager: str, reason: str, count: int = 1) -> None:
         self.released.labels(resource_manager, reason).inc(count)
@@ -209,17 +291,28 @@ class MeasuredRM:
         )
 
     async def measure(self, verb: str, call: Callable[[], Awaitable[T]]) -> T:
-        started = time.perf_counter()
-        error: BaseException | None = None
-        try:
-            return await call()
-        except Exception as exc:
-            error = exc
-            raise
-        finally:
-            self._metrics.rm_requests.labels(self._name, verb, rm_outcome_label(error)).observe(
-                time.perf_counter() - started
-            )
+        # With tracing on, a client span, whose context the RM client sends as traceparent; off, the
+        # shared no-op (nothing allocated).
+        scope = (
+            tracing.span(f"RM {verb}", {"bindery.resource_manager": self._name}, kind="client")
+            if tracing.state.on
+            else tracing.NO_SPAN
+        )
+        with scope:
+            started = time.perf_counter()
+            error: BaseException | None = None
+            try:
+                return await call()
+            except Exception as exc:
+                error = exc
+                raise
+            finally:
+                self._metrics.rm_request(
+                    resource_manager=self._name,
+                    verb=verb,
+                    outcome=rm_outcome_label(error),
+                    seconds=time.perf_counter() - started,
+                )
 
 
 class _StateCollector(Collector):
@@ -232,10 +325,14 @@ class _StateCollector(Collector):
         writes: WriteCounter,
         queues: Callable[[], Mapping[str, QueueStats]],
         per_pod: Callable[[], Mapping[str, int]] = dict,
+        breakers: Callable[[], Mapping[str, str]] = dict,
+        leader: Callable[[], LeaderState | None] = lambda: None,
     ) -> None:
         self._writes = writes
         self._queues = queues
         self._per_pod = per_pod
+        self._breakers = breakers
+        self._leader = leader
 
     def collect(self) -> Iterator[Metric]:
         depth = GaugeMetricFamily(
@@ -244,10 +341,43 @@ class _StateCollector(Collector):
             "unschedulable, in_flight.",
             labels=["resource_manager", "queue"],
         )
+        pending = GaugeMetricFamily(
+            "bindery_pending_pods",
+            "Pending pods by queue: active, backoff, unschedulable (kube-scheduler's "
+            "scheduler_pending_pods).",
+            labels=["resource_manager", "queue"],
+        )
         for name, stats in sorted(self._queues().items()):
             for queue in ("active", "backoff", "unschedulable", "in_flight"):
                 depth.add_metric([name, queue], getattr(stats, queue))
+            for queue in PENDING_QUEUES:
+                pending.add_metric([name, queue], getattr(stats, queue))
         yield depth
+        yield pending
+        breaker = GaugeMetricFamily(
+            "bindery_rm_circuit_breaker_state",
+            "1 for the state the RM client's circuit breaker is in (closed, open, half-open), "
+            "0 for the others.",
+            labels=["resource_manager", "state"],
+        )
+        for name, current in sorted(self._breakers().items()):
+            for state in BREAKER_STATES:
+                breaker.add_metric([name, state], 1.0 if state == current else 0.0)
+        yield breaker
+        leader = self._leader()
+        yield GaugeMetricFamily(
+            "bindery_leader_election_master_status",
+            "1 while this replica leads (or runs without leader election), 0 while it stands by.",
+            value=1.0 if leader is None or leader.leading else 0.0,
+        )
+        renewals = CounterMetricFamily(
+            "bindery_leader_lease_renewals",
+            "Renewals of the leader's Lease by outcome (ok, failed); none without leader election.",
+            labels=["outcome"],
+        )
+        for outcome, count in sorted((leader.renewals if leader is not None else {}).items()):
+            renewals.add_metric([outcome], count)
+        yield renewals
         writes = CounterMetricFamily(
             "bindery_apiserver_writes",
             "Writes Bindery made to the apiserver, by kind (binding, event, condition, ...).",
@@ -274,10 +404,12 @@ class _StateCollector(Collector):
 
 
 class MetricsServer:
-    """`GET /metrics` in the Prometheus text format, on the operator's event loop (aiohttp)."""
+    """`GET /metrics` in the Prometheus text format, on the operator's event loop (aiohttp); with a
+    `queue`, also its read-only JSON views (`/debug/queue`, bindery.controller.queueview)."""
 
-    def __init__(self, *, metrics: Metrics, host: str, port: int) -> None:
+    def __init__(self, *, metrics: Metrics, host: str, port: int, queue: QueueView | None = None) -> None:
         self._metrics = metrics
+        self._queue = queue
         self._host = host
         self._port = port
         self._runner: web.AppRunner | None = None
@@ -285,6 +417,9 @@ class MetricsServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._serve)
+        if self._queue is not None:
+            app.router.add_get("/debug/queue", self._serve_queue)
+            app.router.add_get("/debug/queue/{namespace}/{name}", self._serve_pod)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host=self._host, port=self._port)
@@ -306,6 +441,19 @@ class MetricsServer:
     async def _serve(self, request: web.Request) -> web.Response:
         body, content_type = self._metrics.exposition(accept=request.headers.get("Accept", ""))
         return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def _serve_queue(self, request: web.Request) -> web.Response:
+        assert self._queue is not None
+        return web.json_response(self._queue.summary())
+
+    async def _serve_pod(self, request: web.Request) -> web.Response:
+        assert self._queue is not None
+        status, body = self._queue.pod(
+            namespace=request.match_info["namespace"],
+            name=request.match_info["name"],
+            uid=request.query.get("uid") or None,
+        )
+        return web.json_response(body, status=status)
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -25,10 +25,11 @@ from typing import Any
 
 from kubernetes_asyncio import client as kube
 
+from bindery import tracing
 from bindery.config import ResourceManagerConfig
 from bindery.controller.bound import BoundPodWatcher
 from bindery.controller.gangs import GangCoordinator
-from bindery.controller.metrics import MeasuredRM, Metrics
+from bindery.controller.metrics import MeasuredRM, Metrics, result_label
 from bindery.controller.secrets import RMCredentials
 from bindery.controller.unconfirmed import SettlingReleases, UnconfirmedBind, UnconfirmedBinds
 from bindery.kube.reads import read_pod
@@ -370,6 +371,33 @@ class ProfileRunner:
     async def _cycle(self, pod: PodInfo) -> None:
         """One pod: the scheduling cycle, then its outcome to the queue, the metrics and the settling."""
         with log_context(pod=pod.key, pod_uid=pod.uid, resource_manager=self.config.name):
+            if tracing.state.on:
+                await self._traced_cycle(pod)
+            else:
+                await self._cycle_in_context(pod)
+
+    async def _traced_cycle(self, pod: PodInfo) -> None:
+        """The cycle as one trace: its root span, the time the pod waited in the queue before it."""
+        attempt = self.queue.attempts(pod.uid) + 1
+        attributes: dict[str, str | int] = {
+            "k8s.namespace.name": pod.namespace,
+            "k8s.pod.name": pod.name,
+            "k8s.pod.uid": pod.uid,
+            "bindery.resource_manager": self.config.name,
+            "bindery.scheduler_name": pod.scheduler_name,
+            "bindery.attempt": attempt,
+        }
+        now_ns = time.time_ns()
+        ready = self.queue.ready_since(pod.uid)  # the end of its backoff; None on a first attempt
+        if ready is not None:
+            waited_ns = int(max(self.queue.now() - ready, 0.0) * 1e9)
+        else:
+            waited_ns = max(now_ns - int(pod.created.timestamp() * 1e9), 0)
+        # The attempt's span starts when the pod was due, so the trace shows its wait before it too.
+        with tracing.span("Schedule pod", attributes, start_ns=now_ns - waited_ns):
+            tracing.record_span(
+                "Queue wait", start_ns=now_ns - waited_ns, end_ns=now_ns, attributes=attributes
+            )
             await self._cycle_in_context(pod)
 
     async def _cycle_in_context(self, pod: PodInfo) -> None:
@@ -395,6 +423,14 @@ class ProfileRunner:
             result = dataclasses.replace(result, outcome=Outcome.DROPPED)  # a ghost: do not requeue
         self._gone.discard(pod.uid)
         self._record(pod, result.outcome, started)
+        if tracing.state.on:
+            tracing.set_attributes(
+                {
+                    "bindery.result": result_label(result.outcome),
+                    "k8s.node.name": result.node,
+                    "bindery.reservation": result.reservation_id,
+                }
+            )
         self._follow_up(pod, result)
         if result.released:
             self.metrics.release(resource_manager=self.config.name, reason="cycle_failure")
@@ -463,6 +499,7 @@ class ProfileRunner:
             uid=pod.uid,
             outcome=outcome,
             seconds=time.perf_counter() - started,
+            attempts=self.queue.attempts(pod.uid) + 1,  # before `done` counts this one
         )
 
 
@@ -503,15 +540,16 @@ class _CheckedEvents:
         await self._inner.scheduled(pod=pod, node=node, scheduler_name=scheduler_name, timeout=timeout)
 
     async def failed_scheduling(self, *, pod: PodInfo, message: str, scheduler_name: str) -> None:
-        try:
-            async with asyncio.timeout(EXISTENCE_CHECK_SECONDS):
-                body = await read_pod(core=self._core, namespace=pod.namespace, name=pod.name)
-        except Exception:
-            body = {"metadata": {"uid": pod.uid}}  # unknown: report as before
-        if not _exists(body, uid=pod.uid):
-            self._gone.add(pod.uid)
-            raise PodGone(f"pod {pod.key} no longer exists (or another pod took its name)")
-        await self._inner.failed_scheduling(pod=pod, message=message, scheduler_name=scheduler_name)
+        with tracing.span("Event FailedScheduling"):  # a shared no-op unless tracing is on
+            try:
+                async with asyncio.timeout(EXISTENCE_CHECK_SECONDS):
+                    body = await read_pod(core=self._core, namespace=pod.namespace, name=pod.name)
+            except Exception:
+                body = {"metadata": {"uid": pod.uid}}  # unknown: report as before
+            if not _exists(body, uid=pod.uid):
+                self._gone.add(pod.uid)
+                raise PodGone(f"pod {pod.key} no longer exists (or another pod took its name)")
+            await self._inner.failed_scheduling(pod=pod, message=message, scheduler_name=scheduler_name)
 
 
 class _NoticedConditions:

@@ -39,9 +39,10 @@ from bindery.config import (
 from bindery.controller.connection import connection_info, load_configuration, resolve_environment_once
 from bindery.controller.leader import LeaseTiming
 from bindery.controller.leadership import FencedBinder, Leadership
-from bindery.controller.metrics import Metrics, MetricsServer, parse_address
+from bindery.controller.metrics import LeaderState, Metrics, MetricsServer, parse_address
 from bindery.controller.options import OperatorOptions
 from bindery.controller.profiles import ProfileRunner
+from bindery.controller.queueview import QueueView
 from bindery.controller.reconcile import Reconciler
 from bindery.controller.settings import UNBOUND_PODS
 from bindery.controller.supervisor import (
@@ -79,6 +80,8 @@ class Runtime:
             writes=self.writes,
             queues=lambda: {name: r.queue.stats() for name, r in self.runners.items()},
             per_pod=self.per_pod_sizes,
+            breakers=lambda: {name: r.client.breaker.state for name, r in self.runners.items()},
+            leader=self._leader_state,
         )
         self.metrics_server: MetricsServer | None = None
         self.pods = UnboundPods()
@@ -134,10 +137,12 @@ class Runtime:
         )
         if self.options.metrics_address is not None:
             host, port = parse_address(self.options.metrics_address)
-            self.metrics_server = MetricsServer(metrics=self.metrics, host=host, port=port)
+            queue = QueueView(runners=lambda: self.runners, pods=self.pods, leading=lambda: self._leading)
+            self.metrics_server = MetricsServer(metrics=self.metrics, host=host, port=port, queue=queue)
             await self.metrics_server.start()
             self.logger.info(
-                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics"
+                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics "
+                "(and the scheduling queues, read-only, at /debug/queue)"
             )
         self._env = Environment(
             api=self._api,
@@ -178,6 +183,11 @@ class Runtime:
             await self._api.close()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+    def _leader_state(self) -> LeaderState | None:
+        if self._leadership is None:
+            return None
+        return LeaderState(leading=self._leading, renewals=dict(self._leadership.renewals))
 
     @property
     def api(self) -> client.ApiClient:

@@ -2,7 +2,9 @@
 
 Read-only, with the kubeconfig alone: the pod's PodScheduled condition and scheduling events, the
 ResourceManager serving its scheduler name and what that resource manager holds for it (reservation,
-state, node, lease), and its volume claims. What it cannot see (the operator's queue) it says.
+state, node, lease), its volume claims, and, from the operator's read-only `/debug/queue` (reached
+through the apiserver's service proxy, or `--operator-url`), where it waits and when it is tried
+next. What it cannot see it says.
 Exit status 0 when answered, 1 when the pod does not exist, 2 when the cluster could not be read.
 """
 
@@ -30,6 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig", type=pathlib.Path, help="default: $KUBECONFIG, ~/.kube/config, in-cluster"
     )
     parser.add_argument("--output", "-o", choices=("text", "json"), default="text")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--operator-url",
+        help="where the operator serves its metrics, e.g. http://127.0.0.1:9090 (a local `bindery run "
+        "--metrics-addr`); default: its Service, through the apiserver's service proxy",
+    )
+    where.add_argument(
+        "--operator-service",
+        metavar="NAMESPACE/NAME[:PORT]",
+        help="the operator's metrics Service (default: the one labelled app.kubernetes.io/part-of=bindery, "
+        "app.kubernetes.io/component=operator, port 'metrics')",
+    )
+    where.add_argument(
+        "--no-operator", action="store_true", help="do not ask the operator for the pod's queue position"
+    )
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="give up after this many seconds (default %(default)s)"
     )
@@ -40,17 +57,30 @@ async def _explain(args: argparse.Namespace) -> Explanation:
     from kubernetes_asyncio import client
 
     from bindery.controller.connection import load_configuration
-    from bindery.explain.collect import explain_pod
+    from bindery.explain.collect import OperatorAddress, explain_pod
 
+    operator: OperatorAddress | None = OperatorAddress(url=args.operator_url)
+    if args.no_operator:
+        operator = None
+    elif args.operator_service:
+        operator = OperatorAddress.parse_service(args.operator_service)
     configuration = await load_configuration(kubeconfig=args.kubeconfig)
     async with client.ApiClient(configuration=configuration) as api, asyncio.timeout(args.timeout):
-        return await explain_pod(api=api, namespace=args.namespace, name=args.pod)
+        return await explain_pod(api=api, namespace=args.namespace, name=args.pod, operator=operator)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from bindery.explain.collect import PodNotFound
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.operator_service:
+        from bindery.explain.collect import OperatorAddress
+
+        try:
+            OperatorAddress.parse_service(args.operator_service)
+        except ValueError as exc:
+            parser.error(str(exc))
     try:
         answer = asyncio.run(_explain(args))
     except PodNotFound as exc:

@@ -7,11 +7,14 @@ credentials. What cannot be read is said in the answer, never silently left out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import tempfile
+import urllib.parse
 from typing import Any
 
+import httpx
 from kubernetes_asyncio import client
 
 from bindery.config import ConfigError, parse_resource_manager, route_scheduler_names
@@ -23,8 +26,38 @@ from bindery.scheduling.podspec import pod_claims
 GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
 
 
+#: How `explain` finds the operator's metrics Service: the chart's labels and port name.
+OPERATOR_SERVICE_SELECTOR = "app.kubernetes.io/part-of=bindery,app.kubernetes.io/component=operator"
+OPERATOR_PORT_NAME = "metrics"
+#: A Service spreads requests over the replicas, and only the leader's queue is the real one: ask
+#: again a few times to meet it.
+LEADER_TRIES = 6
+OPERATOR_TIMEOUT = 10.0
+
+
 class PodNotFound(LookupError):
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorAddress:
+    """Where the operator serves /debug/queue: a URL (local runs), or a Service behind the apiserver's
+    proxy (namespace, name, port name or number), or None: find the chart's Service."""
+
+    url: str | None = None
+    service: tuple[str, str, str] | None = None
+
+    @classmethod
+    def parse_service(cls, text: str) -> OperatorAddress:
+        """`NAMESPACE/NAME[:PORT]` → an address; raises ValueError saying what is expected."""
+        namespace, slash, rest = text.partition("/")
+        name, _, port = rest.partition(":")
+        if not slash or not namespace or not name:
+            raise ValueError(
+                f"--operator-service {text!r} is not NAMESPACE/NAME[:PORT], "
+                "e.g. bindery-system/bindery-metrics:metrics"
+            )
+        return cls(service=(namespace, name, port or OPERATOR_PORT_NAME))
 
 
 async def _json(response: Any) -> dict[str, Any] | None:
@@ -40,7 +73,10 @@ async def _json(response: Any) -> dict[str, Any] | None:
         response.release()
 
 
-async def explain_pod(*, api: client.ApiClient, namespace: str, name: str) -> Explanation:
+async def explain_pod(
+    *, api: client.ApiClient, namespace: str, name: str, operator: OperatorAddress | None = OperatorAddress()
+) -> Explanation:
+    """`operator` None: do not ask the operator for the pod's queue position."""
     core = client.CoreV1Api(api)
     pod = await _json(await core.read_namespaced_pod(name, namespace, _preload_content=False))
     if pod is None:
@@ -74,6 +110,12 @@ async def explain_pod(*, api: client.ApiClient, namespace: str, name: str) -> Ex
     config = next((c for c in configs if c.name == owner), None)
     reservations: list[ReservationView] | None = None
     problem = None
+    queue: dict[str, Any] | None = None
+    queue_problem: str | None = None
+    if owner is not None and not (pod.get("spec") or {}).get("nodeName") and operator is not None:
+        queue, queue_problem = await operator_queue(
+            api=api, address=operator, namespace=namespace, name=name, uid=uid
+        )
     if config is not None:
         try:
             with tempfile.TemporaryDirectory(prefix="bindery-explain-") as directory:
@@ -99,4 +141,102 @@ async def explain_pod(*, api: client.ApiClient, namespace: str, name: str) -> Ex
         reservations=reservations,
         claims=claims,
         rm_problem=problem,
+        queue=queue,
+        queue_problem=queue_problem if operator is not None else "not asked (--no-operator)",
     )
+
+
+async def operator_queue(
+    *, api: client.ApiClient, address: OperatorAddress, namespace: str, name: str, uid: str
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The operator's view of the pod's place in its queue, and what kept us from seeing it (if so).
+
+    A 404 from the operator is an answer (the pod is in no queue); a standby's answer is kept only
+    when no leader answered.
+    """
+    pod_path = f"debug/queue/{urllib.parse.quote(namespace)}/{urllib.parse.quote(name)}"
+    if address.url is not None:
+        url = f"{address.url.rstrip('/')}/{pod_path}"
+        try:
+            async with httpx.AsyncClient(timeout=OPERATOR_TIMEOUT) as http:
+                response = await http.get(url, params={"uid": uid})
+        except httpx.HTTPError as exc:
+            return None, f"the operator at {address.url} did not answer: {exc or type(exc).__name__}"
+        return _queue_answer(response.status_code, response.content, where=address.url)
+    if address.service is not None:
+        services = [address.service]
+    else:
+        services, refused = await _operator_services(api)
+        if not services:
+            return None, (
+                (refused or "found no operator Service")
+                + f" (labels {OPERATOR_SERVICE_SELECTOR}, a port named {OPERATOR_PORT_NAME!r}); pass "
+                "--operator-service NAMESPACE/NAME:PORT or --operator-url"
+            )
+    standby: dict[str, Any] | None = None
+    problems = []
+    for service_namespace, service, port in services:
+        where = f"service {service_namespace}/{service}:{port}"
+        path = f"/api/v1/namespaces/{service_namespace}/services/{service}:{port}/proxy/{pod_path}"
+        for _ in range(LEADER_TRIES):
+            try:
+                response = await api.call_api(
+                    path,
+                    "GET",
+                    query_params=[("uid", uid)],
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _request_timeout=OPERATOR_TIMEOUT,
+                )
+                try:
+                    status, body = response.status, await response.read()
+                finally:
+                    response.release()
+            except Exception as exc:  # no route, a timeout: say which and move on
+                problems.append(f"{where} through the apiserver's proxy: {exc or type(exc).__name__}")
+                break
+            answer, problem = _queue_answer(status, body, where=f"{where} (through the apiserver's proxy)")
+            if answer is None:
+                problems.append(problem or where)
+                break
+            if answer.get("leading"):
+                return answer, None
+            standby = answer
+    if standby is not None:
+        return standby, "only a standby replica answered: its queue shows no attempts (the leader's does)"
+    return None, "; ".join(problems)
+
+
+async def _operator_services(api: client.ApiClient) -> tuple[list[tuple[str, str, str]], str | None]:
+    """The chart's operator Services (namespace, name, port name), or why they could not be listed."""
+    try:
+        listed = await client.CoreV1Api(api).list_service_for_all_namespaces(
+            label_selector=OPERATOR_SERVICE_SELECTOR, _request_timeout=OPERATOR_TIMEOUT
+        )
+    except client.ApiException as exc:  # e.g. no permission to list Services in every namespace
+        return [], f"could not list Services to find the operator's (HTTP {exc.status} {exc.reason})"
+    found = [
+        (svc.metadata.namespace, svc.metadata.name, OPERATOR_PORT_NAME)
+        for svc in listed.items
+        if any(port.name == OPERATOR_PORT_NAME for port in (svc.spec.ports or ()))
+    ]
+    return found, None
+
+
+def _queue_answer(status: int, body: bytes, *, where: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Pure: an HTTP answer of /debug/queue/NS/NAME → (the view, or None and why not)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = None
+    if status in (200, 404) and isinstance(document, dict) and "pod" in document:
+        return document, None  # the operator's answer (a 404 says the pod is in no queue)
+    if isinstance(document, dict) and document.get("kind") == "Status":  # the apiserver's own answer
+        text = str(document.get("message") or document.get("reason") or "")
+        return None, f"{where}: the apiserver answered HTTP {status}: {text}"
+    text = body[:200].decode("utf-8", "replace").strip()
+    if status == 403:
+        return None, f"{where} refused us (HTTP 403: {text}); reading it needs get on services/proxy"
+    if status == 503:
+        return None, f"{where} is not reachable (HTTP 503: {text}): is the operator running and ready?"
+    return None, f"{where} answered HTTP {status}: {text}"

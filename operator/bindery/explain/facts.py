@@ -65,6 +65,10 @@ class Explanation:
     reservations: list[ReservationView] = dataclasses.field(default_factory=list)
     claims: list[ClaimState] = dataclasses.field(default_factory=list)
     seconds_to_bind: float | None = None
+    #: The operator's view of the pod in its queue (served at /debug/queue/NS/NAME), as served.
+    queue: dict[str, Any] | None = None
+    #: When the next attempt is due, in words, from `queue`.
+    next_attempt: str | None = None
     unseen: list[str] = dataclasses.field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -131,9 +135,11 @@ def explain(
     reservations: Sequence[ReservationView] | None,
     claims: Sequence[tuple[str, Mapping[str, Any] | None]] = (),
     rm_problem: str | None = None,
+    queue: Mapping[str, Any] | None = None,
+    queue_problem: str | None = None,
 ) -> Explanation:
     """Pure: the answer for `pod`, from what was read. `reservations` None: the RM could not be asked
-    (`rm_problem` says why)."""
+    (`rm_problem` says why); `queue` None: the operator's queue could not be read (`queue_problem`)."""
     metadata: Mapping[str, Any] = pod.get("metadata") or {}
     spec: Mapping[str, Any] = pod.get("spec") or {}
     status: Mapping[str, Any] = pod.get("status") or {}
@@ -169,9 +175,43 @@ def explain(
     if node:
         answer.verdict = _bound_verdict(answer, metadata, condition)
         return answer
-    answer.unseen.append(QUEUE_UNSEEN)
+    if queue is not None:
+        answer.queue = dict(queue)
+        answer.next_attempt = next_attempt(queue)
+    else:
+        answer.unseen.append(
+            f"the operator's queue: {queue_problem or 'not asked'}; so {QUEUE_UNSEEN}"
+            if queue_problem
+            else QUEUE_UNSEEN
+        )
     answer.verdict = _pending_verdict(answer, metadata, spec)
     return answer
+
+
+def next_attempt(queue: Mapping[str, Any]) -> str:
+    """Pure: the operator's /debug/queue answer for one pod → when it is tried next, in words."""
+    where = queue.get("queue")
+    attempts = int(queue.get("attempts") or 0)
+    failed = f"after {attempts} failed attempt{'s' if attempts != 1 else ''}"
+    due = queue.get("next_attempt_in_seconds")
+    when = (
+        f"next attempt in {float(due):.1f} s (at {queue.get('next_attempt_at')})"
+        if due is not None
+        else "next attempt time unknown"
+    )
+    if where is None:
+        text = f"in no queue of the operator: {queue.get('message') or 'no reason given'}"
+    elif where == "active":
+        text = f"in the active queue {failed}: tried as soon as a worker is free"
+    elif where == "in-flight":
+        text = f"being scheduled right now (attempt {attempts + 1})"
+    elif where == "backoff":
+        text = f"backing off {failed}: {when}"
+    else:
+        text = f"parked as unschedulable {failed}: {when}, or sooner when capacity is released"
+    if not queue.get("leading", True):
+        text += " (a standby replica's view: the leader's queue was not reached)"
+    return text
 
 
 def _bound_verdict(
@@ -259,5 +299,7 @@ def render(answer: Explanation) -> str:
             + (f", selected node {c.selected_node}" if c.selected_node else "")
             for c in answer.claims
         ]
+    if answer.next_attempt:
+        lines.append(f"Operator queue:    {answer.next_attempt}")
     lines += [f"Not seen:          {u}" for u in answer.unseen]
     return "\n".join(lines)

@@ -17,6 +17,7 @@ import ssl
 import sys
 from collections.abc import Sequence
 
+from bindery import tracing
 from bindery.refrm.inventory import InventoryError, load_inventory_file
 from bindery.refrm.placement import Policy
 from bindery.refrm.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GROUP_BODY_BYTES, serve_reference_rm
@@ -196,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    tracing.configure(service_name="bindery-rm")  # only when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     try:
         asyncio.run(_serve(args))
     except (InventoryError, ValueError, OSError, ssl.SSLError) as error:

@@ -27,6 +27,7 @@ import pydantic
 import yaml
 from aiohttp import web
 
+from bindery import tracing
 from bindery.refrm.accounting import ClusterPods
 from bindery.refrm.placement import InventoryNode, Policy
 from bindery.refrm.store import (
@@ -247,9 +248,13 @@ class ReferenceRM:
         self._writer.shutdown(wait=True)
 
     async def _run(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a store operation on the single writer thread."""
+        """Run a store operation on the single writer thread (a span of its own when tracing is on)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._writer, functools.partial(function, *args, **kwargs))
+        call = functools.partial(function, *args, **kwargs)
+        if not tracing.state.on:
+            return await loop.run_in_executor(self._writer, call)
+        with tracing.span(f"store {getattr(function, '__name__', 'operation')}"):
+            return await loop.run_in_executor(self._writer, call)
 
     # -- middleware ------------------------------------------------------------------------------
 
@@ -297,7 +302,7 @@ class ReferenceRM:
         # text/plain; allow as much as a body may carry so the contract's validation answers instead.
         app = web.Application(
             client_max_size=self.max_body_bytes,
-            middlewares=[self._problems, self._auth],
+            middlewares=[*([_traced] if tracing.state.on else []), self._problems, self._auth],
             handler_args={"max_line_size": self.max_body_bytes, "max_field_size": self.max_body_bytes},
         )
         app.router.add_post("/v1/reservations", self._reserve)
@@ -737,3 +742,25 @@ async def serve_reference_rm(
     finally:
         await runner.cleanup()
         await rm.close()
+
+
+@web.middleware
+async def _traced(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Continue the caller's trace (W3C `traceparent`, contract v1) in a server span per request.
+
+    Only the method, the route, the reservation id and the status are recorded: never a header.
+    """
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else request.path
+    attributes = {"http.request.method": request.method, "http.route": route}
+    if "id" in request.match_info:
+        attributes["bindery.reservation"] = request.match_info["id"]
+    with (
+        tracing.extract(request.headers),
+        tracing.span(f"{request.method} {route}", attributes, kind="server"),
+    ):
+        response = await handler(request)
+        tracing.set_attributes({"http.response.status_code": response.status})
+        return response

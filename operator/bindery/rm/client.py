@@ -44,6 +44,7 @@ from tenacity import (
 )
 from tenacity.wait import wait_exponential_jitter
 
+from bindery import tracing
 from bindery.rm.errors import (
     ProblemType,
     RMConflict,
@@ -652,6 +653,8 @@ class ResourceManagerClient:
         token = self._tokens.current() if authenticated else None
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        if tracing.state.on:
+            tracing.inject(headers)  # W3C traceparent: the RM may continue the attempt's trace
         content: bytes | None = None
         if json_body is not None:
             content = json.dumps(json_body, separators=(",", ":")).encode()

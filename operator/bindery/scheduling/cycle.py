@@ -64,6 +64,7 @@ from bindery.scheduling.framework import (
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import PodGone
 from bindery.scheduling.throttle import EventThrottle
+from bindery.scheduling.traced import traced
 from bindery.scheduling.volumes import VolumeBinding
 
 __all__ = ["CycleOutcome", "PluginChain", "plugin_chain", "schedule_one"]
@@ -139,7 +140,7 @@ async def schedule_one(
     ``throttle`` rate-limits FailedScheduling events; share one per profile across cycles.
     """
     ctx = CycleContext(pod=pod, profile=profile, ports=ports)
-    chain = plugin_chain(profile=profile)
+    chain = traced(plugin_chain(profile=profile))  # spans around each plugin when tracing is on
     binding = False
     try:
         failure = await _pre_filter(ctx, chain)

@@ -42,6 +42,7 @@ __all__ = [
     "Clock",
     "MonotonicClock",
     "QueueClosed",
+    "QueuePosition",
     "QueueStats",
     "SchedulingQueue",
 ]
@@ -109,6 +110,20 @@ class QueueStats:
         return self.active + self.backoff + self.unschedulable
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueuePosition:
+    """Where one pod is in the queue, for people asking why it waits (`bindery explain`)."""
+
+    #: active, backoff, unschedulable or in-flight
+    queue: str
+    #: failed attempts so far
+    attempts: int
+    #: seconds until it is tried again (parked pods); None while active or in flight
+    ready_in: float | None
+    #: an unschedulable pod also moves as soon as capacity is released or the pod changes
+    waits_for_capacity: bool
+
+
 class _State(enum.Enum):
     ACTIVE = "active"
     BACKOFF = "backoff"
@@ -129,6 +144,8 @@ class _Entry:
     changed_in_flight: bool = False
     #: While in flight: the pod was forgotten; ``done`` drops it.
     forgotten: bool = False
+    #: While parked: when it becomes active again (its timer).
+    ready_at: float = 0.0
 
 
 # (-priority, created, tiebreak, uid, generation)
@@ -205,6 +222,28 @@ class SchedulingQueue:
 
     def in_flight(self) -> int:
         return self._counts[_State.IN_FLIGHT]
+
+    def now(self) -> float:
+        """The queue's clock (what :meth:`ready_since` is measured on)."""
+        return self._clock.now()
+
+    def ready_since(self, uid: str) -> float | None:
+        """When the pod's last backoff ended (it was due again); None before its first failure."""
+        entry = self._entries.get(uid)
+        return entry.ready_at if entry is not None and entry.attempts > 0 else None
+
+    def position(self, uid: str) -> QueuePosition | None:
+        """Where the pod is and when it is tried next; None if the queue does not hold it."""
+        entry = self._entries.get(uid)
+        if entry is None or entry.forgotten:
+            return None
+        parked = entry.state in (_State.BACKOFF, _State.UNSCHEDULABLE)
+        return QueuePosition(
+            queue=entry.state.value,
+            attempts=entry.attempts,
+            ready_in=max(entry.ready_at - self._clock.now(), 0.0) if parked else None,
+            waits_for_capacity=entry.state is _State.UNSCHEDULABLE,
+        )
 
     def footprint(self) -> int:
         """Items held for pods, stale heap items included: 0 once every pod left (memory checks)."""
@@ -364,6 +403,7 @@ class SchedulingQueue:
 
     def _park(self, entry: _Entry, state: _State, *, ready_at: float) -> None:
         self._set_state(entry, state)
+        entry.ready_at = ready_at
         entry.generation = next(self._generations)
         heapq.heappush(self._timers, (ready_at, next(self._tiebreak), entry.pod.uid, entry.generation))
         self._wakeup.set()  # a waiter may be sleeping until a later deadline

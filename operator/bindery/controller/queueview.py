@@ -1,0 +1,118 @@
+"""The operator's scheduling queues, served read-only beside its metrics for `bindery explain`.
+
+When the next attempt at a pending pod is due lives only in the operator's memory (its queue and
+backoff), so the operator serves it as JSON on the metrics port:
+
+* `GET /debug/queue`: whether this replica leads, and each ResourceManager's queue depths;
+* `GET /debug/queue/{namespace}/{name}[?uid=UID]`: where that pod waits, after how many failed
+  attempts, and when it is tried next (404 with a JSON reason when no queue holds it).
+
+`bindery explain` reaches it through the apiserver's service proxy, as `kubectl get --raw
+/api/v1/namespaces/NS/services/NAME:metrics/proxy/debug/queue` does, or at `--operator-url`. A
+standby replica answers too (its queue is kept warm) with `"leading": false`: only the leader's
+attempt counts and backoffs are real. Nothing here writes, and no pod field beyond its name, UID and
+queue position is served (no tokens, no spec).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.queue import SchedulingQueue
+
+__all__ = ["QueueView"]
+
+
+class _HasQueue(Protocol):
+    @property
+    def queue(self) -> SchedulingQueue: ...
+
+
+class _Pods(Protocol):
+    def get(self, uid: str) -> PodInfo | None: ...
+
+    def uids(self) -> set[str]: ...
+
+
+class QueueView:
+    """Answers the two read-only questions above from the runtime's live state."""
+
+    def __init__(
+        self,
+        *,
+        runners: Callable[[], Mapping[str, _HasQueue]],
+        pods: _Pods,
+        leading: Callable[[], bool],
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._runners = runners
+        self._pods = pods
+        self._leading = leading
+        self._wall_clock = wall_clock
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "leading": self._leading(),
+            "resource_managers": {
+                name: {
+                    "active": stats.active,
+                    "backoff": stats.backoff,
+                    "unschedulable": stats.unschedulable,
+                    "in_flight": stats.in_flight,
+                }
+                for name, runner in sorted(self._runners().items())
+                for stats in (runner.queue.stats(),)
+            },
+        }
+
+    def pod(self, *, namespace: str, name: str, uid: str | None = None) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) for one pod: 200 with its position, or 404 saying why there is none."""
+        key = f"{namespace}/{name}"
+        answer: dict[str, Any] = {"pod": key, "uid": uid, "leading": self._leading()}
+        known = self._find(key=key, uid=uid)
+        if known is None:
+            answer["message"] = (
+                "the operator holds no unbound pod of that name"
+                + (" and UID" if uid else "")
+                + " (it is bound, gone, gated, or its watch has not delivered it yet)"
+            )
+            return 404, answer
+        answer["uid"] = known.uid
+        for rm_name, runner in sorted(self._runners().items()):
+            position = runner.queue.position(known.uid)
+            if position is None:
+                continue
+            ready_in = round(position.ready_in, 3) if position.ready_in is not None else None
+            due = (
+                datetime.datetime.fromtimestamp(self._wall_clock() + ready_in, datetime.UTC)
+                if ready_in is not None
+                else None
+            )
+            answer.update(
+                resource_manager=rm_name,
+                queue=position.queue,
+                attempts=position.attempts,
+                next_attempt_in_seconds=ready_in,
+                next_attempt_at=due.isoformat(timespec="seconds") if due is not None else None,
+                waits_for_capacity=position.waits_for_capacity,
+            )
+            return 200, answer
+        answer["message"] = (
+            f"the operator knows the pod but no ResourceManager's queue holds it (scheduler name "
+            f'"{known.scheduler_name}" is not served, or is contested)'
+        )
+        return 404, answer
+
+    def _find(self, *, key: str, uid: str | None) -> PodInfo | None:
+        if uid:
+            pod = self._pods.get(uid)
+            return pod if pod is not None and pod.key == key else None
+        for candidate in self._pods.uids():  # a debug request: a scan of the unbound pods is fine
+            pod = self._pods.get(candidate)
+            if pod is not None and pod.key == key:
+                return pod
+        return None
