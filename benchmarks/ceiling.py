@@ -71,6 +71,8 @@ POOL_LABEL = "bindery.dev/pool"
 POOL = "bench"
 BIG_NODE = {"cpu": "64", "memory": "256Gi", "pods": "110"}
 CREATE_CONCURRENCY = 32
+#: The plane's own processes (name → pid), measured beside every contender's (set by `run`).
+PLANE_PROCESSES: dict[str, int] = {}
 
 
 def say(message: str) -> None:
@@ -100,6 +102,21 @@ def rss_mb(pid: int, field: str = "VmRSS") -> float:
     except (FileNotFoundError, ProcessLookupError):
         pass
     return float("nan")
+
+
+def plane_processes(workdir: pathlib.Path) -> dict[str, int]:
+    """etcd and kube-apiserver (and kwok, if any) of the plane: processes naming its directory."""
+    marker = str(workdir).encode()
+    found: dict[str, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            name = pathlib.Path(argv[0].decode(errors="replace")).name
+            if marker in b" ".join(argv) and name in ("etcd", "kube-apiserver", "kwok"):
+                found[name] = int(entry)
+    return found
 
 
 # -- the apiserver, raw (aiohttp + the plane's client certificates) --------------------------------
@@ -623,7 +640,11 @@ async def backlog(
 
     def first_bind() -> None:
         if serving is not None:
-            cpu_at_first.update({name: cpu_seconds(pid) for name, pid in serving.processes.items()})
+            cpu_at_first.update({name: cpu_seconds(pid) for name, pid in measured().items()})
+
+    def measured() -> dict[str, int]:
+        assert serving is not None
+        return {**serving.processes, **PLANE_PROCESSES}
 
     watch = BindWatch(api, namespace=namespace, on_first=first_bind)
     await watch.start()
@@ -631,7 +652,7 @@ async def backlog(
     try:
         async with start(scheduler_name) as serving:
             all_bound = await watch.wait(pods, within=within)
-            cpu_at_last = {name: cpu_seconds(pid) for name, pid in serving.processes.items()}
+            cpu_at_last = {name: cpu_seconds(pid) for name, pid in measured().items()}
             rss = {name: rss_mb(pid) for name, pid in serving.processes.items()}
             after = await settled_writes(api)
     finally:
@@ -658,7 +679,7 @@ async def backlog(
             name: 1000 * (cpu_at_last[name] - cpu_at_first.get(name, 0.0)) / window_pods
             for name in cpu_at_last
         },
-        startup_cpu_s=dict(cpu_at_first),
+        startup_cpu_s={name: cpu_at_first[name] for name in rss if name in cpu_at_first},
         rss_mb=rss,
         timeline=[t - times[0] for t in times],
     )
@@ -1120,6 +1141,7 @@ async def run(args: Args, plane: Any, workdir: pathlib.Path) -> dict[str, Any]:
         say(f"{len(nodes)} nodes in {time.monotonic() - started:.1f}s")
         await install_bindery(plane)
         await create_namespace(api, "bindery-system")
+        PLANE_PROCESSES.update(plane_processes(plane.workdir))
         bench = Plane(plane, workdir, api)
         everyone = contenders(
             bench, names=args.contenders, max_in_flight=args.max_in_flight, concurrency=args.concurrency
@@ -1217,6 +1239,7 @@ def profiled(bench: Plane, args: Args) -> Starter:
         str(out),
         "--rate",
         "200",
+        "--nonblocking",  # sample without pausing the operator: its rate stays close to an unprofiled run
         "--",
     ]
     return lambda n: bench.bindery(n, max_in_flight=args.max_in_flight, profiler=spy)
