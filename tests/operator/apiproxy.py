@@ -150,7 +150,8 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
             message = {"kind": "Status", "status": "Failure", "message": "injected", "code": failing}
             return web.Response(status=failing, content_type="application/json", text=json.dumps(message))
         if pod_list and proxy.blind_pod_lists:
-            resumed = request.query.get("watch") in ("true", "1") and bool(
+            # "true" from Kopf, "True" from kubernetes_asyncio (the unbound-pod watch, the bound one)
+            resumed = request.query.get("watch") in ("true", "True", "1") and bool(
                 request.query.get("resourceVersion")
             )
             selector = request.query.get("fieldSelector", "")

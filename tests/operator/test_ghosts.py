@@ -1,9 +1,9 @@
 """No ghosts, bounded memory (issue 8, item 6).
 
-Kopf emits no DELETED for a pod that vanished while its watch was down: it simply relists. Such a
-"ghost" must not stay queued, be retried forever and collect FailedScheduling events. The operator
-talks to the apiserver through the test proxy (tests/operator/apiproxy.py), which can blind it to
-pod lists and watches while the test deletes a pod.
+The unbound-pod watch (as Kopf's did) gets no DELETED for a pod that vanished while it was down:
+it relists. Such a "ghost" must not stay queued, be retried forever and collect FailedScheduling
+events. The operator talks to the apiserver through the test proxy (tests/operator/apiproxy.py),
+which can blind it to pod lists and watches while the test deletes a pod.
 
 And whatever comes and goes, the operator's per-pod memory comes back to empty: 5,000 pods created
 and deleted leave nothing behind in any per-pod structure (`Runtime.per_pod_sizes()`).
@@ -41,7 +41,7 @@ from tests.operator.conftest import (
 from tests.realrm import RMProcess, serve_with
 
 POOL_LABEL = "bindery.dev/test-pool"
-UNBOUND = "spec.nodeName="  # the field selector of Kopf's pod watch
+UNBOUND = "spec.nodeName="  # the field selector of the unbound-pod watch
 FAST = {"backoff": {"initialSeconds": 0.2, "maxSeconds": 1}, "reconcileIntervalSeconds": 5}
 
 
@@ -123,11 +123,11 @@ async def test_a_pod_deleted_while_the_watch_was_blind_is_dropped(
             )
             await eventually(lambda: now(proxy.cut_pod_streams > 0), what="the DELETED event cut")
             await eventually(
-                lambda: now(UNBOUND in proxy.held_pod_watches), what="Kopf's watch resuming, held"
+                lambda: now(UNBOUND in proxy.held_pod_watches), what="the unbound-pod watch resuming, held"
             )
         finally:
             proxy.blind_pod_lists = False
-        # Its resourceVersion is answered as compacted away (410): Kopf lists afresh, no DELETED.
+        # Its resourceVersion is answered as compacted away (410): it lists afresh, no DELETED.
         await eventually(lambda: now(proxy.expired_pod_watches > 0), what="the watch expired")
         reported = await _failed_scheduling(kube_api, namespace, "ghost")
 

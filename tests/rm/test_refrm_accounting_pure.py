@@ -8,6 +8,7 @@ reservations counts once, and only when the reservation was made for that very p
 from __future__ import annotations
 
 import pathlib
+import sqlite3
 from decimal import Decimal
 from typing import Any
 
@@ -279,6 +280,74 @@ def test_store_counts_foreign_pods_once_and_a_released_reservation_leaves_its_po
     )
     assert isinstance(still_full, Unschedulable)
     assert "node n1: 3 cpu (2 pods)" in still_full.reason
+    store.close()
+
+
+def test_a_reservation_that_expires_leaves_its_pod_counted_with_the_same_snapshot(
+    tmp_path: pathlib.Path,
+) -> None:
+    now = [1000.0]
+    store = ReservationStore(tmp_path / "rm.sqlite", clock=lambda: now[0])
+    nodes = [four_cpu("n1")]
+    placed = store.reserve(reservation_request("mine", "2"), nodes=nodes, policy=Policy.BINPACK)
+    assert isinstance(placed, Placed)
+    bound = claims(pod("mine", claim=placed.reservation.id, spec={"containers": [container("a", cpu="2")]}))
+    first = store.reserve(reservation_request("one", "2"), nodes=nodes, policy=Policy.BINPACK, pods=bound)
+    assert isinstance(first, Placed)  # 2 + 2 of 4: the pod is its reservation, counted once
+    store.release(first.reservation.id)
+    now[0] += 120  # "mine" was never committed: its lease runs out, its pod still runs
+    again = store.reserve(reservation_request("two", "3"), nodes=nodes, policy=Policy.BINPACK, pods=bound)
+    assert isinstance(again, Unschedulable)
+    assert "node n1: 2 cpu (1 pod)" in again.reason
+    store.close()
+
+
+def test_a_reservation_deactivated_by_any_write_leaves_its_pod_counted(tmp_path: pathlib.Path) -> None:
+    """The store must not trust a node it resolved before once a reservation stops being active,
+    even through a write it did not make itself (another code path, an operator's SQL)."""
+    store = ReservationStore(tmp_path / "rm.sqlite")
+    nodes = [four_cpu("n1")]
+    placed = store.reserve(reservation_request("mine", "2"), nodes=nodes, policy=Policy.BINPACK)
+    assert isinstance(placed, Placed)
+    bound = claims(pod("mine", claim=placed.reservation.id, spec={"containers": [container("a", cpu="2")]}))
+    assert isinstance(
+        store.reserve(reservation_request("probe", "1"), nodes=nodes, policy=Policy.BINPACK, pods=bound),
+        Placed,
+    )
+    with sqlite3.connect(tmp_path / "rm.sqlite") as other:
+        other.execute("UPDATE reservations SET state = 'released' WHERE id = ?", (placed.reservation.id,))
+    # In use now: the probe's 1 + the pod's 2 (its reservation no longer holds it) = 3 of 4.
+    full = store.reserve(reservation_request("more", "2"), nodes=nodes, policy=Policy.BINPACK, pods=bound)
+    assert isinstance(full, Unschedulable)
+    assert "node n1: 2 cpu (1 pod)" in full.reason
+    store.close()
+
+
+def test_a_reserve_resolves_only_the_claims_of_nodes_whose_pods_changed(tmp_path: pathlib.Path) -> None:
+    """Resolving every bound pod's claim at every reserve made a backlog cost O(pods²) in the RM."""
+    store = ReservationStore(tmp_path / "rm.sqlite")
+    nodes = [four_cpu(f"n{i}") for i in range(1, 11)]
+    bound: list[dict[str, Any]] = []
+    for i in range(10):
+        placed = store.reserve(reservation_request(f"p{i}", "100m"), nodes=nodes, policy=Policy.BINPACK)
+        assert isinstance(placed, Placed)
+        bound.append(pod(f"p{i}", node=f"n{i + 1}", claim=placed.reservation.id))
+    snapshot = claims(*bound)
+    assert isinstance(
+        store.reserve(reservation_request("warm", "100m"), nodes=nodes, policy=Policy.BINPACK, pods=snapshot),
+        Placed,
+    )
+    looked_up: list[str] = []
+    store._db.set_trace_callback(lambda sql: looked_up.append(sql) if "json_each" in sql else None)
+    one_more = pod("late", node="n3", claim="rsv-nobody")
+    changed = snapshot.with_node("n3", [p for p in (bound_pod(bound[2]), bound_pod(one_more)) if p])
+    placed = store.reserve(
+        reservation_request("next", "100m"), nodes=nodes, policy=Policy.BINPACK, pods=changed
+    )
+    assert isinstance(placed, Placed)
+    assert len(looked_up) == 1
+    assert "rsv-nobody" in looked_up[0]
+    assert bound[0]["metadata"]["annotations"][RESERVATION_ANNOTATION] not in looked_up[0]  # n1 unchanged
     store.close()
 
 

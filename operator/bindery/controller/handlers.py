@@ -4,6 +4,10 @@ Only handlers that write nothing onto the watched objects are used: `on.event` a
 on.create/update/delete (they add `kopf.zalando.org/*` annotations), no daemons or timers (they add
 finalizers). All per-run state lives in the `Runtime` object stored in Kopf's memo, created at
 startup and closed at cleanup, so handlers are plain functions of (event, runtime).
+
+Pods are not watched through Kopf: the runtime follows the unbound pods itself
+(`bindery.controller.unbound`), since Kopf's per-event machinery cost far more than Bindery's own
+handling on that hot watch.
 """
 
 from __future__ import annotations
@@ -50,11 +54,6 @@ def register(*, registry: kopf.OperatorRegistry, options: OperatorOptions | None
     @kopf.index("", "v1", "nodes", id=NODE_INDEX, registry=registry)
     def bindery_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeProjection]:
         return project_node(body=body)
-
-    @kopf.on.event("", "v1", "pods", registry=registry)
-    async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        runtime: Runtime = memo["runtime"]
-        await runtime.on_pod_event(event_type=event.get("type"), body=event["object"])
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def resource_manager_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:

@@ -52,6 +52,7 @@ from bindery.controller.supervisor import (
     ResourceManagerSupervisor,
     reconcile_interval,
 )
+from bindery.controller.unbound import UnboundPodWatcher
 from bindery.kube import (
     IndexNodeLookup,
     KubeBinder,
@@ -114,6 +115,8 @@ class Runtime:
             )
         self._env: Environment | None = None
         self._sweep_task: asyncio.Task[None] | None = None
+        self._unbound_task: asyncio.Task[None] | None = None
+        self.unbound: UnboundPodWatcher | None = None
         self.sweeps = 0  #: passes of the unbound-pod sweep (tests wait on it)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
@@ -159,6 +162,14 @@ class Runtime:
             holds=self._leadership.holds if self._leadership is not None else lambda: True,
         )
         self._sweep_task = asyncio.create_task(self._sweep_forever(), name="bindery unbound-pod sweep")
+        self.unbound = UnboundPodWatcher(
+            api=self._api,
+            namespaces=self.options.namespaces,
+            on_event=lambda event_type, body: self.on_pod_event(event_type=event_type, body=body),
+            logger=self.logger,
+            watch_seconds=self.options.watch_timeout,
+        )
+        self._unbound_task = asyncio.create_task(self.unbound.run(), name="bindery unbound-pod watch")
         if self._leadership is not None:
             self._leadership.start(api=self._api)
 
@@ -170,10 +181,11 @@ class Runtime:
     async def close(self) -> None:
         if self._leadership is not None:
             await self._leadership.close()
-        if self._sweep_task is not None:
-            self._sweep_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweep_task
+        for task in (self._unbound_task, self._sweep_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for supervisor in list(self.supervisors.values()):
             await supervisor.close()
         self.supervisors.clear()

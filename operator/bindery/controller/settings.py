@@ -1,8 +1,8 @@
 """Kopf settings for a scheduler: watch little, write nothing, post no events of Kopf's own.
 
-- `spec.nodeName=` is set for pods only (`field_selectors['v1', 'pods']`): Kopf 1.45 keys the
-  selectors by resource, so the Node and ResourceManager watches are unaffected. A pod that gets
-  bound leaves the selector and arrives as a DELETED event (the old object).
+- Kopf watches no pods: the unbound pods (`UNBOUND_PODS`, `spec.nodeName=`) are followed by
+  `bindery.controller.unbound` outside Kopf's per-event machinery. A pod that gets bound leaves the
+  selector and arrives there as a DELETED event (the old object).
 - Scanning is disabled: no cluster-wide listing of CRDs and namespaces (and no RBAC for it); the
   resources must exist at startup, which the chart guarantees by installing the CRD first.
 - Posting is disabled: Kopf would write core/v1 Events about handler errors onto pods; Bindery
@@ -38,7 +38,6 @@ class NoDiffBase(kopf.DiffBaseStorage):
 
 def configure(settings: kopf.OperatorSettings, *, watch_timeout: int = 300) -> None:
     """`watch_timeout`: seconds the apiserver keeps one watch request open before Kopf re-watches."""
-    settings.watching.field_selectors["v1", "pods"] = UNBOUND_PODS
     settings.scanning.disabled = True
     settings.posting.enabled = False
     settings.peering.standalone = True

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from bindery.quantity import format_quantity, parse_quantity
-from bindery.refrm.accounting import ClusterPods, Foreign, foreign_usage
+from bindery.refrm.accounting import ClusterPods, Foreign, NodePods, foreign_usage
 from bindery.refrm.groups import MemberAsk, place_group
 from bindery.refrm.placement import (
     InventoryNode,
@@ -99,6 +99,14 @@ CREATE TABLE IF NOT EXISTS reservation_groups (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS reservation_groups_key ON reservation_groups (idempotency_key);
+CREATE TABLE IF NOT EXISTS deactivations (id INTEGER PRIMARY KEY CHECK (id = 0), count INTEGER NOT NULL);
+INSERT OR IGNORE INTO deactivations (id, count) VALUES (0, 0);
+CREATE TRIGGER IF NOT EXISTS reservations_deactivated AFTER UPDATE OF state ON reservations
+    WHEN OLD.state IN ('reserved', 'committed') AND NEW.state NOT IN ('reserved', 'committed')
+    BEGIN UPDATE deactivations SET count = count + 1 WHERE id = 0; END;
+CREATE TRIGGER IF NOT EXISTS reservations_deleted_active AFTER DELETE ON reservations
+    WHEN OLD.state IN ('reserved', 'committed')
+    BEGIN UPDATE deactivations SET count = count + 1 WHERE id = 0; END;
 """
 #: Columns added by contract v1.1 groups; a database of an older RM gains them when it is opened.
 _GROUP_COLUMNS = {"group_id": "TEXT", "group_index": "INTEGER"}
@@ -288,6 +296,10 @@ class ReservationStore:
         for row in self._db.execute(f"SELECT {_COLUMNS} FROM reservations WHERE state IN (?, ?)", _ACTIVE):
             stored = StoredReservation.from_row(row)
             add_usage(self._usage, stored.node, stored.usage())
+        # The foreign usage of each node as last resolved: (the snapshot's entry it was resolved
+        # from, the result). See `_foreign`.
+        self._foreign_by_node: dict[str, tuple[NodePods, Foreign | None]] = {}
+        self._foreign_deactivations = -1
         # Sweeping costs a write transaction (an fsync); skip it until something can be due.
         self._next_expiry = self._earliest_expiry()
         self._next_gc = 0.0
@@ -371,18 +383,47 @@ class ReservationStore:
         return None if row is None else StoredReservation.from_row(row)
 
     def _foreign(self, pods: ClusterPods) -> dict[str, Foreign]:
-        """What the bound pods that no active reservation of this RM counts use, per node, now."""
-        claimed = pods.claimed
-        rows = (
-            self._db.execute(
-                "SELECT id, pod_uid, node FROM reservations WHERE state IN (?, ?) "
-                "AND id IN (SELECT value FROM json_each(?))",
-                (*_ACTIVE, json.dumps(list(claimed))),
-            ).fetchall()
-            if claimed
-            else []
-        )
-        return foreign_usage(pods, owners={str(id_): (str(uid), str(node)) for id_, uid, node in rows})
+        """What the bound pods that no active reservation of this RM counts use, per node, now.
+
+        Resolved again only for the nodes whose pods changed, not for every bound pod at every
+        reserve: resolving all of them made each reserve cost O(bound pods), a backlog O(pods²)
+        (5,000 pods on 500 nodes: 16 ms of RM CPU per pod, 58% of it here). A node's result
+        depends on its snapshot entry (immutable; the mirror replaces the entry of a node whose
+        pods changed and shares the others) and on whether the reservations its pods name are
+        active with that pod's UID on that node. A reservation's id, pod UID and node never change,
+        and a pod can only name an id the RM created before, so what can change a resolved node is
+        a reservation ceasing to be active: the ``deactivations`` trigger counts every such change,
+        whatever code path writes it, and a new count drops every resolved node.
+        """
+        (deactivations,) = self._db.execute("SELECT count FROM deactivations WHERE id = 0").fetchone()
+        if deactivations != self._foreign_deactivations:
+            self._foreign_by_node.clear()
+            self._foreign_deactivations = deactivations
+        resolved = self._foreign_by_node
+        stale = {
+            node: entry
+            for node, entry in pods.nodes.items()
+            if (known := resolved.get(node)) is None or known[0] is not entry
+        }
+        if stale:
+            claimed = [pod.reservation_id for entry in stale.values() for pod in entry.claims]
+            rows = (
+                self._db.execute(
+                    "SELECT id, pod_uid, node FROM reservations WHERE state IN (?, ?) "
+                    "AND id IN (SELECT value FROM json_each(?))",
+                    (*_ACTIVE, json.dumps(claimed)),
+                ).fetchall()
+                if claimed
+                else []
+            )
+            owners = {str(id_): (str(uid), str(node)) for id_, uid, node in rows}
+            fresh = foreign_usage(ClusterPods(nodes=stale), owners=owners)
+            for node, entry in stale.items():
+                resolved[node] = (entry, fresh.get(node))
+        if len(resolved) > len(pods.nodes):  # nodes that lost all their pods
+            for node in [n for n in resolved if n not in pods.nodes]:
+                del resolved[node]
+        return {node: foreign for node in pods.nodes if (foreign := resolved[node][1]) is not None}
 
     def reserve(
         self,
