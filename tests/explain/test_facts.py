@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bindery.explain.facts import ReservationView, attempts_of, explain, render
+from bindery.explain.facts import ReservationView, attempts_of, explain, group_state, render
 
 
 def pod(**spec: Any) -> dict[str, Any]:
@@ -143,3 +143,46 @@ def test_queue_answers_and_refusals_are_told_apart() -> None:
     assert "needs get on services/proxy" in refused
     assert OperatorAddress.parse_service("ns/svc") == OperatorAddress(service=("ns", "svc", "metrics"))
     assert OperatorAddress.parse_service("ns/svc:9090").service == ("ns", "svc", "9090")
+
+
+def _member(name: str, *, group: str, node: str | None = None, phase: str = "Pending") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"schedulingGroup": {"podGroupName": group}, **({"nodeName": node} if node else {})},
+        "status": {"phase": phase},
+    }
+
+
+def test_a_group_counts_its_unfinished_members_and_shows_the_podgroup_condition() -> None:
+    podgroup = {
+        "metadata": {"name": "g", "namespace": "ns", "uid": "g1"},
+        "spec": {
+            "schedulingPolicy": {"gang": {"minCount": 3}},
+            "schedulingConstraints": {"topology": [{"key": "zone"}]},
+        },
+        "status": {
+            "conditions": [
+                {"type": "PodGroupScheduled", "status": "False", "reason": "Unschedulable", "message": "no"}
+            ]
+        },
+    }
+    pods = [
+        _member("a", group="g", node="n1"),
+        _member("b", group="g"),
+        _member("c", group="g", phase="Succeeded"),  # finished: not counted toward minCount
+        _member("d", group="other"),
+    ]
+    state = group_state(name="g", podgroup=podgroup, pods=pods)
+    assert (state.min_count, state.members, state.bound, state.topology) == (3, 2, 1, ("zone",))
+    assert state.condition == {"status": "False", "reason": "Unschedulable", "message": "no"}
+    answer = explain(pod=pod(), resource_manager="rm", events=[], reservations=[], group=state)
+    text = render(answer)
+    assert "Pod group:         g: minCount 3, 2 member(s) exist, 1 bound, all on one value of zone" in text
+    assert "PodGroupScheduled: False Unschedulable no" in text
+
+
+def test_a_group_whose_podgroup_is_missing_says_so() -> None:
+    state = group_state(name="g", podgroup=None, pods=[_member("a", group="g")])
+    assert not state.found
+    answer = explain(pod=pod(), resource_manager="rm", events=[], reservations=[], group=state)
+    assert "no PodGroup of that name (yet); 1 member(s) exist, 0 bound" in render(answer)

@@ -26,6 +26,8 @@ from kubernetes_asyncio import client
 from bindery.controller.gangs import REPORT_WAITING_AFTER_SECONDS
 from bindery.controller.rbac import OPERATOR_RULES, cluster_role, cluster_role_binding
 from bindery.devcluster.plane import ControlPlane
+from bindery.explain.collect import explain_pod
+from bindery.explain.facts import render
 from tests.gangs.scenarios import (
     LAYOUTS,
     Layout,
@@ -325,6 +327,18 @@ async def test_an_rm_without_groups_refuses_the_group_and_places_no_member_alone
                 for r in await rm.reservations()
                 if r.namespace == namespace and (r.name or "").startswith("old-")
             ] == []
+            # `bindery explain` on a member shows its group beside the refusal.
+            answer = await explain_pod(api=cluster_api, namespace=namespace, name="old-0", operator=None)
+            assert answer.group is not None
+            assert (answer.group.name, answer.group.min_count, answer.group.members, answer.group.bound) == (
+                "old",
+                2,
+                2,
+                0,
+            ), answer.group
+            assert answer.group.condition is not None
+            assert answer.group.condition["status"] == "False"
+            assert "Pod group:         old: minCount 2, 2 member(s) exist, 0 bound" in render(answer)
     finally:
         with contextlib.suppress(client.ApiException):
             await client.CustomObjectsApi(cluster_api).delete_cluster_custom_object(

@@ -19,8 +19,9 @@ from kubernetes_asyncio import client
 
 from bindery.config import ConfigError, parse_resource_manager, route_scheduler_names
 from bindery.controller.secrets import CredentialsError, reservations_at
-from bindery.explain.facts import Explanation, ReservationView, explain
+from bindery.explain.facts import Explanation, GroupState, ReservationView, explain, group_state
 from bindery.rm.errors import RMError
+from bindery.scheduling import podgroups
 from bindery.scheduling.podspec import pod_claims
 
 GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
@@ -97,6 +98,7 @@ async def explain_pod(
         for claim in pod_claims(name=name, volumes=(pod.get("spec") or {}).get("volumes") or ())
     ]
     scheduler_name = str((pod.get("spec") or {}).get("schedulerName") or "default-scheduler")
+    group, group_problem = await _group_of(api=api, pod=pod, namespace=namespace)
     objects = await client.CustomObjectsApi(api).list_cluster_custom_object(
         group=GROUP, version=VERSION, plural=PLURAL
     )
@@ -134,7 +136,7 @@ async def explain_pod(
             ]
         except (CredentialsError, RMError, ValueError, OSError) as exc:
             problem = f"could not ask ResourceManager {config.name!r}: {exc}"
-    return explain(
+    answer = explain(
         pod=pod,
         resource_manager=owner,
         events=(events or {}).get("items") or [],
@@ -143,7 +145,38 @@ async def explain_pod(
         rm_problem=problem,
         queue=queue,
         queue_problem=queue_problem if operator is not None else "not asked (--no-operator)",
+        group=group,
     )
+    if group_problem is not None:
+        answer.unseen.append(group_problem)
+    return answer
+
+
+async def _group_of(
+    *, api: client.ApiClient, pod: dict[str, Any], namespace: str
+) -> tuple[GroupState | None, str | None]:
+    """The pod's group (PodGroup and members), or why it could not be read; (None, None) off a group."""
+    name = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+    if not name:
+        return None, None
+    podgroup: dict[str, Any] | None
+    try:
+        podgroup = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+            group=podgroups.GROUP,
+            version=podgroups.VERSION,
+            namespace=namespace,
+            plural=podgroups.PLURAL,
+            name=name,
+        )
+    except client.ApiException as exc:
+        if exc.status != 404:
+            return None, (
+                f"pod group {name!r}: reading its PodGroup failed ({exc.status} {exc.reason}); "
+                "explain needs get on podgroups.scheduling.k8s.io"
+            )
+        podgroup = None
+    pods = await _json(await client.CoreV1Api(api).list_namespaced_pod(namespace, _preload_content=False))
+    return group_state(name=str(name), podgroup=podgroup, pods=(pods or {}).get("items") or []), None
 
 
 async def operator_queue(

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
+from bindery.scheduling.podgroups import SCHEDULED_CONDITION, PodGroupInfo
 from bindery.scheduling.volumes import SELECTED_NODE
 
 #: The events that tell a pod's scheduling story, newest first in the answer.
@@ -51,6 +52,21 @@ class ClaimState:
     selected_node: str | None
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupState:
+    """A pod group member's group, as the apiserver shows it (kube-scheduler's PodGroup)."""
+
+    name: str
+    #: ``None``: the PodGroup does not exist (yet), or could not be read.
+    min_count: int | None
+    members: int
+    bound: int
+    topology: tuple[str, ...] = ()
+    #: ``PodGroupScheduled``: status, reason and message, when written.
+    condition: dict[str, str] | None = None
+    found: bool = True
+
+
 @dataclasses.dataclass
 class Explanation:
     pod: str
@@ -64,6 +80,7 @@ class Explanation:
     attempts: list[Attempt] = dataclasses.field(default_factory=list)
     reservations: list[ReservationView] = dataclasses.field(default_factory=list)
     claims: list[ClaimState] = dataclasses.field(default_factory=list)
+    group: GroupState | None = None
     seconds_to_bind: float | None = None
     #: The operator's view of the pod in its queue (served at /debug/queue/NS/NAME), as served.
     queue: dict[str, Any] | None = None
@@ -127,6 +144,38 @@ def claim_states(claims: Sequence[tuple[str, Mapping[str, Any] | None]]) -> list
     return states
 
 
+def group_state(
+    *, name: str, podgroup: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+) -> GroupState:
+    """Pure: the group ``name`` from its PodGroup (None: not found) and the namespace's pods.
+
+    Members are the pods naming the group in ``spec.schedulingGroup`` that have not finished, as
+    kube-scheduler's GangScheduling counts them toward ``minCount``.
+    """
+    members = [
+        p
+        for p in pods
+        if ((p.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName") == name
+        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
+    bound = sum(1 for p in members if (p.get("spec") or {}).get("nodeName"))
+    if podgroup is None:
+        return GroupState(name=name, min_count=None, members=len(members), bound=bound, found=False)
+    info = PodGroupInfo.from_body(podgroup)
+    condition = next((c for c in info.conditions if c.get("type") == SCHEDULED_CONDITION), None)
+    return GroupState(
+        name=name,
+        min_count=info.min_count,
+        members=len(members),
+        bound=bound,
+        topology=info.topology_keys,
+        condition={k: str(condition.get(k) or "") for k in ("status", "reason", "message")}
+        if condition
+        else None,
+    )
+
+
 def explain(
     *,
     pod: Mapping[str, Any],
@@ -137,6 +186,7 @@ def explain(
     rm_problem: str | None = None,
     queue: Mapping[str, Any] | None = None,
     queue_problem: str | None = None,
+    group: GroupState | None = None,
 ) -> Explanation:
     """Pure: the answer for `pod`, from what was read. `reservations` None: the RM could not be asked
     (`rm_problem` says why); `queue` None: the operator's queue could not be read (`queue_problem`)."""
@@ -163,6 +213,7 @@ def explain(
         attempts=attempts_of(events),
         reservations=list(reservations or ()),
         claims=claim_states(claims),
+        group=group,
     )
     if rm_problem is not None:
         answer.unseen.append(f"the resource manager's view: {rm_problem}")
@@ -299,6 +350,22 @@ def render(answer: Explanation) -> str:
             + (f", selected node {c.selected_node}" if c.selected_node else "")
             for c in answer.claims
         ]
+    if answer.group is not None:
+        g = answer.group
+        if not g.found:
+            lines.append(
+                f"Pod group:         {g.name}: no PodGroup of that name (yet); "
+                f"{g.members} member(s) exist, {g.bound} bound"
+            )
+        else:
+            need = f"minCount {g.min_count}" if g.min_count is not None else "basic policy (no gang)"
+            lines.append(
+                f"Pod group:         {g.name}: {need}, {g.members} member(s) exist, {g.bound} bound"
+                + (f", all on one value of {', '.join(g.topology)}" if g.topology else "")
+            )
+            if g.condition:
+                c = g.condition
+                lines.append(f"PodGroupScheduled: {c['status']} {c['reason']} {c['message']}".rstrip())
     if answer.next_attempt:
         lines.append(f"Operator queue:    {answer.next_attempt}")
     lines += [f"Not seen:          {u}" for u in answer.unseen]
