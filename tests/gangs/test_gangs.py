@@ -253,6 +253,84 @@ async def test_an_operator_killed_mid_group_ends_with_every_member_bound_and_com
         await stage.cleanup()
 
 
+async def test_a_member_deleted_while_the_operator_is_down_releases_the_whole_group_on_restart(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """The group of 8 is reserved (its answer lost), the operator SIGKILLed, one member deleted.
+
+    On restart the earlier group cannot bind whole any more: every member's reservation is released
+    and no member is bound (before the fix, recovery bound the 7 left, a partial gang). A new 8th
+    member then gets the group placed whole.
+    """
+    namespace, pool = cluster_namespace, uuid.uuid4().hex[:6]
+    token = uuid.uuid4().hex[:6]
+    scheduler, rm_name = f"gang-{token}", f"rm-gang-{token}"
+    stage = Stage(api=cluster_api, namespace=namespace, scheduler=scheduler, pool=pool)
+    await stage.pool({"0": {}, "1": {}}, {"0": "4", "1": "4"})
+    try:
+        async with (
+            RMProcess(
+                kubeconfig=cluster.kubeconfig, directory=tmp_path, node_selector=f"{POOL}={pool}"
+            ) as rm,
+            rm_fault_proxy(
+                upstream=rm.url,
+                seed=11,
+                rate=1.0,
+                kinds=("lost_answer",),
+                applies=lambda method, path: method == "POST" and path == "/v1/reservation-groups",
+            ) as proxy,
+            operator_process(kubeconfig=cluster_operator_kubeconfig, directory=tmp_path) as operator,
+        ):
+            await serve_with(
+                cluster_api,
+                rm=rm,
+                name=rm_name,
+                scheduler_names=[scheduler],
+                namespace=namespace,
+                endpoint=proxy.url,
+            )
+            await stage.group("gone", min_count=8)
+            await stage.members("gone", [f"gone-{i}" for i in range(8)], pool=pool)
+
+            async def held() -> list[str]:
+                return [
+                    r.state.value
+                    for r in await rm.reservations()
+                    if r.namespace == namespace and r.state.value in ("reserved", "committed")
+                ]
+
+            async def reserved() -> bool:
+                return len(await held()) == 8
+
+            await eventually(reserved, within=60, what="the group's 8 members reserved at the RM")
+            operator.kill(signal.SIGKILL)
+            await operator.wait()
+            assert await stage.bound("gone") == {}
+            await stage.core.delete_namespaced_pod("gone-7", namespace, grace_period_seconds=0)
+            proxy.rate = 0.0
+            await operator.start()
+
+            async def released() -> bool:
+                return await held() == []
+
+            await eventually(released, within=30, what="the earlier group's reservations released")
+            assert await stage.bound("gone") == {}, "recovery bound part of the group"
+            since = await stage.members("gone", ["gone-8"], pool=pool)
+            await stage.all_bound("gone", 8, since=since, within=30)
+            await settled_invariants(api=cluster_api, rm=rm, namespace=namespace, scheduler_names=[scheduler])
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await client.CustomObjectsApi(cluster_api).delete_cluster_custom_object(
+                group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=rm_name
+            )
+        await stage.cleanup()
+
+
 @contextlib.asynccontextmanager
 async def without_groups(upstream: str) -> AsyncIterator[str]:
     """The reference RM as a contract v1.0 server: 404 on /v1/reservation-groups, the rest forwarded."""

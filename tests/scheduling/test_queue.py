@@ -361,3 +361,17 @@ def test_position_says_where_a_pod_waits_and_when_it_is_tried_next() -> None:
     queue.forget("uid-b")
     assert queue.position("uid-b") is None
     assert queue.position("never-seen") is None
+
+
+def test_a_pod_moved_out_of_the_unschedulable_pool_early_is_ready_from_the_move() -> None:
+    """The trace's queue wait starts when the pod became due: at the move, not its later deadline."""
+    queue, clock = make_queue()
+    queue.add(pod("a"))
+    assert drain(queue) == ["a"]
+    queue.done("uid-a", outcome=Outcome.UNSCHEDULABLE, retry_after=60.0)
+    clock.advance(5.0)
+    assert queue.move_all_to_active(reason="capacity released") == 1
+    assert queue.ready_since("uid-a") == clock.now()
+    clock.advance(1.0)
+    assert drain(queue) == ["a"]
+    assert queue.now() - (queue.ready_since("uid-a") or 0.0) == pytest.approx(1.0)

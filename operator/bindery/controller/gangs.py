@@ -56,7 +56,6 @@ from bindery.scheduling.decisions import (
 )
 from bindery.scheduling.framework import Code, CycleContext, Ports, Profile, Status
 from bindery.scheduling.podgroups import (
-    GANG_WAIT_SECONDS,
     GROUP,
     PLURAL,
     VERSION,
@@ -98,6 +97,8 @@ class _Group:
     recovered: bool = False
     waiting_since: float | None = None
     backoff: float = 0.0
+    #: The RM's last answer was "no room": released capacity is worth a new try at once.
+    waits_for_capacity: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,6 +133,8 @@ class GangCoordinator:
         self._groups: dict[GroupKey, _Group] = {}
         self._throttle = EventThrottle()
         self._active = False
+        #: Members whose Binding found them gone or bound elsewhere, dropped by their group's pass.
+        self._gone_members: set[str] = set()
 
     # -- what the runner calls -------------------------------------------------------------------
 
@@ -150,10 +153,17 @@ class GangCoordinator:
         self._throttle.forget(uid)
 
     def retry(self) -> None:
-        """Capacity may have freed: every waiting group tries again now."""
+        """Capacity may have freed: every group the RM found no room for tries again now.
+
+        Only those: a group short of members, or one whose last try failed for another reason
+        (PreBind, a Binding), keeps its backoff; else its own release would wake it at once, and a
+        group that fails the same way every time would loop without a pause.
+        """
         for group in self._groups.values():
-            group.backoff = 0.0
-            group.wake.set()
+            if group.waits_for_capacity:
+                group.waits_for_capacity = False
+                group.backoff = 0.0
+                group.wake.set()
 
     def start(self) -> None:
         self._active = True
@@ -267,8 +277,9 @@ class GangCoordinator:
             await self._set_condition(
                 info, scheduled=False, reason=REASON_UNSCHEDULABLE, message=decision.message
             )
-            # A new member wakes the group; else look again when kube-scheduler's wait would end.
-            return GANG_WAIT_SECONDS - waited if waited < GANG_WAIT_SECONDS else None
+            # A new member wakes the group; a lowered minCount does not (PodGroups are not
+            # watched): look again after the backoff, as for a missing PodGroup.
+            return self._next_backoff(group)
         batches = [[pod] for pod in decision.members] if decision.each_alone else [list(decision.members)]
         delays = [await self._place(info, group, batch) for batch in batches]
         pending_delays = [d for d in delays if d is not None]
@@ -279,6 +290,7 @@ class GangCoordinator:
     async def _place(self, info: PodGroupInfo, group: _Group, members: Sequence[PodInfo]) -> float | None:
         profile = self._profile()
         started = time.perf_counter()
+        group.waits_for_capacity = False
         refusal = unsupported(group=info, members=members)
         if refusal is not None:
             await self._fail(info, members, refusal, reason=REASON_SCHEDULER_ERROR, started=started)
@@ -309,6 +321,7 @@ class GangCoordinator:
                 f"({len(members)} pods, none placed): {error.message}"
             )
             await self._fail(info, members, message, reason=REASON_UNSCHEDULABLE, started=started)
+            group.waits_for_capacity = True
             return self._next_backoff(group)
         except RMError as error:
             message = (
@@ -353,8 +366,11 @@ class GangCoordinator:
             gone = {
                 ctx.pod.uid
                 for ctx, s in failed
-                if s.failure is not None and s.failure.kind is FailureKind.POD_GONE
+                if s.failure is not None
+                and s.failure.kind in (FailureKind.POD_GONE, FailureKind.BOUND_ELSEWHERE)
             }
+            for uid in gone:  # not a member any more: the group waits for its replacement
+                group.pending.pop(uid, None)
             await self._fail(
                 info,
                 [c.pod for c in contexts if c.pod.uid not in gone],
@@ -362,12 +378,13 @@ class GangCoordinator:
                 reason=REASON_SCHEDULER_ERROR,
                 started=started,
             )
-            return profile.backoff_initial_seconds
+            return self._next_backoff(group)
         results = await asyncio.gather(*(self._bind_one(ctx, chain) for ctx in contexts))
         bound = sum(results)
         for ctx, ok in zip(contexts, results, strict=True):
-            if ok:
+            if ok or ctx.pod.uid in self._gone_members:
                 group.pending.pop(ctx.pod.uid, None)
+                self._gone_members.discard(ctx.pod.uid)
                 self._throttle.forget(ctx.pod.uid)
             self._metrics.attempt(
                 resource_manager=profile.name,
@@ -376,7 +393,8 @@ class GangCoordinator:
                 seconds=time.perf_counter() - started,
             )
         group.waiting_since = None
-        group.backoff = 0.0
+        if bound:
+            group.backoff = 0.0
         if bound == len(contexts):
             self._logger.info(f"bound all {bound} members of pod group {info.key}")
             await self._set_condition(
@@ -386,7 +404,7 @@ class GangCoordinator:
         self._logger.warning(
             f"bound {bound} of {len(contexts)} members of pod group {info.key}; retrying the rest"
         )
-        return profile.backoff_initial_seconds
+        return self._next_backoff(group)
 
     async def _bind_one(self, ctx: CycleContext, chain: Any) -> bool:
         """Bind one member with its reservation; PostBind (event, commit) after. False: released."""
@@ -413,10 +431,12 @@ class GangCoordinator:
                     f"could not release reservation {ctx.reservation.id} of pod {ctx.pod.key}: {error}; "
                     "it expires by itself"
                 )
-        if status.failure is None or status.failure.kind not in (
+        if status.failure is not None and status.failure.kind in (
             FailureKind.POD_GONE,
             FailureKind.BOUND_ELSEWHERE,
         ):
+            self._gone_members.add(ctx.pod.uid)
+        else:
             await self._report(
                 [ctx.pod],
                 f"binding this member of its pod group failed: {status.message}; "
@@ -487,11 +507,31 @@ class GangCoordinator:
                 )
                 await self._release_group(group_id, info=info)
                 continue
-            pairs = [
-                _Member(pod=by_uid[r.pod_uid], reservation=r)
+            reserved = [r for r in renewed.members if r.state is ReservationState.RESERVED]
+            # All or none: adopt the group only if every member is pending here with its reservation
+            # or already bound (its commit is the reconciler's). A member deleted or replaced
+            # meanwhile (its reservation may be released already), or not offered yet, means the
+            # group as reserved can no longer bind whole: release what no bound pod holds, and
+            # place the group anew.
+            bound = {
+                r.pod_uid
                 for r in renewed.members
-                if r.state is ReservationState.RESERVED and r.pod_uid in by_uid
-            ]
+                if not (r.state is ReservationState.RESERVED and r.pod_uid in by_uid)
+                and (r.state is ReservationState.COMMITTED or await self._bound_with(r))
+            }
+            whole = all(
+                r.pod_uid in bound or (r.state is ReservationState.RESERVED and r.pod_uid in by_uid)
+                for r in renewed.members
+            )
+            if not whole:
+                self._logger.info(
+                    f"pod group {info.key}: reservation group {group_id}, left by an earlier process, "
+                    "has members that are gone or not pending here; releasing it and placing the "
+                    "group anew"
+                )
+                await self._release_members([r for r in reserved if r.pod_uid not in bound], info=info)
+                continue
+            pairs = [_Member(pod=by_uid[r.pod_uid], reservation=r) for r in reserved if r.pod_uid in by_uid]
             if not pairs:
                 continue
             self._logger.info(
@@ -502,6 +542,42 @@ class GangCoordinator:
             await self._bind_all(info, group, pairs, group_id=group_id, started=time.perf_counter())
             adopted = True
         return adopted
+
+    async def _bound_with(self, reservation: Reservation) -> bool:
+        """Whether the reservation's pod (same UID) is bound to a node."""
+        if not reservation.namespace or not reservation.name:
+            return False
+        try:
+            response = await kube.CoreV1Api(self._api).read_namespaced_pod(
+                reservation.name, reservation.namespace, _preload_content=False, _request_timeout=READ_SECONDS
+            )
+        except kube.ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        try:
+            pod = json.loads(await response.read())
+        finally:
+            response.release()
+        return bool(
+            (pod.get("metadata") or {}).get("uid") == reservation.pod_uid
+            and (pod.get("spec") or {}).get("nodeName")
+        )
+
+    async def _release_members(self, reservations: Sequence[Reservation], *, info: PodGroupInfo) -> None:
+        released = False
+        for reservation in reservations:
+            try:
+                await self._client().release(reservation.id, pod_uid=reservation.pod_uid)
+                released = True
+            except RMError as error:
+                self._logger.warning(
+                    f"could not release reservation {reservation.id} of pod group {info.key}: {error}; "
+                    "it expires by itself"
+                )
+        if released:
+            self._metrics.release(resource_manager=self._profile().name, reason="group")
+            self._on_released()
 
     # -- reads and writes ------------------------------------------------------------------------
 

@@ -300,6 +300,7 @@ class ProfileRunner:
         self.queue.forget(uid)
         self.gangs.withdraw(uid)
         self._throttle.forget(uid)
+        self._gone.discard(uid)  # a gang member found gone has no cycle to drop it
 
     def per_pod_sizes(self) -> dict[str, int]:
         """Entries held per pod, by structure (empty once every pod left; tests and soaks read it)."""

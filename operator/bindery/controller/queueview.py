@@ -101,6 +101,12 @@ class QueueView:
                 waits_for_capacity=position.waits_for_capacity,
             )
             return 200, answer
+        if known.scheduling_group:
+            answer["message"] = (
+                f'the pod is a member of pod group "{known.scheduling_group}": its group is placed as a '
+                "whole, outside the per-pod queue (see the group's PodGroupScheduled condition)"
+            )
+            return 404, answer
         answer["message"] = (
             f"the operator knows the pod but no ResourceManager's queue holds it (scheduler name "
             f'"{known.scheduler_name}" is not served, or is contested)'

@@ -175,7 +175,13 @@ async def _group_of(
                 "explain needs get on podgroups.scheduling.k8s.io"
             )
         podgroup = None
-    pods = await _json(await client.CoreV1Api(api).list_namespaced_pod(namespace, _preload_content=False))
+    try:
+        pods = await _json(await client.CoreV1Api(api).list_namespaced_pod(namespace, _preload_content=False))
+    except client.ApiException as exc:
+        return None, (
+            f"pod group {name!r}: listing the namespace's pods to count its members failed "
+            f"({exc.status} {exc.reason}); explain needs list on pods"
+        )
     return group_state(name=str(name), podgroup=podgroup, pods=(pods or {}).get("items") or []), None
 
 

@@ -393,6 +393,8 @@ class SchedulingQueue:
             heapq.heapify(self._timers)
 
     def _push_active(self, entry: _Entry) -> None:
+        # Due from now on if it was moved before its backoff ended (capacity freed, pod changed).
+        entry.ready_at = min(entry.ready_at, self._clock.now())
         entry.generation = next(self._generations)
         item = (-entry.pod.priority, entry.pod.created.timestamp(), next(self._tiebreak), entry.pod.uid)
         heapq.heappush(self._active, (*item, entry.generation))
