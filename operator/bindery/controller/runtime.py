@@ -342,6 +342,8 @@ class Runtime:
                 self._forget(pod)
         if gone:
             self.logger.info(f"forgot {len(gone)} unbound pods that no longer exist or were bound")
+        if self._conditions is not None:
+            self._conditions.retain(uids=self.pods.uids())
         self.sweeps += 1
         return len(gone)
 

@@ -18,6 +18,7 @@ correction carries it too. Each PATCH has a timeout (the generated client's defa
 from __future__ import annotations
 
 import datetime
+from collections.abc import Collection
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -127,3 +128,14 @@ class KubeConditionWriter:
 
     def forget(self, *, uid: str) -> None:
         self._written.pop(uid, None)
+
+    def retain(self, *, uids: Collection[str]) -> int:
+        """Drop what was written for pods not in ``uids``; returns how many.
+
+        A write still in flight when its pod is forgotten records the pod after ``forget`` ran; the
+        periodic sweep calls this so such an entry does not stay for the operator's lifetime.
+        """
+        stale = [uid for uid in self._written if uid not in uids]
+        for uid in stale:
+            del self._written[uid]
+        return len(stale)
