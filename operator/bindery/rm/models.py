@@ -27,7 +27,12 @@ from bindery.quantity import QuantityError, format_quantity, parse_nonnegative_q
 
 __all__ = [
     "CONTRACT_VERSION",
+    "MAX_BATCH_OPERATIONS",
     "MAX_GROUP_MEMBERS",
+    "BatchOperation",
+    "BatchOperationResult",
+    "BatchRequest",
+    "BatchResult",
     "GroupIdentity",
     "GroupMemberRequest",
     "GroupRenewRequest",
@@ -38,6 +43,7 @@ __all__ = [
     "Problem",
     "RenewRequest",
     "Reservation",
+    "ReservationRef",
     "ReservationGroup",
     "ReservationGroupRequest",
     "ReservationList",
@@ -52,6 +58,8 @@ __all__ = [
 CONTRACT_VERSION = "1.1.0"
 #: The most members one reservation group may have (contract v1.1).
 MAX_GROUP_MEMBERS = 1000
+#: The most operations one ``POST /v1/batch`` may carry (contract v1.1).
+MAX_BATCH_OPERATIONS = 500
 
 _NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -299,6 +307,46 @@ class GroupRenewRequest(_Request):
     ttl_seconds: Integer = Field(ge=1, le=86_400)
 
 
+class ReservationRef(_Request):
+    """The target of a batched commit or release (v1.1): what the single call has in its path and
+    ``podUid`` query parameter."""
+
+    reservation_id: ShortText
+    pod_uid: ShortText | None = None
+
+
+class BatchOperation(_Request):
+    """One operation of ``POST /v1/batch`` (v1.1): exactly one of ``reserve``, ``commit``, ``release``.
+
+    Each means what its single call means (``POST /v1/reservations``, ``POST /v1/reservations/{id}/
+    commit``, ``DELETE /v1/reservations/{id}``), idempotency included.
+    """
+
+    reserve: ReservationRequest | None = None
+    commit: ReservationRef | None = None
+    release: ReservationRef | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> BatchOperation:
+        given = [name for name in ("reserve", "commit", "release") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"a batch operation names exactly one of reserve, commit, release; this one names "
+                f"{', '.join(given) if given else 'none'}"
+            )
+        return self
+
+
+class BatchRequest(_Request):
+    """``POST /v1/batch`` (v1.1): many independent operations in one round trip.
+
+    Not atomic (that is what reservation groups are for): the RM carries the operations out in
+    order, each exactly as its single call would be, and answers one result per operation.
+    """
+
+    operations: list[BatchOperation] = Field(min_length=1, max_length=MAX_BATCH_OPERATIONS)
+
+
 class ReservationState(enum.StrEnum):
     RESERVED = "reserved"
     COMMITTED = "committed"
@@ -360,3 +408,19 @@ class Problem(_Response):
     reason: str | None = None
     retry_after_seconds: float | None = None
     errors: list[dict[str, Any]] | None = None
+
+
+class BatchOperationResult(_Response):
+    """What one batched operation's single call would have answered: its HTTP ``status`` and its
+    body, a ``reservation`` (reserve 200/201, commit 200) or a ``problem`` (any 4xx/5xx); a release
+    answers ``204`` with neither."""
+
+    status: int = Field(ge=200, le=599)
+    reservation: Reservation | None = None
+    problem: Problem | None = None
+
+
+class BatchResult(_Response):
+    """The answer to ``POST /v1/batch``: one result per operation, in the order of ``operations``."""
+
+    results: list[BatchOperationResult]
