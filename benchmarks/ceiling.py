@@ -292,8 +292,18 @@ async def create_namespace(api: Api, name: str) -> None:
 
 
 async def delete_pods(api: Api, *, namespace: str) -> None:
-    """Grace period 0: no kubelet runs, so a graceful delete of a bound pod would never finish."""
-    await api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0")
+    """Grace period 0: no kubelet runs, so a graceful delete of a bound pod would never finish.
+
+    Deleting tens of thousands of pods outlasts the apiserver's 60 s request timeout (504); what
+    it deleted stays deleted, so the collection delete is repeated until one completes.
+    """
+    for _ in range(20):
+        try:
+            await api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0")
+            break
+        except RuntimeError as error:
+            if "HTTP 504" not in str(error):
+                raise
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         page = await api.call("GET", f"/api/v1/namespaces/{namespace}/pods?limit=1")
@@ -920,7 +930,6 @@ async def memory_sweep(api: Api, plane: Plane, args: Args, nodes: list[str]) -> 
             namespace="mem-unrelated",
             within=120,
         )
-        await delete_pods(api, namespace="unrelated")
         grew = with_unrelated.rss_mb["bindery operator"] - base.rss_mb["bindery operator"]
         out["unrelated"] = {
             "pods": args.unrelated_pods,
@@ -931,6 +940,7 @@ async def memory_sweep(api: Api, plane: Plane, args: Args, nodes: list[str]) -> 
             f"  memory: with them: operator RSS {with_unrelated.rss_mb['bindery operator']:.1f} MB "
             f"({grew:+.1f} MB)"
         )
+        await delete_pods(api, namespace="unrelated")
     if args.pending_pods:
         namespace = "mem-pending"
         await create_namespace(api, namespace)
