@@ -41,12 +41,14 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def inventory(nodes: int) -> list[dict[str, object]]:
+def inventory(nodes: int, pods: int) -> list[dict[str, object]]:
+    """``nodes`` nodes with room for ``pods`` pods in all (at least 110 each, as kubelet's default)."""
+    per_node = max(110, -(-pods // nodes))
     return [
         {
             "name": f"node-{index:04d}",
             "labels": {"zone": f"z{index % 3}"},
-            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+            "allocatable": {"cpu": str(per_node), "memory": f"{per_node}Gi", "pods": str(per_node)},
         }
         for index in range(nodes)
     ]
@@ -73,9 +75,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 @asynccontextmanager
-async def rm_process(workdir: pathlib.Path, nodes: int, log_level: str) -> AsyncIterator[tuple[str, int]]:
+async def rm_process(
+    workdir: pathlib.Path, nodes: int, pods: int, log_level: str
+) -> AsyncIterator[tuple[str, int]]:
     inventory_file = workdir / "inventory.yaml"
-    inventory_file.write_text(yaml.safe_dump({"nodes": inventory(nodes)}))
+    inventory_file.write_text(yaml.safe_dump({"nodes": inventory(nodes, pods)}))
     token_file = workdir / "token"
     token_file.write_text(TOKEN)
     options = ["--inventory", str(inventory_file), "--log-level", log_level]
@@ -152,7 +156,10 @@ Mode = Callable[[aiohttp.ClientSession, str, list[str]], Awaitable[int]]
 async def measure(name: str, mode: Mode, args: argparse.Namespace) -> dict[str, float | str]:
     with tempfile.TemporaryDirectory(prefix="rm-batch-cpu-") as directory:
         async with (
-            rm_process(pathlib.Path(directory), args.nodes, args.log_level) as (url, pid),
+            rm_process(pathlib.Path(directory), args.nodes, args.pairs + args.warmup, args.log_level) as (
+                url,
+                pid,
+            ),
             aiohttp.ClientSession() as http,
         ):
             await mode(http, url, [f"warm-{i}" for i in range(args.warmup)])

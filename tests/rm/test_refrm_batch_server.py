@@ -181,6 +181,8 @@ async def test_an_invalid_operation_gets_its_own_400_and_the_others_are_carried_
             ],
         )
         held = await active(http)
+        only_invalid = await batch(http, [{}, {"reserve": {}}])
+    assert [r["status"] for r in only_invalid] == [400, 400]
     assert [r["status"] for r in results] == [201, 400, 400, 400, 400, 400, 201]
     assert single.status_code == 400
     expected = single.json()

@@ -675,13 +675,15 @@ class ReferenceRM:
         busy = self._back_pressure(need_inventory=any(operation.reserve is not None for operation in valid))
         if busy is not None:
             return busy
-        self._pending += 1
-        try:
-            done = await self._run(
-                self._store.batch, valid, nodes=self._inventory or (), policy=self.policy, pods=self._pods
-            )
-        finally:
-            self._pending -= 1
+        done: list[BatchOutcome] = []
+        if valid:  # all invalid: nothing for the store to do
+            self._pending += 1
+            try:
+                done = await self._run(
+                    self._store.batch, valid, nodes=self._inventory or (), policy=self.policy, pods=self._pods
+                )
+            finally:
+                self._pending -= 1
         outcomes = iter(done)
         results = [
             operation if isinstance(operation, Answer) else _batched_answer(operation, next(outcomes))
