@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import pathlib
 import signal
@@ -355,3 +357,64 @@ async def test_commits_and_releases_are_served_before_the_inventory_is_loaded(tm
     assert [r["status"] for r in releases] == [204, 404]
     assert with_reserve.status_code == 503
     assert with_reserve.headers["Retry-After"] == "1"
+
+
+async def _serve(argv: list[str]) -> tuple[asyncio.subprocess.Process, str]:
+    process = await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert process.stdout is not None
+    banner = await asyncio.wait_for(process.stdout.readline(), timeout=60)
+    assert banner, "the reference RM did not start"
+    return process, served_url(banner)
+
+
+async def test_an_rm_killed_while_batches_race_keeps_each_batch_whole_or_not_at_all(
+    tmp_path: pathlib.Path,
+) -> None:
+    """SIGKILL while batches are in flight: after a restart every batch is there whole (each is one
+    transaction) or not at all, every batch that was answered is there, and no node holds more than
+    it has."""
+    inventory_file = tmp_path / "inventory.yaml"
+    nodes = [{"name": f"n{i}", "allocatable": {SLOT: "6"}} for i in range(4)]
+    inventory_file.write_text(yaml.safe_dump({"nodes": nodes}))
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    argv = serve_command(
+        db=tmp_path / "rm.sqlite", token_file=token_file, options=["--inventory", str(inventory_file)]
+    )
+    process, url = await _serve(argv)
+    answered: dict[int, list[dict[str, Any]]] = {}
+
+    async def send(http: httpx.AsyncClient, number: int) -> None:
+        operations = [{"reserve": reserve_body(f"b{number}-{i}")} for i in range(4)]
+        with contextlib.suppress(httpx.HTTPError):
+            response = await http.post("/v1/batch", json={"operations": operations}, headers=AUTH)
+            answered[number] = response.json()["results"]
+
+    try:
+        async with httpx.AsyncClient(base_url=url) as http:
+            sending = [asyncio.create_task(send(http, number)) for number in range(12)]
+            while not answered:  # at least one batch made it before the kill
+                await asyncio.sleep(0.001)
+            process.send_signal(signal.SIGKILL)
+            await asyncio.gather(*sending)
+        await asyncio.wait_for(process.wait(), timeout=30)
+        argv[argv.index("--listen") + 1] = url.removeprefix("http://")
+        process, url = await _serve(argv)
+        async with httpx.AsyncClient(base_url=url) as http:
+            held = await active(http)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), timeout=30)
+    by_batch: dict[str, set[str]] = {}
+    for item in held:
+        by_batch.setdefault(item["podUid"].split("-")[0], set()).add(item["podUid"])
+    for number, results in answered.items():
+        won = {r["reservation"]["podUid"] for r in results if r["status"] == 201}
+        assert by_batch.get(f"b{number}", set()) == won, (
+            f"batch {number} answered {won}, restart shows it partly"
+        )
+    for name, pods in by_batch.items():  # unanswered ones too: reserves in order, so a prefix of them won
+        indices = sorted(int(pod.split("-")[1]) for pod in pods)
+        assert indices == list(range(len(indices))), f"batch {name} is there only in part: {sorted(pods)}"
+    assert len(held) <= 24
+    assert all(count <= 6 for count in collections.Counter(item["node"] for item in held).values())
