@@ -6,7 +6,9 @@ import pathlib
 import re
 import signal
 import subprocess
+import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -91,11 +93,14 @@ def test_cli_against_a_served_reference_rm(
 
 @pytest.fixture
 async def v1_0_rm(refrm: RunningServer) -> AsyncIterator[str]:
-    """The reference RM as a v1.0 server would look: podUid ignored, no renew or group paths (404)."""
+    """The reference RM as a v1.0 server would look: podUid ignored, no renew, group or batch paths
+    (404)."""
     async with httpx.AsyncClient(base_url=refrm.url) as upstream:
 
         async def forward(request: web.Request) -> web.StreamResponse:
-            if request.path.endswith("/renew") or request.path.startswith("/v1/reservation-groups"):
+            if request.path.endswith("/renew") or request.path.startswith(
+                ("/v1/reservation-groups", "/v1/batch")
+            ):
                 return web.json_response(
                     {"type": ProblemType.NOT_FOUND, "title": "Not found", "status": 404},
                     status=404,
@@ -133,15 +138,16 @@ async def test_kit_fails_a_v1_0_server_on_the_v1_1_checks_only(v1_0_rm: str) -> 
     and passes everything when certified at 1.0."""
     config = ConformanceConfig(url=v1_0_rm, token=TOKEN, topology_key="zone")
     newer = [check for check in CHECKS if check.since == "1.1"]
-    assert len(newer) == 12
+    assert len(newer) == 18
     async with http_client(config) as http:
         for check in newer:
             result = await run_check(check, config, http)
             assert not result.passed, check.name
-            if check.name.startswith("group-"):
+            if check.name.startswith(("group-", "batch-")):
                 assert "--contract-version 1.0" in (result.error or ""), result.error
-        groups_path = next(check for check in CHECKS if check.name == "groups-path")
-        assert not (await run_check(groups_path, config, http)).passed  # a 404 fails at 1.1 ...
+        for name in ("groups-path", "batch-path"):
+            path_check = next(check for check in CHECKS if check.name == name)
+            assert not (await run_check(path_check, config, http)).passed, name  # a 404 fails at 1.1 ...
         for check in checks_for("1.0"):  # ... and passes at 1.0
             result = await run_check(check, config, http, contract_version="1.0")
             assert result.passed, (check.name, result.error)
@@ -236,3 +242,149 @@ async def test_kit_fails_an_rm_whose_groups_are_not_atomic(
         result = await run_check(check, config, http)
     assert not result.passed
     assert message in (result.error or ""), result.error
+
+
+async def _single(upstream: httpx.AsyncClient, headers: dict[str, str], operation: Any) -> dict[str, Any]:
+    """One batched operation sent as its single call; its answer as a batch result."""
+    if not isinstance(operation, dict) or len(operation) != 1:
+        return {
+            "status": 400,
+            "problem": {"type": ProblemType.INVALID_REQUEST, "title": "Invalid", "status": 400},
+        }
+    ((kind, payload),) = operation.items()
+    if kind == "reserve":
+        response = await upstream.post("/v1/reservations", json=payload, headers=headers)
+    else:
+        path = f"/v1/reservations/{payload.get('reservationId')}"
+        params = {"podUid": payload["podUid"]} if payload.get("podUid") else {}
+        if kind == "commit":
+            response = await upstream.post(f"{path}/commit", params=params, headers=headers)
+        else:
+            response = await upstream.delete(path, params=params, headers=headers)
+    if response.status_code == 204:
+        return {"status": 204}
+    return {
+        "status": response.status_code,
+        ("problem" if response.status_code >= 400 else "reservation"): response.json(),
+    }
+
+
+@pytest.fixture
+async def careless_batch_rm(refrm: RunningServer, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """An RM whose POST /v1/batch sends each operation as a single call to the reference RM, with one
+    defect (``request.param``): ``reversed`` answers the results in reverse order; ``snapshot`` places
+    every reserve of a batch against the pool as it was when the batch began (it tells the later
+    ones they have the first one's slot: double-booking); ``fresh-keys`` makes every reserve new (a
+    replayed batch reserves again); ``all-or-400`` refuses the whole batch for one bad operation."""
+    defect = request.param
+    async with httpx.AsyncClient(base_url=refrm.url) as upstream:
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            headers = {
+                k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")
+            }
+            if request.method == "POST" and request.path == "/v1/batch":
+                try:
+                    envelope = await request.json()
+                except ValueError:
+                    envelope = None
+                operations = envelope.get("operations") if isinstance(envelope, dict) else None
+                if not isinstance(operations, list) or not 1 <= len(operations) <= 500:
+                    return web.json_response(
+                        {"type": ProblemType.INVALID_REQUEST, "title": "Invalid", "status": 400},
+                        status=400,
+                        content_type="application/problem+json",
+                    )
+                if defect == "all-or-400" and any(
+                    not isinstance(op, dict) or len(op) != 1 or op.get("reserve", {}).get("ttlSeconds") == 0
+                    for op in operations
+                ):
+                    return web.json_response(
+                        {"type": ProblemType.INVALID_REQUEST, "title": "Invalid", "status": 400},
+                        status=400,
+                        content_type="application/problem+json",
+                    )
+                if defect == "fresh-keys":
+                    operations = [
+                        {"reserve": {**op["reserve"], "idempotencyKey": uuid.uuid4().hex}}
+                        if "reserve" in op
+                        else op
+                        for op in operations
+                    ]
+                results = []
+                first_placed: dict[str, Any] | None = None
+                for operation in operations:
+                    if defect == "snapshot" and "reserve" in operation and first_placed is not None:
+                        uid = operation["reserve"]["pod"]["uid"]
+                        results.append(
+                            {
+                                "status": 201,
+                                "reservation": {**first_placed, "id": f"rsv-{uid}", "podUid": uid},
+                            }
+                        )
+                        continue
+                    result = await _single(upstream, headers, operation)
+                    if "reserve" in operation and result["status"] == 201 and first_placed is None:
+                        first_placed = result["reservation"]
+                    results.append(result)
+                if defect == "reversed":
+                    results.reverse()
+                return web.json_response({"results": results})
+            answer = await upstream.request(
+                request.method,
+                request.path,
+                params=request.query,
+                content=await request.read(),
+                headers=headers,
+            )
+            return web.Response(
+                status=answer.status_code,
+                body=answer.content,
+                headers={"Content-Type": answer.headers.get("content-type", "application/octet-stream")},
+            )
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("careless_batch_rm", "name", "message"),
+    [
+        ("reversed", "batch-matches-singles", "results must be in the order of the operations"),
+        ("reversed", "batch-mixed", "results must be in the order of the operations"),
+        ("snapshot", "batch-no-overcommit", "they must not share it"),
+        ("fresh-keys", "batch-replay", "expected 200 for every operation"),
+        ("all-or-400", "batch-invalid-operation", "expected HTTP 200, got 400"),
+    ],
+    indirect=["careless_batch_rm"],
+)
+async def test_kit_fails_an_rm_whose_batches_are_careless(
+    careless_batch_rm: str, name: str, message: str
+) -> None:
+    """The batch checks can fail: results out of order, reserves of one batch sharing a slot, a
+    replayed batch reserving again, one bad operation failing the whole batch."""
+    config = ConformanceConfig(url=careless_batch_rm, token=TOKEN)
+    check = next(c for c in CHECKS if c.name == name)
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert not result.passed
+    assert message in (result.error or ""), result.error
+
+
+@pytest.mark.parametrize("careless_batch_rm", ["none"], indirect=True)
+async def test_the_batch_proxy_without_a_defect_passes(careless_batch_rm: str) -> None:
+    """The control: the proxy above with no defect passes every batch check, so each failure above
+    is its defect's, not the proxy's."""
+    config = ConformanceConfig(url=careless_batch_rm, token=TOKEN)
+    async with http_client(config) as http:
+        for check in [c for c in CHECKS if c.name.startswith("batch-")]:
+            result = await run_check(check, config, http)
+            assert result.passed, (check.name, result.error)

@@ -2,7 +2,8 @@
 what to clean up, and the assertions that turn a wrong answer into a message saying where.
 
 Kept apart from the checks so that groups of checks can live in modules of their own
-(:mod:`bindery.conformance.groups` for contract v1.1 reservation groups).
+(:mod:`bindery.conformance.groups` for contract v1.1 reservation groups,
+:mod:`bindery.conformance.batch` for its batches).
 """
 
 from __future__ import annotations
@@ -197,6 +198,20 @@ class Harness:
         return await self.http.post(
             f"/v1/reservation-groups/{group_id}/renew", json={"ttlSeconds": ttl}, headers=self.auth
         )
+
+    # -- batches (v1.1) ------------------------------------------------------------------------
+
+    async def batch(self, operations: Sequence[Any]) -> httpx.Response:
+        """``POST /v1/batch``; the reservations its results hold are released at cleanup."""
+        response = await self.http.post("/v1/batch", json={"operations": list(operations)}, headers=self.auth)
+        if response.status_code == 200 and is_json(response):
+            answer = response.json()
+            results = answer.get("results") if isinstance(answer, dict) else None
+            for result in results if isinstance(results, list) else []:
+                reservation = result.get("reservation") if isinstance(result, dict) else None
+                if isinstance(reservation, dict) and isinstance(reservation.get("id"), str):
+                    self.created.append(reservation["id"])
+        return response
 
     async def cleanup(self) -> None:
         for group_id in self.created_groups:

@@ -14,8 +14,9 @@ What the server under test must provide (pass other values with ``--resource``/`
 
 Each check says which minor version of v1 introduced what it tests (``Check.since``): an RM that
 implements v1.0 runs ``--contract-version 1.0`` and skips the v1.1 checks (``podUid`` on commit and
-release, renew, reservation groups), which a v1.0 server would fail; at 1.0 the ``groups-path``
-check accepts a 404 on ``/v1/reservation-groups`` (see :mod:`bindery.conformance.groups`).
+release, renew, reservation groups, batches), which a v1.0 server would fail; at 1.0 the ``groups-path``
+check accepts a 404 on ``/v1/reservation-groups`` (see :mod:`bindery.conformance.groups`), and the
+``batch-path`` check a 404 or 405 on ``/v1/batch`` (see :mod:`bindery.conformance.batch`).
 
 For the topology check pass ``--topology-key``: a node label whose value differs on every node of
 the pool (``kubernetes.io/hostname`` on Kubernetes nodes); without it only a key no node has is
@@ -33,6 +34,15 @@ from typing import Any
 
 import httpx
 
+from bindery.conformance.batch import (
+    check_batch_concurrent_no_overcommit,
+    check_batch_invalid_operation,
+    check_batch_limits,
+    check_batch_matches_singles,
+    check_batch_mixed,
+    check_batch_path,
+    check_batch_replay,
+)
 from bindery.conformance.groups import (
     check_group_all_or_nothing,
     check_group_bad_requests,
@@ -505,6 +515,13 @@ CHECKS: tuple[Check, ...] = (
     Check("group-members", check_group_members, since="1.1"),
     Check("group-renew-and-expiry", check_group_renew_and_expiry, since="1.1"),
     Check("group-bad-requests", check_group_bad_requests, since="1.1"),
+    Check("batch-path", check_batch_path),
+    Check("batch-matches-singles", check_batch_matches_singles, since="1.1"),
+    Check("batch-mixed", check_batch_mixed, since="1.1"),
+    Check("batch-replay", check_batch_replay, since="1.1"),
+    Check("batch-invalid-operation", check_batch_invalid_operation, since="1.1"),
+    Check("batch-no-overcommit", check_batch_concurrent_no_overcommit, since="1.1"),
+    Check("batch-limits", check_batch_limits, since="1.1"),
 )
 
 
