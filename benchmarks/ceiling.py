@@ -294,13 +294,16 @@ async def create_namespace(api: Api, name: str) -> None:
 async def delete_pods(api: Api, *, namespace: str) -> None:
     """Grace period 0: no kubelet runs, so a graceful delete of a bound pod would never finish.
 
-    Deleting tens of thousands of pods outlasts the apiserver's 60 s request timeout (504); what
-    it deleted stays deleted, so the collection delete is repeated until one completes.
+    Deleting tens of thousands of pods outlasts the apiserver's 60 s request timeout (504), and its
+    answer (every deleted pod) may be cut short; what it deleted stays deleted, so the collection
+    delete is repeated until one completes.
     """
     for _ in range(20):
         try:
             await api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0")
             break
+        except aiohttp.ClientPayloadError:
+            continue
         except RuntimeError as error:
             if "HTTP 504" not in str(error):
                 raise
@@ -954,7 +957,6 @@ async def memory_sweep(api: Api, plane: Plane, args: Args, nodes: list[str]) -> 
                 api, namespace=namespace, count=args.pending_pods, within=60 + args.pending_pods / 20
             )
             rss = {name: rss_mb(pid) for name, pid in serving.processes.items()}
-        await delete_pods(api, namespace=namespace)
         grew = rss["bindery operator"] - base.rss_mb["bindery operator"]
         out["pending"] = {
             "pods": args.pending_pods,
@@ -966,6 +968,7 @@ async def memory_sweep(api: Api, plane: Plane, args: Args, nodes: list[str]) -> 
             f"  memory: {args.pending_pods} own pending pods ({tried} tried): operator RSS "
             f"{rss['bindery operator']:.1f} MB ({grew:+.1f} MB)"
         )
+        await delete_pods(api, namespace=namespace)
     return out
 
 
