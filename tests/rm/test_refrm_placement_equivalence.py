@@ -21,11 +21,13 @@ from bindery.refrm.placement import (
     InventoryNode,
     Policy,
     _short,
+    add_usage,
     choose_node,
     effective_usage,
     format_reason,
     node_failures,
     score,
+    subtract_usage,
 )
 
 
@@ -192,3 +194,52 @@ def test_binpack_and_spread_pick_among_many_nodes_as_the_reference_does() -> Non
                 "policy": policy,
             }
             assert choose_node(**case) == reference_choose_node(**case)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_same_decisions_along_reserves_and_releases_that_change_usage_in_place(seed: int) -> None:
+    """As the store drives it: one inventory tuple, the usage dicts changed in place after every
+    decision (a reserve adds, a release subtracts), the foreign entries replaced now and then.
+    Every decision must see the latest usage, not what it remembered for a node."""
+    rng = random.Random(seed)
+    case = random_case(rng)
+    while len(case["nodes"]) < 4:
+        case = random_case(rng)
+    nodes = tuple(case["nodes"])
+    by_name = {node.name: node for node in nodes}
+    usage: dict[str, dict[str, Decimal]] = {
+        name: dict(bucket) for name, bucket in case["usage_by_node"].items()
+    }
+    foreign: dict[str, Foreign] = dict(case["foreign"] or {})
+    placed: list[tuple[str, dict[str, Decimal]]] = []
+    sizes = [
+        {"cpu": Decimal("0.5")},
+        {"cpu": Decimal(1), "memory": Decimal(1)},
+        {"nvidia.com/gpu": Decimal(1)},
+    ]
+    for _ in range(300):
+        requests = rng.choice(sizes)
+        ask: dict[str, Any] = {
+            "nodes": nodes,
+            "requests": requests,
+            "usage_by_node": usage,
+            "node_selector": case["node_selector"],
+            "affinity_terms": case["affinity_terms"],
+            "tolerations": case["tolerations"],
+            "policy": case["policy"],
+            "foreign": foreign,
+        }
+        expected = reference_choose_node(**ask)
+        assert choose_node(**ask) == expected
+        if expected.node is not None and rng.random() < 0.7:
+            amount = effective_usage(requests, by_name[expected.node])
+            add_usage(usage, expected.node, amount)
+            placed.append((expected.node, amount))
+        if placed and rng.random() < 0.3:
+            node, amount = placed.pop(rng.randrange(len(placed)))
+            subtract_usage(usage, node, amount)
+        if rng.random() < 0.1:
+            name = rng.choice(nodes).name
+            foreign[name] = Foreign(usage={"cpu": Decimal(rng.choice(AMOUNTS))}, count=1)
+        if foreign and rng.random() < 0.05:
+            del foreign[rng.choice(sorted(foreign))]
