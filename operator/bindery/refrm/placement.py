@@ -205,7 +205,7 @@ def choose_node(
         True: (with_pods, sorted(with_pods.items())),
     }
     memo = static.memo(tuple(requests.items()))
-    failures: Counter[str] = Counter(static.failures)
+    failed: list[tuple[str, ...]] = []  # counted only when nothing fits: then they are the reason
     binpack = policy is Policy.BINPACK
     best: tuple[Decimal, str] | None = None
     empty: Mapping[str, Decimal] = {}
@@ -222,13 +222,16 @@ def choose_node(
             )
             memo[name] = (dict(own), elsewhere, outcome)
         if isinstance(outcome, tuple):
-            failures.update(outcome)
+            failed.append(outcome)
             continue
         key = -outcome if binpack else outcome
         if best is None or key < best[0] or (key == best[0] and name < best[1]):
             best = (key, name)
     if best is not None:
         return Decision(node=best[1])
+    failures: Counter[str] = Counter(static.failures)
+    for reasons in failed:
+        failures.update(reasons)
     reason = format_reason(total_nodes=len(nodes), failures=failures)
     if not foreign:
         return Decision(node=None, reason=reason)
