@@ -100,6 +100,8 @@ def random_case(rng: random.Random) -> dict[str, Any]:
                 unschedulable=rng.random() < 0.1,
             )
         )
+    if nodes and rng.random() < 0.1:  # two nodes of one name (no inventory has that; still the same answer)
+        nodes.append(InventoryNode(name=nodes[0].name, allocatable={"cpu": Decimal(rng.choice(AMOUNTS))}))
     usage = {
         node.name: {name: Decimal(rng.choice(AMOUNTS)) for name in RESOURCES if rng.random() < 0.5}
         for node in nodes

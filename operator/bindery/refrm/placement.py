@@ -204,23 +204,23 @@ def choose_node(
         False: (usage, sorted(usage.items())),
         True: (with_pods, sorted(with_pods.items())),
     }
-    memo = static.memo(tuple(requests.items()))
+    memo = static.memo(tuple(requests.items()))  # by position in static.passing
     failed: list[tuple[str, ...]] = []  # counted only when nothing fits: then they are the reason
     binpack = policy is Policy.BINPACK
     best: tuple[Decimal, str] | None = None
     empty: Mapping[str, Decimal] = {}
-    for node, counts_pods in static.passing:
+    for index, (node, counts_pods) in enumerate(static.passing):
         name = node.name
         own = usage_by_node.get(name, empty)
         elsewhere = foreign.get(name) if foreign else None
-        known = memo.get(name)
+        known = memo[index]
         if known is not None and known[1] is elsewhere and known[0] == own:
             outcome = known[2]
         else:
             outcome = _fit(
                 node, own if elsewhere is None else _plus(own, elsewhere.usage), *shapes[counts_pods]
             )
-            memo[name] = (dict(own), elsewhere, outcome)
+            memo[index] = (dict(own), elsewhere, outcome)
         if isinstance(outcome, tuple):
             failed.append(outcome)
             continue
@@ -295,24 +295,19 @@ class _StaticOutcome:
 
     passing: tuple[tuple[InventoryNode, bool], ...]
     failures: Mapping[str, int]
-    #: Per kind of request (its items, in order: the score's sum depends on it), per node name:
+    #: Per kind of request (its items, in order: the score's sum depends on it), per passing node:
     #: the usage of this RM's reservations and the foreign entry an outcome was computed from.
-    memos: dict[
-        tuple[tuple[str, Decimal], ...], dict[str, tuple[dict[str, Decimal], Foreign | None, _Outcome]]
-    ] = field(default_factory=dict)
+    memos: dict[tuple[tuple[str, Decimal], ...], list[_Memo | None]] = field(default_factory=dict)
 
-    def memo(
-        self, kind: tuple[tuple[str, Decimal], ...]
-    ) -> dict[str, tuple[dict[str, Decimal], Foreign | None, _Outcome]]:
+    def memo(self, kind: tuple[tuple[str, Decimal], ...]) -> list[_Memo | None]:
         memo = self.memos.get(kind)
         if memo is None:
-            if len(self.memos) >= _MEMO_KINDS:
-                self.memos.clear()  # bounded: a backlog has a handful of request sizes
-            memo = self.memos[kind] = {}
+            _STATIC_CACHE.count_memo()
+            memo = self.memos[kind] = [None] * len(self.passing)
         return memo
 
 
-_MEMO_KINDS = 64
+_Memo = tuple[dict[str, Decimal], Foreign | None, _Outcome]
 
 
 class _StaticCache:
@@ -323,9 +318,21 @@ class _StaticCache:
     """
 
     size = 256
+    #: Memo tables (one entry per passing node each) kept at most, over all kinds of pods: a
+    #: backlog has a handful of pod shapes; a stream of distinct ones must not grow memory.
+    memo_tables = 32
 
     def __init__(self) -> None:
         self.entry: tuple[tuple[InventoryNode, ...], dict[str, _StaticOutcome]] = ((), {})
+        self._memos = 0
+
+    def count_memo(self) -> None:
+        """A memo table is about to be made: past the bound, forget every one of this inventory's."""
+        self._memos += 1
+        if self._memos > self.memo_tables:
+            for outcome in self.entry[1].values():
+                outcome.memos.clear()
+            self._memos = 1
 
 
 _STATIC_CACHE = _StaticCache()
