@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import signal
 import subprocess
@@ -16,7 +17,8 @@ from kubernetes_asyncio import client
 from bindery.devcluster.nodes import create_node
 from bindery.refrm import serve_reference_rm
 from bindery.refrm.cli import serve_command, served_url
-from bindery.refrm.mirror import NodeMirror
+from bindery.refrm.mirror import NodeMirror, _RawWatch
+from bindery.refrm.placement import InventoryNode
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable, RMUnschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest
@@ -41,6 +43,62 @@ def gpu_request(uid: str, *, tolerate: bool = False) -> ReservationRequest:
         idempotency_key=uid,
         ttl_seconds=60,
     )
+
+
+async def test_the_mirrors_watch_hands_out_parsed_json_not_client_models() -> None:
+    """The mirrors read ``raw_object`` only: the watch must not build a ``V1Pod`` per event."""
+    async with _RawWatch() as stream:
+        line = json.dumps(
+            {"type": "MODIFIED", "object": {"kind": "Pod", "metadata": {"name": "p", "resourceVersion": "7"}}}
+        )
+        event = stream.unmarshal_event(
+            line, stream.get_return_type(client.CoreV1Api.list_pod_for_all_namespaces)
+        )
+    assert event["object"] == event["raw_object"] == json.loads(line)["object"]
+    assert stream.resource_version == "7"
+
+
+@pytest.mark.controlplane
+async def test_a_node_event_that_changes_no_inventory_entry_publishes_nothing(
+    kube_api: client.ApiClient,
+) -> None:
+    """A heartbeat (a condition's timestamps) leaves the node's inventory entry as it was: no new
+    inventory is published (it would make the next placement re-evaluate every node).  Proven by
+    order, not by waiting: the heartbeat's event arrives before the label change's, so the label
+    change must be the one publish after the first list."""
+    pool = uuid.uuid4().hex[:8]
+    labels = {"bindery.dev/test-pool": pool}
+    name = f"mirror-{pool}-quiet"
+    core = client.CoreV1Api(kube_api)
+    published: list[list[InventoryNode]] = []
+    mirror = NodeMirror(
+        api=kube_api,
+        label_selector=f"bindery.dev/test-pool={pool}",
+        on_change=lambda n: published.append(list(n)),
+    )
+    await create_node(kube_api, name=name, capacity={"cpu": "4", "pods": "110"}, labels=labels)
+    task = asyncio.create_task(mirror.run())
+    try:
+        await eventually(
+            lambda: bool(published) and [n.name for n in published[-1]] == [name], "the node listed"
+        )
+        listed = len(published)
+        heartbeat = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "lastHeartbeatTime": "2030-01-01T00:00:00Z",
+        }
+        await core.patch_node_status(name=name, body={"status": {"conditions": [heartbeat]}})
+        await core.patch_node(name=name, body={"metadata": {"labels": {"zone": "b"}}})
+        await eventually(
+            lambda: any(n.labels.get("zone") == "b" for nodes in published for n in nodes),
+            "the label mirrored",
+        )
+        assert len(published) == listed + 1, [[n.labels for n in nodes] for nodes in published[listed:]]
+    finally:
+        task.cancel()
+        await core.delete_node(name=name)
 
 
 @pytest.mark.controlplane

@@ -435,10 +435,12 @@ class ReservationStore:
         if stale:
             claimed = [pod.reservation_id for entry in stale.values() for pod in entry.claims]
             rows = (
+                # By id (the unique index); `+state` keeps SQLite from choosing the state index,
+                # which scanned every active reservation at every reserve (3.4 ms at 5,000).
                 self._db.execute(
-                    "SELECT id, pod_uid, node FROM reservations WHERE state IN (?, ?) "
-                    "AND id IN (SELECT value FROM json_each(?))",
-                    (*_ACTIVE, json.dumps(claimed)),
+                    "SELECT id, pod_uid, node FROM reservations WHERE id IN (SELECT value FROM json_each(?)) "
+                    "AND +state IN (?, ?)",
+                    (json.dumps(claimed), *_ACTIVE),
                 ).fetchall()
                 if claimed
                 else []

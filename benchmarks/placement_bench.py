@@ -1,0 +1,106 @@
+"""CPU of the reference RM's placement per reserve, measured alone (no HTTP, no SQLite).
+
+Run:  .venv/bin/python benchmarks/placement_bench.py [--nodes 500] [--pods 5000] [--profile]
+
+The ceiling benchmark's backlog as the RM's placement sees it: ``--nodes`` nodes of 64 CPUs, 256Gi
+and 110 pods (Node objects through :func:`bindery.refrm.inventory.node_from_object`, one inventory
+tuple as the server holds it), and ``--pods`` pods of the benchmark's three sizes placed one after
+the other from empty nodes by :func:`bindery.refrm.placement.choose_node`, each placement accounted
+in place before the next as the store does (so bin-packing fills node after node to 110 pods, and
+the full ones answer "Too many pods").  It prints the mean milliseconds of CPU per call for each
+policy, and with ``--profile`` cProfile's top functions.  ``--constraints`` adds a taint on every
+node and a nodeSelector and a toleration on every pod.  It asserts nothing: compare the figure
+before and after a change to placement (benchmarks/PROFILE.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from decimal import Decimal
+
+from bindery.quantity import parse_quantity
+from bindery.refrm.inventory import node_from_object
+from bindery.refrm.placement import InventoryNode, Policy, add_usage, choose_node, effective_usage
+
+SIZES = [("100m", "64Mi"), ("250m", "128Mi"), ("500m", "256Mi")]
+
+
+TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+
+
+def inventory(count: int, *, constraints: bool) -> tuple[InventoryNode, ...]:
+    nodes = []
+    for index in range(count):
+        obj = {
+            "metadata": {"name": f"node-{index + 1:04d}", "labels": {"type": "kwok", "pool": "bench"}},
+            "spec": {"taints": [TAINT] if constraints else []},
+            "status": {
+                "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+        node = node_from_object(obj)
+        assert node is not None
+        nodes.append(node)
+    return tuple(nodes)  # as the server holds it: one immutable tuple per inventory
+
+
+def requests(index: int) -> dict[str, Decimal]:
+    cpu, memory = SIZES[index % len(SIZES)]
+    return {"cpu": parse_quantity(cpu), "memory": parse_quantity(memory)}
+
+
+def run(*, nodes: tuple[InventoryNode, ...], calls: int, policy: Policy, constraints: bool) -> float:
+    usage: dict[str, dict[str, Decimal]] = {}
+    tolerations = [{"key": TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}] if constraints else []
+    by_name = {node.name: node for node in nodes}
+    started = time.process_time()
+    for index in range(calls):
+        pod = requests(index)
+        decision = choose_node(
+            nodes=nodes,
+            requests=pod,
+            usage_by_node=usage,
+            node_selector={"pool": "bench"} if constraints else {},
+            affinity_terms=[],
+            tolerations=tolerations,
+            policy=policy,
+        )
+        assert decision.node is not None, decision.reason
+        add_usage(usage, decision.node, effective_usage(pod, by_name[decision.node]))
+    return (time.process_time() - started) / calls * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--pods", type=int, default=5000)
+    parser.add_argument("--profile", action="store_true", help="print cProfile's top functions")
+    parser.add_argument(
+        "--constraints",
+        action="store_true",
+        help="tainted nodes and pods with a nodeSelector and a toleration (default: none, as in ceiling.py)",
+    )
+    options = parser.parse_args()
+    nodes = inventory(options.nodes, constraints=options.constraints)
+    more = {"constraints": options.constraints}
+    for policy in Policy:
+        mean = run(nodes=nodes, calls=options.pods, policy=policy, **more)
+        print(
+            f"{policy.value:8s} {options.nodes} nodes, {options.pods} pods: {mean:.3f} ms CPU per choose_node"
+        )
+    if options.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        run(nodes=nodes, calls=options.pods, policy=Policy.BINPACK, **more)
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+
+
+if __name__ == "__main__":
+    main()
