@@ -8,7 +8,12 @@ from bindery.rm.contract import load_openapi
 from bindery.rm.errors import PROBLEM_BASE, ProblemType
 from bindery.rm.models import (
     CONTRACT_VERSION,
+    MAX_BATCH_OPERATIONS,
     MAX_GROUP_MEMBERS,
+    BatchOperation,
+    BatchOperationResult,
+    BatchRequest,
+    BatchResult,
     GroupIdentity,
     GroupMemberRequest,
     GroupRenewRequest,
@@ -16,6 +21,7 @@ from bindery.rm.models import (
     Reservation,
     ReservationGroup,
     ReservationGroupRequest,
+    ReservationRef,
     ReservationRequest,
     ReservationState,
     TopologyConstraint,
@@ -97,3 +103,39 @@ def test_v1_1_groups_match_the_models() -> None:
     assert set(schemas["Reservation"]["properties"]) == {f.alias for f in Reservation.model_fields.values()}
     listing = {p["name"] for p in paths["/v1/reservations"]["get"]["parameters"]}
     assert "groupId" in listing
+
+
+def test_v1_1_batch_matches_the_models() -> None:
+    """POST /v1/batch exists, each batch schema has exactly the fields of its model, request schemas
+    forbid unknown fields, and the operation limit is the models' one."""
+    document = load_openapi()
+    operation = document["paths"]["/v1/batch"]["post"]
+    assert operation["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/BatchRequest"
+    }
+    assert {"200", "400", "404", "405", "413"} <= set(operation["responses"])
+    schemas = document["components"]["schemas"]
+    for name, model in (
+        ("ReservationRef", ReservationRef),
+        ("BatchOperation", BatchOperation),
+        ("BatchRequest", BatchRequest),
+        ("BatchOperationResult", BatchOperationResult),
+        ("BatchResult", BatchResult),
+    ):
+        fields = {field.alias for field in model.model_fields.values()}
+        assert set(schemas[name]["properties"]) == fields, name
+        required = {f.alias for f in model.model_fields.values() if f.is_required()}
+        assert set(schemas[name].get("required", [])) == required, name
+    for name in ("ReservationRef", "BatchOperation", "BatchRequest"):
+        assert schemas[name]["additionalProperties"] is False, name
+    assert schemas["BatchRequest"]["properties"]["operations"]["maxItems"] == MAX_BATCH_OPERATIONS
+    assert schemas["BatchRequest"]["properties"]["operations"]["minItems"] == 1
+    refs = {
+        kind: schemas["BatchOperation"]["properties"][kind]["$ref"]
+        for kind in ("reserve", "commit", "release")
+    }
+    assert refs == {
+        "reserve": "#/components/schemas/ReservationRequest",
+        "commit": "#/components/schemas/ReservationRef",
+        "release": "#/components/schemas/ReservationRef",
+    }

@@ -20,7 +20,12 @@ from collections.abc import Sequence
 from bindery import tracing
 from bindery.refrm.inventory import InventoryError, load_inventory_file
 from bindery.refrm.placement import Policy
-from bindery.refrm.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_GROUP_BODY_BYTES, serve_reference_rm
+from bindery.refrm.server import (
+    DEFAULT_MAX_BATCH_BODY_BYTES,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_GROUP_BODY_BYTES,
+    serve_reference_rm,
+)
 
 __all__ = ["build_parser", "main", "serve_command", "served_url"]
 
@@ -101,6 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve without reservation groups (contract v1.1): their paths answer 404 as a v1.0 RM's "
         "do, to test how a caller handles an RM that lacks them",
     )
+    serve.add_argument(
+        "--max-batch-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BATCH_BODY_BYTES,
+        help="largest body of POST /v1/batch (default %(default)s)",
+    )
+    serve.add_argument(
+        "--no-batch",
+        action="store_true",
+        help="serve without POST /v1/batch (contract v1.1): it answers 404 as a v1.0 RM's does, to test "
+        "how a caller falls back to single calls; with --no-groups the RM looks like a v1.0 one",
+    )
     serve.add_argument("--log-level", default="INFO")
     return parser
 
@@ -154,6 +171,8 @@ async def _serve(args: argparse.Namespace) -> None:
                 max_body_bytes=args.max_body_bytes,
                 groups=not args.no_groups,
                 max_group_body_bytes=args.max_group_body_bytes,
+                batch=not args.no_batch,
+                max_batch_body_bytes=args.max_batch_body_bytes,
             )
         )
         if args.mirror_nodes:

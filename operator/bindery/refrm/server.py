@@ -4,6 +4,11 @@ This is the I/O edge: it authenticates, bounds and validates requests, and funne
 change through ONE worker thread that owns the SQLite store, so concurrent reserve calls are
 serialized and can never overcommit a node.  Placement itself is the pure code in
 :mod:`bindery.refrm.placement`.  Every error answer is RFC 9457 problem+json with a stable type.
+
+Contract v1.1's ``POST /v1/batch`` carries many reserve, commit and release operations in one
+request: the store carries them out in one transaction (:meth:`ReservationStore.batch`), and each
+operation answers through the same function as its single call (:func:`reserve_answer`,
+:func:`commit_answer`, :func:`release_answer`), so a batched operation cannot answer differently.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import pydantic
 import yaml
@@ -31,6 +36,8 @@ from bindery import tracing
 from bindery.refrm.accounting import ClusterPods
 from bindery.refrm.placement import InventoryNode, Policy
 from bindery.refrm.store import (
+    BatchOutcome,
+    CommitOutcome,
     Conflict,
     GroupConflict,
     GroupPlaced,
@@ -38,15 +45,18 @@ from bindery.refrm.store import (
     NotFound,
     Placed,
     PodMismatch,
+    ReleaseOutcome,
     ReservationStore,
+    ReserveOutcome,
     StoredGroup,
     StoredReservation,
-    Unschedulable,
 )
 from bindery.rm.contract import openapi_text
 from bindery.rm.errors import ProblemType
 from bindery.rm.models import (
     CONTRACT_VERSION,
+    MAX_BATCH_OPERATIONS,
+    BatchOperation,
     GroupRenewRequest,
     RenewRequest,
     ReservationGroupRequest,
@@ -55,11 +65,16 @@ from bindery.rm.models import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_BATCH_BODY_BYTES",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_GROUP_BODY_BYTES",
+    "Answer",
     "ReferenceRM",
     "RunningServer",
     "TokenCheck",
+    "commit_answer",
+    "release_answer",
+    "reserve_answer",
     "serve_reference_rm",
 ]
 
@@ -68,7 +83,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 #: A group of up to 1000 members needs more than one pod's request: about 300 bytes per member.
 DEFAULT_MAX_GROUP_BODY_BYTES = 2 * 1024 * 1024
+#: A batch of up to 500 operations: a reserve is about 400 bytes, 8 KiB leaves room for labels.
+DEFAULT_MAX_BATCH_BODY_BYTES = 4 * 1024 * 1024
 _GROUPS = "/v1/reservation-groups"
+_BATCH = "/v1/batch"
 _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.yaml", "/openapi.json"})
 _LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "limit", "cursor"})
 _TITLES = {
@@ -107,11 +125,62 @@ def problem(
     **extensions: Any,
 ) -> web.Response:
     """An RFC 9457 problem response."""
-    body = {"type": kind, "title": title or _TITLES.get(status, "Error"), "status": status, "detail": detail}
-    body.update({key: value for key, value in extensions.items() if value is not None})
+    body = _problem_body(status, kind, detail, title=title, **extensions)
     return web.Response(
         status=status, text=json.dumps(body), content_type="application/problem+json", headers=headers
     )
+
+
+def _problem_body(
+    status: int, kind: str, detail: str, *, title: str | None = None, **extensions: Any
+) -> dict[str, Any]:
+    body = {"type": kind, "title": title or _TITLES.get(status, "Error"), "status": status, "detail": detail}
+    body.update({key: value for key, value in extensions.items() if value is not None})
+    return body
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a reserve, commit or release answers, whether it came as its own call or in a batch.
+
+    The single handlers turn it into the HTTP response (:meth:`response`), the batch into one item
+    of its ``results`` (:meth:`result_json`): one mapping from the store's outcome per operation,
+    so the two can never drift apart.
+    """
+
+    status: int
+    reservation: StoredReservation | None = None  # the body of a 200/201
+    problem: dict[str, Any] | None = None  # the body of a 4xx
+    location: bool = False  # a reserve's answer names the reservation's path
+
+    @classmethod
+    def refusal(
+        cls, status: int, kind: str, detail: str, *, title: str | None = None, **extensions: Any
+    ) -> Answer:
+        return cls(status, problem=_problem_body(status, kind, detail, title=title, **extensions))
+
+    def response(self) -> web.Response:
+        if self.problem is not None:
+            return web.Response(
+                status=self.status, text=json.dumps(self.problem), content_type="application/problem+json"
+            )
+        if self.reservation is None:
+            return web.Response(status=self.status)
+        return web.Response(
+            status=self.status,
+            text=self.reservation.to_model().model_dump_json(by_alias=True),
+            content_type="application/json",
+            headers={"Location": f"/v1/reservations/{self.reservation.id}"} if self.location else None,
+        )
+
+    def result_json(self) -> str:
+        """This answer as one ``BatchOperationResult`` of a batch's ``results`` (JSON text)."""
+        if self.problem is not None:
+            return f'{{"status":{self.status},"problem":{json.dumps(self.problem)}}}'
+        if self.reservation is None:
+            return f'{{"status":{self.status}}}'
+        reservation = self.reservation.to_model().model_dump_json(by_alias=True)
+        return f'{{"status":{self.status},"reservation":{reservation}}}'
 
 
 class TokenCheck:
@@ -147,9 +216,12 @@ class TokenCheck:
         return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), expected)
 
 
-def _validation_errors(error: pydantic.ValidationError) -> tuple[str, list[dict[str, str]]]:
+def _validation_errors(
+    error: pydantic.ValidationError, *, at: tuple[str | int, ...] = ()
+) -> tuple[str, list[dict[str, str]]]:
+    """The detail and ``errors`` of a 400; ``at`` is where the validated value sits in the body."""
     items = [
-        {"location": "/".join(str(part) for part in item["loc"]) or "body", "message": item["msg"]}
+        {"location": "/".join(str(part) for part in (*at, *item["loc"])) or "body", "message": item["msg"]}
         for item in error.errors(include_url=False, include_input=False)
     ][:20]
     if any(item["type"] == "json_invalid" for item in error.errors(include_url=False)):
@@ -158,8 +230,77 @@ def _validation_errors(error: pydantic.ValidationError) -> tuple[str, list[dict[
     return f"{first['location']}: {first['message']}", items
 
 
+async def _read_capped(request: web.Request, *, limit: int, advice: str) -> bytes | web.Response:
+    """The body, or a 413 problem once it exceeds ``limit`` (for the paths that allow more than one
+    pod's request: aiohttp's own limit is that of a single request)."""
+    too_large = problem(
+        413, ProblemType.PAYLOAD_TOO_LARGE, f"the body exceeds the limit of {limit} bytes {advice}"
+    )
+    if request.content_length is not None and request.content_length > limit:
+        return too_large
+    body = bytearray()
+    while chunk := await request.content.readany():
+        body.extend(chunk)
+        if len(body) > limit:
+            return too_large
+    return bytes(body)
+
+
 def _is_json(request: web.Request) -> bool:
     return request.content_type == "application/json"
+
+
+def _batch_envelope(body: bytes) -> list[Any] | web.Response:
+    """The operations of a batch body, or the 400 that fails the whole batch (a wrong envelope)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return problem(400, ProblemType.INVALID_REQUEST, "the body is not valid JSON")
+    if not isinstance(document, dict) or not isinstance(document.get("operations"), list):
+        return problem(
+            400,
+            ProblemType.INVALID_REQUEST,
+            'a batch is a JSON object {"operations": [...]} with a list of operations',
+            errors=[{"location": "operations", "message": "Field required (a list)"}],
+        )
+    unknown = sorted(set(document) - {"operations"})
+    if unknown:
+        return problem(
+            400,
+            ProblemType.INVALID_REQUEST,
+            f"{unknown[0]}: Extra inputs are not permitted",
+            errors=[{"location": name, "message": "Extra inputs are not permitted"} for name in unknown],
+        )
+    operations: list[Any] = document["operations"]
+    if not 1 <= len(operations) <= MAX_BATCH_OPERATIONS:
+        return problem(
+            400,
+            ProblemType.INVALID_REQUEST,
+            f"a batch carries 1 to {MAX_BATCH_OPERATIONS} operations, this one {len(operations)}; "
+            "split it into several batches",
+            errors=[{"location": "operations", "message": f"1 to {MAX_BATCH_OPERATIONS} items"}],
+        )
+    return operations
+
+
+def _batch_operation(item: object, index: int) -> BatchOperation | Answer:
+    """One operation of a batch, validated on its own: an invalid one is its own 400 result, with the
+    problem its single call would answer (``errors`` located in the batch: ``operations/3/...``)."""
+    try:
+        return BatchOperation.model_validate(item)
+    except pydantic.ValidationError as error:
+        detail, errors = _validation_errors(error, at=("operations", index))
+        return Answer.refusal(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
+
+
+def _batched_answer(operation: BatchOperation, outcome: BatchOutcome) -> Answer:
+    """The answer of a batched operation: that of its single call (the store answered each operation
+    with the outcome of the method its single call uses, so the operation says which type it is)."""
+    if operation.reserve is not None:
+        return reserve_answer(operation.reserve, cast(ReserveOutcome, outcome))
+    if operation.commit is not None:
+        return commit_answer(operation.commit.reservation_id, cast(CommitOutcome, outcome))
+    return release_answer(cast(ReleaseOutcome, outcome))
 
 
 def _pod_uid_param(request: web.Request) -> str | web.Response | None:
@@ -170,8 +311,8 @@ def _pod_uid_param(request: web.Request) -> str | web.Response | None:
     return uid
 
 
-def _pod_mismatch(outcome: PodMismatch, what: str) -> web.Response:
-    return problem(
+def _pod_mismatch(outcome: PodMismatch, what: str) -> Answer:
+    return Answer.refusal(
         409,
         ProblemType.POD_MISMATCH,
         f"reservation {outcome.reservation.id} belongs to pod {outcome.reservation.pod_uid}, not to pod "
@@ -182,14 +323,83 @@ def _pod_mismatch(outcome: PodMismatch, what: str) -> web.Response:
     )
 
 
-def _not_active(reservation: StoredReservation, what: str) -> web.Response:
-    return problem(
+def _not_active(reservation: StoredReservation, what: str) -> Answer:
+    return Answer.refusal(
         409,
         ProblemType.RESERVATION_NOT_ACTIVE,
         f"reservation {reservation.id} is {reservation.state.value} and cannot be {what}; reserve again",
         title="Reservation not active",
         state=reservation.state.value,
     )
+
+
+def reserve_answer(request: ReservationRequest, outcome: ReserveOutcome) -> Answer:
+    """What ``POST /v1/reservations`` answers for this outcome of the store (also in a batch)."""
+    pod = request.pod
+    if isinstance(outcome, Placed):
+        stored = outcome.reservation
+        log.info(
+            "%s %s for pod %s/%s (uid %s) on %s",
+            "reserved" if outcome.created else "replayed",
+            stored.id,
+            pod.namespace,
+            pod.name,
+            pod.uid,
+            stored.node,
+        )
+        return Answer(201 if outcome.created else 200, reservation=stored, location=True)
+    if isinstance(outcome, Conflict):
+        log.info("idempotency key %r reused for a different request", request.idempotency_key)
+        return Answer.refusal(
+            409,
+            ProblemType.IDEMPOTENCY_KEY_REUSED,
+            f"idempotency key {request.idempotency_key!r} already belongs to reservation "
+            f"{outcome.existing.id} for a different request; release it first or use a new key",
+            title="Idempotency key reused",
+            reservationId=outcome.existing.id,
+        )
+    log.info("pod %s/%s (uid %s) unschedulable: %s", pod.namespace, pod.name, pod.uid, outcome.reason)
+    return Answer.refusal(
+        409,
+        ProblemType.UNSCHEDULABLE,
+        outcome.reason,
+        title="Unschedulable",
+        reason=outcome.reason,
+        retryAfterSeconds=outcome.retry_after,
+    )
+
+
+def commit_answer(reservation_id: str, outcome: CommitOutcome) -> Answer:
+    """What ``POST /v1/reservations/{id}/commit`` answers for this outcome (also in a batch)."""
+    if isinstance(outcome, NotFound):
+        return Answer.refusal(404, ProblemType.NOT_FOUND, f"no reservation {reservation_id!r}")
+    if isinstance(outcome, PodMismatch):
+        log.warning(
+            "refused to commit %s of pod %s for pod %s",
+            outcome.reservation.id,
+            outcome.reservation.pod_uid,
+            outcome.pod_uid,
+        )
+        return _pod_mismatch(outcome, "committed")
+    if isinstance(outcome, NotActive):
+        return _not_active(outcome.reservation, "committed")
+    log.info("committed %s (pod uid %s) on %s", outcome.id, outcome.pod_uid, outcome.node)
+    return Answer(200, reservation=outcome)
+
+
+def release_answer(outcome: ReleaseOutcome) -> Answer:
+    """What ``DELETE /v1/reservations/{id}`` answers for this outcome (also in a batch)."""
+    if isinstance(outcome, PodMismatch):
+        log.warning(
+            "refused to release %s of pod %s for pod %s",
+            outcome.reservation.id,
+            outcome.reservation.pod_uid,
+            outcome.pod_uid,
+        )
+        return _pod_mismatch(outcome, "released")
+    if outcome is not None:
+        log.info("released %s (pod uid %s) on %s", outcome.id, outcome.pod_uid, outcome.node)
+    return Answer(204)
 
 
 class ReferenceRM:
@@ -207,13 +417,18 @@ class ReferenceRM:
         clock: Callable[[], float] = time.time,
         groups: bool = True,
         max_group_body_bytes: int = DEFAULT_MAX_GROUP_BODY_BYTES,
+        batch: bool = True,
+        max_batch_body_bytes: int = DEFAULT_MAX_BATCH_BODY_BYTES,
     ) -> None:
         """``groups=False`` serves contract v1.1 without reservation groups: their paths answer 404,
-        as a v1.0 RM's do, so a caller can be tested against an RM that lacks them."""
+        as a v1.0 RM's do, so a caller can be tested against an RM that lacks them.  ``batch=False``
+        does the same for ``POST /v1/batch``."""
         self.policy = policy
         self.max_body_bytes = max_body_bytes
         self.groups = groups
         self.max_group_body_bytes = max(max_group_body_bytes, max_body_bytes)
+        self.batch = batch
+        self.max_batch_body_bytes = max(max_batch_body_bytes, max_body_bytes)
         self._tokens = tokens
         self._max_pending = max_pending
         self._pending = 0
@@ -319,6 +534,10 @@ class ReferenceRM:
         else:
             app.router.add_route("*", _GROUPS, self._no_groups)
             app.router.add_route("*", _GROUPS + "/{tail:.*}", self._no_groups)
+        if self.batch:
+            app.router.add_post(_BATCH, self._batch)
+        else:
+            app.router.add_route("*", _BATCH, self._no_batch)
         app.router.add_get("/healthz", self._healthz, allow_head=False)
         app.router.add_get("/readyz", self._readyz, allow_head=False)
         app.router.add_get("/openapi.yaml", self._openapi_yaml, allow_head=False)
@@ -327,8 +546,8 @@ class ReferenceRM:
 
     # -- handlers -------------------------------------------------------------------------------
 
-    def _back_pressure(self) -> web.Response | None:
-        if self._inventory is None:
+    def _back_pressure(self, *, need_inventory: bool = True) -> web.Response | None:
+        if need_inventory and self._inventory is None:
             return problem(
                 503, ProblemType.UNAVAILABLE, "the inventory is not loaded yet", headers={"Retry-After": "1"}
             )
@@ -365,44 +584,7 @@ class ReferenceRM:
             )
         finally:
             self._pending -= 1
-        pod = reservation_request.pod
-        if isinstance(outcome, Placed):
-            model = outcome.reservation.to_model()
-            log.info(
-                "%s %s for pod %s/%s (uid %s) on %s",
-                "reserved" if outcome.created else "replayed",
-                model.id,
-                pod.namespace,
-                pod.name,
-                pod.uid,
-                model.node,
-            )
-            return web.Response(
-                status=201 if outcome.created else 200,
-                text=model.model_dump_json(by_alias=True),
-                content_type="application/json",
-                headers={"Location": f"/v1/reservations/{model.id}"},
-            )
-        if isinstance(outcome, Conflict):
-            log.info("idempotency key %r reused for a different request", reservation_request.idempotency_key)
-            return problem(
-                409,
-                ProblemType.IDEMPOTENCY_KEY_REUSED,
-                f"idempotency key {reservation_request.idempotency_key!r} already belongs to reservation "
-                f"{outcome.existing.id} for a different request; release it first or use a new key",
-                title="Idempotency key reused",
-                reservationId=outcome.existing.id,
-            )
-        assert isinstance(outcome, Unschedulable)
-        log.info("pod %s/%s (uid %s) unschedulable: %s", pod.namespace, pod.name, pod.uid, outcome.reason)
-        return problem(
-            409,
-            ProblemType.UNSCHEDULABLE,
-            outcome.reason,
-            title="Unschedulable",
-            reason=outcome.reason,
-            retryAfterSeconds=outcome.retry_after,
-        )
+        return reserve_answer(reservation_request, outcome).response()
 
     async def _commit(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -418,38 +600,16 @@ class ReferenceRM:
         pod_uid = _pod_uid_param(request)
         if isinstance(pod_uid, web.Response):
             return pod_uid
-        outcome = await self._run(self._store.commit, request.match_info["id"], pod_uid=pod_uid)
-        if isinstance(outcome, NotFound):
-            return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']!r}")
-        if isinstance(outcome, PodMismatch):
-            log.warning(
-                "refused to commit %s of pod %s for pod %s",
-                outcome.reservation.id,
-                outcome.reservation.pod_uid,
-                outcome.pod_uid,
-            )
-            return _pod_mismatch(outcome, "committed")
-        if isinstance(outcome, NotActive):
-            return _not_active(outcome.reservation, "committed")
-        log.info("committed %s (pod uid %s) on %s", outcome.id, outcome.pod_uid, outcome.node)
-        return web.json_response(text=outcome.to_model().model_dump_json(by_alias=True))
+        reservation_id = request.match_info["id"]
+        outcome = await self._run(self._store.commit, reservation_id, pod_uid=pod_uid)
+        return commit_answer(reservation_id, outcome).response()
 
     async def _release(self, request: web.Request) -> web.Response:
         pod_uid = _pod_uid_param(request)
         if isinstance(pod_uid, web.Response):
             return pod_uid
         released = await self._run(self._store.release, request.match_info["id"], pod_uid=pod_uid)
-        if isinstance(released, PodMismatch):
-            log.warning(
-                "refused to release %s of pod %s for pod %s",
-                released.reservation.id,
-                released.reservation.pod_uid,
-                released.pod_uid,
-            )
-            return _pod_mismatch(released, "released")
-        if released is not None:
-            log.info("released %s (pod uid %s) on %s", released.id, released.pod_uid, released.node)
-        return web.Response(status=204)
+        return release_answer(released).response()
 
     async def _renew(self, request: web.Request) -> web.Response:
         if not _is_json(request):
@@ -474,11 +634,61 @@ class ReferenceRM:
                 outcome.reservation.pod_uid,
                 outcome.pod_uid,
             )
-            return _pod_mismatch(outcome, "renewed")
+            return _pod_mismatch(outcome, "renewed").response()
         if isinstance(outcome, NotActive):
-            return _not_active(outcome.reservation, "renewed")
+            return _not_active(outcome.reservation, "renewed").response()
         log.debug("renewed %s (pod uid %s) for %d s", outcome.id, outcome.pod_uid, renewal.ttl_seconds)
         return web.json_response(text=outcome.to_model().model_dump_json(by_alias=True))
+
+    # -- batches (contract v1.1) -----------------------------------------------------------------
+
+    async def _no_batch(self, request: web.Request) -> web.Response:
+        return problem(
+            404,
+            ProblemType.NOT_FOUND,
+            f"there is no {request.path} here: this resource manager serves contract v1 without "
+            "batches (the reference RM was started with --no-batch); send single calls",
+        )
+
+    async def _batch(self, request: web.Request) -> web.Response:
+        """``POST /v1/batch``: every operation answered as its single call would be, in order, after
+        ONE transaction made them all durable.
+
+        Only a wrong envelope (not JSON, no list of 1 to 500 operations, an unknown field) fails the
+        whole request; an invalid operation gets its own 400 result and the others are carried out.
+        """
+        if not _is_json(request):
+            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+        body = await _read_capped(
+            request,
+            limit=self.max_batch_body_bytes,
+            advice="for a batch; send fewer operations per batch or raise the RM's --max-batch-body-bytes",
+        )
+        if isinstance(body, web.Response):
+            return body
+        envelope = _batch_envelope(body)
+        if isinstance(envelope, web.Response):
+            return envelope
+        parsed = [_batch_operation(item, index) for index, item in enumerate(envelope)]
+        valid = [operation for operation in parsed if isinstance(operation, BatchOperation)]
+        # As for the single calls: only a reserve needs the inventory (503 until it is loaded).
+        busy = self._back_pressure(need_inventory=any(operation.reserve is not None for operation in valid))
+        if busy is not None:
+            return busy
+        self._pending += 1
+        try:
+            done = await self._run(
+                self._store.batch, valid, nodes=self._inventory or (), policy=self.policy, pods=self._pods
+            )
+        finally:
+            self._pending -= 1
+        outcomes = iter(done)
+        results = [
+            operation if isinstance(operation, Answer) else _batched_answer(operation, next(outcomes))
+            for operation in parsed
+        ]
+        text = ",".join(answer.result_json() for answer in results)
+        return web.Response(text=f'{{"results":[{text}]}}', content_type="application/json")
 
     # -- reservation groups (contract v1.1) -----------------------------------------------------
 
@@ -492,21 +702,11 @@ class ReferenceRM:
 
     async def _read_group_body(self, request: web.Request) -> bytes | web.Response:
         """The body, up to the group limit (larger than one pod's: a group carries its members)."""
-        limit = self.max_group_body_bytes
-        too_large = problem(
-            413,
-            ProblemType.PAYLOAD_TOO_LARGE,
-            f"the body exceeds the limit of {limit} bytes for a reservation group; split the group or "
-            "raise the RM's --max-group-body-bytes",
+        return await _read_capped(
+            request,
+            limit=self.max_group_body_bytes,
+            advice="for a reservation group; split the group or raise the RM's --max-group-body-bytes",
         )
-        if request.content_length is not None and request.content_length > limit:
-            return too_large
-        body = bytearray()
-        while chunk := await request.content.readany():
-            body.extend(chunk)
-            if len(body) > limit:
-                return too_large
-        return bytes(body)
 
     def _group_answer(self, group: StoredGroup, *, status: int = 200) -> web.Response:
         return web.Response(
@@ -700,6 +900,8 @@ async def serve_reference_rm(
     max_pending: int = 1024,
     groups: bool = True,
     max_group_body_bytes: int = DEFAULT_MAX_GROUP_BODY_BYTES,
+    batch: bool = True,
+    max_batch_body_bytes: int = DEFAULT_MAX_BATCH_BODY_BYTES,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -721,6 +923,8 @@ async def serve_reference_rm(
         max_pending=max_pending,
         groups=groups,
         max_group_body_bytes=max_group_body_bytes,
+        batch=batch,
+        max_batch_body_bytes=max_batch_body_bytes,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()
@@ -733,7 +937,10 @@ async def serve_reference_rm(
         log.info(
             "reference RM (contract %s%s) listening on %s://%s:%d",
             CONTRACT_VERSION,
-            "" if groups else ", without reservation groups",
+            "".join(
+                ([] if groups else [", without reservation groups"])
+                + ([] if batch else [", without batches"])
+            ),
             scheme,
             host,
             bound_port,

@@ -17,6 +17,12 @@ written together or not at all, and only then counted in memory.  The members sh
 idempotency key (deduplicated on the group) and its lease (one ``expires_at``); afterwards they are
 ordinary reservations, committed and released one by one, or released together while reserved.
 
+Since contract v1.1 a batch (``POST /v1/batch``) carries many reserve, commit and release
+operations out in order in ONE transaction: one fsync for the lot, each operation seeing the effects
+of those before it (two reserves of one batch never share capacity).  The memory kept for speed is
+changed as each operation goes, as for a single call, and rebuilt from the table if the transaction
+rolls back, so it never counts what is not on disk.
+
 Expiry is lazy: every operation first marks reservations whose lease ran out as ``expired``, so the
 answer never depends on a background timer having run.  Released and expired rows are kept for
 ``retention`` seconds so late releases, lists and commits get a precise answer, then deleted.
@@ -46,6 +52,7 @@ from bindery.refrm.placement import (
     subtract_usage,
 )
 from bindery.rm.models import (
+    BatchOperation,
     Reservation,
     ReservationGroup,
     ReservationGroupRequest,
@@ -54,6 +61,8 @@ from bindery.rm.models import (
 )
 
 __all__ = [
+    "BatchOutcome",
+    "CommitOutcome",
     "Conflict",
     "GroupConflict",
     "GroupPlaced",
@@ -61,7 +70,9 @@ __all__ = [
     "NotFound",
     "Placed",
     "PodMismatch",
+    "ReleaseOutcome",
     "ReservationStore",
+    "ReserveOutcome",
     "StoredGroup",
     "StoredReservation",
     "Unschedulable",
@@ -271,6 +282,14 @@ class PodMismatch:
     pod_uid: str
 
 
+ReserveOutcome = Placed | Conflict | Unschedulable
+CommitOutcome = StoredReservation | NotFound | NotActive | PodMismatch
+#: What a release did: the reservation released, a refusal, or None when there was nothing to release.
+ReleaseOutcome = StoredReservation | PodMismatch | None
+#: One batched operation's outcome: that of the store call its single HTTP call makes.
+BatchOutcome = ReserveOutcome | CommitOutcome | ReleaseOutcome
+
+
 def _mismatch(current: StoredReservation, pod_uid: str | None) -> PodMismatch | None:
     """Checked before anything else changes: a mismatch is refused with no state change at all."""
     if pod_uid is None or current.pod_uid == pod_uid:
@@ -292,10 +311,7 @@ class ReservationStore:
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
         self._migrate()
-        self._usage: dict[str, dict[str, Decimal]] = {}
-        for row in self._db.execute(f"SELECT {_COLUMNS} FROM reservations WHERE state IN (?, ?)", _ACTIVE):
-            stored = StoredReservation.from_row(row)
-            add_usage(self._usage, stored.node, stored.usage())
+        self._usage = self._load_usage()
         # The foreign usage of each node as last resolved: (the snapshot's entry it was resolved
         # from, the result). See `_foreign`.
         self._foreign_by_node: dict[str, tuple[NodePods, Foreign | None]] = {}
@@ -306,6 +322,14 @@ class ReservationStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def _load_usage(self) -> dict[str, dict[str, Decimal]]:
+        """The capacity in use per node, from the table: at start-up and after a rolled-back batch."""
+        usage: dict[str, dict[str, Decimal]] = {}
+        for row in self._db.execute(f"SELECT {_COLUMNS} FROM reservations WHERE state IN (?, ?)", _ACTIVE):
+            stored = StoredReservation.from_row(row)
+            add_usage(usage, stored.node, stored.usage())
+        return usage
 
     def _migrate(self) -> None:
         """Add the v1.1 group columns to a table an older RM created (its rows are in no group)."""
@@ -333,6 +357,9 @@ class ReservationStore:
     def _expire(self) -> None:
         now = self._clock()
         if now < self._next_expiry and now < self._next_gc:
+            return
+        if self._db.in_transaction:
+            # Inside a batch: it swept when it began, and its operations happen at that moment.
             return
         self._db.execute("BEGIN IMMEDIATE")
         try:
@@ -432,7 +459,7 @@ class ReservationStore:
         nodes: Sequence[InventoryNode],
         policy: Policy,
         pods: ClusterPods | None = None,
-    ) -> Placed | Conflict | Unschedulable:
+    ) -> ReserveOutcome:
         """Place ``request`` if a node has room for it next to this RM's active reservations and
         ``pods``, the pods bound to the nodes (mirror mode; see :mod:`bindery.refrm.accounting`)."""
         self._expire()
@@ -479,13 +506,12 @@ class ReservationStore:
             f"VALUES ({', '.join('?' * len(values))}) RETURNING {_COLUMNS}",
             values,
         ).fetchone()
-        add_usage(self._usage, node.name, usage)  # autocommit: the row is durable now
+        # Autocommit: the row is durable now (in a batch, memory is rebuilt if the batch rolls back).
+        add_usage(self._usage, node.name, usage)
         self._next_expiry = min(self._next_expiry, now + request.ttl_seconds)
         return Placed(StoredReservation.from_row(row), created=True)
 
-    def commit(
-        self, reservation_id: str, *, pod_uid: str | None = None
-    ) -> StoredReservation | NotFound | NotActive | PodMismatch:
+    def commit(self, reservation_id: str, *, pod_uid: str | None = None) -> CommitOutcome:
         current = self.get(reservation_id)
         if current is None:
             return NotFound()
@@ -502,9 +528,7 @@ class ReservationStore:
         ).fetchone()
         return StoredReservation.from_row(row)
 
-    def release(
-        self, reservation_id: str, *, pod_uid: str | None = None
-    ) -> StoredReservation | PodMismatch | None:
+    def release(self, reservation_id: str, *, pod_uid: str | None = None) -> ReleaseOutcome:
         """Release if active; returns what was released (None when there was nothing to release).
 
         Releasing what is not active is a no-op whoever asks, so only an active reservation of
@@ -546,6 +570,53 @@ class ReservationStore:
         ).fetchone()
         self._next_expiry = min(self._next_expiry, now + ttl_seconds)
         return StoredReservation.from_row(row)
+
+    def batch(
+        self,
+        operations: Sequence[BatchOperation],
+        *,
+        nodes: Sequence[InventoryNode],
+        policy: Policy,
+        pods: ClusterPods | None = None,
+    ) -> list[BatchOutcome]:
+        """Carry out ``operations`` in order in ONE transaction; one outcome each, in the same order.
+
+        Each operation is exactly its single call (:meth:`reserve`, :meth:`commit`, :meth:`release`):
+        inside the transaction their statements see each other's writes, so a later reserve finds
+        the capacity and the idempotency keys of the earlier ones.  Not atomic as a group is: an
+        operation refused (unschedulable, not found, ...) changes nothing and the others go on.
+        Only an error of the store itself (a failed write or COMMIT) undoes the whole batch; the
+        memory is then rebuilt from the table and the error raised, so nothing is half-counted.
+        """
+        self._expire()
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            outcomes: list[BatchOutcome] = []
+            for operation in operations:
+                if operation.reserve is not None:
+                    outcomes.append(self.reserve(operation.reserve, nodes=nodes, policy=policy, pods=pods))
+                elif operation.commit is not None:
+                    ref = operation.commit
+                    outcomes.append(self.commit(ref.reservation_id, pod_uid=ref.pod_uid))
+                else:
+                    assert operation.release is not None  # BatchOperation names exactly one
+                    ref = operation.release
+                    outcomes.append(self.release(ref.reservation_id, pod_uid=ref.pod_uid))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._rolled_back()
+            raise
+        return outcomes
+
+    def _rolled_back(self) -> None:
+        """Undo a failed batch: roll the transaction back and rebuild what memory holds of it."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+        self._usage = self._load_usage()
+        self._next_expiry = self._earliest_expiry()
+        # Resolved foreign usage may rest on rows that are gone now: resolve again.
+        self._foreign_by_node.clear()
+        self._foreign_deactivations = -1
 
     def list(
         self,
