@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bindery.rm import RMConflict, RMProtocolError, RMRejected, RMUnschedulable
+from bindery.rm import RMConflict, RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMPodMismatch
 from bindery.rm.models import PodIdentity, ReservationRequest, ReservationState
@@ -44,6 +44,7 @@ class TinyRM:
     full: set[str] = field(default_factory=set)
     batch_gate: asyncio.Event | None = None  # batches wait for it
     batch_status: list[int] = field(default_factory=list)  # envelope statuses to answer first
+    batch_delays: list[float] = field(default_factory=list)  # seconds to hold each batch, in turn
     operation_status: dict[str, int] = field(default_factory=dict)  # uid -> status, answered once
     drop_result: bool = False  # answer one result too few
     wire: list[tuple[str, int]] = field(default_factory=list)  # (path, operations) per request
@@ -100,6 +101,8 @@ class TinyRM:
             return answer(404, problem(404, ProblemType.NOT_FOUND))
         if self.batch_gate is not None:
             await self.batch_gate.wait()
+        if self.batch_delays:
+            await asyncio.sleep(self.batch_delays.pop(0))
         if self.batch_status:
             status = self.batch_status.pop(0)
             return answer(status, problem(status, ProblemType.UNAVAILABLE))
@@ -310,3 +313,20 @@ async def test_batching_off_sends_single_calls(rm: TinyRM) -> None:
     async with make_client(rm, batching=False) as client:
         await asyncio.gather(*(client.reserve(request_for(f"u{n}")) for n in range(3)))
     assert rm.wire == [("/v1/reservations", 1)] * 3
+
+
+async def test_a_queued_calls_deadline_counts_from_when_it_was_queued(rm: TinyRM) -> None:
+    """Waiting for a batch slot is part of the call: it must not double the call's deadline."""
+    rm.batch_delays = [0.6, 0.6]
+    async with make_client(rm, batches_in_flight=1, call_deadline=1.0, max_attempts=1) as client:
+        first = asyncio.gather(*(client.reserve(request_for(f"a{n}")) for n in range(2)))
+        while not rm.wire:
+            await asyncio.sleep(0.01)
+        late = asyncio.gather(
+            *(client.reserve(request_for(f"b{n}")) for n in range(2)), return_exceptions=True
+        )
+        assert len(await first) == 2
+        outcomes = await late  # queued ~0.6 s before their batch left: 0.4 s left of 1.0 s
+    assert rm.wire == [("/v1/batch", 2), ("/v1/batch", 2)]
+    assert all(isinstance(outcome, RMUnavailable) for outcome in outcomes)
+    assert "overall deadline of 1.0s ran out" in str(outcomes[0])

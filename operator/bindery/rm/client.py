@@ -417,7 +417,8 @@ class ResourceManagerClient:
         """Reserve capacity; safe to retry because the RM deduplicates by the idempotency key."""
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         outcome = await self._coalesced(
-            {"reserve": body}, lambda: self._call("POST", "/v1/reservations", json_body=body)
+            {"reserve": body},
+            lambda started_at: self._call("POST", "/v1/reservations", json_body=body, started_at=started_at),
         )
         return _reserve_result(request, outcome)
 
@@ -430,11 +431,12 @@ class ResourceManagerClient:
         """
         outcome = await self._coalesced(
             {"commit": _reference(reservation_id, pod_uid)},
-            lambda: self._call(
+            lambda started_at: self._call(
                 "POST",
                 f"/v1/reservations/{_quote(reservation_id)}/commit",
                 json_body={},
                 params=_pod_query(pod_uid),
+                started_at=started_at,
             ),
         )
         return _commit_result(reservation_id, pod_uid, outcome)
@@ -447,8 +449,11 @@ class ResourceManagerClient:
         """
         outcome = await self._coalesced(
             {"release": _reference(reservation_id, pod_uid)},
-            lambda: self._call(
-                "DELETE", f"/v1/reservations/{_quote(reservation_id)}", params=_pod_query(pod_uid)
+            lambda started_at: self._call(
+                "DELETE",
+                f"/v1/reservations/{_quote(reservation_id)}",
+                params=_pod_query(pod_uid),
+                started_at=started_at,
             ),
         )
         _release_result(outcome)
@@ -622,17 +627,18 @@ class ResourceManagerClient:
     # -- coalescing reserve, commit and release into POST /v1/batch (contract v1.1) ------------
 
     async def _coalesced(
-        self, operation: dict[str, Any], single: Callable[[], Awaitable[_Answer]]
+        self, operation: dict[str, Any], single: Callable[[float | None], Awaitable[_Answer]]
     ) -> _Outcome:
-        """The answer to one reserve, commit or release: from a batch, or from ``single()``, its
-        ordinary call, when it is alone in the queue or the RM cannot batch.
+        """The answer to one reserve, commit or release: from a batch, or from ``single``, its
+        ordinary call, when it is alone in the queue or the RM cannot batch (given when the call
+        was queued: its deadline counts from then, as a batch's does).
 
         The caller's cancellation cancels only its own wait (or its own single call): a batch
         already on its way is carried on for the others, and its answer for this one is dropped.
         """
         loop = asyncio.get_running_loop()
         if not self._batching or self._batch_unsupported_until > loop.time():
-            return _SingleOutcome(self, await single())
+            return _SingleOutcome(self, await single(None))
         waiter = _Waiter(operation=operation, queued_at=loop.time())
         if self._coalescer.add(waiter):
             loop.call_soon(self._flush)
@@ -646,7 +652,7 @@ class ResourceManagerClient:
         if not isinstance(verdict, _Verdict):
             return verdict
         try:
-            return _SingleOutcome(self, await single())
+            return _SingleOutcome(self, await single(waiter.queued_at))
         finally:
             if verdict.slot:
                 self._finish_batch()
