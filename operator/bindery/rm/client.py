@@ -88,8 +88,9 @@ MAX_RESPONSE_BYTES = 1024 * 1024
 _MAX_PAGES = 10_000
 #: How long a "this RM has no renew" verdict holds before the client asks again (an RM may be upgraded).
 _UNSUPPORTED_FOR = 300.0
-#: Batch requests in flight at once before further calls wait for one of them to finish (see
-#: benchmarks/PROFILE.md for how 2 was chosen: more sends smaller batches for no gain in rate).
+#: Batch requests in flight at once before further calls wait for one of them to finish. One makes
+#: the largest batches but holds every call behind a whole round trip; more than two cost CPU for
+#: nothing (benchmarks/rm_batch_cpu.py, figures in benchmarks/PROFILE.md).
 BATCHES_IN_FLIGHT = 2
 _BodyModel = TypeVar("_BodyModel", bound=pydantic.BaseModel)
 
