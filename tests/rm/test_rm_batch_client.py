@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from bindery import tracing
 from bindery.rm import RMConflict, RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMPodMismatch
@@ -48,6 +49,7 @@ class TinyRM:
     operation_status: dict[str, int] = field(default_factory=dict)  # uid -> status, answered once
     drop_result: bool = False  # answer one result too few
     wire: list[tuple[str, int]] = field(default_factory=list)  # (path, operations) per request
+    traceparents: list[str | None] = field(default_factory=list)  # of each batch
     owners: dict[str, str] = field(default_factory=dict)
     url: str = ""
 
@@ -97,6 +99,7 @@ class TinyRM:
     async def batched(self, request: web.Request) -> web.StreamResponse:
         operations = (await request.json())["operations"]
         self.wire.append((request.path, len(operations)))
+        self.traceparents.append(request.headers.get("traceparent"))
         if not self.batch:
             return answer(404, problem(404, ProblemType.NOT_FOUND))
         if self.batch_gate is not None:
@@ -330,3 +333,25 @@ async def test_a_queued_calls_deadline_counts_from_when_it_was_queued(rm: TinyRM
     assert rm.wire == [("/v1/batch", 2), ("/v1/batch", 2)]
     assert all(isinstance(outcome, RMUnavailable) for outcome in outcomes)
     assert "overall deadline of 1.0s ran out" in str(outcomes[0])
+
+
+async def test_a_batch_carries_the_first_callers_traceparent(
+    rm: TinyRM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    monkeypatch.setattr(tracing.state, "on", True)
+    monkeypatch.setattr(tracing.state, "tracer", TracerProvider().get_tracer("test"))
+    trace_ids: list[str] = []
+
+    async def traced_reserve(uid: str) -> None:
+        with tracing.span(f"cycle {uid}") as span:
+            trace_ids.append(f"{span.get_span_context().trace_id:032x}")
+            await client.reserve(request_for(uid))
+
+    async with make_client(rm) as client:
+        await asyncio.gather(*(traced_reserve(f"u{n}") for n in range(3)))
+    assert rm.wire == [("/v1/batch", 3)]
+    traceparent = rm.traceparents[0]
+    assert traceparent is not None
+    assert traceparent.split("-")[1] == trace_ids[0]  # one request continues one trace: the first's
