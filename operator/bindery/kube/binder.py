@@ -1,8 +1,9 @@
 """Bind a pod by POSTing a Binding to `pods/{name}/binding`, the way kube-scheduler's default binder does.
 
 Why the raw response: the apiserver answers a Binding with a `Status`, which the generated client
-tries to deserialize as a `V1Binding` and fails on (kubernetes-client/python#547). We ask for the raw
-response (`_preload_content=False`) and look only at the status code.
+tries to deserialize as a `V1Binding` and fails on (kubernetes-client/python#547). The POST goes
+through the API client's REST layer directly (bindery.kube.post: the same session, auth and
+headers, none of the generated method's per-call work) and only the status code is looked at.
 
 Why `metadata.uid`: it is a precondition checked by the apiserver in the same write, so a pod that
 was deleted and recreated under the same name is never bound on the old pod's reservation (409).
@@ -32,6 +33,7 @@ import aiohttp
 from kubernetes_asyncio import client
 
 from bindery.kube.counters import WriteCounter
+from bindery.kube.post import post_json, quote
 from bindery.kube.reads import read_pod
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
@@ -54,6 +56,7 @@ class KubeBinder:
         counter: WriteCounter | None = None,
         timeout: float = BIND_TIMEOUT_SECONDS,
     ) -> None:
+        self._api = api
         self._core = client.CoreV1Api(api)
         self._counter = counter or WriteCounter()
         self._timeout = timeout
@@ -136,17 +139,14 @@ class KubeBinder:
     async def _post_binding(self, *, pod: PodInfo, body: dict[str, Any], limit: float) -> tuple[int, bytes]:
         self._counter.add(kind="binding")
         try:
-            response = await self._core.create_namespaced_pod_binding(
-                name=pod.name,
-                namespace=pod.namespace,
+            # = create_namespaced_pod_binding(..., _preload_content=False), without the generated
+            # method's per-call machinery (bindery.kube.post).
+            return await post_json(
+                api=self._api,
+                path=f"/api/v1/namespaces/{quote(pod.namespace)}/pods/{quote(pod.name)}/binding",
                 body=body,
-                _preload_content=False,
-                _request_timeout=limit,
+                timeout=limit,
             )
-            try:
-                return int(response.status), await response.read()
-            finally:
-                response.release()
         except (client.ApiException, aiohttp.ClientError, TimeoutError) as exc:  # transport failures
             raise BindError(
                 f"binding pod {pod.namespace}/{pod.name} failed: the apiserver did not answer: "

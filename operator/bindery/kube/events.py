@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from bindery.kube.counters import WriteCounter
+from bindery.kube.post import post_json, quote
 from bindery.scheduling.podspec import PodInfo
 
 NOTE_LIMIT = 1024  # events.k8s.io rejects notes longer than 1 kB
@@ -84,7 +85,7 @@ class KubeEventSink:
         hostname: str | None = None,
         timeout: float = EVENT_TIMEOUT_SECONDS,
     ) -> None:
-        self._events = client.EventsV1Api(api)
+        self._api = api
         self._counter = counter or WriteCounter()
         self._hostname = hostname or socket.gethostname()
         self._timeout = timeout
@@ -153,12 +154,14 @@ class KubeEventSink:
             now=datetime.datetime.now(datetime.UTC),
         )
         self._counter.add(kind="event")
-        response = await self._events.create_namespaced_event(
-            namespace=pod.namespace, body=body, _preload_content=False, _request_timeout=limit
+        # = EventsV1Api.create_namespaced_event(..., _preload_content=False), without the generated
+        # method's per-call machinery (bindery.kube.post).
+        status, payload = await post_json(
+            api=self._api,
+            path=f"/apis/events.k8s.io/v1/namespaces/{quote(pod.namespace)}/events",
+            body=body,
+            timeout=limit,
         )
-        try:
-            if response.status >= 300:
-                detail = (await response.read())[:300].decode("utf-8", "replace")
-                raise client.ApiException(status=response.status, reason=f"event not written: {detail}")
-        finally:
-            response.release()
+        if status >= 300:
+            detail = payload[:300].decode("utf-8", "replace")
+            raise client.ApiException(status=status, reason=f"event not written: {detail}")

@@ -9,6 +9,12 @@ key, commit, release and renew by definition), nor let a misbehaving server cras
 response is size-capped while streaming and validated; any contract violation becomes
 ``RMProtocolError``).
 
+Reserve, commit and release calls that many pods' cycles make at about the same moment are sent
+together as one ``POST /v1/batch`` (contract v1.1; :mod:`bindery.rm.batching` decides when), and
+each caller gets exactly the value or error its single call would have given: one function per
+operation maps an answer to it, whether the answer came alone or inside a batch. A lone call is
+sent as itself, and a v1.0 RM (404/405 on the path) gets single calls only.
+
 The bearer token is re-read when its file changes, so a rotated Secret is picked up without a
 restart; TLS verification is always on for https and plain http must be allowed explicitly.
 Requests are built by httpx and sent by aiohttp (:mod:`bindery.rm.transport`), which costs the
@@ -18,6 +24,7 @@ operator a fraction of httpx's own connection pool per call.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime
 import functools
 import json
@@ -28,10 +35,10 @@ import pathlib
 import ssl
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Final, Protocol, Self, TypeVar
 
 import httpx
 import pydantic
@@ -45,6 +52,7 @@ from tenacity import (
 from tenacity.wait import wait_exponential_jitter
 
 from bindery import tracing
+from bindery.rm.batching import Coalescer
 from bindery.rm.errors import (
     ProblemType,
     RMConflict,
@@ -58,6 +66,9 @@ from bindery.rm.errors import (
     RMUnsupported,
 )
 from bindery.rm.models import (
+    MAX_BATCH_OPERATIONS,
+    BatchOperationResult,
+    BatchResult,
     Problem,
     Reservation,
     ReservationGroup,
@@ -77,6 +88,10 @@ MAX_RESPONSE_BYTES = 1024 * 1024
 _MAX_PAGES = 10_000
 #: How long a "this RM has no renew" verdict holds before the client asks again (an RM may be upgraded).
 _UNSUPPORTED_FOR = 300.0
+#: Batch requests in flight at once before further calls wait for one of them to finish. One makes
+#: the largest batches but holds every call behind a whole round trip; more than two cost CPU for
+#: nothing (benchmarks/rm_client_batch_cpu.py, figures in benchmarks/PROFILE.md).
+BATCHES_IN_FLIGHT = 2
 _BodyModel = TypeVar("_BodyModel", bound=pydantic.BaseModel)
 
 
@@ -225,6 +240,64 @@ def _media_type(headers: httpx.Headers) -> str:
     return value.split(";", 1)[0].strip().lower()
 
 
+class _Outcome(Protocol):
+    """One operation's answer, whether it came alone (a single call) or inside a batch's results."""
+
+    @property
+    def status(self) -> int: ...
+
+    def reservation(self, what: str) -> Reservation:
+        """The answer's reservation, or RMProtocolError if it has none that fits the contract."""
+        ...
+
+    def error(self, what: str) -> RMError:
+        """The error a non-success answer means (see :func:`_problem_error`)."""
+        ...
+
+
+class _Waiter:
+    """A reserve, commit or release call queued for the next batch."""
+
+    __slots__ = ("context", "future", "operation", "queued_at")
+
+    def __init__(self, *, operation: dict[str, Any], queued_at: float) -> None:
+        self.operation = operation
+        self.queued_at = queued_at
+        self.future: asyncio.Future[_Outcome | _Verdict] = asyncio.get_running_loop().create_future()
+        self.context = contextvars.copy_context()  # the caller's span, for the batch's traceparent
+
+    def live(self) -> bool:
+        return not self.future.done()
+
+    def told(self) -> _Outcome | _Verdict | None:
+        """What the waiter was handed, if anything (no error, not cancelled)."""
+        future = self.future
+        if not future.done() or future.cancelled() or future.exception() is not None:
+            return None
+        return future.result()
+
+    def settle(self, value: _Outcome | _Verdict | BaseException) -> None:
+        if self.future.done():  # the caller was cancelled: nobody wants the result
+            return
+        if isinstance(value, BaseException):
+            self.future.set_exception(value)
+        else:
+            self.future.set_result(value)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """The waiter sends its call alone after all; ``slot``: it holds the in-flight slot of its take."""
+
+    slot: bool
+
+
+#: Alone in the queue: send the ordinary single call (it occupies the batch's in-flight slot).
+_ALONE: Final = _Verdict(slot=True)
+#: The batch could not carry the call (v1.0 RM, body too large, per-operation 5xx): send it alone.
+_BY_ITSELF: Final = _Verdict(slot=False)
+
+
 class ResourceManagerClient:
     """Async client for one RM.  Use ``async with`` or call :meth:`aclose`."""
 
@@ -247,9 +320,17 @@ class ResourceManagerClient:
         circuit_cool_down: float = 10.0,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         call_deadline: float | None = None,
+        batching: bool = True,
+        batches_in_flight: int = BATCHES_IN_FLIGHT,
+        max_batch_operations: int = MAX_BATCH_OPERATIONS,
     ) -> None:
         """``call_deadline`` bounds one logical call (every attempt, back-off and ``Retry-After``
         wait included); it defaults to two attempts' worth, ``2 * (connect_timeout + read_timeout)``.
+        For a batched call it counts from the moment the call was queued.
+
+        ``batching`` coalesces concurrent reserve, commit and release calls into ``POST /v1/batch``
+        requests of at most ``max_batch_operations``, ``batches_in_flight`` at a time (see
+        :mod:`bindery.rm.batching`); off, every call is sent alone as with a v1.0 RM.
         """
         url = httpx.URL(base_url)
         if url.scheme not in ("https", "http") or not url.host:
@@ -274,6 +355,14 @@ class ResourceManagerClient:
         self._max_retry_after = max_retry_after
         self._max_bytes = max_response_bytes
         self._renew_unsupported_until = float("-inf")
+        self._batching = batching
+        self._batch_unsupported_until = float("-inf")
+        self._coalescer: Coalescer[_Waiter] = Coalescer(
+            max_in_flight=batches_in_flight,
+            max_operations=min(max_batch_operations, MAX_BATCH_OPERATIONS),
+            live=_Waiter.live,
+        )
+        self._batches: set[asyncio.Task[None]] = set()
         self.breaker = CircuitBreaker(
             failure_threshold=failure_threshold,
             cool_down=circuit_cool_down,
@@ -317,6 +406,10 @@ class ResourceManagerClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        for task in list(self._batches):
+            task.cancel()  # its callers get RMUnavailable (see _send_batch)
+        if self._batches:
+            await asyncio.wait(self._batches)
         await self._http.aclose()
 
     # -- the contract's operations -------------------------------------------------------------
@@ -324,17 +417,11 @@ class ResourceManagerClient:
     async def reserve(self, request: ReservationRequest) -> Reservation:
         """Reserve capacity; safe to retry because the RM deduplicates by the idempotency key."""
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
-        answer = await self._call("POST", "/v1/reservations", json_body=body)
-        if answer.status in (200, 201):
-            reservation = self._decode(answer, Reservation, "reserve")
-            if reservation.pod_uid != request.pod.uid or not reservation.state.active:
-                raise RMProtocolError(
-                    f"the RM answered reserve for pod {request.pod.uid} with reservation {reservation.id} "
-                    f"for pod {reservation.pod_uid} in state {reservation.state.value}; an RM must return "
-                    "the active reservation of the pod it was asked about"
-                )
-            return reservation
-        raise self._error(answer, "reserve")
+        outcome = await self._coalesced(
+            {"reserve": body},
+            lambda started_at: self._call("POST", "/v1/reservations", json_body=body, started_at=started_at),
+        )
+        return _reserve_result(request, outcome)
 
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
         """Commit after binding; committing twice is fine.
@@ -343,28 +430,17 @@ class ResourceManagerClient:
         (``RMPodMismatch``, nothing changed); a v1.0 RM ignores the parameter, so the answer's
         ``podUid`` is checked here as well.
         """
-        answer = await self._call(
-            "POST",
-            f"/v1/reservations/{_quote(reservation_id)}/commit",
-            json_body={},
-            params=_pod_query(pod_uid),
+        outcome = await self._coalesced(
+            {"commit": _reference(reservation_id, pod_uid)},
+            lambda started_at: self._call(
+                "POST",
+                f"/v1/reservations/{_quote(reservation_id)}/commit",
+                json_body={},
+                params=_pod_query(pod_uid),
+                started_at=started_at,
+            ),
         )
-        if answer.status == 200:
-            reservation = self._decode(answer, Reservation, "commit")
-            if reservation.id != reservation_id or reservation.state is not ReservationState.COMMITTED:
-                raise RMProtocolError(
-                    f"the RM answered commit of {reservation_id} with reservation {reservation.id} in state "
-                    f"{reservation.state.value}; expected it committed"
-                )
-            if pod_uid is not None and reservation.pod_uid != pod_uid:
-                raise RMPodMismatch(
-                    f"the RM committed reservation {reservation_id} of pod {reservation.pod_uid} although "
-                    f"it was asked to commit it for pod {pod_uid}: the RM ignores podUid (it speaks "
-                    "contract v1.0); upgrade it to v1.1 so it refuses such a commit",
-                    status=409,
-                )
-            return reservation
-        raise self._error(answer, "commit")
+        return _commit_result(reservation_id, pod_uid, outcome)
 
     async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
         """Release; an unknown or already released reservation is not an error.
@@ -372,12 +448,16 @@ class ResourceManagerClient:
         With ``pod_uid`` (contract v1.1) the RM refuses to release another pod's reservation
         (``RMPodMismatch``, nothing changed); a v1.0 RM ignores the parameter.
         """
-        answer = await self._call(
-            "DELETE", f"/v1/reservations/{_quote(reservation_id)}", params=_pod_query(pod_uid)
+        outcome = await self._coalesced(
+            {"release": _reference(reservation_id, pod_uid)},
+            lambda started_at: self._call(
+                "DELETE",
+                f"/v1/reservations/{_quote(reservation_id)}",
+                params=_pod_query(pod_uid),
+                started_at=started_at,
+            ),
         )
-        if answer.status in (200, 202, 204, 404, 410):
-            return
-        raise self._error(answer, "release")
+        _release_result(outcome)
 
     async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation:
         """Extend a reserved lease to now + ``ttl_seconds`` (contract v1.1); idempotent, so retried.
@@ -545,6 +625,118 @@ class ResourceManagerClient:
         if answer.status != 200:
             raise RMUnavailable(f"the RM at {self.base_url} is not ready: /readyz answered {answer.status}")
 
+    # -- coalescing reserve, commit and release into POST /v1/batch (contract v1.1) ------------
+
+    async def _coalesced(
+        self, operation: dict[str, Any], single: Callable[[float | None], Awaitable[_Answer]]
+    ) -> _Outcome:
+        """The answer to one reserve, commit or release: from a batch, or from ``single``, its
+        ordinary call, when it is alone in the queue or the RM cannot batch (given when the call
+        was queued: its deadline counts from then, as a batch's does).
+
+        The caller's cancellation cancels only its own wait (or its own single call): a batch
+        already on its way is carried on for the others, and its answer for this one is dropped.
+        """
+        loop = asyncio.get_running_loop()
+        if not self._batching or self._batch_unsupported_until > loop.time():
+            return _SingleOutcome(self, await single(None))
+        waiter = _Waiter(operation=operation, queued_at=loop.time())
+        if self._coalescer.add(waiter):
+            loop.call_soon(self._flush)
+        try:
+            verdict = await waiter.future
+        except asyncio.CancelledError:
+            # Cancelled after being told to go alone (result set, not yet resumed): free the slot.
+            if waiter.told() is _ALONE:
+                self._finish_batch()
+            raise
+        if not isinstance(verdict, _Verdict):
+            return verdict
+        try:
+            return _SingleOutcome(self, await single(waiter.queued_at))
+        finally:
+            if verdict.slot:
+                self._finish_batch()
+
+    def _flush(self) -> None:
+        """The scheduled send: what is queued leaves now, alone or as one batch."""
+        waiters, again = self._coalescer.take()
+        if again:
+            asyncio.get_running_loop().call_soon(self._flush)
+        if not waiters:
+            return
+        if len(waiters) == 1 or self._batch_unsupported_until > asyncio.get_running_loop().time():
+            if len(waiters) > 1:
+                self._finish_batch()  # learnt meanwhile that the RM cannot batch: nobody holds a slot
+                for waiter in waiters:
+                    waiter.settle(_BY_ITSELF)
+                return
+            waiters[0].settle(_ALONE)
+            return
+        # The batch is sent in the first operation's context, so it carries that caller's
+        # traceparent (tracing.inject in _send): one request can continue only one trace.
+        task = asyncio.create_task(self._send_batch(waiters), context=waiters[0].context)
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    def _finish_batch(self) -> None:
+        if self._coalescer.finish():
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    async def _send_batch(self, waiters: list[_Waiter]) -> None:
+        """Send one batch and hand each waiter its result; never leaves a waiter hanging."""
+        try:
+            answer = await self._call(
+                "POST",
+                "/v1/batch",
+                json_body={"operations": [waiter.operation for waiter in waiters]},
+                started_at=min(waiter.queued_at for waiter in waiters),
+            )
+            outcomes = self._batch_outcomes(answer, len(waiters))
+        except RMError as error:
+            for waiter in waiters:
+                waiter.settle(error)
+        except asyncio.CancelledError:
+            for waiter in waiters:
+                waiter.settle(RMUnavailable(f"the client of the RM at {self.base_url} was closed"))
+            raise
+        except Exception as error:  # a bug here must not leave the cycles waiting forever
+            for waiter in waiters:
+                waiter.settle(error)
+            raise
+        else:
+            for waiter, outcome in zip(waiters, outcomes, strict=True):
+                waiter.settle(outcome)
+        finally:
+            self._finish_batch()
+
+    def _batch_outcomes(self, answer: _Answer, count: int) -> list[_Outcome | _Verdict]:
+        """Each operation's outcome from the batch's answer (or that it must go alone)."""
+        if answer.status in (404, 405):
+            # A v1.0 RM: single calls for a while (an RM may be upgraded, so ask again later).
+            self._batch_unsupported_until = asyncio.get_running_loop().time() + _UNSUPPORTED_FOR
+            log.info(
+                "The RM at %s has no POST /v1/batch (HTTP %d: contract v1.0); sending single calls",
+                self.base_url,
+                answer.status,
+            )
+            return [_BY_ITSELF] * count
+        if answer.status == 413:
+            return [_BY_ITSELF] * count  # larger than the RM accepts: each fits alone
+        if answer.status != 200:
+            raise self._error(answer, f"a batch of {count} operations")
+        batch = self._decode(answer, BatchResult, f"a batch of {count} operations")
+        if len(batch.results) != count:
+            raise RMProtocolError(
+                f"the RM answered a batch of {count} operations with {len(batch.results)} results; the "
+                "contract requires one result per operation, in order"
+            )
+        return [
+            # A 5xx or 429 for one operation: its single call retries it as any other call would.
+            _BY_ITSELF if result.status >= 500 or result.status == 429 else _BatchedOutcome(result)
+            for result in batch.results
+        ]
+
     # -- transport, retries, circuit breaker ---------------------------------------------------
 
     async def _call(
@@ -555,16 +747,19 @@ class ResourceManagerClient:
         json_body: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
         authenticated: bool = True,
+        started_at: float | None = None,
     ) -> _Answer:
         """One logical call with retries; returns the final non-retryable answer.
 
-        Everything, waits included, fits in ``call_deadline``: no retry starts whose back-off would
-        end past it, and each attempt gets at most what is left of it.
+        Everything, waits included, fits in ``call_deadline`` from ``started_at`` (loop time;
+        default now: a batch passes when its oldest operation was queued): no retry starts whose
+        back-off would end past it, and each attempt gets at most what is left of it.
         """
         clock = asyncio.get_running_loop().time
-        ends_at = clock() + self._call_deadline
+        now = clock()
+        ends_at = (now if started_at is None else min(now, started_at)) + self._call_deadline
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._max_attempts) | stop_before_delay(self._call_deadline),
+            stop=stop_after_attempt(self._max_attempts) | stop_before_delay(ends_at - now),
             wait=self._wait,
             retry=retry_if_exception_type(_Retryable),
             before_sleep=_log_retry,
@@ -761,22 +956,130 @@ class ResourceManagerClient:
                 f"the RM answered {what} with HTTP {answer.status} and a problem body that is not valid "
                 "RFC 9457 JSON"
             )
-        if answer.status < 400:
-            return RMProtocolError(f"the RM answered {what} with unexpected status {answer.status}")
-        detail = (problem.detail or problem.title) if problem is not None else None
-        message = f"the RM rejected {what} with HTTP {answer.status}" + (f": {detail}" if detail else "")
-        raw = problem.model_dump(by_alias=True, exclude_none=True) if problem is not None else None
-        if problem is not None and problem.type == ProblemType.UNSCHEDULABLE:
-            retry_after = problem.retry_after_seconds
-            if retry_after is None:
-                retry_after = _parse_retry_after(answer.headers.get("retry-after"))
-            reason = problem.reason or problem.detail or "the resource manager found no node that fits"
-            return RMUnschedulable(message, reason=reason, retry_after=retry_after)
-        if problem is not None and problem.type == ProblemType.POD_MISMATCH:
-            return RMPodMismatch(message, status=answer.status, problem=raw)
-        if answer.status == 409:
-            return RMConflict(message, status=409, problem=raw)
-        return RMRejected(message, status=answer.status, problem=raw)
+        return _problem_error(
+            status=answer.status,
+            problem=problem,
+            retry_after=_parse_retry_after(answer.headers.get("retry-after")),
+            what=what,
+        )
+
+
+class _SingleOutcome:
+    """The answer to a call sent alone: its HTTP status, headers and body."""
+
+    __slots__ = ("_answer", "_client")
+
+    def __init__(self, client: ResourceManagerClient, answer: _Answer) -> None:
+        self._client = client
+        self._answer = answer
+
+    @property
+    def status(self) -> int:
+        return self._answer.status
+
+    def reservation(self, what: str) -> Reservation:
+        return self._client._decode(self._answer, Reservation, what)
+
+    def error(self, what: str) -> RMError:
+        return self._client._error(self._answer, what)
+
+
+class _BatchedOutcome:
+    """One operation's result inside a batch's answer: the status and body its single call has."""
+
+    __slots__ = ("_result",)
+
+    def __init__(self, result: BatchOperationResult) -> None:
+        self._result = result
+
+    @property
+    def status(self) -> int:
+        return self._result.status
+
+    def reservation(self, what: str) -> Reservation:
+        if self._result.reservation is None:
+            raise RMProtocolError(
+                f"the RM answered {what} in a batch with HTTP {self._result.status} but no reservation; "
+                "the contract requires the reservation a single call would have answered with"
+            )
+        return self._result.reservation
+
+    def error(self, what: str) -> RMError:
+        return _problem_error(
+            status=self._result.status, problem=self._result.problem, retry_after=None, what=what
+        )
+
+
+def _problem_error(*, status: int, problem: Problem | None, retry_after: float | None, what: str) -> RMError:
+    """The error type the scheduler acts on for a non-success status and its problem (if any);
+    ``retry_after`` (the header of a single call's answer) stands in for the problem's own."""
+    if status < 400:
+        return RMProtocolError(f"the RM answered {what} with unexpected status {status}")
+    detail = (problem.detail or problem.title) if problem is not None else None
+    message = f"the RM rejected {what} with HTTP {status}" + (f": {detail}" if detail else "")
+    raw = problem.model_dump(by_alias=True, exclude_none=True) if problem is not None else None
+    if problem is not None and problem.type == ProblemType.UNSCHEDULABLE:
+        wait = problem.retry_after_seconds if problem.retry_after_seconds is not None else retry_after
+        reason = problem.reason or problem.detail or "the resource manager found no node that fits"
+        return RMUnschedulable(message, reason=reason, retry_after=wait)
+    if problem is not None and problem.type == ProblemType.POD_MISMATCH:
+        return RMPodMismatch(message, status=status, problem=raw)
+    if status == 409:
+        return RMConflict(message, status=409, problem=raw)
+    return RMRejected(message, status=status, problem=raw)
+
+
+# -- one function per operation: its answer (alone or batched) to its value or error ----------
+
+
+def _reserve_result(request: ReservationRequest, outcome: _Outcome) -> Reservation:
+    if outcome.status in (200, 201):
+        reservation = outcome.reservation("reserve")
+        if reservation.pod_uid != request.pod.uid or not reservation.state.active:
+            raise RMProtocolError(
+                f"the RM answered reserve for pod {request.pod.uid} with reservation {reservation.id} "
+                f"for pod {reservation.pod_uid} in state {reservation.state.value}; an RM must return "
+                "the active reservation of the pod it was asked about"
+            )
+        return reservation
+    raise outcome.error("reserve")
+
+
+def _commit_result(reservation_id: str, pod_uid: str | None, outcome: _Outcome) -> Reservation:
+    if outcome.status == 200:
+        reservation = outcome.reservation("commit")
+        if reservation.id != reservation_id or reservation.state is not ReservationState.COMMITTED:
+            raise RMProtocolError(
+                f"the RM answered commit of {reservation_id} with reservation {reservation.id} in state "
+                f"{reservation.state.value}; expected it committed"
+            )
+        if pod_uid is not None and reservation.pod_uid != pod_uid:
+            raise RMPodMismatch(
+                f"the RM committed reservation {reservation_id} of pod {reservation.pod_uid} although "
+                f"it was asked to commit it for pod {pod_uid}: the RM ignores podUid (it speaks "
+                "contract v1.0); upgrade it to v1.1 so it refuses such a commit",
+                status=409,
+            )
+        return reservation
+    raise outcome.error("commit")
+
+
+def _release_result(outcome: _Outcome) -> None:
+    if outcome.status in (200, 202, 204, 404, 410):
+        return
+    raise outcome.error("release")
+
+
+def _reference(reservation_id: str, pod_uid: str | None) -> dict[str, str]:
+    """A batched commit's or release's target: the single call's path id and ``podUid`` query."""
+    return (
+        {"reservationId": reservation_id}
+        if pod_uid is None
+        else {
+            "reservationId": reservation_id,
+            "podUid": pod_uid,
+        }
+    )
 
 
 def _log_retry(state: RetryCallState) -> None:

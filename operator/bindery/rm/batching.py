@@ -1,0 +1,97 @@
+"""When the RM client sends the calls waiting for it as one ``POST /v1/batch`` (contract v1.1): pure.
+
+Why: in a backlog every pod's cycle makes a reserve and a commit call, and each HTTP request costs
+the operator (and the RM: an fsync per write) far more than the operation itself. Calls that many
+cycles make at about the same moment are queued here and leave as one request.
+
+The policy is *natural batching*, with no delay added to any call:
+
+* a call is queued; if fewer than ``max_in_flight`` requests are in flight, the queue is sent at the
+  loop's next iteration (so the calls made in the same iteration go together);
+* otherwise it waits for an in-flight request to finish and goes with the next one: the busier the
+  RM, the larger the batches, and an idle client sends each call as soon as it is made;
+* at most ``max_operations`` calls go in one request; more wait for the next.
+
+A queue of exactly one call is sent as that call's ordinary single request (the caller decides:
+:meth:`Coalescer.take` only says how many there are), so at low load the wire is what it was.
+
+This module holds only the bookkeeping (a queue, a count of requests in flight, whether a send is
+already scheduled), with no I/O and no event loop, so it is unit-testable; the client drives it.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+__all__ = ["Coalescer"]
+
+_Item = TypeVar("_Item")
+
+
+class Coalescer(Generic[_Item]):
+    """The queue of calls waiting to be sent and the requests in flight.
+
+    The driver calls :meth:`add` for each call and schedules a send (at the loop's next iteration)
+    whenever a method returns True; the scheduled send calls :meth:`take` and sends what it gets,
+    then :meth:`finish` once per non-empty take, when that request is over (answered or failed).
+    ``live`` tells a queued item still worth sending from one whose caller went away (cancelled):
+    those are dropped when taken, never sent.
+    """
+
+    def __init__(
+        self, *, max_in_flight: int, max_operations: int, live: Callable[[_Item], bool] = lambda _: True
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        if max_operations < 1:
+            raise ValueError("max_operations must be at least 1")
+        self.max_in_flight = max_in_flight
+        self.max_operations = max_operations
+        self._live = live
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._in_flight = 0
+        self._scheduled = False
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def add(self, item: _Item) -> bool:
+        """Queue a call; True when the driver must schedule a send now."""
+        self._queue.append(item)
+        return self._schedule()
+
+    def take(self) -> tuple[list[_Item], bool]:
+        """The scheduled send runs: the live items to send now (at most ``max_operations``), and
+        whether another send must be scheduled at once (more are queued and a slot is free).
+
+        A non-empty take occupies one in-flight slot until :meth:`finish`.
+        """
+        self._scheduled = False
+        items: list[_Item] = []
+        while self._queue and len(items) < self.max_operations:
+            item = self._queue.popleft()
+            if self._live(item):
+                items.append(item)
+        if items:
+            self._in_flight += 1
+        return items, self._schedule()
+
+    def finish(self) -> bool:
+        """A request taken earlier is over; True when the driver must schedule a send now."""
+        if self._in_flight <= 0:
+            raise RuntimeError("finish() without a matching take(): the in-flight count would go negative")
+        self._in_flight -= 1
+        return self._schedule()
+
+    def _schedule(self) -> bool:
+        if self._scheduled or not self._queue or self._in_flight >= self.max_in_flight:
+            return False
+        self._scheduled = True
+        return True
