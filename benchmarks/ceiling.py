@@ -1071,7 +1071,12 @@ def parse_args(argv: list[str]) -> Args:
     parser.add_argument(
         "--kwok", action="store_true", help="kwok nodes (the plane runs kwok) instead of plain Nodes"
     )
-    parser.add_argument("--max-in-flight", type=int, default=16, help="Bindery's ResourceManager maxInFlight")
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=256,
+        help="Bindery's ResourceManager maxInFlight (default 256, as the CRD)",
+    )
     parser.add_argument("--concurrency", type=int, default=64, help="the ceiling binder's concurrent binds")
     parser.add_argument("--rate", type=float, default=20.0, help="steady mode: pods per second (default 20)")
     parser.add_argument("--steady-seconds", type=float, default=15.0, help="steady mode: seconds (0 = skip)")

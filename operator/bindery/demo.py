@@ -41,6 +41,7 @@ from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.options import OperatorOptions
 from bindery.controller.runtime import Runtime
 from bindery.quantity import format_quantity
+from bindery.scheduling.queue import DEFAULT_MAX_IN_FLIGHT
 
 POOL_LABEL = "bindery.dev/pool"
 POOL = "demo"
@@ -75,7 +76,9 @@ def parse_args(argv: Sequence[str]) -> DemoArgs:
     )
     parser.add_argument("--nodes", type=int, default=4, help="kwok nodes in the pool (default 4)")
     parser.add_argument("--cpu-per-node", type=int, default=8, help="allocatable CPUs per node (default 8)")
-    parser.add_argument("--max-in-flight", type=int, default=16, help="the ResourceManager's maxInFlight")
+    parser.add_argument(
+        "--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT, help="the ResourceManager's maxInFlight"
+    )
     args = parser.parse_args(list(argv))
     return DemoArgs(
         pods=args.pods,

@@ -98,7 +98,7 @@ def test_install_upgrade_uninstall(controlplane: ControlPlane, helm: str, namesp
     assert sorted(d["metadata"]["name"] for d in deployments) == [full, f"{full}-rm"]
     rm = _get(controlplane, "resourcemanager", f"{full}-rm")
     assert rm["spec"]["schedulerNames"] == [scheduler]
-    assert rm["spec"]["maxInFlight"] == 16, "CRD defaults are applied to the chart's object"
+    assert rm["spec"]["maxInFlight"] == 256, "CRD defaults are applied to the chart's object"
     secret = _get(controlplane, "secret", f"{full}-rm-token", "-n", namespace)
     token = base64.b64decode(secret["data"]["token"])
     assert len(token) == 48

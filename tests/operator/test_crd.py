@@ -80,6 +80,6 @@ async def test_a_valid_spec_gets_defaults(kube_api: client.ApiClient, crd: None)
         assert spec["allowInsecureHTTP"] is False
         assert spec["nodeCheck"] == "Full"
         assert spec["reservationTTLSeconds"] == 60
-        assert spec["maxInFlight"] == 16
+        assert spec["maxInFlight"] == 256
     finally:
         await delete_rm(kube_api, name="defaults-check")

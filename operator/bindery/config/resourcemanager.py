@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bindery.scheduling.queue import DEFAULT_MAX_IN_FLIGHT
+
 NODE_CHECK_VALUES = ("Full", "Basic", "Off")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
@@ -46,7 +48,7 @@ class ResourceManagerConfig:
     connect_timeout: float = 2.0
     read_timeout: float = 5.0
     reservation_ttl_seconds: int = 60
-    max_in_flight: int = 16
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 10.0
     node_check: str = "Full"
@@ -120,7 +122,7 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
         connect_timeout=_number(timeouts.get("connectSeconds", 2.0), "spec.timeouts.connectSeconds", low=0.1),
         read_timeout=_number(timeouts.get("readSeconds", 5.0), "spec.timeouts.readSeconds", low=0.1),
         reservation_ttl_seconds=ttl,
-        max_in_flight=int(_number(spec.get("maxInFlight", 16), "spec.maxInFlight", low=1)),
+        max_in_flight=int(_number(spec.get("maxInFlight", DEFAULT_MAX_IN_FLIGHT), "spec.maxInFlight", low=1)),
         backoff_initial_seconds=initial,
         backoff_max_seconds=maximum,
         node_check=node_check,

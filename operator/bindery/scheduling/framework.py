@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from bindery.scheduling.nodecheck import NodeCheckMode
+from bindery.scheduling.queue import DEFAULT_MAX_IN_FLIGHT
 
 if TYPE_CHECKING:
     from bindery.rm.models import Reservation, ReservationRequest
@@ -228,7 +229,7 @@ class Profile:
     node_check: NodeCheckMode = NodeCheckMode.FULL
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 10.0
-    max_in_flight: int = 16
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     plugins: PluginSet = PluginSet()
     #: The monotonic clock reservation leases are measured on (see bindery.scheduling.lease).
     clock: Callable[[], float] = time.monotonic

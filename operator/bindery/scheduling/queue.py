@@ -36,6 +36,13 @@ from typing import Protocol
 from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.podspec import PodInfo
 
+#: Pods of one RM between reserve and commit at once (spec.maxInFlight's default). Large because
+#: the RM client batches the calls of concurrent cycles (`bindery.rm.batching`): 16 in flight made
+#: batches of a few operations and bound a 3,000-pod backlog at 140 pods/s, 256 at 326 pods/s
+#: (`benchmarks/ceiling.py --max-in-flight N`, benchmarks/PROFILE.md). A pod waiting in PreBind
+#: for its volume also holds a slot, so a small bound let a few such pods stall the rest.
+DEFAULT_MAX_IN_FLIGHT = 256
+
 __all__ = [
     "MAX_PARKED_SECONDS",
     "BackoffPolicy",
@@ -160,7 +167,7 @@ class SchedulingQueue:
     def __init__(
         self,
         *,
-        max_in_flight: int = 16,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         backoff: BackoffPolicy | None = None,
         max_parked_seconds: float = MAX_PARKED_SECONDS,
         clock: Clock | None = None,
