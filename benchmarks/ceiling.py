@@ -343,16 +343,22 @@ class BindWatch:
         self._task = asyncio.create_task(self._run(version))
 
     async def _run(self, version: str) -> None:
+        """Follow the binds; a watch the apiserver ends is resumed from the last version seen."""
         path = f"/api/v1/namespaces/{self.namespace}/pods"
-        async for event in self.api.watch(
-            path, params="fieldSelector=spec.nodeName!%3D", resource_version=version, seconds=1800
-        ):
-            pod = event.get("object") or {}
-            name = (pod.get("metadata") or {}).get("name")
-            if name and name not in self.bound_at:
-                if not self.bound_at:
-                    self._on_first()
-                self.bound_at[name] = time.time()
+        for _ in range(100):
+            async for event in self.api.watch(
+                path, params="fieldSelector=spec.nodeName!%3D", resource_version=version, seconds=1800
+            ):
+                if event.get("type") == "ERROR":
+                    raise RuntimeError(f"the bind watch failed: {event.get('object')}")
+                pod = event.get("object") or {}
+                metadata = pod.get("metadata") or {}
+                version = metadata.get("resourceVersion") or version
+                name = metadata.get("name")
+                if name and name not in self.bound_at:
+                    if not self.bound_at:
+                        self._on_first()
+                    self.bound_at[name] = time.time()
 
     async def wait(self, count: int, *, within: float) -> bool:
         deadline = time.monotonic() + within

@@ -375,3 +375,36 @@ def test_a_pod_moved_out_of_the_unschedulable_pool_early_is_ready_from_the_move(
     clock.advance(1.0)
     assert drain(queue) == ["a"]
     assert queue.now() - (queue.ready_since("uid-a") or 0.0) == pytest.approx(1.0)
+
+
+async def test_a_pod_added_wakes_one_idle_worker_not_all_of_them() -> None:
+    """Bindery runs maxInFlight workers (256 by default), all idle in pop() at low load: a pod
+    added must not wake every one of them to find the queue empty again (each wake-up is a task
+    switch and a heap look-up, 256 of them per event)."""
+    queue, _ = make_queue()
+    looks = 0
+    pop_nowait = queue.pop_nowait
+
+    def counted() -> object:
+        nonlocal looks
+        looks += 1
+        return pop_nowait()
+
+    queue.pop_nowait = counted  # type: ignore[method-assign]
+    workers = [asyncio.create_task(queue.pop()) for _ in range(64)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    before = looks
+    queue.add(pod("a"))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert sum(worker.done() for worker in workers) == 1
+    assert looks - before <= 2, f"{looks - before} workers looked at the queue for one pod"
+    queue.add(pod("b"))
+    queue.add(pod("c"))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert sorted(w.result().name for w in workers if w.done()) == ["a", "b", "c"]
+    queue.close()
+    results = await asyncio.gather(*workers, return_exceptions=True)
+    assert sum(isinstance(r, QueueClosed) for r in results) == 61

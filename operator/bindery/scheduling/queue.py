@@ -188,6 +188,7 @@ class SchedulingQueue:
         self._pops = 0
         self._last_move_cycle = -1
         self._wakeup = asyncio.Event()
+        self._poppers = asyncio.Lock()  # see pop()
         self._closed = False
 
     # -- configuration -------------------------------------------------------------------------
@@ -337,13 +338,18 @@ class SchedulingQueue:
         """Wait for the next pod to schedule; the caller must call :meth:`done` for it.
 
         Raises :class:`QueueClosed` once :meth:`close` was called.
+
+        One caller at a time waits for the wake-up; the others queue on a lock, which hands over to
+        exactly one of them. Bindery runs ``maxInFlight`` workers (256 by default), all idle here at
+        low load, and a shared event would wake every one of them for each pod added or finished.
         """
-        while True:
-            pod = self.pop_nowait()
-            if pod is not None:
-                return pod
-            self._wakeup.clear()
-            await self._clock.wait(self._wakeup, delay=self._next_timer_delay())
+        async with self._poppers:
+            while True:
+                pod = self.pop_nowait()
+                if pod is not None:
+                    return pod
+                self._wakeup.clear()
+                await self._clock.wait(self._wakeup, delay=self._next_timer_delay())
 
     def done(self, uid: str, *, outcome: Outcome, retry_after: float | None = None) -> None:
         """The cycle of a popped pod ended with ``outcome``; free its in-flight slot and route it.
