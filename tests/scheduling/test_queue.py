@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from bindery.scheduling.decisions import Outcome
+from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.queue import BackoffPolicy, QueueClosed, QueuePosition, SchedulingQueue
 from tests.scheduling.fakes import FakeClock, pod
 
@@ -385,7 +386,7 @@ async def test_a_pod_added_wakes_one_idle_worker_not_all_of_them() -> None:
     looks = 0
     pop_nowait = queue.pop_nowait
 
-    def counted() -> object:
+    def counted() -> PodInfo | None:
         nonlocal looks
         looks += 1
         return pop_nowait()
