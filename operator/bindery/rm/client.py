@@ -677,7 +677,15 @@ class ResourceManagerClient:
         # traceparent (tracing.inject in _send): one request can continue only one trace.
         task = asyncio.create_task(self._send_batch(waiters), context=waiters[0].context)
         self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
+        task.add_done_callback(functools.partial(self._batch_done, waiters))
+
+    def _batch_done(self, waiters: list[_Waiter], task: asyncio.Task[None]) -> None:
+        self._batches.discard(task)
+        if task.cancelled():
+            # Cancelled before its first step (aclose() in the iteration that created it), its body
+            # never ran to answer the callers: they would wait for ever.  Those it answered ignore this.
+            for waiter in waiters:
+                waiter.settle(RMUnavailable(f"the client of the RM at {self.base_url} was closed"))
 
     def _finish_batch(self) -> None:
         if self._coalescer.finish():
