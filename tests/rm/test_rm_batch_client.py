@@ -285,6 +285,21 @@ async def test_a_caller_cancelled_before_the_send_is_left_out(rm: TinyRM) -> Non
     assert rm.wire == [("/v1/batch", 2)]
 
 
+async def test_closing_the_client_answers_the_callers_of_a_batch_that_had_not_started(rm: TinyRM) -> None:
+    """aclose() cancels the batches in flight; one whose task was created in the same iteration has
+    not run a line yet, and its callers must still get an answer rather than wait for ever."""
+    client = make_client(rm)
+    calls = [asyncio.create_task(client.reserve(request_for(f"u{n}"))) for n in range(2)]
+    await asyncio.sleep(0)  # both calls queued, the send scheduled for the next iteration
+    await asyncio.sleep(0)  # the send ran: the batch's task exists and has not started
+    assert len(client._batches) == 1, "precondition: one batch task created and not yet run"
+    await client.aclose()
+    done = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout=5)
+    assert all(isinstance(outcome, RMUnavailable) for outcome in done), done
+    assert "was closed" in str(done[0])
+    assert rm.wire == []
+
+
 async def test_a_batch_is_retried_as_any_call_after_a_503(rm: TinyRM) -> None:
     rm.batch_status = [503]
     async with make_client(rm) as client:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import pathlib
 from collections.abc import AsyncIterator
+from decimal import Decimal
 
 import pytest
 
-from bindery.refrm import RunningServer, serve_reference_rm
+from bindery.refrm import InventoryNode, RunningServer, serve_reference_rm
 from bindery.rm import RMUnschedulable
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest, ReservationState, Toleration
@@ -99,3 +100,57 @@ async def test_a_batch_whose_answer_was_lost_is_replayed_without_reserving_twice
         active = await client.list_reservations(state="reserved")
     assert sorted(r.id for r in active) == sorted(r.id for r in reservations)
     assert len({r.id for r in reservations}) == 3
+
+
+async def test_a_batch_answer_past_the_response_cap_still_answers_each_caller(tmp_path: pathlib.Path) -> None:
+    """Each result of a batch may be as large as its single call's answer, so the answer to many
+    operations can pass the cap that any one answer fits in (here: long unschedulable reasons, one
+    untolerated taint per node).  Every caller must still get what its single call gets, and the
+    reservations the batch made are neither lost nor held twice."""
+    free = InventoryNode(name="node-free", allocatable={"cpu": Decimal(3)})
+    tainted = [
+        InventoryNode(
+            name=f"node-{n:02}",
+            allocatable={"cpu": Decimal(64)},
+            taints=({"key": "dedicated", "value": f"team-{n:02}", "effect": "NoSchedule"},),
+        )
+        for n in range(20)
+    ]
+    paths: list[str] = []
+
+    def seen(_: str, path: str) -> bool:
+        paths.append(path)
+        return False
+
+    def cpu_request(uid: str) -> ReservationRequest:
+        return ReservationRequest(
+            pod=PodIdentity(uid=uid, namespace="ns", name=uid, scheduler_name="bindery"),
+            resources={"cpu": "1"},
+            idempotency_key=uid,
+            ttl_seconds=60,
+        )
+
+    uids = [f"u{n:02}" for n in range(30)]
+    async with (
+        serve_reference_rm(db_path=tmp_path / "rm.sqlite", inventory=[free, *tainted], token=TOKEN) as server,
+        rm_fault_proxy(upstream=server.url, seed=1, rate=0.0, applies=seen) as proxy,
+        ResourceManagerClient(
+            base_url=proxy.url,
+            token=TOKEN,
+            allow_insecure_http=True,
+            max_response_bytes=16 * 1024,  # a single answer here is about 2 KiB
+            backoff_initial=0.01,
+            backoff_max=0.02,
+        ) as client,
+    ):
+        outcomes = await asyncio.gather(
+            *(client.reserve(cpu_request(uid)) for uid in uids), return_exceptions=True
+        )
+        active = await client.list_reservations(state="reserved")
+    assert paths[0] == "/v1/batch"
+    reservations = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+    refused = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    assert [r.pod_uid for r in reservations] == uids[:3]  # the free node's 3 CPUs, in order
+    assert all(isinstance(error, RMUnschedulable) for error in refused), refused[0]
+    assert "untolerated taint {dedicated: team-19}" in str(refused[0])
+    assert sorted(r.id for r in active) == sorted(r.id for r in reservations)

@@ -217,6 +217,10 @@ class _Answer:
     body: bytes
 
 
+class _Oversized(RMProtocolError):
+    """The answer is larger than ``max_response_bytes`` (a batch's answer falls back to single calls)."""
+
+
 class _Retryable(Exception):
     """An attempt failed in a way worth retrying; carries what to raise if it was the last one."""
 
@@ -677,7 +681,15 @@ class ResourceManagerClient:
         # traceparent (tracing.inject in _send): one request can continue only one trace.
         task = asyncio.create_task(self._send_batch(waiters), context=waiters[0].context)
         self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
+        task.add_done_callback(functools.partial(self._batch_done, waiters))
+
+    def _batch_done(self, waiters: list[_Waiter], task: asyncio.Task[None]) -> None:
+        self._batches.discard(task)
+        if task.cancelled():
+            # Cancelled before its first step (aclose() in the iteration that created it), its body
+            # never ran to answer the callers: they would wait for ever.  Those it answered ignore this.
+            for waiter in waiters:
+                waiter.settle(RMUnavailable(f"the client of the RM at {self.base_url} was closed"))
 
     def _finish_batch(self) -> None:
         if self._coalescer.finish():
@@ -693,6 +705,19 @@ class ResourceManagerClient:
                 started_at=min(waiter.queued_at for waiter in waiters),
             )
             outcomes = self._batch_outcomes(answer, len(waiters))
+        except _Oversized:
+            # Each result may be as large as its single call's answer, so the answer to many
+            # operations can pass the cap one answer fits in.  The RM has carried them out; each
+            # replayed alone (safe: every operation is idempotent) gets its own answer within it.
+            log.warning(
+                "The RM at %s answered a batch of %d operations with more than %d bytes; sending them "
+                "as single calls",
+                self.base_url,
+                len(waiters),
+                self._max_bytes,
+            )
+            for waiter in waiters:
+                waiter.settle(_BY_ITSELF)
         except RMError as error:
             for waiter in waiters:
                 waiter.settle(error)
@@ -908,7 +933,7 @@ class ResourceManagerClient:
         return b"".join(chunks)
 
     def _oversized(self, method: str, path: str) -> RMProtocolError:
-        return RMProtocolError(
+        return _Oversized(
             f"the RM's answer to {method} {path} is larger than {self._max_bytes} bytes; "
             "the contract's responses are small, so the RM is misbehaving"
         )
