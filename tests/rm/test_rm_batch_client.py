@@ -51,6 +51,9 @@ class TinyRM:
     wire: list[tuple[str, int]] = field(default_factory=list)  # (path, operations) per request
     traceparents: list[str | None] = field(default_factory=list)  # of each batch
     owners: dict[str, str] = field(default_factory=dict)
+    single_delay: float = 0.0  # seconds each single call takes
+    singles_now: int = 0  # single calls being answered now
+    singles_most: int = 0  # the most ever answered at once
     url: str = ""
 
     def reserve(self, body: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:
@@ -88,6 +91,16 @@ class TinyRM:
 
     async def single(self, request: web.Request) -> web.StreamResponse:
         self.wire.append((request.path, 1))
+        self.singles_now += 1
+        self.singles_most = max(self.singles_most, self.singles_now)
+        try:
+            if self.single_delay:
+                await asyncio.sleep(self.single_delay)
+            return await self._single(request)
+        finally:
+            self.singles_now -= 1
+
+    async def _single(self, request: web.Request) -> web.StreamResponse:
         if request.method == "POST" and request.path == "/v1/reservations":
             status, body = self.reserve(await request.json())
         elif request.method == "POST" and request.path.endswith("/commit"):
@@ -257,6 +270,20 @@ async def test_a_v1_0_rm_gets_single_calls_and_is_remembered(rm: TinyRM) -> None
         rm.wire.clear()
         await asyncio.gather(*(client.commit(r.id, pod_uid=r.pod_uid) for r in first))
     assert [path for path, _ in rm.wire] == [f"/v1/reservations/rsv-u{n}/commit" for n in range(3)]
+
+
+async def test_an_rm_without_batches_gets_a_bounded_number_of_single_calls_at_once(rm: TinyRM) -> None:
+    """maxInFlight is 256 by default, sized for batches: a v1.0 RM must not get 256 concurrent
+    single calls, which queue behind its writes until they time out and open the breaker."""
+    rm.batch = False
+    rm.single_delay = 0.02
+    async with make_client(rm, single_calls_in_flight=8) as client:
+        reserved = await asyncio.gather(*(client.reserve(request_for(f"u{n:02d}")) for n in range(40)))
+        assert rm.singles_most == 8
+        rm.singles_most = 0
+        await asyncio.gather(*(client.commit(r.id, pod_uid=r.pod_uid) for r in reserved))
+    assert rm.singles_most == 8
+    assert len(rm.owners) == 40
 
 
 async def test_a_cancelled_caller_does_not_break_the_batch_for_the_others(rm: TinyRM) -> None:

@@ -92,6 +92,11 @@ _UNSUPPORTED_FOR = 300.0
 #: the largest batches but holds every call behind a whole round trip; more than two cost CPU for
 #: nothing (benchmarks/rm_client_batch_cpu.py, figures in benchmarks/PROFILE.md).
 BATCHES_IN_FLIGHT = 2
+#: Single reserve, commit and release calls in flight at once when the RM cannot batch (v1.0, or
+#: batching off). maxInFlight (256 by default) is sized for batches; 256 concurrent single calls
+#: queue behind an RM's writes until they time out and open the breaker. 16 was maxInFlight's
+#: default before batches.
+SINGLE_CALLS_IN_FLIGHT = 16
 _BodyModel = TypeVar("_BodyModel", bound=pydantic.BaseModel)
 
 
@@ -327,6 +332,7 @@ class ResourceManagerClient:
         batching: bool = True,
         batches_in_flight: int = BATCHES_IN_FLIGHT,
         max_batch_operations: int = MAX_BATCH_OPERATIONS,
+        single_calls_in_flight: int = SINGLE_CALLS_IN_FLIGHT,
     ) -> None:
         """``call_deadline`` bounds one logical call (every attempt, back-off and ``Retry-After``
         wait included); it defaults to two attempts' worth, ``2 * (connect_timeout + read_timeout)``.
@@ -334,7 +340,8 @@ class ResourceManagerClient:
 
         ``batching`` coalesces concurrent reserve, commit and release calls into ``POST /v1/batch``
         requests of at most ``max_batch_operations``, ``batches_in_flight`` at a time (see
-        :mod:`bindery.rm.batching`); off, every call is sent alone as with a v1.0 RM.
+        :mod:`bindery.rm.batching`); off, every call is sent alone as with a v1.0 RM. Calls sent
+        alone because the RM cannot batch go at most ``single_calls_in_flight`` at a time.
         """
         url = httpx.URL(base_url)
         if url.scheme not in ("https", "http") or not url.host:
@@ -367,6 +374,9 @@ class ResourceManagerClient:
             live=_Waiter.live,
         )
         self._batches: set[asyncio.Task[None]] = set()
+        if single_calls_in_flight < 1:
+            raise ValueError("single_calls_in_flight must be at least 1")
+        self._singles = asyncio.Semaphore(single_calls_in_flight)
         self.breaker = CircuitBreaker(
             failure_threshold=failure_threshold,
             cool_down=circuit_cool_down,
@@ -643,7 +653,8 @@ class ResourceManagerClient:
         """
         loop = asyncio.get_running_loop()
         if not self._batching or self._batch_unsupported_until > loop.time():
-            return _SingleOutcome(self, await single(None))
+            async with self._singles:
+                return _SingleOutcome(self, await single(None))
         waiter = _Waiter(operation=operation, queued_at=loop.time())
         if self._coalescer.add(waiter):
             loop.call_soon(self._flush)
@@ -657,7 +668,10 @@ class ResourceManagerClient:
         if not isinstance(verdict, _Verdict):
             return verdict
         try:
-            return _SingleOutcome(self, await single(waiter.queued_at))
+            if verdict.slot:  # alone in the queue: bounded by the batches' slots already
+                return _SingleOutcome(self, await single(waiter.queued_at))
+            async with self._singles:
+                return _SingleOutcome(self, await single(waiter.queued_at))
         finally:
             if verdict.slot:
                 self._finish_batch()
