@@ -342,7 +342,11 @@ class SchedulingQueue:
         One caller at a time waits for the wake-up; the others queue on a lock, which hands over to
         exactly one of them. Bindery runs ``maxInFlight`` workers (256 by default), all idle here at
         low load, and a shared event would wake every one of them for each pod added or finished.
+        A pod ready now is taken without the lock: in a backlog no worker waits.
         """
+        pod = self.pop_nowait()
+        if pod is not None:
+            return pod
         async with self._poppers:
             while True:
                 pod = self.pop_nowait()
