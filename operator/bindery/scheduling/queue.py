@@ -40,7 +40,7 @@ from bindery.scheduling.podspec import PodInfo
 #: the RM client batches the calls of concurrent cycles (`bindery.rm.batching`): 16 in flight made
 #: batches of a few operations and bound a 3,000-pod backlog at 140 pods/s, 256 at 326 pods/s
 #: (`benchmarks/ceiling.py --max-in-flight N`, benchmarks/PROFILE.md). A pod waiting in PreBind
-#: for its volume also holds a slot, so a small bound let a few such pods stall the rest.
+#: for its volume also holds a slot, so a small bound lets a few such pods hold up the rest.
 DEFAULT_MAX_IN_FLIGHT = 256
 
 __all__ = [
