@@ -9,8 +9,9 @@ and never-deleted namespaces rely on.
 
 Every test lands in exactly one tier, decided here from what it uses (`tier_of`), never from a marker
 its file must remember: `unit` (no plane), `plane` (the shared `controlplane`), `cluster` (the
-`cluster` plane) or `slow` (tests/chaos, tests/benchmarks, the files in `SLOW_FILES`, and tests that
-start a plane of their own: those carry `@pytest.mark.controlplane` and use neither fixture).
+`cluster` plane) or `slow` (tests/chaos, tests/benchmarks, `SLOW_FIXTURES`, the measured `SLOW_TESTS`,
+and tests that start a plane of their own: those carry `@pytest.mark.controlplane` and use neither
+fixture).
 `scripts/test --fast` runs `unit or plane`. A `unit` test cannot start a plane by mistake: in it,
 `ControlPlane.start` fails and `BINDERY_CONTROLPLANE_BIN` points at a directory without etcd or
 kube-apiserver, so child processes fail too (`_unit_tests_start_no_plane`).
@@ -39,18 +40,47 @@ OPERATOR_USER = "bindery-operator"
 TIERS = ("unit", "plane", "cluster", "slow")
 #: Directories under tests/ whose every test is slow by nature (seeded fault runs, benchmark smokes).
 SLOW_DIRECTORIES = ("chaos", "benchmarks")
-#: Files whose tests each take many seconds on the shared plane (measured with --durations).
-SLOW_FILES: tuple[str, ...] = ()
+#: Fixtures that make a test slow wherever it is: `image` emulates the Dockerfile's build (a venv
+#: and a pip install of the project, ~50 s).
+SLOW_FIXTURES = ("image",)
+#: Tests (a file, or file::function for every parametrization of it) that took 15 s or more in
+#: `scripts/test --fast --durations=0` (2 shared cores, load 2-7); the figure is setup+call+teardown.
+SLOW_TESTS = (
+    # 29 s, 16 s and 15 s: a leader and a standby as processes, SIGKILLed and SIGSTOPped
+    "operator/test_leader_processes.py",
+    # 83 s
+    "operator/test_ghosts.py::test_five_thousand_pods_come_and_go_and_leave_no_per_pod_memory",
+    # 38 s
+    "operator/test_explain.py::test_explain_says_why_a_pod_is_pending_or_where_it_was_bound",
+    # 33 s for each of its two parameters
+    "operator/test_binding_409.py::test_a_pod_bound_to_our_node_by_someone_else_is_not_taken_as_ours",
+    # 26 s
+    "operator/test_audit.py::test_audit_command_finds_a_leak_that_the_operator_did_not_make",
+    # 18 s
+    "operator/test_supervisor.py::test_an_rm_down_while_the_operator_starts_is_picked_up_when_it_comes_back",
+    # 16 s
+    "operator/test_leader.py::test_a_standby_does_not_take_a_live_lease_whose_renew_time_looks_stale",
+    # 16 s: schemathesis against the reference RM
+    "rm/test_refrm_fuzz.py::test_reference_rm_matches_its_contract",
+    # 15 s: the chart installed, its two processes run under its identities
+    "chart/test_chart_e2e.py",
+)
 _TESTS = pathlib.Path(__file__).parent
 _TIERS_KEY = pytest.StashKey[list[tuple[pytest.Item, str]]]()
 
 
-def tier_of(path: pathlib.Path, fixturenames: Iterable[str], markers: Iterable[str]) -> str:
-    """The tier of a test in `path` (under tests/) that uses `fixturenames` (pytest's closure,
-    so fixtures of fixtures count) and carries `markers`."""
+def tier_of(path: pathlib.Path, name: str, fixturenames: Iterable[str], markers: Iterable[str]) -> str:
+    """The tier of test function `name` in `path` (under tests/) that uses `fixturenames`
+    (pytest's closure, so fixtures of fixtures count) and carries `markers`."""
     fixtures, marks = set(fixturenames), set(markers)
-    relative = path.resolve().relative_to(_TESTS.resolve())
-    if "slow" in marks or relative.parts[0] in SLOW_DIRECTORIES or relative.as_posix() in SLOW_FILES:
+    relative = path.resolve().relative_to(_TESTS.resolve()).as_posix()
+    if (
+        "slow" in marks
+        or relative.split("/")[0] in SLOW_DIRECTORIES
+        or fixtures.intersection(SLOW_FIXTURES)
+        or relative in SLOW_TESTS
+        or f"{relative}::{name}" in SLOW_TESTS
+    ):
         return "slow"
     if "cluster" in fixtures:
         return "cluster"
@@ -67,6 +97,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         tier = tier_of(
             item.path,
+            getattr(item, "originalname", item.name),
             getattr(item, "fixturenames", ()),
             (mark.name for mark in item.iter_markers()),
         )

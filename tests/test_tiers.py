@@ -13,27 +13,41 @@ import pytest
 
 from bindery.devcluster import binaries
 from bindery.devcluster.plane import ControlPlane
-from tests.conftest import TIERS, PlaneInUnitTier, collected_items, tier_of
+from tests.conftest import SLOW_TESTS, TIERS, PlaneInUnitTier, collected_items, tier_of
 
 TESTS = pathlib.Path(__file__).parent
 
 
 @pytest.mark.parametrize(
-    ("path", "fixtures", "markers", "tier"),
+    ("path", "name", "fixtures", "markers", "tier"),
     [
-        ("rm/test_rm_models.py", ["tmp_path"], [], "unit"),
-        ("operator/test_binding.py", ["stage", "kube_api", "controlplane"], ["controlplane"], "plane"),
-        ("gangs/test_gangs.py", ["cluster_api", "cluster"], ["controlplane"], "cluster"),
-        ("devcluster/test_plane_restart.py", [], ["controlplane"], "slow"),
-        ("chaos/test_soak.py", ["controlplane"], ["chaos", "controlplane"], "slow"),
-        ("benchmarks/test_placement_bench_smoke.py", [], [], "slow"),
-        ("rm/test_rm_models.py", [], ["slow"], "slow"),
+        ("rm/test_rm_models.py", "test_x", ["tmp_path"], [], "unit"),
+        ("operator/test_binding.py", "test_x", ["stage", "controlplane"], ["controlplane"], "plane"),
+        ("gangs/test_gangs.py", "test_x", ["cluster_api", "cluster"], ["controlplane"], "cluster"),
+        ("devcluster/test_plane_restart.py", "test_x", [], ["controlplane"], "slow"),
+        ("chaos/test_soak.py", "test_x", ["controlplane"], ["chaos", "controlplane"], "slow"),
+        ("benchmarks/test_placement_bench_smoke.py", "test_x", [], [], "slow"),
+        ("rm/test_rm_models.py", "test_x", [], ["slow"], "slow"),
+        ("chart/test_dockerfile.py", "test_x", ["image"], [], "slow"),
+        ("operator/test_leader_processes.py", "test_x", ["controlplane"], ["controlplane"], "slow"),
+        ("rm/test_refrm_fuzz.py", "test_reference_rm_matches_its_contract", [], [], "slow"),
+        ("rm/test_refrm_fuzz.py", "test_another", [], [], "unit"),
     ],
 )
 def test_the_tier_follows_from_the_fixtures_the_directory_and_the_marks(
-    path: str, fixtures: list[str], markers: list[str], tier: str
+    path: str, name: str, fixtures: list[str], markers: list[str], tier: str
 ) -> None:
-    assert tier_of(TESTS / path, fixtures, markers) == tier
+    assert tier_of(TESTS / path, name, fixtures, markers) == tier
+
+
+def test_every_measured_slow_test_still_exists(request: pytest.FixtureRequest) -> None:
+    """A renamed or deleted test must leave SLOW_TESTS too, or the entry silently stops working."""
+    items = collected_items(request.config)
+    collected = {item.nodeid.split("[")[0].removeprefix("tests/") for item, _ in items}
+    files = {nodeid.split("::")[0] for nodeid in collected}
+    if not files >= {entry.split("::")[0] for entry in SLOW_TESTS}:
+        pytest.skip("not every test file was collected in this session")
+    assert [entry for entry in SLOW_TESTS if entry not in collected and entry not in files] == []
 
 
 def test_every_selected_test_has_exactly_one_tier(request: pytest.FixtureRequest) -> None:
