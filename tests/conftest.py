@@ -6,22 +6,141 @@ The real-cluster suites (tests/cluster, the controller scenarios of tests/chaos)
 `cluster`, with kube-controller-manager, kwok and kube-scheduler. It is separate, not the shared one:
 node lifecycle, pod GC and namespace deletion would change what the other suites' kubelet-less nodes
 and never-deleted namespaces rely on.
+
+Every test lands in exactly one tier, decided here from what it uses (`tier_of`), never from a marker
+its file must remember: `unit` (no plane), `plane` (the shared `controlplane`), `cluster` (the
+`cluster` plane) or `slow` (tests/chaos, tests/benchmarks, `SLOW_FIXTURES`, the measured `SLOW_TESTS`,
+and tests that start a plane of their own: those carry `@pytest.mark.controlplane` and use neither
+fixture).
+`scripts/test --fast` runs `unit or plane`. A `unit` test cannot start a plane by mistake: in it,
+`ControlPlane.start` fails and `BINDERY_CONTROLPLANE_BIN` points at a directory without etcd or
+kube-apiserver, so child processes fail too (`_unit_tests_start_no_plane`).
 """
 
 from __future__ import annotations
 
 import pathlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any, NoReturn
 
 import pytest
 from kubernetes_asyncio import client, config
 
 from bindery.controller.install import apply_crd, grant_operator
+from bindery.devcluster import binaries
 from bindery.devcluster.plane import ControlPlane
 
 #: The operator's least-privilege identity (bindery.controller.rbac), on either plane.
 OPERATOR_USER = "bindery-operator"
+
+# -- tiers ----------------------------------------------------------------------------------------
+
+#: Fastest first; `scripts/test --fast` runs the first two.
+TIERS = ("unit", "plane", "cluster", "slow")
+#: Directories under tests/ whose every test is slow by nature (seeded fault runs, benchmark smokes).
+SLOW_DIRECTORIES = ("chaos", "benchmarks")
+#: Fixtures that make a test slow wherever it is: `image` emulates the Dockerfile's build (a venv
+#: and a pip install of the project, ~50 s).
+SLOW_FIXTURES = ("image",)
+#: Tests (a file, or file::function for every parametrization of it) that took 15 s or more in
+#: `scripts/test --fast --durations=0` (2 shared cores, load 2-7); the figure is setup+call+teardown.
+SLOW_TESTS = (
+    # 29 s, 16 s and 15 s: a leader and a standby as processes, SIGKILLed and SIGSTOPped
+    "operator/test_leader_processes.py",
+    # 83 s
+    "operator/test_ghosts.py::test_five_thousand_pods_come_and_go_and_leave_no_per_pod_memory",
+    # 38 s
+    "operator/test_explain.py::test_explain_says_why_a_pod_is_pending_or_where_it_was_bound",
+    # 33 s for each of its two parameters
+    "operator/test_binding_409.py::test_a_pod_bound_to_our_node_by_someone_else_is_not_taken_as_ours",
+    # 26 s
+    "operator/test_audit.py::test_audit_command_finds_a_leak_that_the_operator_did_not_make",
+    # 18 s
+    "operator/test_supervisor.py::test_an_rm_down_while_the_operator_starts_is_picked_up_when_it_comes_back",
+    # 16 s
+    "operator/test_leader.py::test_a_standby_does_not_take_a_live_lease_whose_renew_time_looks_stale",
+    # 16 s: schemathesis against the reference RM
+    "rm/test_refrm_fuzz.py::test_reference_rm_matches_its_contract",
+    # 15 s: the chart installed, its two processes run under its identities
+    "chart/test_chart_e2e.py",
+)
+_TESTS = pathlib.Path(__file__).parent
+_TIERS_KEY = pytest.StashKey[list[tuple[pytest.Item, str]]]()
+
+
+def tier_of(path: pathlib.Path, name: str, fixturenames: Iterable[str], markers: Iterable[str]) -> str:
+    """The tier of test function `name` in `path` (under tests/) that uses `fixturenames`
+    (pytest's closure, so fixtures of fixtures count) and carries `markers`."""
+    fixtures, marks = set(fixturenames), set(markers)
+    tests, resolved = _TESTS.resolve(), path.resolve()
+    relative = resolved.relative_to(tests).as_posix() if resolved.is_relative_to(tests) else ""
+    if (
+        "slow" in marks
+        or relative.split("/")[0] in SLOW_DIRECTORIES
+        or fixtures.intersection(SLOW_FIXTURES)
+        or relative in SLOW_TESTS
+        or f"{relative}::{name}" in SLOW_TESTS
+    ):
+        return "slow"
+    if "cluster" in fixtures:
+        return "cluster"
+    if "controlplane" in fixtures:
+        return "plane"
+    if "controlplane" in marks:  # a plane of its own, started by the test or a child process
+        return "slow"
+    return "unit"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the stash holds every collected test
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers = config.stash.setdefault(_TIERS_KEY, [])
+    for item in items:
+        tier = tier_of(
+            item.path,
+            getattr(item, "originalname", item.name),
+            getattr(item, "fixturenames", ()),
+            (mark.name for mark in item.iter_markers()),
+        )
+        item.add_marker(tier)
+        tiers.append((item, tier))
+
+
+def collected_items(config: pytest.Config) -> list[tuple[pytest.Item, str]]:
+    """Every test this session collected, selected or not, with its tier (for tests/test_tiers.py)."""
+    collected: list[tuple[pytest.Item, str]] = config.stash.get(_TIERS_KEY, [])
+    return list(collected)
+
+
+@pytest.fixture(scope="session")
+def _no_plane_bin(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A BINDERY_CONTROLPLANE_BIN holding helm alone: unit tests may render charts, not start planes."""
+    directory = tmp_path_factory.mktemp("unit-tier-has-no-control-plane")
+    helm = binaries.bin_dir() / "helm"
+    if helm.is_file():
+        (directory / "helm").symlink_to(helm)
+    return directory
+
+
+class PlaneInUnitTier(Exception):
+    """A test in the unit tier tried to start a control plane."""
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_plane(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _no_plane_bin: pathlib.Path
+) -> None:
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*_: Any, **__: Any) -> NoReturn:
+        raise PlaneInUnitTier(
+            f"{request.node.nodeid} starts a control plane but is in the unit tier: use the"
+            " `controlplane` or `cluster` fixture, or mark it `@pytest.mark.controlplane` (slow tier)."
+        )
+
+    monkeypatch.setattr(ControlPlane, "start", refuse)
+    monkeypatch.setenv("BINDERY_CONTROLPLANE_BIN", str(_no_plane_bin))
 
 
 @pytest.fixture(scope="session")
