@@ -1,0 +1,67 @@
+"""Raw apiserver I/O: the only package that imports ``kubernetes_asyncio`` (see pyproject's
+import-linter contracts), below every room that talks to the apiserver.
+
+- :mod:`bindery.k8s.errors`: one error hierarchy (:class:`ApiError`: :class:`Unavailable` or
+  :class:`Rejected`, with :class:`NotFound`, :class:`Conflict`...), one translation.
+- :mod:`bindery.k8s.resources`: one constant per API resource (``PODS``, ``RESOURCE_MANAGERS``...).
+- :mod:`bindery.k8s.api`: get/create/replace/patch/delete and the paged LIST, JSON in and out.
+- :mod:`bindery.k8s.watching`: the one list-then-watch loop (resume, bookmarks, diff on 410).
+"""
+
+from bindery.k8s.api import (
+    ApiClient,
+    Listing,
+    create,
+    delete,
+    get,
+    list_all,
+    list_pages,
+    patch,
+    replace,
+    request,
+)
+from bindery.k8s.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Gone,
+    Invalid,
+    NotFound,
+    Rejected,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    translate,
+)
+from bindery.k8s.watching import Backoff, Cursor, Event, Listed, list_watch
+
+__all__ = [
+    "ApiClient",
+    "ApiError",
+    "Backoff",
+    "BadRequest",
+    "Conflict",
+    "Cursor",
+    "Event",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "Listed",
+    "Listing",
+    "NotFound",
+    "Rejected",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "create",
+    "delete",
+    "get",
+    "list_all",
+    "list_pages",
+    "list_watch",
+    "patch",
+    "replace",
+    "request",
+    "translate",
+]
