@@ -247,11 +247,13 @@ async def list_watch(
     backoff: Backoff | None = None,
     logger: Logger | None = None,
     what: str = "",
+    hint: Callable[[ApiError], str] = lambda error: "",
 ) -> AsyncGenerator[Event | Listed, None]:
     """Every change of the selected objects, for ever: see the module's docstring.
 
     Pass a `cursor` to read its counters, or to resume a previous loop's state (its version and
-    known objects: a diff then covers what happened in between).
+    known objects: a diff then covers what happened in between). `hint` adds advice to the log
+    line of a failure (which permission to grant on a Forbidden, say).
     """
     cursor = cursor if cursor is not None else Cursor()
     backoff = backoff if backoff is not None else Backoff()
@@ -302,7 +304,7 @@ async def list_watch(
         except ApiError as error:
             delay = backoff.delay(retry_after=getattr(error, "retry_after", None))
             action = "listing" if cursor.must_list else f"resuming from {cursor.resource_version}"
-            log.warning(f"watch of {what} failed: {error}; {action} in {delay:.1f}s")
+            log.warning(f"watch of {what} failed: {error}{hint(error)}; {action} in {delay:.1f}s")
             await asyncio.sleep(delay)
 
 
