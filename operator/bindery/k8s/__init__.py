@@ -11,6 +11,7 @@ import-linter contracts), below every room that talks to the apiserver.
 from bindery.k8s.api import (
     ApiClient,
     Listing,
+    client_for,
     create,
     delete,
     get,
@@ -54,6 +55,7 @@ __all__ = [
     "TooLarge",
     "Unauthorized",
     "Unavailable",
+    "client_for",
     "create",
     "delete",
     "get",

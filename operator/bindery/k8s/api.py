@@ -36,6 +36,8 @@ __all__ = [
     "ApiClient",
     "Listing",
     "Timeout",
+    "answer_of",
+    "client_for",
     "create",
     "delete",
     "get",
@@ -61,6 +63,13 @@ JSON_PATCH = "application/json-patch+json"
 #: Ask for PartialObjectMetadata(List): only ``metadata`` of each object, for callers reading nothing else.
 METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 METADATA_ONLY_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
+def client_for(configuration: Any) -> ApiClient:
+    """A client for a ``kubernetes_asyncio`` Configuration (as :mod:`bindery.controller.connection`
+    loads it); use it as an async context manager, or ``await client.close()``."""
+    return _ApiClient(configuration=configuration)
+
 
 Query: TypeAlias = Mapping[str, str | int | bool] | Iterable[tuple[str, str | int | bool]]
 
@@ -111,6 +120,36 @@ async def response(
         yield answer
     finally:
         answer.release()
+
+
+async def answer_of(
+    api: ApiClient,
+    method: str,
+    path: str,
+    *,
+    query: Query | None = None,
+    request_timeout: Timeout = DEFAULT_TIMEOUT,
+    what: str = "",
+) -> tuple[int, bytes]:
+    """(status, body) of one request whatever the status, for paths whose non-2xx answers are
+    answers (a service proxied by the apiserver); only a failure to get one raises (Unavailable)."""
+    what = what or f"{method} {path}"
+    try:
+        answer = await api.call_api(
+            path,
+            method,
+            query_params=_query(query),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=request_timeout,
+        )
+        try:
+            return answer.status, await answer.read()
+        finally:
+            answer.release()
+    except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as error:
+        raise translate(error, what=what) from error
 
 
 async def request(

@@ -12,6 +12,8 @@ import dataclasses
 from urllib.parse import quote
 
 __all__ = [
+    "CLUSTER_ROLES",
+    "CLUSTER_ROLE_BINDINGS",
     "CRDS",
     "CSI_NODES",
     "DEPLOYMENTS",
@@ -82,6 +84,10 @@ STORAGE_CLASSES = Resource("storage.k8s.io", "v1", "storageclasses", False, "Sto
 CSI_NODES = Resource("storage.k8s.io", "v1", "csinodes", False, "CSINode")
 DEPLOYMENTS = Resource("apps", "v1", "deployments", True, "Deployment")
 JOBS = Resource("batch", "v1", "jobs", True, "Job")
+CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
+CLUSTER_ROLE_BINDINGS = Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterrolebindings", False, "ClusterRoleBinding"
+)
 CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False, "CustomResourceDefinition")
 #: Bindery's own configuration (crds/resourcemanagers.bindery.dev.yaml).
 RESOURCE_MANAGERS = Resource("bindery.dev", "v1alpha1", "resourcemanagers", False, "ResourceManager")
