@@ -2,8 +2,14 @@
 
 Bindery reads objects as the JSON the apiserver sends (``kubernetes_asyncio``'s model classes
 parse every timestamp, and the code reads a handful of fields), so the generated per-resource
-methods bought nothing but a second spelling of every path. The client's ``call_api`` is kept for
-what it does well: the host, TLS, the bearer token and its refresh hook, the proxy settings.
+methods bought nothing but a second spelling of every path. The client's REST layer is kept for
+what it does well: its aiohttp session, TLS settings, proxy, ``tls_server_name`` and timeout
+handling, with the same authentication (``update_params_for_auth``: the bearer token, refreshed by
+the configuration's hook) and default headers (``User-Agent``). Requests skip the generated
+methods' per-call machinery (checking keyword arguments, walking the body through
+``sanitize_for_serialization``, building parameter tuples): about 0.1 ms of a ~0.8 ms POST on
+loopback, on the two writes every scheduled pod costs (benchmarks/PROFILE.md; this was
+``bindery.kube.post``).
 
 Every failure leaves as an :class:`bindery.k8s.errors.ApiError` (see :func:`translate`). Every LIST
 goes through :func:`list_pages` (``limit`` + ``continue``): an unpaged list of 50,000 pods is one
@@ -72,11 +78,41 @@ def client_for(configuration: Any) -> ApiClient:
 
 
 Query: TypeAlias = Mapping[str, str | int | bool] | Iterable[tuple[str, str | int | bool]]
+#: The generated client's auth setting for a kubeconfig's token (client certificates live in the
+#: session's TLS context and need nothing per request).
+_AUTH = ["BearerToken"]
 
 
 def _query(query: Query | None) -> list[tuple[str, str]]:
     pairs = query.items() if isinstance(query, Mapping) else (query or ())
     return [(key, ("true" if v else "false") if isinstance(v, bool) else str(v)) for key, v in pairs]
+
+
+async def _send(
+    api: ApiClient,
+    method: str,
+    path: str,
+    *,
+    query: Query | None,
+    body: Any,
+    content_type: str,
+    accept: str,
+    request_timeout: Timeout,
+) -> aiohttp.ClientResponse:
+    """The raw response (any status); raises what the REST layer raises on a transport failure."""
+    headers: dict[str, str] = {**api.default_headers, "Accept": accept, "Content-Type": content_type}
+    if api.cookie:
+        headers["Cookie"] = api.cookie
+    await api.update_params_for_auth(headers, None, _AUTH)
+    return await api.rest_client.request(  # type: ignore[no-any-return]
+        method,
+        api.configuration.host + path,
+        query_params=_query(query) or None,
+        headers=headers,
+        body=body,
+        _preload_content=False,
+        _request_timeout=request_timeout,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -98,15 +134,15 @@ async def response(
     """
     what = what or f"{method} {path}"
     try:
-        answer = await api.call_api(
-            path,
+        answer = await _send(
+            api,
             method,
-            query_params=_query(query),
-            header_params={"Content-Type": content_type, "Accept": accept},
+            path,
+            query=query,
             body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=request_timeout,
+            content_type=content_type,
+            accept=accept,
+            request_timeout=request_timeout,
         )
     except (ApiException, aiohttp.ClientError, TimeoutError, OSError) as error:
         raise translate(error, what=what) from error
@@ -128,21 +164,24 @@ async def answer_of(
     path: str,
     *,
     query: Query | None = None,
+    body: Any = None,
     request_timeout: Timeout = DEFAULT_TIMEOUT,
     what: str = "",
 ) -> tuple[int, bytes]:
-    """(status, body) of one request whatever the status, for paths whose non-2xx answers are
-    answers (a service proxied by the apiserver); only a failure to get one raises (Unavailable)."""
+    """(status, body) of one request whatever the status, for callers that read a non-2xx answer
+    themselves (a Binding's 409, a service proxied by the apiserver); only a failure to get an
+    answer raises (:class:`Unavailable`). `path` is already percent-encoded."""
     what = what or f"{method} {path}"
     try:
-        answer = await api.call_api(
-            path,
+        answer = await _send(
+            api,
             method,
-            query_params=_query(query),
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=request_timeout,
+            path,
+            query=query,
+            body=body,
+            content_type="application/json",
+            accept="application/json",
+            request_timeout=request_timeout,
         )
         try:
             return answer.status, await answer.read()
