@@ -25,7 +25,9 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, TypeAlias
 
 import aiohttp
+from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient as _ApiClient
+from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from bindery.k8s.errors import Unavailable, from_status, translate
@@ -44,6 +46,7 @@ __all__ = [
     "Timeout",
     "answer_of",
     "client_for",
+    "client_from",
     "create",
     "delete",
     "get",
@@ -74,6 +77,17 @@ METADATA_ONLY_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v
 def client_for(configuration: Any) -> ApiClient:
     """A client for a ``kubernetes_asyncio`` Configuration (as :mod:`bindery.controller.connection`
     loads it); use it as an async context manager, or ``await client.close()``."""
+    return _ApiClient(configuration=configuration)
+
+
+async def client_from(*, kubeconfig: str | None) -> ApiClient:
+    """A client for `kubeconfig`, or the pod's in-cluster service account if None. A plain load:
+    the operator's own (token file rotation, proxies) is :mod:`bindery.controller.connection`'s."""
+    configuration = Configuration()
+    if kubeconfig is not None:
+        await kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        kube_config.load_incluster_config(client_configuration=configuration)
     return _ApiClient(configuration=configuration)
 
 
