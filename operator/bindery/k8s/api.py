@@ -179,6 +179,7 @@ async def answer_of(
     *,
     query: Query | None = None,
     body: Any = None,
+    accept: str = "application/json",
     request_timeout: Timeout = DEFAULT_TIMEOUT,
     what: str = "",
 ) -> tuple[int, bytes]:
@@ -194,7 +195,7 @@ async def answer_of(
             query=query,
             body=body,
             content_type="application/json",
-            accept="application/json",
+            accept=accept,
             request_timeout=request_timeout,
         )
         try:

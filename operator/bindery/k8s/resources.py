@@ -16,6 +16,7 @@ __all__ = [
     "CLUSTER_ROLE_BINDINGS",
     "CRDS",
     "CSI_NODES",
+    "DAEMON_SETS",
     "DEPLOYMENTS",
     "EVENTS",
     "EVENTS_V1",
@@ -82,6 +83,7 @@ EVENTS_V1 = Resource("events.k8s.io", "v1", "events", True, "Event")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", True, "Lease")
 STORAGE_CLASSES = Resource("storage.k8s.io", "v1", "storageclasses", False, "StorageClass")
 CSI_NODES = Resource("storage.k8s.io", "v1", "csinodes", False, "CSINode")
+DAEMON_SETS = Resource("apps", "v1", "daemonsets", True, "DaemonSet")
 DEPLOYMENTS = Resource("apps", "v1", "deployments", True, "Deployment")
 JOBS = Resource("batch", "v1", "jobs", True, "Job")
 CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
