@@ -24,10 +24,11 @@ The bookkeeping (:class:`Cursor`) and the diff are pure and tested without a ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -200,7 +201,7 @@ async def _watch(
     metadata_only: bool,
     watch_seconds: int,
     cursor: Cursor,
-) -> AsyncIterator[Event]:
+) -> AsyncGenerator[Event, None]:
     """One watch request from ``cursor.resource_version``, until the server ends it."""
     query = {
         **query,
@@ -266,6 +267,7 @@ async def list_watch(
     query: dict[str, str | int | bool] = dict(
         selectors(label_selector=label_selector, field_selector=field_selector)
     )
+    just_listed = False
     while True:
         try:
             if cursor.must_list:
@@ -287,20 +289,28 @@ async def list_watch(
                 yield Listed(relist=relist, count=len(listing.items))
                 if cursor.must_list:
                     raise Unavailable("the list carried no resourceVersion to watch from", what=what)
-            async for event in _watch(
-                api,
-                path,
-                query=query,
-                metadata_only=metadata_only,
-                watch_seconds=watch_seconds,
-                cursor=cursor,
-            ):
-                backoff.reset()
-                yield event
+                just_listed = True
+            # Closed with this generator: a consumer that stops reading releases the connection now.
+            async with contextlib.aclosing(
+                _watch(
+                    api,
+                    path,
+                    query=query,
+                    metadata_only=metadata_only,
+                    watch_seconds=watch_seconds,
+                    cursor=cursor,
+                )
+            ) as events_of_watch:
+                async for event in events_of_watch:
+                    backoff.reset()
+                    just_listed = False
+                    yield event
             # Ended by the server: resume from the last version seen (a bookmark's, on a quiet set).
         except Gone as error:
             cursor.expire()
             log.info(f"watch of {what} expired ({error.message}): relisting")
+            if just_listed:  # expired again straight after a list: do not hammer the apiserver
+                await asyncio.sleep(backoff.delay())
         except ApiError as error:
             delay = backoff.delay(retry_after=getattr(error, "retry_after", None))
             action = "listing" if cursor.must_list else f"resuming from {cursor.resource_version}"
