@@ -6,6 +6,19 @@ import-linter contracts), below every room that talks to the apiserver.
 - :mod:`bindery.k8s.resources`: one constant per API resource (``PODS``, ``RESOURCE_MANAGERS``...).
 - :mod:`bindery.k8s.api`: get/create/replace/patch/delete and the paged LIST, JSON in and out.
 - :mod:`bindery.k8s.watching`: the one list-then-watch loop (resume, bookmarks, diff on 410).
+
+Converting a caller (the generated call → the layer's)::
+
+    client.ApiClient(configuration=c)              client_for(c)
+    CoreV1Api(api).read_namespaced_pod(n, ns)      get(api, resources.PODS, namespace=ns, name=n)
+    ... except ApiException as e: if e.status==404 except NotFound:
+    list_namespaced_pod(ns, limit=, _continue=)    list_all(api, resources.PODS, namespace=ns,
+                                                     field_selector=..., metadata_only=True)
+    CustomObjectsApi.get_namespaced_custom_object  get(api, resources.PODGROUPS, namespace=, name=)
+    patch_namespaced_custom_object_status          patch(api, resources.PODGROUPS, namespace=, name=,
+                                                     subresource="status", body=...)  # merge patch
+    patch_namespaced_pod_status (a dict body)      patch(..., content_type=api.STRATEGIC_PATCH)
+    _request_timeout=s                             request_timeout=s
 """
 
 from bindery.k8s.api import (
