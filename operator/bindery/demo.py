@@ -34,12 +34,13 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from kubernetes_asyncio import client, config, watch
-
+from bindery import k8s
 from bindery.controller.embedded import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.options import OperatorOptions
 from bindery.controller.runtime import Runtime
+from bindery.k8s import ApiClient, client_from, resources
+from bindery.k8s.watching import Event, list_watch
 from bindery.quantity import format_quantity
 from bindery.scheduling.queue import DEFAULT_MAX_IN_FLIGHT
 
@@ -151,20 +152,17 @@ async def _demo(*, args: DemoArgs, admin: pathlib.Path, operator_kubeconfig: pat
         return await _bindery_workloads(api, args=args, runtime=operator.runtime, nodes=nodes)
 
 
-async def _api_client(kubeconfig: pathlib.Path) -> client.ApiClient:
-    configuration = client.Configuration()
-    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    return client.ApiClient(configuration=configuration)
+async def _api_client(kubeconfig: pathlib.Path) -> ApiClient:
+    return await client_from(kubeconfig=str(kubeconfig))
 
 
-async def _namespaces(api: client.ApiClient) -> None:
-    core = client.CoreV1Api(api)
+async def _namespaces(api: ApiClient) -> None:
     for name in (NAMESPACE, SYSTEM_NAMESPACE):
-        with contextlib.suppress(client.ApiException):
-            await core.create_namespace(body={"metadata": {"name": name}})
+        with contextlib.suppress(k8s.Conflict):  # AlreadyExists
+            await k8s.create(api, resources.NAMESPACES, body={"metadata": {"name": name}})
 
 
-async def _nodes(api: client.ApiClient, *, args: DemoArgs) -> list[str]:
+async def _nodes(api: ApiClient, *, args: DemoArgs) -> list[str]:
     """The pool: kwok nodes, returned once kwok reports each Ready (it plays their kubelets)."""
     from bindery.devcluster.nodes import create_kwok_node
 
@@ -176,14 +174,16 @@ async def _nodes(api: client.ApiClient, *, args: DemoArgs) -> list[str]:
             capacity={"cpu": str(args.cpu_per_node), "memory": "32Gi", "pods": "110"},
             labels={POOL_LABEL: POOL},
         )
-    core = client.CoreV1Api(api)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        listed = await core.list_node(label_selector=f"{POOL_LABEL}={POOL}")
+        listed = await k8s.list_all(api, resources.NODES, label_selector=f"{POOL_LABEL}={POOL}")
         ready = [
-            n.metadata.name
+            n["metadata"]["name"]
             for n in listed.items
-            if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or ())
+            if any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (n.get("status") or {}).get("conditions") or ()
+            )
         ]
         if len(ready) == len(names):
             return names
@@ -215,12 +215,13 @@ def _deployment(name: str, *, replicas: int, cpu: str, scheduler: str | None) ->
     }
 
 
-async def _default_workloads(api: client.ApiClient, *, args: DemoArgs) -> None:
+async def _default_workloads(api: ApiClient, *, args: DemoArgs) -> None:
     """What already runs on a real pool: a DaemonSet and a Deployment placed by kube-scheduler."""
-    apps = client.AppsV1Api(api)
-    await apps.create_namespaced_daemon_set(
-        NAMESPACE,
-        {
+    await k8s.create(
+        api,
+        resources.DAEMON_SETS,
+        namespace=NAMESPACE,
+        body={
             "metadata": {"name": "node-agent"},
             "spec": {
                 "selector": {"matchLabels": {"app": "node-agent"}},
@@ -228,14 +229,15 @@ async def _default_workloads(api: client.ApiClient, *, args: DemoArgs) -> None:
             },
         },
     )
-    await apps.create_namespaced_deployment(
-        NAMESPACE, _deployment("web", replicas=args.nodes, cpu="1", scheduler=None)
+    await k8s.create(
+        api,
+        resources.DEPLOYMENTS,
+        namespace=NAMESPACE,
+        body=_deployment("web", replicas=args.nodes, cpu="1", scheduler=None),
     )
-    core = client.CoreV1Api(api)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        response = await core.list_namespaced_pod(NAMESPACE, _preload_content=False)
-        items = (await response.json())["items"]
+        items = (await k8s.list_all(api, resources.PODS, namespace=NAMESPACE)).items
         if len(items) == 2 * args.nodes and all(p["status"].get("phase") == "Running" for p in items):
             say(
                 f"kube-scheduler placed a DaemonSet (node-agent, 250m CPU per node) and a Deployment "
@@ -247,22 +249,23 @@ async def _default_workloads(api: client.ApiClient, *, args: DemoArgs) -> None:
 
 
 async def create_reference_resource_manager(
-    api: client.ApiClient, *, url: str, token: str, max_in_flight: int
+    api: ApiClient, *, url: str, token: str, max_in_flight: int
 ) -> None:
     """The token Secret and the ResourceManager "reference" for a reference RM at `url` (loopback).
 
     `SYSTEM_NAMESPACE` must exist. Shared by the demo and the kube-scheduler comparison benchmark.
     """
-    await client.CoreV1Api(api).create_namespaced_secret(
+    await k8s.create(
+        api,
+        resources.SECRETS,
         namespace=SYSTEM_NAMESPACE,
         body={"metadata": {"name": "reference-rm-token"}, "stringData": {"token": token}},
     )
-    await client.CustomObjectsApi(api).create_cluster_custom_object(
-        group="bindery.dev",
-        version="v1alpha1",
-        plural="resourcemanagers",
+    await k8s.create(
+        api,
+        resources.RESOURCE_MANAGERS,
         body={
-            "apiVersion": "bindery.dev/v1alpha1",
+            "apiVersion": resources.RESOURCE_MANAGERS.api_version,
             "kind": "ResourceManager",
             "metadata": {"name": "reference"},
             "spec": {
@@ -276,14 +279,11 @@ async def create_reference_resource_manager(
     )
 
 
-async def _wait_ready(api: client.ApiClient, *, within: float = 60.0) -> None:
-    objects = client.CustomObjectsApi(api)
+async def _wait_ready(api: ApiClient, *, within: float = 60.0) -> None:
     deadline = time.monotonic() + within
     message = "no status yet"
     while time.monotonic() < deadline:
-        rm = await objects.get_cluster_custom_object(
-            group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name="reference"
-        )
+        rm = await k8s.get(api, resources.RESOURCE_MANAGERS, name="reference")
         for cond in (rm.get("status") or {}).get("conditions") or ():
             if cond["type"] == "Ready":
                 if cond["status"] == "True":
@@ -305,11 +305,10 @@ class _Seen:
 
 
 async def _bindery_workloads(
-    api: client.ApiClient, *, args: DemoArgs, runtime: Runtime, nodes: Sequence[str]
+    api: ApiClient, *, args: DemoArgs, runtime: Runtime, nodes: Sequence[str]
 ) -> int:
-    core = client.CoreV1Api(api)
     seen: dict[str, _Seen] = {}
-    watcher = asyncio.create_task(_watch(core, seen))
+    watcher = asyncio.create_task(_watch(api, seen))
     await asyncio.sleep(0.5)  # let the watch start
     writes_before, metrics_before = runtime.writes.snapshot(), await _write_metrics(api)
     total = args.pods + args.job_pods + args.gang_pods
@@ -318,14 +317,19 @@ async def _bindery_workloads(
         f"completions x {JOB_CPU} CPU) with schedulerName: {SCHEDULER} in namespace {NAMESPACE} ..."
     )
     first = time.monotonic()
-    await client.AppsV1Api(api).create_namespaced_deployment(
-        NAMESPACE, _deployment("api", replicas=args.pods, cpu=APP_CPU, scheduler=SCHEDULER)
+    await k8s.create(
+        api,
+        resources.DEPLOYMENTS,
+        namespace=NAMESPACE,
+        body=_deployment("api", replicas=args.pods, cpu=APP_CPU, scheduler=SCHEDULER),
     )
     job = _template(app="batch", cpu=JOB_CPU, scheduler=SCHEDULER)
     job["spec"]["restartPolicy"] = "Never"
-    await client.BatchV1Api(api).create_namespaced_job(
-        NAMESPACE,
-        {
+    await k8s.create(
+        api,
+        resources.JOBS,
+        namespace=NAMESPACE,
+        body={
             "metadata": {"name": "batch"},
             "spec": {
                 "completions": args.job_pods,
@@ -342,9 +346,11 @@ async def _bindery_workloads(
         )
         gang = _template(app="gang", cpu=JOB_CPU, scheduler=SCHEDULER)
         gang["spec"]["restartPolicy"] = "Never"
-        await client.BatchV1Api(api).create_namespaced_job(
-            NAMESPACE,
-            {
+        await k8s.create(
+            api,
+            resources.JOBS,
+            namespace=NAMESPACE,
+            body={
                 "metadata": {"name": "gang"},
                 "spec": {
                     "completions": args.gang_pods,
@@ -360,7 +366,7 @@ async def _bindery_workloads(
     watcher.cancel()
     writes_after, metrics_after = runtime.writes.snapshot(), await _write_metrics(api)
     _pod_table(seen)
-    await _node_table(core, nodes)
+    await _node_table(api, nodes)
     if args.gang_pods > 1:
         await _gang_summary(api, seen)
     bound = [s.bound for s in seen.values() if s.bound is not None]
@@ -403,19 +409,20 @@ async def _follow(
         )
 
 
-async def _watch(core: client.CoreV1Api, seen: dict[str, _Seen]) -> None:
-    async with watch.Watch() as stream:
-        async for event in stream.stream(core.list_namespaced_pod, namespace=NAMESPACE, timeout_seconds=600):
-            raw = event["raw_object"]
-            spec, name = raw.get("spec") or {}, raw["metadata"]["name"]
-            if spec.get("schedulerName") != SCHEDULER:
-                continue
-            pod = seen.setdefault(
-                name, _Seen(created=time.monotonic(), kind=raw["metadata"]["labels"].get("app", ""))
-            )
-            if spec.get("nodeName") and pod.bound is None:
-                pod.bound, pod.node = time.monotonic(), spec["nodeName"]
-            pod.phase = (raw.get("status") or {}).get("phase") or pod.phase
+async def _watch(api: ApiClient, seen: dict[str, _Seen]) -> None:
+    async for event in list_watch(api, resources.PODS, namespace=NAMESPACE, watch_seconds=600):
+        if not isinstance(event, Event) or event.type == "DELETED":
+            continue
+        raw = event.object
+        spec, name = raw.get("spec") or {}, raw["metadata"]["name"]
+        if spec.get("schedulerName") != SCHEDULER:
+            continue
+        pod = seen.setdefault(
+            name, _Seen(created=time.monotonic(), kind=(raw["metadata"].get("labels") or {}).get("app", ""))
+        )
+        if spec.get("nodeName") and pod.bound is None:
+            pod.bound, pod.node = time.monotonic(), spec["nodeName"]
+        pod.phase = (raw.get("status") or {}).get("phase") or pod.phase
 
 
 def _progress(seen: Mapping[str, _Seen], *, total: int) -> str:
@@ -441,12 +448,11 @@ def _pod_table(seen: Mapping[str, _Seen]) -> None:
             say(f"{name:<24} {'-':<8} {'not bound':>12}  {pod.phase}")
 
 
-async def _node_table(core: client.CoreV1Api, nodes: Sequence[str]) -> None:
+async def _node_table(api: ApiClient, nodes: Sequence[str]) -> None:
     """What each node holds now: running pods by who placed them, CPU requested of allocatable."""
     from bindery.podresources import effective_requests
 
-    listed = await core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=", _preload_content=False)
-    pods = (await listed.json())["items"]
+    pods = (await k8s.list_all(api, resources.PODS, field_selector="spec.nodeName!=")).items
     say(f"\n{'NODE':<8} {'BINDERY':>8} {'DEFAULT':>8} {'CPU REQUESTED':>14}")
     for node in nodes:
         mine = [
@@ -460,18 +466,16 @@ async def _node_table(core: client.CoreV1Api, nodes: Sequence[str]) -> None:
             (effective_requests(spec=p["spec"], status=p.get("status")).get("cpu", Decimal(0)) for p in mine),
             Decimal(0),
         )
-        allocatable = (await core.read_node(node)).status.allocatable["cpu"]
+        allocatable = (await k8s.get(api, resources.NODES, name=node))["status"]["allocatable"]["cpu"]
         say(f"{node:<8} {ours:>8} {len(mine) - ours:>8} {format_quantity(cpu) + ' / ' + allocatable:>14}")
 
 
-async def _gang_summary(api: client.ApiClient, seen: Mapping[str, _Seen]) -> None:
+async def _gang_summary(api: ApiClient, seen: Mapping[str, _Seen]) -> None:
     """How the gang went: when its pods were bound, relative to each other, and its PodGroup's status."""
     gang = [s for s in seen.values() if s.kind == "gang" and s.bound is not None]
-    groups = await client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "scheduling.k8s.io", "v1alpha2", NAMESPACE, "podgroups"
-    )
+    groups = await k8s.list_all(api, resources.PODGROUPS, namespace=NAMESPACE)
     say("")
-    for group in groups.get("items") or ():
+    for group in groups.items:
         spec = group.get("spec") or {}
         min_count = ((spec.get("schedulingPolicy") or {}).get("gang") or {}).get("minCount")
         condition: Mapping[str, Any] = next(
@@ -521,13 +525,10 @@ def _summary(
 _METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.e+]+)$")
 
 
-async def _write_metrics(api: client.ApiClient) -> dict[tuple[str, str], int]:
+async def _write_metrics(api: ApiClient) -> dict[tuple[str, str], int]:
     """Successful writes per (resource, subresource) of the kinds only the operator writes."""
-    response = await api.call_api("/metrics", "GET", _preload_content=False, auth_settings=["BearerToken"])
-    try:
-        text = (await response.read()).decode()
-    finally:
-        response.release()
+    _, body = await k8s.answer_of(api, "GET", "/metrics", accept="text/plain")
+    text = body.decode()
     totals: dict[tuple[str, str], int] = {}
     for line in text.splitlines():
         match = _METRIC.match(line)

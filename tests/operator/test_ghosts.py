@@ -1,9 +1,11 @@
 """No ghosts, bounded memory (issue 8, item 6).
 
-The unbound-pod watch (as Kopf's did) gets no DELETED for a pod that vanished while it was down:
-it relists. Such a "ghost" must not stay queued, be retried forever and collect FailedScheduling
-events. The operator talks to the apiserver through the test proxy (tests/operator/apiproxy.py),
-which can blind it to pod lists and watches while the test deletes a pod.
+A pod that vanished while the unbound-pod watch was down must not stay queued, be retried for
+ever and collect FailedScheduling events. Kopf's watch relisted and gave no DELETED for it (the
+runtime's sweep dropped the "ghost"); bindery.k8s.watching diffs the relist and delivers that
+DELETED, and the sweep stays as the second line. The operator talks to the apiserver through the
+test proxy (tests/operator/apiproxy.py), which can blind it to pod lists and watches while the test
+deletes a pod.
 
 And whatever comes and goes, the operator's per-pod memory comes back to empty: 5,000 pods created
 and deleted leave nothing behind in any per-pod structure (`Runtime.per_pod_sizes()`).
@@ -127,11 +129,11 @@ async def test_a_pod_deleted_while_the_watch_was_blind_is_dropped(
             )
         finally:
             proxy.blind_pod_lists = False
-        # Its resourceVersion is answered as compacted away (410): it lists afresh, no DELETED.
+        # Its resourceVersion is answered as compacted away (410): it lists afresh and diffs.
         await eventually(lambda: now(proxy.expired_pod_watches > 0), what="the watch expired")
         reported = await _failed_scheduling(kube_api, namespace, "ghost")
 
-        # The watch is back once it sees a new pod; the ghost got no DELETED from it.
+        # The watch is back once it sees a new pod.
         body = pod_body(name="witness", scheduler_name=scheduler, cpu="3")
         witness = (await create_pod(kube_api, namespace=namespace, body=body))["metadata"]["uid"]
         await eventually(lambda: now(_known(operator.runtime, name, witness)), what="the witness seen")

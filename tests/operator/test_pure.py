@@ -4,11 +4,9 @@ unconfirmed Bindings."""
 from __future__ import annotations
 
 import datetime
-import json
 
 import pytest
 
-from bindery.controller.bound import watch_event
 from bindery.controller.reconcile import Settle, reconcile_action
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.controller.unconfirmed import UnconfirmedBind, fate
@@ -139,17 +137,6 @@ def test_transition_time_moves_only_when_the_status_changes() -> None:
     )
     assert _ready(down)["lastTransitionTime"] != _ready(first)["lastTransitionTime"]
     assert status_changed(new=down, previous=first)
-
-
-def test_watch_lines_become_events_and_garbage_is_refused() -> None:
-    line = b'{"type": "DELETED", "object": {"kind": "Pod", "metadata": {"uid": "u1"}}}\n'
-    assert watch_event(line) == ("DELETED", {"kind": "Pod", "metadata": {"uid": "u1"}})
-    assert watch_event(b"\n") is None
-    for bad in (b'{"type": "ADDED"}', b"[1, 2]", b'{"object": {}}', b'{"type": "ADDED", "object": "x"}'):
-        with pytest.raises(ValueError, match="not a watch event"):
-            watch_event(bad)
-    with pytest.raises(json.JSONDecodeError):
-        watch_event(b'{"type": "ADD')  # a truncated line (json's own ValueError)
 
 
 UNCONFIRMED = UnconfirmedBind(reservation_id="r-1", pod=POD, node="n1", deadline=60.0)

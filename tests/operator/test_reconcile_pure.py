@@ -8,7 +8,7 @@ import pytest
 
 from bindery.config import ConfigError, parse_resource_manager
 from bindery.config.resourcemanager import reconcile_interval
-from bindery.controller.bound import departed_body, reservation_to_release, seen_entry, vanished
+from bindery.controller.bound import remembered, reservation_to_release
 from bindery.controller.reconcile import Settle, in_scope, missing_reservations, reconcile_action
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
@@ -91,21 +91,17 @@ def test_missing_reservations_are_bound_running_pods_without_one_not_yet_warned(
     assert [p["metadata"]["uid"] for p in found] == ["missing"]
 
 
-def test_the_watch_remembers_only_bound_running_pods_with_a_reservation() -> None:
-    annotated = {RESERVATION_ANNOTATION: "r1"}
-    assert seen_entry(event_type="ADDED", pod=_pod(annotations=annotated)) == ("r1", "n1")
-    assert seen_entry(event_type="MODIFIED", pod=_pod(reservation=None)) is None  # bound outside Bindery
-    assert seen_entry(event_type="DELETED", pod=_pod(annotations=annotated)) is None
-    assert seen_entry(event_type="MODIFIED", pod=_pod(phase="Failed", annotations=annotated)) is None
-
-
-def test_a_relist_reports_the_pods_it_no_longer_shows_as_deleted() -> None:
-    seen = {"a": ("r-a", "n1"), "b": ("r-b", "n2")}
-    gone = vanished(seen=seen, listed_uids={"a", "c"})
-    assert gone == {"b": ("r-b", "n2")}
-    body = departed_body(uid="b", reservation_id="r-b", node="n2")
-    assert reservation_to_release(event_type="DELETED", pod=body) == "r-b"
-    assert seen_entry(event_type="DELETED", pod=body) is None
+def test_the_watch_remembers_of_a_bound_pod_what_its_release_needs() -> None:
+    pod = _pod(annotations={RESERVATION_ANNOTATION: "r1"})
+    kept = remembered(pod)
+    assert kept["spec"] == {"nodeName": "n1"}
+    assert kept["metadata"]["annotations"] == {RESERVATION_ANNOTATION: "r1"}
+    assert kept["metadata"]["uid"] == pod["metadata"]["uid"]
+    # The stand-in DELETED of a pod that vanished between two lists releases its reservation.
+    assert reservation_to_release(event_type="DELETED", pod=kept) == "r1"
+    outside = remembered(_pod(reservation=None))  # bound outside Bindery: its identity only
+    assert set(outside) == {"metadata"}
+    assert reservation_to_release(event_type="DELETED", pod=outside) is None
 
 
 def _rm_body(**spec: Any) -> dict[str, Any]:

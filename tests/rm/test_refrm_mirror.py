@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import pathlib
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from kubernetes_asyncio import client
 from bindery.devcluster.nodes import create_node
 from bindery.refrm import serve_reference_rm
 from bindery.refrm.cli import serve_command, served_url
-from bindery.refrm.mirror import NodeMirror, _RawWatch
+from bindery.refrm.mirror import NodeMirror
 from bindery.refrm.placement import InventoryNode
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable, RMUnschedulable
@@ -43,19 +42,6 @@ def gpu_request(uid: str, *, tolerate: bool = False) -> ReservationRequest:
         idempotency_key=uid,
         ttl_seconds=60,
     )
-
-
-async def test_the_mirrors_watch_hands_out_parsed_json_not_client_models() -> None:
-    """The mirrors read ``raw_object`` only: the watch must not build a ``V1Pod`` per event."""
-    async with _RawWatch() as stream:
-        line = json.dumps(
-            {"type": "MODIFIED", "object": {"kind": "Pod", "metadata": {"name": "p", "resourceVersion": "7"}}}
-        )
-        event = stream.unmarshal_event(
-            line, stream.get_return_type(client.CoreV1Api.list_pod_for_all_namespaces)
-        )
-    assert event["object"] == event["raw_object"] == json.loads(line)["object"]
-    assert stream.resource_version == "7"
 
 
 @pytest.mark.controlplane

@@ -50,21 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _audit(args: argparse.Namespace) -> Audit:
-    from kubernetes_asyncio import client
-
     from bindery.controller.connection import load_configuration
+    from bindery.k8s import Unavailable, client_for
 
     configuration = await load_configuration(kubeconfig=args.kubeconfig)
-    async with client.ApiClient(configuration=configuration) as api, asyncio.timeout(args.timeout):
+    async with client_for(configuration) as api, asyncio.timeout(args.timeout):
         for wait in (*RETRY_WAITS, None):
             try:
                 audit = await run_audit(
                     api=api, namespaces=tuple(args.namespace), grace=datetime.timedelta(seconds=args.grace)
                 )
-            except client.ApiException as exc:
+            except Unavailable as exc:
                 if wait is None or exc.status not in (429, 500, 503, 504):
                     raise
-                problem = f"the apiserver answered {exc.status} {exc.reason}"
+                problem = f"the apiserver answered {exc.status} {exc.reason or exc.message}"
             else:
                 if wait is None or not audit.gaps:
                     return audit

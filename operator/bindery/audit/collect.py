@@ -16,8 +16,6 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes_asyncio import client
-
 from bindery.audit.findings import (
     Finding,
     leaked_reservations,
@@ -27,10 +25,9 @@ from bindery.audit.findings import (
 )
 from bindery.config import ConfigError, ResourceManagerConfig, parse_resource_manager, route_scheduler_names
 from bindery.controller.secrets import CredentialsError, reservations_at
+from bindery.k8s import ApiClient, ApiError, list_all, resources
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
-
-GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
 
 
 @dataclasses.dataclass
@@ -49,37 +46,23 @@ class Audit:
         }
 
 
-async def _items(response: Any) -> list[dict[str, Any]]:
-    try:
-        document: dict[str, Any] = await response.json()
-    finally:
-        response.release()
-    if response.status != 200:
-        raise client.ApiException(status=response.status, reason=str(document.get("message")))
-    return list(document.get("items") or [])
-
-
 async def _reservations(
-    *, api: client.ApiClient, config: ResourceManagerConfig, directory: pathlib.Path
+    *, api: ApiClient, config: ResourceManagerConfig, directory: pathlib.Path
 ) -> list[Reservation]:
     return [r for r in await reservations_at(api=api, config=config, directory=directory) if r.state.active]
 
 
 async def run_audit(
     *,
-    api: client.ApiClient,
+    api: ApiClient,
     namespaces: tuple[str, ...] = (),
     grace: datetime.timedelta = datetime.timedelta(seconds=60),
     now: datetime.datetime | None = None,
 ) -> Audit:
     """Audit the cluster of `api`; with `namespaces`, only pods and reservations in them."""
     audit = Audit()
-    core = client.CoreV1Api(api)
-    objects = await client.CustomObjectsApi(api).list_cluster_custom_object(
-        group=GROUP, version=VERSION, plural=PLURAL
-    )
     configs: list[ResourceManagerConfig] = []
-    for body in objects.get("items") or ():
+    for body in (await list_all(api, resources.RESOURCE_MANAGERS)).items:
         try:
             configs.append(parse_resource_manager(body=body))
         except ConfigError as exc:
@@ -89,20 +72,16 @@ async def run_audit(
     routing = route_scheduler_names(configs=configs)
 
     if namespaces:
-        pods = [
-            p
-            for ns in namespaces
-            for p in await _items(await core.list_namespaced_pod(ns, _preload_content=False))
-        ]
+        pods = [p for ns in namespaces for p in (await list_all(api, resources.PODS, namespace=ns)).items]
     else:
-        pods = await _items(await core.list_pod_for_all_namespaces(_preload_content=False))
+        pods = (await list_all(api, resources.PODS)).items
     try:
-        bound = await _items(
-            await core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=", _preload_content=False)
+        bound = (await list_all(api, resources.PODS, field_selector="spec.nodeName!=")).items
+        nodes = (await list_all(api, resources.NODES)).items
+    except ApiError as exc:
+        audit.gaps.append(
+            f"could not list bound pods and nodes to check for overcommitment: {exc.reason or exc.message}"
         )
-        nodes = await _items(await core.list_node(_preload_content=False))
-    except client.ApiException as exc:
-        audit.gaps.append(f"could not list bound pods and nodes to check for overcommitment: {exc.reason}")
         bound, nodes = [], []
 
     reservation_count = 0

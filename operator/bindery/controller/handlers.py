@@ -20,12 +20,13 @@ import kopf
 from bindery.controller.options import OperatorOptions
 from bindery.controller.runtime import Runtime
 from bindery.controller.settings import configure
+from bindery.k8s.resources import RESOURCE_MANAGERS
 from bindery.kube import project_node
 from bindery.scheduling.ports import NodeProjection
 
-GROUP = "bindery.dev"
-VERSION = "v1alpha1"
-PLURAL = "resourcemanagers"
+GROUP = RESOURCE_MANAGERS.group
+VERSION = RESOURCE_MANAGERS.version
+PLURAL = RESOURCE_MANAGERS.plural
 NODE_INDEX = "bindery_nodes"
 
 

@@ -38,8 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
-from kubernetes_asyncio import client
+from bindery.k8s import ApiClient, ApiError, Conflict, NotFound, create, get, replace, resources
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
@@ -179,7 +178,7 @@ class LeaderElector:
     def __init__(
         self,
         *,
-        api: client.ApiClient,
+        api: ApiClient,
         namespace: str,
         name: str,
         identity: str,
@@ -188,7 +187,7 @@ class LeaderElector:
         clock: Callable[[], float] = time.monotonic,
         on_renewal: Callable[[bool], None] = lambda renewed: None,
     ) -> None:
-        self._coordination = client.CoordinationV1Api(api)
+        self._api = api
         self._on_renewal = on_renewal  # told whether each renewal attempt succeeded (metrics)
         self._namespace = namespace
         self._name = name
@@ -249,13 +248,15 @@ class LeaderElector:
                     return
                 spec["holderIdentity"] = None
                 metadata = {"name": self._name, "resourceVersion": lease["metadata"]["resourceVersion"]}
-                await self._coordination.replace_namespaced_lease(
+                await replace(
+                    self._api,
+                    resources.LEASES,
                     name=self._name,
                     namespace=self._namespace,
                     body={"metadata": metadata, "spec": spec},
-                    _request_timeout=self.timing.request_timeout,
+                    request_timeout=self.timing.request_timeout,
                 )
-        except (client.ApiException, OSError, TimeoutError, aiohttp.ClientError) as exc:
+        except (ApiError, TimeoutError) as exc:
             self._logger.warning(f"could not release the {self.lease}: {exc}; it expires on its own")
 
     async def _try_claim(self, *, within: float) -> bool:
@@ -275,15 +276,16 @@ class LeaderElector:
                     return False
                 sent = self._clock()
                 written = await self._write(lease=lease, within=within)
-        except client.ApiException as exc:
-            if exc.status not in (404, 409):  # 409: someone else wrote it first
-                self._logger.warning(f"{self.lease}: HTTP {exc.status} {exc.reason}")
+        except (NotFound, Conflict):  # 409: someone else wrote it first
             return False
         except TimeoutError:
             self._logger.warning(f"{self.lease}: no answer within {within:g} s")
             return False
-        except (OSError, aiohttp.ClientError) as exc:
-            self._logger.warning(f"{self.lease}: {exc}")
+        except ApiError as exc:
+            if exc.status:
+                self._logger.warning(f"{self.lease}: HTTP {exc.status} {exc.reason or exc.message}")
+            else:  # a transport failure, or the request's own timeout
+                self._logger.warning(f"{self.lease}: {exc.message}")
             return False
         self.last_renewal = sent
         self.observation = observe(previous=self.observation, lease=written, now=sent)
@@ -293,30 +295,31 @@ class LeaderElector:
         now = datetime.datetime.now(datetime.UTC)
         spec = claimed_spec(lease=lease, identity=self.identity, now=now, timing=self.timing)
         if lease is None:
-            written = await self._coordination.create_namespaced_lease(
+            return await create(
+                self._api,
+                resources.LEASES,
                 namespace=self._namespace,
                 body={"metadata": {"name": self._name}, "spec": spec},
-                _request_timeout=within,
+                request_timeout=within,
             )
-        else:
-            metadata = {"name": self._name, "resourceVersion": lease["metadata"]["resourceVersion"]}
-            written = await self._coordination.replace_namespaced_lease(
-                name=self._name,
-                namespace=self._namespace,
-                body={"metadata": metadata, "spec": spec},
-                _request_timeout=within,
-            )
-        body: dict[str, Any] = self._coordination.api_client.sanitize_for_serialization(written)
-        return body
+        metadata = {"name": self._name, "resourceVersion": lease["metadata"]["resourceVersion"]}
+        return await replace(
+            self._api,
+            resources.LEASES,
+            name=self._name,
+            namespace=self._namespace,
+            body={"metadata": metadata, "spec": spec},
+            request_timeout=within,
+        )
 
     async def _read(self, *, within: float) -> dict[str, Any] | None:
         try:
-            lease = await self._coordination.read_namespaced_lease(
-                name=self._name, namespace=self._namespace, _request_timeout=within
+            return await get(
+                self._api,
+                resources.LEASES,
+                name=self._name,
+                namespace=self._namespace,
+                request_timeout=within,
             )
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        body: dict[str, Any] = self._coordination.api_client.sanitize_for_serialization(lease)
-        return body
+        except NotFound:
+            return None

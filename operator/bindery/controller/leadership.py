@@ -48,9 +48,8 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn
 
-from kubernetes_asyncio import client
-
 from bindery.controller.leader import LeaderElector, LeaseTiming, past_exit_point
+from bindery.k8s import ApiClient
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import Binder
 
@@ -136,7 +135,7 @@ class Leadership:
     def _count_renewal(self, renewed: bool) -> None:
         self.renewals["ok" if renewed else "failed"] += 1
 
-    def start(self, *, api: client.ApiClient) -> None:
+    def start(self, *, api: ApiClient) -> None:
         self._task = asyncio.create_task(self._elect_forever(api=api), name="bindery leader election")
 
     async def close(self) -> None:
@@ -146,7 +145,7 @@ class Leadership:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def _elect_forever(self, *, api: client.ApiClient) -> None:
+    async def _elect_forever(self, *, api: ApiClient) -> None:
         while True:
             elector = LeaderElector(
                 api=api,

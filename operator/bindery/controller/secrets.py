@@ -14,10 +14,8 @@ import dataclasses
 import hashlib
 import pathlib
 
-import aiohttp
-from kubernetes_asyncio import client
-
 from bindery.config import ResourceManagerConfig, SecretKeyRef
+from bindery.k8s import ApiClient, ApiError, get, resources
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.models import Reservation
 
@@ -39,9 +37,9 @@ class RMCredentials:
 
 
 async def resolve_credentials(
-    *, api: client.ApiClient, config: ResourceManagerConfig, directory: pathlib.Path
+    *, api: ApiClient, config: ResourceManagerConfig, directory: pathlib.Path
 ) -> RMCredentials:
-    core = client.CoreV1Api(api)
+    core = api
     target = directory / config.name
     target.mkdir(mode=0o700, parents=True, exist_ok=True)
     material = hashlib.sha256()
@@ -66,22 +64,26 @@ async def resolve_credentials(
     return RMCredentials(token=token, ca_file=ca_file, client_cert=client_cert, digest=material.hexdigest())
 
 
-async def _secret_value(*, core: client.CoreV1Api, ref: SecretKeyRef, what: str) -> bytes:
+async def _secret_value(*, core: ApiClient, ref: SecretKeyRef, what: str) -> bytes:
     try:
-        secret = await core.read_namespaced_secret(
-            name=ref.name, namespace=ref.namespace, _request_timeout=READ_TIMEOUT_SECONDS
+        secret = await get(
+            core,
+            resources.SECRETS,
+            namespace=ref.namespace,
+            name=ref.name,
+            request_timeout=READ_TIMEOUT_SECONDS,
         )
-    except client.ApiException as exc:
+    except ApiError as exc:
+        if not exc.status:  # no answer (a timeout, a transport error): the caller retries with backoff
+            raise CredentialsError(
+                f"cannot read Secret {ref.namespace}/{ref.name} for the {what}: the apiserver did not answer "
+                f"within {READ_TIMEOUT_SECONDS:g} s ({exc.message}); retrying"
+            ) from exc
         raise CredentialsError(
-            f"cannot read Secret {ref.namespace}/{ref.name} for the {what}: HTTP {exc.status} {exc.reason}; "
-            "create it, or grant the operator `get` on it"
+            f"cannot read Secret {ref.namespace}/{ref.name} for the {what}: HTTP {exc.status} "
+            f"{exc.reason or exc.message}; create it, or grant the operator `get` on it"
         ) from exc
-    except (TimeoutError, aiohttp.ClientError) as exc:  # the caller retries with backoff
-        raise CredentialsError(
-            f"cannot read Secret {ref.namespace}/{ref.name} for the {what}: the apiserver did not answer "
-            f"within {READ_TIMEOUT_SECONDS:g} s ({type(exc).__name__}); retrying"
-        ) from exc
-    data = secret.data or {}
+    data = secret.get("data") or {}
     if ref.key not in data:
         raise CredentialsError(
             f"Secret {ref.namespace}/{ref.name} has no key {ref.key!r} for the {what}; "
@@ -115,7 +117,7 @@ def rm_client_for(*, config: ResourceManagerConfig, credentials: RMCredentials) 
 
 async def reservations_at(
     *,
-    api: client.ApiClient,
+    api: ApiClient,
     config: ResourceManagerConfig,
     directory: pathlib.Path,
     scheduler_name: str | None = None,

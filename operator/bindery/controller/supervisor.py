@@ -35,19 +35,16 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import aiohttp
-from kubernetes_asyncio import client
-
 from bindery.config import ResourceManagerConfig
 from bindery.controller.metrics import Metrics
 from bindery.controller.profiles import ProfileRunner, plugins_for
 from bindery.controller.secrets import CredentialsError, RMCredentials, resolve_credentials, rm_client_for
 from bindery.controller.status import Observation, compute_status, status_changed
+from bindery.k8s import ApiClient, ApiError, NotFound, patch, resources
 from bindery.rm.client import ResourceManagerClient
 from bindery.scheduling.framework import Ports
 from bindery.scheduling.registry import PluginError
 
-GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
 DEFAULT_RECONCILE_INTERVAL = 30.0
 #: Bound of one status write: a hung apiserver connection must not freeze this loop.
 STATUS_WRITE_SECONDS = 10.0
@@ -91,7 +88,7 @@ def reconcile_interval(config: ResourceManagerConfig) -> float:
 class Environment:
     """What every supervisor of one operator shares (the runtime builds it once)."""
 
-    api: client.ApiClient
+    api: ApiClient
     ports: Ports
     logger: Logger
     metrics: Metrics
@@ -415,22 +412,17 @@ class ResourceManagerSupervisor:
         if not status_changed(new=status, previous=previous):
             return
         try:
-            await client.CustomObjectsApi(self._env.api).patch_cluster_custom_object_status(
-                group=GROUP,
-                version=VERSION,
-                plural=PLURAL,
+            await patch(
+                self._env.api,
+                resources.RESOURCE_MANAGERS,
                 name=self.name,
+                subresource="status",
                 body={"status": status},
-                _content_type="application/merge-patch+json",
-                _request_timeout=STATUS_WRITE_SECONDS,
+                request_timeout=STATUS_WRITE_SECONDS,
             )
-        except (TimeoutError, aiohttp.ClientError) as exc:  # written again at the next change or probe
-            self._env.logger.warning(f"could not write the status of ResourceManager {self.name!r}: {exc!r}")
+        except NotFound:  # deleted meanwhile: nothing to write to
             return
-        except client.ApiException as exc:
-            if exc.status != 404:
-                self._env.logger.warning(
-                    f"could not write the status of ResourceManager {self.name!r}: {exc.reason}"
-                )
+        except ApiError as exc:  # written again at the next change or probe
+            self._env.logger.warning(f"could not write the status of ResourceManager {self.name!r}: {exc}")
             return
         self._status = status

@@ -15,9 +15,9 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kubernetes_asyncio import client
-
 from bindery.devcluster.plane import KWOK_NODE_LABEL
+from bindery.k8s import ApiClient, create, patch, resources
+from bindery.k8s.api import STRATEGIC_PATCH
 
 DEFAULT_CAPACITY: Mapping[str, str] = {"cpu": "4", "memory": "8Gi", "pods": "110"}
 
@@ -59,7 +59,7 @@ def node_status(
 
 
 async def create_node(
-    api: client.ApiClient,
+    api: ApiClient,
     *,
     name: str,
     capacity: Mapping[str, str] = DEFAULT_CAPACITY,
@@ -69,17 +69,21 @@ async def create_node(
     unschedulable: bool = False,
 ) -> dict[str, Any]:
     """Create a Ready Node with the given resources; returns the Node as the API stored it."""
-    core = client.CoreV1Api(api)
     body = node_body(name=name, labels=labels, taints=taints, unschedulable=unschedulable)
-    await core.create_node(body=body)
+    await create(api, resources.NODES, body=body)
     status = node_status(capacity=capacity, allocatable=allocatable)
-    stored = await core.patch_node_status(name=name, body={"status": status})
-    result: dict[str, Any] = api.sanitize_for_serialization(stored)
-    return result
+    return await patch(
+        api,
+        resources.NODES,
+        name=name,
+        subresource="status",
+        body={"status": status},
+        content_type=STRATEGIC_PATCH,
+    )
 
 
 async def create_kwok_node(
-    api: client.ApiClient,
+    api: ApiClient,
     *,
     name: str,
     capacity: Mapping[str, str] = DEFAULT_CAPACITY,
@@ -93,11 +97,8 @@ async def create_kwok_node(
     seeing it before such a patch it wrote its default (1000 CPUs) over ours, at random, so a
     3-CPU node sometimes took 8 pods.
     """
-    core = client.CoreV1Api(api)
     key, value = KWOK_NODE_LABEL
     body = node_body(name=name, labels={key: value, **(labels or {})}, taints=taints)
     body["metadata"]["annotations"] = {"kwok.x-k8s.io/node": "fake"}
     body["status"] = {"capacity": dict(capacity), "allocatable": dict(capacity)}
-    created = await core.create_node(body=body)
-    result: dict[str, Any] = api.sanitize_for_serialization(created)
-    return result
+    return await create(api, resources.NODES, body=body)

@@ -54,10 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _explain(args: argparse.Namespace) -> Explanation:
-    from kubernetes_asyncio import client
-
     from bindery.controller.connection import load_configuration
     from bindery.explain.collect import OperatorAddress, explain_pod
+    from bindery.k8s import client_for
 
     operator: OperatorAddress | None = OperatorAddress(url=args.operator_url)
     if args.no_operator:
@@ -65,7 +64,7 @@ async def _explain(args: argparse.Namespace) -> Explanation:
     elif args.operator_service:
         operator = OperatorAddress.parse_service(args.operator_service)
     configuration = await load_configuration(kubeconfig=args.kubeconfig)
-    async with client.ApiClient(configuration=configuration) as api, asyncio.timeout(args.timeout):
+    async with client_for(configuration) as api, asyncio.timeout(args.timeout):
         return await explain_pod(api=api, namespace=args.namespace, name=args.pod, operator=operator)
 
 

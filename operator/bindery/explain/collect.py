@@ -15,17 +15,14 @@ import urllib.parse
 from typing import Any
 
 import httpx
-from kubernetes_asyncio import client
 
 from bindery.config import ConfigError, parse_resource_manager, route_scheduler_names
 from bindery.controller.secrets import CredentialsError, reservations_at
 from bindery.explain.facts import Explanation, GroupState, ReservationView, explain, group_state
+from bindery.k8s import ApiClient, ApiError, NotFound, get, list_all, resources
+from bindery.k8s.api import answer_of
 from bindery.rm.errors import RMError
-from bindery.scheduling import podgroups
 from bindery.scheduling.podspec import pod_claims
-
-GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
-
 
 #: How `explain` finds the operator's metrics Service: the chart's labels and port name.
 OPERATOR_SERVICE_SELECTOR = "app.kubernetes.io/part-of=bindery,app.kubernetes.io/component=operator"
@@ -61,49 +58,35 @@ class OperatorAddress:
         return cls(service=(namespace, name, port or OPERATOR_PORT_NAME))
 
 
-async def _json(response: Any) -> dict[str, Any] | None:
+async def _read(
+    api: ApiClient, resource: resources.Resource, *, namespace: str, name: str
+) -> dict[str, Any] | None:
+    """The object, or None if it does not exist."""
     try:
-        if response.status == 404:
-            return None
-        text = await response.read()
-        if response.status >= 300:
-            raise client.ApiException(status=response.status, reason=text[:200].decode("utf-8", "replace"))
-        body: dict[str, Any] = json.loads(text)
-        return body
-    finally:
-        response.release()
+        return await get(api, resource, namespace=namespace, name=name)
+    except NotFound:
+        return None
 
 
 async def explain_pod(
-    *, api: client.ApiClient, namespace: str, name: str, operator: OperatorAddress | None = OperatorAddress()
+    *, api: ApiClient, namespace: str, name: str, operator: OperatorAddress | None = OperatorAddress()
 ) -> Explanation:
     """`operator` None: do not ask the operator for the pod's queue position."""
-    core = client.CoreV1Api(api)
-    pod = await _json(await core.read_namespaced_pod(name, namespace, _preload_content=False))
+    pod = await _read(api, resources.PODS, namespace=namespace, name=name)
     if pod is None:
         raise PodNotFound(f"pod {namespace}/{name} not found")
     uid = str(pod["metadata"].get("uid") or "")
-    events = await _json(
-        await core.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.uid={uid}", _preload_content=False
-        )
+    events = await list_all(
+        api, resources.EVENTS, namespace=namespace, field_selector=f"involvedObject.uid={uid}"
     )
     claims = [
-        (
-            claim,
-            await _json(
-                await core.read_namespaced_persistent_volume_claim(claim, namespace, _preload_content=False)
-            ),
-        )
+        (claim, await _read(api, resources.PVCS, namespace=namespace, name=claim))
         for claim in pod_claims(name=name, volumes=(pod.get("spec") or {}).get("volumes") or ())
     ]
     scheduler_name = str((pod.get("spec") or {}).get("schedulerName") or "default-scheduler")
     group, group_problem = await _group_of(api=api, pod=pod, namespace=namespace)
-    objects = await client.CustomObjectsApi(api).list_cluster_custom_object(
-        group=GROUP, version=VERSION, plural=PLURAL
-    )
     configs = []
-    for body in objects.get("items") or ():
+    for body in (await list_all(api, resources.RESOURCE_MANAGERS)).items:
         try:
             configs.append(parse_resource_manager(body=body))
         except ConfigError:
@@ -139,7 +122,7 @@ async def explain_pod(
     answer = explain(
         pod=pod,
         resource_manager=owner,
-        events=(events or {}).get("items") or [],
+        events=events.items,
         reservations=reservations,
         claims=claims,
         rm_problem=problem,
@@ -153,7 +136,7 @@ async def explain_pod(
 
 
 async def _group_of(
-    *, api: client.ApiClient, pod: dict[str, Any], namespace: str
+    *, api: ApiClient, pod: dict[str, Any], namespace: str
 ) -> tuple[GroupState | None, str | None]:
     """The pod's group (PodGroup and members), or why it could not be read; (None, None) off a group."""
     name = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
@@ -161,32 +144,24 @@ async def _group_of(
         return None, None
     podgroup: dict[str, Any] | None
     try:
-        podgroup = await client.CustomObjectsApi(api).get_namespaced_custom_object(
-            group=podgroups.GROUP,
-            version=podgroups.VERSION,
-            namespace=namespace,
-            plural=podgroups.PLURAL,
-            name=name,
+        podgroup = await _read(api, resources.PODGROUPS, namespace=namespace, name=str(name))
+    except ApiError as exc:
+        return None, (
+            f"pod group {name!r}: reading its PodGroup failed ({exc.status} {exc.reason or exc.message}); "
+            "explain needs get on podgroups.scheduling.k8s.io"
         )
-    except client.ApiException as exc:
-        if exc.status != 404:
-            return None, (
-                f"pod group {name!r}: reading its PodGroup failed ({exc.status} {exc.reason}); "
-                "explain needs get on podgroups.scheduling.k8s.io"
-            )
-        podgroup = None
     try:
-        pods = await _json(await client.CoreV1Api(api).list_namespaced_pod(namespace, _preload_content=False))
-    except client.ApiException as exc:
+        pods = await list_all(api, resources.PODS, namespace=namespace)
+    except ApiError as exc:
         return None, (
             f"pod group {name!r}: listing the namespace's pods to count its members failed "
-            f"({exc.status} {exc.reason}); explain needs list on pods"
+            f"({exc.status} {exc.reason or exc.message}); explain needs list on pods"
         )
-    return group_state(name=str(name), podgroup=podgroup, pods=(pods or {}).get("items") or []), None
+    return group_state(name=str(name), podgroup=podgroup, pods=pods.items), None
 
 
 async def operator_queue(
-    *, api: client.ApiClient, address: OperatorAddress, namespace: str, name: str, uid: str
+    *, api: ApiClient, address: OperatorAddress, namespace: str, name: str, uid: str
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The operator's view of the pod's place in its queue, and what kept us from seeing it (if so).
 
@@ -219,18 +194,9 @@ async def operator_queue(
         path = f"/api/v1/namespaces/{service_namespace}/services/{service}:{port}/proxy/{pod_path}"
         for _ in range(LEADER_TRIES):
             try:
-                response = await api.call_api(
-                    path,
-                    "GET",
-                    query_params=[("uid", uid)],
-                    auth_settings=["BearerToken"],
-                    _preload_content=False,
-                    _request_timeout=OPERATOR_TIMEOUT,
+                status, body = await answer_of(
+                    api, "GET", path, query={"uid": uid}, request_timeout=OPERATOR_TIMEOUT
                 )
-                try:
-                    status, body = response.status, await response.read()
-                finally:
-                    response.release()
             except Exception as exc:  # no route, a timeout: say which and move on
                 problems.append(f"{where} through the apiserver's proxy: {exc or type(exc).__name__}")
                 break
@@ -246,18 +212,23 @@ async def operator_queue(
     return None, "; ".join(problems)
 
 
-async def _operator_services(api: client.ApiClient) -> tuple[list[tuple[str, str, str]], str | None]:
+async def _operator_services(api: ApiClient) -> tuple[list[tuple[str, str, str]], str | None]:
     """The chart's operator Services (namespace, name, port name), or why they could not be listed."""
     try:
-        listed = await client.CoreV1Api(api).list_service_for_all_namespaces(
-            label_selector=OPERATOR_SERVICE_SELECTOR, _request_timeout=OPERATOR_TIMEOUT
+        listed = await list_all(
+            api,
+            resources.SERVICES,
+            label_selector=OPERATOR_SERVICE_SELECTOR,
+            request_timeout=OPERATOR_TIMEOUT,
         )
-    except client.ApiException as exc:  # e.g. no permission to list Services in every namespace
-        return [], f"could not list Services to find the operator's (HTTP {exc.status} {exc.reason})"
+    except ApiError as exc:  # e.g. no permission to list Services in every namespace
+        return [], (
+            f"could not list Services to find the operator's (HTTP {exc.status} {exc.reason or exc.message})"
+        )
     found = [
-        (svc.metadata.namespace, svc.metadata.name, OPERATOR_PORT_NAME)
+        (str(svc["metadata"]["namespace"]), str(svc["metadata"]["name"]), OPERATOR_PORT_NAME)
         for svc in listed.items
-        if any(port.name == OPERATOR_PORT_NAME for port in (svc.spec.ports or ()))
+        if any(port.get("name") == OPERATOR_PORT_NAME for port in (svc.get("spec") or {}).get("ports") or ())
     ]
     return found, None
 

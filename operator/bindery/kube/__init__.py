@@ -1,4 +1,4 @@
-"""Kubernetes implementations of the scheduling ports (kubernetes_asyncio).
+"""Kubernetes implementations of the scheduling ports, over the raw apiserver layer (bindery.k8s).
 
 Each port does exactly one apiserver call on its success path and reads nothing: the cycle already
 holds the pod from the watch, so the success path costs the Binding and the Scheduled event only.

@@ -2,7 +2,7 @@
 
 Why the raw response: the apiserver answers a Binding with a `Status`, which the generated client
 tries to deserialize as a `V1Binding` and fails on (kubernetes-client/python#547). The POST goes
-through the API client's REST layer directly (bindery.kube.post: the same session, auth and
+through the raw apiserver layer (`bindery.k8s.api.answer_of`: the client's session, auth and
 headers, none of the generated method's per-call work) and only the status code is looked at.
 
 Why `metadata.uid`: it is a precondition checked by the apiserver in the same write, so a pod that
@@ -28,12 +28,11 @@ import re
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
-import aiohttp
-from kubernetes_asyncio import client
-
+from bindery.k8s import ApiClient, ApiError
+from bindery.k8s.api import answer_of
 from bindery.kube.counters import WriteCounter
-from bindery.kube.post import post_json, quote
 from bindery.kube.reads import read_pod
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
@@ -52,12 +51,11 @@ class KubeBinder:
     def __init__(
         self,
         *,
-        api: client.ApiClient,
+        api: ApiClient,
         counter: WriteCounter | None = None,
         timeout: float = BIND_TIMEOUT_SECONDS,
     ) -> None:
         self._api = api
-        self._core = client.CoreV1Api(api)
         self._counter = counter or WriteCounter()
         self._timeout = timeout
         self._bound: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -117,12 +115,12 @@ class KubeBinder:
         """
         try:
             body = await read_pod(
-                core=self._core,
+                api=self._api,
                 namespace=pod.namespace,
                 name=pod.name,
                 timeout_seconds=max(left, _MIN_READ_SECONDS),
             )
-        except (client.ApiException, aiohttp.ClientError, TimeoutError) as exc:
+        except ApiError as exc:
             raise BindError(
                 f"binding pod {pod.namespace}/{pod.name}: the apiserver says it is already on node "
                 f"{node!r}, and reading the pod to see whether our Binding put it there failed: "
@@ -139,15 +137,14 @@ class KubeBinder:
     async def _post_binding(self, *, pod: PodInfo, body: dict[str, Any], limit: float) -> tuple[int, bytes]:
         self._counter.add(kind="binding")
         try:
-            # = create_namespaced_pod_binding(..., _preload_content=False), without the generated
-            # method's per-call machinery (bindery.kube.post).
-            return await post_json(
-                api=self._api,
-                path=f"/api/v1/namespaces/{quote(pod.namespace)}/pods/{quote(pod.name)}/binding",
+            return await answer_of(
+                self._api,
+                "POST",
+                f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/{quote(pod.name, safe='')}/binding",
                 body=body,
-                timeout=limit,
+                request_timeout=limit,
             )
-        except (client.ApiException, aiohttp.ClientError, TimeoutError) as exc:  # transport failures
+        except ApiError as exc:  # transport failures (answers are returned)
             raise BindError(
                 f"binding pod {pod.namespace}/{pod.name} failed: the apiserver did not answer: "
                 f"{exc or type(exc).__name__}"

@@ -21,8 +21,8 @@ import datetime
 from collections.abc import Collection
 from typing import Any
 
-from kubernetes_asyncio import client
-
+from bindery.k8s import ApiClient, ApiError, NotFound, patch, resources
+from bindery.k8s.api import STRATEGIC_PATCH
 from bindery.kube.counters import WriteCounter
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import PodGone
@@ -77,11 +77,11 @@ class KubeConditionWriter:
     def __init__(
         self,
         *,
-        api: client.ApiClient,
+        api: ApiClient,
         counter: WriteCounter | None = None,
         timeout: float = CONDITION_TIMEOUT_SECONDS,
     ) -> None:
-        self._core = client.CoreV1Api(api)
+        self._api = api
         self._counter = counter or WriteCounter()
         self._timeout = timeout
         self._written: dict[str, tuple[str, str]] = {}
@@ -108,23 +108,22 @@ class KubeConditionWriter:
 
     async def _patch(self, *, pod: PodInfo, body: dict[str, Any]) -> None:
         self._counter.add(kind="condition")
-        response = await self._core.patch_namespaced_pod_status(
-            name=pod.name,
-            namespace=pod.namespace,
-            body=body,
-            _preload_content=False,
-            _request_timeout=self._timeout,
-        )
-        try:
-            if response.status == 404:
-                raise PodGone(f"pod {pod.namespace}/{pod.name} no longer exists")
-            if response.status >= 300:
-                detail = (await response.read())[:300].decode("utf-8", "replace")
-                raise client.ApiException(
-                    status=response.status, reason=f"PodScheduled condition not written: {detail}"
-                )
-        finally:
-            response.release()
+        try:  # a strategic merge patch, as the generated method sent for a dict body
+            await patch(
+                self._api,
+                resources.PODS,
+                namespace=pod.namespace,
+                name=pod.name,
+                subresource="status",
+                body=body,
+                content_type=STRATEGIC_PATCH,
+                request_timeout=self._timeout,
+            )
+        except NotFound as error:
+            raise PodGone(f"pod {pod.namespace}/{pod.name} no longer exists") from error
+        except ApiError as error:
+            error.args = (f"PodScheduled condition not written: {error}",)
+            raise
 
     def forget(self, *, uid: str) -> None:
         self._written.pop(uid, None)

@@ -20,10 +20,10 @@ import socket
 import time
 from typing import Any
 
-from kubernetes_asyncio import client
-
+from bindery.k8s import ApiClient, resources
+from bindery.k8s.api import answer_of
+from bindery.k8s.errors import from_status
 from bindery.kube.counters import WriteCounter
-from bindery.kube.post import post_json, quote
 from bindery.scheduling.podspec import PodInfo
 
 NOTE_LIMIT = 1024  # events.k8s.io rejects notes longer than 1 kB
@@ -80,7 +80,7 @@ class KubeEventSink:
     def __init__(
         self,
         *,
-        api: client.ApiClient,
+        api: ApiClient,
         counter: WriteCounter | None = None,
         hostname: str | None = None,
         timeout: float = EVENT_TIMEOUT_SECONDS,
@@ -154,14 +154,13 @@ class KubeEventSink:
             now=datetime.datetime.now(datetime.UTC),
         )
         self._counter.add(kind="event")
-        # = EventsV1Api.create_namespaced_event(..., _preload_content=False), without the generated
-        # method's per-call machinery (bindery.kube.post).
-        status, payload = await post_json(
-            api=self._api,
-            path=f"/apis/events.k8s.io/v1/namespaces/{quote(pod.namespace)}/events",
+        status, payload = await answer_of(
+            self._api,
+            "POST",
+            resources.EVENTS_V1.path(namespace=pod.namespace),
             body=body,
-            timeout=limit,
+            request_timeout=limit,
+            what="event not written",
         )
         if status >= 300:
-            detail = payload[:300].decode("utf-8", "replace")
-            raise client.ApiException(status=status, reason=f"event not written: {detail}")
+            raise from_status(status, payload, what="event not written")

@@ -8,28 +8,31 @@ does, after a crash (`bindery.controller.reconcile`) or a Binding that got no an
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from kubernetes_asyncio import client
+from bindery.k8s import ApiClient, NotFound, get, resources
 
 
 async def read_pod(
-    *, core: client.CoreV1Api, namespace: str, name: str, timeout_seconds: float | None = None
+    *,
+    core: Any = None,
+    api: ApiClient | None = None,
+    namespace: str,
+    name: str,
+    timeout_seconds: float | None = None,
 ) -> dict[str, Any] | None:
-    """The pod's current body, or None if it does not exist; raises ApiException on other answers.
+    """The pod's current body, or None if it does not exist; raises :class:`bindery.k8s.ApiError` on
+    other answers and transport failures.
 
-    ``timeout_seconds`` bounds the request; the generated client's own default is 5 minutes.
+    Pass `api`; `core` (a ``CoreV1Api``, whose client is used) is for the callers not converted yet.
+    ``timeout_seconds`` bounds the request (None: the layer's default bound).
     """
-    response = await core.read_namespaced_pod(
-        name=name, namespace=namespace, _preload_content=False, _request_timeout=timeout_seconds
-    )
+    client = api if api is not None else core.api_client
     try:
-        if response.status == 404:
-            return None
-        if response.status >= 300:
-            raise client.ApiException(status=response.status, reason=f"reading pod {namespace}/{name}")
-        body: dict[str, Any] = json.loads(await response.read())
-    finally:
-        response.release()
-    return body
+        if timeout_seconds is None:
+            return await get(client, resources.PODS, namespace=namespace, name=name)
+        return await get(
+            client, resources.PODS, namespace=namespace, name=name, request_timeout=timeout_seconds
+        )
+    except NotFound:
+        return None

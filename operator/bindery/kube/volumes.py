@@ -8,13 +8,13 @@ meantime is not taken twice) and the claim's `volume.kubernetes.io/selected-node
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes_asyncio import client
-
-from bindery.kube.binder import status_message
+from bindery.k8s import ApiClient, ApiError, NotFound, list_all, resources
+from bindery.k8s import get as get_object
+from bindery.k8s import patch as patch_object
+from bindery.k8s.api import STRATEGIC_PATCH
 from bindery.kube.counters import WriteCounter
 from bindery.scheduling.ports import VolumeError
 from bindery.scheduling.volumes import BOUND_BY_CONTROLLER, SELECTED_NODE
@@ -24,42 +24,25 @@ TIMEOUT_SECONDS = 10.0
 
 
 class KubeVolumes:
-    def __init__(self, *, api: client.ApiClient, counter: WriteCounter | None = None) -> None:
+    def __init__(self, *, api: ApiClient, counter: WriteCounter | None = None) -> None:
         self._api = api
-        self._core = client.CoreV1Api(api)
-        self._storage = client.StorageV1Api(api)
         self._counter = counter or WriteCounter()
 
     async def claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return await self._read(
-            f"persistentvolumeclaim {namespace}/{name}",
-            self._core.read_namespaced_persistent_volume_claim(
-                name=name, namespace=namespace, _preload_content=False, _request_timeout=TIMEOUT_SECONDS
-            ),
-        )
+        return await self._read(f"persistentvolumeclaim {namespace}/{name}", resources.PVCS, name, namespace)
 
     async def volume(self, name: str) -> Mapping[str, Any] | None:
-        return await self._read(
-            f"persistentvolume {name}",
-            self._core.read_persistent_volume(
-                name=name, _preload_content=False, _request_timeout=TIMEOUT_SECONDS
-            ),
-        )
+        return await self._read(f"persistentvolume {name}", resources.PVS, name)
 
     async def volumes(self) -> list[Mapping[str, Any]]:
-        body = await self._read(
-            "the persistentvolumes",
-            self._core.list_persistent_volume(_preload_content=False, _request_timeout=TIMEOUT_SECONDS),
-        )
-        return list((body or {}).get("items") or ())
+        try:
+            listing = await list_all(self._api, resources.PVS, request_timeout=TIMEOUT_SECONDS)
+        except ApiError as error:
+            raise VolumeError(f"reading the persistentvolumes failed: {_why(error)}") from error
+        return list(listing.items)
 
     async def storage_class(self, name: str) -> Mapping[str, Any] | None:
-        return await self._read(
-            f"storageclass {name}",
-            self._storage.read_storage_class(
-                name=name, _preload_content=False, _request_timeout=TIMEOUT_SECONDS
-            ),
-        )
+        return await self._read(f"storageclass {name}", resources.STORAGE_CLASSES, name)
 
     async def bind_volume(self, *, volume: Mapping[str, Any], claim: Mapping[str, Any]) -> None:
         meta, claim_meta = volume.get("metadata") or {}, claim.get("metadata") or {}
@@ -82,9 +65,9 @@ class KubeVolumes:
         self._counter.add(kind="volume")
         await self._write(
             f"pre-binding persistentvolume {meta.get('name')} to claim {claim_meta.get('name')}",
-            self._core.patch_persistent_volume(
-                name=meta.get("name"), body=patch, _preload_content=False, _request_timeout=TIMEOUT_SECONDS
-            ),
+            resources.PVS,
+            body=patch,
+            name=str(meta.get("name")),
         )
 
     async def select_node(self, *, claim: Mapping[str, Any], node: str | None) -> None:
@@ -93,40 +76,49 @@ class KubeVolumes:
         await self._write(
             f"{'setting' if node else 'removing'} the selected node of claim {meta.get('namespace')}/"
             f"{meta.get('name')}",
-            self._core.patch_namespaced_persistent_volume_claim(
-                name=meta.get("name"),
-                namespace=meta.get("namespace"),
-                body={"metadata": {"annotations": {SELECTED_NODE: node}}},
-                _preload_content=False,
-                _request_timeout=TIMEOUT_SECONDS,
-            ),
+            resources.PVCS,
+            body={"metadata": {"annotations": {SELECTED_NODE: node}}},
+            name=str(meta.get("name")),
+            namespace=str(meta.get("namespace")),
         )
 
-    async def _read(self, what: str, request: Any) -> dict[str, Any] | None:
+    async def _read(
+        self, what: str, resource: resources.Resource, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
         try:
-            response = await request
-        except Exception as error:  # transport failures, timeouts
-            raise VolumeError(f"reading {what} failed: {error or type(error).__name__}") from error
-        try:
-            if response.status == 404:
-                return None
-            text = await response.read()
-            if response.status >= 300:
-                raise VolumeError(f"reading {what} failed: HTTP {response.status}: {status_message(text)}")
-            body: dict[str, Any] = json.loads(text)
-            return body
-        finally:
-            response.release()
+            return await get_object(
+                self._api, resource, name=name, namespace=namespace, request_timeout=TIMEOUT_SECONDS
+            )
+        except NotFound:
+            return None
+        except ApiError as error:
+            raise VolumeError(f"reading {what} failed: {_why(error)}") from error
 
-    async def _write(self, what: str, request: Any) -> None:
+    async def _write(
+        self,
+        what: str,
+        resource: resources.Resource,
+        *,
+        body: Mapping[str, Any],
+        name: str,
+        namespace: str | None = None,
+    ) -> None:
+        # A strategic merge patch, as the generated methods sent for a dict body.
         try:
-            response = await request
-        except Exception as error:
-            raise VolumeError(f"{what} failed: {error or type(error).__name__}") from error
-        try:
-            if response.status >= 300:
-                raise VolumeError(
-                    f"{what} failed: HTTP {response.status}: {status_message(await response.read())}"
-                )
-        finally:
-            response.release()
+            await patch_object(
+                self._api,
+                resource,
+                name=name,
+                namespace=namespace,
+                body=dict(body),
+                content_type=STRATEGIC_PATCH,
+                request_timeout=TIMEOUT_SECONDS,
+            )
+        except ApiError as error:
+            raise VolumeError(f"{what} failed: {_why(error)}") from error
+
+
+def _why(error: ApiError) -> str:
+    """Pure: the failure as the volume errors always said it: `HTTP 409: <message>`, or the
+    transport error."""
+    return f"HTTP {error.status}: {error.message}" if error.status else error.message

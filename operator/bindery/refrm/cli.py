@@ -176,18 +176,11 @@ async def _serve(args: argparse.Namespace) -> None:
             )
         )
         if args.mirror_nodes:
-            from kubernetes_asyncio import client, config
-
+            from bindery.k8s.api import client_from
             from bindery.refrm.mirror import MirrorGate, NodeMirror, PodMirror
 
-            configuration = client.Configuration()
-            if args.kubeconfig is not None:
-                await config.load_kube_config(
-                    config_file=str(args.kubeconfig), client_configuration=configuration
-                )
-            else:
-                config.load_incluster_config(client_configuration=configuration)
-            api = await stack.enter_async_context(client.ApiClient(configuration=configuration))
+            kubeconfig = str(args.kubeconfig) if args.kubeconfig is not None else None
+            api = await stack.enter_async_context(await client_from(kubeconfig=kubeconfig))
             # The nodes are shared with every other pod on them: count those too (refrm/accounting.py),
             # and stay unready until both the nodes and the pods are known.
             gate = MirrorGate(set_inventory=server.rm.set_inventory, set_bound_pods=server.rm.set_bound_pods)

@@ -11,23 +11,24 @@ store (see :mod:`bindery.refrm.accounting`).  It is not ready (``/readyz`` 503, 
 knows both the nodes and the pods: a reservation placed before the pods are known could land on a
 node that is already full.
 
-Both list-then-watch loops relist on a ``410 Gone`` and after any error, with capped backoff, so a
-restarted apiserver is survived without a restart of the RM.  A relist replaces the whole set, so
-objects deleted while the watch was down disappear.
+Both are :func:`bindery.k8s.watching.list_watch` loops: a watch that ends, breaks or goes silent
+resumes from the last resourceVersion after one capped backoff, so a restarted apiserver is survived
+without a restart of the RM; only a ``410 Gone`` relists, and that relist is diffed against the
+objects known, so one deleted while the watch was down arrives as DELETED and disappears.
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import aiohttp
-from kubernetes_asyncio import client, watch
-
+from bindery.k8s import resources
+from bindery.k8s.api import ApiClient
+from bindery.k8s.errors import ApiError, Forbidden
+from bindery.k8s.resources import Resource
+from bindery.k8s.watching import Backoff, Event, Listed, list_watch
 from bindery.podresources import PodResourcesError
 from bindery.refrm.accounting import BoundPod, ClusterPods, bound_pod
 from bindery.refrm.inventory import node_from_object
@@ -41,121 +42,59 @@ log = logging.getLogger(__name__)
 LIST_TIMEOUT_SECONDS = 60
 
 
-class _RawWatch(watch.Watch):  # type: ignore[misc]  # the client is untyped
-    """A watch that hands out events as JSON only.
-
-    The client's watch turns every event's object into its model class (``V1Pod``...) by dumping
-    the JSON it just parsed and deserializing it again; the mirrors read only ``raw_object``, and
-    in a backlog that round trip per pod event was 5% of the RM's CPU.  No return type: the object
-    stays the parsed JSON (the resourceVersion is then read from it).
-    """
-
-    def get_return_type(self, func: object) -> str:
-        return ""
-
-
 class _ListWatch(abc.ABC):
-    """List, then watch from the list's resourceVersion; relist on 410 or any error, with backoff."""
+    """Follow one list-then-watch: the first list replaces the set, every later change applies."""
 
     what = "object"
+    resource: Resource
 
-    def __init__(self, *, api: client.ApiClient, watch_timeout_seconds: int, max_backoff: float) -> None:
-        self._core = client.CoreV1Api(api)
+    def __init__(self, *, api: ApiClient, watch_timeout_seconds: int, max_backoff: float) -> None:
+        self._api = api
         self._watch_timeout = watch_timeout_seconds
         self._max_backoff = max_backoff
-
-    @abc.abstractmethod
-    def _list_function(self) -> Callable[..., Any]: ...
 
     @abc.abstractmethod
     def _selectors(self) -> dict[str, str]: ...
 
     @abc.abstractmethod
     def _replace(self, items: list[Mapping[str, Any]]) -> None:
-        """The whole set, from a (re)list."""
+        """The whole set, from the first list."""
 
     @abc.abstractmethod
     def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
-        """One ADDED, MODIFIED or DELETED watch event."""
+        """One ADDED, MODIFIED or DELETED change (a watch event, or one of a relist's diff)."""
 
-    async def _list(self) -> str:
-        items: list[Mapping[str, Any]] = []
-        continue_token: str | None = None
-        resource_version = ""
-        while True:
-            extra = {"_continue": continue_token} if continue_token else {}
-            response = await self._list_function()(
-                **self._selectors(),
-                limit=500,
-                _preload_content=False,
-                _request_timeout=LIST_TIMEOUT_SECONDS,
-                **extra,
-            )
-            body = await response.read()
-            if not 200 <= response.status <= 299:
-                # Unread bodies are not checked by the client: a 403 would read as an empty list.
-                raise client.ApiException(status=response.status, reason=body.decode(errors="replace")[:500])
-            document = json.loads(body)
-            items.extend(document.get("items") or [])
-            metadata = document.get("metadata") or {}
-            resource_version = resource_version or str(metadata.get("resourceVersion", ""))
-            continue_token = metadata.get("continue") or None
-            if not continue_token:
-                break
-        self._replace(items)
-        log.info("%s mirror: %d %s(s) match %s", self.what, len(items), self.what, self._selectors())
-        return resource_version
-
-    async def _watch(self, resource_version: str) -> str:
-        """Apply events until the server ends the watch; returns the last resourceVersion seen."""
-        async with _RawWatch() as stream:
-            async for event in stream.stream(
-                self._list_function(),
-                **self._selectors(),
-                resource_version=resource_version,
-                timeout_seconds=self._watch_timeout,
-                allow_watch_bookmarks=True,
-                # A connection silent past the server's own timeout is half-open: without this the
-                # mirror would keep a stale snapshot for ever and place pods on capacity in use.
-                _request_timeout=aiohttp.ClientTimeout(
-                    sock_connect=10, sock_read=self._watch_timeout + max(5, self._watch_timeout / 10)
-                ),
-            ):
-                kind = event["type"]
-                raw = event["raw_object"]
-                if kind == "ERROR":
-                    raise _Expired(str(raw.get("message", raw)))
-                resource_version = str((raw.get("metadata") or {}).get("resourceVersion") or resource_version)
-                if kind == "BOOKMARK":
-                    continue
-                self._apply(kind, raw)
-        return resource_version
+    def _hint(self, error: ApiError) -> str:
+        if isinstance(error, Forbidden):
+            return f" (grant the RM's service account get, list and watch on {self.what}s)"
+        return ""
 
     async def run(self) -> None:
         """Run until cancelled."""
-        backoff = 0.5
-        while True:
-            try:
-                resource_version = await self._list()
-                backoff = 0.5
-                while True:  # a watch the server ended on its timeout resumes where it stopped
-                    resource_version = await self._watch(resource_version)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                hint = ""
-                if isinstance(error, client.ApiException) and error.status == 403:
-                    hint = f" (grant the RM's service account get, list and watch on {self.what}s)"
-                log.warning(
-                    "%s mirror failed (%s: %s)%s; relisting in %.1fs",
-                    self.what,
-                    type(error).__name__,
-                    error,
-                    hint,
-                    backoff,
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
+        listed: list[Mapping[str, Any]] = []
+        selected = self._selectors()
+        async for item in list_watch(
+            self._api,
+            self.resource,
+            watch_seconds=self._watch_timeout,
+            list_timeout=LIST_TIMEOUT_SECONDS,
+            backoff=Backoff(maximum=self._max_backoff),
+            logger=log,
+            what=f"{self.what}s for the mirror",
+            hint=self._hint,
+            label_selector=selected.get("label_selector", ""),
+            field_selector=selected.get("field_selector", ""),
+        ):
+            if isinstance(item, Listed):
+                if not item.relist:
+                    self._replace(listed)
+                    listed = []
+                log.info("%s mirror: %d %s(s) match %s", self.what, item.count, self.what, self._selectors())
+            elif isinstance(item, Event):
+                if item.type is None:
+                    listed.append(item.object)
+                else:
+                    self._apply(item.type, item.object)
 
 
 class NodeMirror(_ListWatch):
@@ -168,11 +107,12 @@ class NodeMirror(_ListWatch):
     """
 
     what = "node"
+    resource = resources.NODES
 
     def __init__(
         self,
         *,
-        api: client.ApiClient,
+        api: ApiClient,
         label_selector: str = "",
         on_change: Callable[[Sequence[InventoryNode]], None],
         watch_timeout_seconds: int = 300,
@@ -182,9 +122,6 @@ class NodeMirror(_ListWatch):
         self._selector = label_selector
         self._on_change = on_change
         self._nodes: dict[str, InventoryNode] = {}  # the selected nodes that count, by object name
-
-    def _list_function(self) -> Callable[..., Any]:
-        return self._core.list_node  # type: ignore[no-any-return]
 
     def _selectors(self) -> dict[str, str]:
         return {"label_selector": self._selector}
@@ -218,11 +155,12 @@ class PodMirror(_ListWatch):
     """
 
     what = "pod"
+    resource = resources.PODS
 
     def __init__(
         self,
         *,
-        api: client.ApiClient,
+        api: ApiClient,
         on_change: Callable[[ClusterPods], None],
         watch_timeout_seconds: int = 300,
         max_backoff: float = 10.0,
@@ -232,9 +170,6 @@ class PodMirror(_ListWatch):
         self._pods: dict[str, BoundPod] = {}  # by UID
         self._by_node: dict[str, dict[str, BoundPod]] = {}
         self._snapshot = ClusterPods()
-
-    def _list_function(self) -> Callable[..., Any]:
-        return self._core.list_pod_for_all_namespaces  # type: ignore[no-any-return]
 
     def _selectors(self) -> dict[str, str]:
         return {"field_selector": "spec.nodeName!="}
@@ -313,7 +248,3 @@ class MirrorGate:
             if self._held is not None:
                 self._set_inventory(self._held)
                 self._held = None
-
-
-class _Expired(Exception):
-    """The watch's resource version is too old (410) or the stream reported an error: relist."""
