@@ -60,7 +60,7 @@ from bindery.controller.options import OperatorOptions
 from bindery.demo import SYSTEM_NAMESPACE, create_reference_resource_manager
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane, free_port
-from bindery.refrm.cli import serve_command, served_url
+from bindery.reference_rm.cli import serve_command, served_url
 
 POOL_LABEL = "bindery.dev/pool"
 POOL = "bench"

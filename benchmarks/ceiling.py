@@ -510,7 +510,7 @@ class Plane:
         profiler: list[str] | None = None,
     ) -> AsyncIterator[Serving]:
         """A fresh reference RM (own SQLite), a delay proxy if asked, the ResourceManager, the operator."""
-        from bindery.refrm.cli import serve_command, served_url
+        from bindery.reference_rm.cli import serve_command, served_url
 
         run = next(self.runs)
         token = secrets.token_urlsafe(24)

@@ -3,9 +3,9 @@
 Run:  .venv/bin/python benchmarks/placement_bench.py [--nodes 500] [--pods 5000] [--profile]
 
 The ceiling benchmark's backlog as the RM's placement sees it: ``--nodes`` nodes of 64 CPUs, 256Gi
-and 110 pods (Node objects through :func:`bindery.refrm.inventory.node_from_object`, one inventory
+and 110 pods (Node objects through :func:`bindery.reference_rm.inventory.node_from_object`, one inventory
 tuple as the server holds it), and ``--pods`` pods of the benchmark's three sizes placed one after
-the other from empty nodes by :func:`bindery.refrm.placement.choose_node`, each placement accounted
+the other from empty nodes by :func:`bindery.reference_rm.placement.choose_node`, each placement accounted
 in place before the next as the store does (so bin-packing fills node after node to 110 pods, and
 the full ones answer "Too many pods").  It prints the mean milliseconds of CPU per call for each
 policy, and with ``--profile`` cProfile's top functions.  ``--constraints`` adds a taint on every
@@ -22,8 +22,8 @@ import time
 from decimal import Decimal
 
 from bindery.quantity import parse_quantity
-from bindery.refrm.inventory import node_from_object
-from bindery.refrm.placement import InventoryNode, Policy, add_usage, choose_node, effective_usage
+from bindery.reference_rm.inventory import node_from_object
+from bindery.reference_rm.placement import InventoryNode, Policy, add_usage, choose_node, effective_usage
 
 SIZES = [("100m", "64Mi"), ("250m", "128Mi"), ("500m", "256Mi")]
 

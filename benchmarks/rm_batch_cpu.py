@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from bindery.refrm.cli import serve_command, served_url
+from bindery.reference_rm.cli import serve_command, served_url
 
 TOKEN = "benchmark-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

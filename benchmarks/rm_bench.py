@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/rm_bench.py [--requests 2000] [--concurrency 32] [--nodes 50]
 
-The RM runs as its own process (``python -m bindery.refrm.cli serve``, as in a deployment) on
+The RM runs as its own process (``python -m bindery.reference_rm.cli serve``, as in a deployment) on
 loopback with a fresh SQLite file; this process drives ``--requests`` reserve calls from
 ``--concurrency`` concurrent clients (one ResourceManagerClient each) and prints latency
 percentiles and throughput.  Every reservation is durable (SQLite synchronous=FULL) before the RM
@@ -28,8 +28,8 @@ from collections.abc import AsyncIterator
 
 import yaml
 
-from bindery.refrm import InventoryNode, serve_reference_rm
-from bindery.refrm.cli import serve_command, served_url
+from bindery.reference_rm import InventoryNode, serve_reference_rm
+from bindery.reference_rm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnschedulable
 from bindery.rm.models import PodIdentity, ReservationRequest
@@ -69,8 +69,8 @@ async def rm_process(workdir: pathlib.Path, nodes: int, policy: str) -> AsyncIte
 
 @contextlib.asynccontextmanager
 async def rm_in_process(workdir: pathlib.Path, nodes: int, policy: str) -> AsyncIterator[str]:
-    from bindery.refrm.inventory import parse_inventory
-    from bindery.refrm.placement import Policy
+    from bindery.reference_rm.inventory import parse_inventory
+    from bindery.reference_rm.placement import Policy
 
     parsed: list[InventoryNode] = list(parse_inventory({"nodes": inventory(nodes)}))
     async with serve_reference_rm(

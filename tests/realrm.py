@@ -40,7 +40,7 @@ from typing import Any, Self
 from kubernetes_asyncio import client
 
 from bindery.audit.findings import leaked_reservations, overcommitted_nodes, unreserved_pods
-from bindery.refrm.cli import serve_command, served_url
+from bindery.reference_rm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.models import Reservation, ReservationState
 

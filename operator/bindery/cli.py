@@ -1,6 +1,6 @@
 """The `bindery` command: one entry point for the operator, the demo, the reference RM and tooling.
 
-Sub-commands delegate to the module that owns them (`bindery.refrm.cli`, `bindery.conformance`,
+Sub-commands delegate to the module that owns them (`bindery.reference_rm.cli`, `bindery.conformance`,
 `bindery.devcluster`) with the remaining arguments, imported lazily so `bindery run` in a container
 does not import the dev control plane or the reference RM.
 """
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(RM_USAGE)
         return 0 if rest else 2
     if command == "rm" and rest and rest[0] == "serve":
-        return _delegate("bindery.refrm.cli", rest[1:])
+        return _delegate("bindery.reference_rm.cli", rest[1:])
     if command == "rm" and rest and rest[0] == "conformance":
         return _delegate("bindery.conformance.cli", rest[1:])
     print(f"bindery: unknown command {' '.join(args[:2])!r}\n\n{USAGE}", file=sys.stderr)

@@ -112,8 +112,8 @@ def say(message: str) -> None:
 
 
 async def _demo(*, args: DemoArgs, admin: pathlib.Path, operator_kubeconfig: pathlib.Path) -> int:
-    from bindery.refrm.mirror import MirrorGate, NodeMirror, PodMirror
-    from bindery.refrm.server import serve_reference_rm
+    from bindery.reference_rm.mirror import MirrorGate, NodeMirror, PodMirror
+    from bindery.reference_rm.server import serve_reference_rm
 
     api = await _api_client(admin)
     async with api, contextlib.AsyncExitStack() as stack:

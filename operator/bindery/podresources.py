@@ -2,7 +2,7 @@
 
 Two parts of Bindery need the same arithmetic and may not import each other: the scheduler asks the
 resource manager for a pod's effective requests (``bindery.scheduling.podspec``), and the reference RM
-counts the pods it did not place on the nodes it mirrors (``bindery.refrm.accounting``).  If the two
+counts the pods it did not place on the nodes it mirrors (``bindery.reference_rm.accounting``).  If the two
 disagreed, a node would look fuller or emptier to the RM than to kube-scheduler, and either
 overcommit or strand capacity.  So the one pure function lives here, below both, and follows
 ``PodRequests`` in ``k8s.io/component-helpers/resource`` (v0.36):

@@ -131,7 +131,10 @@ def test_reference_rm_accepts_the_charts_arguments(
     assert container["command"] == ["bindery"]
     assert container["args"][:2] == ["rm", "serve"]
     # Parse exactly those arguments with the installed command's own parser.
-    check = "import sys; from bindery.refrm.cli import build_parser as p; print(p().parse_args(sys.argv[1:]))"
+    check = (
+        "import sys; from bindery.reference_rm.cli import build_parser as p; "
+        "print(p().parse_args(sys.argv[1:]))"
+    )
     proc = _in_image(image, str(image.venv / "bin" / "python"), "-c", check, *container["args"][1:])
     assert proc.returncode == 0, proc.stderr
     assert "mirror_nodes=True" in proc.stdout

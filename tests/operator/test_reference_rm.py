@@ -11,8 +11,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.devcluster.nodes import create_node
-from bindery.refrm.placement import InventoryNode
-from bindery.refrm.server import serve_reference_rm
+from bindery.reference_rm.placement import InventoryNode
+from bindery.reference_rm.server import serve_reference_rm
 from bindery.rm.client import ResourceManagerClient
 from tests.operator.conftest import Bindery, create_pod, eventually, pod_body, read_pod, resource_manager
 

@@ -16,7 +16,7 @@ import pytest
 
 from bindery.conformance.kit import DEFAULT_RESOURCE
 from bindery.quantity import parse_quantity
-from bindery.refrm import InventoryNode, RunningServer, serve_reference_rm
+from bindery.reference_rm import InventoryNode, RunningServer, serve_reference_rm
 
 TOKEN = "test-token-for-the-reference-rm"
 

@@ -17,8 +17,8 @@ from aiohttp import web
 from bindery.conformance import CHECKS, Check, ConformanceConfig, checks_for
 from bindery.conformance.cli import main as conformance_main
 from bindery.conformance.kit import http_client, run_check
-from bindery.refrm import RunningServer
-from bindery.refrm.cli import serve_command, served_url
+from bindery.reference_rm import RunningServer
+from bindery.reference_rm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMUnsupported
 from bindery.rm.models import ReservationRequest

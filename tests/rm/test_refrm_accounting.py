@@ -26,7 +26,7 @@ from kubernetes_asyncio import client
 
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
-from bindery.refrm.cli import serve_command, served_url
+from bindery.reference_rm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable, RMUnschedulable
 from bindery.rm.models import Placement, PodIdentity, Reservation, ReservationRequest
@@ -384,8 +384,8 @@ async def test_pod_mirror_follows_binds_deletions_and_a_relist_after_a_gap(
     """The pod mirror on its own (in this process, 1-second watches so that resuming a watch the
     server ended is exercised): a bound pod appears, a finished one disappears, and a pod deleted
     while the mirror was down is gone after its relist."""
-    from bindery.refrm.accounting import ClusterPods
-    from bindery.refrm.mirror import PodMirror
+    from bindery.reference_rm.accounting import ClusterPods
+    from bindery.reference_rm.mirror import PodMirror
 
     core = client.CoreV1Api(kube_api)
     pool = Pool()

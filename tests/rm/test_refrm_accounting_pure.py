@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bindery.podresources import PodResourcesError, effective_requests
-from bindery.refrm.accounting import (
+from bindery.reference_rm.accounting import (
     RESERVATION_ANNOTATION,
     BoundPod,
     ClusterPods,
@@ -23,9 +23,9 @@ from bindery.refrm.accounting import (
     describe_foreign,
     foreign_usage,
 )
-from bindery.refrm.mirror import MirrorGate
-from bindery.refrm.placement import InventoryNode, Policy, choose_node
-from bindery.refrm.store import Placed, ReservationStore, Unschedulable
+from bindery.reference_rm.mirror import MirrorGate
+from bindery.reference_rm.placement import InventoryNode, Policy, choose_node
+from bindery.reference_rm.store import Placed, ReservationStore, Unschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest
 from bindery.scheduling.framework import RESERVATION_ANNOTATION as BINDER_ANNOTATION
 

@@ -16,9 +16,9 @@ import httpx
 import pytest
 import yaml
 
-from bindery.refrm import RunningServer, serve_reference_rm
-from bindery.refrm.cli import main as refrm_main
-from bindery.refrm.cli import serve_command, served_url
+from bindery.reference_rm import RunningServer, serve_reference_rm
+from bindery.reference_rm.cli import main as refrm_main
+from bindery.reference_rm.cli import serve_command, served_url
 from bindery.rm.errors import ProblemType
 from bindery.rm.models import MAX_BATCH_OPERATIONS, BatchResult
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from bindery.refrm.placement import InventoryNode, Policy
-from bindery.refrm.store import (
+from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.store import (
     NotActive,
     NotFound,
     Placed,

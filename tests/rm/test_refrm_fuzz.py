@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 from schemathesis.core.failures import FailureGroup
 
-from bindery.refrm import InventoryNode, serve_reference_rm
+from bindery.reference_rm import InventoryNode, serve_reference_rm
 from bindery.rm.contract import load_openapi
 
 from .conftest import TOKEN

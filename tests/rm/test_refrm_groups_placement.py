@@ -1,4 +1,4 @@
-"""Pure group placement (``bindery.refrm.groups``): every member or none, topology, and the reason
+"""Pure group placement (``bindery.reference_rm.groups``): every member or none, topology, and the reason
 a group does not fit, which must be about the GROUP."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from decimal import Decimal
 
 import pytest
 
-from bindery.refrm.accounting import Foreign
-from bindery.refrm.groups import MemberAsk, _attempt, _size_order, place_group
-from bindery.refrm.placement import InventoryNode, Policy, add_usage, choose_node, effective_usage
+from bindery.reference_rm.accounting import Foreign
+from bindery.reference_rm.groups import MemberAsk, _attempt, _size_order, place_group
+from bindery.reference_rm.placement import InventoryNode, Policy, add_usage, choose_node, effective_usage
 
 ZONE = "topology.kubernetes.io/zone"
 

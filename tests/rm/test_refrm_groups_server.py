@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from bindery.quantity import parse_quantity
-from bindery.refrm import InventoryNode, serve_reference_rm
-from bindery.refrm.cli import serve_command, served_url
+from bindery.reference_rm import InventoryNode, serve_reference_rm
+from bindery.reference_rm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import (
     ProblemType,

@@ -9,9 +9,9 @@ from decimal import Decimal
 
 import pytest
 
-from bindery.refrm.accounting import BoundPod, ClusterPods
-from bindery.refrm.placement import InventoryNode, Policy
-from bindery.refrm.store import (
+from bindery.reference_rm.accounting import BoundPod, ClusterPods
+from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.store import (
     GroupConflict,
     GroupPlaced,
     NotActive,

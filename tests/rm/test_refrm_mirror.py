@@ -14,10 +14,10 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.devcluster.nodes import create_node
-from bindery.refrm import serve_reference_rm
-from bindery.refrm.cli import serve_command, served_url
-from bindery.refrm.mirror import NodeMirror
-from bindery.refrm.placement import InventoryNode
+from bindery.reference_rm import serve_reference_rm
+from bindery.reference_rm.cli import serve_command, served_url
+from bindery.reference_rm.mirror import NodeMirror
+from bindery.reference_rm.placement import InventoryNode
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable, RMUnschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest

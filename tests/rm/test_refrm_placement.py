@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bindery.refrm.inventory import InventoryError, node_from_object, parse_inventory
-from bindery.refrm.placement import (
+from bindery.reference_rm.inventory import InventoryError, node_from_object, parse_inventory
+from bindery.reference_rm.placement import (
     InventoryNode,
     Policy,
     add_usage,

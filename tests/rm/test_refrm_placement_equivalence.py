@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from bindery.refrm.accounting import Foreign, describe_foreign, in_use
-from bindery.refrm.placement import (
+from bindery.reference_rm.accounting import Foreign, describe_foreign, in_use
+from bindery.reference_rm.placement import (
     Decision,
     InventoryNode,
     Policy,

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from bindery.refrm import RunningServer
-from bindery.refrm.placement import InventoryNode, Policy
-from bindery.refrm.store import NotActive, NotFound, Placed, PodMismatch, ReservationStore
+from bindery.reference_rm import RunningServer
+from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.store import NotActive, NotFound, Placed, PodMismatch, ReservationStore
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMConflict, RMPodMismatch, RMRejected
 from bindery.rm.models import ReservationRequest, ReservationState

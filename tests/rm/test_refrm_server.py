@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from bindery.refrm import RunningServer, serve_reference_rm
-from bindery.refrm.cli import main as refrm_main
-from bindery.refrm.cli import serve_command, served_url
+from bindery.reference_rm import RunningServer, serve_reference_rm
+from bindery.reference_rm.cli import main as refrm_main
+from bindery.reference_rm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMUnavailable, RMUnschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest, ReservationState

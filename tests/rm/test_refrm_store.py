@@ -5,8 +5,8 @@ from __future__ import annotations
 import pathlib
 from decimal import Decimal
 
-from bindery.refrm.placement import InventoryNode, Policy
-from bindery.refrm.store import (
+from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.store import (
     Conflict,
     NotActive,
     NotFound,

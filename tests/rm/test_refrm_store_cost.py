@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from bindery.refrm.accounting import BoundPod, ClusterPods
-from bindery.refrm.placement import InventoryNode, Policy
-from bindery.refrm.store import Placed, ReservationStore
+from bindery.reference_rm.accounting import BoundPod, ClusterPods
+from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.store import Placed, ReservationStore
 from bindery.rm.models import ReservationRequest
 
 

@@ -14,7 +14,7 @@ from decimal import Decimal
 
 import pytest
 
-from bindery.refrm import InventoryNode, RunningServer, serve_reference_rm
+from bindery.reference_rm import InventoryNode, RunningServer, serve_reference_rm
 from bindery.rm import RMUnschedulable
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest, ReservationState, Toleration

@@ -4,7 +4,7 @@ Why a module of its own: a group is placed in one step under the store's write s
 the decision must be made against one view of the capacity in use, with each member's choice
 counted before the next member is placed; and when it fails, the answer must say why the GROUP
 does not fit ("8 pods of 1 cpu; the most any value of zone holds is 7"), not merely why its last
-member did.  Kept free of I/O, like :mod:`bindery.refrm.placement`, which it uses per member.
+member did.  Kept free of I/O, like :mod:`bindery.reference_rm.placement`, which it uses per member.
 
 The algorithm is a greedy first-fit-decreasing per topology domain:
 
@@ -29,8 +29,8 @@ from decimal import Decimal
 from typing import Any
 
 from bindery.quantity import format_quantity
-from bindery.refrm.accounting import Foreign, in_use
-from bindery.refrm.placement import (
+from bindery.reference_rm.accounting import Foreign, in_use
+from bindery.reference_rm.placement import (
     InventoryNode,
     Policy,
     add_usage,
@@ -110,7 +110,7 @@ def _kind(member: MemberAsk) -> tuple[object, ...]:
 
 class _Candidates:
     """The nodes one kind of member fits on now, best first by the policy (the order
-    :func:`bindery.refrm.placement.choose_node` picks in), kept in a heap.
+    :func:`bindery.reference_rm.placement.choose_node` picks in), kept in a heap.
 
     Why: choosing each of 1000 members by scanning 500 nodes with every filter took seconds on the
     store's single writer.  The filters that do not depend on usage run once per kind of member;

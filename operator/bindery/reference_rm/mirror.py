@@ -2,12 +2,12 @@
 
 In this mode the RM owns the pool of nodes selected by a label selector and sees each one's
 ``status.allocatable``, labels, taints and ``spec.unschedulable`` as they change.  Only Ready nodes
-that are not being deleted count (see :func:`bindery.refrm.inventory.node_from_object`).
+that are not being deleted count (see :func:`bindery.reference_rm.inventory.node_from_object`).
 
 The nodes are shared: kube-scheduler, DaemonSets, static pods and other schedulers put pods there
 too, and those pods use capacity the RM must not hand out again.  So the RM also follows every pod
 bound to a node (field selector ``spec.nodeName!=``) and hands an immutable snapshot of them to the
-store (see :mod:`bindery.refrm.accounting`).  It is not ready (``/readyz`` 503, reserve 503) until it
+store (see :mod:`bindery.reference_rm.accounting`).  It is not ready (``/readyz`` 503, reserve 503) until it
 knows both the nodes and the pods: a reservation placed before the pods are known could land on a
 node that is already full.
 
@@ -30,9 +30,9 @@ from bindery.k8s.errors import ApiError, Forbidden
 from bindery.k8s.resources import Resource
 from bindery.k8s.watching import Backoff, Event, Listed, list_watch
 from bindery.podresources import PodResourcesError
-from bindery.refrm.accounting import BoundPod, ClusterPods, bound_pod
-from bindery.refrm.inventory import node_from_object
-from bindery.refrm.placement import InventoryNode
+from bindery.reference_rm.accounting import BoundPod, ClusterPods, bound_pod
+from bindery.reference_rm.inventory import node_from_object
+from bindery.reference_rm.placement import InventoryNode
 
 __all__ = ["MirrorGate", "NodeMirror", "PodMirror"]
 
@@ -103,7 +103,7 @@ class NodeMirror(_ListWatch):
     Each node is parsed once per event that touches it, and an event that leaves its inventory
     entry as it was (a status heartbeat, an annotation) publishes nothing: parsing every node on
     every event cost O(nodes) per event, and a new inventory makes the next placement evaluate
-    every node's taints and labels again (see :func:`bindery.refrm.placement.choose_node`).
+    every node's taints and labels again (see :func:`bindery.reference_rm.placement.choose_node`).
     """
 
     what = "node"

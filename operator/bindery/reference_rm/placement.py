@@ -6,7 +6,7 @@ feeds it an inventory snapshot and the capacity in use, under its write serializ
 Filters run in kube-scheduler's order and a node reports only its first failing filter, so the
 unschedulable reason reads like kube-scheduler's own ``FailedScheduling`` message:
 ``0/12 nodes are available: 10 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {k: v}.``
-When pods the RM did not place fill a node (see :mod:`bindery.refrm.accounting`), the reason adds
+When pods the RM did not place fill a node (see :mod:`bindery.reference_rm.accounting`), the reason adds
 one sentence saying what they use there, so that "Insufficient cpu" on an apparently empty pool of
 reservations is explained.
 """
@@ -27,7 +27,7 @@ from bindery.constraints import (
     tolerates,
     untolerated_taints,
 )
-from bindery.refrm.accounting import Foreign, describe_foreign, in_use
+from bindery.reference_rm.accounting import Foreign, describe_foreign, in_use
 
 __all__ = [
     "UNSCHEDULABLE_TAINT",
@@ -183,7 +183,7 @@ def choose_node(
     """Pick a node by ``policy`` among those that fit; ties go to the node name that sorts first.
 
     ``usage_by_node`` is what this RM's reservations hold; ``foreign`` what pods it did not place
-    use (:func:`bindery.refrm.accounting.foreign_usage`).  Both count against ``allocatable``.
+    use (:func:`bindery.reference_rm.accounting.foreign_usage`).  Both count against ``allocatable``.
 
     Every reserve scans every node, so this is the RM's hottest loop (500 nodes: 3.6 ms of CPU per
     call written as :func:`node_failures` and :func:`score` per node).  It decides exactly what
@@ -281,7 +281,7 @@ def _fit(
 
 
 def _plus(own: Mapping[str, Decimal], other: Mapping[str, Decimal]) -> dict[str, Decimal]:
-    """``own`` plus ``other``, added as :func:`bindery.refrm.accounting.in_use` adds them."""
+    """``own`` plus ``other``, added as :func:`bindery.reference_rm.accounting.in_use` adds them."""
     total = dict(own)
     for name, amount in other.items():
         total[name] = total.get(name, _ZERO) + amount

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from bindery.quantity import QuantityError, parse_nonnegative_quantity
-from bindery.refrm.placement import InventoryNode
+from bindery.reference_rm.placement import InventoryNode
 from bindery.rm.models import is_qualified_name
 
 __all__ = ["InventoryError", "load_inventory_file", "node_from_object", "parse_inventory"]

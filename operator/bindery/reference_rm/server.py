@@ -3,7 +3,7 @@
 This is the I/O edge: it authenticates, bounds and validates requests, and funnels every state
 change through ONE worker thread that owns the SQLite store, so concurrent reserve calls are
 serialized and can never overcommit a node.  Placement itself is the pure code in
-:mod:`bindery.refrm.placement`.  Every error answer is RFC 9457 problem+json with a stable type.
+:mod:`bindery.reference_rm.placement`.  Every error answer is RFC 9457 problem+json with a stable type.
 
 Contract v1.1's ``POST /v1/batch`` carries many reserve, commit and release operations in one
 request: the store carries them out in one transaction (:meth:`ReservationStore.batch`), and each
@@ -33,9 +33,9 @@ import yaml
 from aiohttp import web
 
 from bindery import tracing
-from bindery.refrm.accounting import ClusterPods
-from bindery.refrm.placement import InventoryNode, Policy
-from bindery.refrm.store import (
+from bindery.reference_rm.accounting import ClusterPods
+from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.store import (
     BatchOutcome,
     CommitOutcome,
     Conflict,
@@ -435,7 +435,8 @@ class ReferenceRM:
         self._inventory: tuple[InventoryNode, ...] | None = (
             tuple(inventory) if inventory is not None else None
         )
-        self._pods: ClusterPods | None = None  # mirror mode: the pods bound to nodes (refrm/accounting.py)
+        # Mirror mode: the pods bound to nodes (reference_rm/accounting.py).
+        self._pods: ClusterPods | None = None
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="refrm-store")
         self._store = self._writer.submit(ReservationStore, db_path, clock=clock).result()
 
@@ -454,7 +455,8 @@ class ReferenceRM:
     def set_bound_pods(self, pods: ClusterPods) -> None:
         """Swap the snapshot of pods bound to nodes (the pod mirror calls this on every change).
 
-        Placement counts those no reservation of this RM accounts for; see :mod:`bindery.refrm.accounting`.
+        Placement counts those no reservation of this RM accounts for; see
+        :mod:`bindery.reference_rm.accounting`.
         """
         self._pods = pods
 

@@ -18,9 +18,9 @@ import sys
 from collections.abc import Sequence
 
 from bindery import tracing
-from bindery.refrm.inventory import InventoryError, load_inventory_file
-from bindery.refrm.placement import Policy
-from bindery.refrm.server import (
+from bindery.reference_rm.inventory import InventoryError, load_inventory_file
+from bindery.reference_rm.placement import Policy
+from bindery.reference_rm.server import (
     DEFAULT_MAX_BATCH_BODY_BYTES,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_GROUP_BODY_BYTES,
@@ -43,7 +43,7 @@ def serve_command(*, db: pathlib.Path, token_file: pathlib.Path, options: Sequen
     return [
         sys.executable,
         "-m",
-        "bindery.refrm.cli",
+        "bindery.reference_rm.cli",
         "serve",
         "--listen",
         "127.0.0.1:0",
@@ -177,11 +177,11 @@ async def _serve(args: argparse.Namespace) -> None:
         )
         if args.mirror_nodes:
             from bindery.k8s.api import client_from
-            from bindery.refrm.mirror import MirrorGate, NodeMirror, PodMirror
+            from bindery.reference_rm.mirror import MirrorGate, NodeMirror, PodMirror
 
             kubeconfig = str(args.kubeconfig) if args.kubeconfig is not None else None
             api = await stack.enter_async_context(await client_from(kubeconfig=kubeconfig))
-            # The nodes are shared with every other pod on them: count those too (refrm/accounting.py),
+            # The nodes are shared with every other pod on them: count those too (reference_rm/accounting.py),
             # and stay unready until both the nodes and the pods are known.
             gate = MirrorGate(set_inventory=server.rm.set_inventory, set_bound_pods=server.rm.set_bound_pods)
             mirrors = (

@@ -2,7 +2,7 @@
 in tests.  Install with ``pip install kube-bindery[rm]``; run with ``bindery rm serve`` or
 :func:`serve_reference_rm` in-process."""
 
-from bindery.refrm.placement import InventoryNode, Policy
-from bindery.refrm.server import ReferenceRM, RunningServer, serve_reference_rm
+from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.server import ReferenceRM, RunningServer, serve_reference_rm
 
 __all__ = ["InventoryNode", "Policy", "ReferenceRM", "RunningServer", "serve_reference_rm"]

@@ -41,9 +41,9 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from bindery.quantity import format_quantity, parse_quantity
-from bindery.refrm.accounting import ClusterPods, Foreign, NodePods, foreign_usage
-from bindery.refrm.groups import MemberAsk, place_group
-from bindery.refrm.placement import (
+from bindery.reference_rm.accounting import ClusterPods, Foreign, NodePods, foreign_usage
+from bindery.reference_rm.groups import MemberAsk, place_group
+from bindery.reference_rm.placement import (
     InventoryNode,
     Policy,
     add_usage,
@@ -463,7 +463,7 @@ class ReservationStore:
         pods: ClusterPods | None = None,
     ) -> ReserveOutcome:
         """Place ``request`` if a node has room for it next to this RM's active reservations and
-        ``pods``, the pods bound to the nodes (mirror mode; see :mod:`bindery.refrm.accounting`)."""
+        ``pods``, the pods bound to the nodes (mirror mode; see :mod:`bindery.reference_rm.accounting`)."""
         self._expire()
         fingerprint = request.fingerprint()
         existing = self._active_for_key(request.idempotency_key)
@@ -695,7 +695,7 @@ class ReservationStore:
         policy: Policy,
         pods: ClusterPods | None = None,
     ) -> GroupPlaced | GroupConflict | Unschedulable:
-        """Place every member, or none (:func:`bindery.refrm.groups.place_group`), and store the
+        """Place every member, or none (:func:`bindery.reference_rm.groups.place_group`), and store the
         group and its members in one transaction.
 
         The key belongs to the group while any member is active: the same request then replays the

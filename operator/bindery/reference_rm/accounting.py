@@ -13,7 +13,7 @@ must not count twice.  It is recognised by the ``bindery.dev/reservation-id`` an
 the named reservation is active, was made for this very pod (same UID) and holds the pod's node:
 a tenant who copies another pod's annotation onto their own pod gains nothing, their pod counts.
 
-The mirror (I/O, :mod:`bindery.refrm.mirror`) keeps an immutable :class:`ClusterPods` snapshot and
+The mirror (I/O, :mod:`bindery.reference_rm.mirror`) keeps an immutable :class:`ClusterPods` snapshot and
 hands it to the store's single writer, which resolves the claims against its reservations with
 :func:`foreign_usage` inside the same serialized step that places the next reservation.
 """
