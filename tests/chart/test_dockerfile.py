@@ -12,8 +12,11 @@ import pathlib
 import re
 import subprocess
 import sys
+import tomllib
 
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.chart import charttools as ct
 from tests.chart import dockerfile_parse as dp
@@ -104,3 +107,23 @@ def test_dockerignore_admits_exactly_the_build_inputs() -> None:
         "Dockerfile",
     ):
         assert dp.is_ignored(unwanted, patterns), unwanted
+
+
+def test_lock_satisfies_the_projects_requirements() -> None:
+    # The build installs the lock with --no-deps (and `pip check` fails it on a mismatch); this says
+    # so in a second, not a build: every requirement of the image's extras is pinned in the lock,
+    # at a version its specifier admits. After changing them: scripts/image --lock.
+    project = tomllib.loads((ct.REPO / "pyproject.toml").read_text())["project"]
+    requirements = [
+        Requirement(r)
+        for r in [*project["dependencies"], *project["optional-dependencies"]["rm"]]
+        + project["optional-dependencies"]["tracing"]
+    ]
+    pins = dict(
+        (canonicalize_name(m.group(1)), m.group(2))
+        for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==(\S+)", (ct.REPO / "requirements.lock").read_text(), re.M)
+    )
+    for req in requirements:
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req} is not in requirements.lock (scripts/image --lock)"
+        assert req.specifier.contains(pins[name], prereleases=True), f"lock pins {name}=={pins[name]}: {req}"
