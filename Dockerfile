@@ -9,11 +9,11 @@
 # scripts/image builds this same file daemonless (buildah) and tests/image runs the result.
 #
 # BASE_IMAGE: the Python the image runs on. The default is the official python:3.11-slim (Debian
-# bookworm), pinned by digest: docker.io/library/python:3.11.10-slim-bookworm, multi-arch index
-# sha256:5148c0e4…, as pinned in public Dockerfiles (e.g. nalabelle/build images/digests.Dockerfile);
-# it was read there, not pulled: the machines that test this image reach no registry, so
-# scripts/image passes a locally made Debian bookworm base with python3 (3.11) instead. Anything
-# with python3 >= 3.11 and its venv module on PATH works.
+# bookworm), pinned by digest: docker.io/library/python:3.11.10-slim-bookworm@sha256:5148c0e4…,
+# the digest several public Dockerfiles pin (nalabelle/build images/digests.Dockerfile, and others
+# building it for arm64 too, so a multi-arch index). It was read there, not pulled: the machines
+# that test this image reach no registry, so scripts/image passes a locally made Debian bookworm
+# base with python3 (3.11) instead. Any base with python3 >= 3.11 and its venv module works.
 ARG BASE_IMAGE=docker.io/library/python:3.11.10-slim-bookworm@sha256:5148c0e4bbb64271bca1d3322360ebf4bfb7564507ae32dd639322e4952a6b16
 
 # The builder stage is never shipped, so it carries no OCI labels.
