@@ -40,8 +40,8 @@ OPERATOR_USER = "bindery-operator"
 TIERS = ("unit", "plane", "cluster", "slow")
 #: Directories under tests/ whose every test is slow by nature (seeded fault runs, benchmark smokes).
 SLOW_DIRECTORIES = ("chaos", "benchmarks")
-#: Fixtures that make a test slow wherever it is: `image` emulates the Dockerfile's build (a venv
-#: and a pip install of the project, ~50 s).
+#: Fixtures that make a test slow wherever it is: `image` builds the container image with buildah
+#: (tests/image; seconds when cached, minutes cold).
 SLOW_FIXTURES = ("image",)
 #: Tests (a file, or file::function for every parametrization of it) that took 15 s or more in
 #: `scripts/test --fast --durations=0` (2 shared cores, load 2-7); the figure is setup+call+teardown.

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 USAGE = """bindery <command> [options]
+       bindery --version
 
 commands:
   run          run the scheduler against the cluster of your kubeconfig (or in-cluster)
@@ -43,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if args else 2
+    if args[0] == "--version":
+        print(f"bindery {version()}")
+        return 0
     command, rest = args[0], args[1:]
     if command == "run":
         return run_command(rest)
@@ -65,6 +69,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _delegate("bindery.conformance.cli", rest[1:])
     print(f"bindery: unknown command {' '.join(args[:2])!r}\n\n{USAGE}", file=sys.stderr)
     return 2
+
+
+def version() -> str:
+    """The installed distribution's version (what an image or a wheel really holds)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("kube-bindery")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        from bindery import __version__
+
+        return __version__
 
 
 def _delegate(module_name: str, argv: Sequence[str]) -> int:

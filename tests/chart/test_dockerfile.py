@@ -1,24 +1,25 @@
-"""The Dockerfile: linted with hadolint, and its exact steps run in clean virtualenvs.
+"""The Dockerfile, statically: hadolint, its metadata, its base image pin, and .dockerignore.
 
-No container engine runs here, so tests/chart/dockerfile_emulator.py replays the Dockerfile's
-instructions on the host (each stage's base-image Python is a fresh virtualenv) and the image's
-ENTRYPOINT is then run with --help. The build step downloads the dependencies from the package
-index, as `docker build` would.
+The image itself is built from this same Dockerfile by scripts/image (buildah, no daemon) and run
+for real in tests/image: its ENTRYPOINT, the reference RM with the chart's arguments, its packages
+against requirements.lock, and both processes scheduling pods. That replaced the emulator that used
+to replay the RUN steps here in virtualenvs.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import subprocess
 import sys
+import tomllib
 
-import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.chart import charttools as ct
-from tests.chart import dockerfile_emulator as emu
+from tests.chart import dockerfile_parse as dp
 
 DOCKERFILE = ct.REPO / "Dockerfile"
 HADOLINT_CONFIG = ct.REPO / ".hadolint.yaml"
@@ -52,9 +53,17 @@ def test_hadolint_would_catch_a_regression(tmp_path: pathlib.Path) -> None:
 
 
 def test_image_metadata() -> None:
-    stages = emu.parse(DOCKERFILE.read_text())
-    assert [s.base for s in stages] == ["python:3.11-slim", "python:3.11-slim"]
+    dockerfile = dp.parse(DOCKERFILE.read_text())
+    stages = dockerfile.stages
+    # Both stages on the one base: the final stage copies the builder's virtualenv, whose python is
+    # a symlink to the base's python3.
+    assert [s.base for s in stages] == ["${BASE_IMAGE}", "${BASE_IMAGE}"]
     assert stages[0].name == "builder"
+    # The default base is the official python:3.11-slim (bookworm), pinned by digest.
+    assert re.fullmatch(
+        r"docker\.io/library/python:3\.11(\.\d+)?-slim-bookworm@sha256:[0-9a-f]{64}",
+        dockerfile.global_args["BASE_IMAGE"],
+    ), dockerfile.global_args
     final = stages[-1]
     by_kind = {i.keyword: i for i in final.instructions}
     assert by_kind["ENTRYPOINT"].args == '["bindery", "run"]'
@@ -63,27 +72,32 @@ def test_image_metadata() -> None:
     assert (
         user == f"{values['podSecurityContext']['runAsUser']}:{values['podSecurityContext']['runAsGroup']}"
     ), "the image's USER must match the chart's runAsUser/runAsGroup"
-    # The final stage gets nothing from the context: the wheels come through a bind mount only.
-    assert not [i for i in final.instructions if i.keyword in ("COPY", "ADD")]
+    # The final stage gets nothing from the context, only the builder's virtualenv.
+    copies = [i.args for i in final.instructions if i.keyword in ("COPY", "ADD")]
+    assert copies == ["--from=builder /opt/bindery /opt/bindery"]
+    # The builder installs exactly the lock, hash-checked, from wheels.
+    runs = " ".join(" ".join(i.args.split()) for i in stages[0].instructions if i.keyword == "RUN")
+    assert "--require-hashes --only-binary=:all: --no-deps -r requirements.lock" in runs
     version = re.search(r"^ARG VERSION=(\S+)$", DOCKERFILE.read_text(), re.M)
     assert version is not None
     pyproject = (ct.REPO / "pyproject.toml").read_text()
     assert f'version = "{version.group(1)}"' in pyproject, "ARG VERSION must equal the package version"
     labels = [i.args for i in final.instructions if i.keyword == "LABEL"]
-    for key in ("title", "description", "version", "licenses", "source"):
+    for key in ("title", "description", "version", "licenses", "source", "base.name"):
         assert f"org.opencontainers.image.{key}=" in " ".join(labels)
 
 
 def test_dockerignore_admits_exactly_the_build_inputs() -> None:
-    patterns = emu.dockerignore_patterns(ct.REPO / ".dockerignore")
+    patterns = dp.dockerignore_patterns(ct.REPO / ".dockerignore")
     for needed in (
         "pyproject.toml",
+        "requirements.lock",
         "README.md",
         "contract/v1/openapi.yaml",
         "crds/resourcemanagers.bindery.dev.yaml",
         "operator/bindery/cli.py",
     ):
-        assert not emu.is_ignored(needed, patterns), needed
+        assert not dp.is_ignored(needed, patterns), needed
     for unwanted in (
         ".venv/bin/python",
         ".git/HEAD",
@@ -92,84 +106,24 @@ def test_dockerignore_admits_exactly_the_build_inputs() -> None:
         "operator/bindery/__pycache__/cli.cpython-311.pyc",
         "Dockerfile",
     ):
-        assert emu.is_ignored(unwanted, patterns), unwanted
+        assert dp.is_ignored(unwanted, patterns), unwanted
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> emu.StageResult:
-    workdir = tmp_path_factory.mktemp("image")
-    emulator = emu.Emulator(dockerfile=DOCKERFILE, context=ct.REPO, workdir=workdir, python=sys.executable)
-    return emulator.build()
-
-
-def _in_image(image: emu.StageResult, *argv: str) -> subprocess.CompletedProcess[str]:
-    """Run a command as the image would: its PATH and ENV, nothing from this test process."""
-    env = dict(image.env)
-    return subprocess.run(
-        list(argv), env=env, cwd=image.root, capture_output=True, text=True, check=False, timeout=60
+def test_lock_satisfies_the_projects_requirements() -> None:
+    # The build installs the lock with --no-deps (and `pip check` fails it on a mismatch); this says
+    # so in a second, not a build: every requirement of the image's extras is pinned in the lock,
+    # at a version its specifier admits. After changing them: scripts/image --lock.
+    project = tomllib.loads((ct.REPO / "pyproject.toml").read_text())["project"]
+    requirements = [
+        Requirement(r)
+        for r in [*project["dependencies"], *project["optional-dependencies"]["rm"]]
+        + project["optional-dependencies"]["tracing"]
+    ]
+    pins = dict(
+        (canonicalize_name(m.group(1)), m.group(2))
+        for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==(\S+)", (ct.REPO / "requirements.lock").read_text(), re.M)
     )
-
-
-def test_entrypoint_runs(image: emu.StageResult) -> None:
-    assert image.entrypoint == ["bindery", "run"]
-    executable = image.venv / "bin" / image.entrypoint[0]
-    assert executable.is_file(), f"the wheel installs no {image.entrypoint[0]!r} console script"
-    proc = _in_image(image, *image.entrypoint, "--help")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "usage: bindery run" in proc.stdout
-    assert "--liveness" in proc.stdout, "the chart's probes rely on `bindery run --liveness=URL`"
-
-
-def test_reference_rm_accepts_the_charts_arguments(
-    image: emu.StageResult, helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
-) -> None:
-    # The chart runs the reference RM from the same image: command [bindery], args [rm, serve, ...].
-    objects = ct.render(
-        helm=helm, env=helm_env, tmp=tmp_path, values={"referenceRM": {"mirrorNodeSelector": "pool=a"}}
-    )
-    (container,) = ct.one(objects, "Deployment", "rel-bindery-rm")["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["bindery"]
-    assert container["args"][:2] == ["rm", "serve"]
-    # Parse exactly those arguments with the installed command's own parser.
-    check = (
-        "import sys; from bindery.reference_rm.cli import build_parser as p; "
-        "print(p().parse_args(sys.argv[1:]))"
-    )
-    proc = _in_image(image, str(image.venv / "bin" / "python"), "-c", check, *container["args"][1:])
-    assert proc.returncode == 0, proc.stderr
-    assert "mirror_nodes=True" in proc.stdout
-    assert "node_selector='pool=a'" in proc.stdout
-    help_text = _in_image(image, "bindery", "rm", "serve", "--db=x", "--help")
-    assert help_text.returncode == 0, help_text.stderr
-    assert "--token-file" in help_text.stdout
-
-
-def test_image_contents(image: emu.StageResult) -> None:
-    python = str(image.venv / "bin" / "python")
-    contract = _in_image(
-        image,
-        python,
-        "-c",
-        "import importlib.resources as r; "
-        "print(r.files('bindery.rm').joinpath('openapi.yaml').read_text()[:7])",
-    )
-    assert contract.stdout.strip() == "openapi", contract.stderr
-    crd = _in_image(
-        image,
-        python,
-        "-c",
-        "import importlib.resources as r; "
-        "print(r.files('bindery.controller').joinpath('resourcemanagers.bindery.dev.yaml').read_text())",
-    )
-    assert crd.stdout.strip() == ct.CRD_SOURCE.read_text().strip(), crd.stderr
-    listing = _in_image(image, python, "-m", "pip", "list", "--format=freeze")
-    installed = {line.split("==")[0].lower() for line in listing.stdout.split()}
-    assert {"kube-bindery", "kopf", "aiohttp"} <= installed
-    assert not {"setuptools", "wheel", "hatchling", "build"} & installed, "build tools in the final image"
-    # Nothing but the interpreter's prefix and an empty HOME: no wheels, no source, no caches.
-    home = pathlib.Path(image.env["HOME"])
-    assert home == image.root / "tmp", "the image sets HOME=/tmp (UID 10001 has no passwd entry)"
-    assert sorted(p.name for p in image.root.iterdir()) == ["root", "tmp", "usr-local"]
-    assert not any(home.iterdir()), "the install step left files in HOME (a pip cache?)"
-    assert not any((image.root / "root").iterdir())
-    assert os.access(image.venv / "bin" / "bindery", os.X_OK)
+    for req in requirements:
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req} is not in requirements.lock (scripts/image --lock)"
+        assert req.specifier.contains(pins[name], prereleases=True), f"lock pins {name}=={pins[name]}: {req}"
