@@ -23,7 +23,7 @@ AREAS = [
         ("queueing.py", "processing.py", "invocation.py"),
     ),
     ("Runtime.on_pod_event (Bindery's own handling of a pod event)", ("Runtime.on_pod_event",)),
-    ("unbound-pod watch outside Kopf (bindery.controller.unbound)", ("UnboundPodWatcher",)),
+    ("unbound-pod watch outside Kopf (bindery.controller.watches.unbound)", ("UnboundPodWatcher",)),
     ("schedule_one (the scheduling cycle)", ("schedule_one (bindery/scheduling/cycle.py",)),
     ("  RM client reserve", ("ResourceManagerClient.reserve",)),
     ("  RM client commit", ("ResourceManagerClient.commit",)),

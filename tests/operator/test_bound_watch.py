@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from bindery.controller.bound import BoundPodWatcher
+from bindery.controller.watches.bound import BoundPodWatcher
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from tests.operator.fakerm import serve_app
 from tests.scheduling.fakes import Calls, FakeRM

@@ -8,8 +8,8 @@ import pytest
 
 from bindery.config import ConfigError, parse_resource_manager
 from bindery.config.resourcemanager import reconcile_interval
-from bindery.controller.bound import remembered, reservation_to_release
 from bindery.controller.reconcile import Settle, in_scope, missing_reservations, reconcile_action
+from bindery.controller.watches.bound import remembered, reservation_to_release
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 

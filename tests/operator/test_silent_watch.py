@@ -18,7 +18,7 @@ from kubernetes_asyncio import client
 
 from bindery.config import ResourceManagerConfig, SecretKeyRef
 from bindery.controller import secrets
-from bindery.controller.bound import BoundPodWatcher
+from bindery.controller.watches.bound import BoundPodWatcher
 from bindery.reference_rm.mirror import NodeMirror
 from tests.operator.fakerm import serve_app
 from tests.scheduling.fakes import Calls, FakeRM

@@ -20,7 +20,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from bindery.controller.handlers import register
-from bindery.controller.unbound import UnboundPodWatcher
+from bindery.controller.watches.unbound import UnboundPodWatcher
 from tests.operator.fakerm import serve_app
 
 

@@ -40,8 +40,8 @@ from typing import Any
 
 from kubernetes_asyncio import client as kube
 
-from bindery.controller.bound import TERMINAL_PHASES
 from bindery.controller.metrics import MeasuredRM, Metrics
+from bindery.controller.watches.bound import TERMINAL_PHASES
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError, RMGroupsUnsupported, RMUnschedulable
 from bindery.rm.models import Reservation, ReservationGroup, ReservationState

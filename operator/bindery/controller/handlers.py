@@ -6,7 +6,7 @@ finalizers). All per-run state lives in the `Runtime` object stored in Kopf's me
 startup and closed at cleanup, so handlers are plain functions of (event, runtime).
 
 Pods are not watched through Kopf: the runtime follows the unbound pods itself
-(`bindery.controller.unbound`), since Kopf's per-event machinery cost far more than Bindery's own
+(`bindery.controller.watches.unbound`), since Kopf's per-event machinery cost far more than Bindery's own
 handling on that hot watch.
 """
 

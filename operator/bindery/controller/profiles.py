@@ -27,11 +27,11 @@ from kubernetes_asyncio import client as kube
 
 from bindery import tracing
 from bindery.config import ResourceManagerConfig
-from bindery.controller.bound import BoundPodWatcher
 from bindery.controller.gangs import GangCoordinator
 from bindery.controller.metrics import MeasuredRM, Metrics, result_label
 from bindery.controller.secrets import RMCredentials
 from bindery.controller.unconfirmed import SettlingReleases, UnconfirmedBind, UnconfirmedBinds
+from bindery.controller.watches.bound import BoundPodWatcher
 from bindery.kube.reads import read_pod
 from bindery.logcontext import log_context
 from bindery.rm.client import ResourceManagerClient

@@ -51,8 +51,8 @@ from typing import Any, Protocol
 
 from kubernetes_asyncio import client
 
-from bindery.controller.bound import TERMINAL_PHASES, list_bound_pods
 from bindery.controller.metrics import Metrics
+from bindery.controller.watches.bound import TERMINAL_PHASES, list_bound_pods
 from bindery.kube.events import KubeEventSink
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError

@@ -52,7 +52,7 @@ from bindery.controller.supervisor import (
     ResourceManagerSupervisor,
     reconcile_interval,
 )
-from bindery.controller.unbound import UnboundPodWatcher
+from bindery.controller.watches.unbound import UnboundPodWatcher
 from bindery.kube import (
     IndexNodeLookup,
     KubeBinder,

@@ -1,7 +1,7 @@
 """Kopf settings for a scheduler: watch little, write nothing, post no events of Kopf's own.
 
 - Kopf watches no pods: the unbound pods (`UNBOUND_PODS`, `spec.nodeName=`) are followed by
-  `bindery.controller.unbound` outside Kopf's per-event machinery. A pod that gets bound leaves the
+  `bindery.controller.watches.unbound` outside Kopf's per-event machinery. A pod that gets bound leaves the
   selector and arrives there as a DELETED event (the old object).
 - Scanning is disabled: no cluster-wide listing of CRDs and namespaces (and no RBAC for it); the
   resources must exist at startup, which the chart guarantees by installing the CRD first.

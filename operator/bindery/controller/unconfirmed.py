@@ -49,8 +49,8 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from bindery.controller.bound import reservation_to_release
 from bindery.controller.reconcile import Settle, pod_fate
+from bindery.controller.watches.bound import reservation_to_release
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMConflict, RMError, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest
