@@ -6,8 +6,9 @@ import aiohttp
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from bindery.backoff import Backoff, BackoffPolicy
 from bindery.k8s import errors, resources
-from bindery.k8s.watching import Backoff, Cursor, Event, identity, parse_line
+from bindery.k8s.watching import Cursor, Event, identity, parse_line
 
 
 def _status(code: int, reason: str, message: str) -> str:
@@ -153,12 +154,12 @@ def test_a_list_without_a_version_is_listed_again() -> None:
 
 
 def test_one_backoff_doubles_caps_and_resets() -> None:
-    backoff = Backoff(initial=0.5, maximum=4.0)
-    assert [backoff.delay() for _ in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
+    backoff = Backoff(BackoffPolicy(initial=0.5, maximum=4.0))
+    assert [backoff.next() for _ in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
     backoff.reset()
-    assert backoff.delay() == 0.5
-    assert backoff.delay(retry_after=3.0) == 3.0  # the server's word, when longer
-    assert backoff.delay(retry_after=60.0) == 4.0  # capped
+    assert backoff.next() == 0.5
+    assert backoff.next(retry_after=3.0) == 3.0  # the server's word, when longer
+    assert backoff.next(retry_after=60.0) == 4.0  # capped
 
 
 def test_parse_line() -> None:

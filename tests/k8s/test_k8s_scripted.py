@@ -13,9 +13,10 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from bindery.backoff import Backoff, BackoffPolicy
 from bindery.k8s import api as k8s
 from bindery.k8s import errors, resources
-from bindery.k8s.watching import Backoff, Cursor, Event, Listed, list_watch
+from bindery.k8s.watching import Cursor, Event, Listed, list_watch
 from tests.operator.fakerm import serve_app
 
 
@@ -114,7 +115,9 @@ async def test_the_loop_resumes_after_every_end_and_diffs_a_relist_after_410() -
     seen: list[tuple[str | None, str] | str] = []
     cursor = Cursor()
     async with _client(app) as api:
-        stream = list_watch(api, resources.PODS, cursor=cursor, backoff=Backoff(initial=0.01, maximum=0.05))
+        stream = list_watch(
+            api, resources.PODS, cursor=cursor, backoff=Backoff(BackoffPolicy(initial=0.01, maximum=0.05))
+        )
         async with asyncio.timeout(30):
             async for item in stream:
                 if isinstance(item, Listed):

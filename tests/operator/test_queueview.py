@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from bindery.backoff import BackoffPolicy
 from bindery.controller.queueview import QueueView
 from bindery.scheduling.decisions import Outcome
-from bindery.scheduling.queue import BackoffPolicy, SchedulingQueue
+from bindery.scheduling.queue import SchedulingQueue
 from tests.scheduling.fakes import FakeClock, pod
 
 

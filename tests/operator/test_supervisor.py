@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.supervisor import Backoff
+from bindery.backoff import Backoff
+from bindery.controller.supervisor import SUPERVISOR_BACKOFF
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import PodIdentity, ReservationRequest
@@ -169,7 +170,7 @@ async def test_an_rm_down_while_the_operator_starts_is_picked_up_when_it_comes_b
 
 
 def test_the_retry_backoff_doubles_from_one_second_to_thirty_and_starts_over_after_a_success() -> None:
-    backoff = Backoff()
+    backoff = Backoff(SUPERVISOR_BACKOFF)
     assert [backoff.next() for _ in range(7)] == [1, 2, 4, 8, 16, 30, 30]
     backoff.reset()
     assert backoff.next() == 1

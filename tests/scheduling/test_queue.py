@@ -7,9 +7,10 @@ import dataclasses
 
 import pytest
 
+from bindery.backoff import BackoffPolicy
 from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.podspec import PodInfo
-from bindery.scheduling.queue import BackoffPolicy, QueueClosed, QueuePosition, SchedulingQueue
+from bindery.scheduling.queue import QueueClosed, QueuePosition, SchedulingQueue
 from tests.scheduling.fakes import FakeClock, pod
 
 

@@ -35,6 +35,7 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from bindery.backoff import Backoff, BackoffPolicy
 from bindery.config import ResourceManagerConfig
 from bindery.controller.metrics import Metrics
 from bindery.controller.profiles import ProfileRunner, plugins_for
@@ -63,20 +64,8 @@ async def _run_once(reconciler: Reconcile, *, reason: str) -> object:
     return await reconciler.run_once(reason=reason)
 
 
-@dataclasses.dataclass
-class Backoff:
-    """Capped exponential backoff: `initial`, doubled per consecutive failure, at most `maximum`."""
-
-    initial: float = 1.0
-    maximum: float = 30.0
-    failures: int = 0
-
-    def next(self) -> float:
-        self.failures += 1
-        return min(self.initial * 2.0 ** min(self.failures - 1, 30), self.maximum)
-
-    def reset(self) -> None:
-        self.failures = 0
+#: Retrying a build, a probe or a reconcile pass: 1 s doubling to 30 s, reset by a success.
+SUPERVISOR_BACKOFF = BackoffPolicy(initial=1.0, maximum=30.0)
 
 
 def reconcile_interval(config: ResourceManagerConfig) -> float:
@@ -124,9 +113,9 @@ class ResourceManagerSupervisor:
         self._start_error: str | None = None
         self._status: Mapping[str, Any] | None = None  # as last written or read from the object
         self._wake = asyncio.Event()
-        self._backoff = Backoff()
-        self._probe_backoff = Backoff()
-        self._reconcile_backoff = Backoff()
+        self._backoff = Backoff(SUPERVISOR_BACKOFF)
+        self._probe_backoff = Backoff(SUPERVISOR_BACKOFF)
+        self._reconcile_backoff = Backoff(SUPERVISOR_BACKOFF)
         self._reconcile_reason: str | None = None
         self._reconcile_requests = 0
         self._reconcile_at = 0.0

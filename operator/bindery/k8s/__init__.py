@@ -50,12 +50,12 @@ from bindery.k8s.errors import (
     Unavailable,
     translate,
 )
-from bindery.k8s.watching import Backoff, Cursor, Event, Listed, list_watch
+from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch
 
 __all__ = [
+    "WATCH_BACKOFF",
     "ApiClient",
     "ApiError",
-    "Backoff",
     "BadRequest",
     "Conflict",
     "Cursor",

@@ -16,7 +16,7 @@ resumed whenever it can be, and relisted only when it must:
 - a 410 Gone (the version was compacted away) relists, and the relist is **diffed against what was
   known**: DELETED for each object that vanished (its body as `remember` kept it), ADDED for new
   ones, MODIFIED for changed ones; objects unchanged since are not delivered again;
-- every failure waits in one :class:`Backoff`, reset by any progress.
+- every failure waits in one :class:`bindery.backoff.Backoff`, reset by any progress.
 
 The bookkeeping (:class:`Cursor`) and the diff are pure and tested without a server.
 """
@@ -33,12 +33,13 @@ from typing import Any
 
 import aiohttp
 
+from bindery.backoff import Backoff, BackoffPolicy
 from bindery.k8s.api import METADATA_ONLY_WATCH, ApiClient, list_all, response, selectors
 from bindery.k8s.errors import ApiError, Gone, Unavailable, from_status, translate
 from bindery.k8s.resources import Resource
 
 __all__ = [
-    "Backoff",
+    "WATCH_BACKOFF",
     "Cursor",
     "Event",
     "Listed",
@@ -145,25 +146,8 @@ class Cursor:
         self.must_list = True
 
 
-@dataclasses.dataclass
-class Backoff:
-    """The one wait after a failure: doubling from `initial` up to `maximum`, reset by progress.
-
-    A server's Retry-After is honoured when longer (up to `maximum` too).
-    """
-
-    initial: float = 0.5
-    maximum: float = 10.0
-    _next: float = 0.0
-
-    def delay(self, *, retry_after: float | None = None) -> float:
-        """The wait before the next attempt (pure), and the one after grows."""
-        current = self._next or self.initial
-        self._next = min(current * 2, self.maximum)
-        return min(max(current, retry_after or 0.0), self.maximum)
-
-    def reset(self) -> None:
-        self._next = 0.0
+#: The wait after a failed list or watch: 0.5 s doubling to 10 s, reset by any progress.
+WATCH_BACKOFF = BackoffPolicy(initial=0.5, maximum=10.0)
 
 
 def parse_line(line: bytes) -> tuple[str, dict[str, Any]] | None:
@@ -257,7 +241,7 @@ async def list_watch(
     line of a failure (which permission to grant on a Forbidden, say).
     """
     cursor = cursor if cursor is not None else Cursor()
-    backoff = backoff if backoff is not None else Backoff()
+    backoff = backoff if backoff is not None else Backoff(WATCH_BACKOFF)
     log = logger if logger is not None else logging.getLogger(__name__)
     scope = f"in {namespace}" if namespace else "in all namespaces" if resource.namespaced else ""
     what = what or " ".join(
@@ -310,9 +294,9 @@ async def list_watch(
             cursor.expire()
             log.info(f"watch of {what} expired ({error.message}): relisting")
             if just_listed:  # expired again straight after a list: do not hammer the apiserver
-                await asyncio.sleep(backoff.delay())
+                await asyncio.sleep(backoff.next())
         except ApiError as error:
-            delay = backoff.delay(retry_after=getattr(error, "retry_after", None))
+            delay = backoff.next(retry_after=getattr(error, "retry_after", None))
             action = "listing" if cursor.must_list else f"resuming from {cursor.resource_version}"
             log.warning(f"watch of {what} failed: {error}{hint(error)}; {action} in {delay:.1f}s")
             await asyncio.sleep(delay)

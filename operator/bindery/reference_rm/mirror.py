@@ -24,11 +24,12 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from bindery.backoff import Backoff, BackoffPolicy
 from bindery.k8s import resources
 from bindery.k8s.api import ApiClient
 from bindery.k8s.errors import ApiError, Forbidden
 from bindery.k8s.resources import Resource
-from bindery.k8s.watching import Backoff, Event, Listed, list_watch
+from bindery.k8s.watching import WATCH_BACKOFF, Event, Listed, list_watch
 from bindery.podresources import PodResourcesError
 from bindery.reference_rm.accounting import BoundPod, ClusterPods, bound_pod
 from bindery.reference_rm.inventory import node_from_object
@@ -78,7 +79,7 @@ class _ListWatch(abc.ABC):
             self.resource,
             watch_seconds=self._watch_timeout,
             list_timeout=LIST_TIMEOUT_SECONDS,
-            backoff=Backoff(maximum=self._max_backoff),
+            backoff=Backoff(BackoffPolicy(initial=WATCH_BACKOFF.initial, maximum=self._max_backoff)),
             logger=log,
             what=f"{self.what}s for the mirror",
             hint=self._hint,

@@ -33,6 +33,7 @@ import logging
 import time
 from typing import Protocol
 
+from bindery.backoff import BackoffPolicy
 from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.podspec import PodInfo
 
@@ -89,20 +90,6 @@ class MonotonicClock:
                 await event.wait()
         except TimeoutError:
             pass
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BackoffPolicy:
-    """kube-scheduler's per-pod backoff: ``initial`` doubled per further attempt, capped at ``maximum``."""
-
-    initial: float = 1.0
-    maximum: float = 10.0
-
-    def delay(self, *, attempts: int) -> float:
-        if attempts <= 0:
-            return 0.0
-        # 2**60 already exceeds any sane maximum; bound the exponent to avoid huge floats.
-        return min(self.initial * 2.0 ** min(attempts - 1, 60), self.maximum)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

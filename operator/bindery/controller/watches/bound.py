@@ -33,9 +33,10 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from bindery.backoff import Backoff, BackoffPolicy
 from bindery.k8s import resources
 from bindery.k8s.api import ApiClient, list_all
-from bindery.k8s.watching import Backoff, Cursor, Event, Listed, identity, list_watch
+from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
 from bindery.rm.errors import RMError, RMPodMismatch
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
 
@@ -153,7 +154,7 @@ class BoundPodWatcher:
             watch_seconds=self._watch_seconds,
             list_timeout=LIST_TIMEOUT_SECONDS,
             cursor=self.cursor,
-            backoff=Backoff(maximum=self._max_backoff),
+            backoff=Backoff(BackoffPolicy(initial=WATCH_BACKOFF.initial, maximum=self._max_backoff)),
             logger=self._logger,
             what=f"bound pods ({self._selector} in {self._namespace or 'all namespaces'})",
         ):

@@ -25,10 +25,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from bindery.backoff import Backoff, BackoffPolicy
 from bindery.controller.settings import UNBOUND_PODS
 from bindery.k8s import resources
 from bindery.k8s.api import ApiClient
-from bindery.k8s.watching import Backoff, Cursor, Event, Listed, identity, list_watch
+from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
 
 Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 PodEventHandler = Callable[[str | None, Mapping[str, Any]], Awaitable[None]]
@@ -85,7 +86,7 @@ class UnboundPodWatcher:
             watch_seconds=self._watch_seconds,
             list_timeout=LIST_TIMEOUT_SECONDS,
             cursor=cursor,
-            backoff=Backoff(maximum=self._max_backoff),
+            backoff=Backoff(BackoffPolicy(initial=WATCH_BACKOFF.initial, maximum=self._max_backoff)),
             logger=self._logger,
             what=f"unbound pods ({UNBOUND_PODS} in {namespace or 'all namespaces'})",
         ):
