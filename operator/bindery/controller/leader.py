@@ -33,14 +33,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from bindery.k8s import ApiClient, ApiError, Conflict, NotFound, create, get, replace, resources
-
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+from bindery.typedefs import Logger
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
-import logging
 import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -45,11 +44,11 @@ from bindery.k8s import ApiClient, ApiError, NotFound, patch, resources
 from bindery.rm.client import ResourceManagerClient
 from bindery.scheduling.framework import Ports
 from bindery.scheduling.registry import PluginError
+from bindery.typedefs import Logger
 
 DEFAULT_RECONCILE_INTERVAL = 30.0
 #: Bound of one status write: a hung apiserver connection must not freeze this loop.
 STATUS_WRITE_SECONDS = 10.0
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 
 class Reconcile(Protocol):

@@ -37,6 +37,7 @@ from bindery.backoff import Backoff, BackoffPolicy
 from bindery.k8s.api import METADATA_ONLY_WATCH, ApiClient, list_all, response, selectors
 from bindery.k8s.errors import ApiError, Gone, Unavailable, from_status, translate
 from bindery.k8s.resources import Resource
+from bindery.typedefs import Logger
 
 __all__ = [
     "WATCH_BACKOFF",
@@ -48,8 +49,6 @@ __all__ = [
     "object_key",
     "parse_line",
 ]
-
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -29,7 +29,6 @@ relist after every watch end (each 300 s); a relist is now rare, and only a real
 from __future__ import annotations
 
 import collections
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -39,12 +38,12 @@ from bindery.k8s.api import ApiClient, list_all
 from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
 from bindery.rm.errors import RMError, RMPodMismatch
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
+from bindery.typedefs import Logger
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 REMEMBERED_RELEASES = 10_000
 #: Explicit bound on one LIST of bound pods (thousands of pods take a while on a busy apiserver).
 LIST_TIMEOUT_SECONDS = 60.0
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 
 def bound_pods_selector(*, scheduler_name: str) -> str:

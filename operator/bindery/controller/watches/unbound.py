@@ -21,7 +21,6 @@ periodic sweep) and unchanged pods are not offered again.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,8 +29,8 @@ from bindery.controller.settings import UNBOUND_PODS
 from bindery.k8s import resources
 from bindery.k8s.api import ApiClient
 from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
+from bindery.typedefs import Logger
 
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 PodEventHandler = Callable[[str | None, Mapping[str, Any]], Awaitable[None]]
 #: Explicit bound on one page of the LIST (500 pods).
 LIST_TIMEOUT_SECONDS = 60.0
