@@ -173,7 +173,7 @@ def run_command(argv: Sequence[str]) -> int:
         help="how often the leader renews and standbys look at the Lease (default: 2)",
     )
     args = parser.parse_args(argv)
-    from bindery.controller.leader import LeaseTiming
+    from bindery.controller.leadership.rules import LeaseTiming
 
     try:
         LeaseTiming(

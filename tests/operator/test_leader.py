@@ -15,8 +15,9 @@ from kubernetes_asyncio import client
 
 from bindery.cli import main
 from bindery.controller.embedded import EmbeddedOperator
-from bindery.controller.leader import (
-    LeaderElector,
+from bindery.controller.leadership.elector import LeaderElector
+from bindery.controller.leadership.fence import FencedBinder
+from bindery.controller.leadership.rules import (
     LeaseTiming,
     Observation,
     claimed_spec,
@@ -26,7 +27,7 @@ from bindery.controller.leader import (
     past_exit_point,
     within_renew_deadline,
 )
-from bindery.controller.leadership import FencedBinder, Leadership
+from bindery.controller.leadership.term import Leadership
 from bindery.controller.options import OperatorOptions
 from bindery.devcluster.nodes import create_node
 from bindery.scheduling.podspec import PodInfo

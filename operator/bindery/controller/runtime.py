@@ -37,8 +37,9 @@ from bindery.config import (
     route_scheduler_names,
 )
 from bindery.controller.connection import connection_info, load_configuration, resolve_environment_once
-from bindery.controller.leader import LeaseTiming
-from bindery.controller.leadership import FencedBinder, Leadership
+from bindery.controller.leadership.fence import FencedBinder
+from bindery.controller.leadership.rules import LeaseTiming
+from bindery.controller.leadership.term import Leadership
 from bindery.controller.metrics import LeaderState, Metrics, MetricsServer, parse_address
 from bindery.controller.options import OperatorOptions
 from bindery.controller.profiles import ProfileRunner
@@ -99,7 +100,7 @@ class Runtime:
         self._conflict_throttle = EventThrottle()
         self._leading = not options.leader_election  # without election this replica always leads
         self._leadership: Leadership | None = None
-        if options.leader_election:  # leadership.py owns the Lease; _set_leading is all it calls
+        if options.leader_election:  # controller/leadership/ owns the Lease; _set_leading is all it calls
             self._leadership = Leadership(
                 namespace=options.lease_namespace,
                 name=options.lease_name,

@@ -1,13 +1,13 @@
-"""Leadership, in a room of its own: the election loop, the fence, and how leading starts and stops.
+"""A term of leadership: the election loop, and how leading starts and stops.
 
 The runtime learns about leadership through two callbacks only — `on_started` (activate every
 profile) and `on_stopped` (pause every profile) — and asks one question, `holds()`, on the path
-that writes a Binding (`FencedBinder`). Everything about Leases stays here and in `leader.py`.
+that writes a Binding (:mod:`.fence`). Everything about Leases stays in this package.
 
 A term, end to end:
 
 1. Stand by: read the Lease every retry period; take it once the record has not changed for its
-   whole duration on this replica's monotonic clock (`leader.may_acquire`).
+   whole duration on this replica's monotonic clock (`rules.may_acquire`).
 2. Lead: `on_started` runs while the lease keeps being renewed every retry period, each call
    bounded (`LeaseTiming.request_timeout`).
 3. Stop at the renew deadline (or at once when another holder is seen): from that instant
@@ -45,15 +45,13 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
-from bindery.controller.leader import LeaderElector, LeaseTiming, past_exit_point
+from bindery.controller.leadership.elector import LeaderElector
+from bindery.controller.leadership.rules import LeaseTiming, past_exit_point
 from bindery.k8s import ApiClient
-from bindery.scheduling.podspec import PodInfo
-from bindery.scheduling.ports import Binder
-
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
+from bindery.typedefs import Logger
 
 
 def _exit(status: int) -> NoReturn:
@@ -214,90 +212,3 @@ class Leadership:
             stopping.result()
         except Exception as exc:
             self._logger.error(f"pausing the profiles after losing the {elector.lease} failed: {exc}")
-
-
-class FencedBinder:
-    """A Binder that sends nothing unless `holds()`: a replica past its renew deadline never binds.
-
-    Refusing by raising would make the cycle report a failure on the pod (an Event and a condition
-    written by a replica that is not the leader) and release a reservation the next leader may
-    reuse. Instead the Binding waits, unsent, for what always follows a lost lease: the pause, which
-    cancels the cycle mid-Binding (its reservation is kept), or the exit of the process.
-
-    The fence is checked before the Binding starts *and* while it is in flight: a timer at the renew
-    deadline cancels a Binding that has not finished by then. A process frozen (SIGSTOP, a VM pause)
-    while opening the connection or between the check and the write would otherwise send the
-    Binding when it wakes, long after another replica took over. On waking, asyncio runs the expired
-    timer before the task resumes, so the request is cancelled before it is written. What no timer
-    can stop is a write already under way in the step the process froze in (from the fence check to
-    the socket write may be one synchronous step): it goes out on waking, and the apiserver refuses
-    it (409) because the next leader bound that pod.
-    """
-
-    def __init__(
-        self,
-        *,
-        binder: Binder,
-        holds: Callable[[], bool],
-        holds_for: Callable[[], float],
-        logger: Logger,
-    ) -> None:
-        self._binder = binder
-        self._holds = holds
-        self._holds_for = holds_for
-        self._logger = logger
-        #: Bindings withheld, or cut in flight, because the lease was not held (tests and logs read it)
-        self.withheld = 0
-
-    async def bind(  # the Binder protocol's signature: `timeout` is the Binding's own bound
-        self,
-        *,
-        pod: PodInfo,
-        node: str,
-        annotations: Mapping[str, str],
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> None:
-        if not self._holds():
-            await self._withhold(
-                f"not binding pod {pod.key} to {node}: this replica no longer holds the lease; "
-                "the cycle ends when scheduling pauses"
-            )
-        task = asyncio.current_task()
-        assert task is not None, "a Binding is always sent from a task"
-        loop = asyncio.get_running_loop()
-        cut = False
-        timer: asyncio.TimerHandle | None = None
-
-        def check() -> None:
-            nonlocal timer, cut
-            if (left := self._holds_for()) > 0:
-                timer = loop.call_later(left, check)  # renewed meanwhile: look again then
-                return
-            cut = True
-            self._holds()  # past its exit point (it was frozen), the process exits right here
-            task.cancel()
-
-        timer = loop.call_later(self._holds_for(), check)
-        try:
-            if timeout is None:
-                await self._binder.bind(pod=pod, node=node, annotations=annotations)
-            else:
-                await self._binder.bind(pod=pod, node=node, annotations=annotations, timeout=timeout)
-            return
-        except asyncio.CancelledError:
-            if not cut or task.uncancel() > 0:
-                raise  # the pause or a stop, not (only) the fence
-        finally:
-            if timer is not None:
-                timer.cancel()
-        await self._withhold(
-            f"stopped binding pod {pod.key} to {node}: this replica's lease ran out while the Binding "
-            "was in flight (it may or may not have reached the apiserver); the cycle ends when "
-            "scheduling pauses and keeps its reservation"
-        )
-
-    async def _withhold(self, message: str) -> NoReturn:
-        self.withheld += 1
-        self._logger.warning(message)
-        await asyncio.Event().wait()  # cancelled by the pause
-        raise AssertionError("unreachable: only cancellation ends the wait")
