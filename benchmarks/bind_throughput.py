@@ -54,7 +54,7 @@ from typing import Any
 
 from kubernetes_asyncio import client, config
 
-from bindery.controller.embedded import EmbeddedOperator
+from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.options import OperatorOptions
 from bindery.demo import SYSTEM_NAMESPACE, create_reference_resource_manager
@@ -469,7 +469,7 @@ async def install_bindery(api: client.ApiClient, *, rm: ReferenceRM, max_in_flig
 async def bindery_operator(
     operator_kubeconfig: pathlib.Path, workdir: pathlib.Path, sampler: Sampler | None
 ) -> AsyncIterator[int | None]:
-    """The operator in its own thread and loop (bindery.controller.embedded), scheduling when yielded."""
+    """The operator in its own thread and loop (bindery.controller.entry), scheduling when yielded."""
     options = OperatorOptions(kubeconfig=operator_kubeconfig, probe_interval=30.0, state_dir=workdir)
     operator = EmbeddedOperator(options=options) if sampler is None else SampledOperator(options, sampler)
     await operator.start()

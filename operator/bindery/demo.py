@@ -35,7 +35,7 @@ from decimal import Decimal
 from typing import Any
 
 from bindery import k8s
-from bindery.controller.embedded import EmbeddedOperator
+from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.options import OperatorOptions
 from bindery.controller.runtime import Runtime

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.embedded import EmbeddedOperator
+from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.metrics import RESULTS
 from bindery.controller.options import OperatorOptions

@@ -14,7 +14,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.cli import main
-from bindery.controller.embedded import EmbeddedOperator
+from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.leadership.elector import LeaderElector
 from bindery.controller.leadership.fence import FencedBinder
 from bindery.controller.leadership.rules import (

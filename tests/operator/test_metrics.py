@@ -13,7 +13,7 @@ import pytest
 from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from bindery.controller.embedded import EmbeddedOperator
+from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.metrics import parse_address, rm_outcome_label
 from bindery.controller.options import OperatorOptions
 from bindery.devcluster.nodes import node_status

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.embedded import EmbeddedOperator
+from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.options import OperatorOptions
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable, RMUnschedulable

@@ -23,7 +23,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from bindery.controller.connection import TokenFile
-from bindery.controller.embedded import EmbeddedOperator
+from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.install import grant_operator
 from bindery.controller.options import OperatorOptions
 from bindery.devcluster.plane import ControlPlane

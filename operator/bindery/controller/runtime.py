@@ -45,7 +45,6 @@ from bindery.controller.options import OperatorOptions
 from bindery.controller.profiles import ProfileRunner
 from bindery.controller.queueview import QueueView
 from bindery.controller.reconcile import Reconciler
-from bindery.controller.settings import UNBOUND_PODS
 from bindery.controller.supervisor import (
     DEFAULT_RECONCILE_INTERVAL,
     Environment,
@@ -53,7 +52,7 @@ from bindery.controller.supervisor import (
     ResourceManagerSupervisor,
     reconcile_interval,
 )
-from bindery.controller.watches.unbound import UnboundPodWatcher
+from bindery.controller.watches.unbound import UNBOUND_PODS, UnboundPodWatcher
 from bindery.kube import (
     IndexNodeLookup,
     KubeBinder,

@@ -25,7 +25,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.controller.settings import UNBOUND_PODS
 from bindery.k8s import resources
 from bindery.k8s.api import ApiClient
 from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
@@ -34,6 +33,10 @@ from bindery.typedefs import Logger
 PodEventHandler = Callable[[str | None, Mapping[str, Any]], Awaitable[None]]
 #: Explicit bound on one page of the LIST (500 pods).
 LIST_TIMEOUT_SECONDS = 60.0
+
+
+#: The unbound pods: every pod no node is named for yet, whatever its scheduler name.
+UNBOUND_PODS = "spec.nodeName="
 
 
 def remembered(pod: Mapping[str, Any]) -> Mapping[str, Any]:

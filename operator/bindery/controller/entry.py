@@ -1,10 +1,16 @@
-"""Run the operator in a thread with its own event loop, for programs that embed it (demo, tests).
+"""The two ways to start the operator: in the caller's event loop, or in a thread of its own.
 
-Kopf treats every task created in its event loop after it started as its own and cancels them when
-it stops (kopf.operator's "hung tasks"), so sharing a loop with other work (the demo's watchers,
-an RM server, test fixtures) would cancel that work. Kopf's documented way to embed an operator is
-a thread with a private loop; this class is that, with async start/stop for the caller's loop.
-The caller may read `runtime` (plain in-memory state) from its own thread.
+- :func:`run_operator` runs it in the current loop (`bindery run`, and the thread below). Kopf is
+  embedded with `kopf.operator(...)` and a private registry, so several operators can run one after
+  another in one process (tests restart the operator to prove crash recovery) and the caller
+  controls stopping through `stop_flag`.
+- :class:`EmbeddedOperator` runs it in a thread with its own loop, for programs that embed it (the
+  demo, tests, benchmarks). Kopf treats every task created in its event loop after it started as
+  its own and cancels them when it stops (kopf.operator's "hung tasks"), so sharing a loop with
+  other work (the demo's watchers, an RM server, test fixtures) would cancel that work. Kopf's
+  documented way to embed an operator is a thread with a private loop; this class is that, with
+  async start/stop for the caller's loop. The caller may read `runtime` (plain in-memory state)
+  from its own thread.
 """
 
 from __future__ import annotations
@@ -16,7 +22,36 @@ from typing import TYPE_CHECKING
 
 import kopf
 
+from bindery.controller.kopfwiring import configure, register
 from bindery.controller.options import OperatorOptions
+
+
+async def run_operator(
+    *,
+    options: OperatorOptions,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+    memo: kopf.Memo | None = None,
+) -> None:
+    """Run until `stop_flag` is set (or the task is cancelled). `memo["runtime"]` exposes the state."""
+    registry = kopf.OperatorRegistry()
+    register(registry=registry, options=options)
+    settings = kopf.OperatorSettings()
+    configure(settings, watch_timeout=options.watch_timeout)
+    memo = memo if memo is not None else kopf.Memo()
+    memo["options"] = options
+    await kopf.operator(
+        registry=registry,
+        settings=settings,
+        memo=memo,
+        standalone=True,
+        liveness_endpoint=options.liveness_endpoint,
+        clusterwide=not options.namespaces,
+        namespaces=list(options.namespaces),
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
 
 if TYPE_CHECKING:
     from bindery.controller.runtime import Runtime
@@ -73,7 +108,7 @@ class EmbeddedOperator:
             raise TimeoutError(f"the operator did not stop within {within:g}s")
 
     def _main(self) -> None:
-        from bindery.controller.run import run_operator
+        from bindery.controller.entry import run_operator
 
         try:
             asyncio.run(
