@@ -6,9 +6,9 @@ import datetime
 
 from bindery.scheduling.podgroups import (
     SCHEDULED_CONDITION,
+    GroupStep,
     PodGroupInfo,
-    Step,
-    decide,
+    decide_group,
     group_request,
     scheduled_conditions,
     unsupported,
@@ -48,45 +48,51 @@ def test_a_pod_names_its_group() -> None:
 
 
 def test_no_member_is_placed_before_min_count_exist() -> None:
-    decision = decide(namespace="ns", name="pg", group=gang(3), pending=[pod("a"), pod("b")], placed=0)
-    assert decision.step is Step.WAIT_FOR_MEMBERS
+    decision = decide_group(namespace="ns", name="pg", group=gang(3), pending=[pod("a"), pod("b")], placed=0)
+    assert decision.step is GroupStep.WAIT_FOR_MEMBERS
     assert "minCount=3" in decision.message
     assert "waiting for 1 more" in decision.message
     assert {p.name for p in decision.members} == {"a", "b"}
 
 
 def test_min_count_reached_places_every_pending_member_at_once() -> None:
-    decision = decide(
+    decision = decide_group(
         namespace="ns", name="pg", group=gang(3), pending=[pod("c"), pod("a"), pod("b")], placed=0
     )
-    assert decision.step is Step.PLACE
+    assert decision.step is GroupStep.PLACE
     assert not decision.each_alone
     assert [p.name for p in decision.members] == ["a", "b", "c"]
 
 
 def test_members_placed_already_count_so_a_late_member_goes_alone() -> None:
-    decision = decide(namespace="ns", name="pg", group=gang(3), pending=[pod("d")], placed=3)
-    assert decision.step is Step.PLACE
+    decision = decide_group(namespace="ns", name="pg", group=gang(3), pending=[pod("d")], placed=3)
+    assert decision.step is GroupStep.PLACE
     assert [p.name for p in decision.members] == ["d"]
 
 
 def test_a_missing_pod_group_keeps_the_members_waiting_with_the_reason() -> None:
-    decision = decide(namespace="ns", name="pg", group=None, pending=[pod("a")], placed=0)
-    assert decision.step is Step.WAIT_FOR_GROUP
+    decision = decide_group(namespace="ns", name="pg", group=None, pending=[pod("a")], placed=0)
+    assert decision.step is GroupStep.WAIT_FOR_GROUP
     assert '"pg"' in decision.message
     assert "create the PodGroup" in decision.message
 
 
 def test_the_wait_message_says_when_kube_schedulers_wait_would_have_ended() -> None:
-    early = decide(namespace="ns", name="pg", group=gang(3), pending=[pod("a")], placed=0, waited_seconds=10)
-    late = decide(namespace="ns", name="pg", group=gang(3), pending=[pod("a")], placed=0, waited_seconds=301)
+    early = decide_group(
+        namespace="ns", name="pg", group=gang(3), pending=[pod("a")], placed=0, waited_seconds=10
+    )
+    late = decide_group(
+        namespace="ns", name="pg", group=gang(3), pending=[pod("a")], placed=0, waited_seconds=301
+    )
     assert "still waiting" not in early.message
     assert "still waiting after 5m1s" in late.message
 
 
 def test_basic_policy_places_each_member_alone() -> None:
-    decision = decide(namespace="ns", name="pg", group=gang(None), pending=[pod("a"), pod("b")], placed=0)
-    assert decision.step is Step.PLACE
+    decision = decide_group(
+        namespace="ns", name="pg", group=gang(None), pending=[pod("a"), pod("b")], placed=0
+    )
+    assert decision.step is GroupStep.PLACE
     assert decision.each_alone
 
 

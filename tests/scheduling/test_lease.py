@@ -10,9 +10,9 @@ import pytest
 from bindery.rm.models import Reservation, ReservationState
 from bindery.scheduling.lease import (
     MIN_CALL_SECONDS,
+    CallStep,
     Lease,
     Plan,
-    Step,
     lease_from_answer,
     margin_for,
     plan_call,
@@ -74,7 +74,7 @@ def test_without_expires_at_the_ttl_is_the_lease_and_a_committed_one_never_expir
         sent_at_wall=WALL,
     )
     assert committed.expires == math.inf
-    assert plan_call(lease=committed, now=1e9, cap=30, needed=30, renewable=True) == Plan(Step.CALL, 30)
+    assert plan_call(lease=committed, now=1e9, cap=30, needed=30, renewable=True) == Plan(CallStep.CALL, 30)
 
 
 LEASE = Lease(reservation_id="r1", ttl_seconds=60, expires=160)
@@ -82,40 +82,46 @@ LEASE = Lease(reservation_id="r1", ttl_seconds=60, expires=160)
 
 def test_a_call_with_plenty_of_lease_left_gets_its_cap() -> None:
     assert plan_call(lease=LEASE, now=100, cap=30, needed=MIN_CALL_SECONDS, renewable=True) == Plan(
-        Step.CALL, 30
+        CallStep.CALL, 30
     )
 
 
 def test_a_call_ends_a_margin_before_the_lease() -> None:
     # 45 s left (more than a third): no renewal, but the call gets 45 - 10 s, not its 40 s cap.
     assert plan_call(lease=LEASE, now=115, cap=40, needed=MIN_CALL_SECONDS, renewable=True) == Plan(
-        Step.CALL, 35
+        CallStep.CALL, 35
     )
 
 
 def test_a_lease_below_a_third_of_its_ttl_is_renewed_first() -> None:
-    assert plan_call(lease=LEASE, now=141, cap=10, needed=MIN_CALL_SECONDS, renewable=True).step is Step.RENEW
+    assert (
+        plan_call(lease=LEASE, now=141, cap=10, needed=MIN_CALL_SECONDS, renewable=True).step
+        is CallStep.RENEW
+    )
 
 
 def test_a_retry_that_needs_longer_than_what_is_left_renews_first() -> None:
     # 25 s left (more than a third) but a retry of a 30 s attempt could outlast it.
-    assert plan_call(lease=LEASE, now=135, cap=30, needed=30, renewable=True).step is Step.RENEW
+    assert plan_call(lease=LEASE, now=135, cap=30, needed=30, renewable=True).step is CallStep.RENEW
 
 
 @pytest.mark.parametrize(("now", "timeout"), [(141, 9.0), (149.4, 0.6)])
 def test_without_renewal_a_call_gets_what_is_left_before_the_margin(now: float, timeout: float) -> None:
     plan = plan_call(lease=LEASE, now=now, cap=30, needed=30, renewable=False)
-    assert plan.step is Step.CALL
+    assert plan.step is CallStep.CALL
     assert plan.timeout == pytest.approx(timeout)
 
 
 @pytest.mark.parametrize("now", [149.6, 150, 160, 200])
 def test_without_renewal_no_call_starts_inside_the_margin(now: float) -> None:
     assert plan_call(lease=LEASE, now=now, cap=30, needed=MIN_CALL_SECONDS, renewable=False) == Plan(
-        Step.GIVE_UP
+        CallStep.GIVE_UP
     )
 
 
 def test_an_expired_lease_is_still_renewed_when_the_rm_can() -> None:
     # The RM decides whether it is still alive (a conflict if not); asking costs no apiserver traffic.
-    assert plan_call(lease=LEASE, now=170, cap=30, needed=MIN_CALL_SECONDS, renewable=True).step is Step.RENEW
+    assert (
+        plan_call(lease=LEASE, now=170, cap=30, needed=MIN_CALL_SECONDS, renewable=True).step
+        is CallStep.RENEW
+    )

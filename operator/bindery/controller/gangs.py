@@ -4,7 +4,7 @@ A profile's pods that name a PodGroup (``spec.schedulingGroup``) never enter its
 hands them to its :class:`GangCoordinator`, which keeps one task per group while the group has
 pending members. Each pass of that task reads the PodGroup (one GET), counts the members already
 placed when the pending ones alone do not reach ``minCount`` (one LIST of the namespace's bound
-pods), decides (:func:`bindery.scheduling.podgroups.decide`) and acts:
+pods), decides (:func:`bindery.scheduling.podgroups.decide_group`) and acts:
 
 * waiting: every waiting member gets ``FailedScheduling`` and ``PodScheduled=False`` saying why
   (throttled like a cycle's reports); the PodGroup gets ``PodGroupScheduled=False``;
@@ -59,9 +59,9 @@ from bindery.scheduling.podgroups import (
     GROUP,
     PLURAL,
     VERSION,
+    GroupStep,
     PodGroupInfo,
-    Step,
-    decide,
+    decide_group,
     group_request,
     scheduled_conditions,
     unsupported,
@@ -256,7 +256,7 @@ class GangCoordinator:
         now = time.monotonic()
         if group.waiting_since is None:
             group.waiting_since = now
-        decision = decide(
+        decision = decide_group(
             namespace=namespace,
             name=name,
             group=info,
@@ -265,12 +265,12 @@ class GangCoordinator:
             waited_seconds=now - group.waiting_since,
         )
         waited = now - group.waiting_since
-        if decision.step is Step.WAIT_FOR_GROUP:
+        if decision.step is GroupStep.WAIT_FOR_GROUP:
             if waited >= REPORT_WAITING_AFTER_SECONDS:
                 await self._report(decision.members, decision.message, reason=REASON_UNSCHEDULABLE)
             return self._next_backoff(group)  # no watch on PodGroups: look again
         assert info is not None
-        if decision.step is Step.WAIT_FOR_MEMBERS:
+        if decision.step is GroupStep.WAIT_FOR_MEMBERS:
             if waited < REPORT_WAITING_AFTER_SECONDS:
                 return REPORT_WAITING_AFTER_SECONDS - waited  # a new member wakes the group sooner
             await self._report(decision.members, decision.message, reason=REASON_UNSCHEDULABLE)

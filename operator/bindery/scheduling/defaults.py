@@ -39,7 +39,7 @@ from bindery.rm.errors import ProblemType, RMConflict, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
-from bindery.scheduling.lease import MIN_CALL_SECONDS, Lease, Step, lease_from_answer, plan_call
+from bindery.scheduling.lease import MIN_CALL_SECONDS, CallStep, Lease, lease_from_answer, plan_call
 from bindery.scheduling.nodecheck import check_node
 from bindery.scheduling.podspec import reservation_request
 from bindery.scheduling.ports import BindConflict, BindError
@@ -103,10 +103,10 @@ async def call_budget(ctx: CycleContext, *, cap: float, needed: float = MIN_CALL
         needed=needed,
         renewable=not ctx.state.get(_NOT_RENEWABLE),
     )
-    if plan.step is Step.RENEW:
+    if plan.step is CallStep.RENEW:
         lease = await _renew(ctx, lease)
         plan = plan_call(lease=lease, now=ctx.profile.clock(), cap=cap, needed=needed, renewable=False)
-    return plan.timeout if plan.step is Step.CALL else None
+    return plan.timeout if plan.step is CallStep.CALL else None
 
 
 async def _renew(ctx: CycleContext, lease: Lease) -> Lease:

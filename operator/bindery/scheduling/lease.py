@@ -36,9 +36,9 @@ __all__ = [
     "MAX_MARGIN_SECONDS",
     "MIN_CALL_SECONDS",
     "MIN_MARGIN_SECONDS",
+    "CallStep",
     "Lease",
     "Plan",
-    "Step",
     "lease_from_answer",
     "margin_for",
     "plan_call",
@@ -63,7 +63,7 @@ class Lease:
         return self.expires - now
 
 
-class Step(enum.StrEnum):
+class CallStep(enum.StrEnum):
     CALL = "Call"
     RENEW = "Renew"
     GIVE_UP = "GiveUp"
@@ -71,7 +71,7 @@ class Step(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
-    step: Step
+    step: CallStep
     #: For CALL: the call's timeout in seconds (it ends ``margin`` before the lease).
     timeout: float = 0.0
 
@@ -109,7 +109,7 @@ def plan_call(*, lease: Lease, now: float, cap: float, needed: float, renewable:
     usable = remaining - margin_for(lease.ttl_seconds)
     low = remaining < lease.ttl_seconds / 3 or usable < min(cap, max(needed, MIN_CALL_SECONDS))
     if low and renewable and math.isfinite(remaining):
-        return Plan(Step.RENEW)
+        return Plan(CallStep.RENEW)
     if usable < MIN_CALL_SECONDS:
-        return Plan(Step.GIVE_UP)
-    return Plan(Step.CALL, timeout=min(cap, usable))
+        return Plan(CallStep.GIVE_UP)
+    return Plan(CallStep.CALL, timeout=min(cap, usable))

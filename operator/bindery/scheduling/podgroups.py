@@ -53,10 +53,10 @@ __all__ = [
     "PLURAL",
     "SCHEDULED_CONDITION",
     "VERSION",
-    "GangDecision",
+    "GroupDecision",
+    "GroupStep",
     "PodGroupInfo",
-    "Step",
-    "decide",
+    "decide_group",
     "group_key",
     "group_request",
     "scheduled_conditions",
@@ -109,7 +109,7 @@ class PodGroupInfo:
         )
 
 
-class Step(enum.StrEnum):
+class GroupStep(enum.StrEnum):
     #: The PodGroup does not exist (yet): kube-scheduler's PreEnqueue keeps the pods out too.
     WAIT_FOR_GROUP = "WaitForGroup"
     #: Fewer than minCount members exist: none is placed.
@@ -119,8 +119,8 @@ class Step(enum.StrEnum):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class GangDecision:
-    step: Step
+class GroupDecision:
+    step: GroupStep
     #: PLACE: the members of the one group reservation; else the members to tell why they wait.
     members: tuple[PodInfo, ...]
     message: str = ""
@@ -133,7 +133,7 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{rest}s"
 
 
-def decide(
+def decide_group(
     *,
     namespace: str,
     name: str,
@@ -142,7 +142,7 @@ def decide(
     placed: int,
     waited_seconds: float = 0.0,
     wait_seconds: float = GANG_WAIT_SECONDS,
-) -> GangDecision:
+) -> GroupDecision:
     """Pure: what to do with the pending members of one pod group now.
 
     ``placed``: members bound and not finished (they count towards ``minCount``, as kube-scheduler's
@@ -150,8 +150,8 @@ def decide(
     """
     members = tuple(sorted(pending, key=lambda pod: (pod.created, pod.name)))
     if group is None:
-        return GangDecision(
-            step=Step.WAIT_FOR_GROUP,
+        return GroupDecision(
+            step=GroupStep.WAIT_FOR_GROUP,
             members=members,
             message=(
                 f'waiting for the pod\'s pod group "{name}" to exist in namespace "{namespace}" '
@@ -160,10 +160,10 @@ def decide(
             ),
         )
     if group.min_count is None:
-        return GangDecision(step=Step.PLACE, members=members, each_alone=True)
+        return GroupDecision(step=GroupStep.PLACE, members=members, each_alone=True)
     present = placed + len(members)
     if present >= group.min_count:
-        return GangDecision(step=Step.PLACE, members=members)
+        return GroupDecision(step=GroupStep.PLACE, members=members)
     missing = group.min_count - present
     message = (
         f'pod group "{group.key}" needs minCount={group.min_count} members before any is placed '
@@ -175,7 +175,7 @@ def decide(
             f"; still waiting after {_duration(waited_seconds)} (kube-scheduler gives up its gang wait "
             f"after {_duration(wait_seconds)}); create the missing pods or lower minCount"
         )
-    return GangDecision(step=Step.WAIT_FOR_MEMBERS, members=members, message=message)
+    return GroupDecision(step=GroupStep.WAIT_FOR_MEMBERS, members=members, message=message)
 
 
 def unsupported(*, group: PodGroupInfo, members: Sequence[PodInfo]) -> str | None:
