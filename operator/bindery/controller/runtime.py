@@ -81,7 +81,7 @@ class Runtime:
             writes=self.writes,
             queues=lambda: {name: r.queue.stats() for name, r in self.runners.items()},
             per_pod=self.per_pod_sizes,
-            breakers=lambda: {name: r.client.breaker.state for name, r in self.runners.items()},
+            breakers=lambda: {name: r.rm.breaker_state for name, r in self.runners.items()},
             leader=self._leader_state,
         )
         self.metrics_server: MetricsServer | None = None
@@ -432,7 +432,7 @@ class Runtime:
         """The reconciliation of one runner's reservations (its supervisor decides when it runs)."""
         return Reconciler(
             resource_manager=runner.config.name,
-            rm=lambda: runner.client,
+            rm=lambda: runner.rm,
             api=self.api,
             scheduler_names=lambda: runner.config.scheduler_names,
             logger=self.logger,
