@@ -63,6 +63,7 @@ from bindery.scheduling.decisions import (
 )
 from bindery.scheduling.defaults import COMMIT_FAILED
 from bindery.scheduling.framework import CycleContext, Ports, Profile
+from bindery.scheduling.lease import lease_from_answer
 from bindery.scheduling.podgroups import (
     GROUP,
     PLURAL,
@@ -78,6 +79,7 @@ from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.points import run_bind, run_post_bind, run_pre_bind, run_unreserve
 from bindery.scheduling.ports import PodGone
 from bindery.scheduling.throttle import EventThrottle
+from bindery.scheduling.traced import traced
 
 __all__ = ["GangCoordinator"]
 
@@ -114,6 +116,8 @@ class _Group:
 class _Member:
     pod: PodInfo
     reservation: Reservation
+    #: When the reservation's lease runs out (``profile.clock``), for the unconfirmed Bindings.
+    lease_expires: float | None = None
 
 
 class GangCoordinator:
@@ -314,6 +318,7 @@ class GangCoordinator:
             ttl_seconds=profile.reservation_ttl_seconds,
             attempt=group.attempt,
         )
+        sent_at, sent_at_wall = profile.clock(), datetime.datetime.now(datetime.UTC)
         try:
             reserved = await self._rm().reserve_group(request)
         except RMGroupsUnsupported as error:
@@ -342,7 +347,16 @@ class GangCoordinator:
             await self._fail(info, members, message, reason=REASON_SCHEDULER_ERROR, started=started)
             return self._next_backoff(group)
         pairs = [
-            _Member(pod=pod, reservation=res)
+            _Member(
+                pod=pod,
+                reservation=res,
+                lease_expires=lease_from_answer(
+                    reservation=res,
+                    ttl_seconds=profile.reservation_ttl_seconds,
+                    sent_at=sent_at,
+                    sent_at_wall=sent_at_wall,
+                ).expires,
+            )
             for pod, res in zip(members, _in_order(reserved, members), strict=True)
         ]
         self._logger.info(
@@ -356,7 +370,7 @@ class GangCoordinator:
     ) -> float | None:
         """PreBind every member, then bind them all; a member failing PreBind releases the group."""
         profile, ports = self._profile(), self._ports()
-        chain = plugin_chain(profile=profile)
+        chain = traced(plugin_chain(profile=profile))  # spans around each plugin, as in a cycle
         contexts = [
             CycleContext(pod=m.pod, profile=profile, ports=ports, reservation=m.reservation) for m in pairs
         ]
@@ -385,7 +399,12 @@ class GangCoordinator:
                 started=started,
             )
             return self._next_backoff(group)
-        results = await asyncio.gather(*(self._bind_one(ctx, chain) for ctx in contexts))
+        results = await asyncio.gather(
+            *(
+                self._bind_one(ctx, chain, lease_expires=m.lease_expires)
+                for ctx, m in zip(contexts, pairs, strict=True)
+            )
+        )
         bound = sum(outcome is Outcome.BOUND for outcome in results)
         for ctx, outcome in zip(contexts, results, strict=True):
             if outcome in (Outcome.BOUND, Outcome.DROPPED):  # bound, or gone or bound elsewhere
@@ -411,7 +430,9 @@ class GangCoordinator:
         )
         return self._next_backoff(group)
 
-    async def _bind_one(self, ctx: CycleContext, chain: PluginChain) -> Outcome:
+    async def _bind_one(
+        self, ctx: CycleContext, chain: PluginChain, *, lease_expires: float | None
+    ) -> Outcome:
         """Bind one member with its reservation, then PostBind (event, commit).
 
         A failure is decided as a pod cycle's is (:func:`bindery.scheduling.decisions.decide`), and
@@ -445,6 +466,7 @@ class GangCoordinator:
                 failure=failure,
                 decision=decision,
                 released=released,
+                lease_expires=lease_expires,
             ),
         )
         if released:
@@ -480,6 +502,7 @@ class GangCoordinator:
         adopted = False
         for group_id in sorted({r.group_id for r in left if r.group_id}):
             try:
+                sent_at, sent_at_wall = profile.clock(), datetime.datetime.now(datetime.UTC)
                 renewed = await self._rm().renew_group(group_id, ttl_seconds=profile.reservation_ttl_seconds)
             except NotLeading:
                 raise
@@ -514,7 +537,20 @@ class GangCoordinator:
                 )
                 await self._release_members([r for r in reserved if r.pod_uid not in bound], info=info)
                 continue
-            pairs = [_Member(pod=by_uid[r.pod_uid], reservation=r) for r in reserved if r.pod_uid in by_uid]
+            pairs = [
+                _Member(
+                    pod=by_uid[r.pod_uid],
+                    reservation=r,
+                    lease_expires=lease_from_answer(
+                        reservation=r,
+                        ttl_seconds=profile.reservation_ttl_seconds,
+                        sent_at=sent_at,
+                        sent_at_wall=sent_at_wall,
+                    ).expires,
+                )
+                for r in reserved
+                if r.pod_uid in by_uid
+            ]
             if not pairs:
                 continue
             self._logger.info(

@@ -218,7 +218,7 @@ class Runtime:
         """
         sizes = {
             "pods": len(self.pods),
-            "first_seen": len(self.metrics._first_seen),
+            "first_seen": self.metrics.pods_seen(),
             "conflict_throttle": len(self._conflict_throttle),
             "conditions_written": len(self._conditions._written) if self._conditions is not None else 0,
             "recently_bound": self._binder.remembered() if self._binder is not None else 0,
