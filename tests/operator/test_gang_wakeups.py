@@ -19,8 +19,7 @@ def test_a_release_wakes_only_groups_the_rm_found_no_room_for() -> None:
     gangs = GangCoordinator(
         profile=_unused,
         ports=_unused,
-        client=_unused,
-        measured=_unused,
+        rm=_unused,
         api=None,
         logger=logging.getLogger("test"),
         metrics=Metrics(),

@@ -183,17 +183,28 @@ async def test_another_pod_copying_the_annotation_neither_releases_nor_untracks_
     assert calls.count("rm.commit") == 1
 
 
-async def test_a_replica_past_its_renew_deadline_releases_nothing(api: client.ApiClient) -> None:
+async def test_a_replica_past_its_renew_deadline_releases_and_renews_nothing(api: client.ApiClient) -> None:
     """Another replica may lead and may have reused the pod's reservation (same idempotency key)."""
-    from bindery.controller.unconfirmed import SettlingReleases
+    from bindery.controller.metrics import Metrics
+    from bindery.controller.rmstack import NotLeading, RMStack
 
     tracker, rm, calls = tracker_with(api)
     leading = False
-    releases = SettlingReleases(inner=rm, unconfirmed=tracker, holds=lambda: leading)
-    await releases.release("r1", pod_uid=POD.uid)
+    stack = RMStack(
+        client=rm,  # type: ignore[arg-type]
+        metrics=Metrics(),
+        resource_manager="rm",
+        holds=lambda: leading,
+        logger=logging.getLogger("test"),
+    )
+    stack.settle_through(tracker)
+    await stack.release("r1", pod_uid=POD.uid)
+    with pytest.raises(NotLeading):
+        await stack.renew("r1", pod_uid=POD.uid, ttl_seconds=1)
     assert calls.count("rm.release") == 0
+    assert calls.count("rm.renew") == 0
     leading = True
-    await releases.release("r1", pod_uid=POD.uid)
+    await stack.release("r1", pod_uid=POD.uid)
     assert calls.count("rm.release") == 1
 
 

@@ -12,7 +12,16 @@ pods), decides (:func:`bindery.scheduling.podgroups.decide_group`) and acts:
   member's PreBind checks (the cycle's own plugins) before any Binding, so a member deleted or a
   node found wrong releases the whole group and no member is bound; then the Bindings, in
   parallel, each followed by its ``Scheduled`` event and its commit (the cycle's PostBind plugins).
-  A member whose Binding fails releases its own reservation and is retried alone.
+  The plugins run through the same runners as a pod's cycle (:mod:`bindery.scheduling.points`),
+  and a member whose Binding fails is decided as a pod is (:func:`bindery.scheduling.decisions.
+  decide`): released and retried alone, dropped silently if gone or bound elsewhere, or, when
+  the Binding got no answer, kept and handed to the profile's unconfirmed Bindings (through the
+  runner's follow-up, as a cycle's outcome), which commit it the moment it is seen bound.
+
+Every RM call (reserve, renew and release of groups and members, the leftover lookup) goes through
+the profile's one RM stack (:class:`bindery.controller.rmstack.RMStack`): measured, and fenced, so
+a replica past its renew deadline renews and releases nothing; its recovery then leaves the
+group to the leader.
 
 Crash safety: reservations outlive the process, Bindings too. The first pass of each group after
 a start looks for member reservations still ``reserved`` for its pending pods (the reconciler
@@ -40,21 +49,21 @@ from typing import Any
 
 from kubernetes_asyncio import client as kube
 
-from bindery.controller.metrics import MeasuredRM, Metrics
+from bindery.controller.metrics import Metrics
+from bindery.controller.rmstack import NotLeading, RMStack
 from bindery.controller.watches.bound import TERMINAL_PHASES
-from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError, RMGroupsUnsupported, RMUnschedulable
 from bindery.rm.models import Reservation, ReservationGroup, ReservationState
-from bindery.scheduling.cycle import plugin_chain
+from bindery.scheduling.cycle import CycleOutcome, PluginChain, plugin_chain
 from bindery.scheduling.decisions import (
     REASON_SCHEDULER_ERROR,
     REASON_UNSCHEDULABLE,
-    FailureKind,
     Outcome,
-    Stage,
-    failure_from_exception,
+    decide,
 )
-from bindery.scheduling.framework import Code, CycleContext, Ports, Profile, Status
+from bindery.scheduling.defaults import COMMIT_FAILED
+from bindery.scheduling.framework import CycleContext, Ports, Profile
+from bindery.scheduling.lease import lease_from_answer
 from bindery.scheduling.podgroups import (
     GROUP,
     PLURAL,
@@ -67,12 +76,14 @@ from bindery.scheduling.podgroups import (
     unsupported,
 )
 from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.points import run_bind, run_post_bind, run_pre_bind, run_unreserve
 from bindery.scheduling.ports import PodGone
 from bindery.scheduling.throttle import EventThrottle
+from bindery.scheduling.traced import traced
+from bindery.typedefs import Logger
 
 __all__ = ["GangCoordinator"]
 
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 log = logging.getLogger(__name__)
 #: Bounds of the apiserver calls of a pass.
 READ_SECONDS = 10.0
@@ -105,6 +116,8 @@ class _Group:
 class _Member:
     pod: PodInfo
     reservation: Reservation
+    #: When the reservation's lease runs out (``profile.clock``), for the unconfirmed Bindings.
+    lease_expires: float | None = None
 
 
 class GangCoordinator:
@@ -115,17 +128,17 @@ class GangCoordinator:
         *,
         profile: Callable[[], Profile],
         ports: Callable[[], Ports],
-        client: Callable[[], ResourceManagerClient],
-        measured: Callable[[], MeasuredRM],
+        rm: Callable[[], RMStack],
         api: kube.ApiClient,
         logger: Logger,
         metrics: Metrics,
         on_released: Callable[[], None],
+        on_outcome: Callable[[PodInfo, CycleOutcome], None] = lambda pod, outcome: None,
     ) -> None:
         self._profile = profile
         self._ports = ports
-        self._client = client
-        self._measured = measured
+        self._rm = rm
+        self._on_outcome = on_outcome
         self._api = api
         self._logger = logger
         self._metrics = metrics
@@ -133,8 +146,6 @@ class GangCoordinator:
         self._groups: dict[GroupKey, _Group] = {}
         self._throttle = EventThrottle()
         self._active = False
-        #: Members whose Binding found them gone or bound elsewhere, dropped by their group's pass.
-        self._gone_members: set[str] = set()
 
     # -- what the runner calls -------------------------------------------------------------------
 
@@ -247,7 +258,12 @@ class GangCoordinator:
         if not group.recovered:
             group.recovered = True
             if info is not None:
-                adopted = await self._recover(info, pending)
+                try:
+                    adopted = await self._recover(info, pending)
+                except NotLeading as error:  # the leader settles what an earlier process left
+                    self._logger.warning(f"pod group {info.key}: {error}; leaving it to the leader")
+                    group.recovered = False
+                    return self._next_backoff(group)
                 if adopted:
                     return 0.0  # look again with what is left pending
         placed = 0
@@ -302,9 +318,9 @@ class GangCoordinator:
             ttl_seconds=profile.reservation_ttl_seconds,
             attempt=group.attempt,
         )
-        rm = self._client()
+        sent_at, sent_at_wall = profile.clock(), datetime.datetime.now(datetime.UTC)
         try:
-            reserved = await self._measured().measure("reserve_group", lambda: rm.reserve_group(request))
+            reserved = await self._rm().reserve_group(request)
         except RMGroupsUnsupported as error:
             message = (
                 f'resource manager "{profile.name}" does not support reservation groups (contract v1.1 '
@@ -331,7 +347,16 @@ class GangCoordinator:
             await self._fail(info, members, message, reason=REASON_SCHEDULER_ERROR, started=started)
             return self._next_backoff(group)
         pairs = [
-            _Member(pod=pod, reservation=res)
+            _Member(
+                pod=pod,
+                reservation=res,
+                lease_expires=lease_from_answer(
+                    reservation=res,
+                    ttl_seconds=profile.reservation_ttl_seconds,
+                    sent_at=sent_at,
+                    sent_at_wall=sent_at_wall,
+                ).expires,
+            )
             for pod, res in zip(members, _in_order(reserved, members), strict=True)
         ]
         self._logger.info(
@@ -345,30 +370,25 @@ class GangCoordinator:
     ) -> float | None:
         """PreBind every member, then bind them all; a member failing PreBind releases the group."""
         profile, ports = self._profile(), self._ports()
-        chain = plugin_chain(profile=profile)
+        chain = traced(plugin_chain(profile=profile))  # spans around each plugin, as in a cycle
         contexts = [
             CycleContext(pod=m.pod, profile=profile, ports=ports, reservation=m.reservation) for m in pairs
         ]
-        checks = await asyncio.gather(
-            *(self._points(ctx, Stage.PRE_BIND, chain.pre_bind, "pre_bind") for ctx in contexts)
-        )
-        failed = [(ctx, status) for ctx, status in zip(contexts, checks, strict=True) if not status.ok]
+        checks = await asyncio.gather(*(run_pre_bind(ctx=ctx, plugins=chain.pre_bind) for ctx in contexts))
+        failed = [
+            (ctx, failure) for ctx, failure in zip(contexts, checks, strict=True) if failure is not None
+        ]
         if failed:
             await self._release_group(group_id, info=info)
             group.attempt += 1
             first_ctx, first = failed[0]
-            why = f"member {first_ctx.pod.key}: {first.message or first.code}"
+            why = f"member {first_ctx.pod.key}: {first.message}"
             message = (
                 f'pod group "{info.key}" was not placed: {why}; released the reservation of all '
                 f"{len(pairs)} members (no member was bound) and trying again"
             )
             self._logger.info(f"released reservation group {group_id}: {message}")
-            gone = {
-                ctx.pod.uid
-                for ctx, s in failed
-                if s.failure is not None
-                and s.failure.kind in (FailureKind.POD_GONE, FailureKind.BOUND_ELSEWHERE)
-            }
+            gone = {ctx.pod.uid for ctx, f in failed if decide(failure=f).outcome is Outcome.DROPPED}
             for uid in gone:  # not a member any more: the group waits for its replacement
                 group.pending.pop(uid, None)
             await self._fail(
@@ -379,17 +399,21 @@ class GangCoordinator:
                 started=started,
             )
             return self._next_backoff(group)
-        results = await asyncio.gather(*(self._bind_one(ctx, chain) for ctx in contexts))
-        bound = sum(results)
-        for ctx, ok in zip(contexts, results, strict=True):
-            if ok or ctx.pod.uid in self._gone_members:
+        results = await asyncio.gather(
+            *(
+                self._bind_one(ctx, chain, lease_expires=m.lease_expires)
+                for ctx, m in zip(contexts, pairs, strict=True)
+            )
+        )
+        bound = sum(outcome is Outcome.BOUND for outcome in results)
+        for ctx, outcome in zip(contexts, results, strict=True):
+            if outcome in (Outcome.BOUND, Outcome.DROPPED):  # bound, or gone or bound elsewhere
                 group.pending.pop(ctx.pod.uid, None)
-                self._gone_members.discard(ctx.pod.uid)
                 self._throttle.forget(ctx.pod.uid)
             self._metrics.attempt(
                 resource_manager=profile.name,
                 uid=ctx.pod.uid,
-                outcome=Outcome.BOUND if ok else Outcome.ERROR,
+                outcome=outcome,
                 seconds=time.perf_counter() - started,
             )
         group.waiting_since = None
@@ -406,74 +430,55 @@ class GangCoordinator:
         )
         return self._next_backoff(group)
 
-    async def _bind_one(self, ctx: CycleContext, chain: Any) -> bool:
-        """Bind one member with its reservation; PostBind (event, commit) after. False: released."""
-        status = await self._points(ctx, Stage.BIND, chain.bind, "bind", first_not_skipped=True)
-        if status.ok:
-            for plugin in chain.post_bind:
-                try:
-                    await plugin.post_bind(ctx=ctx)
-                except Exception as error:
-                    self._logger.warning(
-                        f"PostBind plugin {plugin.name!r} failed for pod {ctx.pod.key}: {error}"
-                    )
-            return True
-        keep = status.failure is not None and status.failure.kind in (
-            FailureKind.BIND_UNCONFIRMED,
-            FailureKind.ALREADY_BOUND,
+    async def _bind_one(
+        self, ctx: CycleContext, chain: PluginChain, *, lease_expires: float | None
+    ) -> Outcome:
+        """Bind one member with its reservation, then PostBind (event, commit).
+
+        A failure is decided as a pod cycle's is (:func:`bindery.scheduling.decisions.decide`), and
+        every outcome goes to the runner's follow-up, which hands an unanswered Binding's
+        reservation to the profile's unconfirmed Bindings (committed once the pod is seen bound).
+        """
+        failure = await run_bind(ctx=ctx, plugins=chain.bind)
+        reservation_id = ctx.reservation.id if ctx.reservation is not None else None
+        if failure is None:
+            await run_post_bind(ctx=ctx, plugins=chain.post_bind)
+            self._on_outcome(
+                ctx.pod,
+                CycleOutcome(
+                    outcome=Outcome.BOUND,
+                    node=ctx.node,
+                    reservation_id=reservation_id,
+                    commit_failed=bool(ctx.state.get(COMMIT_FAILED)),
+                ),
+            )
+            return Outcome.BOUND
+        decision = decide(failure=failure)
+        released = decision.release and ctx.reservation is not None
+        if decision.release:
+            await run_unreserve(ctx=ctx, plugins=chain.reserve)
+        self._on_outcome(
+            ctx.pod,
+            CycleOutcome(
+                outcome=decision.outcome,
+                node=ctx.node,
+                reservation_id=reservation_id,
+                failure=failure,
+                decision=decision,
+                released=released,
+                lease_expires=lease_expires,
+            ),
         )
-        if not keep and ctx.reservation is not None:
-            try:
-                await ctx.profile.client.release(ctx.reservation.id, pod_uid=ctx.pod.uid)
-                self._on_released()
-            except RMError as error:
-                self._logger.warning(
-                    f"could not release reservation {ctx.reservation.id} of pod {ctx.pod.key}: {error}; "
-                    "it expires by itself"
-                )
-        if status.failure is not None and status.failure.kind in (
-            FailureKind.POD_GONE,
-            FailureKind.BOUND_ELSEWHERE,
-        ):
-            self._gone_members.add(ctx.pod.uid)
-        else:
+        if released:
+            self._on_released()
+        if decision.report:
             await self._report(
                 [ctx.pod],
-                f"binding this member of its pod group failed: {status.message}; "
+                f"binding this member of its pod group failed: {decision.message}; "
                 "the members already bound stay bound, this one is retried alone",
-                reason=REASON_SCHEDULER_ERROR,
+                reason=decision.condition_reason,
             )
-        return False
-
-    async def _points(
-        self,
-        ctx: CycleContext,
-        stage: Stage,
-        plugins: Sequence[Any],
-        method: str,
-        *,
-        first_not_skipped: bool = False,
-    ) -> Status:
-        """Run one extension point's plugins for a member, as the cycle does."""
-        for plugin in plugins:
-            try:
-                status: Status = await getattr(plugin, method)(ctx=ctx)
-            except Exception as error:
-                status = Status.failed(
-                    failure_from_exception(
-                        error=error, stage=stage, rm_name=ctx.profile.name, node=ctx.node, plugin=plugin.name
-                    )
-                )
-            if status.code is Code.SKIP:
-                continue
-            if not status.ok or first_not_skipped:
-                if status.ok:
-                    return status
-                message = status.message or f'{stage} plugin "{plugin.name}" failed'
-                return dataclasses.replace(status, message=message)
-        if first_not_skipped:
-            return Status.error("every Bind plugin skipped the pod")
-        return Status.success()
+        return decision.outcome
 
     # -- crash recovery --------------------------------------------------------------------------
 
@@ -484,7 +489,7 @@ class GangCoordinator:
         left: list[Reservation] = []
         try:
             for scheduler_name in sorted(names):
-                reservations = await self._measured().list_reservations(
+                reservations = await self._rm().list_reservations(
                     scheduler_name=scheduler_name, state=ReservationState.RESERVED.value
                 )
                 left.extend(r for r in reservations if r.group_id and r.pod_uid in by_uid)
@@ -497,9 +502,10 @@ class GangCoordinator:
         adopted = False
         for group_id in sorted({r.group_id for r in left if r.group_id}):
             try:
-                renewed = await self._client().renew_group(
-                    group_id, ttl_seconds=profile.reservation_ttl_seconds
-                )
+                sent_at, sent_at_wall = profile.clock(), datetime.datetime.now(datetime.UTC)
+                renewed = await self._rm().renew_group(group_id, ttl_seconds=profile.reservation_ttl_seconds)
+            except NotLeading:
+                raise
             except RMError as error:
                 self._logger.warning(
                     f"pod group {info.key}: reservation group {group_id}, left by an earlier process, "
@@ -531,7 +537,20 @@ class GangCoordinator:
                 )
                 await self._release_members([r for r in reserved if r.pod_uid not in bound], info=info)
                 continue
-            pairs = [_Member(pod=by_uid[r.pod_uid], reservation=r) for r in reserved if r.pod_uid in by_uid]
+            pairs = [
+                _Member(
+                    pod=by_uid[r.pod_uid],
+                    reservation=r,
+                    lease_expires=lease_from_answer(
+                        reservation=r,
+                        ttl_seconds=profile.reservation_ttl_seconds,
+                        sent_at=sent_at,
+                        sent_at_wall=sent_at_wall,
+                    ).expires,
+                )
+                for r in reserved
+                if r.pod_uid in by_uid
+            ]
             if not pairs:
                 continue
             self._logger.info(
@@ -568,7 +587,7 @@ class GangCoordinator:
         released = False
         for reservation in reservations:
             try:
-                await self._client().release(reservation.id, pod_uid=reservation.pod_uid)
+                await self._rm().release(reservation.id, pod_uid=reservation.pod_uid)
                 released = True
             except RMError as error:
                 self._logger.warning(
@@ -583,13 +602,15 @@ class GangCoordinator:
 
     async def _release_group(self, group_id: str, *, info: PodGroupInfo) -> None:
         try:
-            await self._measured().measure("release_group", lambda: self._client().release_group(group_id))
+            released = await self._rm().release_group(group_id)
         except RMError as error:
             self._logger.warning(
                 f"could not release reservation group {group_id} of pod group {info.key}: {error}; "
                 "its members expire by themselves"
             )
             return
+        if not released:
+            return  # fenced: this replica no longer leads
         self._metrics.release(resource_manager=self._profile().name, reason="group")
         self._on_released()
 

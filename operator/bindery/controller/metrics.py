@@ -214,6 +214,10 @@ class Metrics:
     def pod_forgotten(self, uid: str) -> None:
         self._first_seen.pop(uid, None)
 
+    def pods_seen(self) -> int:
+        """Pods whose first sighting is remembered (for the time to their first attempt)."""
+        return len(self._first_seen)
+
     def attempt(
         self, *, resource_manager: str, uid: str, outcome: Outcome, seconds: float, attempts: int = 1
     ) -> None:

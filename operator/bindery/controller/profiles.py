@@ -18,7 +18,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,9 +27,10 @@ from kubernetes_asyncio import client as kube
 from bindery import tracing
 from bindery.config import ResourceManagerConfig
 from bindery.controller.gangs import GangCoordinator
-from bindery.controller.metrics import MeasuredRM, Metrics, result_label
+from bindery.controller.metrics import Metrics, result_label
+from bindery.controller.rmstack import RMStack
 from bindery.controller.secrets import RMCredentials
-from bindery.controller.unconfirmed import SettlingReleases, UnconfirmedBind, UnconfirmedBinds
+from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
 from bindery.controller.watches.bound import BoundPodWatcher
 from bindery.kube.reads import read_pod
 from bindery.logcontext import log_context
@@ -46,8 +46,8 @@ from bindery.scheduling.ports import ConditionWriter, EventSink, PodGone
 from bindery.scheduling.queue import BackoffPolicy, QueueClosed, SchedulingQueue
 from bindery.scheduling.registry import default_registry
 from bindery.scheduling.throttle import EventThrottle
+from bindery.typedefs import Logger
 
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 #: Pods whose Scheduled event was written, remembered so that it is written once (see _CheckedEvents).
 REMEMBERED_SCHEDULED = 10_000
 #: how long the existence check before a FailedScheduling event may take
@@ -102,19 +102,22 @@ class ProfileRunner:
         self.config = config
         self.namespaces = namespaces
         self.metrics = metrics or Metrics()
-        self._holds = holds  # the leader fence: no release once another replica may lead
         self._logger = logger
-        self.client = client
         self.credentials = credentials
-        self.measured = self._measure(client)
+        #: The one RM handle of this profile (measured, fenced by `holds`, releases settled): every
+        #: caller gets it, none gets the client inside.
+        self.rm = RMStack(
+            client=client, metrics=self.metrics, resource_manager=config.name, holds=holds, logger=logger
+        )
         self.unconfirmed = UnconfirmedBinds(
             api=api,
-            rm=lambda: self.measured,
+            rm=lambda: self.rm,
             logger=logger,
             on_released=self._released_unconfirmed,
             on_committed=self._bound_after_all,
         )
-        self.profile = build_profile(config=config, client=self._cycle_client())
+        self.rm.settle_through(self.unconfirmed)
+        self.profile = build_profile(config=config, client=self.rm)
         self.queue = SchedulingQueue(max_in_flight=config.max_in_flight, backoff=_backoff(config))
         self.active = False
         self.reachable: bool | None = None
@@ -139,12 +142,12 @@ class ProfileRunner:
         self.gangs = GangCoordinator(
             profile=lambda: self.profile,
             ports=lambda: self._ports,
-            client=lambda: self.client,
-            measured=lambda: self.measured,
+            rm=lambda: self.rm,
             api=api,
             logger=logger,
             metrics=self.metrics,
             on_released=on_released,
+            on_outcome=self._follow_up,
         )
 
         self._workers: list[asyncio.Task[None]] = []
@@ -180,7 +183,7 @@ class ProfileRunner:
         self.queue.close()
         await self.pause()
         await self.unconfirmed.close()
-        await self.client.aclose()
+        await self.rm.aclose()
         for task in self._closing:
             task.cancel()
         await asyncio.gather(*self._closing, return_exceptions=True)
@@ -199,12 +202,10 @@ class ProfileRunner:
         if credentials is not None:
             self.credentials = credentials
         if client is not None:
-            self._retire(self.client, after=2.0 * self.config.reservation_ttl_seconds + 30.0)
-            self.client = client
+            self._retire(self.rm.use(client), after=2.0 * self.config.reservation_ttl_seconds + 30.0)
             self.reachable, self.reach_message = None, None
         self.config = config
-        self.measured = self._measure(self.client)
-        self.profile = build_profile(config=config, client=self._cycle_client())
+        self.profile = build_profile(config=config, client=self.rm)
         self.queue.reconfigure(max_in_flight=config.max_in_flight, backoff=_backoff(config))
         if self.active:
             self._resize_workers(config.max_in_flight)
@@ -238,7 +239,7 @@ class ProfileRunner:
             watcher = BoundPodWatcher(
                 api=self._api,
                 scheduler_name=name,
-                rm=lambda: self.measured,
+                rm=lambda: self.rm,
                 logger=self._logger,
                 namespace=namespace,
                 on_released=self._released_by_departure,
@@ -249,15 +250,6 @@ class ProfileRunner:
             self._watchers[name, namespace] = asyncio.create_task(
                 watcher.run(), name=f"bindery bound pods {name} in {namespace or 'all namespaces'}"
             )
-
-    def _cycle_client(self) -> SettlingReleases:
-        """What the cycles call: the measured client, releases checked against unconfirmed Bindings."""
-        return SettlingReleases(
-            inner=self.measured, unconfirmed=self.unconfirmed, holds=self._holds, logger=self._logger
-        )
-
-    def _measure(self, client: ResourceManagerClient) -> MeasuredRM:
-        return MeasuredRM(inner=client, metrics=self.metrics, resource_manager=self.config.name)
 
     async def _bound_pod_event(self, event_type: str, pod: Mapping[str, Any]) -> None:
         await self.unconfirmed.observe(event_type=event_type, pod=pod)
@@ -307,7 +299,7 @@ class ProfileRunner:
         return {
             "queue": self.queue.footprint(),
             "event_throttle": len(self._throttle),
-            "unconfirmed": len(self.unconfirmed._pending),
+            "unconfirmed": len(self.unconfirmed),
             "gone": len(self._gone),
             **self.gangs.sizes(),
         }
@@ -318,7 +310,7 @@ class ProfileRunner:
         """Probe the RM's readiness; returns whether the Reachable state changed."""
         before = (self.reachable, self.reach_message)
         try:
-            await self.measured.measure("ready", self.client.check_ready)
+            await self.rm.check_ready()
         except RMError as exc:
             self.reachable, self.reach_message = False, exc.message
         else:
@@ -442,7 +434,7 @@ class ProfileRunner:
         if result.released:
             self._on_released()
         # After `_follow_up`: an unanswered Binding's reservation is tracked by now, and the release
-        # goes through SettlingReleases, which reads the pod (finished: released, not committed).
+        # goes through the RM stack, which reads the pod first (finished: released, not committed).
         await self._release_departed(pod)
 
     def _defer_departed(self, uid: str, reservation_id: str) -> bool:
@@ -480,7 +472,7 @@ class ProfileRunner:
 
         Only the reservation this cycle bound with is forgotten: a cycle that failed before getting
         an earlier unanswered Binding's reservation back did not settle it (its releases go through
-        SettlingReleases), and that Binding may still land.
+        the RM stack), and that Binding may still land.
         """
         unconfirmed = result.failure is not None and result.failure.kind is FailureKind.BIND_UNCONFIRMED
         if unconfirmed and result.reservation_id is not None and result.node is not None:

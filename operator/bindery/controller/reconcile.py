@@ -45,7 +45,6 @@ import asyncio
 import collections
 import dataclasses
 import enum
-import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
@@ -59,8 +58,8 @@ from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation, ReservationState
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
+from bindery.typedefs import Logger
 
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 #: Pods warned about a missing reservation, remembered so each gets one event (oldest forgotten first).
 REMEMBERED_WARNINGS = 10_000
 #: The events' reportingController: a reconcile pass acts for the ResourceManager, not for one name.

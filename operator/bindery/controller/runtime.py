@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import pathlib
 import tempfile
 import time
@@ -66,10 +65,10 @@ from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR
 from bindery.scheduling.framework import Ports
 from bindery.scheduling.podspec import PodInfo, PodSpecError
 from bindery.scheduling.throttle import EventThrottle
+from bindery.typedefs import Logger
 
 GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
 USER_AGENT = "bindery"
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 
 class Runtime:
@@ -81,7 +80,7 @@ class Runtime:
             writes=self.writes,
             queues=lambda: {name: r.queue.stats() for name, r in self.runners.items()},
             per_pod=self.per_pod_sizes,
-            breakers=lambda: {name: r.client.breaker.state for name, r in self.runners.items()},
+            breakers=lambda: {name: r.rm.breaker_state for name, r in self.runners.items()},
             leader=self._leader_state,
         )
         self.metrics_server: MetricsServer | None = None
@@ -218,7 +217,7 @@ class Runtime:
         """
         sizes = {
             "pods": len(self.pods),
-            "first_seen": len(self.metrics._first_seen),
+            "first_seen": self.metrics.pods_seen(),
             "conflict_throttle": len(self._conflict_throttle),
             "conditions_written": len(self._conditions._written) if self._conditions is not None else 0,
             "recently_bound": self._binder.remembered() if self._binder is not None else 0,
@@ -432,7 +431,7 @@ class Runtime:
         """The reconciliation of one runner's reservations (its supervisor decides when it runs)."""
         return Reconciler(
             resource_manager=runner.config.name,
-            rm=lambda: runner.client,
+            rm=lambda: runner.rm,
             api=self.api,
             scheduler_names=lambda: runner.config.scheduler_names,
             logger=self.logger,

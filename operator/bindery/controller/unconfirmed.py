@@ -30,9 +30,13 @@ does not settle this one, and a late Binding may still land with it.
 
 A third path closes a race: the pod's next cycle gets the same reservation back, and if the late
 Binding lands meanwhile, that cycle finds the pod gone from the unbound pods and would release it.
-So the profile's cycles release through :class:`SettlingReleases`, which reads the pod first when
-the reservation is one of these, and commits instead if the pod is bound with it; a reservation
-already committed here (the watch may see the late Binding first) is never released by a cycle.
+So every release of the profile goes through its RM stack (:class:`bindery.controller.rmstack.
+RMStack`), which asks :meth:`UnconfirmedBinds.settle_before_release` first when the reservation is
+one of these: the pod is read, and the reservation committed instead if the pod is bound with it; a
+reservation already committed here (the watch may see the late Binding first) is never released.
+
+Pod groups hand their members' unanswered Bindings here too, through the same follow-up as a pod's
+cycle: a member is committed as soon as it is seen bound, like any pod.
 """
 
 from __future__ import annotations
@@ -41,7 +45,6 @@ import asyncio
 import collections
 import dataclasses
 import datetime
-import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -50,15 +53,15 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from bindery.controller.reconcile import Settle, pod_fate
+from bindery.controller.rmstack import NotLeading
 from bindery.controller.watches.bound import reservation_to_release
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMConflict, RMError, RMUnsupported
-from bindery.rm.models import Reservation, ReservationRequest
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
 from bindery.scheduling.lease import lease_from_answer
 from bindery.scheduling.podspec import PodInfo
+from bindery.typedefs import Logger
 
-Logger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 REMEMBERED_COMMITS = 10_000
 #: How long one read of the pod may take (the generated client's default is 5 minutes).
 READ_TIMEOUT_SECONDS = 10.0
@@ -113,9 +116,13 @@ class UnconfirmedBinds:
         self._clock = clock
         self._pending: dict[str, UnconfirmedBind] = {}  # reservation id -> bind
         #: ids committed here: a cycle that still holds one must not release it
-        self._committed: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._committed: collections.OrderedDict[str, UnconfirmedBind] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._following: dict[str, asyncio.Task[None]] = {}  # reservation id -> its follow-up
+
+    def __len__(self) -> int:
+        """Reservations still waiting for their pod's fate (0 once every pod left)."""
+        return len(self._pending)
 
     def __contains__(self, reservation_id: object) -> bool:
         """Whether a release of this id must be checked first (pending, or committed here)."""
@@ -183,12 +190,9 @@ class UnconfirmedBinds:
         The pod is read once: bound with it → committed (True); unbound or gone → the caller
         releases (False); no answer → kept, left to the watch and the expiry (True).
         """
-        if reservation_id in self._committed:
-            self._logger.info(
-                f"not releasing reservation {reservation_id}: its pod was bound by a Binding that got "
-                "no answer, and it is committed"
-            )
-            return True
+        committed = self._committed.get(reservation_id)
+        if committed is not None:
+            return await self._keep_committed(committed)
         bind = self._pending.get(reservation_id)
         if bind is None:
             return False
@@ -205,6 +209,31 @@ class UnconfirmedBinds:
             return True
         self._pending.pop(reservation_id, None)
         return False
+
+    async def _keep_committed(self, bind: UnconfirmedBind) -> bool:
+        """A release of a reservation committed here: kept while its pod runs with it.
+
+        Every release of the profile comes through here, those of a departed pod too (the bound-pod
+        watch, the reconciler): the pod is read, and only one that is gone or finished lets the
+        release through. Unreadable, or still bound with it, the reservation stays committed.
+        """
+        rid = bind.reservation_id
+        try:
+            pod = await self._read(bind)
+        except Exception as exc:
+            self._logger.warning(
+                f"not releasing reservation {rid} of pod {bind.pod.key}, committed after a Binding that "
+                f"got no answer: reading the pod failed ({exc})"
+            )
+            return True
+        if fate(bind=bind, pod=pod) is Settle.RELEASE:
+            self._committed.pop(rid, None)
+            return False
+        self._logger.info(
+            f"not releasing reservation {rid}: its pod was bound by a Binding that got no answer, and "
+            "it is committed"
+        )
+        return True
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -258,6 +287,8 @@ class UnconfirmedBinds:
             )
         except RMUnsupported:
             return False  # contract v1.0: the next cycle or the expiry settles it, as before v1.1
+        except NotLeading:
+            return False  # past the renew deadline: the next leader settles it (reconcile, or TTL)
         except RMConflict as exc:  # expired, released or not this pod's: nothing left to keep
             self._pending.pop(rid, None)
             self._logger.warning(
@@ -294,7 +325,7 @@ class UnconfirmedBinds:
         if self._pending.pop(bind.reservation_id, None) is None:
             return  # the watch or the read settled it already
         if decided is Settle.COMMIT:  # from now on no cycle may release it, even while committing
-            self._committed[bind.reservation_id] = None
+            self._committed[bind.reservation_id] = bind
             while len(self._committed) > REMEMBERED_COMMITS:
                 self._committed.popitem(last=False)
         delay = self._first_retry
@@ -346,57 +377,3 @@ class UnconfirmedBinds:
         )
         await asyncio.sleep(delay)
         return True
-
-
-class SettlingReleases:
-    """The RM client as a profile's cycles see it: releases of unconfirmed reservations are checked.
-
-    Everything else passes through. A release turned into a commit still counts as a release in
-    the cycle's outcome (the caller merely retries parked pods once more).
-    """
-
-    def __init__(
-        self,
-        *,
-        inner: ReservationClient,
-        unconfirmed: UnconfirmedBinds,
-        holds: Callable[[], bool] = lambda: True,
-        logger: Logger | None = None,
-    ) -> None:
-        self._inner = inner
-        self._unconfirmed = unconfirmed
-        self._holds = holds
-        self._logger = logger
-
-    async def reserve(self, request: ReservationRequest, /) -> Reservation:
-        return await self._inner.reserve(request)
-
-    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
-        return await self._inner.commit(reservation_id, pod_uid=pod_uid)
-
-    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
-        if not self._holds():
-            # Past the renew deadline another replica may lead and may have reused this pod's
-            # reservation (same idempotency key) for a Binding of its own: releasing it now could
-            # free capacity under that pod. It is the next leader's to settle (reconcile, or TTL).
-            if self._logger is not None:
-                self._logger.warning(
-                    f"not releasing reservation {reservation_id} of pod {pod_uid}: this replica no longer "
-                    "holds the leader lease; the leader settles it"
-                )
-            return
-        if reservation_id in self._unconfirmed and await self._unconfirmed.settle_before_release(
-            reservation_id
-        ):
-            return
-        await self._inner.release(reservation_id, pod_uid=pod_uid)
-
-    async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation:
-        return await self._inner.renew(reservation_id, pod_uid=pod_uid, ttl_seconds=ttl_seconds)
-
-    async def list_reservations(
-        self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
-    ) -> list[Reservation]:
-        return await self._inner.list_reservations(
-            scheduler_name=scheduler_name, state=state, pod_uid=pod_uid
-        )

@@ -2,7 +2,8 @@
 failure after reserving.
 
 This is kube-scheduler's binding cycle with the placement decision delegated to the resource
-manager.  :func:`schedule_one` runs the extension points in order and never raises for an ordinary
+manager.  :func:`schedule_one` runs the extension points in order (through
+:mod:`bindery.scheduling.points`, the runners the pod-group path uses too) and never raises for an ordinary
 failure: it returns a :class:`CycleOutcome` that tells the caller where the pod goes next
 (``SchedulingQueue.done(uid, outcome=..., retry_after=...)``) and whether capacity was released
 (then the caller should ``move_all_to_active``, since the released capacity may fit a parked pod).
@@ -26,19 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
-from bindery.scheduling.decisions import (
-    Decision,
-    Failure,
-    FailureKind,
-    Outcome,
-    Stage,
-    decide,
-    failure_from_exception,
-)
+from bindery.scheduling.decisions import Decision, Failure, Outcome, decide
 from bindery.scheduling.defaults import (
     COMMIT_FAILED,
     CommitReservation,
@@ -51,7 +43,6 @@ from bindery.scheduling.defaults import (
 )
 from bindery.scheduling.framework import (
     BindPlugin,
-    Code,
     CycleContext,
     Ports,
     PostBindPlugin,
@@ -59,9 +50,16 @@ from bindery.scheduling.framework import (
     PreFilterPlugin,
     Profile,
     ReservePlugin,
-    Status,
 )
 from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.points import (
+    run_bind,
+    run_post_bind,
+    run_pre_bind,
+    run_pre_filter,
+    run_reserve,
+    run_unreserve,
+)
 from bindery.scheduling.ports import PodGone
 from bindery.scheduling.throttle import EventThrottle
 from bindery.scheduling.traced import traced
@@ -143,22 +141,22 @@ async def schedule_one(
     chain = traced(plugin_chain(profile=profile))  # spans around each plugin when tracing is on
     binding = False
     try:
-        failure = await _pre_filter(ctx, chain)
+        failure = await run_pre_filter(ctx=ctx, plugins=chain.pre_filter)
         if failure is None:
-            failure = await _reserve(ctx, chain)
+            failure = await run_reserve(ctx=ctx, plugins=chain.reserve)
         if failure is None:
-            failure = await _pre_bind(ctx, chain)
+            failure = await run_pre_bind(ctx=ctx, plugins=chain.pre_bind)
         if failure is None:
             binding = True
-            failure = await _bind(ctx, chain)
+            failure = await run_bind(ctx=ctx, plugins=chain.bind)
     except asyncio.CancelledError:
         if binding:
             log.warning("cancelled while binding pod %s; keeping its reservation until it expires", pod.key)
         else:
-            await _unreserve(ctx, chain)
+            await run_unreserve(ctx=ctx, plugins=chain.reserve)
         raise
     if failure is None:
-        await _post_bind(ctx, chain)
+        await run_post_bind(ctx=ctx, plugins=chain.post_bind)
         log.info("bound pod %s to node %s", pod.key, ctx.node)
         return CycleOutcome(
             outcome=Outcome.BOUND,
@@ -169,7 +167,7 @@ async def schedule_one(
     decision = decide(failure=failure)
     released = ctx.reservation is not None and decision.release
     if decision.release:
-        await _unreserve(ctx, chain)
+        await run_unreserve(ctx=ctx, plugins=chain.reserve)
     reported = await _report(ctx, failure, decision, throttle) if decision.report else False
     log.log(
         logging.INFO if decision.report else logging.DEBUG,
@@ -189,100 +187,6 @@ async def schedule_one(
         reported=reported,
         lease_expires=lease.expires if (lease := lease_of(ctx)) is not None else None,
     )
-
-
-# -- extension points --------------------------------------------------------------------------
-
-
-async def _call(
-    ctx: CycleContext, stage: Stage, plugin: str, call: Callable[[], Awaitable[Status]]
-) -> Status:
-    """Run one plugin call; an exception becomes an ERROR status that names the plugin."""
-    try:
-        return await call()
-    except Exception as error:
-        log.exception("%s plugin %r raised for pod %s", stage, plugin, ctx.pod.key)
-        return Status.failed(
-            failure_from_exception(
-                error=error, stage=stage, rm_name=ctx.profile.name, node=ctx.node, plugin=plugin
-            )
-        )
-
-
-def _as_failure(status: Status, stage: Stage, plugin: str) -> Failure:
-    if status.failure is not None:
-        return status.failure
-    unschedulable = status.code is Code.UNSCHEDULABLE
-    what = "rejected the pod" if unschedulable else "failed"
-    return Failure(
-        kind=FailureKind.PLUGIN_UNSCHEDULABLE if unschedulable else FailureKind.PLUGIN_ERROR,
-        message=f'{stage} plugin "{plugin}" {what}: {status.message or "(no message)"}',
-        stage=stage,
-        plugin=plugin,
-    )
-
-
-async def _pre_filter(ctx: CycleContext, chain: PluginChain) -> Failure | None:
-    for plugin in chain.pre_filter:
-        status = await _call(
-            ctx, Stage.PRE_FILTER, plugin.name, functools.partial(plugin.pre_filter, ctx=ctx)
-        )
-        if status.code not in (Code.SUCCESS, Code.SKIP):
-            return _as_failure(status, Stage.PRE_FILTER, plugin.name)
-    return None
-
-
-async def _reserve(ctx: CycleContext, chain: PluginChain) -> Failure | None:
-    for plugin in chain.reserve:
-        status = await _call(ctx, Stage.RESERVE, plugin.name, functools.partial(plugin.reserve, ctx=ctx))
-        if status.code not in (Code.SUCCESS, Code.SKIP):
-            return _as_failure(status, Stage.RESERVE, plugin.name)
-    return None
-
-
-async def _pre_bind(ctx: CycleContext, chain: PluginChain) -> Failure | None:
-    for plugin in chain.pre_bind:
-        status = await _call(ctx, Stage.PRE_BIND, plugin.name, functools.partial(plugin.pre_bind, ctx=ctx))
-        if status.code not in (Code.SUCCESS, Code.SKIP):
-            return _as_failure(status, Stage.PRE_BIND, plugin.name)
-    return None
-
-
-async def _bind(ctx: CycleContext, chain: PluginChain) -> Failure | None:
-    for plugin in chain.bind:
-        status = await _call(ctx, Stage.BIND, plugin.name, functools.partial(plugin.bind, ctx=ctx))
-        if status.code is Code.SKIP:
-            continue
-        return None if status.ok else _as_failure(status, Stage.BIND, plugin.name)
-    names = ", ".join(plugin.name for plugin in chain.bind) or "none configured"
-    return Failure(
-        kind=FailureKind.PLUGIN_ERROR,
-        message=f"every Bind plugin skipped the pod ({names}); configure a Bind plugin that binds it",
-        stage=Stage.BIND,
-    )
-
-
-async def _unreserve(ctx: CycleContext, chain: PluginChain) -> None:
-    """Every Reserve plugin's unreserve, in reverse order, including those whose reserve never ran."""
-    for plugin in reversed(chain.reserve):
-        try:
-            await plugin.unreserve(ctx=ctx)
-        except Exception:
-            log.exception("Reserve plugin %r failed to unreserve pod %s", plugin.name, ctx.pod.key)
-
-
-async def _post_bind(ctx: CycleContext, chain: PluginChain) -> None:
-    for plugin in chain.post_bind:
-        try:
-            await plugin.post_bind(ctx=ctx)
-        except Exception as error:
-            log.warning(
-                "PostBind plugin %r failed for pod %s bound to %s (the pod stays bound): %s",
-                plugin.name,
-                ctx.pod.key,
-                ctx.node,
-                error,
-            )
 
 
 # -- reporting ---------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ A term, end to end:
 3. Stop at the renew deadline (or at once when another holder is seen): from that instant
    `holds()` is False, so no new Binding leaves this process; then `on_stopped` pauses every
    profile, which cancels the cycles in flight. They release nothing: `holds()` fences releases
-   too (`unconfirmed.SettlingReleases`), because the next leader may already have reused the
+   too (`rmstack.RMStack`), because the next leader may already have reused the
    pod's reservation; the pod's next cycle reuses it, or the new leader's reconciliation or its
    TTL settles it.
    The pause must be over by the term's *exit point*: last renewal + renew deadline +
