@@ -1,7 +1,7 @@
 """Give capacity back to the RM when a pod Bindery placed goes away.
 
 A committed reservation is an allocation: it lasts until Bindery releases it (contract v1, "when
-the pod is gone, Bindery releases"). The Kopf watch sees only unbound pods (`spec.nodeName=`), so
+the pod is gone, Bindery releases"). The unbound-pod watch sees only unbound pods (`spec.nodeName=`), so
 bound pods are followed by a second, narrow watch per scheduler name with the server-side field
 selector `spec.schedulerName=<name>,spec.nodeName!=`: the pods this profile placed and nothing
 else. When one is deleted or reaches a terminal phase (Succeeded/Failed: it no longer uses its
