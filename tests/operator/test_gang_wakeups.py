@@ -1,12 +1,12 @@
-"""Which pod groups a released reservation wakes (GangCoordinator.retry), without I/O."""
+"""Which pod groups a released reservation wakes (PodGroupCoordinator.retry), without I/O."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from bindery.controller.gangs import GangCoordinator, _Group
 from bindery.controller.metrics import Metrics
+from bindery.controller.podgroups.coordinator import PodGroupCoordinator, _Group
 
 
 def _unused() -> Any:
@@ -16,7 +16,7 @@ def _unused() -> Any:
 def test_a_release_wakes_only_groups_the_rm_found_no_room_for() -> None:
     """Before the fix every group woke with its backoff reset: a group whose PreBind failed woke on
     its own release and tried again at once, for ever."""
-    gangs = GangCoordinator(
+    gangs = PodGroupCoordinator(
         profile=_unused,
         ports=_unused,
         rm=_unused,

@@ -1,4 +1,4 @@
-"""Pod groups (gangs): the pure decisions, apart from the I/O in :mod:`bindery.controller.gangs`.
+"""Pod groups: the pure decisions, apart from the I/O in :mod:`bindery.controller.podgroups`.
 
 Kubernetes 1.36's Workload API (``scheduling.k8s.io/v1alpha2``) groups pods: a pod names its
 PodGroup in ``spec.schedulingGroup.podGroupName``; a PodGroup with ``spec.schedulingPolicy.gang``
