@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from bindery.controller.metrics import Metrics
-from bindery.controller.podgroups.coordinator import PodGroupCoordinator, _Group
+from bindery.controller.podgroups.coordinator import GroupState, PodGroupCoordinator
 
 
 def _unused() -> Any:
@@ -25,7 +25,7 @@ def test_a_release_wakes_only_groups_the_rm_found_no_room_for() -> None:
         metrics=Metrics(),
         on_released=lambda: None,
     )
-    no_room, prebind_failed, short_of_members = _Group(), _Group(), _Group()
+    no_room, prebind_failed, short_of_members = GroupState(), GroupState(), GroupState()
     no_room.waits_for_capacity, no_room.backoff = True, 8.0
     prebind_failed.backoff = short_of_members.backoff = 4.0
     gangs._groups.update({("ns", "a"): no_room, ("ns", "b"): prebind_failed, ("ns", "c"): short_of_members})
