@@ -20,12 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
-
-from kubernetes_asyncio import client as kube
 
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.placement import Placement
@@ -33,16 +30,17 @@ from bindery.controller.podgroups.recovery import Recovery
 from bindery.controller.podgroups.reporting import READ_SECONDS, Reporter
 from bindery.controller.rmstack import NotLeading, RMStack
 from bindery.controller.watches.bound import TERMINAL_PHASES
+from bindery.k8s import ApiClient, ApiError, NotFound, get, list_all, resources
 from bindery.scheduling.cycle import CycleOutcome
 from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDULABLE
 from bindery.scheduling.framework import Ports, Profile
-from bindery.scheduling.podgroups import GROUP, PLURAL, VERSION, GroupStep, PodGroupInfo, decide_group
+from bindery.scheduling.podgroups import GroupStep, PodGroupInfo, decide_group
 from bindery.scheduling.podspec import PodInfo
 from bindery.typedefs import Logger
 
 __all__ = ["REPORT_WAITING_AFTER_SECONDS", "GroupState", "PodGroupCoordinator"]
 
-#: Bound of the LIST of a namespace's bound pods (counting the members already placed).
+#: Bound of each page of the LIST of a namespace's bound pods (counting the members already placed).
 LIST_SECONDS = 30.0
 GroupKey = tuple[str, str]
 #: A group still short of members (or of its PodGroup) is reported only after this long: a Job's
@@ -80,7 +78,7 @@ class PodGroupCoordinator:
         profile: Callable[[], Profile],
         ports: Callable[[], Ports],
         rm: Callable[[], RMStack],
-        api: kube.ApiClient,
+        api: ApiClient,
         logger: Logger,
         metrics: Metrics,
         on_released: Callable[[], None],
@@ -213,7 +211,9 @@ class PodGroupCoordinator:
             return None
         try:
             body = await self._read_group(namespace=namespace, name=name)
-        except kube.ApiException as error:
+        except ApiError as error:
+            if not error.status:  # no answer (a timeout, a reset): the task logs it and backs off
+                raise
             message = (
                 f'cannot read the pod\'s PodGroup "{namespace}/{name}" (HTTP {error.status} {error.reason}); '
                 "the operator needs get on podgroups.scheduling.k8s.io (the chart grants it) and an "
@@ -270,28 +270,25 @@ class PodGroupCoordinator:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    async def _read_group(self, *, namespace: str, name: str) -> Mapping[str, Any] | None:
+    async def _read_group(self, *, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            body: Mapping[str, Any] = await kube.CustomObjectsApi(self._api).get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=READ_SECONDS
+            return await get(
+                self._api, resources.PODGROUPS, namespace=namespace, name=name, request_timeout=READ_SECONDS
             )
-        except kube.ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return body
+        except NotFound:
+            return None
 
     async def _count_placed(self, *, namespace: str, name: str) -> int:
         """Members of the group bound to a node and not finished (they count towards minCount)."""
-        response = await kube.CoreV1Api(self._api).list_namespaced_pod(
-            namespace, field_selector="spec.nodeName!=", _preload_content=False, _request_timeout=LIST_SECONDS
+        listing = await list_all(
+            self._api,
+            resources.PODS,
+            namespace=namespace,
+            field_selector="spec.nodeName!=",
+            request_timeout=LIST_SECONDS,
         )
-        try:
-            document = json.loads(await response.read())
-        finally:
-            response.release()
         count = 0
-        for item in document.get("items") or ():
+        for item in listing.items:
             spec = item.get("spec") or {}
             if (spec.get("schedulingGroup") or {}).get("podGroupName") != name:
                 continue

@@ -15,17 +15,15 @@ renews and releases nothing, and its recovery leaves the group to the leader.
 from __future__ import annotations
 
 import datetime
-import json
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
-
-from kubernetes_asyncio import client as kube
 
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.placement import Member, Placement
 from bindery.controller.podgroups.reporting import READ_SECONDS
 from bindery.controller.rmstack import NotLeading, RMStack
+from bindery.k8s import ApiClient, NotFound, get, resources
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation, ReservationState
 from bindery.scheduling.framework import Profile
@@ -48,7 +46,7 @@ class Recovery:
         *,
         profile: Callable[[], Profile],
         rm: Callable[[], RMStack],
-        api: kube.ApiClient,
+        api: ApiClient,
         logger: Logger,
         metrics: Metrics,
         placement: Placement,
@@ -150,17 +148,15 @@ class Recovery:
         if not reservation.namespace or not reservation.name:
             return False
         try:
-            response = await kube.CoreV1Api(self._api).read_namespaced_pod(
-                reservation.name, reservation.namespace, _preload_content=False, _request_timeout=READ_SECONDS
+            pod = await get(
+                self._api,
+                resources.PODS,
+                namespace=reservation.namespace,
+                name=reservation.name,
+                request_timeout=READ_SECONDS,
             )
-        except kube.ApiException as error:
-            if error.status == 404:
-                return False
-            raise
-        try:
-            pod = json.loads(await response.read())
-        finally:
-            response.release()
+        except NotFound:
+            return False
         return bool(
             (pod.get("metadata") or {}).get("uid") == reservation.pod_uid
             and (pod.get("spec") or {}).get("nodeName")

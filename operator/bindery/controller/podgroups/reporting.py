@@ -15,18 +15,11 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from kubernetes_asyncio import client as kube
-
 from bindery.controller.metrics import Metrics
+from bindery.k8s import ApiClient, patch, resources
 from bindery.scheduling.decisions import REASON_UNSCHEDULABLE, Outcome
 from bindery.scheduling.framework import Ports, Profile
-from bindery.scheduling.podgroups import (
-    GROUP,
-    PLURAL,
-    VERSION,
-    PodGroupInfo,
-    scheduled_conditions,
-)
+from bindery.scheduling.podgroups import PodGroupInfo, scheduled_conditions
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import PodGone
 from bindery.scheduling.throttle import EventThrottle
@@ -46,7 +39,7 @@ class Reporter:
         *,
         profile: Callable[[], Profile],
         ports: Callable[[], Ports],
-        api: kube.ApiClient,
+        api: ApiClient,
         logger: Logger,
         metrics: Metrics,
     ) -> None:
@@ -69,15 +62,14 @@ class Reporter:
         if conditions is None:
             return
         try:
-            await kube.CustomObjectsApi(self._api).patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                info.namespace,
-                PLURAL,
-                info.name,
-                {"status": {"conditions": conditions}},
-                _content_type="application/merge-patch+json",
-                _request_timeout=READ_SECONDS,
+            await patch(  # a merge patch, as for any custom resource
+                self._api,
+                resources.PODGROUPS,
+                namespace=info.namespace,
+                name=info.name,
+                subresource="status",
+                body={"status": {"conditions": conditions}},
+                request_timeout=READ_SECONDS,
             )
         except Exception as error:  # status is informative; the next pass writes it again
             self._logger.warning(f"could not write the status of PodGroup {info.key}: {error}")
