@@ -16,7 +16,7 @@ def _unused() -> Any:
 def test_a_release_wakes_only_groups_the_rm_found_no_room_for() -> None:
     """Before the fix every group woke with its backoff reset: a group whose PreBind failed woke on
     its own release and tried again at once, for ever."""
-    gangs = PodGroupCoordinator(
+    coordinator = PodGroupCoordinator(
         profile=_unused,
         ports=_unused,
         rm=_unused,
@@ -28,8 +28,9 @@ def test_a_release_wakes_only_groups_the_rm_found_no_room_for() -> None:
     no_room, prebind_failed, short_of_members = GroupState(), GroupState(), GroupState()
     no_room.waits_for_capacity, no_room.backoff = True, 8.0
     prebind_failed.backoff = short_of_members.backoff = 4.0
-    gangs._groups.update({("ns", "a"): no_room, ("ns", "b"): prebind_failed, ("ns", "c"): short_of_members})
-    gangs.retry()
+    groups = {("ns", "a"): no_room, ("ns", "b"): prebind_failed, ("ns", "c"): short_of_members}
+    coordinator._groups.update(groups)
+    coordinator.retry()
     assert no_room.wake.is_set()
     assert no_room.backoff == 0.0
     assert not no_room.waits_for_capacity  # woken once per "no room" answer
