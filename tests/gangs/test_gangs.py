@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from bindery.controller.gangs import REPORT_WAITING_AFTER_SECONDS
+from bindery.controller.podgroups.coordinator import REPORT_WAITING_AFTER_SECONDS
 from bindery.controller.rbac import OPERATOR_RULES, cluster_role, cluster_role_binding
 from bindery.devcluster.plane import ControlPlane
 from bindery.explain.collect import explain_pod

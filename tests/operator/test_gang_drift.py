@@ -1,6 +1,6 @@
 """Pod groups settle and fence their reservations exactly as single pods do ("one path for every pod").
 
-Both tests pin a drift between the pod-group path (``controller/gangs.py``) and the pod path:
+Both tests pin a drift between the pod-group path (``controller/podgroups/``) and the pod path:
 
 * a member whose Binding got no answer must be handed to the profile's unconfirmed Bindings, so
   it is committed the moment the bound-pod watch (or a read) sees it bound, not left reserved

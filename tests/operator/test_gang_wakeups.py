@@ -1,12 +1,12 @@
-"""Which pod groups a released reservation wakes (GangCoordinator.retry), without I/O."""
+"""Which pod groups a released reservation wakes (PodGroupCoordinator.retry), without I/O."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from bindery.controller.gangs import GangCoordinator, _Group
 from bindery.controller.metrics import Metrics
+from bindery.controller.podgroups.coordinator import GroupState, PodGroupCoordinator
 
 
 def _unused() -> Any:
@@ -16,7 +16,7 @@ def _unused() -> Any:
 def test_a_release_wakes_only_groups_the_rm_found_no_room_for() -> None:
     """Before the fix every group woke with its backoff reset: a group whose PreBind failed woke on
     its own release and tried again at once, for ever."""
-    gangs = GangCoordinator(
+    coordinator = PodGroupCoordinator(
         profile=_unused,
         ports=_unused,
         rm=_unused,
@@ -25,11 +25,12 @@ def test_a_release_wakes_only_groups_the_rm_found_no_room_for() -> None:
         metrics=Metrics(),
         on_released=lambda: None,
     )
-    no_room, prebind_failed, short_of_members = _Group(), _Group(), _Group()
+    no_room, prebind_failed, short_of_members = GroupState(), GroupState(), GroupState()
     no_room.waits_for_capacity, no_room.backoff = True, 8.0
     prebind_failed.backoff = short_of_members.backoff = 4.0
-    gangs._groups.update({("ns", "a"): no_room, ("ns", "b"): prebind_failed, ("ns", "c"): short_of_members})
-    gangs.retry()
+    groups = {("ns", "a"): no_room, ("ns", "b"): prebind_failed, ("ns", "c"): short_of_members}
+    coordinator._groups.update(groups)
+    coordinator.retry()
     assert no_room.wake.is_set()
     assert no_room.backoff == 0.0
     assert not no_room.waits_for_capacity  # woken once per "no room" answer

@@ -1,4 +1,4 @@
-"""Pod groups (gangs): the pure decisions, apart from the I/O in :mod:`bindery.controller.gangs`.
+"""Pod groups: the pure decisions, apart from the I/O in :mod:`bindery.controller.podgroups`.
 
 Kubernetes 1.36's Workload API (``scheduling.k8s.io/v1alpha2``) groups pods: a pod names its
 PodGroup in ``spec.schedulingGroup.podGroupName``; a PodGroup with ``spec.schedulingPolicy.gang``
@@ -49,10 +49,7 @@ from bindery.scheduling.podspec import PodInfo, reservation_request
 
 __all__ = [
     "GANG_WAIT_SECONDS",
-    "GROUP",
-    "PLURAL",
     "SCHEDULED_CONDITION",
-    "VERSION",
     "GroupDecision",
     "GroupStep",
     "PodGroupInfo",
@@ -63,7 +60,6 @@ __all__ = [
     "unsupported",
 ]
 
-GROUP, VERSION, PLURAL = "scheduling.k8s.io", "v1alpha2", "podgroups"
 #: kube-scheduler's GangScheduling ``permitTimeoutDuration``: how long members wait for a quorum.
 GANG_WAIT_SECONDS = 300.0
 SCHEDULED_CONDITION = "PodGroupScheduled"

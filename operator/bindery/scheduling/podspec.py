@@ -72,7 +72,7 @@ class PodInfo:
     #: ``<pod>-<volume>``, as the ephemeral-volume controller names it).
     claims: tuple[str, ...] = ()
     #: ``spec.schedulingGroup.podGroupName``: the PodGroup (same namespace) this pod is a member
-    #: of; such a pod is placed with its group (bindery.controller.gangs), never on its own.
+    #: of; such a pod is placed with its group (bindery.controller.podgroups), never on its own.
     scheduling_group: str | None = None
 
     @property

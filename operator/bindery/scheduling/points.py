@@ -4,7 +4,7 @@ kube-scheduler has one runtime (``framework.go``: ``RunPreBindPlugins``, ``RunRe
 ...) that every path calls; the pod-group path here once had its own loop, and it drifted (its own
 error messages, no plugin named in a failure, PostBind logging of its own). So each point has one
 runner in this module, and both :func:`bindery.scheduling.cycle.schedule_one` and
-:mod:`bindery.controller.gangs` call them:
+:mod:`bindery.controller.podgroups` call them:
 
 * :func:`run_pre_filter`, :func:`run_reserve`, :func:`run_pre_bind`: plugins in order; the first
   status other than success or skip ends the point and is returned as a classified

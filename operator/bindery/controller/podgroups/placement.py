@@ -1,0 +1,291 @@
+"""Placing a pod group: one reservation for every member, every member's PreBind, then the Bindings.
+
+* one ``reserve_group`` for all pending members (all or none at the RM);
+* then every member's PreBind checks (the cycle's own plugins) before any Binding, so a member
+  deleted or a node found wrong releases the whole group and no member is bound;
+* then the Bindings, in parallel, each followed by its ``Scheduled`` event and its commit (the
+  cycle's PostBind plugins).
+
+The plugins run through the same runners as a pod's cycle (:mod:`bindery.scheduling.points`), and
+a member whose Binding fails is decided as a pod is (:func:`bindery.scheduling.decisions.decide`):
+released and retried alone, dropped silently if gone or bound elsewhere, or, when the Binding got
+no answer, kept and handed to the profile's unconfirmed Bindings (through the runner's follow-up,
+as a cycle's outcome), which commit it the moment it is seen bound.
+
+Every RM call (reserve and release of groups and members) goes through the profile's one RM stack
+(:class:`bindery.controller.rmstack.RMStack`): measured, and fenced, so a replica past its renew
+deadline releases nothing.
+
+A resource manager without groups (contract v1.0, answering 404) gets the group refused with a
+reason on every member; its members are never placed one by one, which would break all-or-nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from bindery.controller.metrics import Metrics
+from bindery.controller.podgroups.reporting import Reporter
+from bindery.controller.rmstack import RMStack
+from bindery.rm.errors import RMError, RMGroupsUnsupported, RMUnschedulable
+from bindery.rm.models import Reservation, ReservationGroup
+from bindery.scheduling.cycle import CycleOutcome, PluginChain, plugin_chain
+from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDULABLE, Outcome, decide
+from bindery.scheduling.defaults import COMMIT_FAILED
+from bindery.scheduling.framework import CycleContext, Ports, Profile
+from bindery.scheduling.lease import lease_from_answer
+from bindery.scheduling.podgroups import PodGroupInfo, group_request, unsupported
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.points import run_bind, run_post_bind, run_pre_bind, run_unreserve
+from bindery.scheduling.traced import traced
+from bindery.typedefs import Logger
+
+if TYPE_CHECKING:
+    from bindery.controller.podgroups.coordinator import GroupState
+
+__all__ = ["Member", "Placement"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Member:
+    """A pending member and the reservation it is bound with."""
+
+    pod: PodInfo
+    reservation: Reservation
+    #: When the reservation's lease runs out (``profile.clock``), for the unconfirmed Bindings.
+    lease_expires: float | None = None
+
+
+class Placement:
+    """Reserves, checks and binds the pod groups of one profile (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        profile: Callable[[], Profile],
+        ports: Callable[[], Ports],
+        rm: Callable[[], RMStack],
+        logger: Logger,
+        metrics: Metrics,
+        reporter: Reporter,
+        backoff: Callable[[GroupState], float],
+        on_released: Callable[[], None],
+        on_outcome: Callable[[PodInfo, CycleOutcome], None],
+    ) -> None:
+        self._profile = profile
+        self._ports = ports
+        self._rm = rm
+        self._logger = logger
+        self._metrics = metrics
+        self._reporter = reporter
+        #: The coordinator's: the group's next delay, doubled from the last one.
+        self._backoff = backoff
+        self._on_released = on_released
+        self._on_outcome = on_outcome
+
+    async def place(self, info: PodGroupInfo, group: GroupState, members: Sequence[PodInfo]) -> float | None:
+        """Reserve `members` together, then bind them; returns when to look again (None: when
+        something changes)."""
+        profile = self._profile()
+        started = time.perf_counter()
+        group.waits_for_capacity = False
+        refusal = unsupported(group=info, members=members)
+        if refusal is not None:
+            await self._reporter.fail(info, members, refusal, reason=REASON_SCHEDULER_ERROR, started=started)
+            return profile.backoff_max_seconds
+        request = group_request(
+            group=info,
+            members=members,
+            scheduler_name=members[0].scheduler_name,
+            ttl_seconds=profile.reservation_ttl_seconds,
+            attempt=group.attempt,
+        )
+        sent_at, sent_at_wall = profile.clock(), datetime.datetime.now(datetime.UTC)
+        try:
+            reserved = await self._rm().reserve_group(request)
+        except RMGroupsUnsupported as error:
+            message = (
+                f'resource manager "{profile.name}" does not support reservation groups (contract v1.1 '
+                f'POST /v1/reservation-groups answered: {error.message}), so pod group "{info.key}" '
+                "cannot be placed all or nothing; Bindery never places a group's members one by one. "
+                "Upgrade the resource manager to contract v1.1 with groups, or remove "
+                "spec.schedulingGroup from the pods"
+            )
+            await self._reporter.fail(info, members, message, reason=REASON_SCHEDULER_ERROR, started=started)
+            return profile.backoff_max_seconds
+        except RMUnschedulable as error:
+            message = (
+                f'resource manager "{profile.name}" cannot place pod group "{info.key}" all together '
+                f"({len(members)} pods, none placed): {error.message}"
+            )
+            await self._reporter.fail(info, members, message, reason=REASON_UNSCHEDULABLE, started=started)
+            group.waits_for_capacity = True
+            return self._backoff(group)
+        except RMError as error:
+            message = (
+                f'reserving pod group "{info.key}" ({len(members)} pods) at resource manager '
+                f'"{profile.name}" failed: {error.message}; retrying'
+            )
+            await self._reporter.fail(info, members, message, reason=REASON_SCHEDULER_ERROR, started=started)
+            return self._backoff(group)
+        pairs = [
+            Member(
+                pod=pod,
+                reservation=res,
+                lease_expires=lease_from_answer(
+                    reservation=res,
+                    ttl_seconds=profile.reservation_ttl_seconds,
+                    sent_at=sent_at,
+                    sent_at_wall=sent_at_wall,
+                ).expires,
+            )
+            for pod, res in zip(members, _in_order(reserved, members), strict=True)
+        ]
+        self._logger.info(
+            f"reserved pod group {info.key}: {len(pairs)} members "
+            f"({', '.join(f'{m.pod.name}→{m.reservation.node}' for m in pairs)}), group {reserved.id}"
+        )
+        return await self.bind_all(info, group, pairs, group_id=reserved.id, started=started)
+
+    async def bind_all(
+        self, info: PodGroupInfo, group: GroupState, pairs: Sequence[Member], *, group_id: str, started: float
+    ) -> float | None:
+        """PreBind every member, then bind them all; a member failing PreBind releases the group."""
+        profile, ports = self._profile(), self._ports()
+        chain = traced(plugin_chain(profile=profile))  # spans around each plugin, as in a cycle
+        contexts = [
+            CycleContext(pod=m.pod, profile=profile, ports=ports, reservation=m.reservation) for m in pairs
+        ]
+        checks = await asyncio.gather(*(run_pre_bind(ctx=ctx, plugins=chain.pre_bind) for ctx in contexts))
+        failed = [
+            (ctx, failure) for ctx, failure in zip(contexts, checks, strict=True) if failure is not None
+        ]
+        if failed:
+            await self.release_group(group_id, info=info)
+            group.attempt += 1
+            first_ctx, first = failed[0]
+            why = f"member {first_ctx.pod.key}: {first.message}"
+            message = (
+                f'pod group "{info.key}" was not placed: {why}; released the reservation of all '
+                f"{len(pairs)} members (no member was bound) and trying again"
+            )
+            self._logger.info(f"released reservation group {group_id}: {message}")
+            gone = {ctx.pod.uid for ctx, f in failed if decide(failure=f).outcome is Outcome.DROPPED}
+            for uid in gone:  # not a member any more: the group waits for its replacement
+                group.pending.pop(uid, None)
+            await self._reporter.fail(
+                info,
+                [c.pod for c in contexts if c.pod.uid not in gone],
+                message,
+                reason=REASON_SCHEDULER_ERROR,
+                started=started,
+            )
+            return self._backoff(group)
+        results = await asyncio.gather(
+            *(
+                self._bind_one(ctx, chain, lease_expires=m.lease_expires)
+                for ctx, m in zip(contexts, pairs, strict=True)
+            )
+        )
+        bound = sum(outcome is Outcome.BOUND for outcome in results)
+        for ctx, outcome in zip(contexts, results, strict=True):
+            if outcome in (Outcome.BOUND, Outcome.DROPPED):  # bound, or gone or bound elsewhere
+                group.pending.pop(ctx.pod.uid, None)
+                self._reporter.throttle.forget(ctx.pod.uid)
+            self._metrics.attempt(
+                resource_manager=profile.name,
+                uid=ctx.pod.uid,
+                outcome=outcome,
+                seconds=time.perf_counter() - started,
+            )
+        group.waiting_since = None
+        if bound:
+            group.backoff = 0.0
+        if bound == len(contexts):
+            self._logger.info(f"bound all {bound} members of pod group {info.key}")
+            await self._reporter.set_condition(
+                info, scheduled=True, reason="Scheduled", message=f"{bound} members bound"
+            )
+            return None
+        self._logger.warning(
+            f"bound {bound} of {len(contexts)} members of pod group {info.key}; retrying the rest"
+        )
+        return self._backoff(group)
+
+    async def _bind_one(
+        self, ctx: CycleContext, chain: PluginChain, *, lease_expires: float | None
+    ) -> Outcome:
+        """Bind one member with its reservation, then PostBind (event, commit).
+
+        A failure is decided as a pod cycle's is (:func:`bindery.scheduling.decisions.decide`), and
+        every outcome goes to the runner's follow-up, which hands an unanswered Binding's
+        reservation to the profile's unconfirmed Bindings (committed once the pod is seen bound).
+        """
+        failure = await run_bind(ctx=ctx, plugins=chain.bind)
+        reservation_id = ctx.reservation.id if ctx.reservation is not None else None
+        if failure is None:
+            await run_post_bind(ctx=ctx, plugins=chain.post_bind)
+            self._on_outcome(
+                ctx.pod,
+                CycleOutcome(
+                    outcome=Outcome.BOUND,
+                    node=ctx.node,
+                    reservation_id=reservation_id,
+                    commit_failed=bool(ctx.state.get(COMMIT_FAILED)),
+                ),
+            )
+            return Outcome.BOUND
+        decision = decide(failure=failure)
+        released = decision.release and ctx.reservation is not None
+        if decision.release:
+            await run_unreserve(ctx=ctx, plugins=chain.reserve)
+        self._on_outcome(
+            ctx.pod,
+            CycleOutcome(
+                outcome=decision.outcome,
+                node=ctx.node,
+                reservation_id=reservation_id,
+                failure=failure,
+                decision=decision,
+                released=released,
+                lease_expires=lease_expires,
+            ),
+        )
+        if released:
+            self._on_released()
+        if decision.report:
+            await self._reporter.report(
+                [ctx.pod],
+                f"binding this member of its pod group failed: {decision.message}; "
+                "the members already bound stay bound, this one is retried alone",
+                reason=decision.condition_reason,
+            )
+        return decision.outcome
+
+    async def release_group(self, group_id: str, *, info: PodGroupInfo) -> None:
+        """Release every member's reservation of the group (logged, not raised, if it fails: the
+        members' leases run out by themselves)."""
+        try:
+            released = await self._rm().release_group(group_id)
+        except RMError as error:
+            self._logger.warning(
+                f"could not release reservation group {group_id} of pod group {info.key}: {error}; "
+                "its members expire by themselves"
+            )
+            return
+        if not released:
+            return  # fenced: this replica no longer leads
+        self._metrics.release(resource_manager=self._profile().name, reason="group")
+        self._on_released()
+
+
+def _in_order(group: ReservationGroup, members: Sequence[PodInfo]) -> list[Reservation]:
+    """The group's reservations in the order of ``members`` (the RM answers in request order; by UID
+    to be safe)."""
+    by_uid = {r.pod_uid: r for r in group.members}
+    return [by_uid[pod.uid] for pod in members]
