@@ -41,9 +41,9 @@ from bindery.controller.leadership.rules import LeaseTiming
 from bindery.controller.leadership.term import Leadership
 from bindery.controller.metrics import LeaderState, Metrics, MetricsServer, parse_address
 from bindery.controller.options import OperatorOptions
-from bindery.controller.profiles import ProfileRunner
 from bindery.controller.queueview import QueueView
 from bindery.controller.reconcile import Reconciler
+from bindery.controller.runner import ProfileRunner
 from bindery.controller.supervisor import (
     DEFAULT_RECONCILE_INTERVAL,
     Environment,

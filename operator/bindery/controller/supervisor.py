@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from bindery.backoff import Backoff, BackoffPolicy
 from bindery.config import ResourceManagerConfig
 from bindery.controller.metrics import Metrics
-from bindery.controller.profiles import ProfileRunner, plugins_for
+from bindery.controller.runner import ProfileRunner, plugins_for
 from bindery.controller.secrets import CredentialsError, RMCredentials, resolve_credentials, rm_client_for
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.k8s import ApiClient, ApiError, NotFound, patch, resources
