@@ -7,7 +7,7 @@ import asyncio
 
 from kubernetes_asyncio import client
 
-from bindery.controller.runner import _CheckedEvents
+from bindery.controller.attempt import _CheckedEvents
 from tests.scheduling.fakes import Calls, FakeEvents, pod
 
 
