@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from kubernetes_asyncio import client
 
 from bindery.config import (
     ConfigError,
@@ -45,9 +44,9 @@ from bindery.controller.supervisor import (
     Environment,
     Reconcile,
     ResourceManagerSupervisor,
-    reconcile_interval,
 )
 from bindery.controller.watches.unbound import UnboundPodWatcher
+from bindery.k8s import ApiClient, client_for
 from bindery.kube import (
     IndexNodeLookup,
     KubeBinder,
@@ -60,7 +59,6 @@ from bindery.kube import (
 from bindery.scheduling.framework import Ports
 from bindery.typedefs import Logger
 
-GROUP, VERSION, PLURAL = "bindery.dev", "v1alpha1", "resourcemanagers"
 USER_AGENT = "bindery"
 
 
@@ -80,8 +78,7 @@ class Runtime:
         self._pending: PendingPods | None = None
         self.bodies: dict[str, Mapping[str, Any]] = {}
         self.supervisors: dict[str, ResourceManagerSupervisor] = {}
-        self._configuration: client.Configuration | None = None
-        self._api: client.ApiClient | None = None
+        self._api: ApiClient | None = None
         self._ports: Ports | None = None
         self._events: KubeEventSink | None = None
         self._binder: KubeBinder | None = None
@@ -112,8 +109,7 @@ class Runtime:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self, *, node_index: Any) -> None:
-        self._configuration = await load_configuration(kubeconfig=self.options.kubeconfig)
-        self._api = client.ApiClient(configuration=self._configuration)
+        self._api = client_for(await load_configuration(kubeconfig=self.options.kubeconfig))
         self._api.user_agent = USER_AGENT  # names Bindery in managedFields and audit logs
         resolve_environment_once(api=self._api)
         self._events = KubeEventSink(api=self._api, counter=self.writes, hostname=self.options.hostname)
@@ -203,7 +199,7 @@ class Runtime:
         return LeaderState(leading=self._leading, renewals=dict(self._leadership.renewals))
 
     @property
-    def api(self) -> client.ApiClient:
+    def api(self) -> ApiClient:
         assert self._api is not None, "Runtime.start() was not called"
         return self._api
 
@@ -237,7 +233,7 @@ class Runtime:
     def _sweep_interval(self) -> float:
         """How often the pending pods are swept: the shortest reconcile interval of the ResourceManagers."""
         configs = [s.config for s in self.supervisors.values() if s.config is not None]
-        return min((reconcile_interval(c) for c in configs), default=DEFAULT_RECONCILE_INTERVAL)
+        return min((c.reconcile_interval_seconds for c in configs), default=DEFAULT_RECONCILE_INTERVAL)
 
     # -- resource managers ----------------------------------------------------------------------
 

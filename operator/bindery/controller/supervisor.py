@@ -67,11 +67,6 @@ async def _run_once(reconciler: Reconcile, *, reason: str) -> object:
 SUPERVISOR_BACKOFF = BackoffPolicy(initial=1.0, maximum=30.0)
 
 
-def reconcile_interval(config: ResourceManagerConfig) -> float:
-    """Seconds between periodic passes (`spec.reconcileIntervalSeconds`, 30 s by default)."""
-    return config.reconcile_interval_seconds
-
-
 @dataclasses.dataclass(frozen=True)
 class Environment:
     """What every supervisor of one operator shares (the runtime builds it once)."""
@@ -363,7 +358,7 @@ class ResourceManagerSupervisor:
         self._reconcile_backoff.reset()
         if self._reconcile_requests == requests:  # else a relist came during the pass: run again
             self._reconcile_reason = None
-            self._reconcile_at = now + reconcile_interval(config)
+            self._reconcile_at = now + config.reconcile_interval_seconds
 
     async def _cancel_reconcile(self) -> None:
         task, self._reconciling = self._reconciling, None
