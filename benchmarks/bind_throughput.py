@@ -503,7 +503,7 @@ class StepTimer:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        from bindery.controller import profiles
+        from bindery.controller import attempt
         from bindery.scheduling import cycle, defaults
 
         steps = [
@@ -517,11 +517,11 @@ class StepTimer:
         for cls, attribute, label in steps:
             self._wrap_method(cls, attribute, label)
         original_schedule_one = cycle.schedule_one
-        setattr(profiles, "schedule_one", self._timed(original_schedule_one, "whole cycle (schedule_one)"))  # noqa: B010
+        setattr(attempt, "schedule_one", self._timed(original_schedule_one, "whole cycle (schedule_one)"))  # noqa: B010
         try:
             yield
         finally:
-            setattr(profiles, "schedule_one", original_schedule_one)  # noqa: B010
+            setattr(attempt, "schedule_one", original_schedule_one)  # noqa: B010
             for cls, attribute, original in self._originals:
                 setattr(cls, attribute, original)
 

@@ -22,7 +22,7 @@ AREAS = [
         "Kopf per-event machinery (queueing, processing, invocation)",
         ("queueing.py", "processing.py", "invocation.py"),
     ),
-    ("Runtime.on_pod_event (Bindery's own handling of a pod event)", ("Runtime.on_pod_event",)),
+    ("PendingPods.on_pod_event (Bindery's own handling of a pod event)", ("PendingPods.on_pod_event",)),
     ("unbound-pod watch outside Kopf (bindery.controller.watches.unbound)", ("UnboundPodWatcher",)),
     ("schedule_one (the scheduling cycle)", ("schedule_one (bindery/scheduling/cycle.py",)),
     ("  RM client reserve", ("ResourceManagerClient.reserve",)),

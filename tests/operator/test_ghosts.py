@@ -142,8 +142,10 @@ async def test_a_pod_deleted_while_the_watch_was_blind_is_dropped(
             lambda: now(not _known(operator.runtime, name, ghost)), within=60, what="the ghost dropped"
         )
         sizes = operator.runtime.per_pod_sizes()
-        passes = operator.runtime.sweeps
-        await eventually(lambda: now(operator.runtime.sweeps > passes), within=60, what="another sweep")
+        passes = operator.runtime.pending.sweeps
+        await eventually(
+            lambda: now(operator.runtime.pending.sweeps > passes), within=60, what="another sweep"
+        )
         assert _known(operator.runtime, name, witness), "a pod that exists must not be dropped"
         assert await _failed_scheduling(kube_api, namespace, "ghost") == reported
         assert sizes["pods"] >= 1

@@ -212,7 +212,7 @@ async def test_a_replaced_rm_client_is_closed_once_no_cycle_can_use_it() -> None
     """Each credential rotation replaces the client: the old pool must not stay open for ever."""
     import types
 
-    from bindery.controller.profiles import ProfileRunner
+    from bindery.controller.runner import ProfileRunner
 
     class Client:
         closed = False

@@ -7,7 +7,7 @@ import asyncio
 
 from kubernetes_asyncio import client
 
-from bindery.controller.profiles import _CheckedEvents
+from bindery.controller.attempt import _CheckedEvents
 from tests.scheduling.fakes import Calls, FakeEvents, pod
 
 
@@ -31,24 +31,32 @@ async def test_a_stale_event_of_a_pod_this_process_bound_is_not_taken_as_pending
     import logging
     import types
 
-    from bindery.controller.options import OperatorOptions
-    from bindery.controller.runtime import Runtime
+    from bindery.controller.metrics import Metrics
+    from bindery.controller.pending import PendingPods
+    from bindery.kube import KubeConditionWriter, KubeEventSink
 
-    runtime = Runtime(options=OperatorOptions(), logger=logging.getLogger("test"))
     web = pod("web")
     body = {
         "metadata": {"uid": web.uid, "namespace": web.namespace, "name": web.name},
         "spec": {"schedulerName": web.scheduler_name, "containers": []},
         "status": {"phase": "Pending"},
     }
-    runtime._binder = types.SimpleNamespace(  # type: ignore[assignment]
-        bound_recently=lambda uid: uid == web.uid, remembered=lambda: 1
-    )
-    await runtime.on_pod_event(event_type="MODIFIED", body=body)
-    assert runtime.per_pod_sizes()["pods"] == 0
-    assert runtime.per_pod_sizes()["first_seen"] == 0
-    runtime._binder = types.SimpleNamespace(  # type: ignore[assignment]
-        bound_recently=lambda uid: False, remembered=lambda: 0
-    )
-    await runtime.on_pod_event(event_type="MODIFIED", body=body)
-    assert runtime.per_pod_sizes()["pods"] == 1
+    bound = types.SimpleNamespace(bound_recently=lambda uid: uid == web.uid, remembered=lambda: 1)
+    async with client.ApiClient() as api:
+        pending = PendingPods(
+            api=api,
+            binder=bound,  # type: ignore[arg-type]
+            events=KubeEventSink(api=api),
+            conditions=KubeConditionWriter(api=api),
+            runners=dict,
+            leading=lambda: True,
+            sweep_interval=lambda: 30.0,
+            metrics=Metrics(),
+            logger=logging.getLogger("test"),
+        )
+        await pending.on_pod_event(event_type="MODIFIED", body=body)
+        assert pending.sizes()["pods"] == 0
+        assert pending.sizes()["first_seen"] == 0
+        bound.bound_recently, bound.remembered = (lambda uid: False), (lambda: 0)
+        await pending.on_pod_event(event_type="MODIFIED", body=body)
+        assert pending.sizes()["pods"] == 1

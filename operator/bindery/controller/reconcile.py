@@ -48,10 +48,9 @@ import enum
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
-from kubernetes_asyncio import client
-
 from bindery.controller.metrics import Metrics
 from bindery.controller.watches.bound import TERMINAL_PHASES, list_bound_pods
+from bindery.k8s import ApiClient
 from bindery.kube.events import KubeEventSink
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
@@ -196,7 +195,7 @@ class Reconciler:
         *,
         resource_manager: str,
         rm: Callable[[], ReconcilingRM],
-        api: client.ApiClient,
+        api: ApiClient,
         scheduler_names: Callable[[], Collection[str]],
         logger: Logger,
         namespaces: tuple[str, ...] = (),
@@ -211,7 +210,6 @@ class Reconciler:
         self.passes = 0  # finished passes (successful or not): tests wait on it
         self._rm = rm
         self._api = api
-        self._core = client.CoreV1Api(api)
         self._events = events or KubeEventSink(api=api, hostname=hostname)
         self._scheduler_names = scheduler_names
         self._logger = logger
@@ -227,10 +225,10 @@ class Reconciler:
     async def run_once(self, *, reason: str) -> ReconcileReport:
         """One pass; `reason` (start, leadership, relist, periodic, ...) is logged with it.
 
-        Raises what reading the RM or the apiserver raised (RMError, ApiException, a transport
-        error): the pass then stopped before acting on anything it could not see whole. A failed
-        commit or release of one reservation does not stop the pass; it is logged, counted and
-        listed in the report.
+        Raises what reading the RM or the apiserver raised (RMError, or bindery.k8s.ApiError, which
+        covers transport errors): the pass then stopped before acting on anything it could not see
+        whole. A failed commit or release of one reservation does not stop the pass; it is logged,
+        counted and listed in the report.
         """
         async with self._lock:
             try:
@@ -318,7 +316,7 @@ class Reconciler:
         for name in sorted(names):
             for namespace in self._namespaces or (None,):
                 items, _ = await list_bound_pods(
-                    core=self._core, scheduler_name=name, namespace=namespace, within=LIST_TIMEOUT_SECONDS
+                    api=self._api, scheduler_name=name, namespace=namespace, within=LIST_TIMEOUT_SECONDS
                 )
                 for item in items:
                     found[str((item.get("metadata") or {}).get("uid") or "")] = item
@@ -338,7 +336,7 @@ class Reconciler:
         """The reservation's pod by name (a pass skips reservations whose pod the RM did not name)."""
         async with asyncio.timeout(READ_TIMEOUT_SECONDS):
             return await read_pod(
-                core=self._core, namespace=str(reservation.namespace), name=str(reservation.name)
+                api=self._api, namespace=str(reservation.namespace), name=str(reservation.name)
             )
 
     async def _act(self, rm: ReconcilingRM, reservation: Reservation, action: Settle, reason: str) -> bool:
@@ -382,7 +380,7 @@ class Reconciler:
             )
             # Confirm before warning: the pod may have gone (and its reservation with it) since the list.
             async with asyncio.timeout(READ_TIMEOUT_SECONDS):
-                pod = await read_pod(core=self._core, namespace=namespace, name=name)
+                pod = await read_pod(api=self._api, namespace=namespace, name=name)
             if pod is None or missing_reservations(bound_pods=[pod], active_pod_uids=(), warned=()) == []:
                 continue
             if (pod.get("metadata") or {}).get("uid") != uid:

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from bindery.backoff import Backoff, BackoffPolicy
 from bindery.config import ResourceManagerConfig
 from bindery.controller.metrics import Metrics
-from bindery.controller.profiles import ProfileRunner, plugins_for
+from bindery.controller.runner import ProfileRunner, plugins_for
 from bindery.controller.secrets import CredentialsError, RMCredentials, resolve_credentials, rm_client_for
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.k8s import ApiClient, ApiError, NotFound, patch, resources
@@ -65,11 +65,6 @@ async def _run_once(reconciler: Reconcile, *, reason: str) -> object:
 
 #: Retrying a build, a probe or a reconcile pass: 1 s doubling to 30 s, reset by a success.
 SUPERVISOR_BACKOFF = BackoffPolicy(initial=1.0, maximum=30.0)
-
-
-def reconcile_interval(config: ResourceManagerConfig) -> float:
-    """Seconds between periodic passes (`spec.reconcileIntervalSeconds`, 30 s by default)."""
-    return config.reconcile_interval_seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,7 +358,7 @@ class ResourceManagerSupervisor:
         self._reconcile_backoff.reset()
         if self._reconcile_requests == requests:  # else a relist came during the pass: run again
             self._reconcile_reason = None
-            self._reconcile_at = now + reconcile_interval(config)
+            self._reconcile_at = now + config.reconcile_interval_seconds
 
     async def _cancel_reconcile(self) -> None:
         task, self._reconciling = self._reconciling, None

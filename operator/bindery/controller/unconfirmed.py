@@ -50,11 +50,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from kubernetes_asyncio import client
-
 from bindery.controller.reconcile import Settle, pod_fate
 from bindery.controller.rmstack import NotLeading
 from bindery.controller.watches.bound import reservation_to_release
+from bindery.k8s import ApiClient
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMConflict, RMError, RMUnsupported
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
@@ -96,7 +95,7 @@ class UnconfirmedBinds:
     def __init__(
         self,
         *,
-        api: client.ApiClient,
+        api: ApiClient,
         rm: Callable[[], ReservationClient],
         logger: Logger,
         on_released: Callable[[], None] = lambda: None,
@@ -105,7 +104,7 @@ class UnconfirmedBinds:
         max_retry: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._core = client.CoreV1Api(api)
+        self._api = api
         self._rm = rm
         self._logger = logger
         self._on_released = on_released
@@ -252,7 +251,7 @@ class UnconfirmedBinds:
         while (bind := self._pending.get(reservation_id)) is not None:
             try:
                 pod = await self._read(bind)
-            except Exception as exc:  # ApiException, transport errors: the apiserver is still away
+            except Exception as exc:  # ApiError (transport errors too): the apiserver is still away
                 if not await self._wait(bind, delay, f"reading pod {bind.pod.key} failed: {exc}"):
                     return
                 delay = min(delay * 2, self._max_retry)
@@ -314,7 +313,7 @@ class UnconfirmedBinds:
 
     async def _read(self, bind: UnconfirmedBind) -> dict[str, Any] | None:
         return await read_pod(
-            core=self._core,
+            api=self._api,
             namespace=bind.pod.namespace,
             name=bind.pod.name,
             timeout_seconds=READ_TIMEOUT_SECONDS,

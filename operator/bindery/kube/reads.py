@@ -15,8 +15,7 @@ from bindery.k8s import ApiClient, NotFound, get, resources
 
 async def read_pod(
     *,
-    core: Any = None,
-    api: ApiClient | None = None,
+    api: ApiClient,
     namespace: str,
     name: str,
     timeout_seconds: float | None = None,
@@ -24,15 +23,11 @@ async def read_pod(
     """The pod's current body, or None if it does not exist; raises :class:`bindery.k8s.ApiError` on
     other answers and transport failures.
 
-    Pass `api`; `core` (a ``CoreV1Api``, whose client is used) is for the callers not converted yet.
     ``timeout_seconds`` bounds the request (None: the layer's default bound).
     """
-    client = api if api is not None else core.api_client
     try:
         if timeout_seconds is None:
-            return await get(client, resources.PODS, namespace=namespace, name=name)
-        return await get(
-            client, resources.PODS, namespace=namespace, name=name, request_timeout=timeout_seconds
-        )
+            return await get(api, resources.PODS, namespace=namespace, name=name)
+        return await get(api, resources.PODS, namespace=namespace, name=name, request_timeout=timeout_seconds)
     except NotFound:
         return None

@@ -6,7 +6,7 @@ allocation) and otherwise the same plugins, each behind a proxy that opens a spa
 extension point and the plugin: "Reserve ResourceManagerReservation" (the RM's reservation),
 "PreBind NodeCheck", "Bind DefaultBinder", "PostBind ScheduledEvent" (the event), "PostBind
 CommitReservation" (the commit), "Unreserve ResourceManagerReservation" (the release). They are
-children of the attempt's span, which the caller opens (bindery.controller.profiles).
+children of the attempt's span, which the caller opens (bindery.controller.attempt).
 """
 
 from __future__ import annotations

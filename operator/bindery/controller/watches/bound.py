@@ -52,19 +52,16 @@ def bound_pods_selector(*, scheduler_name: str) -> str:
 
 async def list_bound_pods(
     *,
-    core: Any = None,
-    api: ApiClient | None = None,
+    api: ApiClient,
     scheduler_name: str,
     namespace: str | None,
     within: float = LIST_TIMEOUT_SECONDS,
 ) -> tuple[list[dict[str, Any]], str]:
     """One (paged) LIST of the bound pods of `scheduler_name` (in `namespace`, None = all): items and
-    version. Pass `api`; `core` (a ``CoreV1Api``, whose client is used) is for callers not yet
-    converted to the apiserver layer. `within` bounds each page. Raises :class:`bindery.k8s.ApiError`.
+    version. `within` bounds each page. Raises :class:`bindery.k8s.ApiError`.
     """
-    client = api if api is not None else core.api_client
     listing = await list_all(
-        client,
+        api,
         resources.PODS,
         namespace=namespace,
         field_selector=bound_pods_selector(scheduler_name=scheduler_name),

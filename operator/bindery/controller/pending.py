@@ -1,0 +1,213 @@
+"""The unbound pods this process has seen, and where each goes: the runtime's pod half.
+
+Pod events are handled without I/O except for contested scheduler names (a FailedScheduling event
+and condition, aggregated): the handler only updates the in-memory map and offers the pod to the
+right profile's queue. All unbound pods are remembered (cheap: they are pending by definition),
+whatever their scheduler name, so a ResourceManager created later picks up pods that were already
+waiting. Pods of names no ResourceManager claims are never written to.
+
+The routing (which ResourceManager serves which scheduler name; contested names are served by
+nobody) is decided by the runtime when a ResourceManager changes and kept here, where every pod is
+routed by it. A periodic sweep forgets remembered unbound pods a fresh list no longer has (Kopf
+sends no DELETED for a pod that vanished while its watch was down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bindery.config import Routing
+from bindery.controller.metrics import Metrics
+from bindery.controller.runner import ProfileRunner
+from bindery.controller.watches.unbound import UNBOUND_PODS
+from bindery.k8s import ApiClient, list_all, resources
+from bindery.kube import KubeBinder, KubeConditionWriter, KubeEventSink, UnboundPods
+from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR
+from bindery.scheduling.podspec import PodInfo, PodSpecError
+from bindery.scheduling.throttle import EventThrottle
+from bindery.typedefs import Logger
+
+
+class PendingPods:
+    """The map of unbound pods, the routing, and the sweep that forgets vanished pods."""
+
+    def __init__(
+        self,
+        *,
+        api: ApiClient,
+        binder: KubeBinder,
+        events: KubeEventSink,
+        conditions: KubeConditionWriter,
+        runners: Callable[[], Mapping[str, ProfileRunner]],
+        leading: Callable[[], bool],
+        sweep_interval: Callable[[], float],
+        metrics: Metrics,
+        logger: Logger,
+        namespaces: tuple[str, ...] = (),
+    ) -> None:
+        self.pods = UnboundPods()
+        #: Set by the runtime whenever the ResourceManagers change.
+        self.routing = Routing(served={}, contested={})
+        self.sweeps = 0  #: passes of the unbound-pod sweep (tests wait on it)
+        self._api = api
+        self._binder = binder
+        self._events = events
+        self._conditions = conditions
+        self._runners = runners
+        self._leading = leading
+        self._sweep_interval = sweep_interval
+        self._metrics = metrics
+        self._logger = logger
+        self._namespaces = namespaces
+        self._conflict_throttle = EventThrottle()
+
+    def sizes(self) -> dict[str, int]:
+        """Entries held per pod, by structure (see Runtime.per_pod_sizes); only takes sizes."""
+        return {
+            "pods": len(self.pods),
+            "first_seen": self._metrics.pods_seen(),
+            "conflict_throttle": len(self._conflict_throttle),
+            "conditions_written": len(self._conditions._written),
+            "recently_bound": self._binder.remembered(),
+        }
+
+    # -- pods -----------------------------------------------------------------------------------
+
+    async def on_pod_event(self, *, event_type: str | None, body: Mapping[str, Any]) -> None:
+        try:
+            pod = PodInfo.from_body(body)
+        except PodSpecError as exc:
+            self._logger.warning(f"ignoring a pod event that does not parse: {exc}")
+            return
+        if event_type == "DELETED" or not pod.schedulable:
+            self._forget(pod)
+            return
+        if self._binder.bound_recently(pod.uid):
+            # An event older than our Binding (it is on the wire, or landed and the DELETED that says
+            # so is next): the pod is not pending. Taking it as pending would requeue it, and mark
+            # it seen after its cycle forgot it, with nothing left to forget it again.
+            return
+        self.pods.put(pod)
+        self._metrics.pod_seen(pod.uid)
+        await self._route(pod)
+
+    def _forget(self, pod: PodInfo) -> None:
+        """Deleted, bound (left the `spec.nodeName=` selector), terminating or gated.
+
+        An in-flight cycle notices through PodLookup (or a 404/409 on bind) and releases its
+        reservation. A pod we bound ourselves merely left the selector: nothing was freed. Any other
+        departure of a served pod (deleted, bound by someone else) may have freed capacity, so parked
+        pods are retried; pods of other schedulers (default-scheduler binds all day) are not a signal.
+        """
+        known = self.pods.pop(pod.uid)
+        if known is None:
+            return
+        self._conflict_throttle.forget(pod.uid)
+        self._conditions.forget(uid=pod.uid)
+        for runner in self._runners().values():
+            runner.withdraw(pod.uid)
+        ours = self._binder.bound_recently(pod.uid)
+        self._binder.forget(pod.uid)
+        if not ours:  # a pod we bound is forgotten by its cycle, which observes its latency
+            self._metrics.pod_forgotten(pod.uid)
+        if pod.scheduler_name in self.routing.served and not ours:
+            self.retry_parked()
+
+    def drop(self, uid: str) -> None:
+        """A cycle found the pod gone or bound elsewhere: stop remembering it (a relist may miss it)."""
+        self.pods.pop(uid)
+        self._metrics.pod_forgotten(uid)
+        self._conflict_throttle.forget(uid)
+        self._conditions.forget(uid=uid)
+
+    async def _route(self, pod: PodInfo) -> None:
+        runners = self._runners()
+        rm_name = self.routing.served.get(pod.scheduler_name)
+        if rm_name is not None and rm_name in runners:
+            runners[rm_name].offer(pod)
+            return
+        conflict = self.routing.conflict_message(scheduler_name=pod.scheduler_name)
+        if conflict is not None:
+            await self._report_conflict(pod=pod, message=conflict)
+
+    async def _report_conflict(self, *, pod: PodInfo, message: str) -> None:
+        if not self._leading():
+            return
+        note = self._conflict_throttle.admit(uid=pod.uid, key="SchedulerNameConflict", message=message)
+        try:
+            if note is not None:
+                await self._events.failed_scheduling(pod=pod, message=note, scheduler_name=pod.scheduler_name)
+            await self._conditions.pod_scheduled_false(
+                pod=pod, reason=REASON_SCHEDULER_ERROR, message=message
+            )
+        except Exception as exc:  # reporting is best effort; the pod stays pending anyway
+            self._logger.warning(f"could not report the scheduler-name conflict on pod {pod.key}: {exc}")
+
+    def retry_parked(self, reason: str = "a pending pod went away") -> None:
+        for runner in self._runners().values():
+            runner.queue.move_all_to_active(reason=reason)
+            runner.podgroups.retry()
+
+    def reoffer_all(self) -> None:
+        """Put every remembered pod where the current routing says it belongs."""
+        runners = self._runners()
+        for uid in self.pods.uids():
+            pod = self.pods.get(uid)
+            if pod is None:
+                continue
+            owner = self.routing.served.get(pod.scheduler_name)
+            for name, runner in runners.items():
+                if name == owner:
+                    runner.offer(pod)
+                else:
+                    runner.withdraw(uid)
+
+    # -- unbound-pod sweep -----------------------------------------------------------------------
+
+    async def sweep_forever(self) -> None:
+        """Every reconcile interval (the shortest of the ResourceManagers'), forget vanished pods."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(1.0)
+            if time.monotonic() - last < self._sweep_interval():
+                continue
+            last = time.monotonic()
+            try:
+                await self.sweep_unbound()
+            except Exception as exc:  # the next sweep tries again
+                self._logger.warning(f"could not list unbound pods to forget vanished ones: {exc}")
+
+    async def sweep_unbound(self) -> int:
+        """Forget remembered unbound pods that a fresh list does not have; returns how many.
+
+        Only pods remembered before the list began are judged, so one added meanwhile is kept.
+        """
+        known = self.pods.uids()
+        listed = await self._unbound_uids() if known else set()
+        gone = known - listed
+        for uid in gone:
+            pod = self.pods.get(uid)
+            if pod is not None:
+                self._forget(pod)
+        if gone:
+            self._logger.info(f"forgot {len(gone)} unbound pods that no longer exist or were bound")
+        self._conditions.retain(uids=self.pods.uids())
+        self.sweeps += 1
+        return len(gone)
+
+    async def _unbound_uids(self) -> set[str]:
+        """UIDs of every unbound pod in scope (paged LIST of `spec.nodeName=`, metadata only read)."""
+        uids: set[str] = set()
+        for namespace in self._namespaces or (None,):
+            listing = await list_all(
+                self._api,
+                resources.PODS,
+                namespace=namespace,
+                field_selector=UNBOUND_PODS,
+                metadata_only=True,
+            )
+            uids.update(str(item["metadata"]["uid"]) for item in listing.items)
+        return uids
