@@ -1,7 +1,10 @@
-"""The Kopf wiring: watches, indexes, per-ResourceManager profiles and their worker tasks.
+"""The operator process: start-up, the pending pods, one supervisor and one runner per ResourceManager.
 
-Kopf is used only for what writes nothing onto objects: `@kopf.on.event` handlers and
-`@kopf.index`es. Pods are watched with the server-side field selector `spec.nodeName=` so the
-operator holds unbound pods only; Nodes through an index of small projections; ResourceManagers
-through events that rebuild profiles in place.
+Kopf runs only what writes nothing onto objects (start-up, login, the Node index, the
+ResourceManager events: :mod:`.kopfwiring`); pods are followed by Bindery's own watches
+(:mod:`.watches`). A pod event goes watch → :mod:`.pending` (remember, route by scheduler name) →
+:mod:`.runner` (the ResourceManager's queue and workers) → :mod:`.attempt` (one cycle of
+:func:`bindery.scheduling.cycle.schedule_one`, and what follows it); a pod of a PodGroup goes to
+:mod:`.podgroups` instead. Every RM call goes through the runner's :mod:`.rmstack`; only the
+holder of the Lease (:mod:`.leadership`) binds or releases. ARCHITECTURE.md draws the whole path.
 """
