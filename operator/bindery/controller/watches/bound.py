@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from bindery.backoff import Backoff, BackoffPolicy
+from bindery.controller.rmstack import RMStack
 from bindery.k8s import resources
 from bindery.k8s.api import ApiClient, list_all
 from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
@@ -186,8 +187,13 @@ class BoundPodWatcher:
         if uid and self._defer_release(uid, reservation_id):
             self._remember_released(reservation_id)  # its cycle releases it, after its commit
             return
+        rm = self._rm()
         try:
-            await self._rm().release(reservation_id, pod_uid=uid or None)
+            if isinstance(rm, RMStack):
+                if not await rm.release_unless_kept(reservation_id, pod_uid=uid or None):
+                    return  # kept (fence, or committed here): a later event of the pod tries again
+            else:
+                await rm.release(reservation_id, pod_uid=uid or None)
         except RMPodMismatch:  # a copied annotation: the RM refused, so the owner keeps its capacity
             self._logger.warning(
                 f"pod {metadata.get('namespace')}/{metadata.get('name')} ({uid}) carries the reservation "
