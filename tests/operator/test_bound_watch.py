@@ -132,3 +132,35 @@ async def test_a_release_the_rm_stack_kept_is_not_taken_for_done() -> None:
         await watcher._handle("DELETED", finished)
     assert calls.log == [("rm.release", {"id": "r-a"})]
     assert released == 1
+
+
+async def test_a_failed_release_of_a_finished_pod_is_tried_again_without_another_event() -> None:
+    """The watch used to relist every 300 s and so offer a finished pod again; now a finished pod
+    whose release failed (the RM away, its breaker open) may send no event for hours."""
+    from bindery.rm.errors import RMUnavailable
+
+    calls = Calls()
+    rm = FakeRM(calls)
+    rm.release_error = RMUnavailable("the RM is away")
+    async with client.ApiClient(client.Configuration(host="http://127.0.0.1:9")) as api:
+        watcher = BoundPodWatcher(
+            api=api,
+            scheduler_name="bindery",
+            rm=lambda: rm,
+            logger=logging.getLogger("test"),
+            release_retry_seconds=0.02,
+        )
+        finished = pod("a", "6", reservation="r-a")
+        finished["status"]["phase"] = "Succeeded"
+        await watcher._handle("MODIFIED", finished)
+        rm.release_error = None
+        retrying = asyncio.create_task(watcher._retry_releases())
+        try:
+            async with asyncio.timeout(5):
+                while calls.count("rm.release") < 2:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # and once released, not again
+        finally:
+            retrying.cancel()
+            await asyncio.gather(retrying, return_exceptions=True)
+    assert calls.log == [("rm.release", {"id": "r-a"})] * 2
