@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -176,3 +177,32 @@ async def test_a_silent_watch_is_given_up_and_resumed() -> None:
 async def _drain(stream: AsyncIterator[object]) -> None:
     async for _ in stream:
         pass
+
+
+async def test_a_watch_expiring_straight_after_every_list_backs_off_more_each_time() -> None:
+    """A 410 straight after a list is not progress: the wait before each full relist must grow
+    (it stayed at the initial wait for ever, the list's success resetting the backoff each time)."""
+    listed_at: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def pods(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            listed_at.append(loop.time())
+            return web.json_response({"metadata": {"resourceVersion": "5"}, "items": [pod("a", "5")]})
+        response = web.StreamResponse()
+        await response.prepare(request)
+        gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+        await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+        return response
+
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", pods)
+    async with _client(app) as api:
+        stream = list_watch(api, resources.PODS, backoff=Backoff(BackoffPolicy(initial=0.05, maximum=0.4)))
+        async with asyncio.timeout(10):
+            async for _ in stream:
+                if len(listed_at) >= 5:
+                    break
+        await stream.aclose()
+    waits = [later - earlier for earlier, later in itertools.pairwise(listed_at)]
+    assert waits[-1] >= 0.3, waits  # 0.05, 0.1, 0.2, 0.4: doubled per expiry, not 0.05 each time

@@ -91,3 +91,76 @@ async def test_watch_ends_resume_and_only_a_410_relists_and_reconciles() -> None
     assert watch_versions == ["5", "9", "9", "20"]  # resumed twice, relisted once (after the 410)
     assert (lists, relists) == (2, 1)
     assert calls.log == [("rm.release", {"id": "r-a"})]  # the pod deleted in the gap
+
+
+async def test_a_release_the_rm_stack_kept_is_not_taken_for_done() -> None:
+    """The RM stack may keep a release (the leader fence, or a reservation committed after an
+    unanswered Binding whose pod could not be read): the watch must not then remember it as
+    released, log it released, or count it, or the pod's next event (finished, then deleted)
+    never releases it and the capacity leaks until a reconcile pass."""
+    from bindery.controller.metrics import Metrics
+    from bindery.controller.rmstack import RMStack
+
+    calls = Calls()
+    leading = False
+    stack = RMStack(
+        client=FakeRM(calls),  # type: ignore[arg-type]
+        metrics=Metrics(),
+        resource_manager="rm",
+        holds=lambda: leading,
+        logger=logging.getLogger("test"),
+    )
+    released = 0
+
+    def on_released() -> None:
+        nonlocal released
+        released += 1
+
+    async with client.ApiClient(client.Configuration(host="http://127.0.0.1:9")) as api:
+        watcher = BoundPodWatcher(
+            api=api,
+            scheduler_name="bindery",
+            rm=lambda: stack,
+            logger=logging.getLogger("test"),
+            on_released=on_released,
+        )
+        finished = pod("a", "6", reservation="r-a")
+        finished["status"]["phase"] = "Failed"
+        await watcher._handle("MODIFIED", finished)  # the fence keeps it: nothing was released
+        assert (calls.count("rm.release"), released) == (0, 0)
+        leading = True
+        await watcher._handle("DELETED", finished)
+    assert calls.log == [("rm.release", {"id": "r-a"})]
+    assert released == 1
+
+
+async def test_a_failed_release_of_a_finished_pod_is_tried_again_without_another_event() -> None:
+    """The watch used to relist every 300 s and so offer a finished pod again; now a finished pod
+    whose release failed (the RM away, its breaker open) may send no event for hours."""
+    from bindery.rm.errors import RMUnavailable
+
+    calls = Calls()
+    rm = FakeRM(calls)
+    rm.release_error = RMUnavailable("the RM is away")
+    async with client.ApiClient(client.Configuration(host="http://127.0.0.1:9")) as api:
+        watcher = BoundPodWatcher(
+            api=api,
+            scheduler_name="bindery",
+            rm=lambda: rm,
+            logger=logging.getLogger("test"),
+            release_retry_seconds=0.02,
+        )
+        finished = pod("a", "6", reservation="r-a")
+        finished["status"]["phase"] = "Succeeded"
+        await watcher._handle("MODIFIED", finished)
+        rm.release_error = None
+        retrying = asyncio.create_task(watcher._retry_releases())
+        try:
+            async with asyncio.timeout(5):
+                while calls.count("rm.release") < 2:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # and once released, not again
+        finally:
+            retrying.cancel()
+            await asyncio.gather(retrying, return_exceptions=True)
+    assert calls.log == [("rm.release", {"id": "r-a"})] * 2

@@ -95,16 +95,22 @@ class RMStack:
         return await self._measured.commit(reservation_id, pod_uid=pod_uid)
 
     async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
+        await self.release_unless_kept(reservation_id, pod_uid=pod_uid)
+
+    async def release_unless_kept(self, reservation_id: str, /, *, pod_uid: str | None = None) -> bool:
+        """Release; False if nothing was sent: the fence kept it, or settling did (committed, or
+        its pod unreadable). A caller that remembers what it released must not remember these."""
         if not self._leads(f"releasing reservation {reservation_id} of pod {pod_uid}"):
-            return
+            return False
         unconfirmed = self._unconfirmed
         if (
             unconfirmed is not None
             and reservation_id in unconfirmed
             and await unconfirmed.settle_before_release(reservation_id)
         ):
-            return
+            return False
         await self._measured.release(reservation_id, pod_uid=pod_uid)
+        return True
 
     async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation:
         self._fence(f"renew reservation {reservation_id} of pod {pod_uid}")

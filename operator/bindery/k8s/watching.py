@@ -251,6 +251,8 @@ async def list_watch(
         selectors(label_selector=label_selector, field_selector=field_selector)
     )
     just_listed = False
+    #: the last watch expired straight after its list: the next list is no progress of its own
+    expiring = False
     while True:
         try:
             if cursor.must_list:
@@ -266,7 +268,8 @@ async def list_watch(
                     request_timeout=list_timeout,
                 )
                 events = cursor.listed(listing.items, resource_version=listing.resource_version)
-                backoff.reset()
+                if not expiring:  # else only a watch event resets it: the relists back off
+                    backoff.reset()
                 for event in events:
                     yield event
                 yield Listed(relist=relist, count=len(listing.items))
@@ -286,13 +289,14 @@ async def list_watch(
             ) as events_of_watch:
                 async for event in events_of_watch:
                     backoff.reset()
-                    just_listed = False
+                    just_listed = expiring = False
                     yield event
             # Ended by the server: resume from the last version seen (a bookmark's, on a quiet set).
         except Gone as error:
             cursor.expire()
             log.info(f"watch of {what} expired ({error.message}): relisting")
             if just_listed:  # expired again straight after a list: do not hammer the apiserver
+                expiring = True
                 await asyncio.sleep(backoff.next())
         except ApiError as error:
             delay = backoff.next(retry_after=getattr(error, "retry_after", None))

@@ -86,16 +86,24 @@ class _ListWatch(abc.ABC):
             label_selector=selected.get("label_selector", ""),
             field_selector=selected.get("field_selector", ""),
         ):
-            if isinstance(item, Listed):
-                if not item.relist:
-                    self._replace(listed)
-                    listed = []
-                log.info("%s mirror: %d %s(s) match %s", self.what, item.count, self.what, self._selectors())
-            elif isinstance(item, Event):
-                if item.type is None:
-                    listed.append(item.object)
-                else:
-                    self._apply(item.type, item.object)
+            # Applied here, outside the loop's own error handling: one object that cannot be
+            # applied must not end the mirror (a dead mirror leaves the RM placing on a frozen
+            # snapshot, still ready), so it is logged and the next change applies as usual.
+            try:
+                if isinstance(item, Listed):
+                    if not item.relist:
+                        self._replace(listed)
+                        listed = []
+                    log.info(
+                        "%s mirror: %d %s(s) match %s", self.what, item.count, self.what, self._selectors()
+                    )
+                elif isinstance(item, Event):
+                    if item.type is None:
+                        listed.append(item.object)
+                    else:
+                        self._apply(item.type, item.object)
+            except Exception:
+                log.exception("%s mirror: applying a change failed; following the next ones", self.what)
 
 
 class NodeMirror(_ListWatch):

@@ -28,11 +28,13 @@ relist after every watch end (each 300 s); a relist is now rare, and only a real
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from bindery.backoff import Backoff, BackoffPolicy
+from bindery.controller.rmstack import RMStack
 from bindery.k8s import resources
 from bindery.k8s.api import ApiClient, list_all
 from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
@@ -42,6 +44,8 @@ from bindery.typedefs import Logger
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 REMEMBERED_RELEASES = 10_000
+#: How often the releases that failed (the RM away, its breaker open) are tried again.
+RELEASE_RETRY_SECONDS = 10.0
 #: Explicit bound on one LIST of bound pods (thousands of pods take a while on a busy apiserver).
 LIST_TIMEOUT_SECONDS = 60.0
 
@@ -123,8 +127,13 @@ class BoundPodWatcher:
         defer_release: Callable[[str, str], bool] = lambda uid, reservation_id: False,
         max_backoff: float = 10.0,
         watch_seconds: int = 300,
+        release_retry_seconds: float = RELEASE_RETRY_SECONDS,
     ) -> None:
         self._api = api
+        self._release_retry = release_retry_seconds
+        #: reservation id → (pod UID, pod key) of departed pods whose release failed or was kept:
+        #: tried again every `release_retry_seconds` (a finished pod may send no event for hours)
+        self._unreleased: dict[str, tuple[str, str]] = {}
         self._watch_seconds = watch_seconds
         self._selector = bound_pods_selector(scheduler_name=scheduler_name)
         self._namespace = namespace
@@ -141,7 +150,31 @@ class BoundPodWatcher:
 
     async def run(self) -> None:
         """Run until cancelled: list, release for terminal pods, then watch (resumed, or relisted
-        and diffed on a 410)."""
+        and diffed on a 410); releases that failed are tried again meanwhile."""
+        async with asyncio.TaskGroup() as group:
+            retrying = group.create_task(self._retry_releases(), name="bindery bound pods: retry releases")
+            try:
+                await self._follow()
+            finally:
+                retrying.cancel()
+
+    async def _retry_releases(self) -> None:
+        """Before the watch stopped relisting every 300 s, each relist offered a finished pod whose
+        release had failed again; now its next event may never come."""
+        while True:
+            await asyncio.sleep(self._release_retry)
+            for reservation_id, (uid, key) in list(self._unreleased.items()):
+                if reservation_id in self._released:
+                    self._unreleased.pop(reservation_id, None)
+                    continue
+                try:
+                    await self._release(reservation_id, uid=uid, key=key)
+                except Exception as exc:
+                    self._logger.warning(
+                        f"retrying the release of reservation {reservation_id} failed: {exc}"
+                    )
+
+    async def _follow(self) -> None:
         async for item in list_watch(
             self._api,
             resources.PODS,
@@ -186,17 +219,31 @@ class BoundPodWatcher:
         if uid and self._defer_release(uid, reservation_id):
             self._remember_released(reservation_id)  # its cycle releases it, after its commit
             return
+        await self._release(
+            reservation_id, uid=uid, key=f"{metadata.get('namespace')}/{metadata.get('name')}"
+        )
+
+    async def _release(self, reservation_id: str, *, uid: str, key: str) -> None:
+        """Release the reservation of a departed pod; remembered for a retry if it did not happen."""
+        self._unreleased[reservation_id] = (uid, key)
+        rm = self._rm()
         try:
-            await self._rm().release(reservation_id, pod_uid=uid or None)
+            if isinstance(rm, RMStack):
+                if not await rm.release_unless_kept(reservation_id, pod_uid=uid or None):
+                    return  # kept (fence, or committed here, its pod unreadable): tried again later
+            else:
+                await rm.release(reservation_id, pod_uid=uid or None)
         except RMPodMismatch:  # a copied annotation: the RM refused, so the owner keeps its capacity
+            self._unreleased.pop(reservation_id, None)
             self._logger.warning(
-                f"pod {metadata.get('namespace')}/{metadata.get('name')} ({uid}) carries the reservation "
+                f"pod {key} ({uid}) carries the reservation "
                 f"annotation of reservation {reservation_id}, which belongs to another pod; not releasing it"
             )
             return
         except RMError as exc:
             self._logger.warning(f"could not release reservation {reservation_id} of a departed pod: {exc}")
             return
+        self._unreleased.pop(reservation_id, None)
         self._remember_released(reservation_id)
         self._logger.info(f"released reservation {reservation_id}: its pod was deleted or finished")
         self._on_released()
