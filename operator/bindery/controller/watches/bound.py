@@ -224,8 +224,14 @@ class BoundPodWatcher:
         )
 
     async def _release(self, reservation_id: str, *, uid: str, key: str) -> None:
-        """Release the reservation of a departed pod; remembered for a retry if it did not happen."""
+        """Release the reservation of a departed pod; remembered for a retry if it did not happen.
+
+        The retries are bounded like the released ids: past `REMEMBERED_RELEASES` the oldest is
+        left to the reconciler's passes (a standby, fenced, would otherwise collect every departure).
+        """
         self._unreleased[reservation_id] = (uid, key)
+        while len(self._unreleased) > REMEMBERED_RELEASES:
+            del self._unreleased[next(iter(self._unreleased))]
         rm = self._rm()
         try:
             if isinstance(rm, RMStack):
