@@ -26,14 +26,14 @@ def test_a_release_wakes_only_groups_the_rm_found_no_room_for() -> None:
         on_released=lambda: None,
     )
     no_room, prebind_failed, short_of_members = GroupState(), GroupState(), GroupState()
-    no_room.waits_for_capacity, no_room.backoff = True, 8.0
-    prebind_failed.backoff = short_of_members.backoff = 4.0
+    no_room.waits_for_capacity, no_room.failures = True, 4
+    prebind_failed.failures = short_of_members.failures = 3
     groups = {("ns", "a"): no_room, ("ns", "b"): prebind_failed, ("ns", "c"): short_of_members}
     coordinator._groups.update(groups)
     coordinator.retry()
     assert no_room.wake.is_set()
-    assert no_room.backoff == 0.0
+    assert no_room.failures == 0
     assert not no_room.waits_for_capacity  # woken once per "no room" answer
     assert not prebind_failed.wake.is_set()
-    assert prebind_failed.backoff == 4.0
+    assert prebind_failed.failures == 3
     assert not short_of_members.wake.is_set()

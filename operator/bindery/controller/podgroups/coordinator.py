@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bindery.backoff import BackoffPolicy
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.placement import Placement
 from bindery.controller.podgroups.recovery import Recovery
@@ -64,7 +65,8 @@ class GroupState:
     #: The first pass after a start looks for reservations left by an earlier process.
     recovered: bool = False
     waiting_since: float | None = None
-    backoff: float = 0.0
+    #: Consecutive failed passes: the backoff's count (the profile's BackoffPolicy gives the wait).
+    failures: int = 0
     #: The RM's last answer was "no room": released capacity is worth a new try at once.
     waits_for_capacity: bool = False
 
@@ -138,7 +140,7 @@ class PodGroupCoordinator:
         for group in self._groups.values():
             if group.waits_for_capacity:
                 group.waits_for_capacity = False
-                group.backoff = 0.0
+                group.failures = 0
                 group.wake.set()
 
     def start(self) -> None:
@@ -193,10 +195,9 @@ class PodGroupCoordinator:
 
     def _next_backoff(self, group: GroupState) -> float:
         profile = self._profile()
-        group.backoff = min(
-            max(group.backoff * 2, profile.backoff_initial_seconds), profile.backoff_max_seconds
-        )
-        return group.backoff
+        group.failures += 1
+        policy = BackoffPolicy(initial=profile.backoff_initial_seconds, maximum=profile.backoff_max_seconds)
+        return policy.delay(attempts=group.failures)
 
     async def _pass(self, key: GroupKey, group: GroupState) -> float | None:
         """One look at the group; returns when to look again (None: when something changes)."""

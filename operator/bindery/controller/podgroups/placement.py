@@ -205,7 +205,7 @@ class Placement:
             )
         group.waiting_since = None
         if bound:
-            group.backoff = 0.0
+            group.failures = 0
         if bound == len(contexts):
             self._logger.info(f"bound all {bound} members of pod group {info.key}")
             await self._reporter.set_condition(
