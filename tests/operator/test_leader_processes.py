@@ -209,7 +209,7 @@ async def cluster(
         await create_node(
             api,
             name=node,
-            capacity={"cpu": f"{slots * 100}m", "memory": "64Gi", "pods": "110"},
+            capacity={"cpu": f"{slots * 100}m", "memory": "64Gi", "pods": str(max(110, slots))},
             labels={"bindery.dev/test-pool": pool},
         )
     scheduler, rm_name = f"lp-{pool}", f"lp-{pool}"
@@ -330,10 +330,14 @@ async def test_a_leader_frozen_past_its_lease_binds_nothing_when_it_wakes(
 ) -> None:
     lease = uniq("lease")
     await grant_lease(kube_api, namespace=namespace, lease_name=lease)
-    names = [f"p{i:03d}" for i in range(PODS)]
+    # The pods keep coming while the leader is frozen (created in the background, ten at a time):
+    # created first and frozen after, they were all bound before the freeze (256 cycles in flight
+    # bind as fast as the pods appear), and nothing was tested.
+    burst = 10 * PODS
+    names = [f"p{i:03d}" for i in range(burst)]
     async with (
         cluster(
-            controlplane=controlplane, api=kube_api, namespace=namespace, tmp_path=tmp_path, pods=PODS + 5
+            controlplane=controlplane, api=kube_api, namespace=namespace, tmp_path=tmp_path, pods=burst + 5
         ) as pool,
         serve_api_proxy(plane=controlplane, user=OPERATOR_USER) as proxy,
     ):
@@ -352,14 +356,15 @@ async def test_a_leader_frozen_past_its_lease_binds_nothing_when_it_wakes(
                 lease=lease,
             ) as standby:
                 await standby.metrics_url()
-                await pool.create_pods(names)
+                creating = asyncio.create_task(pool.create_pods(names))
                 await eventually(
                     lambda: _at_least(pool, 5), within=60, what="the leader binding its first pods"
                 )
                 frozen.pause()
-                pending_at_stop = PODS - await pool.bound()
+                pending_at_stop = burst - await pool.bound()
+                await creating
                 await standby.wait_for_log("became the leader", within=60)
-                await eventually(lambda: pool.all_bound(PODS), within=90, what=f"all {PODS} pods bound")
+                await eventually(lambda: pool.all_bound(burst), within=90, what=f"all {burst} pods bound")
                 before_wake = len(proxy.bindings)
                 frozen.resume()
                 # Positive signal that the woken process had its chance: it reports the lost lease
@@ -368,11 +373,11 @@ async def test_a_leader_frozen_past_its_lease_binds_nothing_when_it_wakes(
                 # ... and time went by with it awake: the standby binds more pods meanwhile.
                 await pool.create_pods([f"q{i}" for i in range(5)])
                 await eventually(
-                    lambda: pool.all_bound(PODS + 5), within=60, what="the pods after waking bound"
+                    lambda: pool.all_bound(burst + 5), within=60, what="the pods after waking bound"
                 )
                 late = proxy.bindings[before_wake:]
                 print(
-                    f"\n{pending_at_stop} of {PODS} pods were not bound when the leader froze; "
+                    f"\n{pending_at_stop} of {burst} pods were not bound when the leader froze; "
                     f"Bindings it sent after waking: {late}; still running: {frozen.running}"
                 )
                 # At most what was being written when it froze, and none of it applied.
