@@ -142,6 +142,7 @@ async def test_a_failed_release_of_a_finished_pod_is_tried_again_without_another
     calls = Calls()
     rm = FakeRM(calls)
     rm.release_error = RMUnavailable("the RM is away")
+    released = asyncio.Event()
     async with client.ApiClient(client.Configuration(host="http://127.0.0.1:9")) as api:
         watcher = BoundPodWatcher(
             api=api,
@@ -149,6 +150,7 @@ async def test_a_failed_release_of_a_finished_pod_is_tried_again_without_another
             rm=lambda: rm,
             logger=logging.getLogger("test"),
             release_retry_seconds=0.02,
+            on_released=released.set,
         )
         finished = pod("a", "6", reservation="r-a")
         finished["status"]["phase"] = "Succeeded"
@@ -156,10 +158,9 @@ async def test_a_failed_release_of_a_finished_pod_is_tried_again_without_another
         rm.release_error = None
         retrying = asyncio.create_task(watcher._retry_releases())
         try:
+            # Released means forgotten by the retries: no later round can release it again.
             async with asyncio.timeout(5):
-                while calls.count("rm.release") < 2:
-                    await asyncio.sleep(0.01)
-            await asyncio.sleep(0.1)  # and once released, not again
+                await released.wait()
         finally:
             retrying.cancel()
             await asyncio.gather(retrying, return_exceptions=True)
