@@ -1,7 +1,8 @@
 """Command line of the reference RM: ``bindery rm serve ...`` calls :func:`main`.
 
-Configuration errors (unreadable inventory, missing token, bad TLS files) exit with status 2 and a
-one-line message saying what to fix, before the server binds its port.
+Configuration errors (unreadable inventory, missing token, bad TLS files, a database another RM
+process holds) exit with status 2 and a one-line message saying what to fix, before the server binds
+its port.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from bindery.reference_rm.server import (
     DEFAULT_MAX_GROUP_BODY_BYTES,
     serve_reference_rm,
 )
+from bindery.reference_rm.writerlock import DatabaseLocked
 
 __all__ = ["build_parser", "main", "serve_command", "served_url"]
 
@@ -212,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tracing.configure(service_name="bindery-rm")  # only when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     try:
         asyncio.run(_serve(args))
-    except (InventoryError, ValueError, OSError, ssl.SSLError) as error:
+    except (InventoryError, DatabaseLocked, ValueError, OSError, ssl.SSLError) as error:
         print(f"bindery rm: {error}", file=sys.stderr)
         return 2
     return 0

@@ -438,7 +438,11 @@ class ReferenceRM:
         # Mirror mode: the pods bound to nodes (reference_rm/accounting.py).
         self._pods: ClusterPods | None = None
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="refrm-store")
-        self._store = self._writer.submit(ReservationStore, db_path, clock=clock).result()
+        try:
+            self._store = self._writer.submit(ReservationStore, db_path, clock=clock).result()
+        except BaseException:  # e.g. another RM holds the database: no thread left behind
+            self._writer.shutdown(wait=True)
+            raise
 
     @property
     def inventory(self) -> tuple[InventoryNode, ...] | None:

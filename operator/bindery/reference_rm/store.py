@@ -51,6 +51,7 @@ from bindery.reference_rm.placement import (
     effective_usage,
     subtract_usage,
 )
+from bindery.reference_rm.writerlock import WriterLock
 from bindery.rm.models import (
     BatchOperation,
     Reservation,
@@ -305,6 +306,8 @@ class ReservationStore:
     ) -> None:
         self._clock = clock
         self._retention = retention
+        # Before anything is read: a second writer would count only its own reservations.
+        self._lock = None if str(path) == ":memory:" else WriterLock.acquire(path)
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -322,6 +325,8 @@ class ReservationStore:
 
     def close(self) -> None:
         self._db.close()
+        if self._lock is not None:
+            self._lock.release()
 
     def _load_usage(self) -> dict[str, dict[str, Decimal]]:
         """The capacity in use per node, from the table: at start-up and after a rolled-back batch."""
