@@ -27,6 +27,7 @@ from bindery.reference_rm.server import (
     DEFAULT_MAX_GROUP_BODY_BYTES,
     serve_reference_rm,
 )
+from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS
 from bindery.reference_rm.writerlock import DatabaseLocked
 
 __all__ = ["build_parser", "main", "serve_command", "served_url"]
@@ -120,6 +121,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve without POST /v1/batch (contract v1.1): it answers 404 as a v1.0 RM's does, to test "
         "how a caller falls back to single calls; with --no-groups the RM looks like a v1.0 one",
     )
+    serve.add_argument(
+        "--retain-released-seconds",
+        type=float,
+        default=3600.0,
+        help="keep released and expired reservations this long, so late calls get a precise answer "
+        "(default %(default)s)",
+    )
+    serve.add_argument(
+        "--max-released-rows",
+        type=int,
+        default=DEFAULT_MAX_RELEASED_ROWS,
+        help="keep at most this many released and expired reservations, the most recent, whatever "
+        "--retain-released-seconds says: bounds the disk tenants can fill (default %(default)s)",
+    )
     serve.add_argument("--log-level", default="INFO")
     return parser
 
@@ -154,6 +169,8 @@ async def _serve(args: argparse.Namespace) -> None:
         raise ValueError(
             f"give --token-file or set ${TOKEN_ENV} (or --insecure-no-auth for local experiments)"
         )
+    if args.retain_released_seconds < 0 or args.max_released_rows < 0:
+        raise ValueError("--retain-released-seconds and --max-released-rows must not be negative")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -175,6 +192,8 @@ async def _serve(args: argparse.Namespace) -> None:
                 max_group_body_bytes=args.max_group_body_bytes,
                 batch=not args.no_batch,
                 max_batch_body_bytes=args.max_batch_body_bytes,
+                retention=args.retain_released_seconds,
+                max_released_rows=args.max_released_rows,
             )
         )
         if args.mirror_nodes:
