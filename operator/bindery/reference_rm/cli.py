@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--kubeconfig", type=pathlib.Path, help="kubeconfig for --mirror-nodes (default: in-cluster)"
     )
+    serve.add_argument(
+        "--mirror-stale-seconds",
+        type=float,
+        default=60.0,
+        help="with --mirror-nodes, /readyz answers 503 once listing or watching the nodes or pods has failed "
+        "this long with no success in between (default %(default)s)",
+    )
     serve.add_argument("--token-file", type=pathlib.Path, help=f"bearer token file (or set ${TOKEN_ENV})")
     serve.add_argument("--insecure-no-auth", action="store_true", help="accept requests without a token")
     serve.add_argument("--policy", choices=[p.value for p in Policy], default=Policy.BINPACK.value)
@@ -169,8 +176,11 @@ async def _serve(args: argparse.Namespace) -> None:
         raise ValueError(
             f"give --token-file or set ${TOKEN_ENV} (or --insecure-no-auth for local experiments)"
         )
-    if args.retain_released_seconds < 0 or args.max_released_rows < 0:
-        raise ValueError("--retain-released-seconds and --max-released-rows must not be negative")
+    if args.retain_released_seconds < 0 or args.max_released_rows < 0 or args.mirror_stale_seconds <= 0:
+        raise ValueError(
+            "--retain-released-seconds and --max-released-rows must not be negative, "
+            "--mirror-stale-seconds must be positive"
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -205,13 +215,18 @@ async def _serve(args: argparse.Namespace) -> None:
             # The nodes are shared with every other pod on them: count those too (reference_rm/accounting.py),
             # and stay unready until both the nodes and the pods are known.
             gate = MirrorGate(set_inventory=server.rm.set_inventory, set_bound_pods=server.rm.set_bound_pods)
+            stale = args.mirror_stale_seconds
             mirrors = (
-                NodeMirror(api=api, label_selector=args.node_selector, on_change=gate.nodes),
-                PodMirror(api=api, on_change=gate.pods),
+                NodeMirror(
+                    api=api, label_selector=args.node_selector, on_change=gate.nodes, stale_after=stale
+                ),
+                PodMirror(api=api, on_change=gate.pods, stale_after=stale),
             )
             for mirror, task_name in zip(mirrors, ("node-mirror", "pod-mirror"), strict=True):
                 task = asyncio.create_task(mirror.run(), name=task_name)
                 stack.callback(task.cancel)
+                # A mirror failing for too long leaves the RM placing on a stale snapshot: unready.
+                server.rm.add_readiness_check(mirror.health.stale_reason)
         print(f"{BANNER}{server.url}", flush=True)
         await stop.wait()
 
