@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -74,6 +74,7 @@ async def rm_process(
     token_file: pathlib.Path,
     kubeconfig: pathlib.Path | None = None,
     wait_ready: bool = True,
+    extra_options: Sequence[str] = (),
 ) -> AsyncIterator[ResourceManagerClient]:
     """``bindery rm serve --mirror-nodes`` for the pool, yielding a client (once it is ready)."""
     options = [
@@ -82,6 +83,7 @@ async def rm_process(
         pool.selector,
         "--kubeconfig",
         str(kubeconfig or plane.kubeconfig),
+        *extra_options,
     ]
     log_path = directory / "rm.log"
     with log_path.open("ab") as log:

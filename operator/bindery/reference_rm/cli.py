@@ -1,7 +1,8 @@
 """Command line of the reference RM: ``bindery rm serve ...`` calls :func:`main`.
 
-Configuration errors (unreadable inventory, missing token, bad TLS files) exit with status 2 and a
-one-line message saying what to fix, before the server binds its port.
+Configuration errors (unreadable inventory, missing token, bad TLS files, a database another RM
+process holds) exit with status 2 and a one-line message saying what to fix, before the server binds
+its port.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from bindery.reference_rm.server import (
     DEFAULT_MAX_GROUP_BODY_BYTES,
     serve_reference_rm,
 )
+from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS
+from bindery.reference_rm.writerlock import DatabaseLocked
 
 __all__ = ["build_parser", "main", "serve_command", "served_url"]
 
@@ -87,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--kubeconfig", type=pathlib.Path, help="kubeconfig for --mirror-nodes (default: in-cluster)"
     )
+    serve.add_argument(
+        "--mirror-stale-seconds",
+        type=float,
+        default=60.0,
+        help="with --mirror-nodes, /readyz answers 503 once listing or watching the nodes or pods has failed "
+        "this long with no success in between (default %(default)s)",
+    )
     serve.add_argument("--token-file", type=pathlib.Path, help=f"bearer token file (or set ${TOKEN_ENV})")
     serve.add_argument("--insecure-no-auth", action="store_true", help="accept requests without a token")
     serve.add_argument("--policy", choices=[p.value for p in Policy], default=Policy.BINPACK.value)
@@ -117,6 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve without POST /v1/batch (contract v1.1): it answers 404 as a v1.0 RM's does, to test "
         "how a caller falls back to single calls; with --no-groups the RM looks like a v1.0 one",
+    )
+    serve.add_argument(
+        "--retain-released-seconds",
+        type=float,
+        default=3600.0,
+        help="keep released and expired reservations this long, so late calls get a precise answer "
+        "(default %(default)s)",
+    )
+    serve.add_argument(
+        "--max-released-rows",
+        type=int,
+        default=DEFAULT_MAX_RELEASED_ROWS,
+        help="keep at most this many released and expired reservations, the most recent, whatever "
+        "--retain-released-seconds says: bounds the disk tenants can fill (default %(default)s)",
     )
     serve.add_argument("--log-level", default="INFO")
     return parser
@@ -152,6 +176,11 @@ async def _serve(args: argparse.Namespace) -> None:
         raise ValueError(
             f"give --token-file or set ${TOKEN_ENV} (or --insecure-no-auth for local experiments)"
         )
+    if args.retain_released_seconds < 0 or args.max_released_rows < 0 or args.mirror_stale_seconds <= 0:
+        raise ValueError(
+            "--retain-released-seconds and --max-released-rows must not be negative, "
+            "--mirror-stale-seconds must be positive"
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -173,6 +202,8 @@ async def _serve(args: argparse.Namespace) -> None:
                 max_group_body_bytes=args.max_group_body_bytes,
                 batch=not args.no_batch,
                 max_batch_body_bytes=args.max_batch_body_bytes,
+                retention=args.retain_released_seconds,
+                max_released_rows=args.max_released_rows,
             )
         )
         if args.mirror_nodes:
@@ -184,13 +215,18 @@ async def _serve(args: argparse.Namespace) -> None:
             # The nodes are shared with every other pod on them: count those too (reference_rm/accounting.py),
             # and stay unready until both the nodes and the pods are known.
             gate = MirrorGate(set_inventory=server.rm.set_inventory, set_bound_pods=server.rm.set_bound_pods)
+            stale = args.mirror_stale_seconds
             mirrors = (
-                NodeMirror(api=api, label_selector=args.node_selector, on_change=gate.nodes),
-                PodMirror(api=api, on_change=gate.pods),
+                NodeMirror(
+                    api=api, label_selector=args.node_selector, on_change=gate.nodes, stale_after=stale
+                ),
+                PodMirror(api=api, on_change=gate.pods, stale_after=stale),
             )
             for mirror, task_name in zip(mirrors, ("node-mirror", "pod-mirror"), strict=True):
                 task = asyncio.create_task(mirror.run(), name=task_name)
                 stack.callback(task.cancel)
+                # A mirror failing for too long leaves the RM placing on a stale snapshot: unready.
+                server.rm.add_readiness_check(mirror.health.stale_reason)
         print(f"{BANNER}{server.url}", flush=True)
         await stop.wait()
 
@@ -212,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tracing.configure(service_name="bindery-rm")  # only when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     try:
         asyncio.run(_serve(args))
-    except (InventoryError, ValueError, OSError, ssl.SSLError) as error:
+    except (InventoryError, DatabaseLocked, ValueError, OSError, ssl.SSLError) as error:
         print(f"bindery rm: {error}", file=sys.stderr)
         return 2
     return 0

@@ -15,12 +15,22 @@ Both are :func:`bindery.k8s.watching.list_watch` loops: a watch that ends, break
 resumes from the last resourceVersion after one capped backoff, so a restarted apiserver is survived
 without a restart of the RM; only a ``410 Gone`` relists, and that relist is diffed against the
 objects known, so one deleted while the watch was down arrives as DELETED and disappears.
+
+Retrying for ever is right, but the RM must not look healthy meanwhile: it places on the last
+snapshot, which grows staler by the minute. So each mirror keeps a :class:`MirrorHealth`: once its
+list or watch has failed without a success in between for longer than ``stale_after`` seconds,
+:meth:`MirrorHealth.stale_reason` says so and ``/readyz`` answers 503 with it; the next list or
+watch the apiserver answers makes the RM ready again.  A success is a list completed or a watch
+request answered, so a quiet set whose watches simply end and resume is never stale; a half-open
+stream only counts as a failure once the watch's read timeout (a little over its own timeout)
+notices it.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,18 +39,88 @@ from bindery.k8s import resources
 from bindery.k8s.api import ApiClient
 from bindery.k8s.errors import ApiError, Forbidden
 from bindery.k8s.resources import Resource
-from bindery.k8s.watching import WATCH_BACKOFF, Event, Listed, list_watch
+from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch
 from bindery.podresources import PodResourcesError
 from bindery.reference_rm.accounting import BoundPod, ClusterPods, bound_pod
 from bindery.reference_rm.inventory import node_from_object
 from bindery.reference_rm.placement import InventoryNode
 
-__all__ = ["MirrorGate", "NodeMirror", "PodMirror"]
+__all__ = ["DEFAULT_STALE_AFTER", "MirrorGate", "MirrorHealth", "NodeMirror", "PodMirror"]
 
 log = logging.getLogger(__name__)
 
 #: Bound of one page of a (re)list.
 LIST_TIMEOUT_SECONDS = 60
+#: How long a mirror's list or watch may fail, without a success in between, before the RM is unready.
+DEFAULT_STALE_AFTER = 60.0
+
+
+class MirrorHealth:
+    """Whether one mirror's list-then-watch has been failing for too long (see the module docstring).
+
+    Fed by the loop itself: its backoff reports every failure it waits after, its cursor counts the
+    lists completed and the watches answered, and its logger hands over the failure's message.
+    """
+
+    def __init__(self, *, what: str, stale_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._what = what
+        self._stale_after = stale_after
+        self._clock = clock
+        self.cursor = Cursor()
+        self._failing_since: float | None = None
+        self._progress_at_failure = (0, 0)
+        self.last_error = ""
+        self.ended = False
+
+    def _progress(self) -> tuple[int, int]:
+        return self.cursor.lists, self.cursor.watches
+
+    def failed(self) -> None:
+        """One more failure: it starts a streak unless the previous one had no success since."""
+        if self._failing_since is None or self._progress() != self._progress_at_failure:
+            self._failing_since = self._clock()
+        self._progress_at_failure = self._progress()
+
+    def stale_reason(self) -> str | None:
+        """Why the mirror's snapshot may be stale (the reason ``/readyz`` gives), or None."""
+        if self.ended:
+            return f"the {self._what} mirror stopped ({self.last_error or 'see the log'}); restart the RM"
+        if self._failing_since is None or self._progress() != self._progress_at_failure:
+            return None  # never failed, or the apiserver answered since
+        failing = self._clock() - self._failing_since
+        if failing < self._stale_after:
+            return None
+        return (
+            f"the {self._what} mirror has been failing for {failing:.0f} s "
+            f"(last: {self.last_error or 'see the log'}), so placements rest on a snapshot that may be "
+            f"stale: check that the RM reaches the apiserver and may list and watch {self._what}s; it "
+            "turns ready again as soon as they answer"
+        )
+
+
+class _ReportingBackoff(Backoff):
+    """The watch's backoff, telling the mirror's health of each failure it waits after."""
+
+    def __init__(self, policy: BackoffPolicy, health: MirrorHealth) -> None:
+        super().__init__(policy)
+        self._health = health
+
+    def next(self, *, retry_after: float | None = None) -> float:
+        self._health.failed()
+        return super().next(retry_after=retry_after)
+
+
+class _RememberingLogger(logging.LoggerAdapter[logging.Logger]):
+    """The mirror's logger, keeping the last failure it logged for the reason ``/readyz`` gives."""
+
+    def __init__(self, logger: logging.Logger, health: MirrorHealth) -> None:
+        super().__init__(logger, {})
+        self._health = health
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if level >= logging.WARNING:
+            self._health.last_error = str(msg) % args if args else str(msg)
+        super().log(level, msg, *args, **kwargs)
 
 
 class _ListWatch(abc.ABC):
@@ -49,10 +129,13 @@ class _ListWatch(abc.ABC):
     what = "object"
     resource: Resource
 
-    def __init__(self, *, api: ApiClient, watch_timeout_seconds: int, max_backoff: float) -> None:
+    def __init__(
+        self, *, api: ApiClient, watch_timeout_seconds: int, max_backoff: float, stale_after: float
+    ) -> None:
         self._api = api
         self._watch_timeout = watch_timeout_seconds
         self._max_backoff = max_backoff
+        self.health = MirrorHealth(what=self.what, stale_after=stale_after)
 
     @abc.abstractmethod
     def _selectors(self) -> dict[str, str]: ...
@@ -72,15 +155,25 @@ class _ListWatch(abc.ABC):
 
     async def run(self) -> None:
         """Run until cancelled."""
+        try:
+            await self._follow()
+        except BaseException as error:
+            self.health.ended = True
+            self.health.last_error = repr(error)
+            raise
+
+    async def _follow(self) -> None:
         listed: list[Mapping[str, Any]] = []
         selected = self._selectors()
+        policy = BackoffPolicy(initial=WATCH_BACKOFF.initial, maximum=self._max_backoff)
         async for item in list_watch(
             self._api,
             self.resource,
             watch_seconds=self._watch_timeout,
             list_timeout=LIST_TIMEOUT_SECONDS,
-            backoff=Backoff(BackoffPolicy(initial=WATCH_BACKOFF.initial, maximum=self._max_backoff)),
-            logger=log,
+            cursor=self.health.cursor,
+            backoff=_ReportingBackoff(policy, self.health),
+            logger=_RememberingLogger(log, self.health),
             what=f"{self.what}s for the mirror",
             hint=self._hint,
             label_selector=selected.get("label_selector", ""),
@@ -126,8 +219,14 @@ class NodeMirror(_ListWatch):
         on_change: Callable[[Sequence[InventoryNode]], None],
         watch_timeout_seconds: int = 300,
         max_backoff: float = 10.0,
+        stale_after: float = DEFAULT_STALE_AFTER,
     ) -> None:
-        super().__init__(api=api, watch_timeout_seconds=watch_timeout_seconds, max_backoff=max_backoff)
+        super().__init__(
+            api=api,
+            watch_timeout_seconds=watch_timeout_seconds,
+            max_backoff=max_backoff,
+            stale_after=stale_after,
+        )
         self._selector = label_selector
         self._on_change = on_change
         self._nodes: dict[str, InventoryNode] = {}  # the selected nodes that count, by object name
@@ -173,8 +272,14 @@ class PodMirror(_ListWatch):
         on_change: Callable[[ClusterPods], None],
         watch_timeout_seconds: int = 300,
         max_backoff: float = 10.0,
+        stale_after: float = DEFAULT_STALE_AFTER,
     ) -> None:
-        super().__init__(api=api, watch_timeout_seconds=watch_timeout_seconds, max_backoff=max_backoff)
+        super().__init__(
+            api=api,
+            watch_timeout_seconds=watch_timeout_seconds,
+            max_backoff=max_backoff,
+            stale_after=stale_after,
+        )
         self._on_change = on_change
         self._pods: dict[str, BoundPod] = {}  # by UID
         self._by_node: dict[str, dict[str, BoundPod]] = {}

@@ -9,6 +9,12 @@ Contract v1.1's ``POST /v1/batch`` carries many reserve, commit and release oper
 request: the store carries them out in one transaction (:meth:`ReservationStore.batch`), and each
 operation answers through the same function as its single call (:func:`reserve_answer`,
 :func:`commit_answer`, :func:`release_answer`), so a batched operation cannot answer differently.
+
+``/readyz`` answers 503 with the reason while the RM cannot place pods: before it has an inventory,
+while the database refuses writes (a full disk, an I/O error: every reserve would answer 500), and
+while a check added with :meth:`ReferenceRM.add_readiness_check` fails (a mirror gone stale).  A
+failed write is remembered; each ``/readyz`` then tries a write of a request's size, and the first
+that commits makes the RM ready again, with no restart and no need for other traffic.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import logging
 import os
 import pathlib
+import sqlite3
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -36,6 +43,7 @@ from bindery import tracing
 from bindery.reference_rm.accounting import ClusterPods
 from bindery.reference_rm.placement import InventoryNode, Policy
 from bindery.reference_rm.store import (
+    DEFAULT_MAX_RELEASED_ROWS,
     BatchOutcome,
     CommitOutcome,
     Conflict,
@@ -113,6 +121,13 @@ _KINDS = {
 }
 P = ParamSpec("P")
 T = TypeVar("T")
+#: Why the RM is not ready, or None when it is (a readiness check of :meth:`ReferenceRM.add_readiness_check`).
+ReadinessCheck = Callable[[], str | None]
+
+
+def _storage_failure(error: sqlite3.Error) -> bool:
+    """Whether the database itself failed (full, I/O, unopenable), not a statement of the store's."""
+    return type(error) in (sqlite3.OperationalError, sqlite3.DatabaseError)
 
 
 def problem(
@@ -419,6 +434,8 @@ class ReferenceRM:
         max_group_body_bytes: int = DEFAULT_MAX_GROUP_BODY_BYTES,
         batch: bool = True,
         max_batch_body_bytes: int = DEFAULT_MAX_BATCH_BODY_BYTES,
+        retention: float = 3600.0,
+        max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
     ) -> None:
         """``groups=False`` serves contract v1.1 without reservation groups: their paths answer 404,
         as a v1.0 RM's do, so a caller can be tested against an RM that lacks them.  ``batch=False``
@@ -438,7 +455,20 @@ class ReferenceRM:
         # Mirror mode: the pods bound to nodes (reference_rm/accounting.py).
         self._pods: ClusterPods | None = None
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="refrm-store")
-        self._store = self._writer.submit(ReservationStore, db_path, clock=clock).result()
+        try:
+            self._store = self._writer.submit(
+                ReservationStore,
+                db_path,
+                clock=clock,
+                retention=retention,
+                max_released_rows=max_released_rows,
+            ).result()
+        except BaseException:  # e.g. another RM holds the database: no thread left behind
+            self._writer.shutdown(wait=True)
+            raise
+        # The last database error of a write (a full disk, an I/O error) until a write commits again.
+        self._storage_failure: str | None = None
+        self._readiness_checks: list[ReadinessCheck] = []
 
     @property
     def inventory(self) -> tuple[InventoryNode, ...] | None:
@@ -460,6 +490,10 @@ class ReferenceRM:
         """
         self._pods = pods
 
+    def add_readiness_check(self, check: ReadinessCheck) -> None:
+        """``/readyz`` answers 503 with ``check()``'s reason whenever it returns one."""
+        self._readiness_checks.append(check)
+
     async def close(self) -> None:
         await self._run(self._store.close)
         self._writer.shutdown(wait=True)
@@ -468,10 +502,15 @@ class ReferenceRM:
         """Run a store operation on the single writer thread (a span of its own when tracing is on)."""
         loop = asyncio.get_running_loop()
         call = functools.partial(function, *args, **kwargs)
-        if not tracing.state.on:
-            return await loop.run_in_executor(self._writer, call)
-        with tracing.span(f"store {getattr(function, '__name__', 'operation')}"):
-            return await loop.run_in_executor(self._writer, call)
+        try:
+            if not tracing.state.on:
+                return await loop.run_in_executor(self._writer, call)
+            with tracing.span(f"store {getattr(function, '__name__', 'operation')}"):
+                return await loop.run_in_executor(self._writer, call)
+        except sqlite3.Error as error:
+            if _storage_failure(error):
+                self._storage_failure = str(error)
+            raise
 
     # -- middleware ------------------------------------------------------------------------------
 
@@ -870,6 +909,22 @@ class ReferenceRM:
             return problem(
                 503, ProblemType.UNAVAILABLE, "the inventory is not loaded yet", headers={"Retry-After": "1"}
             )
+        if self._storage_failure is not None:
+            with contextlib.suppress(sqlite3.Error):  # _run keeps the new reason
+                await self._run(self._store.check_writable)
+                log.info("writes to the database succeed again (%s before): ready", self._storage_failure)
+                self._storage_failure = None
+        if self._storage_failure is not None:
+            return problem(
+                503,
+                ProblemType.UNAVAILABLE,
+                f"writes to the database fail ({self._storage_failure}), so every reserve would fail: free "
+                "space on its volume or repair the disk; the RM turns ready by itself once a write commits",
+                headers={"Retry-After": "5"},
+            )
+        for check in self._readiness_checks:
+            if (reason := check()) is not None:
+                return problem(503, ProblemType.UNAVAILABLE, reason, headers={"Retry-After": "5"})
         return web.json_response({"status": "ready", "nodes": str(len(self._inventory))})
 
     async def _openapi_yaml(self, _: web.Request) -> web.Response:
@@ -906,6 +961,8 @@ async def serve_reference_rm(
     max_group_body_bytes: int = DEFAULT_MAX_GROUP_BODY_BYTES,
     batch: bool = True,
     max_batch_body_bytes: int = DEFAULT_MAX_BATCH_BODY_BYTES,
+    retention: float = 3600.0,
+    max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -929,6 +986,8 @@ async def serve_reference_rm(
         max_group_body_bytes=max_group_body_bytes,
         batch=batch,
         max_batch_body_bytes=max_batch_body_bytes,
+        retention=retention,
+        max_released_rows=max_released_rows,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()

@@ -26,10 +26,19 @@ rolls back, so it never counts what is not on disk.
 Expiry is lazy: every operation first marks reservations whose lease ran out as ``expired``, so the
 answer never depends on a background timer having run.  Released and expired rows are kept for
 ``retention`` seconds so late releases, lists and commits get a precise answer, then deleted.
+
+The storage a tenant can make the RM hold is bounded (issue 20, scenario 6: a tenant filled the
+disk).  A row keeps a digest of the canonical request, not its text (up to 64 KiB of labels,
+tolerations and affinity): the text was only ever compared, to tell a replay from a conflict, and
+the contract returns the reservation, never the request.  At most ``max_released_rows`` released
+and expired rows are kept, the most recently ended ones, whatever the retention; the sweep that
+deletes them runs every minute and also as soon as a tenth of the cap was ended since the last one.
+:meth:`ReservationStore.check_writable` is the probe ``/readyz`` runs while writes fail.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 import sqlite3
@@ -51,6 +60,7 @@ from bindery.reference_rm.placement import (
     effective_usage,
     subtract_usage,
 )
+from bindery.reference_rm.writerlock import WriterLock
 from bindery.rm.models import (
     BatchOperation,
     Reservation,
@@ -61,6 +71,7 @@ from bindery.rm.models import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_RELEASED_ROWS",
     "BatchOutcome",
     "CommitOutcome",
     "Conflict",
@@ -121,6 +132,18 @@ CREATE TRIGGER IF NOT EXISTS reservations_deleted_active AFTER DELETE ON reserva
 """
 #: Columns added by contract v1.1 groups; a database of an older RM gains them when it is opened.
 _GROUP_COLUMNS = {"group_id": "TEXT", "group_index": "INTEGER"}
+#: Bounded storage: the ended rows in the order the cap deletes them (partial: active rows are not
+#: in it), and a table the writability probe writes to.  Added by :meth:`ReservationStore._bound`.
+_BOUNDED_SCHEMA = """
+CREATE INDEX IF NOT EXISTS reservations_ended ON reservations (updated_at, seq)
+    WHERE state NOT IN ('reserved', 'committed');
+CREATE TABLE IF NOT EXISTS write_probe (id INTEGER PRIMARY KEY CHECK (id = 0), payload BLOB NOT NULL);
+"""
+#: What the probe writes: as much as the largest request body, so a pass means a reserve fits.
+_PROBE_BYTES = 64 * 1024
+#: The default cap of released and expired rows (a row is a few hundred bytes).
+DEFAULT_MAX_RELEASED_ROWS = 100_000
+_DIGEST = "sha256:"
 _ACTIVE = (ReservationState.RESERVED.value, ReservationState.COMMITTED.value)
 _COLUMNS = (
     "seq, id, idempotency_key, fingerprint, pod_uid, namespace, name, scheduler_name, node, resources, "
@@ -232,6 +255,11 @@ class StoredGroup:
         )
 
 
+def _digest(fingerprint: str) -> str:
+    """What a row keeps of a request's canonical form: equal digests mean the same request."""
+    return _DIGEST + hashlib.sha256(fingerprint.encode()).hexdigest()
+
+
 def _timestamp(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
@@ -301,16 +329,27 @@ class ReservationStore:
     """SQLite-backed reservations.  NOT thread-safe by design: call it from one thread only."""
 
     def __init__(
-        self, path: pathlib.Path | str, *, clock: Callable[[], float] = time.time, retention: float = 3600.0
+        self,
+        path: pathlib.Path | str,
+        *,
+        clock: Callable[[], float] = time.time,
+        retention: float = 3600.0,
+        max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
     ) -> None:
         self._clock = clock
         self._retention = retention
+        self._max_ended = max_released_rows
+        # Rows ended since the last sweep; a tenth of the cap makes the next operation sweep.
+        self._ended_since_gc = 0
+        # Before anything is read: a second writer would count only its own reservations.
+        self._lock = None if str(path) == ":memory:" else WriterLock.acquire(path)
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
         self._migrate()
+        self._bound()
         self._usage = self._load_usage()
         # The foreign usage of each node as last resolved: (the snapshot's entry it was resolved
         # from, the result). See `_foreign`.
@@ -322,6 +361,8 @@ class ReservationStore:
 
     def close(self) -> None:
         self._db.close()
+        if self._lock is not None:
+            self._lock.release()
 
     def _load_usage(self) -> dict[str, dict[str, Decimal]]:
         """The capacity in use per node, from the table: at start-up and after a rolled-back batch."""
@@ -341,6 +382,30 @@ class ReservationStore:
             "CREATE INDEX IF NOT EXISTS reservations_group ON reservations (group_id, group_index)"
         )
 
+    def _bound(self) -> None:
+        """Bounded storage's schema, and the rows of an older RM (which kept each request's text)
+        reduced to digests; a replay of such a request still matches its reservation."""
+        self._db.executescript(_BOUNDED_SCHEMA)
+        self._db.execute("PRAGMA journal_size_limit=16777216")  # the WAL shrinks back after a burst
+        self._db.create_function("bindery_digest", 1, _digest, deterministic=True)
+        for table in ("reservations", "reservation_groups"):
+            self._db.execute(
+                f"UPDATE {table} SET fingerprint = bindery_digest(fingerprint) WHERE fingerprint LIKE '{{%'"
+            )
+
+    def check_writable(self) -> None:
+        """Raise the database's error unless the cleanup and a write of a request's size commit now.
+
+        ``/readyz`` calls this while writes fail (a full disk, an I/O error), so the RM turns ready
+        again by itself once space is back, whether or not anyone sends it a write meanwhile.
+        """
+        self._next_gc = 0.0  # the cleanup is part of what must work again
+        self._expire()
+        self._db.execute(
+            "INSERT OR REPLACE INTO write_probe (id, payload) VALUES (0, zeroblob(?))", (_PROBE_BYTES,)
+        )
+        self._db.execute("DELETE FROM write_probe")
+
     def usage(self) -> dict[str, dict[str, Decimal]]:
         """A copy of the capacity in use per node (after expiring what is due)."""
         self._expire()
@@ -356,7 +421,7 @@ class ReservationStore:
 
     def _expire(self) -> None:
         now = self._clock()
-        if now < self._next_expiry and now < self._next_gc:
+        if now < self._next_expiry and now < self._next_gc and self._ended_since_gc <= self._max_ended // 10:
             return
         if self._db.in_transaction:
             # Inside a batch: it swept when it began, and its operations happen at that moment.
@@ -368,14 +433,21 @@ class ReservationStore:
                 "RETURNING node, resources",
                 (ReservationState.EXPIRED.value, now, ReservationState.RESERVED.value, now),
             ).fetchall()
+            # The literal states let SQLite use the partial index of ended rows.
             self._db.execute(
-                "DELETE FROM reservations WHERE state NOT IN (?, ?) AND updated_at < ?",
-                (*_ACTIVE, now - self._retention),
+                "DELETE FROM reservations WHERE state NOT IN ('reserved', 'committed') AND updated_at < ?",
+                (now - self._retention,),
             )
             self._db.execute(
-                "DELETE FROM reservation_groups WHERE created_at < ? AND NOT EXISTS "
-                "(SELECT 1 FROM reservations WHERE group_id = reservation_groups.id)",
-                (now - self._retention,),
+                "DELETE FROM reservations WHERE seq IN (SELECT seq FROM reservations "
+                "WHERE state NOT IN ('reserved', 'committed') ORDER BY updated_at DESC, seq DESC "
+                "LIMIT -1 OFFSET ?)",
+                (self._max_ended,),
+            )
+            # Its members all deleted (by age or by the cap): nothing refers to the group any more.
+            self._db.execute(
+                "DELETE FROM reservation_groups WHERE NOT EXISTS "
+                "(SELECT 1 FROM reservations WHERE group_id = reservation_groups.id)"
             )
             self._db.execute("COMMIT")
         except BaseException:
@@ -387,6 +459,7 @@ class ReservationStore:
             )
         self._next_expiry = self._earliest_expiry()
         self._next_gc = now + min(60.0, self._retention)
+        self._ended_since_gc = 0
 
     def _active_for_key(self, key: str) -> StoredReservation | None:
         row = self._db.execute(
@@ -465,7 +538,7 @@ class ReservationStore:
         """Place ``request`` if a node has room for it next to this RM's active reservations and
         ``pods``, the pods bound to the nodes (mirror mode; see :mod:`bindery.reference_rm.accounting`)."""
         self._expire()
-        fingerprint = request.fingerprint()
+        fingerprint = _digest(request.fingerprint())
         existing = self._active_for_key(request.idempotency_key)
         if existing is not None:
             return (
@@ -546,6 +619,7 @@ class ReservationStore:
             (ReservationState.RELEASED.value, self._clock(), reservation_id),
         )
         subtract_usage(self._usage, current.node, current.usage())
+        self._ended_since_gc += 1
         return current
 
     def renew(
@@ -702,7 +776,7 @@ class ReservationStore:
         group (members in their current states), a different one is a conflict.
         """
         self._expire()
-        fingerprint = request.fingerprint()
+        fingerprint = _digest(request.fingerprint())
         existing = self._active_group_for_key(request.idempotency_key)
         if existing is not None:
             if existing.fingerprint == fingerprint:
@@ -807,6 +881,7 @@ class ReservationStore:
             subtract_usage(
                 self._usage, node, {k: parse_quantity(v) for k, v in json.loads(resources).items()}
             )
+        self._ended_since_gc += len(rows)
         return self.get_group(group_id)
 
     def renew_group(self, group_id: str, *, ttl_seconds: int) -> StoredGroup | NotFound | NotActive:
