@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bindery.controller.secrets import CREDENTIALS_LABEL
 from tests.chart import charttools as ct
 from tests.chart.valuesets import VALUE_SETS
 
@@ -250,6 +251,7 @@ def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
     }
     secret = ct.one(objects, "Secret")
     assert len(secret["data"]["token"]) >= 48
+    assert secret["metadata"]["labels"][CREDENTIALS_LABEL] == "true", "the operator would not use it"
     dep = ct.one(objects, "Deployment", "rel-bindery-rm")
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     pod = dep["spec"]["template"]["spec"]

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import base64
 import pathlib
+from collections.abc import Callable
+from typing import Any
 
-from tests.operator.conftest import RealStage, eventually
+from kubernetes_asyncio import client
+
+from bindery.controller.secrets import CREDENTIALS_LABEL
+from tests.operator.conftest import Bindery, RealStage, eventually, resource_manager
+from tests.operator.fakerm import FakeRM
 from tests.realrm import operator_process
 
 
@@ -34,3 +40,84 @@ async def test_verbose_logging_never_writes_the_token_read_from_a_secret(
     encoded = base64.b64encode(token.encode()).decode()
     leaks = [line for line in log.splitlines() if token in line or encoded in line]
     assert not leaks, "the RM token is in the operator's log:\n" + "\n".join(leaks[:3])
+
+
+async def _ready(api: client.ApiClient, name: str) -> dict[str, Any]:
+    body: dict[str, Any] = await client.CustomObjectsApi(api).get_cluster_custom_object(
+        group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=name
+    )
+    found = (body.get("status") or {}).get("conditions") or ()
+    return next((c for c in found if c["type"] == "Ready"), {})
+
+
+async def test_a_secret_without_the_credentials_label_is_not_used_until_labelled(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
+) -> None:
+    """Scenario 8: a ResourceManager may name any Secret the operator can read; only one its owner
+    labelled is sent to the endpoint."""
+    name, secret = uniq("rm"), uniq("someone-elses")
+    core = client.CoreV1Api(kube_api)
+    await core.create_namespaced_secret(
+        namespace=namespace, body={"metadata": {"name": secret}, "stringData": {"token": "not-for-you"}}
+    )
+    auth = {"tokenSecretRef": {"namespace": namespace, "name": secret}}
+    async with resource_manager(
+        kube_api, name=name, scheduler_names=[uniq("s")], endpoint=fake_rm.url, auth=auth
+    ):
+
+        async def refused() -> dict[str, Any] | None:
+            ready = await _ready(kube_api, name)
+            return ready if ready.get("reason") == "CredentialsUnavailable" else None
+
+        ready = await eventually(refused, within=30, what="Ready=False/CredentialsUnavailable")
+        assert ready["status"] == "False"
+        assert f"{CREDENTIALS_LABEL}=true" in ready["message"]
+        assert f"kubectl label secret -n {namespace} {secret} {CREDENTIALS_LABEL}=true" in ready["message"]
+
+        await core.patch_namespaced_secret(
+            name=secret, namespace=namespace, body={"metadata": {"labels": {CREDENTIALS_LABEL: "true"}}}
+        )
+
+        async def scheduling() -> bool:
+            return (await _ready(kube_api, name)).get("reason") == "Scheduling"
+
+        await eventually(scheduling, within=60, what="Ready=True once the Secret is labelled")
+
+
+async def test_the_status_never_lists_the_key_names_of_a_secret(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    fake_rm: FakeRM,
+    uniq: Callable[[str], str],
+) -> None:
+    name, secret = uniq("rm"), uniq("creds")
+    await client.CoreV1Api(kube_api).create_namespaced_secret(
+        namespace=namespace,
+        body={
+            "metadata": {"name": secret, "labels": {CREDENTIALS_LABEL: "true"}},
+            "stringData": {"db-password-of-team-a": "x"},
+        },
+    )
+    auth = {"tokenSecretRef": {"namespace": namespace, "name": secret}}
+    async with resource_manager(
+        kube_api, name=name, scheduler_names=[uniq("s")], endpoint=fake_rm.url, auth=auth
+    ):
+
+        async def refused() -> dict[str, Any] | None:
+            ready = await _ready(kube_api, name)
+            return ready if ready.get("reason") == "CredentialsUnavailable" else None
+
+        ready = await eventually(refused, within=30, what="Ready=False/CredentialsUnavailable")
+        assert "'token'" in ready["message"]
+        assert "db-password-of-team-a" not in ready["message"]
+        body = await client.CustomObjectsApi(kube_api).get_cluster_custom_object(
+            group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=name
+        )
+        assert "db-password-of-team-a" not in str(body.get("status"))

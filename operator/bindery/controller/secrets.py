@@ -5,6 +5,13 @@ TLS material from Secrets is written to a private directory (0700, files 0600), 
 per ResourceManager. Secrets are read when a profile is built and again at every readiness probe
 (`probe_interval`, 30 s by default): a rotated token or certificate gets a new RM client without a
 restart or an edit of the ResourceManager.
+
+Secrets opt in. A ResourceManager names its endpoint and its Secrets, and whoever may write a
+ResourceManager is not necessarily allowed to read every Secret the operator can read: without a
+check, `tokenSecretRef` pointing at someone else's Secret would make the operator send its value to
+an endpoint of the author's choosing. So only a Secret labelled `CREDENTIALS_LABEL=true` is used;
+labelling one is the owner's statement that it is meant for a resource manager. For the same
+reason no message ever lists what an unused Secret contains (not even its key names).
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ from bindery.config import ResourceManagerConfig, SecretKeyRef
 from bindery.k8s import ApiClient, ApiError, get, resources
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.models import Reservation
+
+#: The label (value "true") by which a Secret's owner lets Bindery use it as RM credentials.
+CREDENTIALS_LABEL = "bindery.dev/credentials"
 
 #: Bound of one Secret read: a hung apiserver connection must not freeze a ResourceManager's loop.
 READ_TIMEOUT_SECONDS = 10.0
@@ -83,11 +93,19 @@ async def _secret_value(*, core: ApiClient, ref: SecretKeyRef, what: str) -> byt
             f"cannot read Secret {ref.namespace}/{ref.name} for the {what}: HTTP {exc.status} "
             f"{exc.reason or exc.message}; create it, or grant the operator `get` on it"
         ) from exc
-    data = secret.get("data") or {}
-    if ref.key not in data:
+    labels = (secret.get("metadata") or {}).get("labels") or {}
+    if labels.get(CREDENTIALS_LABEL) != "true":
         raise CredentialsError(
-            f"Secret {ref.namespace}/{ref.name} has no key {ref.key!r} for the {what}; "
-            f"it has: {', '.join(sorted(data)) or 'no keys'}"
+            f"Secret {ref.namespace}/{ref.name} is not labelled {CREDENTIALS_LABEL}=true, so Bindery does "
+            f"not use it for the {what} (the label is its owner's consent to send it to a resource "
+            f"manager); if it is meant for this one, run: kubectl label secret -n {ref.namespace} "
+            f"{ref.name} {CREDENTIALS_LABEL}=true"
+        )
+    data = secret.get("data") or {}
+    if ref.key not in data:  # never list the keys it has: the status is readable by more people
+        raise CredentialsError(
+            f"Secret {ref.namespace}/{ref.name} has no key {ref.key!r} for the {what}; add the key to the "
+            f"Secret or name the right one in the ResourceManager's reference (`key`)"
         )
     return base64.b64decode(data[ref.key])
 
