@@ -8,11 +8,15 @@ token the RM refuses shows in the ResourceManager's status.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import logging
+import os
 import pathlib
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from kubernetes_asyncio import client
 
 from bindery.controller.secrets import CREDENTIALS_LABEL
@@ -121,3 +125,107 @@ async def test_the_status_never_lists_the_key_names_of_a_secret(
             group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=name
         )
         assert "db-password-of-team-a" not in str(body.get("status"))
+
+
+def _replace_atomically(path: pathlib.Path, content: str) -> None:
+    """As the kubelet's atomic writer updates a mounted Secret: the new file appears in one rename."""
+    staged = path.with_name(f".{path.name}.new")
+    staged.write_text(content)
+    os.replace(staged, path)
+
+
+async def _set_secret_token(api: client.ApiClient, *, namespace: str, name: str, token: str) -> None:
+    await client.CoreV1Api(api).patch_namespaced_secret(
+        name=name, namespace=namespace, body={"stringData": {"token": token}}
+    )
+
+
+async def test_rotating_the_token_while_pods_are_scheduled_fails_no_pod(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    real_stage: RealStage,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Scenario 10 in both orders: the operator's Secret changes before the RM's token file (the RM
+    refuses the new token: the operator falls back to the previous one), then the RM's file changes
+    first (the RM accepts the previous token for its overlap; the operator re-reads its Secret after
+    any 401). Pods are created throughout; none gets a FailedScheduling."""
+    caplog.set_level(logging.INFO)
+    stage = real_stage
+    names: list[str] = []
+
+    async def create(prefix: str, count: int) -> None:
+        for i in range(count):
+            names.append(f"{prefix}-{i}")
+            await stage.create(names[-1])
+            await asyncio.sleep(0.2)  # spread over the rotation (pacing, not a wait for anything)
+
+    async def rotated(times: int) -> bool:
+        return caplog.text.count("credentials rotated, new RM client") >= times
+
+    async def all_bound() -> bool:
+        return all([await stage.node_of(name) for name in names])
+
+    async with stage.served():
+        await create("first", 2)
+        await eventually(all_bound, within=60, what="the first pods bound")
+
+        # The Secret first: once the operator uses "two", the RM (still on "one") refuses it.
+        await _set_secret_token(kube_api, namespace=namespace, name=stage.secret, token="two")
+        await eventually(lambda: rotated(1), within=30, what="the operator to read the new token")
+        await create("a", 5)
+        await eventually(all_bound, within=60, what="the pods created before the RM knew the token")
+        _replace_atomically(stage.rm.token_file, "two")
+        await create("b", 3)
+
+        # The RM first: it accepts "two" during its overlap; the Secret follows.
+        _replace_atomically(stage.rm.token_file, "three")
+        creating = asyncio.create_task(create("c", 5))
+        await _set_secret_token(kube_api, namespace=namespace, name=stage.secret, token="three")
+        await eventually(lambda: rotated(2), within=30, what="the operator to read the second token")
+        await creating
+        await create("d", 3)
+
+        await eventually(all_bound, within=120, what="every pod bound")
+        events = await client.EventsV1Api(kube_api).list_namespaced_event(namespace=namespace)
+        failed = [f"{e.regarding.name}: {e.note}" for e in events.items if e.reason == "FailedScheduling"]
+        assert not failed, "pods failed during the rotation:\n" + "\n".join(failed)
+
+
+async def test_a_token_the_rm_refuses_shows_ready_false_token_refused(
+    *,
+    kube_api: client.ApiClient,
+    namespace: str,
+    bindery: Bindery,
+    real_stage: RealStage,
+    uniq: Callable[[str], str],
+) -> None:
+    name, secret = uniq("rm-wrong"), uniq("wrong-token")
+    await client.CoreV1Api(kube_api).create_namespaced_secret(
+        namespace=namespace,
+        body={
+            "metadata": {"name": secret, "labels": {CREDENTIALS_LABEL: "true"}},
+            "stringData": {"token": "not-the-rms-token"},
+        },
+    )
+    auth = {"tokenSecretRef": {"namespace": namespace, "name": secret}}
+    async with resource_manager(
+        kube_api, name=name, scheduler_names=[uniq("s")], endpoint=real_stage.rm.url, auth=auth
+    ):
+
+        async def settled() -> dict[str, Any] | None:
+            ready = await _ready(kube_api, name)
+            return ready if ready.get("status") in ("True", "False") else None
+
+        ready = await eventually(settled, within=60, what="Ready True or False")
+        assert (ready["status"], ready["reason"]) == ("False", "TokenRefused"), ready
+        assert "refused the bearer token" in ready["message"]
+
+        await _set_secret_token(kube_api, namespace=namespace, name=secret, token=real_stage.rm.token)
+
+        async def scheduling() -> bool:
+            return (await _ready(kube_api, name)).get("reason") == "Scheduling"
+
+        await eventually(scheduling, within=60, what="Ready=True once the Secret holds the RM's token")

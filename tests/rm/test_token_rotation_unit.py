@@ -59,3 +59,56 @@ async def test_without_an_overlap_the_previous_token_is_refused(tmp_path: pathli
         async with ResourceManagerClient(base_url=server.url, token="one", allow_insecure_http=True) as old:
             with pytest.raises(RMError, match="HTTP 401"):
                 await old.list_reservations()
+
+
+async def test_after_a_401_the_client_asks_for_the_current_token_and_falls_back_to_the_previous(
+    tmp_path: pathlib.Path,
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("one")
+    secret = {"token": "one"}  # what the operator's Secret holds
+    asked: list[str] = []
+
+    async def reread() -> str | None:
+        asked.append(secret["token"])
+        return secret["token"]
+
+    async with (
+        serve_reference_rm(
+            db_path=tmp_path / "rm.sqlite",
+            inventory=small_inventory(),
+            token_file=token_file,
+            token_overlap=0.0,
+        ) as server,
+        ResourceManagerClient(
+            base_url=server.url, token="one", on_unauthorized=reread, allow_insecure_http=True
+        ) as client,
+    ):
+        await client.list_reservations()
+        assert asked == []
+        # The RM rotated first (no overlap): the client re-reads the Secret at the 401 and retries.
+        secret["token"] = "two"
+        _rotate(token_file, "two")
+        await client.list_reservations()
+        assert asked == ["two"]
+        # The Secret changed first: the RM refuses "three", the previous token ("two") still works.
+        secret["token"] = "three"
+        async with ResourceManagerClient(
+            base_url=server.url,
+            token="three",
+            previous_token="two",
+            on_unauthorized=reread,
+            allow_insecure_http=True,
+        ) as rotated:
+            await rotated.list_reservations()
+
+
+async def test_the_readiness_probe_authenticates(tmp_path: pathlib.Path) -> None:
+    async with (
+        serve_reference_rm(
+            db_path=tmp_path / "rm.sqlite", inventory=small_inventory(), token="right"
+        ) as server,
+        ResourceManagerClient(base_url=server.url, token="wrong", allow_insecure_http=True) as client,
+    ):
+        with pytest.raises(RMError, match="refused the bearer token"):
+            await client.check_ready()

@@ -20,6 +20,7 @@ import base64
 import dataclasses
 import hashlib
 import pathlib
+from collections.abc import Awaitable, Callable
 
 from bindery.config import ResourceManagerConfig, SecretKeyRef
 from bindery.k8s import ApiClient, ApiError, get, resources
@@ -53,9 +54,8 @@ async def resolve_credentials(
     target = directory / config.name
     target.mkdir(mode=0o700, parents=True, exist_ok=True)
     material = hashlib.sha256()
-    token = None
-    if config.token_ref is not None:
-        token = (await _secret_value(core=core, ref=config.token_ref, what="bearer token")).decode().strip()
+    token = await read_token(api=core, config=config)
+    if token is not None:
         material.update(b"token\0" + token.encode())
     ca_file = None
     if config.ca_bundle is not None:
@@ -72,6 +72,13 @@ async def resolve_credentials(
         material.update(b"cert\0" + cert + b"key\0" + key)
         client_cert = (_write(target / "tls.crt", cert), _write(target / "tls.key", key))
     return RMCredentials(token=token, ca_file=ca_file, client_cert=client_cert, digest=material.hexdigest())
+
+
+async def read_token(*, api: ApiClient, config: ResourceManagerConfig) -> str | None:
+    """The bearer token the ResourceManager's Secret holds now (None: it references none)."""
+    if config.token_ref is None:
+        return None
+    return (await _secret_value(core=api, ref=config.token_ref, what="bearer token")).decode().strip()
 
 
 async def _secret_value(*, core: ApiClient, ref: SecretKeyRef, what: str) -> bytes:
@@ -116,15 +123,24 @@ def _write(path: pathlib.Path, data: bytes) -> pathlib.Path:
     return path
 
 
-def rm_client_for(*, config: ResourceManagerConfig, credentials: RMCredentials) -> ResourceManagerClient:
+def rm_client_for(
+    *,
+    config: ResourceManagerConfig,
+    credentials: RMCredentials,
+    previous_token: str | None = None,
+    on_unauthorized: Callable[[], Awaitable[str | None]] | None = None,
+) -> ResourceManagerClient:
     """The RM client a ResourceManager's spec and its resolved credentials describe.
 
     One place, so the operator and `bindery audit` reach an RM the same way. Raises ValueError or
-    OSError for an endpoint or TLS material the client refuses.
+    OSError for an endpoint or TLS material the client refuses. `previous_token` and
+    `on_unauthorized` are the client's 401 handling (see `bindery.rm.client.TokenSource`).
     """
     return ResourceManagerClient(
         base_url=config.endpoint,
         token=credentials.token,
+        previous_token=previous_token if previous_token != credentials.token else None,
+        on_unauthorized=on_unauthorized,
         ca_file=credentials.ca_file,
         client_cert=credentials.client_cert,
         connect_timeout=config.connect_timeout,
