@@ -591,7 +591,11 @@ class Plane:
         await self.api.call(
             "POST",
             f"/api/v1/namespaces/{namespace}/secrets",
-            {"metadata": {"name": "reference-rm-token"}, "stringData": {"token": token}},
+            {
+                # bindery.controller.secrets.CREDENTIALS_LABEL: the Secret is meant for an RM
+                "metadata": {"name": "reference-rm-token", "labels": {"bindery.dev/credentials": "true"}},
+                "stringData": {"token": token},
+            },
         )
         await self.api.call(
             "POST",

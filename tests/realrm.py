@@ -40,6 +40,7 @@ from typing import Any, Self
 from kubernetes_asyncio import client
 
 from bindery.audit.findings import leaked_reservations, overcommitted_nodes, unreserved_pods
+from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.reference_rm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.models import Reservation, ReservationState
@@ -304,7 +305,11 @@ async def serve_with(
     """
     secret = f"{name}-token"
     await client.CoreV1Api(api).create_namespaced_secret(
-        namespace=namespace, body={"metadata": {"name": secret}, "stringData": {"token": rm.token}}
+        namespace=namespace,
+        body={
+            "metadata": {"name": secret, "labels": {CREDENTIALS_LABEL: "true"}},
+            "stringData": {"token": rm.token},
+        },
     )
     body = {
         "apiVersion": "bindery.dev/v1alpha1",

@@ -39,6 +39,7 @@ from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.options import OperatorOptions
 from bindery.controller.runtime import Runtime
+from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.k8s import ApiClient, client_from, resources
 from bindery.k8s.watching import Event, list_watch
 from bindery.quantity import format_quantity
@@ -259,7 +260,10 @@ async def create_reference_resource_manager(
         api,
         resources.SECRETS,
         namespace=SYSTEM_NAMESPACE,
-        body={"metadata": {"name": "reference-rm-token"}, "stringData": {"token": token}},
+        body={
+            "metadata": {"name": "reference-rm-token", "labels": {CREDENTIALS_LABEL: "true"}},
+            "stringData": {"token": token},
+        },
     )
     await k8s.create(
         api,

@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -144,8 +145,12 @@ def _values_default(key: str) -> Any:
 
 
 def _healthz(url: str) -> bool:
+    """As the kubelet probes: an HTTPS probe does not verify the certificate."""
+    unverified = ssl.create_default_context()
+    unverified.check_hostname = False
+    unverified.verify_mode = ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        with urllib.request.urlopen(url, timeout=2, context=unverified) as resp:
             return bool(resp.status == 200)
     except OSError:
         return False
@@ -170,9 +175,12 @@ async def test_operator_schedules_a_pod_under_the_charts_rbac(
             f"referenceRM.schedulerNames={{{scheduler}}}",
             "--set",
             f"referenceRM.mirrorNodeSelector=bindery.dev/pool={pool}",
-            # The RM runs on loopback here instead of behind the in-cluster Service.
+            # The RM runs on loopback here instead of behind the in-cluster Service: its certificate
+            # (TLS is on by default) also names localhost, which the operator connects to.
             "--set",
-            f"referenceRM.resourceManagerSpec.endpoint=http://127.0.0.1:{rm_port}",
+            f"referenceRM.resourceManagerSpec.endpoint=https://localhost:{rm_port}",
+            "--set",
+            "referenceRM.tls.extraDNSNames={localhost}",
             "--set",
             "referenceRM.resourceManagerSpec.reservationTTLSeconds=30",
         ],
@@ -217,6 +225,10 @@ async def _schedule_through_the_chart(
     )
     token_file = tmp / "token"
     token_file.write_bytes(base64.b64decode(secret["data"]["token"]))
+    # The RM's certificate and key, as the Deployment mounts them from <full>-rm-tls.
+    tls = json.loads(plane.kubectl("get", "secret", f"{full}-rm-tls", "-n", namespace, "-o", "json").stdout)
+    for key in ("tls.crt", "tls.key"):
+        (tmp / key).write_bytes(base64.b64decode(tls["data"][key]))
     rm_kubeconfig = _sa_kubeconfig(plane, namespace=namespace, sa=f"{full}-rm", path=tmp / "rm.kubeconfig")
     op_kubeconfig = _sa_kubeconfig(plane, namespace=namespace, sa=full, path=tmp / "operator.kubeconfig")
 
@@ -228,6 +240,8 @@ async def _schedule_through_the_chart(
             "--listen": f"127.0.0.1:{rm_port}",
             "--db": str(tmp / "rm.sqlite"),
             "--token-file": str(token_file),
+            "--tls-cert": str(tmp / "tls.crt"),
+            "--tls-key": str(tmp / "tls.key"),
         },
     )
     op = _container(plane, namespace=namespace, deployment=full)
@@ -254,7 +268,11 @@ async def _schedule_through_the_chart(
 
         # The probes the chart configures answer 200 from the real processes.
         probes = [
-            (f"http://127.0.0.1:{port}{container[probe]['httpGet']['path']}", f"{name} {probe}")
+            (
+                f"{container[probe]['httpGet'].get('scheme', 'HTTP').lower()}://127.0.0.1:{port}"
+                f"{container[probe]['httpGet']['path']}",
+                f"{name} {probe}",
+            )
             for container, port, name in ((op, health_port, "operator"), (rm, rm_port, "reference RM"))
             for probe in ("livenessProbe", "readinessProbe")
         ]

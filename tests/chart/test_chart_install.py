@@ -102,6 +102,7 @@ def test_install_upgrade_uninstall(controlplane: ControlPlane, helm: str, namesp
     secret = _get(controlplane, "secret", f"{full}-rm-token", "-n", namespace)
     token = base64.b64decode(secret["data"]["token"])
     assert len(token) == 48
+    certificate = _get(controlplane, "secret", f"{full}-rm-tls", "-n", namespace)["data"]
     pvc = _get(controlplane, "pvc", f"{full}-rm-data", "-n", namespace)
     assert pvc["spec"]["resources"]["requests"]["storage"] == "1Gi"
 
@@ -133,6 +134,10 @@ def test_install_upgrade_uninstall(controlplane: ControlPlane, helm: str, namesp
     assert status["info"]["status"] == "deployed"
     again = _get(controlplane, "secret", f"{full}-rm-token", "-n", namespace)
     assert base64.b64decode(again["data"]["token"]) == token, "the generated token must survive upgrades"
+    kept = _get(controlplane, "secret", f"{full}-rm-tls", "-n", namespace)["data"]
+    assert kept == certificate, "the generated CA and certificate must survive upgrades"
+    ca = _get(controlplane, "secret", f"{full}-rm-ca", "-n", namespace)["data"]
+    assert ca == {"ca.crt": certificate["ca.crt"]}
     assert _get(controlplane, "resourcemanager", other)["spec"]["endpoint"] == "https://rm.example.com"
     operator = _get(controlplane, "deployment", full, "-n", namespace)
     assert operator["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--verbose"

@@ -5,8 +5,10 @@ Nothing here needs a cluster; test_chart_install.py applies the same renders to 
 
 from __future__ import annotations
 
+import base64
 import json
 import pathlib
+import ssl
 import tarfile
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bindery.controller.secrets import CREDENTIALS_LABEL
 from tests.chart import charttools as ct
 from tests.chart.valuesets import VALUE_SETS
 
@@ -91,6 +94,8 @@ def test_default_install_has_every_part(rendered: dict[str, list[dict[str, Any]]
             ("Role", "rel-bindery-secrets"),
             ("RoleBinding", "rel-bindery-leader-election"),
             ("RoleBinding", "rel-bindery-secrets"),
+            ("Secret", "rel-bindery-rm-ca"),
+            ("Secret", "rel-bindery-rm-tls"),
             ("Secret", "rel-bindery-rm-token"),
             ("Service", "rel-bindery-metrics"),
             ("Service", "rel-bindery-rm"),
@@ -244,12 +249,13 @@ def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
     rm = ct.one(objects, "ResourceManager")
     assert rm["spec"] == {
         "schedulerNames": ["bindery"],
-        "endpoint": f"http://rel-bindery-rm.{NAMESPACE}.svc:8080",
-        "allowInsecureHTTP": True,
+        "endpoint": f"https://rel-bindery-rm.{NAMESPACE}.svc:8080",
         "auth": {"tokenSecretRef": {"namespace": NAMESPACE, "name": "rel-bindery-rm-token", "key": "token"}},
+        "tls": {"caSecretRef": {"namespace": NAMESPACE, "name": "rel-bindery-rm-ca", "key": "ca.crt"}},
     }
-    secret = ct.one(objects, "Secret")
+    secret = ct.one(objects, "Secret", "rel-bindery-rm-token")
     assert len(secret["data"]["token"]) >= 48
+    assert secret["metadata"]["labels"][CREDENTIALS_LABEL] == "true", "the operator would not use it"
     dep = ct.one(objects, "Deployment", "rel-bindery-rm")
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     pod = dep["spec"]["template"]["spec"]
@@ -263,13 +269,16 @@ def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
         "--db=/var/lib/bindery-rm/rm.sqlite",
         "--mirror-nodes",
         "--token-file=/etc/bindery-rm/token/token",
+        "--tls-cert=/etc/bindery-rm/tls/tls.crt",
+        "--tls-key=/etc/bindery-rm/tls/tls.key",
     ]
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTPS"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTPS"}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "rel-bindery-rm-data"}
     assert volumes["token"]["secret"]["secretName"] == "rel-bindery-rm-token"
-    # Only the operator may talk to the plain-HTTP reference RM.
+    assert volumes["tls"]["secret"]["secretName"] == "rel-bindery-rm-tls"
+    # Only the operator may talk to the reference RM.
     policy = ct.one(objects, "NetworkPolicy", "rel-bindery-rm")
     assert policy["spec"]["ingress"][0]["from"] == [
         {
@@ -289,13 +298,78 @@ def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
     ]
 
 
+def test_reference_rm_serves_https_with_a_certificate_the_resource_managers_ca_verifies(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: pathlib.Path
+) -> None:
+    """Issue 20, item 10: the bearer token no longer crosses the cluster network in clear. The CA
+    Secret the ResourceManager names carries the credentials label and no private key."""
+    objects = rendered["defaults"]
+    tls = ct.one(objects, "Secret", "rel-bindery-rm-tls")
+    ca = ct.one(objects, "Secret", "rel-bindery-rm-ca")
+    assert ca["metadata"]["labels"][CREDENTIALS_LABEL] == "true"
+    assert set(ca["data"]) == {"ca.crt"}
+    assert ca["data"]["ca.crt"] == tls["data"]["ca.crt"]
+    files = {}
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        files[key] = tmp_path / key
+        files[key].write_bytes(base64.b64decode(tls["data"][key]))
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(certfile=files["tls.crt"], keyfile=files["tls.key"])
+    client_side = ssl.create_default_context(cafile=files["ca.crt"])
+    for name in (
+        "rel-bindery-rm",
+        f"rel-bindery-rm.{NAMESPACE}.svc",
+        f"rel-bindery-rm.{NAMESPACE}.svc.cluster.local",
+    ):
+        _handshake(server=server, client_side=client_side, hostname=name)
+
+
+def test_reference_rm_without_tls_is_plain_http_as_before(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    objects = ct.render(
+        helm=helm, env=helm_env, tmp=tmp_path, values={"referenceRM": {"tls": {"enabled": False}}}
+    )
+    rm = ct.one(objects, "ResourceManager")
+    assert rm["spec"]["endpoint"] == f"http://rel-bindery-rm.{NAMESPACE}.svc:8080"
+    assert rm["spec"]["allowInsecureHTTP"] is True
+    assert "tls" not in rm["spec"]
+    assert [o["metadata"]["name"] for o in ct.by_kind(objects, "Secret")] == ["rel-bindery-rm-token"]
+    container = ct.one(objects, "Deployment", "rel-bindery-rm")["spec"]["template"]["spec"]["containers"][0]
+    assert not [a for a in container["args"] if a.startswith("--tls")]
+    assert "scheme" not in container["readinessProbe"]["httpGet"]
+
+
+def _handshake(*, server: ssl.SSLContext, client_side: ssl.SSLContext, hostname: str) -> None:
+    """A TLS handshake in memory: raises ssl.SSLCertVerificationError if `hostname` is not covered."""
+    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    client_end = client_side.wrap_bio(c_in, c_out, server_hostname=hostname)
+    server_end = server.wrap_bio(s_in, s_out, server_side=True)
+    done = {"client": False, "server": False}
+    for _ in range(10):
+        for side, end in (("client", client_end), ("server", server_end)):
+            if not done[side]:
+                try:
+                    end.do_handshake()
+                    done[side] = True
+                except ssl.SSLWantReadError:
+                    pass
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if all(done.values()):
+            return
+    raise AssertionError(f"the TLS handshake for {hostname} did not finish")
+
+
 def test_reference_rm_tuned(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objects = rendered["reference-rm-tuned"]
-    assert not ct.by_kind(objects, "Secret"), "an existing token Secret must not be generated"
+    assert not [o for o in ct.by_kind(objects, "Secret") if o["metadata"]["name"].endswith("-token")], (
+        "an existing token Secret must not be generated"
+    )
     assert not ct.by_kind(objects, "PersistentVolumeClaim")
     rm = ct.one(objects, "ResourceManager", "sched-rm")
     assert rm["spec"]["schedulerNames"] == ["bindery", "bindery-batch"]
-    assert rm["spec"]["endpoint"] == f"http://sched-rm.{NAMESPACE}.svc:9000"
+    assert rm["spec"]["endpoint"] == f"https://sched-rm.{NAMESPACE}.svc:9000"
     assert rm["spec"]["auth"]["tokenSecretRef"]["name"] == "my-rm-token"
     assert rm["spec"]["maxInFlight"] == 32
     assert rm["spec"]["nodeCheck"] == "Basic"
@@ -329,7 +403,10 @@ def test_generated_token_differs_per_render(
 ) -> None:
     # Offline there is nothing to look up, so each render generates; install keeps it (see install tests).
     tokens = {
-        ct.one(ct.render(helm=helm, env=helm_env, tmp=tmp_path), "Secret")["data"]["token"] for _ in range(2)
+        ct.one(ct.render(helm=helm, env=helm_env, tmp=tmp_path), "Secret", "rel-bindery-rm-token")["data"][
+            "token"
+        ]
+        for _ in range(2)
     }
     assert len(tokens) == 2
 

@@ -24,6 +24,7 @@ from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.metrics import RESULTS
 from bindery.controller.options import OperatorOptions
+from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import Reservation
@@ -223,7 +224,11 @@ async def real_stage_of(
         ) as rm:
             secret = f"rm-token-{token}"
             await client.CoreV1Api(api).create_namespaced_secret(
-                namespace=namespace, body={"metadata": {"name": secret}, "stringData": {"token": rm.token}}
+                namespace=namespace,
+                body={
+                    "metadata": {"name": secret, "labels": {CREDENTIALS_LABEL: "true"}},
+                    "stringData": {"token": rm.token},
+                },
             )
             yield RealStage(
                 api=api,

@@ -25,6 +25,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import Reservation, ReservationState
@@ -175,7 +176,11 @@ async def world(
         ):
             secret = uniq("rm-token")
             await client.CoreV1Api(kube_api).create_namespaced_secret(
-                namespace=namespace, body={"metadata": {"name": secret}, "stringData": {"token": rm.token}}
+                namespace=namespace,
+                body={
+                    "metadata": {"name": secret, "labels": {CREDENTIALS_LABEL: "true"}},
+                    "stringData": {"token": rm.token},
+                },
             )
             kubeconfig = controlplane.mint_kubeconfig(
                 user=OPERATOR_USER, path=tmp_path / "proxied.kubeconfig", server=api_proxy.url

@@ -124,6 +124,16 @@ def test_status_ready_needs_a_valid_spec_no_conflicts_and_a_reachable_rm() -> No
     assert invalid["lastError"] == "bad"
 
 
+def test_a_refused_token_is_its_own_reason_not_a_generic_unreachable() -> None:
+    refused = Observation(
+        generation=1, reachable=False, reach_message="refused the bearer token", token_refused=True
+    )
+    status = compute_status(observation=refused, previous=None, now=NOW)
+    assert (_ready(status)["status"], _ready(status)["reason"]) == ("False", "TokenRefused")
+    assert _ready(status)["message"] == "refused the bearer token"
+    assert status["lastError"] == "refused the bearer token"
+
+
 def test_transition_time_moves_only_when_the_status_changes() -> None:
     first = compute_status(observation=Observation(generation=1, reachable=True), previous=None, now=NOW)
     later = NOW + datetime.timedelta(minutes=5)

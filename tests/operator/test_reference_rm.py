@@ -10,6 +10,7 @@ from decimal import Decimal
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.reference_rm.placement import InventoryNode
 from bindery.reference_rm.server import serve_reference_rm
@@ -40,7 +41,11 @@ async def test_binds_with_the_reference_rm_and_survives_a_token_rotation(
     secret = uniq("rm-token")
     core = client.CoreV1Api(kube_api)
     await core.create_namespaced_secret(
-        namespace=namespace, body={"metadata": {"name": secret}, "stringData": {"token": "token-one"}}
+        namespace=namespace,
+        body={
+            "metadata": {"name": secret, "labels": {CREDENTIALS_LABEL: "true"}},
+            "stringData": {"token": "token-one"},
+        },
     )
     inventory = [
         InventoryNode(

@@ -18,6 +18,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.backoff import Backoff
+from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.controller.supervisor import SUPERVISOR_BACKOFF
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
@@ -97,7 +98,11 @@ async def test_a_resource_manager_created_before_its_token_secret_recovers_once_
         await create_pod(kube_api, namespace=namespace, body=pod_body(name="p", scheduler_name=scheduler))
 
         await client.CoreV1Api(kube_api).create_namespaced_secret(
-            namespace=namespace, body={"metadata": {"name": secret}, "stringData": {"token": ref_rm.token}}
+            namespace=namespace,
+            body={
+                "metadata": {"name": secret, "labels": {CREDENTIALS_LABEL: "true"}},
+                "stringData": {"token": ref_rm.token},
+            },
         )
 
         async def ready() -> bool:

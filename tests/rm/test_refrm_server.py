@@ -415,11 +415,16 @@ async def test_back_pressure_answers_429_with_retry_after(tmp_path: pathlib.Path
 
 
 async def test_server_token_file_rotation(tmp_path: pathlib.Path) -> None:
+    """With no overlap (`--token-overlap 0`) a rotation is a hard cut; the overlap's own tests are
+    in test_token_rotation_unit.py."""
     token_file = tmp_path / "token"
     token_file.write_text("old-token\n")
     async with (
         serve_reference_rm(
-            db_path=tmp_path / "rm.sqlite", inventory=small_inventory(), token_file=token_file
+            db_path=tmp_path / "rm.sqlite",
+            inventory=small_inventory(),
+            token_file=token_file,
+            token_overlap=0,
         ) as server,
         httpx.AsyncClient(base_url=server.url) as http,
     ):

@@ -387,10 +387,17 @@ async def test_unreachable_server_is_unavailable() -> None:
 
 
 async def test_ready_check(server: FaultServer) -> None:
-    server.play(respond(lambda: web.json_response({"status": "ok"})))
+    server.play(
+        respond(lambda: web.json_response({"status": "ok"})),
+        respond(lambda: web.json_response({"items": [], "nextCursor": None})),
+    )
     async with make_client(server) as client:
         await client.check_ready()
-        assert server.tokens == [None]  # health endpoints are unauthenticated
+        # /readyz is unauthenticated; the list after it proves the RM accepts the token.
+        assert [(r.path, t) for r, t in zip(server.seen, server.tokens, strict=True)] == [
+            ("/readyz", None),
+            ("/v1/reservations", "secret"),
+        ]
         server.play(respond(lambda: web.Response(status=503, headers={"Retry-After": "0"})))
         with pytest.raises(RMUnavailable):
             await client.check_ready()

@@ -86,7 +86,8 @@ app.kubernetes.io/component: reference-rm
 
 {{/* In-cluster URL of the reference RM. */}}
 {{- define "bindery.refrm.endpoint" -}}
-{{- printf "http://%s.%s.svc:%d" (include "bindery.refrm.fullname" .) .Release.Namespace (int .Values.referenceRM.port) }}
+{{- $scheme := ternary "https" "http" .Values.referenceRM.tls.enabled }}
+{{- printf "%s://%s.%s.svc:%d" $scheme (include "bindery.refrm.fullname" .) .Release.Namespace (int .Values.referenceRM.port) }}
 {{- end }}
 
 {{/* Every scheduler name the values configure (for NOTES.txt). */}}

@@ -28,7 +28,7 @@ from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
 from bindery.controller.watches.bound import BoundPodWatcher
 from bindery.k8s import ApiClient
 from bindery.rm.client import ResourceManagerClient
-from bindery.rm.errors import RMError
+from bindery.rm.errors import RMError, RMUnauthorized
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import PluginSet, Ports, Profile, ReservationClient
 from bindery.scheduling.nodecheck import NodeCheckMode
@@ -106,6 +106,8 @@ class ProfileRunner:
         self.active = False
         self.reachable: bool | None = None
         self.reach_message: str | None = None
+        #: the last probe failed because the RM refused the token (status reason TokenRefused)
+        self.token_refused = False
         self.attempts = Attempts(
             profile=lambda: self.profile,
             queue=self.queue,
@@ -189,7 +191,7 @@ class ProfileRunner:
             self.credentials = credentials
         if client is not None:
             self._retire(self.rm.use(client), after=2.0 * self.config.reservation_ttl_seconds + 30.0)
-            self.reachable, self.reach_message = None, None
+            self.reachable, self.reach_message, self.token_refused = None, None, False
         self.config = config
         self.profile = build_profile(config=config, client=self.rm)
         self.queue.reconfigure(max_in_flight=config.max_in_flight, backoff=_backoff(config))
@@ -297,8 +299,10 @@ class ProfileRunner:
             await self.rm.check_ready()
         except RMError as exc:
             self.reachable, self.reach_message = False, exc.message
+            self.token_refused = isinstance(exc, RMUnauthorized)
         else:
             self.reachable, self.reach_message = True, None
+            self.token_refused = False
         return before != (self.reachable, self.reach_message)
 
     # -- workers --------------------------------------------------------------------------------

@@ -5,6 +5,13 @@ TLS material from Secrets is written to a private directory (0700, files 0600), 
 per ResourceManager. Secrets are read when a profile is built and again at every readiness probe
 (`probe_interval`, 30 s by default): a rotated token or certificate gets a new RM client without a
 restart or an edit of the ResourceManager.
+
+Secrets opt in. A ResourceManager names its endpoint and its Secrets, and whoever may write a
+ResourceManager is not necessarily allowed to read every Secret the operator can read: without a
+check, `tokenSecretRef` pointing at someone else's Secret would make the operator send its value to
+an endpoint of the author's choosing. So only a Secret labelled `CREDENTIALS_LABEL=true` is used;
+labelling one is the owner's statement that it is meant for a resource manager. For the same
+reason no message ever lists what an unused Secret contains (not even its key names).
 """
 
 from __future__ import annotations
@@ -13,11 +20,15 @@ import base64
 import dataclasses
 import hashlib
 import pathlib
+from collections.abc import Awaitable, Callable
 
 from bindery.config import ResourceManagerConfig, SecretKeyRef
 from bindery.k8s import ApiClient, ApiError, get, resources
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.models import Reservation
+
+#: The label (value "true") by which a Secret's owner lets Bindery use it as RM credentials.
+CREDENTIALS_LABEL = "bindery.dev/credentials"
 
 #: Bound of one Secret read: a hung apiserver connection must not freeze a ResourceManager's loop.
 READ_TIMEOUT_SECONDS = 10.0
@@ -43,9 +54,8 @@ async def resolve_credentials(
     target = directory / config.name
     target.mkdir(mode=0o700, parents=True, exist_ok=True)
     material = hashlib.sha256()
-    token = None
-    if config.token_ref is not None:
-        token = (await _secret_value(core=core, ref=config.token_ref, what="bearer token")).decode().strip()
+    token = await read_token(api=core, config=config)
+    if token is not None:
         material.update(b"token\0" + token.encode())
     ca_file = None
     if config.ca_bundle is not None:
@@ -62,6 +72,13 @@ async def resolve_credentials(
         material.update(b"cert\0" + cert + b"key\0" + key)
         client_cert = (_write(target / "tls.crt", cert), _write(target / "tls.key", key))
     return RMCredentials(token=token, ca_file=ca_file, client_cert=client_cert, digest=material.hexdigest())
+
+
+async def read_token(*, api: ApiClient, config: ResourceManagerConfig) -> str | None:
+    """The bearer token the ResourceManager's Secret holds now (None: it references none)."""
+    if config.token_ref is None:
+        return None
+    return (await _secret_value(core=api, ref=config.token_ref, what="bearer token")).decode().strip()
 
 
 async def _secret_value(*, core: ApiClient, ref: SecretKeyRef, what: str) -> bytes:
@@ -83,11 +100,19 @@ async def _secret_value(*, core: ApiClient, ref: SecretKeyRef, what: str) -> byt
             f"cannot read Secret {ref.namespace}/{ref.name} for the {what}: HTTP {exc.status} "
             f"{exc.reason or exc.message}; create it, or grant the operator `get` on it"
         ) from exc
-    data = secret.get("data") or {}
-    if ref.key not in data:
+    labels = (secret.get("metadata") or {}).get("labels") or {}
+    if labels.get(CREDENTIALS_LABEL) != "true":
         raise CredentialsError(
-            f"Secret {ref.namespace}/{ref.name} has no key {ref.key!r} for the {what}; "
-            f"it has: {', '.join(sorted(data)) or 'no keys'}"
+            f"Secret {ref.namespace}/{ref.name} is not labelled {CREDENTIALS_LABEL}=true, so Bindery does "
+            f"not use it for the {what} (the label is its owner's consent to send it to a resource "
+            f"manager); if it is meant for this one, run: kubectl label secret -n {ref.namespace} "
+            f"{ref.name} {CREDENTIALS_LABEL}=true"
+        )
+    data = secret.get("data") or {}
+    if ref.key not in data:  # never list the keys it has: the status is readable by more people
+        raise CredentialsError(
+            f"Secret {ref.namespace}/{ref.name} has no key {ref.key!r} for the {what}; add the key to the "
+            f"Secret or name the right one in the ResourceManager's reference (`key`)"
         )
     return base64.b64decode(data[ref.key])
 
@@ -98,15 +123,24 @@ def _write(path: pathlib.Path, data: bytes) -> pathlib.Path:
     return path
 
 
-def rm_client_for(*, config: ResourceManagerConfig, credentials: RMCredentials) -> ResourceManagerClient:
+def rm_client_for(
+    *,
+    config: ResourceManagerConfig,
+    credentials: RMCredentials,
+    previous_token: str | None = None,
+    on_unauthorized: Callable[[], Awaitable[str | None]] | None = None,
+) -> ResourceManagerClient:
     """The RM client a ResourceManager's spec and its resolved credentials describe.
 
     One place, so the operator and `bindery audit` reach an RM the same way. Raises ValueError or
-    OSError for an endpoint or TLS material the client refuses.
+    OSError for an endpoint or TLS material the client refuses. `previous_token` and
+    `on_unauthorized` are the client's 401 handling (see `bindery.rm.client.TokenSource`).
     """
     return ResourceManagerClient(
         base_url=config.endpoint,
         token=credentials.token,
+        previous_token=previous_token if previous_token != credentials.token else None,
+        on_unauthorized=on_unauthorized,
         ca_file=credentials.ca_file,
         client_cert=credentials.client_cert,
         connect_timeout=config.connect_timeout,

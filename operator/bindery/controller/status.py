@@ -1,7 +1,8 @@
 """The status of a ResourceManager object, computed without I/O.
 
 Ready = the operator schedules pods for this object: the spec parsed, none of its scheduler names
-is contested, and the RM answered its readiness probe. Reachable reports the probe alone, so a user
+is contested, and the RM answered its readiness probe, which authenticates (a token the RM refuses
+is reason TokenRefused, not a failed pod per cycle). Reachable reports the probe alone, so a user
 can tell "my spec is wrong" from "my RM is down". A condition's lastTransitionTime changes only when
 its status does, as the Kubernetes API conventions require.
 """
@@ -22,6 +23,8 @@ class Observation:
     conflicts: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     reachable: bool | None = None  # None = not probed yet
     reach_message: str | None = None
+    #: the RM answered but refused the bearer token (reachable is False then)
+    token_refused: bool = False
 
 
 def compute_status(
@@ -68,6 +71,8 @@ def _reachable_condition(observation: Observation) -> dict[str, Any]:
         return _condition(
             "Reachable", "True", "ProbeSucceeded", "the resource manager answered its readiness probe"
         )
+    if observation.token_refused:
+        return _condition("Reachable", "False", "TokenRefused", observation.reach_message or "token refused")
     return _condition("Reachable", "False", "ProbeFailed", observation.reach_message or "the probe failed")
 
 
@@ -81,6 +86,8 @@ def _ready_condition(observation: Observation) -> dict[str, Any]:
         return _condition("Ready", "False", "SchedulerNameConflict", conflict)
     if observation.reachable is None:
         return _condition("Ready", "Unknown", "Probing", "waiting for the first readiness probe")
+    if not observation.reachable and observation.token_refused:
+        return _condition("Ready", "False", "TokenRefused", observation.reach_message or "token refused")
     if not observation.reachable:
         return _condition("Ready", "False", "Unreachable", observation.reach_message or "the probe failed")
     return _condition("Ready", "True", "Scheduling", "pods of the listed scheduler names are being scheduled")

@@ -7,7 +7,9 @@ connection or a bug may hit any step. A handler that tries once and returns leav
 half-built for good; a loop retries. So the supervisor owns, for its object alone:
 
 - the credentials: resolved from the referenced Secrets, re-read every `probe_interval` (a
-  rotation gets a new RM client, a Secret that appears lets the profile start);
+  rotation gets a new RM client, a Secret that appears lets the profile start) and, for the token,
+  at once when the RM answers 401 (the client asks `_reread_token`; the previous token stays its
+  fallback, so a rotation fails no pod whichever side changes first);
 - the RM client and the `ProfileRunner` (queue, workers, bound-pod watches);
 - the readiness probe, every `probe_interval`;
 - the reconciliation: at start (before the workers start, but a failed pass does not keep them
@@ -30,6 +32,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -38,7 +41,13 @@ from bindery.backoff import Backoff, BackoffPolicy
 from bindery.config import ResourceManagerConfig
 from bindery.controller.metrics import Metrics
 from bindery.controller.runner import ProfileRunner, plugins_for
-from bindery.controller.secrets import CredentialsError, RMCredentials, resolve_credentials, rm_client_for
+from bindery.controller.secrets import (
+    CredentialsError,
+    RMCredentials,
+    read_token,
+    resolve_credentials,
+    rm_client_for,
+)
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.k8s import ApiClient, ApiError, NotFound, patch, resources
 from bindery.rm.client import ResourceManagerClient
@@ -282,13 +291,29 @@ class ResourceManagerSupervisor:
         if runner is not None and not rebuild and credentials.digest == runner.credentials.digest:
             return None
         try:
-            rm_client = rm_client_for(config=config, credentials=credentials)
+            rm_client = rm_client_for(
+                config=config,
+                credentials=credentials,
+                # a rotation: the old token stays a fallback while the RM may not know the new one yet
+                previous_token=runner.credentials.token if runner is not None else None,
+                on_unauthorized=functools.partial(self._reread_token, config=config),
+            )
         except (ValueError, OSError) as exc:
             self._credentials_error = str(exc)
             return None
         if runner is not None and not rebuild:
             self._env.logger.info(f"ResourceManager {self.name!r}: credentials rotated, new RM client")
         return rm_client, credentials
+
+    async def _reread_token(self, *, config: ResourceManagerConfig) -> str | None:
+        """The token Secret's value now (the RM client asks after a 401); None if unreadable."""
+        try:
+            return await read_token(api=self._env.api, config=config)
+        except CredentialsError as exc:
+            self._env.logger.warning(
+                f"ResourceManager {self.name!r}: re-reading the token after a 401: {exc}"
+            )
+            return None
 
     def _create_runner(
         self, *, config: ResourceManagerConfig, client: ResourceManagerClient, credentials: RMCredentials
@@ -382,6 +407,7 @@ class ResourceManagerSupervisor:
             conflicts=self._conflicts,
             reachable=reachable,
             reach_message=reach_message,
+            token_refused=runner is not None and runner.token_refused and self._start_error is None,
         )
 
     async def _write_status(self) -> None:

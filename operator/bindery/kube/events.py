@@ -26,9 +26,22 @@ from bindery.k8s.errors import from_status
 from bindery.kube.counters import WriteCounter
 from bindery.scheduling.podspec import PodInfo
 
-NOTE_LIMIT = 1024  # events.k8s.io rejects notes longer than 1 kB
+NOTE_LIMIT = 1024  # events.k8s.io rejects notes longer than 1 KiB: bytes of UTF-8, not characters
 #: The longest one event POST may take; an event normally takes milliseconds.
 EVENT_TIMEOUT_SECONDS = 10.0
+
+
+def fit_note(note: str, *, limit: int = NOTE_LIMIT) -> str:
+    """`note` cut to at most `limit` bytes of UTF-8, at a character boundary.
+
+    The apiserver measures the note in bytes: cut at `limit` characters, a reason in a non-ASCII
+    script (or quoting non-ASCII labels) is up to four times too long, the POST gets 422 and the
+    event, the user's only clue why the pod is pending, is lost.
+    """
+    encoded = note.encode()
+    if len(encoded) <= limit:
+        return note
+    return encoded[:limit].decode(errors="ignore")  # drops only the last, partial character
 
 
 def reporting_instance(*, scheduler_name: str, hostname: str | None = None) -> str:
@@ -70,7 +83,7 @@ def event_body(
         "action": action,
         "reason": reason,
         "regarding": regarding,
-        "note": note[:NOTE_LIMIT],
+        "note": fit_note(note),
         "type": type_,
     }
     return body

@@ -25,6 +25,7 @@ from bindery.reference_rm.server import (
     DEFAULT_MAX_BATCH_BODY_BYTES,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_GROUP_BODY_BYTES,
+    DEFAULT_TOKEN_OVERLAP,
     serve_reference_rm,
 )
 from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS
@@ -98,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
         "this long with no success in between (default %(default)s)",
     )
     serve.add_argument("--token-file", type=pathlib.Path, help=f"bearer token file (or set ${TOKEN_ENV})")
+    serve.add_argument(
+        "--token-overlap",
+        type=float,
+        default=DEFAULT_TOKEN_OVERLAP,
+        metavar="SECONDS",
+        help="after the token file changes, accept the previous token this long too, so callers that "
+        "have not re-read theirs yet are not refused (default %(default)g; 0: none)",
+    )
     serve.add_argument("--insecure-no-auth", action="store_true", help="accept requests without a token")
     serve.add_argument("--policy", choices=[p.value for p in Policy], default=Policy.BINPACK.value)
     serve.add_argument("--tls-cert", type=pathlib.Path, help="server certificate (PEM); enables HTTPS")
@@ -194,6 +203,7 @@ async def _serve(args: argparse.Namespace) -> None:
                 inventory=inventory,
                 token=None if args.insecure_no_auth else token,
                 token_file=None if args.insecure_no_auth else args.token_file,
+                token_overlap=args.token_overlap,
                 auth_disabled=args.insecure_no_auth,
                 policy=Policy(args.policy),
                 ssl_context=_ssl_context(args),

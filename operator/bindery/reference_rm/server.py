@@ -198,15 +198,37 @@ class Answer:
         return f'{{"status":{self.status},"reservation":{reservation}}}'
 
 
-class TokenCheck:
-    """Bearer-token verification; a token file is re-read when it changes (rotation without restart)."""
+#: Seconds the previous token stays accepted after the token file changed (`--token-overlap`).
+DEFAULT_TOKEN_OVERLAP = 300.0
 
-    def __init__(self, *, token: str | None = None, token_file: pathlib.Path | None = None) -> None:
+
+class TokenCheck:
+    """Bearer-token verification; a token file is re-read when it changes (rotation without restart).
+
+    Why an overlap: a rotation writes the new token in two places, this file and the callers'
+    Secret, and they change at different moments (the kubelet refreshes a mounted Secret about a
+    minute after the operator has read it through the API). For `overlap` seconds after this RM saw
+    the file change, the previous token is accepted as well, so a caller still on it is not refused
+    (callers re-read their Secret after a 401 too, which covers an RM run with no overlap).
+    """
+
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        token_file: pathlib.Path | None = None,
+        overlap: float = DEFAULT_TOKEN_OVERLAP,
+    ) -> None:
         if (token is None) == (token_file is None):
             raise ValueError("configure the RM bearer token either inline or as a file (exactly one)")
+        if overlap < 0:
+            raise ValueError(f"the token overlap must be zero or more seconds, not {overlap:g}")
         self._token = token.strip().encode() if token is not None else b""
         self._file = token_file
         self._stamp: tuple[int, int, int] | None = None
+        self._overlap = overlap
+        self._previous = b""
+        self._previous_until = float("-inf")
         self._expected()
 
     def _expected(self) -> bytes:
@@ -214,7 +236,13 @@ class TokenCheck:
             stat = os.stat(self._file)
             stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
             if stamp != self._stamp:
-                self._token = self._file.read_bytes().strip()
+                token = self._file.read_bytes().strip()
+                if token and self._token and token != self._token:
+                    self._previous, self._previous_until = self._token, time.monotonic() + self._overlap
+                    log.info(
+                        "the RM bearer token changed; the previous one is accepted for %g s", self._overlap
+                    )
+                self._token = token
                 self._stamp = stamp
         if not self._token:
             raise ValueError("the RM bearer token is empty; write a token to the token file or variable")
@@ -228,7 +256,10 @@ class TokenCheck:
         except (OSError, ValueError):
             log.exception("cannot read the RM bearer token; rejecting the request")
             return False
-        return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), expected)
+        given = header.removeprefix("Bearer ").strip().encode()
+        if hmac.compare_digest(given, expected):
+            return True
+        return time.monotonic() < self._previous_until and hmac.compare_digest(given, self._previous)
 
 
 def _validation_errors(
@@ -952,6 +983,7 @@ async def serve_reference_rm(
     inventory: Sequence[InventoryNode] | None = None,
     token: str | None = None,
     token_file: pathlib.Path | None = None,
+    token_overlap: float = DEFAULT_TOKEN_OVERLAP,
     auth_disabled: bool = False,
     policy: Policy = Policy.BINPACK,
     ssl_context: ssl.SSLContext | None = None,
@@ -974,7 +1006,7 @@ async def serve_reference_rm(
     elif token is None and token_file is None:
         raise ValueError("the reference RM needs a bearer token (token or token_file), or auth_disabled=True")
     else:
-        tokens = TokenCheck(token=token, token_file=token_file)
+        tokens = TokenCheck(token=token, token_file=token_file, overlap=token_overlap)
     rm = ReferenceRM(
         db_path=db_path,
         tokens=tokens,

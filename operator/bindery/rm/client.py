@@ -61,6 +61,7 @@ from bindery.rm.errors import (
     RMPodMismatch,
     RMProtocolError,
     RMRejected,
+    RMUnauthorized,
     RMUnavailable,
     RMUnschedulable,
     RMUnsupported,
@@ -184,15 +185,35 @@ class CircuitBreaker:
         self._probing = False
 
 
-class TokenSource:
-    """A bearer token given inline or read from a file, re-read whenever the file changes."""
+#: After a 401, the callback that re-reads the token is asked at most once per this many seconds.
+REREAD_INTERVAL = 1.0
 
-    def __init__(self, *, token: str | None = None, token_file: pathlib.Path | None = None) -> None:
+
+class TokenSource:
+    """A bearer token given inline or read from a file, re-read whenever the file changes.
+
+    An inline token may come with the previous one and a callback that re-reads the current one
+    (the operator's Secret read): after a 401 :meth:`after_refusal` picks the token to try next, so
+    a rotation fails no call whichever side, the RM or the Secret, changes first.
+    """
+
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        token_file: pathlib.Path | None = None,
+        previous: str | None = None,
+        reread: Callable[[], Awaitable[str | None]] | None = None,
+    ) -> None:
         if token is not None and token_file is not None:
             raise ValueError("give the RM bearer token either inline or as a file, not both")
         self._token = token.strip() if token is not None else None
         self._file = token_file
         self._stamp: tuple[int, int, int] | None = None
+        self._previous = previous.strip() if previous else None
+        self._reread = reread
+        self._reread_at = float("-inf")
+        self._lock = asyncio.Lock()
 
     @property
     def from_file(self) -> bool:
@@ -213,6 +234,31 @@ class TokenSource:
                 "check that the Secret is mounted there"
             ) from None
         return self._token or None
+
+    async def after_refusal(self, refused: str | None) -> bool:
+        """The RM answered 401 to `refused`: whether another token is now current (worth one retry).
+
+        Concurrent refusals share one re-read: a call that waited finds the token already switched.
+        """
+        if self._file is not None:
+            # The token may have rotated within the file's mtime granularity: re-read once.
+            self.current(force_reload=True)
+            return True
+        async with self._lock:
+            if refused != self._token:
+                return self._token is not None  # another call switched already
+            now = asyncio.get_running_loop().time()
+            if self._reread is not None and now - self._reread_at >= REREAD_INTERVAL:
+                self._reread_at = now
+                fresh = await self._reread()
+                if fresh and fresh.strip() != self._token:
+                    self._previous, self._token = self._token, fresh.strip()
+                    return True
+            if self._previous and self._previous != self._token:
+                # The caller's Secret changed before the RM's token did: the previous one still works.
+                self._previous, self._token = self._token, self._previous
+                return True
+            return False
 
 
 @dataclass(frozen=True)
@@ -316,6 +362,8 @@ class ResourceManagerClient:
         base_url: str,
         token: str | None = None,
         token_file: pathlib.Path | None = None,
+        previous_token: str | None = None,
+        on_unauthorized: Callable[[], Awaitable[str | None]] | None = None,
         ca_file: pathlib.Path | None = None,
         client_cert: tuple[pathlib.Path, pathlib.Path] | None = None,
         connect_timeout: float = 2.0,
@@ -342,6 +390,9 @@ class ResourceManagerClient:
         requests of at most ``max_batch_operations``, ``batches_in_flight`` at a time (see
         :mod:`bindery.rm.batching`); off, every call is sent alone as with a v1.0 RM. Calls sent
         alone because the RM cannot batch go at most ``single_calls_in_flight`` at a time.
+
+        ``on_unauthorized`` re-reads the current token after a 401 (the operator's Secret read), and
+        ``previous_token`` is tried when the RM refuses the current one: see :class:`TokenSource`.
         """
         url = httpx.URL(base_url)
         if url.scheme not in ("https", "http") or not url.host:
@@ -358,7 +409,9 @@ class ResourceManagerClient:
         if not self._call_deadline > 0:
             raise ValueError("call_deadline must be positive")
         self.base_url = str(url).rstrip("/")
-        self._tokens = TokenSource(token=token, token_file=token_file)
+        self._tokens = TokenSource(
+            token=token, token_file=token_file, previous=previous_token, reread=on_unauthorized
+        )
         self._max_attempts = max_attempts
         self._backoff = wait_exponential_jitter(
             multiplier=backoff_initial, max=backoff_max, jitter=backoff_initial
@@ -634,10 +687,24 @@ class ResourceManagerClient:
         raise RMProtocolError(f"the RM returned more than {_MAX_PAGES} pages of reservations; giving up")
 
     async def check_ready(self) -> None:
-        """Raise RMUnavailable unless ``/readyz`` answers 200."""
+        """Raise RMUnavailable unless ``/readyz`` answers 200 and the RM accepts the token.
+
+        ``/readyz`` is public (contract v1), so a wrong token would pass it and fail every pod
+        instead: the probe also lists one reservation, which needs the token, and raises
+        :class:`RMUnauthorized` when the RM refuses it.
+        """
         answer = await self._call("GET", "/readyz", authenticated=False)
         if answer.status != 200:
             raise RMUnavailable(f"the RM at {self.base_url} is not ready: /readyz answered {answer.status}")
+        answer = await self._call("GET", "/v1/reservations", params={"limit": "1"})
+        if answer.status == 401:
+            raise RMUnauthorized(
+                f"the RM at {self.base_url} refused the bearer token (401) after it was re-read: the "
+                "token Bindery sends is not one the RM accepts; put the RM's current token in the "
+                "ResourceManager's token Secret"
+            )
+        if answer.status != 200:
+            raise self._error(answer, "the readiness probe's authenticated list")
 
     # -- coalescing reserve, commit and release into POST /v1/batch (contract v1.1) ------------
 
@@ -855,10 +922,9 @@ class ResourceManagerClient:
             ends_at=ends_at,
         )
         try:
+            sent = self._tokens.current() if authenticated else None  # what send() puts in the header
             answer = await send()
-            if answer.status == 401 and authenticated and self._tokens.from_file:
-                # The token may have rotated within the file's mtime granularity: re-read once.
-                self._tokens.current(force_reload=True)
+            if answer.status == 401 and authenticated and await self._tokens.after_refusal(sent):
                 answer = await send()
         except BaseException:
             if probe:

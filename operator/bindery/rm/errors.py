@@ -73,6 +73,11 @@ class RMUnavailable(RMError):
         self.retry_after = retry_after
 
 
+class RMUnauthorized(RMUnavailable):
+    """The RM refused the bearer token (401) even after the client re-read it: nothing will work
+    until the token is fixed, so the readiness probe reports it (Ready=False, reason TokenRefused)."""
+
+
 class RMProtocolError(RMError):
     """The RM answered something the contract does not allow: malformed, truncated, oversized, wrong type."""
 
