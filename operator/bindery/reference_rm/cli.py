@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve without POST /v1/batch (contract v1.1): it answers 404 as a v1.0 RM's does, to test "
         "how a caller falls back to single calls; with --no-groups the RM looks like a v1.0 one",
     )
+    serve.add_argument(
+        "--no-cluster-id",
+        action="store_true",
+        help="serve as a contract v1.1 RM: no GET /v1/info (404) and clusterId refused (400), to test how "
+        "a caller handles an RM that cannot tell clusters apart",
+    )
     serve.add_argument("--log-level", default="INFO")
     return parser
 
@@ -173,6 +179,7 @@ async def _serve(args: argparse.Namespace) -> None:
                 max_group_body_bytes=args.max_group_body_bytes,
                 batch=not args.no_batch,
                 max_batch_body_bytes=args.max_batch_body_bytes,
+                cluster_ids=not args.no_cluster_id,
             )
         )
         if args.mirror_nodes:
