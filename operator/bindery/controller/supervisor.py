@@ -88,6 +88,8 @@ class Environment:
     on_runner: Callable[[], None]
     #: the leader fence (always True without leader election): no release once it is False
     holds: Callable[[], bool] = lambda: True
+    #: this cluster's id (contract v1.2 clusterId), sent to every RM that offers the feature
+    cluster_id: str | None = None
 
 
 class ResourceManagerSupervisor:
@@ -282,7 +284,7 @@ class ResourceManagerSupervisor:
         if runner is not None and not rebuild and credentials.digest == runner.credentials.digest:
             return None
         try:
-            rm_client = rm_client_for(config=config, credentials=credentials)
+            rm_client = rm_client_for(config=config, credentials=credentials, cluster_id=self._env.cluster_id)
         except (ValueError, OSError) as exc:
             self._credentials_error = str(exc)
             return None
