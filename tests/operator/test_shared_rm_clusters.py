@@ -9,6 +9,7 @@ own; the reference RM is one process both reach.
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import uuid
 from collections.abc import Callable
@@ -34,6 +35,14 @@ async def _committed(rm: RMProcess, pod: dict[str, Any]) -> Reservation | None:
     uid = pod["metadata"]["uid"]
     found = [r for r in await rm.reservations() if r.pod_uid == uid and r.state.value == "committed"]
     return found[0] if found else None
+
+
+async def _committed_eventually(rm: RMProcess, pod: dict[str, Any]) -> Reservation:
+    async def committed() -> Reservation | None:
+        return await _committed(rm, pod)
+
+    held: Reservation = await eventually(committed, within=60, what=f"{pod['metadata']['name']} committed")
+    return held
 
 
 async def _audit_is_clean(api: client.ApiClient, *, rm_a: str, held: Reservation) -> None:
@@ -130,3 +139,40 @@ async def test_a_reconcile_pass_and_audit_in_one_cluster_leave_the_other_cluster
                     await operator_b.stop()
                 await delete_rm(kube_api, name=rm_a)
                 await api_b.close()
+
+
+async def test_against_a_v1_1_rm_the_operator_schedules_as_before_and_warns_once(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    bindery: Bindery,
+    tmp_path: pathlib.Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An RM without /v1/info (the reference RM serving as v1.1, which answers 400 to clusterId):
+    pods bind and commit with no cluster id sent, and the operator says once that sharing that RM
+    between clusters is unsafe."""
+    pool, scheduler = uniq("pool"), uniq("sched")
+    await create_node(kube_api, name=uniq("old"), capacity=CAPACITY, labels={POOL_LABEL: pool})
+    async with RMProcess(
+        kubeconfig=controlplane.kubeconfig,
+        directory=tmp_path / "rm",
+        node_selector=f"{POOL_LABEL}={pool}",
+        options=["--no-cluster-id"],
+    ) as rm:
+        name = uniq("rm-old")
+        try:
+            with caplog.at_level(logging.WARNING, logger="bindery.rm.client"):
+                await serve_with(kube_api, rm=rm, name=name, scheduler_names=[scheduler], namespace=namespace)
+                for index in range(2):
+                    body = pod_body(name=f"p{index}", scheduler_name=scheduler)
+                    pod = await create_pod(kube_api, namespace=namespace, body=body)
+                    held = await _committed_eventually(rm, pod)
+                    assert held.cluster_id is None
+            said = [r.getMessage() for r in caplog.records]
+            warnings = [m for m in said if rm.url in m and "without the cluster-id feature" in m]
+            assert len(warnings) == 1, warnings
+        finally:
+            await delete_rm(kube_api, name=name)
