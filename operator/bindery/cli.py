@@ -152,6 +152,12 @@ def run_command(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--lease-name", default="bindery", help="name of the Lease (default: bindery)")
     parser.add_argument(
+        "--cluster-id",
+        default=None,
+        help="this cluster's id, sent to resource managers of contract v1.2 so clusters sharing one RM "
+        "never touch each other's reservations (default: the UID of the kube-system namespace)",
+    )
+    parser.add_argument(
         "--lease-duration",
         type=float,
         default=15.0,
@@ -208,6 +214,7 @@ def run_command(argv: Sequence[str]) -> int:
         lease_duration=args.lease_duration,
         renew_deadline=args.renew_deadline,
         retry_period=args.retry_period,
+        cluster_id=args.cluster_id,
     )
 
     async def _run() -> None:

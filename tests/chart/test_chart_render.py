@@ -714,3 +714,17 @@ def test_readme_lists_every_value() -> None:
             if f"| `{key}` | `{shown}` |" not in readme:
                 stale.append((key, shown))
     assert not stale, f"charts/bindery/README.md shows other defaults than values.yaml for {stale}"
+
+
+def test_cluster_id_reaches_the_operator_only_when_set(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    """`clusterId` (RM contract v1.2) becomes `--cluster-id`; empty, the operator derives its own."""
+
+    def args(values: dict[str, Any]) -> list[str]:
+        objects = ct.render(helm=helm, env=helm_env, tmp=tmp_path, values=values)
+        (container,) = ct.one(objects, "Deployment", "rel-bindery")["spec"]["template"]["spec"]["containers"]
+        return list(container["args"])
+
+    assert "--cluster-id=eu-west-prod" in args({"clusterId": "eu-west-prod"})
+    assert not [arg for arg in args({}) if arg.startswith("--cluster-id")]

@@ -130,7 +130,9 @@ async def test_an_rm_down_while_the_operator_starts_is_picked_up_when_it_comes_b
     name, scheduler = uniq("rm"), uniq("sched")
     await serve_with(kube_api, rm=ref_rm, name=name, scheduler_names=[scheduler], namespace=namespace)
     try:
-        # A leftover of an earlier operator: reserved for a pod that does not exist.
+        # A leftover of an earlier operator of this cluster (so made with its cluster id, RM contract
+        # v1.2): reserved for a pod that does not exist.
+        cluster = (await client.CoreV1Api(kube_api).read_namespace("kube-system")).metadata.uid
         ghost = uuid.uuid4().hex
         request = ReservationRequest(
             pod=PodIdentity(uid=ghost, namespace=namespace, name="gone", scheduler_name=scheduler),
@@ -138,8 +140,9 @@ async def test_an_rm_down_while_the_operator_starts_is_picked_up_when_it_comes_b
             idempotency_key=ghost,
             ttl_seconds=3600,
         )
-        async with ref_rm.client() as rm:
+        async with ref_rm.client(cluster_id=cluster) as rm:
             leftover = await rm.reserve(request)
+        assert leftover.cluster_id == cluster
         await ref_rm.stop()
 
         operator = Bindery(kubeconfig=operator_kubeconfig)

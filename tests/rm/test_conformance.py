@@ -17,13 +17,13 @@ from aiohttp import web
 from bindery.conformance import CHECKS, Check, ConformanceConfig, checks_for
 from bindery.conformance.cli import main as conformance_main
 from bindery.conformance.kit import http_client, run_check
-from bindery.reference_rm import RunningServer
+from bindery.reference_rm import RunningServer, serve_reference_rm
 from bindery.reference_rm.cli import serve_command, served_url
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMUnsupported
 from bindery.rm.models import ReservationRequest
 
-from .conftest import TOKEN
+from .conftest import TOKEN, small_inventory
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[check.name for check in CHECKS])
@@ -50,6 +50,7 @@ def test_cli_lists_checks(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no-overcommit" in out
     assert re.search(r"^renew-refusals +v1\.1 ", out, re.MULTILINE), out
     assert re.search(r"^no-overcommit +v1\.0 ", out, re.MULTILINE), out
+    assert re.search(r"^cluster-isolation +v1\.2 ", out, re.MULTILINE), out
 
 
 def test_cli_needs_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -388,3 +389,76 @@ async def test_the_batch_proxy_without_a_defect_passes(careless_batch_rm: str) -
         for check in [c for c in CHECKS if c.name.startswith("batch-")]:
             result = await run_check(check, config, http)
             assert result.passed, (check.name, result.error)
+
+
+# -- contract v1.2: /v1/info and clusterId -------------------------------------------------------
+
+
+@pytest.fixture
+async def v1_1_refrm(tmp_path: pathlib.Path) -> AsyncIterator[RunningServer]:
+    """The reference RM serving as a v1.1 RM: no /v1/info (404), clusterId refused (400)."""
+    async with serve_reference_rm(
+        db_path=tmp_path / "v11.sqlite", inventory=small_inventory(), token=TOKEN, cluster_ids=False
+    ) as server:
+        yield server
+
+
+async def test_a_v1_1_run_never_sends_cluster_id_and_the_v1_2_checks_fail_a_v1_1_rm(
+    v1_1_refrm: RunningServer,
+) -> None:
+    """Certified at 1.1, an RM that refuses clusterId (as every v1.1 RM refuses unknown fields) passes
+    every check, so no 1.1 check sends the field; the v1.2 checks fail it, saying which version to
+    certify it at."""
+    config = ConformanceConfig(url=v1_1_refrm.url, token=TOKEN, topology_key="zone")
+    newer = [check for check in CHECKS if check.since == "1.2"]
+    assert {check.name for check in newer} == {"cluster-isolation", "cluster-id-validated"}
+    async with http_client(config) as http:
+        for check in checks_for("1.1"):
+            result = await run_check(check, config, http, contract_version="1.1")
+            assert result.passed, (check.name, result.error)
+        for check in newer:
+            result = await run_check(check, config, http)
+            assert not result.passed, check.name
+            assert "--contract-version 1.1" in (result.error or ""), result.error
+        info_path = next(check for check in CHECKS if check.name == "info-path")
+        assert not (await run_check(info_path, config, http)).passed  # a 404 fails at 1.2
+
+
+@pytest.fixture
+async def unfiltered_rm(refrm: RunningServer) -> AsyncIterator[str]:
+    """An RM that stores clusterId but ignores the list filter (the defect of scenario 1's RM)."""
+    async with httpx.AsyncClient(base_url=refrm.url) as upstream:
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            query = {k: v for k, v in request.query.items() if k != "clusterId"}
+            headers = {
+                k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")
+            }
+            answer = await upstream.request(
+                request.method, request.path, params=query, content=await request.read(), headers=headers
+            )
+            return web.Response(
+                status=answer.status_code,
+                body=answer.content,
+                headers={"Content-Type": answer.headers.get("content-type", "application/octet-stream")},
+            )
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
+
+
+async def test_kit_fails_an_rm_that_lists_other_clusters_reservations(unfiltered_rm: str) -> None:
+    config = ConformanceConfig(url=unfiltered_rm, token=TOKEN)
+    check = next(c for c in CHECKS if c.name == "cluster-isolation")
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert not result.passed
+    assert "?clusterId=Y lists" in (result.error or ""), result.error

@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a pending pod may wait without a PodScheduled=False condition (default %(default)s)",
     )
     parser.add_argument(
+        "--cluster-id",
+        help="the cluster id the operator runs with (its --cluster-id, the chart's clusterId); default: the "
+        "UID of the kube-system namespace, as the operator derives it",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=120.0, help="give up after this many seconds (default %(default)s)"
     )
     return parser
@@ -58,7 +63,10 @@ async def _audit(args: argparse.Namespace) -> Audit:
         for wait in (*RETRY_WAITS, None):
             try:
                 audit = await run_audit(
-                    api=api, namespaces=tuple(args.namespace), grace=datetime.timedelta(seconds=args.grace)
+                    api=api,
+                    namespaces=tuple(args.namespace),
+                    grace=datetime.timedelta(seconds=args.grace),
+                    cluster_id=args.cluster_id,
                 )
             except Unavailable as exc:
                 if wait is None or exc.status not in (429, 500, 503, 504):

@@ -5,6 +5,11 @@ token Secrets exactly as the operator does (`bindery.controller.secrets`), so it
 manager through the same endpoint and credentials, and it never writes anything. Whatever it cannot
 read (a Secret it may not get, an RM that does not answer) is reported as a gap, not skipped
 silently: an audit that did not look must not pass.
+
+An RM may serve other clusters too, whose pods this audit cannot see: it asks an RM of contract
+v1.2 only for this cluster's reservations (the cluster id the operator sends, by default the UID of
+the `kube-system` namespace) and those made without a cluster id, so another cluster's allocations
+are not reported as leaks.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from bindery.audit.findings import (
 from bindery.config import ConfigError, ResourceManagerConfig, parse_resource_manager, route_scheduler_names
 from bindery.controller.secrets import CredentialsError, reservations_at
 from bindery.k8s import ApiClient, ApiError, list_all, resources
+from bindery.kube.identity import ClusterIdentityError, cluster_identity
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
 
@@ -47,9 +53,19 @@ class Audit:
 
 
 async def _reservations(
-    *, api: ApiClient, config: ResourceManagerConfig, directory: pathlib.Path
+    *, api: ApiClient, config: ResourceManagerConfig, directory: pathlib.Path, cluster_id: str | None
 ) -> list[Reservation]:
-    return [r for r in await reservations_at(api=api, config=config, directory=directory) if r.state.active]
+    """The active reservations of this cluster, and those made without a cluster id.
+
+    The second kind (made by a v1.1 client, or before the RM spoke v1.2) no reconcile pass of a
+    cluster that sends its id sees any more, so the audit is what still finds their leaks.
+    """
+    listed = await reservations_at(api=api, config=config, directory=directory, cluster_id=cluster_id)
+    if cluster_id is not None:
+        known = {r.id for r in listed}
+        every = await reservations_at(api=api, config=config, directory=directory)
+        listed += [r for r in every if r.cluster_id is None and r.id not in known]
+    return [r for r in listed if r.state.active]
 
 
 async def run_audit(
@@ -58,9 +74,19 @@ async def run_audit(
     namespaces: tuple[str, ...] = (),
     grace: datetime.timedelta = datetime.timedelta(seconds=60),
     now: datetime.datetime | None = None,
+    cluster_id: str | None = None,
 ) -> Audit:
-    """Audit the cluster of `api`; with `namespaces`, only pods and reservations in them."""
+    """Audit the cluster of `api`; with `namespaces`, only pods and reservations in them.
+
+    `cluster_id` is the id the operator sends (its `--cluster-id`); None derives it as the operator
+    does. If it cannot be derived, that is a gap and RMs are asked for every cluster's reservations.
+    """
     audit = Audit()
+    try:
+        cluster = await cluster_identity(api, configured=cluster_id)
+    except ClusterIdentityError as exc:
+        audit.gaps.append(f"{exc}; reservations of other clusters sharing an RM may be reported as leaks")
+        cluster = None
     configs: list[ResourceManagerConfig] = []
     for body in (await list_all(api, resources.RESOURCE_MANAGERS)).items:
         try:
@@ -88,7 +114,9 @@ async def run_audit(
     with tempfile.TemporaryDirectory(prefix="bindery-audit-") as directory:
         for config in configs:
             try:
-                reservations = await _reservations(api=api, config=config, directory=pathlib.Path(directory))
+                reservations = await _reservations(
+                    api=api, config=config, directory=pathlib.Path(directory), cluster_id=cluster
+                )
             except (CredentialsError, RMError, ValueError, OSError) as exc:
                 audit.gaps.append(
                     f"could not list the reservations of ResourceManager {config.name!r}: {exc}"

@@ -33,7 +33,7 @@ __all__ = [
 
 DEFAULT_RESOURCE = "bindery.dev/conformance-slot"
 #: The minor versions of contract v1 the kit knows, oldest first.
-CONTRACT_VERSIONS = ("1.0", "1.1")
+CONTRACT_VERSIONS = ("1.0", "1.1", "1.2")
 
 
 class ConformanceFailure(AssertionError):

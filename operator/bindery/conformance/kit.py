@@ -16,7 +16,9 @@ Each check says which minor version of v1 introduced what it tests (``Check.sinc
 implements v1.0 runs ``--contract-version 1.0`` and skips the v1.1 checks (``podUid`` on commit and
 release, renew, reservation groups, batches), which a v1.0 server would fail; at 1.0 the ``groups-path``
 check accepts a 404 on ``/v1/reservation-groups`` (see :mod:`bindery.conformance.groups`), and the
-``batch-path`` check a 404 or 405 on ``/v1/batch`` (see :mod:`bindery.conformance.batch`).
+``batch-path`` check a 404 or 405 on ``/v1/batch`` (see :mod:`bindery.conformance.batch`). Below
+1.2 the ``info-path`` check accepts a 404 or 405 on ``/v1/info`` and no check sends ``clusterId``
+(see :mod:`bindery.conformance.clusters`).
 
 For the topology check pass ``--topology-key``: a node label whose value differs on every node of
 the pool (``kubernetes.io/hostname`` on Kubernetes nodes); without it only a key no node has is
@@ -43,6 +45,7 @@ from bindery.conformance.batch import (
     check_batch_path,
     check_batch_replay,
 )
+from bindery.conformance.clusters import check_cluster_id_validated, check_cluster_isolation, check_info_path
 from bindery.conformance.groups import (
     check_group_all_or_nothing,
     check_group_bad_requests,
@@ -522,6 +525,9 @@ CHECKS: tuple[Check, ...] = (
     Check("batch-invalid-operation", check_batch_invalid_operation, since="1.1"),
     Check("batch-no-overcommit", check_batch_concurrent_no_overcommit, since="1.1"),
     Check("batch-limits", check_batch_limits, since="1.1"),
+    Check("info-path", check_info_path),
+    Check("cluster-isolation", check_cluster_isolation, since="1.2"),
+    Check("cluster-id-validated", check_cluster_id_validated, since="1.2"),
 )
 
 

@@ -37,3 +37,5 @@ class OperatorOptions:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+    #: this cluster's id for RMs of contract v1.2 (clusterId); None = the kube-system namespace's UID.
+    cluster_id: str | None = None

@@ -10,6 +10,8 @@ need shows up as a failing test rather than in a user's cluster.
 - events (events.k8s.io) create/patch: Scheduled and FailedScheduling events, as kube-scheduler.
 - nodes list/watch: the node index for pre-bind checks.
 - resourcemanagers list/watch, resourcemanagers/status patch: configuration and its status.
+- namespaces get, kube-system only: its UID is the default cluster id (contract v1.2 clusterId),
+  read once at start (`bindery.kube.identity`).
 - secrets get: the bearer token / TLS material a ResourceManager references (the chart may narrow
   this with resourceNames or a namespaced Role).
 - persistentvolumeclaims get/patch, persistentvolumes get/list/patch, storageclasses get: volume
@@ -32,6 +34,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["bindery.dev"], "resources": ["resourcemanagers"], "verbs": ["list", "watch"]},
     {"apiGroups": ["bindery.dev"], "resources": ["resourcemanagers/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "patch"]},
     {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "list", "patch"]},
     {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get"]},

@@ -56,6 +56,7 @@ from bindery.kube import (
     UnboundPods,
     WriteCounter,
 )
+from bindery.kube.identity import cluster_identity
 from bindery.scheduling.framework import Ports
 from bindery.typedefs import Logger
 
@@ -66,6 +67,7 @@ class Runtime:
     def __init__(self, *, options: OperatorOptions, logger: Logger) -> None:
         self.options = options
         self.logger = logger
+        self.cluster_id: str | None = None  #: read once at start (bindery.kube.identity)
         self.writes = WriteCounter()
         self.metrics = Metrics(
             writes=self.writes,
@@ -112,6 +114,9 @@ class Runtime:
         self._api = client_for(await load_configuration(kubeconfig=self.options.kubeconfig))
         self._api.user_agent = USER_AGENT  # names Bindery in managedFields and audit logs
         resolve_environment_once(api=self._api)
+        # Once: reservations carry it, so it must not change while this process runs.
+        self.cluster_id = await cluster_identity(self._api, configured=self.options.cluster_id)
+        self.logger.info(f"cluster id {self.cluster_id!r} (sent to resource managers of contract v1.2)")
         self._events = KubeEventSink(api=self._api, counter=self.writes, hostname=self.options.hostname)
         self._conditions = KubeConditionWriter(api=self._api, counter=self.writes)
         self._binder = KubeBinder(api=self._api, counter=self.writes)
@@ -157,6 +162,7 @@ class Runtime:
             on_dropped=self.pending.drop,
             on_runner=self.pending.reoffer_all,
             holds=self._leadership.holds if self._leadership is not None else lambda: True,
+            cluster_id=self.cluster_id,
         )
         self._sweep_task = asyncio.create_task(self.pending.sweep_forever(), name="bindery unbound-pod sweep")
         self.unbound = UnboundPodWatcher(

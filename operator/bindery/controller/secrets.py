@@ -127,14 +127,17 @@ def rm_client_for(
     *,
     config: ResourceManagerConfig,
     credentials: RMCredentials,
+    cluster_id: str | None = None,
     previous_token: str | None = None,
     on_unauthorized: Callable[[], Awaitable[str | None]] | None = None,
 ) -> ResourceManagerClient:
     """The RM client a ResourceManager's spec and its resolved credentials describe.
 
-    One place, so the operator and `bindery audit` reach an RM the same way. Raises ValueError or
-    OSError for an endpoint or TLS material the client refuses. `previous_token` and
-    `on_unauthorized` are the client's 401 handling (see `bindery.rm.client.TokenSource`).
+    One place, so the operator and `bindery audit` reach an RM the same way. With `cluster_id`, an
+    RM that speaks contract v1.2 gets it on every reserve and lists only that cluster's
+    reservations. `previous_token` and `on_unauthorized` are the client's 401 handling (see
+    `bindery.rm.client.TokenSource`). Raises ValueError or OSError for an endpoint or TLS material
+    the client refuses.
     """
     return ResourceManagerClient(
         base_url=config.endpoint,
@@ -146,6 +149,7 @@ def rm_client_for(
         connect_timeout=config.connect_timeout,
         read_timeout=config.read_timeout,
         allow_insecure_http=config.allow_insecure_http,
+        cluster_id=cluster_id,
     )
 
 
@@ -155,11 +159,13 @@ async def reservations_at(
     config: ResourceManagerConfig,
     directory: pathlib.Path,
     scheduler_name: str | None = None,
+    cluster_id: str | None = None,
 ) -> list[Reservation]:
-    """What the RM of a ResourceManager lists, asked as the operator asks it (read-only tooling).
+    """What the RM of a ResourceManager lists, asked as the operator asks it (read-only tooling):
+    with `cluster_id`, only that cluster's reservations when the RM speaks contract v1.2.
 
     Raises CredentialsError, RMError, ValueError or OSError (see `rm_client_for`).
     """
     credentials = await resolve_credentials(api=api, config=config, directory=directory)
-    async with rm_client_for(config=config, credentials=credentials) as rm:
+    async with rm_client_for(config=config, credentials=credentials, cluster_id=cluster_id) as rm:
         return await rm.list_reservations(scheduler_name=scheduler_name)

@@ -97,6 +97,8 @@ class Environment:
     on_runner: Callable[[], None]
     #: the leader fence (always True without leader election): no release once it is False
     holds: Callable[[], bool] = lambda: True
+    #: this cluster's id (contract v1.2 clusterId), sent to every RM that offers the feature
+    cluster_id: str | None = None
 
 
 class ResourceManagerSupervisor:
@@ -294,6 +296,7 @@ class ResourceManagerSupervisor:
             rm_client = rm_client_for(
                 config=config,
                 credentials=credentials,
+                cluster_id=self._env.cluster_id,
                 # a rotation: the old token stays a fallback while the RM may not know the new one yet
                 previous_token=runner.credentials.token if runner is not None else None,
                 on_unauthorized=functools.partial(self._reread_token, config=config),

@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-operator", action="store_true", help="do not ask the operator for the pod's queue position"
     )
     parser.add_argument(
+        "--cluster-id",
+        help="the cluster id the operator runs with (its --cluster-id); default: the UID of the kube-system "
+        "namespace",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=30.0, help="give up after this many seconds (default %(default)s)"
     )
     return parser
@@ -65,7 +70,9 @@ async def _explain(args: argparse.Namespace) -> Explanation:
         operator = OperatorAddress.parse_service(args.operator_service)
     configuration = await load_configuration(kubeconfig=args.kubeconfig)
     async with client_for(configuration) as api, asyncio.timeout(args.timeout):
-        return await explain_pod(api=api, namespace=args.namespace, name=args.pod, operator=operator)
+        return await explain_pod(
+            api=api, namespace=args.namespace, name=args.pod, operator=operator, cluster_id=args.cluster_id
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

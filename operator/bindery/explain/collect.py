@@ -21,6 +21,7 @@ from bindery.controller.secrets import CredentialsError, reservations_at
 from bindery.explain.facts import Explanation, GroupState, ReservationView, explain, group_state
 from bindery.k8s import ApiClient, ApiError, NotFound, get, list_all, resources
 from bindery.k8s.api import answer_of
+from bindery.kube.identity import ClusterIdentityError, cluster_identity
 from bindery.rm.errors import RMError
 from bindery.scheduling.podspec import pod_claims
 
@@ -69,9 +70,16 @@ async def _read(
 
 
 async def explain_pod(
-    *, api: ApiClient, namespace: str, name: str, operator: OperatorAddress | None = OperatorAddress()
+    *,
+    api: ApiClient,
+    namespace: str,
+    name: str,
+    operator: OperatorAddress | None = OperatorAddress(),
+    cluster_id: str | None = None,
 ) -> Explanation:
-    """`operator` None: do not ask the operator for the pod's queue position."""
+    """`operator` None: do not ask the operator for the pod's queue position. `cluster_id` is the
+    operator's (None: derived as the operator does); an RM of contract v1.2 is asked only for this
+    cluster's reservations."""
     pod = await _read(api, resources.PODS, namespace=namespace, name=name)
     if pod is None:
         raise PodNotFound(f"pod {namespace}/{name} not found")
@@ -103,9 +111,17 @@ async def explain_pod(
         )
     if config is not None:
         try:
+            cluster: str | None = await cluster_identity(api, configured=cluster_id)
+        except ClusterIdentityError:
+            cluster = None  # the pod's UID still picks its reservations out of every cluster's
+        try:
             with tempfile.TemporaryDirectory(prefix="bindery-explain-") as directory:
                 listed = await reservations_at(
-                    api=api, config=config, directory=pathlib.Path(directory), scheduler_name=scheduler_name
+                    api=api,
+                    config=config,
+                    directory=pathlib.Path(directory),
+                    scheduler_name=scheduler_name,
+                    cluster_id=cluster,
                 )
             reservations = [
                 ReservationView(

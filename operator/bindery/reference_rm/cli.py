@@ -151,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep at most this many released and expired reservations, the most recent, whatever "
         "--retain-released-seconds says: bounds the disk tenants can fill (default %(default)s)",
     )
+    serve.add_argument(
+        "--no-cluster-id",
+        action="store_true",
+        help="serve as a contract v1.1 RM: no GET /v1/info (404) and clusterId refused (400), to test how "
+        "a caller handles an RM that cannot tell clusters apart",
+    )
     serve.add_argument("--log-level", default="INFO")
     return parser
 
@@ -214,6 +220,7 @@ async def _serve(args: argparse.Namespace) -> None:
                 max_batch_body_bytes=args.max_batch_body_bytes,
                 retention=args.retain_released_seconds,
                 max_released_rows=args.max_released_rows,
+                cluster_ids=not args.no_cluster_id,
             )
         )
         if args.mirror_nodes:

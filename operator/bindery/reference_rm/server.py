@@ -65,6 +65,8 @@ from bindery.rm.models import (
     CONTRACT_VERSION,
     MAX_BATCH_OPERATIONS,
     BatchOperation,
+    ContractInfo,
+    Feature,
     GroupRenewRequest,
     RenewRequest,
     ReservationGroupRequest,
@@ -467,15 +469,18 @@ class ReferenceRM:
         max_batch_body_bytes: int = DEFAULT_MAX_BATCH_BODY_BYTES,
         retention: float = 3600.0,
         max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
+        cluster_ids: bool = True,
     ) -> None:
         """``groups=False`` serves contract v1.1 without reservation groups: their paths answer 404,
         as a v1.0 RM's do, so a caller can be tested against an RM that lacks them.  ``batch=False``
-        does the same for ``POST /v1/batch``."""
+        does the same for ``POST /v1/batch``.  ``cluster_ids=False`` serves as a v1.1 RM does: no
+        ``GET /v1/info`` (404) and ``clusterId`` refused (400) in requests and in the list."""
         self.policy = policy
         self.max_body_bytes = max_body_bytes
         self.groups = groups
         self.max_group_body_bytes = max(max_group_body_bytes, max_body_bytes)
         self.batch = batch
+        self.cluster_ids = cluster_ids
         self.max_batch_body_bytes = max(max_batch_body_bytes, max_body_bytes)
         self._tokens = tokens
         self._max_pending = max_pending
@@ -592,6 +597,8 @@ class ReferenceRM:
             middlewares=[*([_traced] if tracing.state.on else []), self._problems, self._auth],
             handler_args={"max_line_size": self.max_body_bytes, "max_field_size": self.max_body_bytes},
         )
+        if self.cluster_ids:  # the one v1.2 feature so far: without it this is a v1.1 RM
+            app.router.add_get("/v1/info", self._info, allow_head=False)
         app.router.add_post("/v1/reservations", self._reserve)
         app.router.add_get("/v1/reservations", self._list, allow_head=False)
         app.router.add_get("/v1/reservations/{id}", self._get, allow_head=False)
@@ -632,6 +639,27 @@ class ReferenceRM:
             )
         return None
 
+    async def _info(self, _: web.Request) -> web.Response:
+        """``GET /v1/info`` (contract v1.2): the version and the features this RM offers."""
+        features = [Feature.RENEW, *([Feature.RESERVATION_GROUPS] if self.groups else [])]
+        features += [*([Feature.BATCH] if self.batch else []), Feature.CLUSTER_ID]
+        info = ContractInfo(contract_version=CONTRACT_VERSION, features=frozenset(f.value for f in features))
+        return web.json_response(
+            {"contractVersion": info.contract_version, "features": sorted(info.features)}
+        )
+
+    def _unknown_cluster(self, cluster_id: str | None, *, at: tuple[str | int, ...] = ()) -> Answer | None:
+        """The 400 a v1.1 RM answers for ``clusterId`` (an unknown field), when serving as one."""
+        if self.cluster_ids or cluster_id is None:
+            return None
+        location = "/".join(str(part) for part in (*at, "clusterId"))
+        return Answer.refusal(
+            400,
+            ProblemType.INVALID_REQUEST,
+            f"{location}: Extra inputs are not permitted",
+            errors=[{"location": location, "message": "Extra inputs are not permitted"}],
+        )
+
     async def _reserve(self, request: web.Request) -> web.Response:
         if not _is_json(request):
             return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
@@ -641,6 +669,8 @@ class ReferenceRM:
         except pydantic.ValidationError as error:
             detail, errors = _validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
+        if (refused := self._unknown_cluster(reservation_request.cluster_id)) is not None:
+            return refused.response()
         busy = self._back_pressure()
         if busy is not None:
             return busy
@@ -742,6 +772,12 @@ class ReferenceRM:
         if isinstance(envelope, web.Response):
             return envelope
         parsed = [_batch_operation(item, index) for index, item in enumerate(envelope)]
+        parsed = [
+            (self._unknown_cluster(item.reserve.cluster_id, at=("operations", index, "reserve")) or item)
+            if isinstance(item, BatchOperation) and item.reserve is not None
+            else item
+            for index, item in enumerate(parsed)
+        ]
         valid = [operation for operation in parsed if isinstance(operation, BatchOperation)]
         # As for the single calls: only a reserve needs the inventory (503 until it is loaded).
         busy = self._back_pressure(need_inventory=any(operation.reserve is not None for operation in valid))
@@ -801,6 +837,8 @@ class ReferenceRM:
         except pydantic.ValidationError as error:
             detail, errors = _validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
+        if (refused := self._unknown_cluster(group_request.cluster_id)) is not None:
+            return refused.response()
         busy = self._back_pressure()
         if busy is not None:
             return busy
@@ -892,7 +930,7 @@ class ReferenceRM:
 
     async def _list(self, request: web.Request) -> web.Response:
         query = request.rel_url.query
-        unknown = sorted(set(query) - _LIST_PARAMS)
+        unknown = sorted(set(query) - (_LIST_PARAMS | ({"clusterId"} if self.cluster_ids else set())))
         if unknown:
             return problem(400, ProblemType.INVALID_REQUEST, f"unknown query parameters {unknown}")
         try:
@@ -914,7 +952,7 @@ class ReferenceRM:
             if not (cursor.startswith("s") and cursor[1:].isdigit() and len(cursor) < 20):
                 return problem(400, ProblemType.INVALID_REQUEST, "cursor is not one this server issued")
             after = int(cursor[1:])
-        for name in ("schedulerName", "podUid", "groupId"):
+        for name in ("schedulerName", "podUid", "groupId", "clusterId"):
             if name in query and not 1 <= len(query[name]) <= 253:
                 return problem(400, ProblemType.INVALID_REQUEST, f"{name} must be 1 to 253 characters long")
         items, next_seq = await self._run(
@@ -923,6 +961,7 @@ class ReferenceRM:
             state=state,
             pod_uid=query.get("podUid"),
             group_id=query.get("groupId"),
+            cluster_id=query.get("clusterId"),
             after=after,
             limit=limit,
         )
@@ -995,6 +1034,7 @@ async def serve_reference_rm(
     max_batch_body_bytes: int = DEFAULT_MAX_BATCH_BODY_BYTES,
     retention: float = 3600.0,
     max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
+    cluster_ids: bool = True,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -1020,6 +1060,7 @@ async def serve_reference_rm(
         max_batch_body_bytes=max_batch_body_bytes,
         retention=retention,
         max_released_rows=max_released_rows,
+        cluster_ids=cluster_ids,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()
@@ -1031,7 +1072,7 @@ async def serve_reference_rm(
         shown_host = f"[{host}]" if ":" in host else host
         log.info(
             "reference RM (contract %s%s) listening on %s://%s:%d",
-            CONTRACT_VERSION,
+            CONTRACT_VERSION if cluster_ids else "1.1.0",
             "".join(
                 ([] if groups else [", without reservation groups"])
                 + ([] if batch else [", without batches"])

@@ -130,7 +130,8 @@ CREATE TRIGGER IF NOT EXISTS reservations_deleted_active AFTER DELETE ON reserva
     WHEN OLD.state IN ('reserved', 'committed')
     BEGIN UPDATE deactivations SET count = count + 1 WHERE id = 0; END;
 """
-#: Columns added by contract v1.1 groups; a database of an older RM gains them when it is opened.
+#: Columns added by contract v1.1 groups and v1.2 cluster ids; a database of an older RM gains them
+#: when it is opened (its rows are in no group and of no cluster).
 _GROUP_COLUMNS = {"group_id": "TEXT", "group_index": "INTEGER"}
 #: Bounded storage: the ended rows in the order the cap deletes them (partial: active rows are not
 #: in it), and a table the writability probe writes to.  Added by :meth:`ReservationStore._bound`.
@@ -144,10 +145,11 @@ _PROBE_BYTES = 64 * 1024
 #: The default cap of released and expired rows (a row is a few hundred bytes).
 DEFAULT_MAX_RELEASED_ROWS = 100_000
 _DIGEST = "sha256:"
+_CLUSTER_COLUMNS = {"cluster_id": "TEXT"}
 _ACTIVE = (ReservationState.RESERVED.value, ReservationState.COMMITTED.value)
 _COLUMNS = (
     "seq, id, idempotency_key, fingerprint, pod_uid, namespace, name, scheduler_name, node, resources, "
-    "state, created_at, expires_at, group_id"
+    "state, created_at, expires_at, group_id, cluster_id"
 )
 _GROUP_ROW = (
     "id, idempotency_key, fingerprint, namespace, name, uid, scheduler_name, topology_value, created_at"
@@ -170,6 +172,7 @@ class StoredReservation:
     created_at: float
     expires_at: float | None
     group_id: str | None = None
+    cluster_id: str | None = None  # v1.2: the cluster the reservation was made for
 
     @classmethod
     def from_row(cls, row: Sequence[object]) -> StoredReservation:
@@ -188,6 +191,7 @@ class StoredReservation:
             created,
             expires,
             group,
+            cluster,
         ) = row
         return cls(
             seq=int(str(seq)),
@@ -204,6 +208,7 @@ class StoredReservation:
             created_at=float(str(created)),
             expires_at=None if expires is None else float(str(expires)),
             group_id=None if group is None else str(group),
+            cluster_id=None if cluster is None else str(cluster),
         )
 
     def usage(self) -> dict[str, Decimal]:
@@ -222,6 +227,7 @@ class StoredReservation:
             resources=dict(self.resources),
             created_at=_timestamp(self.created_at),
             group_id=self.group_id,
+            cluster_id=self.cluster_id,
         )
 
 
@@ -373,14 +379,16 @@ class ReservationStore:
         return usage
 
     def _migrate(self) -> None:
-        """Add the v1.1 group columns to a table an older RM created (its rows are in no group)."""
+        """Add the v1.1 group and v1.2 cluster columns to a table an older RM created (its rows are
+        in no group and of no cluster: listed only when a list names no cluster)."""
         present = {str(row[1]) for row in self._db.execute("PRAGMA table_info(reservations)")}
-        for column, kind in _GROUP_COLUMNS.items():
+        for column, kind in (_GROUP_COLUMNS | _CLUSTER_COLUMNS).items():
             if column not in present:
                 self._db.execute(f"ALTER TABLE reservations ADD COLUMN {column} {kind}")
         self._db.execute(
             "CREATE INDEX IF NOT EXISTS reservations_group ON reservations (group_id, group_index)"
         )
+        self._db.execute("CREATE INDEX IF NOT EXISTS reservations_cluster ON reservations (cluster_id, seq)")
 
     def _bound(self) -> None:
         """Bounded storage's schema, and the rows of an older RM (which kept each request's text)
@@ -574,10 +582,11 @@ class ReservationStore:
             now,
             now + request.ttl_seconds,
             now,
+            request.cluster_id,
         )
         row = self._db.execute(
             "INSERT INTO reservations (id, idempotency_key, fingerprint, pod_uid, namespace, name, "
-            "scheduler_name, node, resources, state, created_at, expires_at, updated_at) "
+            "scheduler_name, node, resources, state, created_at, expires_at, updated_at, cluster_id) "
             f"VALUES ({', '.join('?' * len(values))}) RETURNING {_COLUMNS}",
             values,
         ).fetchone()
@@ -701,6 +710,7 @@ class ReservationStore:
         state: ReservationState | None = None,
         pod_uid: str | None = None,
         group_id: str | None = None,
+        cluster_id: str | None = None,
         after: int = 0,
         limit: int = 100,
     ) -> tuple[list[StoredReservation], int | None]:
@@ -713,6 +723,7 @@ class ReservationStore:
             ("state", state),
             ("pod_uid", pod_uid),
             ("group_id", group_id),
+            ("cluster_id", cluster_id),  # v1.2: rows without a cluster never match a cluster id
         )
         for column, value in filters:
             if value is not None:
@@ -830,7 +841,7 @@ class ReservationStore:
             self._db.executemany(
                 "INSERT INTO reservations (id, idempotency_key, fingerprint, pod_uid, namespace, name, "
                 "scheduler_name, node, resources, state, created_at, expires_at, updated_at, group_id, "
-                "group_index) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "group_index, cluster_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         f"rsv-{uuid.uuid4().hex}",
@@ -850,6 +861,7 @@ class ReservationStore:
                         now,
                         group_id,
                         index,
+                        request.cluster_id,
                     )
                     for index, (member, node, usage) in enumerate(
                         zip(request.members, decision.nodes, usages, strict=True)

@@ -70,6 +70,8 @@ from bindery.rm.models import (
     MAX_BATCH_OPERATIONS,
     BatchOperationResult,
     BatchResult,
+    ContractInfo,
+    Feature,
     Problem,
     Reservation,
     ReservationGroup,
@@ -99,6 +101,8 @@ BATCHES_IN_FLIGHT = 2
 #: default before batches.
 SINGLE_CALLS_IN_FLIGHT = 16
 _BodyModel = TypeVar("_BodyModel", bound=pydantic.BaseModel)
+#: RM URLs already warned about in this process: a cluster id but an RM without the feature.
+_WARNED_UNSCOPED: set[str] = set()
 
 
 class CircuitBreaker:
@@ -381,6 +385,7 @@ class ResourceManagerClient:
         batches_in_flight: int = BATCHES_IN_FLIGHT,
         max_batch_operations: int = MAX_BATCH_OPERATIONS,
         single_calls_in_flight: int = SINGLE_CALLS_IN_FLIGHT,
+        cluster_id: str | None = None,
     ) -> None:
         """``call_deadline`` bounds one logical call (every attempt, back-off and ``Retry-After``
         wait included); it defaults to two attempts' worth, ``2 * (connect_timeout + read_timeout)``.
@@ -393,6 +398,12 @@ class ResourceManagerClient:
 
         ``on_unauthorized`` re-reads the current token after a 401 (the operator's Secret read), and
         ``previous_token`` is tried when the RM refuses the current one: see :class:`TokenSource`.
+
+        ``cluster_id`` (contract v1.2) names the Kubernetes cluster this client acts for. When the RM
+        lists the ``cluster-id`` feature in ``GET /v1/info``, every reserve carries it and every list
+        asks only for this cluster's reservations, so clusters sharing one RM and one scheduler
+        name never see, judge or release each other's. An RM without the feature gets neither (it
+        would refuse the field), and lists stay unscoped as in v1.1.
         """
         url = httpx.URL(base_url)
         if url.scheme not in ("https", "http") or not url.host:
@@ -419,6 +430,10 @@ class ResourceManagerClient:
         self._max_retry_after = max_retry_after
         self._max_bytes = max_response_bytes
         self._renew_unsupported_until = float("-inf")
+        self.cluster_id = cluster_id
+        self._info: ContractInfo | None = None
+        self._info_until = float("-inf")
+        self._info_lock = asyncio.Lock()
         self._batching = batching
         self._batch_unsupported_until = float("-inf")
         self._coalescer: Coalescer[_Waiter] = Coalescer(
@@ -481,8 +496,59 @@ class ResourceManagerClient:
 
     # -- the contract's operations -------------------------------------------------------------
 
+    async def contract_info(self) -> ContractInfo:
+        """What the RM says of itself in ``GET /v1/info`` (contract v1.2), remembered for a while.
+
+        An RM without the path (``404`` or ``405``: v1.1 or older) stands as
+        :meth:`ContractInfo.legacy`, remembered as long, so it costs one round trip per
+        ``_UNSUPPORTED_FOR`` seconds; after that the client asks again, since an RM may be upgraded.
+        Concurrent callers share one request. Raises what any call raises when the RM fails.
+        """
+        clock = asyncio.get_running_loop().time
+        async with self._info_lock:
+            if self._info is not None and self._info_until > clock():
+                return self._info
+            answer = await self._call("GET", "/v1/info")
+            if answer.status == 200:
+                info = self._decode(answer, ContractInfo, "read contract info")
+            elif answer.status in (400, 404, 405, 501):  # no such path: an RM of v1.1 or older
+                info = ContractInfo.legacy()
+            else:
+                raise self._error(answer, "read contract info")
+            self._info, self._info_until = info, clock() + _UNSUPPORTED_FOR
+            return info
+
+    async def scoped_cluster(self) -> str | None:
+        """The cluster id to send, or None: no cluster id configured, or an RM without ``cluster-id``.
+
+        The first time an RM without the feature meets a client with a cluster id, the process logs
+        a warning: such an RM cannot tell clusters apart, so sharing it between clusters is unsafe.
+        """
+        if self.cluster_id is None:
+            return None
+        info = await self.contract_info()
+        if info.offers(Feature.CLUSTER_ID):
+            return self.cluster_id
+        if self.base_url not in _WARNED_UNSCOPED:
+            _WARNED_UNSCOPED.add(self.base_url)
+            log.warning(
+                "the RM at %s speaks contract %s without the cluster-id feature: its reservations carry "
+                "no cluster, so if another cluster uses it with the same scheduler name, each cluster's "
+                "reconciliation releases the other's reservations. Use one RM per cluster until the RM "
+                "speaks contract v1.2 (GET /v1/info lists cluster-id)",
+                self.base_url,
+                info.contract_version,
+            )
+        return None
+
     async def reserve(self, request: ReservationRequest) -> Reservation:
-        """Reserve capacity; safe to retry because the RM deduplicates by the idempotency key."""
+        """Reserve capacity; safe to retry because the RM deduplicates by the idempotency key.
+
+        The request gets this client's cluster id when the RM offers the ``cluster-id`` feature.
+        """
+        cluster = await self.scoped_cluster()
+        if cluster is not None and request.cluster_id is None:
+            request = request.model_copy(update={"cluster_id": cluster})
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         outcome = await self._coalesced(
             {"reserve": body},
@@ -584,8 +650,12 @@ class ResourceManagerClient:
         does not), ``RMConflict`` when the key belongs to a different request, and
         ``RMGroupsUnsupported`` when the RM answers 404 (or 405) on the path: it has no groups. On a
         replay the members may have moved on since (committed, or released one by one): their
-        states are the RM's current ones.
+        states are the RM's current ones. The request gets this client's cluster id when the RM
+        offers the ``cluster-id`` feature.
         """
+        cluster = await self.scoped_cluster()
+        if cluster is not None and request.cluster_id is None:
+            request = request.model_copy(update={"cluster_id": cluster})
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         answer = await self._call("POST", "/v1/reservation-groups", json_body=body)
         if answer.status in (200, 201):
@@ -659,13 +729,23 @@ class ResourceManagerClient:
         state: str | None = None,
         pod_uid: str | None = None,
         group_id: str | None = None,
+        all_clusters: bool = False,
     ) -> list[Reservation]:
         """Every matching reservation, following pagination to the end.
 
         ``group_id`` (v1.1) keeps the members of one reservation group; a v1.0 RM rejects the
-        parameter (400).
+        parameter (400). A client with a cluster id lists only that cluster's reservations when the
+        RM offers the ``cluster-id`` feature (v1.2), unless ``all_clusters``; reservations made
+        without a cluster id are then not listed.
         """
-        params = {"schedulerName": scheduler_name, "state": state, "podUid": pod_uid, "groupId": group_id}
+        cluster = None if all_clusters else await self.scoped_cluster()
+        params = {
+            "schedulerName": scheduler_name,
+            "state": state,
+            "podUid": pod_uid,
+            "groupId": group_id,
+            "clusterId": cluster,
+        }
         query = {key: value for key, value in params.items() if value is not None}
         items: list[Reservation] = []
         seen: set[str] = set()

@@ -33,6 +33,9 @@ __all__ = [
     "BatchOperationResult",
     "BatchRequest",
     "BatchResult",
+    "ClusterId",
+    "ContractInfo",
+    "Feature",
     "GroupIdentity",
     "GroupMemberRequest",
     "GroupRenewRequest",
@@ -55,7 +58,7 @@ __all__ = [
 ]
 
 #: The contract version these models implement (``info.version`` of the OpenAPI document).
-CONTRACT_VERSION = "1.1.0"
+CONTRACT_VERSION = "1.2.0"
 #: The most members one reservation group may have (contract v1.1).
 MAX_GROUP_MEMBERS = 1000
 #: The most operations one ``POST /v1/batch`` may carry (contract v1.1).
@@ -96,6 +99,22 @@ ResourceName = Annotated[str, AfterValidator(_check_resource_name)]
 Integer = Annotated[int, BeforeValidator(_integral)]
 ShortText = Annotated[str, Field(min_length=1, max_length=253)]
 LabelValue = Annotated[str, Field(max_length=63)]
+
+
+ClusterId = Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class Feature(enum.StrEnum):
+    """The optional features an RM lists in ``GET /v1/info`` (contract v1.2).
+
+    A client sends a field of v1.2 or later only when the feature that defines it is listed, so an
+    RM never sees a field it does not know; features a client does not know are ignored.
+    """
+
+    RENEW = "renew"  # v1.1
+    RESERVATION_GROUPS = "reservation-groups"  # v1.1
+    BATCH = "batch"  # v1.1
+    CLUSTER_ID = "cluster-id"  # v1.2: clusterId on reserve, group reserve, reservations and the list
 
 
 class _Request(BaseModel):
@@ -202,14 +221,17 @@ class ReservationRequest(_Resourced):
     placement: Placement = Field(default_factory=Placement)
     idempotency_key: ShortText
     ttl_seconds: Integer = Field(ge=1, le=86_400)
+    #: v1.2 (feature ``cluster-id``): the cluster asking; sent only to an RM that lists the feature.
+    cluster_id: ClusterId | None = None
 
     def fingerprint(self) -> str:
         """A canonical form: two requests with the same fingerprint are "the same request".
 
-        Quantities are compared by value, so ``"1000m"`` and ``"1"`` are the same request.
+        Quantities are compared by value, so ``"1000m"`` and ``"1"`` are the same request. A request
+        without ``clusterId`` has the fingerprint it had before v1.2 (stored fingerprints stay valid).
         """
         canonical = self.model_copy(update={"resources": self.canonical_resources()})
-        return canonical.model_dump_json(by_alias=True)
+        return canonical.model_dump_json(by_alias=True, exclude=_absent_cluster(self.cluster_id))
 
 
 class RenewRequest(_Request):
@@ -265,6 +287,8 @@ class ReservationGroupRequest(_Request):
     topology: list[TopologyConstraint] = Field(default_factory=list, max_length=8)
     idempotency_key: ShortText
     ttl_seconds: Integer = Field(ge=1, le=86_400)
+    #: v1.2 (feature ``cluster-id``): the cluster asking, stored on every member.
+    cluster_id: ClusterId | None = None
 
     @model_validator(mode="after")
     def _members_are_one_group(self) -> ReservationGroupRequest:
@@ -298,7 +322,12 @@ class ReservationGroupRequest(_Request):
                 ]
             }
         )
-        return canonical.model_dump_json(by_alias=True)
+        return canonical.model_dump_json(by_alias=True, exclude=_absent_cluster(self.cluster_id))
+
+
+def _absent_cluster(cluster_id: str | None) -> set[str] | None:
+    """Leave out an absent ``clusterId`` (v1.2) so a fingerprint of a v1.1 request does not change."""
+    return {"cluster_id"} if cluster_id is None else None
 
 
 class GroupRenewRequest(_Request):
@@ -373,6 +402,7 @@ class Reservation(_Response):
     resources: dict[str, str] = Field(default_factory=dict)
     created_at: datetime | None = None
     group_id: str | None = None  # v1.1: the reservation group this one is a member of
+    cluster_id: str | None = None  # v1.2: the cluster it was made for (None: made without one)
 
 
 class ReservationGroup(_Response):
@@ -393,6 +423,24 @@ class ReservationList(_Response):
 
     items: list[Reservation]
     next_cursor: str | None = None
+
+
+class ContractInfo(_Response):
+    """``GET /v1/info`` (contract v1.2): the version an RM speaks and the optional features it offers.
+
+    An RM without the path (404 or 405) speaks v1.1 or older: :meth:`legacy` stands for it.
+    """
+
+    contract_version: str
+    features: frozenset[str] = frozenset()
+
+    @classmethod
+    def legacy(cls) -> ContractInfo:
+        """What a client assumes of an RM without ``/v1/info``: v1.1 at most, no v1.2 feature."""
+        return cls(contract_version="1.1.0", features=frozenset())
+
+    def offers(self, feature: Feature) -> bool:
+        return feature.value in self.features
 
 
 class Problem(_Response):
