@@ -45,6 +45,7 @@ from bindery.controller.supervisor import (
     Reconcile,
     ResourceManagerSupervisor,
 )
+from bindery.controller.watches.namespaces import NamespaceLabels
 from bindery.controller.watches.unbound import UnboundPodWatcher
 from bindery.k8s import ApiClient, client_for
 from bindery.kube import (
@@ -106,6 +107,9 @@ class Runtime:
         self._sweep_task: asyncio.Task[None] | None = None
         self._unbound_task: asyncio.Task[None] | None = None
         self.unbound: UnboundPodWatcher | None = None
+        #: namespace labels, watched once a ResourceManager has a spec.namespaceSelector
+        self.namespace_labels: NamespaceLabels | None = None
+        self._namespaces_task: asyncio.Task[None] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -184,7 +188,7 @@ class Runtime:
     async def close(self) -> None:
         if self._leadership is not None:
             await self._leadership.close()
-        for task in (self._unbound_task, self._sweep_task):
+        for task in (self._unbound_task, self._sweep_task, self._namespaces_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -258,8 +262,10 @@ class Runtime:
         """Route the scheduler names anew and hand each supervisor its object's spec and conflicts."""
         configs, errors = self._parse_all()
         pending = self.pending
-        before = dict(pending.routing.served)
+        before = (dict(pending.routing.served), dict(pending.routing.selectors))
         pending.routing = route_scheduler_names(configs=configs.values())
+        if pending.routing.selectors:
+            self._watch_namespaces()
         for name in [n for n in self.supervisors if n not in self.bodies]:
             try:
                 await self.supervisors.pop(name).close()
@@ -279,8 +285,24 @@ class Runtime:
                 conflicts=pending.routing.conflicts_of(rm_name=name),
                 status=body.get("status") or {},
             )
-        if before != dict(pending.routing.served):
+        if before != (dict(pending.routing.served), dict(pending.routing.selectors)):
             pending.reoffer_all()
+
+    def _watch_namespaces(self) -> None:
+        """Start following namespace labels (once): a ResourceManager now has a namespaceSelector."""
+        if self._namespaces_task is not None:
+            return
+        pending = self.pending
+        labels = NamespaceLabels(
+            api=self.api,
+            on_change=pending.reoffer_all,
+            on_synced=pending.reoffer_all,
+            logger=self.logger,
+            watch_seconds=self.options.watch_timeout,
+        )
+        self.namespace_labels = labels
+        pending.namespace_labels = labels.labels
+        self._namespaces_task = asyncio.create_task(labels.run(), name="bindery namespace labels")
 
     def _parse_all(self) -> tuple[dict[str, ResourceManagerConfig], dict[str, str]]:
         configs: dict[str, ResourceManagerConfig] = {}
