@@ -71,6 +71,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "resourceManagerSpec": {"maxInFlight": 32, "nodeCheck": "Basic"},
             "extraArgs": ["--verbose"],
         },
-        "networkPolicy": {"referenceRMFrom": [{"podSelector": {"matchLabels": {"app": "debug"}}}]},
+        "networkPolicy": {
+            "referenceRMFrom": [{"podSelector": {"matchLabels": {"app": "debug"}}}],
+            "metricsOpen": True,
+        },
     },
 }

@@ -33,7 +33,14 @@ from bindery.controller.connection import connection_info, load_configuration, r
 from bindery.controller.leadership.fence import FencedBinder
 from bindery.controller.leadership.rules import LeaseTiming
 from bindery.controller.leadership.term import Leadership
-from bindery.controller.metrics import LeaderState, Metrics, MetricsServer, parse_address
+from bindery.controller.metrics import (
+    LeaderState,
+    Metrics,
+    MetricsServer,
+    debug_queue_placement,
+    is_loopback,
+    parse_address,
+)
 from bindery.controller.options import OperatorOptions
 from bindery.controller.pending import PendingPods
 from bindery.controller.queueview import QueueView
@@ -78,6 +85,7 @@ class Runtime:
             leader=self._leader_state,
         )
         self.metrics_server: MetricsServer | None = None
+        self.debug_server: MetricsServer | None = None  # /debug/queue on its own (options.debug_address)
         self._pending: PendingPods | None = None
         self.bodies: dict[str, Mapping[str, Any]] = {}
         self.supervisors: dict[str, ResourceManagerSupervisor] = {}
@@ -144,15 +152,7 @@ class Runtime:
             conditions=self._conditions,
             volumes=KubeVolumes(api=self._api, counter=self.writes),
         )
-        if self.options.metrics_address is not None:
-            host, port = parse_address(self.options.metrics_address)
-            queue = QueueView(runners=lambda: self.runners, pods=self.pods, leading=lambda: self._leading)
-            self.metrics_server = MetricsServer(metrics=self.metrics, host=host, port=port, queue=queue)
-            await self.metrics_server.start()
-            self.logger.info(
-                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics "
-                "(and the scheduling queues, read-only, at /debug/queue)"
-            )
+        await self._serve_metrics()
         self._env = Environment(
             api=self._api,
             ports=self._ports,
@@ -180,6 +180,50 @@ class Runtime:
         if self._leadership is not None:
             self._leadership.start(api=self._api)
 
+    async def _serve_metrics(self) -> None:
+        """/metrics, and the queue views where `debug_queue_placement` allows them (never on an
+        address reachable from other hosts unless given explicitly for them)."""
+        options = self.options
+        placement = debug_queue_placement(
+            metrics_address=options.metrics_address, debug_address=options.debug_address
+        )
+        queue = QueueView(
+            runners=lambda: self.runners,
+            pods=self.pods,
+            leading=lambda: self._leading,
+            served=lambda name: name in self.pending.routing.served,
+        )
+        if options.metrics_address is not None:
+            host, port = parse_address(options.metrics_address)
+            self.metrics_server = MetricsServer(
+                metrics=self.metrics, host=host, port=port, queue=queue if placement == "metrics" else None
+            )
+            await self.metrics_server.start()
+            where = {
+                "metrics": "; the scheduling queues, read-only, at /debug/queue",
+                "own": "",
+                "none": (
+                    "; the scheduling queues (/debug/queue) are not served on this non-loopback address: "
+                    "pass --debug-addr 127.0.0.1:PORT to read them locally or by kubectl port-forward"
+                ),
+            }[placement]
+            self.logger.info(
+                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics{where}"
+            )
+        if options.debug_address is not None:
+            host, port = parse_address(options.debug_address, what="debug address")
+            self.debug_server = MetricsServer(
+                metrics=self.metrics, host=host, port=port, queue=queue, serve_metrics=False
+            )
+            await self.debug_server.start()
+            exposed = (
+                "" if is_loopback(host) else " (reachable from other hosts: keep it behind authentication)"
+            )
+            self.logger.info(
+                f"serving the scheduling queues, read-only, at http://{host}:{self.debug_server.port}"
+                f"/debug/queue{exposed}"
+            )
+
     async def connection_info(self) -> kopf.ConnectionInfo:
         # Reloaded on every login so rotated in-cluster tokens and kubeconfig edits are picked up.
         configuration = await load_configuration(kubeconfig=self.options.kubeconfig)
@@ -196,8 +240,9 @@ class Runtime:
         for supervisor in list(self.supervisors.values()):
             await supervisor.close()
         self.supervisors.clear()
-        if self.metrics_server is not None:
-            await self.metrics_server.stop()
+        for server in (self.metrics_server, self.debug_server):
+            if server is not None:
+                await server.stop()
         if self._api is not None:
             await self._api.close()
         if self._tmp is not None:
