@@ -735,3 +735,19 @@ def test_cluster_id_reaches_the_operator_only_when_set(
 
     assert "--cluster-id=eu-west-prod" in args({"clusterId": "eu-west-prod"})
     assert not [arg for arg in args({}) if arg.startswith("--cluster-id")]
+
+
+def test_the_flow_schema_puts_the_operator_with_kube_scheduler(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Issue 20 (13): off by default; when on, the operator's ServiceAccount (only) is matched before
+    the built-in `service-accounts` FlowSchema (9000) and lands in kube-scheduler's priority level."""
+    assert ct.by_kind(rendered["defaults"], "FlowSchema") == []
+    (schema,) = ct.by_kind(rendered["external-rms"], "FlowSchema")
+    spec = schema["spec"]
+    assert spec["priorityLevelConfiguration"] == {"name": "workload-high"}
+    assert spec["matchingPrecedence"] < 9000
+    (rule,) = spec["rules"]
+    assert rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": "rel-bindery", "namespace": NAMESPACE}}
+    ]
