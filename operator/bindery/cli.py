@@ -141,6 +141,14 @@ def run_command(argv: Sequence[str]) -> int:
         help="serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 0.0.0.0:9090; default: none",
     )
     parser.add_argument(
+        "--debug-addr",
+        metavar="HOST:PORT",
+        help="serve the read-only scheduling queues (/debug/queue, read by `bindery explain`) at "
+        "http://HOST:PORT, e.g. 127.0.0.1:9091 (reach it with kubectl port-forward); anyone who reaches "
+        "it may read them, so a non-loopback address must sit behind authentication (e.g. "
+        "kube-rbac-proxy). Default: beside /metrics if --metrics-addr is on loopback, else not served",
+    )
+    parser.add_argument(
         "--leader-elect",
         action="store_true",
         help="run several replicas: only the holder of a coordination.k8s.io Lease schedules",
@@ -189,11 +197,14 @@ def run_command(argv: Sequence[str]) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    if args.metrics_addr is not None:
+    if args.metrics_addr is not None or args.debug_addr is not None:
         from bindery.controller.metrics import parse_address
 
         try:
-            parse_address(args.metrics_addr)
+            if args.metrics_addr is not None:
+                parse_address(args.metrics_addr)
+            if args.debug_addr is not None:
+                parse_address(args.debug_addr, what="debug address")
         except ValueError as exc:
             parser.error(str(exc))
     configure_logging(verbose=args.verbose, log_format=args.log_format)
@@ -208,6 +219,7 @@ def run_command(argv: Sequence[str]) -> int:
         namespaces=tuple(args.namespace),
         liveness_endpoint=args.liveness,
         metrics_address=args.metrics_addr,
+        debug_address=args.debug_addr,
         leader_election=args.leader_elect,
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name,

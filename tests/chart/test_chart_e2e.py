@@ -250,6 +250,7 @@ async def _schedule_through_the_chart(
         {
             "--liveness": f"http://127.0.0.1:{health_port}/healthz",
             "--metrics-addr": f"127.0.0.1:{metrics_port}",
+            "--debug-addr": f"127.0.0.1:{free_port()}",  # the chart's 9091 may be taken on this host
         },
     )
 

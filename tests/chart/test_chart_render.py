@@ -177,10 +177,17 @@ def test_operator_deployment(rendered: dict[str, list[dict[str, Any]]], value_se
         for p in ct.by_kind(rendered[value_set], "NetworkPolicy")
         if p["metadata"]["name"] == deps[0]["metadata"]["name"]
     ]
+    policy_values = values.get("networkPolicy", {})
     for policy in policies:  # the operator's policy admits exactly its health and metrics ports
-        (rule,) = policy["spec"]["ingress"]
-        expected = ["health", "metrics"] if metrics.get("enabled", True) else ["health"]
-        assert [port["port"] for port in rule["ports"]] == expected
+        rules = policy["spec"]["ingress"]
+        expected = [["health"], ["metrics"]] if metrics.get("enabled", True) else [["health"]]
+        assert [[port["port"] for port in rule["ports"]] for rule in rules] == expected
+        if len(rules) == 2:  # the metrics port is restricted unless opened explicitly (issue 20, scenario 9)
+            peers = policy_values.get("metricsFrom") or [{"podSelector": {}}]
+            assert rules[1].get("from") == (None if policy_values.get("metricsOpen") else peers)
+    # The queue views listen on loopback by default (reached by kubectl port-forward).
+    debug_address = operator.get("debugAddress", "127.0.0.1:9091")
+    assert (f"--debug-addr={debug_address}" in container["args"]) is bool(debug_address)
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
@@ -728,3 +735,19 @@ def test_cluster_id_reaches_the_operator_only_when_set(
 
     assert "--cluster-id=eu-west-prod" in args({"clusterId": "eu-west-prod"})
     assert not [arg for arg in args({}) if arg.startswith("--cluster-id")]
+
+
+def test_the_flow_schema_puts_the_operator_with_kube_scheduler(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Issue 20 (13): off by default; when on, the operator's ServiceAccount (only) is matched before
+    the built-in `service-accounts` FlowSchema (9000) and lands in kube-scheduler's priority level."""
+    assert ct.by_kind(rendered["defaults"], "FlowSchema") == []
+    (schema,) = ct.by_kind(rendered["external-rms"], "FlowSchema")
+    spec = schema["spec"]
+    assert spec["priorityLevelConfiguration"] == {"name": "workload-high"}
+    assert spec["matchingPrecedence"] < 9000
+    (rule,) = spec["rules"]
+    assert rule["subjects"] == [
+        {"kind": "ServiceAccount", "serviceAccount": {"name": "rel-bindery", "namespace": NAMESPACE}}
+    ]

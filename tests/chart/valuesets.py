@@ -55,6 +55,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
         "podDisruptionBudget": {"maxUnavailable": "100%"},
+        "flowSchema": {"enabled": True},
         "metrics": {"grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Bindery"}}},
     },
     # The reference RM tuned: its own Secret, no PVC, a node pool, two scheduler names.
@@ -71,6 +72,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "resourceManagerSpec": {"maxInFlight": 32, "nodeCheck": "Basic"},
             "extraArgs": ["--verbose"],
         },
-        "networkPolicy": {"referenceRMFrom": [{"podSelector": {"matchLabels": {"app": "debug"}}}]},
+        "networkPolicy": {
+            "referenceRMFrom": [{"podSelector": {"matchLabels": {"app": "debug"}}}],
+            "metricsOpen": True,
+        },
     },
 }

@@ -141,6 +141,11 @@ def test_queue_answers_and_refusals_are_told_apart() -> None:
     _, refused = _queue_answer(403, b"forbidden", where="svc")
     assert refused is not None
     assert "needs get on services/proxy" in refused
+    # The metrics port no longer carries the queue views (they stay on loopback): say how to reach them.
+    _, unserved = _queue_answer(404, b"404: Not Found", where="svc")
+    assert unserved is not None
+    assert "kubectl port-forward" in unserved
+    assert "--operator-url http://127.0.0.1:9091" in unserved
     assert OperatorAddress.parse_service("ns/svc") == OperatorAddress(service=("ns", "svc", "metrics"))
     assert OperatorAddress.parse_service("ns/svc:9090").service == ("ns", "svc", "9090")
 

@@ -62,6 +62,24 @@ HTTPS = "https://rm.example"
             {"scheduler_names": ["a"], "endpoint": HTTPS, "maxInFlight": 0},
             "should be greater than or equal to 1",
         ),
+        (
+            {
+                "scheduler_names": ["a"],
+                "endpoint": HTTPS,
+                "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In"}]},
+            },
+            "In and NotIn need at least one value",
+        ),
+        (
+            {
+                "scheduler_names": ["a"],
+                "endpoint": HTTPS,
+                "namespaceSelector": {
+                    "matchExpressions": [{"key": "team", "operator": "Gt", "values": ["1"]}]
+                },
+            },
+            'supported values: "In", "NotIn", "Exists", "DoesNotExist"',
+        ),
     ],
 )
 async def test_invalid_specs_are_refused_with_clear_messages(

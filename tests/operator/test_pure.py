@@ -174,8 +174,10 @@ def _pod(
         (_pod(node="n2", phase="Running"), Settle.RELEASE),  # someone else bound it elsewhere
         (_pod(node="n1", phase="Succeeded"), Settle.RELEASE),  # bound by us, and already finished
         (_pod(node="n1", phase="Failed"), Settle.RELEASE),
-        (_pod(node="n1", reservation="r-0"), Settle.RELEASE),  # a stale cycle's Binding, not this one
-        (_pod(node="n1", reservation=None), Settle.RELEASE),  # another scheduler bound it there
+        # The annotation is not authority: the pod that runs there is the one the reservation is for
+        # (its owner may have overwritten the annotation; a stale cycle's Binding put it there).
+        (_pod(node="n1", reservation="r-0"), Settle.COMMIT),
+        (_pod(node="n1", reservation=None), Settle.COMMIT),
     ],
     ids=[
         "running",
@@ -186,8 +188,8 @@ def _pod(
         "elsewhere",
         "succeeded",
         "failed",
-        "stale",
-        "foreign",
+        "other-annotation",
+        "no-annotation",
     ],
 )
 def test_an_unconfirmed_binding_is_settled_by_the_pods_fate(

@@ -7,6 +7,7 @@ import dataclasses
 from bindery.backoff import BackoffPolicy
 from bindery.controller.queueview import QueueView
 from bindery.scheduling.decisions import Outcome
+from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.queue import SchedulingQueue
 from tests.scheduling.fakes import FakeClock, pod
 
@@ -16,9 +17,14 @@ class Runner:
     queue: SchedulingQueue
 
 
-class Pods(dict[str, object]):
+class Pods(dict[str, PodInfo]):
+    """The remembered pods, with the name index of bindery.kube.UnboundPods; no way to scan them."""
+
+    def find(self, *, namespace: str, name: str) -> PodInfo | None:
+        return next((p for p in self.values() if (p.namespace, p.name) == (namespace, name)), None)
+
     def uids(self) -> set[str]:
-        return set(self)
+        raise AssertionError("a lookup scanned every remembered pod")
 
 
 def test_a_parked_pod_is_found_by_name_or_uid_with_its_next_attempt() -> None:
@@ -29,8 +35,9 @@ def test_a_parked_pod_is_found_by_name_or_uid_with_its_next_attempt() -> None:
     leading = [True]
     view = QueueView(
         runners=lambda: {"pool": Runner(queue)},
-        pods=pods,  # type: ignore[arg-type]
+        pods=pods,
         leading=lambda: leading[0],
+        served=lambda name: name == "bindery",
         wall_clock=lambda: 1_767_225_600.0,  # 2026-01-01T00:00:00Z
     )
     queue.add(web)
@@ -55,13 +62,33 @@ def test_a_parked_pod_is_found_by_name_or_uid_with_its_next_attempt() -> None:
     status, other = view.pod(namespace=web.namespace, name="web", uid=db.uid)
     assert status == 404
     assert "no unbound pod of that name and UID" in other["message"]
-    # Known but in no queue (its scheduler name is served by nobody).
+    # Known, of a served name, but in no queue (refused by a namespaceSelector, say).
     status, unqueued = view.pod(namespace=db.namespace, name="db")
     assert status == 404
-    assert "no ResourceManager's queue holds it" in unqueued["message"]
+    assert "no ResourceManager's queue does" in unqueued["message"]
     assert view.summary() == {
         "leading": True,
         "resource_managers": {"pool": {"active": 0, "backoff": 0, "unschedulable": 1, "in_flight": 0}},
     }
     leading[0] = False  # a standby says so: its attempts are not the real ones
     assert view.pod(namespace=web.namespace, name="web")[1]["leading"] is False
+
+
+def test_a_pod_of_a_scheduler_name_nobody_serves_is_not_disclosed() -> None:
+    """Issue 20, scenario 9: whoever reaches the view learns nothing of other schedulers' pods, not
+    even that they exist: the same 404 as for a pod that does not exist, by name or by UID."""
+    queue = SchedulingQueue(clock=FakeClock(start=0.0), backoff=BackoffPolicy(initial=1.0, maximum=1.0))
+    theirs = dataclasses.replace(pod("theirs"), scheduler_name="default-scheduler")
+    view = QueueView(
+        runners=lambda: {"pool": Runner(queue)},
+        pods=Pods({theirs.uid: theirs}),
+        leading=lambda: True,
+        served=lambda name: name == "bindery",
+    )
+    for uid in (None, theirs.uid):
+        status, body = view.pod(namespace="ns", name="theirs", uid=uid)
+        _, unknown = view.pod(namespace="ns", name="nobody", uid=uid)
+        assert status == 404
+        assert body["message"] == unknown["message"]
+        assert theirs.scheduler_name not in str(body)
+    assert view.pod(namespace="ns", name="theirs")[1]["uid"] is None

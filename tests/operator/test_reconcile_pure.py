@@ -54,12 +54,14 @@ def test_a_reserved_reservation_of_a_pod_bound_to_its_node_is_committed_once() -
     assert reconcile_action(reservation=_reservation("committed"), pod=_pod()) is None
 
 
-def test_a_pod_on_the_node_with_another_reservation_or_none_does_not_use_this_one() -> None:
-    """Another scheduler, or a stale cycle with an older reservation, bound the pod there."""
-    for holder in (None, "r0"):
+def test_the_reservation_annotation_is_never_a_reason_to_release() -> None:
+    """Issue 20, scenario 7: its pod (same UID) runs on its node, whatever the pod's annotation says
+    (`kubectl annotate pod p bindery.dev/reservation-id=x --overwrite`, or removed, or another
+    reservation's id): a committed reservation is kept, a reserved one committed."""
+    for holder in (None, "x", "r0"):
         pod = _pod(reservation=holder)
-        assert reconcile_action(reservation=_reservation("reserved"), pod=pod) is Settle.RELEASE
-        assert reconcile_action(reservation=_reservation("committed"), pod=pod) is Settle.RELEASE
+        assert reconcile_action(reservation=_reservation("reserved"), pod=pod) is Settle.COMMIT
+        assert reconcile_action(reservation=_reservation("committed"), pod=pod) is None
 
 
 def test_gone_replaced_elsewhere_or_finished_pods_release_either_state() -> None:

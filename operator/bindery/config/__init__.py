@@ -13,13 +13,16 @@ from bindery.config.resourcemanager import (
     parse_resource_manager,
 )
 from bindery.config.routing import Routing, route_scheduler_names
+from bindery.config.selector import NamespaceSelector, parse_namespace_selector
 
 __all__ = [
     "NODE_CHECK_VALUES",
     "ConfigError",
+    "NamespaceSelector",
     "ResourceManagerConfig",
     "Routing",
     "SecretKeyRef",
+    "parse_namespace_selector",
     "parse_resource_manager",
     "route_scheduler_names",
 ]

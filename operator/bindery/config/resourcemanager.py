@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bindery.config.selector import NamespaceSelector, SelectorError, parse_namespace_selector
 from bindery.scheduling.queue import DEFAULT_MAX_IN_FLIGHT
 
 NODE_CHECK_VALUES = ("Full", "Basic", "Off")
@@ -61,6 +62,8 @@ class ResourceManagerConfig:
     reconcile_interval_seconds: float = 30.0
     #: How long PreBind waits for a pod's volume claims to be bound (spec.volumeBindTimeoutSeconds).
     volume_bind_timeout_seconds: float = 600.0
+    #: Which namespaces' pods this RM serves (spec.namespaceSelector); None = every namespace.
+    namespace_selector: NamespaceSelector | None = None
 
     def connection_key(self) -> tuple[object, ...]:
         """The fields that require a new RM client when they change (others apply in place)."""
@@ -104,6 +107,10 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
     ttl = int(_number(spec.get("reservationTTLSeconds", 60), "spec.reservationTTLSeconds", low=5))
     interval = _number(spec.get("reconcileIntervalSeconds", 30), "spec.reconcileIntervalSeconds", low=5)
     node_check = str(spec.get("nodeCheck", "Full"))
+    try:
+        namespace_selector = parse_namespace_selector(spec.get("namespaceSelector"))
+    except SelectorError as exc:
+        raise ConfigError(str(exc)) from exc
     if node_check not in NODE_CHECK_VALUES:
         raise ConfigError(f"spec.nodeCheck is {node_check!r}; use one of {', '.join(NODE_CHECK_VALUES)}")
     return ResourceManagerConfig(
@@ -133,6 +140,7 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
         volume_bind_timeout_seconds=_number(
             spec.get("volumeBindTimeoutSeconds", 600), "spec.volumeBindTimeoutSeconds", low=1
         ),
+        namespace_selector=namespace_selector,
     )
 
 

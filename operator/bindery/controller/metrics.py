@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -409,18 +410,33 @@ class _StateCollector(Collector):
 
 class MetricsServer:
     """`GET /metrics` in the Prometheus text format, on the operator's event loop (aiohttp); with a
-    `queue`, also its read-only JSON views (`/debug/queue`, bindery.controller.queueview)."""
+    `queue`, also its read-only JSON views (`/debug/queue`, bindery.controller.queueview).
 
-    def __init__(self, *, metrics: Metrics, host: str, port: int, queue: QueueView | None = None) -> None:
+    `serve_metrics=False` makes it the queue views' own listener (`bindery run --debug-addr`): the
+    runtime puts the views beside /metrics only when that listens on loopback, since anyone who
+    reaches the port may ask them (see :func:`debug_queue_placement`).
+    """
+
+    def __init__(
+        self,
+        *,
+        metrics: Metrics,
+        host: str,
+        port: int,
+        queue: QueueView | None = None,
+        serve_metrics: bool = True,
+    ) -> None:
         self._metrics = metrics
         self._queue = queue
         self._host = host
         self._port = port
+        self._serve_metrics = serve_metrics
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         app = web.Application()
-        app.router.add_get("/metrics", self._serve)
+        if self._serve_metrics:
+            app.router.add_get("/metrics", self._serve)
         if self._queue is not None:
             app.router.add_get("/debug/queue", self._serve_queue)
             app.router.add_get("/debug/queue/{namespace}/{name}", self._serve_pod)
@@ -460,9 +476,34 @@ class MetricsServer:
         return web.json_response(body, status=status)
 
 
-def parse_address(address: str) -> tuple[str, int]:
+def is_loopback(host: str) -> bool:
+    """Pure: whether `host` (an address to listen on) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
+def debug_queue_placement(*, metrics_address: str | None, debug_address: str | None) -> str:
+    """Pure: where `/debug/queue` is served: "own" (its explicit `--debug-addr`), "metrics" (beside
+    /metrics, which listens on loopback), or "none" (the metrics port is reachable from elsewhere).
+
+    The view tells whoever asks which pods wait and when they are tried next: never on an address
+    reachable from other hosts unless the operator asked for it by name (and then behind
+    authentication, e.g. kube-rbac-proxy).
+    """
+    if debug_address is not None:
+        return "own"
+    if metrics_address is not None and is_loopback(parse_address(metrics_address)[0]):
+        return "metrics"
+    return "none"
+
+
+def parse_address(address: str, *, what: str = "metrics address") -> tuple[str, int]:
     """`HOST:PORT` (or `:PORT`, `[::]:PORT`) → (host, port); raises ValueError with what is expected."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"metrics address {address!r} is not HOST:PORT (e.g. 0.0.0.0:9090)")
+        raise ValueError(f"{what} {address!r} is not HOST:PORT (e.g. 0.0.0.0:9090)")
     return host.strip("[]") or "0.0.0.0", int(port)

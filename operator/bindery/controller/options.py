@@ -24,6 +24,10 @@ class OperatorOptions:
     #: `HOST:PORT` to serve Prometheus metrics at `/metrics` (e.g. 0.0.0.0:9090; port 0 = any free
     #: port, see `Runtime.metrics_server.port`); None = no metrics endpoint.
     metrics_address: str | None = None
+    #: `HOST:PORT` for the read-only queue views (`/debug/queue`) on a listener of their own. None:
+    #: they are served beside /metrics only if that listens on loopback, else not at all. Anyone who
+    #: reaches this address may read them: keep it on loopback, or behind authentication.
+    debug_address: str | None = None
     #: seconds one watch request stays open before Kopf re-watches (each re-watch authenticates
     #: anew, so a rotated token is used from then on).
     watch_timeout: int = 300

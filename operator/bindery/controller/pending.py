@@ -1,15 +1,21 @@
 """The unbound pods this process has seen, and where each goes: the runtime's pod half.
 
-Pod events are handled without I/O except for contested scheduler names (a FailedScheduling event
-and condition, aggregated): the handler only updates the in-memory map and offers the pod to the
-right profile's queue. All unbound pods are remembered (cheap: they are pending by definition),
-whatever their scheduler name, so a ResourceManager created later picks up pods that were already
-waiting. Pods of names no ResourceManager claims are never written to.
+Pod events are handled without I/O except for contested scheduler names and namespaces outside a
+ResourceManager's selector (a FailedScheduling event and condition, aggregated): the handler only
+updates the in-memory map and offers the pod to the right profile's queue. All unbound pods are
+remembered (cheap: they are pending by definition), whatever their scheduler name, so a
+ResourceManager created later picks up pods that were already waiting. Pods of names no
+ResourceManager claims are never written to.
 
 The routing (which ResourceManager serves which scheduler name; contested names are served by
 nobody) is decided by the runtime when a ResourceManager changes and kept here, where every pod is
-routed by it. A periodic sweep forgets remembered unbound pods a fresh list no longer has (Kopf
-sends no DELETED for a pod that vanished while its watch was down).
+routed by it. A ResourceManager with a `spec.namespaceSelector` is offered only pods of the
+namespaces it selects (their labels come from the namespace watch,
+bindery.controller.watches.namespaces); a pod of another namespace gets FailedScheduling and
+PodScheduled=False (Unschedulable) naming the ResourceManager and the rule, is withdrawn from its
+queue, and is routed again when its namespace's labels change. A periodic sweep forgets
+remembered unbound pods a fresh list no longer has (Kopf sends no DELETED for a pod that vanished
+while its watch was down).
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bindery.config import Routing
+from bindery.config.routing import namespace_refusal
 from bindery.controller.metrics import Metrics
 from bindery.controller.runner import ProfileRunner
 from bindery.controller.watches.unbound import UNBOUND_PODS
 from bindery.k8s import ApiClient, list_all, resources
 from bindery.kube import KubeBinder, KubeConditionWriter, KubeEventSink, UnboundPods
-from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR
+from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDULABLE
 from bindery.scheduling.podspec import PodInfo, PodSpecError
 from bindery.scheduling.throttle import EventThrottle
 from bindery.typedefs import Logger
@@ -51,6 +58,9 @@ class PendingPods:
         self.pods = UnboundPods()
         #: Set by the runtime whenever the ResourceManagers change.
         self.routing = Routing(served={}, contested={})
+        #: A namespace's labels, None while unknown; set by the runtime once it watches namespaces.
+        self.namespace_labels: Callable[[str], Mapping[str, str] | None] = lambda namespace: None
+        self._reports: set[asyncio.Task[None]] = set()  # refusals reported outside an event
         self.sweeps = 0  #: passes of the unbound-pod sweep (tests wait on it)
         self._api = api
         self._binder = binder
@@ -127,43 +137,81 @@ class PendingPods:
         runners = self._runners()
         rm_name = self.routing.served.get(pod.scheduler_name)
         if rm_name is not None and rm_name in runners:
-            runners[rm_name].offer(pod)
+            admitted, refusal = self._admission(pod, rm_name)
+            if admitted:
+                runners[rm_name].offer(pod)
+                return
+            runners[rm_name].withdraw(pod.uid)
+            if refusal is not None:
+                await self._report_refusal(pod=pod, message=refusal)
             return
         conflict = self.routing.conflict_message(scheduler_name=pod.scheduler_name)
         if conflict is not None:
             await self._report_conflict(pod=pod, message=conflict)
 
+    def _admission(self, pod: PodInfo, rm_name: str) -> tuple[bool, str | None]:
+        """(offer the pod to `rm_name`?, why not if it is refused) by the RM's namespaceSelector.
+
+        A pod of a namespace whose labels are not known yet is neither offered nor refused: it
+        waits for the namespace watch, which routes it again (refusing it on a guess would write a
+        false FailedScheduling; offering it would reserve for a namespace that may be outside).
+        """
+        selector = self.routing.selectors.get(rm_name)
+        if selector is None:
+            return True, None
+        labels = self.namespace_labels(pod.namespace)
+        if labels is None:
+            return False, None
+        if selector.matches(labels):
+            return True, None
+        return False, namespace_refusal(rm_name=rm_name, selector=selector, namespace=pod.namespace)
+
     async def _report_conflict(self, *, pod: PodInfo, message: str) -> None:
+        await self._report(
+            pod=pod, key="SchedulerNameConflict", reason=REASON_SCHEDULER_ERROR, message=message
+        )
+
+    async def _report_refusal(self, *, pod: PodInfo, message: str) -> None:
+        await self._report(pod=pod, key="NamespaceSelector", reason=REASON_UNSCHEDULABLE, message=message)
+
+    async def _report(self, *, pod: PodInfo, key: str, reason: str, message: str) -> None:
         if not self._leading():
             return
-        note = self._conflict_throttle.admit(uid=pod.uid, key="SchedulerNameConflict", message=message)
+        note = self._conflict_throttle.admit(uid=pod.uid, key=key, message=message)
         try:
             if note is not None:
                 await self._events.failed_scheduling(pod=pod, message=note, scheduler_name=pod.scheduler_name)
-            await self._conditions.pod_scheduled_false(
-                pod=pod, reason=REASON_SCHEDULER_ERROR, message=message
-            )
+            await self._conditions.pod_scheduled_false(pod=pod, reason=reason, message=message)
         except Exception as exc:  # reporting is best effort; the pod stays pending anyway
-            self._logger.warning(f"could not report the scheduler-name conflict on pod {pod.key}: {exc}")
+            self._logger.warning(f"could not report why pod {pod.key} is not scheduled ({key}): {exc}")
 
     def retry_parked(self, reason: str = "a pending pod went away") -> None:
         for runner in self._runners().values():
             runner.queue.move_all_to_active(reason=reason)
             runner.podgroups.retry()
 
-    def reoffer_all(self) -> None:
-        """Put every remembered pod where the current routing says it belongs."""
+    def reoffer_all(self, namespace: str | None = None) -> None:
+        """Put every remembered pod (of `namespace`, if given) where the current routing says it
+        belongs; a pod its owner's namespaceSelector now refuses is withdrawn and told why."""
         runners = self._runners()
         for uid in self.pods.uids():
             pod = self.pods.get(uid)
-            if pod is None:
+            if pod is None or (namespace is not None and pod.namespace != namespace):
                 continue
             owner = self.routing.served.get(pod.scheduler_name)
+            refusal = None
+            if owner is not None and owner in runners:
+                admitted, refusal = self._admission(pod, owner)
+                owner = owner if admitted else None
             for name, runner in runners.items():
                 if name == owner:
                     runner.offer(pod)
                 else:
                     runner.withdraw(uid)
+            if refusal is not None:
+                task = asyncio.create_task(self._report_refusal(pod=pod, message=refusal))
+                self._reports.add(task)
+                task.add_done_callback(self._reports.discard)
 
     # -- unbound-pod sweep -----------------------------------------------------------------------
 

@@ -12,6 +12,15 @@ backoff), so the operator serves it as JSON on the metrics port:
 standby replica answers too (its queue is kept warm) with `"leading": false`: only the leader's
 attempt counts and backoffs are real. Nothing here writes, and no pod field beyond its name, UID and
 queue position is served (no tokens, no spec).
+
+Who may ask (issue 20, scenario 9): the view used to answer for any pending pod of the cluster
+(whether it exists, its UID, its scheduler name) to anyone who reached the metrics port, and a
+lookup by name scanned every remembered pod on the scheduling event loop. Now a pod of a scheduler
+name no ResourceManager serves gets the same 404 as a pod that does not exist (`served`), a lookup
+by name goes through the pods' name index, and the view is served beside /metrics only when that
+listens on loopback; elsewhere only at an address the operator is given for it explicitly
+(`bindery run --debug-addr`), which must sit behind authentication (e.g. kube-rbac-proxy). See
+:class:`bindery.controller.metrics.MetricsServer` and the runtime's start.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ class _HasQueue(Protocol):
 class _Pods(Protocol):
     def get(self, uid: str) -> PodInfo | None: ...
 
-    def uids(self) -> set[str]: ...
+    def find(self, *, namespace: str, name: str) -> PodInfo | None: ...
 
 
 class QueueView:
@@ -47,10 +56,13 @@ class QueueView:
         runners: Callable[[], Mapping[str, _HasQueue]],
         pods: _Pods,
         leading: Callable[[], bool],
+        served: Callable[[str], bool],
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """`served(scheduler_name)`: whether a ResourceManager serves that name (others are unknown here)."""
         self._runners = runners
         self._pods = pods
+        self._served = served
         self._leading = leading
         self._wall_clock = wall_clock
 
@@ -108,17 +120,18 @@ class QueueView:
             )
             return 404, answer
         answer["message"] = (
-            f"the operator knows the pod but no ResourceManager's queue holds it (scheduler name "
-            f'"{known.scheduler_name}" is not served, or is contested)'
+            "the operator holds the pod but no ResourceManager's queue does (it is refused by a "
+            "ResourceManager's namespaceSelector, waits for its namespace to be seen, or its "
+            "ResourceManager has no running profile yet)"
         )
         return 404, answer
 
     def _find(self, *, key: str, uid: str | None) -> PodInfo | None:
+        """The pod by UID (its name must match) or by name, if its scheduler name is served."""
         if uid:
             pod = self._pods.get(uid)
-            return pod if pod is not None and pod.key == key else None
-        for candidate in self._pods.uids():  # a debug request: a scan of the unbound pods is fine
-            pod = self._pods.get(candidate)
-            if pod is not None and pod.key == key:
-                return pod
-        return None
+            pod = pod if pod is not None and pod.key == key else None
+        else:
+            namespace, _, name = key.partition("/")
+            pod = self._pods.find(namespace=namespace, name=name)
+        return pod if pod is not None and self._served(pod.scheduler_name) else None

@@ -9,6 +9,8 @@ need shows up as a failing test rather than in a user's cluster.
 - pods/status patch: the PodScheduled=False condition after a failed attempt.
 - events (events.k8s.io) create/patch: Scheduled and FailedScheduling events, as kube-scheduler.
 - nodes list/watch: the node index for pre-bind checks.
+- namespaces list/watch: their labels, for ResourceManagers' spec.namespaceSelector (watched only
+  once one has a selector; bindery.controller.watches.namespaces).
 - resourcemanagers list/watch, resourcemanagers/status patch: configuration and its status.
 - namespaces get, kube-system only: its UID is the default cluster id (contract v1.2 clusterId),
   read once at start (`bindery.kube.identity`).
@@ -17,7 +19,7 @@ need shows up as a failing test rather than in a user's cluster.
 - persistentvolumeclaims get/patch, persistentvolumes get/list/patch, storageclasses get: volume
   binding for pods with claims (bindery.scheduling.volumes): read the claims, their volumes and
   classes, set a claim's selected-node annotation, pre-bind a static volume (its claimRef).
-Not needed: Kopf's peering objects (standalone), CRD/namespace listing (scanning disabled), core
+Not needed: Kopf's peering objects (standalone), CRD listing (Kopf's scanning disabled), core
 events (Kopf's posting disabled), finalizers or pod patches (no change-detection handlers).
 """
 
@@ -31,6 +33,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
     {"apiGroups": ["bindery.dev"], "resources": ["resourcemanagers"], "verbs": ["list", "watch"]},
     {"apiGroups": ["bindery.dev"], "resources": ["resourcemanagers/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},

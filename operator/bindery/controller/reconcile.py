@@ -14,7 +14,8 @@ reservation whose pod got bound is committed long before it could expire).
 What a pass decides for each active reservation (:func:`reconcile_action`, from :func:`pod_fate`):
 
 - its pod is gone, was replaced under its name (another UID), is bound to another node, or has
-  finished → **release** (with the reservation's pod UID, contract v1.1);
+  finished → **release** (with the reservation's pod UID, contract v1.1); the pod's reservation
+  annotation is never a reason (tenants may edit it, see :func:`pod_fate`);
 - it is ``reserved`` and its pod (same UID) is bound to its node and running → **commit** (the
   Binding landed, the commit was lost);
 - its pod is still pending → **left alone**: the pod's next cycle reserves with the same
@@ -55,7 +56,6 @@ from bindery.kube.events import KubeEventSink
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation, ReservationState
-from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
 from bindery.typedefs import Logger
 
@@ -74,17 +74,18 @@ class Settle(enum.StrEnum):
     RELEASE = "release"
 
 
-def pod_fate(
-    *, pod_uid: str, node: str, pod: Mapping[str, Any] | None, reservation_id: str | None = None
-) -> Settle | None:
+def pod_fate(*, pod_uid: str, node: str, pod: Mapping[str, Any] | None) -> Settle | None:
     """Pure: what a reservation held for `pod_uid` on `node` becomes, given the pod's current body.
 
     Commit if that pod is bound to that node and still running; release if it is gone (None),
-    replaced under its name, bound elsewhere or finished; None while it is still unbound. With
-    `reservation_id`, a pod on that node whose reservation annotation names another reservation
-    (or none) was bound by someone else, or by a stale cycle with an older reservation: this one is
-    not in use, so it is released (the RM counts the pod through the reservation it does carry, or as
-    a pod it did not place).
+    replaced under its name, bound elsewhere or finished; None while it is still unbound.
+
+    The pod's `bindery.dev/reservation-id` annotation is not consulted: it is written by the
+    Binding, but whoever may edit the pod may overwrite it afterwards (`kubectl annotate
+    --overwrite`). Releasing the reservation of a pod that runs on its node because the annotation
+    named another one let a tenant free their own allocation while keeping the pod (issue 20,
+    scenario 7): an RM that counts by reservations sold the capacity again. The UID and the node are
+    the apiserver's own record; a pod that runs there uses the reservation made for it there.
     """
     if pod is None:
         return Settle.RELEASE
@@ -95,9 +96,6 @@ def pod_fate(
         return None
     if bound_to != node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
         return Settle.RELEASE
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    if reservation_id is not None and annotations.get(RESERVATION_ANNOTATION) != reservation_id:
-        return Settle.RELEASE
     return Settle.COMMIT
 
 
@@ -107,9 +105,7 @@ def reconcile_action(*, reservation: Reservation, pod: Mapping[str, Any] | None)
     None means leave it: the pod is pending (its next cycle or a late Binding settles it), or the
     reservation is already committed to its running pod.
     """
-    fate = pod_fate(
-        pod_uid=reservation.pod_uid, node=reservation.node, pod=pod, reservation_id=reservation.id
-    )
+    fate = pod_fate(pod_uid=reservation.pod_uid, node=reservation.node, pod=pod)
     if fate is Settle.COMMIT and reservation.state is ReservationState.COMMITTED:
         return None
     return fate

@@ -33,7 +33,14 @@ from bindery.controller.connection import connection_info, load_configuration, r
 from bindery.controller.leadership.fence import FencedBinder
 from bindery.controller.leadership.rules import LeaseTiming
 from bindery.controller.leadership.term import Leadership
-from bindery.controller.metrics import LeaderState, Metrics, MetricsServer, parse_address
+from bindery.controller.metrics import (
+    LeaderState,
+    Metrics,
+    MetricsServer,
+    debug_queue_placement,
+    is_loopback,
+    parse_address,
+)
 from bindery.controller.options import OperatorOptions
 from bindery.controller.pending import PendingPods
 from bindery.controller.queueview import QueueView
@@ -45,6 +52,7 @@ from bindery.controller.supervisor import (
     Reconcile,
     ResourceManagerSupervisor,
 )
+from bindery.controller.watches.namespaces import NamespaceLabels
 from bindery.controller.watches.unbound import UnboundPodWatcher
 from bindery.k8s import ApiClient, client_for
 from bindery.kube import (
@@ -77,6 +85,7 @@ class Runtime:
             leader=self._leader_state,
         )
         self.metrics_server: MetricsServer | None = None
+        self.debug_server: MetricsServer | None = None  # /debug/queue on its own (options.debug_address)
         self._pending: PendingPods | None = None
         self.bodies: dict[str, Mapping[str, Any]] = {}
         self.supervisors: dict[str, ResourceManagerSupervisor] = {}
@@ -106,6 +115,9 @@ class Runtime:
         self._sweep_task: asyncio.Task[None] | None = None
         self._unbound_task: asyncio.Task[None] | None = None
         self.unbound: UnboundPodWatcher | None = None
+        #: namespace labels, watched once a ResourceManager has a spec.namespaceSelector
+        self.namespace_labels: NamespaceLabels | None = None
+        self._namespaces_task: asyncio.Task[None] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -140,15 +152,7 @@ class Runtime:
             conditions=self._conditions,
             volumes=KubeVolumes(api=self._api, counter=self.writes),
         )
-        if self.options.metrics_address is not None:
-            host, port = parse_address(self.options.metrics_address)
-            queue = QueueView(runners=lambda: self.runners, pods=self.pods, leading=lambda: self._leading)
-            self.metrics_server = MetricsServer(metrics=self.metrics, host=host, port=port, queue=queue)
-            await self.metrics_server.start()
-            self.logger.info(
-                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics "
-                "(and the scheduling queues, read-only, at /debug/queue)"
-            )
+        await self._serve_metrics()
         self._env = Environment(
             api=self._api,
             ports=self._ports,
@@ -176,6 +180,50 @@ class Runtime:
         if self._leadership is not None:
             self._leadership.start(api=self._api)
 
+    async def _serve_metrics(self) -> None:
+        """/metrics, and the queue views where `debug_queue_placement` allows them (never on an
+        address reachable from other hosts unless given explicitly for them)."""
+        options = self.options
+        placement = debug_queue_placement(
+            metrics_address=options.metrics_address, debug_address=options.debug_address
+        )
+        queue = QueueView(
+            runners=lambda: self.runners,
+            pods=self.pods,
+            leading=lambda: self._leading,
+            served=lambda name: name in self.pending.routing.served,
+        )
+        if options.metrics_address is not None:
+            host, port = parse_address(options.metrics_address)
+            self.metrics_server = MetricsServer(
+                metrics=self.metrics, host=host, port=port, queue=queue if placement == "metrics" else None
+            )
+            await self.metrics_server.start()
+            where = {
+                "metrics": "; the scheduling queues, read-only, at /debug/queue",
+                "own": "",
+                "none": (
+                    "; the scheduling queues (/debug/queue) are not served on this non-loopback address: "
+                    "pass --debug-addr 127.0.0.1:PORT to read them locally or by kubectl port-forward"
+                ),
+            }[placement]
+            self.logger.info(
+                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics{where}"
+            )
+        if options.debug_address is not None:
+            host, port = parse_address(options.debug_address, what="debug address")
+            self.debug_server = MetricsServer(
+                metrics=self.metrics, host=host, port=port, queue=queue, serve_metrics=False
+            )
+            await self.debug_server.start()
+            exposed = (
+                "" if is_loopback(host) else " (reachable from other hosts: keep it behind authentication)"
+            )
+            self.logger.info(
+                f"serving the scheduling queues, read-only, at http://{host}:{self.debug_server.port}"
+                f"/debug/queue{exposed}"
+            )
+
     async def connection_info(self) -> kopf.ConnectionInfo:
         # Reloaded on every login so rotated in-cluster tokens and kubeconfig edits are picked up.
         configuration = await load_configuration(kubeconfig=self.options.kubeconfig)
@@ -184,7 +232,7 @@ class Runtime:
     async def close(self) -> None:
         if self._leadership is not None:
             await self._leadership.close()
-        for task in (self._unbound_task, self._sweep_task):
+        for task in (self._unbound_task, self._sweep_task, self._namespaces_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -192,8 +240,9 @@ class Runtime:
         for supervisor in list(self.supervisors.values()):
             await supervisor.close()
         self.supervisors.clear()
-        if self.metrics_server is not None:
-            await self.metrics_server.stop()
+        for server in (self.metrics_server, self.debug_server):
+            if server is not None:
+                await server.stop()
         if self._api is not None:
             await self._api.close()
         if self._tmp is not None:
@@ -258,8 +307,10 @@ class Runtime:
         """Route the scheduler names anew and hand each supervisor its object's spec and conflicts."""
         configs, errors = self._parse_all()
         pending = self.pending
-        before = dict(pending.routing.served)
+        before = (dict(pending.routing.served), dict(pending.routing.selectors))
         pending.routing = route_scheduler_names(configs=configs.values())
+        if pending.routing.selectors:
+            self._watch_namespaces()
         for name in [n for n in self.supervisors if n not in self.bodies]:
             try:
                 await self.supervisors.pop(name).close()
@@ -279,8 +330,24 @@ class Runtime:
                 conflicts=pending.routing.conflicts_of(rm_name=name),
                 status=body.get("status") or {},
             )
-        if before != dict(pending.routing.served):
+        if before != (dict(pending.routing.served), dict(pending.routing.selectors)):
             pending.reoffer_all()
+
+    def _watch_namespaces(self) -> None:
+        """Start following namespace labels (once): a ResourceManager now has a namespaceSelector."""
+        if self._namespaces_task is not None:
+            return
+        pending = self.pending
+        labels = NamespaceLabels(
+            api=self.api,
+            on_change=pending.reoffer_all,
+            on_synced=pending.reoffer_all,
+            logger=self.logger,
+            watch_seconds=self.options.watch_timeout,
+        )
+        self.namespace_labels = labels
+        pending.namespace_labels = labels.labels
+        self._namespaces_task = asyncio.create_task(labels.run(), name="bindery namespace labels")
 
     def _parse_all(self) -> tuple[dict[str, ResourceManagerConfig], dict[str, str]]:
         configs: dict[str, ResourceManagerConfig] = {}

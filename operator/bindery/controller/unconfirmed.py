@@ -16,8 +16,9 @@ reservations until it learns what happened to the pod:
 Two sources tell, whichever comes first: reads of the pod, starting right after the cycle (retried
 with backoff while the apiserver does not answer, for as long as the reservation lives), and the
 bound-pod watch, which sees the pod as soon as it is bound, including by a Binding that was still
-in flight when that read ran. The pod must carry this reservation in its
-``bindery.dev/reservation-id`` annotation: bound to the node by anyone else, it does not use it.
+in flight when that read ran. The pod's ``bindery.dev/reservation-id`` annotation only finds the
+reservation a watch event is about; it never decides a release: its owner may overwrite it, and
+the pod (same UID) on the node is the one this reservation holds room for.
 
 While the pod is still pending, its lease is kept alive: when less than a third of it is left, the
 pod is read again and, still pending, the reservation is renewed (contract v1.1). A late Binding can
@@ -82,11 +83,11 @@ class UnconfirmedBind:
 def fate(*, bind: UnconfirmedBind, pod: Mapping[str, Any] | None) -> Settle | None:
     """Pure: :func:`~bindery.controller.reconcile.pod_fate` of the bind's reservation.
 
-    None means the pod is still pending: its next cycle settles the reservation. A pod bound to the
-    node without this reservation in its annotation was bound by someone else (another scheduler,
-    or a stale cycle with an older reservation): this one is not in use, release it.
+    None means the pod is still pending: its next cycle settles the reservation. The pod's
+    reservation annotation is not consulted: its owner may have overwritten it since the Binding,
+    and the pod that runs on the node is the one this reservation was made for there.
     """
-    return pod_fate(pod_uid=bind.pod.uid, node=bind.node, pod=pod, reservation_id=bind.reservation_id)
+    return pod_fate(pod_uid=bind.pod.uid, node=bind.node, pod=pod)
 
 
 class UnconfirmedBinds:

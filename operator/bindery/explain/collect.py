@@ -265,4 +265,10 @@ def _queue_answer(status: int, body: bytes, *, where: str) -> tuple[dict[str, An
         return None, f"{where} refused us (HTTP 403: {text}); reading it needs get on services/proxy"
     if status == 503:
         return None, f"{where} is not reachable (HTTP 503: {text}): is the operator running and ready?"
+    if status == 404:  # the operator's own 404 is JSON (above): this port does not serve the views
+        return None, (
+            f"{where} does not serve the queue views (HTTP 404: {text}): the operator serves them on "
+            "loopback only, unless given --debug-addr; run `kubectl port-forward` to its debug port "
+            "(the chart's operator.debugAddress) and pass --operator-url http://127.0.0.1:9091"
+        )
     return None, f"{where} answered HTTP {status}: {text}"

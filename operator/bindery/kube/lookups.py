@@ -45,15 +45,26 @@ class UnboundPods:
 
     def __init__(self) -> None:
         self._pods: dict[str, PodInfo] = {}
+        #: namespace/name → UID, so a lookup by name (the operator's /debug/queue) is no scan
+        self._by_key: dict[str, str] = {}
 
     def get(self, uid: str) -> PodInfo | None:
         return self._pods.get(uid)
 
+    def find(self, *, namespace: str, name: str) -> PodInfo | None:
+        """The remembered pod of that name (the newest, if one replaced another under it)."""
+        uid = self._by_key.get(f"{namespace}/{name}")
+        return self._pods.get(uid) if uid is not None else None
+
     def put(self, pod: PodInfo) -> None:
         self._pods[pod.uid] = pod
+        self._by_key[pod.key] = pod.uid
 
     def pop(self, uid: str) -> PodInfo | None:
-        return self._pods.pop(uid, None)
+        pod = self._pods.pop(uid, None)
+        if pod is not None and self._by_key.get(pod.key) == uid:
+            del self._by_key[pod.key]
+        return pod
 
     def __len__(self) -> int:
         return len(self._pods)
