@@ -30,7 +30,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(name=UIDS, priority=st.integers(-2, 2), zone=st.sampled_from(["a", "b"]))
     def add(self, name: str, priority: int, zone: str) -> None:
-        self.queue.add(pod(name, priority=priority, node_selector={"zone": zone}))
+        # A pod's namespace never changes; three of them exercise the namespaces' turns.
+        namespace = f"ns{int(name[1:]) % 3}"
+        added = pod(name, priority=priority, node_selector={"zone": zone})
+        self.queue.add(dataclasses.replace(added, namespace=namespace))
         self.known.add(f"uid-{name}")
 
     @rule(name=UIDS)

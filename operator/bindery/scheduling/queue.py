@@ -1,25 +1,35 @@
 """The scheduling queue: which pending pod to schedule next, and when to try a failed one again.
 
-It behaves like kube-scheduler's ``PriorityQueue`` because users compare Bindery with it:
+It behaves like kube-scheduler's ``PriorityQueue`` because users compare Bindery with it, except
+where one tenant could starve another:
 
-* **Active heap.**  Pods ready to be scheduled, highest ``spec.priority`` first, then oldest
-  (creation time).  One entry per pod UID: an update replaces the stored :class:`PodInfo`.
-* **Backoff.**  A pod that failed waits ``initial * 2**(attempts-1)`` seconds, capped (1 s to 10 s
-  by default, per ResourceManager), or longer if the RM asked for it (``Retry-After``), at most
-  :data:`MAX_PARKED_SECONDS` (kube-scheduler's 5-minute unschedulable flush).
-* **Unschedulable pool.**  A pod the RM found no room for is parked until its backoff (or the RM's
-  retry hint) expires, or earlier when :meth:`SchedulingQueue.move_all_to_active` reports that
-  capacity may have been freed (a reservation released, a pod deleted) or when the pod itself
-  changes in a way that affects placement.  A move that happens while a pod is in flight is
-  remembered (kube-scheduler's ``moveRequestCycle``), so a pod that fails right after capacity
-  was freed is not parked past the event that could have made it fit.
+* **Active pods, fair across namespaces.**  Pods ready to be scheduled, highest ``spec.priority``
+  first; at equal priority the namespaces take turns (round-robin, one pod each), and within a
+  namespace the oldest (creation time) goes first.  kube-scheduler orders by priority then age
+  alone, so a tenant with thousands of older pods that never fit keeps a newer pod of another
+  namespace from ever being tried.  One entry per pod UID: an update replaces the stored
+  :class:`PodInfo`.
+* **Backoff.**  A pod whose cycle failed with an error waits ``initial * 2**(attempts-1)``
+  seconds, capped (1 s to 10 s by default, per ResourceManager), or longer if the RM asked for it
+  (``Retry-After``), at most :data:`MAX_PARKED_SECONDS`.
+* **Unschedulable pool.**  A pod the RM found no room for is parked until an event that could make
+  it fit: :meth:`SchedulingQueue.move_all_to_active` (a reservation released, a served pod gone), a
+  change of the pod itself that affects placement, the RM's retry hint, or
+  :data:`MAX_PARKED_SECONDS` (kube-scheduler's unschedulablePods pool and its
+  ``podMaxInUnschedulablePodsDuration``, 5 minutes); never on the backoff timer alone, which made
+  every never-fitting pod cost an RM call every 10 s forever.  A moved pod still waits out its
+  backoff.  A move that happens while a pod is in flight is remembered (kube-scheduler's
+  ``moveRequestCycle``), so a pod that fails right after capacity was freed is not parked past the
+  event that could have made it fit.
 * **In-flight bound.**  At most ``max_in_flight`` pods of one ResourceManager are between
   :meth:`~SchedulingQueue.pop` and :meth:`~SchedulingQueue.done`, so a burst of pods cannot
-  overwhelm the RM; waiting pods stay ordered by priority in the heap meanwhile.
+  overwhelm the RM; waiting pods stay ordered meanwhile.
 
 ``pop`` is the hot path: it is O(log n) (heaps with lazy deletion: a stale heap item is skipped
-when it surfaces, and the heaps are compacted when stale items dominate), never a scan.  Time comes
-from an injectable :class:`Clock`, so tests drive backoff without sleeping.
+when it surfaces, and the heaps are compacted when stale items dominate), never a scan.  Active
+pods are kept in one heap per namespace (a *lane*) and the lanes in a heap keyed by their best
+pod's priority, then the turn they were last served at.  Time comes from an injectable
+:class:`Clock`, so tests drive backoff without sleeping.
 """
 
 from __future__ import annotations
@@ -57,7 +67,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The longest a failed pod waits before it is tried again, whatever the RM's retry hint says.
+#: The longest a failed pod waits before it is tried again, whatever the RM's retry hint says; also
+#: how long an unschedulable pod stays parked when no event could make it fit (kube-scheduler's
+#: ``DefaultPodMaxInUnschedulablePodsDuration``, pkg/scheduler/backend/queue/scheduling_queue.go).
 MAX_PARKED_SECONDS = 300.0
 
 
@@ -114,7 +126,8 @@ class QueuePosition:
     attempts: int
     #: seconds until it is tried again (parked pods); None while active or in flight
     ready_in: float | None
-    #: an unschedulable pod also moves as soon as capacity is released or the pod changes
+    #: an unschedulable pod also moves as soon as an event could make it fit (capacity released, the
+    #: pod changed); ``ready_in`` is then the 5-minute flush or the RM's hint
     waits_for_capacity: bool
 
 
@@ -146,6 +159,23 @@ class _Entry:
 _ActiveItem = tuple[int, float, int, str, int]
 # (ready_at, tiebreak, uid, generation)
 _TimerItem = tuple[float, int, str, int]
+# (-priority of the lane's best pod, the lane's turn, namespace, version)
+_LaneItem = tuple[int, int, str, int]
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Lane:
+    """The active pods of one namespace, best first; the lanes take turns at equal priority."""
+
+    namespace: str
+    #: when the lane was last served (or joined): the smallest goes first among equal priorities
+    turn: int
+    heap: list[_ActiveItem] = dataclasses.field(default_factory=list)
+    #: its active pods (the heap also holds stale items)
+    live: int = 0
+    #: the key of its current item in the lanes' heap (None: not in it)
+    key: tuple[int, int] | None = None
+    version: int = 0
 
 
 class SchedulingQueue:
@@ -166,7 +196,11 @@ class SchedulingQueue:
         self._max_parked = max_parked_seconds
         self._clock: Clock = clock or MonotonicClock()
         self._entries: dict[str, _Entry] = {}
-        self._active: list[_ActiveItem] = []
+        #: namespace -> its active pods; a lane exists while it has any
+        self._lanes: dict[str, _Lane] = {}
+        #: the lanes with active pods, best first (lazy deletion: a lane's stale items are skipped)
+        self._round: list[_LaneItem] = []
+        self._turns = itertools.count()
         self._timers: list[_TimerItem] = []
         self._unschedulable: set[str] = set()
         self._counts = {state: 0 for state in _State}
@@ -174,6 +208,7 @@ class SchedulingQueue:
         self._generations = itertools.count(1)
         self._pops = 0
         self._last_move_cycle = -1
+        self._settle_until = 0.0  # a pod failing after a move waits at least this long (see settle)
         self._wakeup = asyncio.Event()
         self._poppers = asyncio.Lock()  # see pop()
         self._closed = False
@@ -242,7 +277,8 @@ class SchedulingQueue:
 
     def footprint(self) -> int:
         """Items held for pods, stale heap items included: 0 once every pod left (memory checks)."""
-        return len(self._entries) + len(self._active) + len(self._timers) + len(self._unschedulable)
+        lanes = len(self._lanes) + len(self._round) + sum(len(lane.heap) for lane in self._lanes.values())
+        return len(self._entries) + lanes + len(self._timers) + len(self._unschedulable)
 
     # -- producers -----------------------------------------------------------------------------
 
@@ -261,6 +297,7 @@ class SchedulingQueue:
             entry = _Entry(pod=pod, state=_State.ACTIVE)
             self._entries[pod.uid] = entry
             self._counts[_State.ACTIVE] += 1
+            self._lane(pod.namespace).live += 1
             self._push_active(entry)
             return True
         changed = pod.placement_inputs() != entry.pod.placement_inputs()
@@ -285,17 +322,20 @@ class SchedulingQueue:
             return
         self._remove(entry)
 
-    def move_all_to_active(self, *, reason: str) -> int:
-        """Capacity may have been freed: retry every unschedulable pod once its backoff allows.
+    def move_all_to_active(self, *, reason: str, settle: float = 0.0) -> int:
+        """An event could make parked pods fit: retry every unschedulable pod once its backoff allows.
 
-        Returns how many pods left the unschedulable pool.
+        ``settle`` (seconds) holds them back a little longer: the RM learns of some events (a Node
+        added or changed) through its own watch, and a pod retried before the RM saw the event would
+        be refused and parked again, for up to 5 minutes.  Returns how many pods left the pool.
         """
         now = self._clock.now()
         moved = 0
         for uid in list(self._unschedulable):
-            self._leave_unschedulable(self._entries[uid], now=now)
+            self._leave_unschedulable(self._entries[uid], now=now, not_before=now + settle)
             moved += 1
         self._last_move_cycle = self._pops
+        self._settle_until = max(self._settle_until, now + settle)
         if moved:
             log.debug("moved %d unschedulable pods back: %s", moved, reason)
         return moved
@@ -309,15 +349,27 @@ class SchedulingQueue:
         self._release_due(self._clock.now())
         if self._counts[_State.IN_FLIGHT] >= self._max_in_flight:
             return None
-        while self._active:
-            _, _, _, uid, generation = heapq.heappop(self._active)
-            entry = self._entries.get(uid)
-            if entry is None or entry.generation != generation or entry.state is not _State.ACTIVE:
+        while self._round:
+            priority, _, namespace, version = heapq.heappop(self._round)
+            lane = self._lanes.get(namespace)
+            if lane is None or lane.version != version:
+                continue  # a stale item: the lane was rescheduled or emptied since
+            lane.key = None
+            head = self._lane_head(lane)
+            if head is None:
                 continue
+            if head[0] != priority:  # its best pod left or changed: queue the lane by its new best
+                self._schedule_lane(lane)
+                continue
+            heapq.heappop(lane.heap)
+            entry = self._entries[head[3]]
+            lane.turn = next(self._turns)  # to the back of the round among its priority
             self._pops += 1
             entry.popped_cycle = self._pops
             entry.changed_in_flight = False
             self._set_state(entry, _State.IN_FLIGHT)
+            if namespace in self._lanes:
+                self._schedule_lane(lane)
             return entry.pod
         return None
 
@@ -364,15 +416,23 @@ class SchedulingQueue:
         elif moved_meanwhile:
             # Capacity may have been freed (or the pod changed) after the RM answered: the RM's
             # "try again in N s" no longer holds, only the backoff does.
-            self._park(entry, _State.BACKOFF, ready_at=entry.backoff_until)
-        else:
+            self._park(entry, _State.BACKOFF, ready_at=max(entry.backoff_until, self._settle_until))
+        elif retry_after:
             self._park(entry, _State.UNSCHEDULABLE, ready_at=max(entry.backoff_until, hinted))
+        else:
+            # Parked until an event could make it fit (move_all_to_active, a change of the pod), or
+            # the flush: retrying a pod nothing changed for only costs the RM a call.
+            self._park(entry, _State.UNSCHEDULABLE, ready_at=now + self._max_parked)
 
     # -- internals -----------------------------------------------------------------------------
 
     def _set_state(self, entry: _Entry, state: _State) -> None:
         self._counts[entry.state] -= 1
         self._counts[state] += 1
+        if entry.state is _State.ACTIVE:
+            self._leave_lane(entry)
+        if state is _State.ACTIVE:
+            self._lane(entry.pod.namespace).live += 1
         if entry.state is _State.UNSCHEDULABLE:
             self._unschedulable.discard(entry.pod.uid)
         if state is _State.UNSCHEDULABLE:
@@ -384,12 +444,15 @@ class SchedulingQueue:
         self._unschedulable.discard(entry.pod.uid)
         del self._entries[entry.pod.uid]
         entry.generation = -1
+        if entry.state is _State.ACTIVE:
+            self._leave_lane(entry)
+            lane = self._lanes.get(entry.pod.namespace)
+            if lane is not None:
+                self._compact_lane(lane)
         if not self._entries:  # every pod left: drop the stale heap items (they hold pod UIDs)
-            self._active.clear()
+            self._lanes.clear()
+            self._round.clear()
             self._timers.clear()
-        elif len(self._active) > 64 + 2 * self._counts[_State.ACTIVE]:
-            self._active = [i for i in self._active if self._live(i[3], i[4], (_State.ACTIVE,))]
-            heapq.heapify(self._active)
         waiting = self._counts[_State.BACKOFF] + self._counts[_State.UNSCHEDULABLE]
         if self._entries and len(self._timers) > 64 + 2 * waiting:
             parked = (_State.BACKOFF, _State.UNSCHEDULABLE)
@@ -401,11 +464,59 @@ class SchedulingQueue:
         entry.ready_at = min(entry.ready_at, self._clock.now())
         entry.generation = next(self._generations)
         item = (-entry.pod.priority, entry.pod.created.timestamp(), next(self._tiebreak), entry.pod.uid)
-        heapq.heappush(self._active, (*item, entry.generation))
+        lane = self._lane(entry.pod.namespace)
+        heapq.heappush(lane.heap, (*item, entry.generation))
+        self._compact_lane(lane)
+        self._schedule_lane(lane)
         self._wakeup.set()
-        if len(self._active) > 64 + 2 * self._counts[_State.ACTIVE]:
-            self._active = [i for i in self._active if self._live(i[3], i[4], (_State.ACTIVE,))]
-            heapq.heapify(self._active)
+
+    # -- lanes (the active pods, one heap per namespace) -----------------------------------------
+
+    def _lane(self, namespace: str) -> _Lane:
+        """The namespace's lane; a new one joins the round behind the lanes already waiting."""
+        lane = self._lanes.get(namespace)
+        if lane is None:
+            lane = self._lanes[namespace] = _Lane(namespace=namespace, turn=next(self._turns))
+        return lane
+
+    def _leave_lane(self, entry: _Entry) -> None:
+        """An active pod left the active state (its heap item is stale now); drop an emptied lane."""
+        lane = self._lanes.get(entry.pod.namespace)
+        if lane is None:
+            return
+        lane.live -= 1
+        if lane.live <= 0:
+            del self._lanes[lane.namespace]  # its items in the round are stale with it
+
+    def _lane_head(self, lane: _Lane) -> _ActiveItem | None:
+        """The lane's best active pod's item, stale items on top dropped."""
+        while lane.heap and not self._live(lane.heap[0][3], lane.heap[0][4], (_State.ACTIVE,)):
+            heapq.heappop(lane.heap)
+        return lane.heap[0] if lane.heap else None
+
+    def _schedule_lane(self, lane: _Lane) -> None:
+        """Put the lane into the round under its current key (its best pod's priority, its turn)."""
+        head = self._lane_head(lane)
+        if head is None:
+            return
+        key = (head[0], lane.turn)
+        if key == lane.key:
+            return
+        lane.key = key
+        lane.version = next(self._generations)
+        heapq.heappush(self._round, (*key, lane.namespace, lane.version))
+        if len(self._round) > 64 + 2 * len(self._lanes):
+            self._round = [
+                (*lane.key, lane.namespace, lane.version)
+                for lane in self._lanes.values()
+                if lane.key is not None
+            ]
+            heapq.heapify(self._round)
+
+    def _compact_lane(self, lane: _Lane) -> None:
+        if len(lane.heap) > 64 + 2 * lane.live:
+            lane.heap = [i for i in lane.heap if self._live(i[3], i[4], (_State.ACTIVE,))]
+            heapq.heapify(lane.heap)
 
     def _park(self, entry: _Entry, state: _State, *, ready_at: float) -> None:
         self._set_state(entry, state)
@@ -427,9 +538,10 @@ class SchedulingQueue:
         self._set_state(entry, _State.ACTIVE)
         self._push_active(entry)
 
-    def _leave_unschedulable(self, entry: _Entry, *, now: float) -> None:
-        if now < entry.backoff_until:
-            self._park(entry, _State.BACKOFF, ready_at=entry.backoff_until)
+    def _leave_unschedulable(self, entry: _Entry, *, now: float, not_before: float = 0.0) -> None:
+        ready_at = max(entry.backoff_until, not_before)
+        if now < ready_at:
+            self._park(entry, _State.BACKOFF, ready_at=ready_at)
         else:
             self._activate(entry)
 
