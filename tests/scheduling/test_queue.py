@@ -473,3 +473,17 @@ def test_an_unschedulable_pod_stays_parked_until_an_event_or_the_five_minute_flu
         assert queue.pop_nowait() is None, f"retried after {clock.now() - 1000.0:.0f} s without an event"
     clock.advance(1.0)
     assert drain(queue) == ["a"]
+
+
+def test_a_refusal_whose_events_are_not_followed_comes_back_on_its_backoff() -> None:
+    """A plugin's Unschedulable (VolumeBinding: a claim not created yet) hangs on objects Bindery does
+    not watch; parked for 5 minutes, a pod created just before its claim would wait that long."""
+    queue, clock = make_queue()
+    queue.add(pod("a"))
+    queue.pop_nowait()
+    queue.done("uid-a", outcome=Outcome.UNSCHEDULABLE, until_event=False)
+    assert queue.position("uid-a") == QueuePosition(
+        queue="unschedulable", attempts=1, ready_in=1.0, waits_for_capacity=True
+    )
+    clock.advance(1.0)
+    assert drain(queue) == ["a"]

@@ -187,6 +187,9 @@ class ProfileRunner:
         """Apply a changed spec; `client` is a new RM client if the connection or credentials changed."""
         if credentials is not None:
             self.credentials = credentials
+        if client is not None or config != self.config:
+            # Another RM, credentials or settings (plugins, node check): a refusal may not hold.
+            self.queue.move_all_to_active(reason=f"ResourceManager {config.name} changed")
         if client is not None:
             self._retire(self.rm.use(client), after=2.0 * self.config.reservation_ttl_seconds + 30.0)
             self.reachable, self.reach_message = None, None

@@ -394,10 +394,15 @@ class SchedulingQueue:
                 self._wakeup.clear()
                 await self._clock.wait(self._wakeup, delay=self._next_timer_delay())
 
-    def done(self, uid: str, *, outcome: Outcome, retry_after: float | None = None) -> None:
+    def done(
+        self, uid: str, *, outcome: Outcome, retry_after: float | None = None, until_event: bool = True
+    ) -> None:
         """The cycle of a popped pod ended with ``outcome``; free its in-flight slot and route it.
 
         ``retry_after`` is the RM's hint (seconds) for when trying again makes sense.
+        ``until_event``: an unschedulable pod waits for an event that could make it fit (the RM had
+        no room: releases, Nodes and pods are followed). False for refusals whose events Bindery does
+        not follow (a plugin's, such as a claim not found yet): those come back on their backoff.
         """
         entry = self._entries.get(uid)
         if entry is None or entry.state is not _State.IN_FLIGHT:
@@ -417,7 +422,7 @@ class SchedulingQueue:
             # Capacity may have been freed (or the pod changed) after the RM answered: the RM's
             # "try again in N s" no longer holds, only the backoff does.
             self._park(entry, _State.BACKOFF, ready_at=max(entry.backoff_until, self._settle_until))
-        elif retry_after:
+        elif retry_after or not until_event:
             self._park(entry, _State.UNSCHEDULABLE, ready_at=max(entry.backoff_until, hinted))
         else:
             # Parked until an event could make it fit (move_all_to_active, a change of the pod), or
