@@ -487,3 +487,21 @@ def test_a_refusal_whose_events_are_not_followed_comes_back_on_its_backoff() -> 
     )
     clock.advance(1.0)
     assert drain(queue) == ["a"]
+
+
+def test_a_namespace_share_of_the_in_flight_budget_leaves_slots_to_the_others() -> None:
+    """With maxInFlightPerNamespace, one namespace's backlog cannot hold every in-flight slot while
+    its cycles wait on a slow RM or a volume: the others' pods still get slots."""
+    queue, _ = make_queue(max_in_flight=4, max_in_flight_per_namespace=2)
+    for i in range(10):
+        queue.add(in_namespace("a", f"a{i}", age=i))
+    assert drain(queue) == ["a0", "a1"]  # its share is spent; two slots stay free
+    queue.add(in_namespace("b", "b0", age=20))
+    queue.add(in_namespace("b", "b1", age=21))
+    queue.add(in_namespace("b", "b2", age=22))
+    assert drain(queue) == ["b0", "b1"]
+    queue.done("uid-a0", outcome=Outcome.BOUND)
+    assert drain(queue) == ["a2"]
+    queue.reconfigure(max_in_flight=4, max_in_flight_per_namespace=None, backoff=BackoffPolicy())
+    queue.done("uid-a1", outcome=Outcome.BOUND)
+    assert drain(queue) == ["b2"]  # b's turn: a was served last

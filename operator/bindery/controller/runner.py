@@ -102,7 +102,11 @@ class ProfileRunner:
         )
         self.rm.settle_through(self.unconfirmed)
         self.profile = build_profile(config=config, client=self.rm)
-        self.queue = SchedulingQueue(max_in_flight=config.max_in_flight, backoff=_backoff(config))
+        self.queue = SchedulingQueue(
+            max_in_flight=config.max_in_flight,
+            max_in_flight_per_namespace=config.max_in_flight_per_namespace,
+            backoff=_backoff(config),
+        )
         self.active = False
         self.reachable: bool | None = None
         self.reach_message: str | None = None
@@ -195,7 +199,11 @@ class ProfileRunner:
             self.reachable, self.reach_message = None, None
         self.config = config
         self.profile = build_profile(config=config, client=self.rm)
-        self.queue.reconfigure(max_in_flight=config.max_in_flight, backoff=_backoff(config))
+        self.queue.reconfigure(
+            max_in_flight=config.max_in_flight,
+            max_in_flight_per_namespace=config.max_in_flight_per_namespace,
+            backoff=_backoff(config),
+        )
         if self.active:
             self._resize_workers(config.max_in_flight)
             self._follow_bound_pods()

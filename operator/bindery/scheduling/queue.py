@@ -23,7 +23,10 @@ where one tenant could starve another:
   event that could have made it fit.
 * **In-flight bound.**  At most ``max_in_flight`` pods of one ResourceManager are between
   :meth:`~SchedulingQueue.pop` and :meth:`~SchedulingQueue.done`, so a burst of pods cannot
-  overwhelm the RM; waiting pods stay ordered meanwhile.
+  overwhelm the RM; waiting pods stay ordered meanwhile.  Optionally at most
+  ``max_in_flight_per_namespace`` of them per namespace, so one namespace's cycles (waiting on a
+  slow RM, or on a volume in PreBind) cannot hold every slot; a namespace at its share sits out of
+  the turns until one of its cycles ends.
 
 ``pop`` is the hot path: it is O(log n) (heaps with lazy deletion: a stale heap item is skipped
 when it surfaces, and the heaps are compacted when stale items dominate), never a scan.  Active
@@ -71,6 +74,13 @@ log = logging.getLogger(__name__)
 #: how long an unschedulable pod stays parked when no event could make it fit (kube-scheduler's
 #: ``DefaultPodMaxInUnschedulablePodsDuration``, pkg/scheduler/backend/queue/scheduling_queue.go).
 MAX_PARKED_SECONDS = 300.0
+
+
+def _check_budget(max_in_flight: int, per_namespace: int | None) -> None:
+    if max_in_flight < 1:
+        raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1")
+    if per_namespace is not None and per_namespace < 1:
+        raise ValueError(f"max_in_flight_per_namespace is {per_namespace}; it must be at least 1 (or unset)")
 
 
 class QueueClosed(Exception):
@@ -185,13 +195,16 @@ class SchedulingQueue:
         self,
         *,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_in_flight_per_namespace: int | None = None,
         backoff: BackoffPolicy | None = None,
         max_parked_seconds: float = MAX_PARKED_SECONDS,
         clock: Clock | None = None,
     ) -> None:
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1")
+        _check_budget(max_in_flight, max_in_flight_per_namespace)
         self._max_in_flight = max_in_flight
+        self._share = max_in_flight_per_namespace
+        #: namespace -> its pods in flight (only namespaces with any)
+        self._flying: dict[str, int] = {}
         self._backoff = backoff or BackoffPolicy()
         self._max_parked = max_parked_seconds
         self._clock: Clock = clock or MonotonicClock()
@@ -215,12 +228,16 @@ class SchedulingQueue:
 
     # -- configuration -------------------------------------------------------------------------
 
-    def reconfigure(self, *, max_in_flight: int, backoff: BackoffPolicy) -> None:
+    def reconfigure(
+        self, *, max_in_flight: int, backoff: BackoffPolicy, max_in_flight_per_namespace: int | None = None
+    ) -> None:
         """Apply a changed ResourceManager spec without losing queued pods or their attempt counts."""
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1")
+        _check_budget(max_in_flight, max_in_flight_per_namespace)
         self._max_in_flight = max_in_flight
+        self._share = max_in_flight_per_namespace
         self._backoff = backoff
+        for lane in list(self._lanes.values()):  # a namespace that sat out may take turns again
+            self._schedule_lane(lane)
         self._wakeup.set()
 
     def close(self) -> None:
@@ -278,7 +295,7 @@ class SchedulingQueue:
     def footprint(self) -> int:
         """Items held for pods, stale heap items included: 0 once every pod left (memory checks)."""
         lanes = len(self._lanes) + len(self._round) + sum(len(lane.heap) for lane in self._lanes.values())
-        return len(self._entries) + lanes + len(self._timers) + len(self._unschedulable)
+        return len(self._entries) + lanes + len(self._timers) + len(self._unschedulable) + len(self._flying)
 
     # -- producers -----------------------------------------------------------------------------
 
@@ -355,6 +372,8 @@ class SchedulingQueue:
             if lane is None or lane.version != version:
                 continue  # a stale item: the lane was rescheduled or emptied since
             lane.key = None
+            if self._at_share(namespace):
+                continue  # out of the turns until one of its cycles ends (see _set_state)
             head = self._lane_head(lane)
             if head is None:
                 continue
@@ -436,6 +455,10 @@ class SchedulingQueue:
         self._counts[state] += 1
         if entry.state is _State.ACTIVE:
             self._leave_lane(entry)
+        if entry.state is _State.IN_FLIGHT:
+            self._landed(entry.pod.namespace)
+        if state is _State.IN_FLIGHT:
+            self._flying[entry.pod.namespace] = self._flying.get(entry.pod.namespace, 0) + 1
         if state is _State.ACTIVE:
             self._lane(entry.pod.namespace).live += 1
         if entry.state is _State.UNSCHEDULABLE:
@@ -449,6 +472,8 @@ class SchedulingQueue:
         self._unschedulable.discard(entry.pod.uid)
         del self._entries[entry.pod.uid]
         entry.generation = -1
+        if entry.state is _State.IN_FLIGHT:
+            self._landed(entry.pod.namespace)
         if entry.state is _State.ACTIVE:
             self._leave_lane(entry)
             lane = self._lanes.get(entry.pod.namespace)
@@ -499,8 +524,24 @@ class SchedulingQueue:
             heapq.heappop(lane.heap)
         return lane.heap[0] if lane.heap else None
 
+    def _at_share(self, namespace: str) -> bool:
+        return self._share is not None and self._flying.get(namespace, 0) >= self._share
+
+    def _landed(self, namespace: str) -> None:
+        """A cycle of the namespace ended: below its share again, its lane takes turns again."""
+        left = self._flying.get(namespace, 0) - 1
+        if left > 0:
+            self._flying[namespace] = left
+        else:
+            self._flying.pop(namespace, None)
+        lane = self._lanes.get(namespace)
+        if lane is not None and lane.key is None:
+            self._schedule_lane(lane)
+
     def _schedule_lane(self, lane: _Lane) -> None:
         """Put the lane into the round under its current key (its best pod's priority, its turn)."""
+        if self._at_share(lane.namespace):
+            return  # sits out; `_landed` puts it back
         head = self._lane_head(lane)
         if head is None:
             return
