@@ -85,7 +85,7 @@ def test_the_operators_queue_says_when_the_next_attempt_is_due() -> None:
     answer = explain(pod=pod(), resource_manager="pool", events=[], reservations=[], queue=served)
     assert answer.next_attempt == (
         "parked as unschedulable after 3 failed attempts: next attempt in 4.2 s "
-        "(at 2026-01-01T00:00:09+00:00), or sooner when capacity is released"
+        "(at 2026-01-01T00:00:09+00:00), or sooner when capacity is released or a Node changes"
     )
     assert answer.queue == served
     assert not any("next attempt" in u for u in answer.unseen)

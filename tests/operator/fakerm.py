@@ -30,6 +30,7 @@ class FakeRM:
     choose: str | None = None  # force this node (even if unknown/full)
     place: dict[str, str] = dataclasses.field(default_factory=dict)  # pod name -> forced node
     retry_after: float | None = None  # retryAfterSeconds on unschedulable answers
+    refuse_namespaces: set[str] = dataclasses.field(default_factory=set)  # pods here never fit
     slow_seconds: float = 30.0
     reservations: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     calls: list[tuple[str, str]] = dataclasses.field(default_factory=list)
@@ -82,7 +83,7 @@ class FakeRM:
                     await self.on_replay(existing)
                 return web.json_response(existing, status=200)
         node = self.place.get(pod["name"]) or self.choose or self._free_node()
-        if node is None or self.mode == "unschedulable":
+        if node is None or self.mode == "unschedulable" or pod["namespace"] in self.refuse_namespaces:
             return web.json_response(
                 {
                     "type": PROBLEM + "unschedulable",

@@ -63,3 +63,11 @@ def test_contested_names_are_served_by_nobody_and_reported_to_every_claimant() -
     assert message is not None
     assert "'a', 'b'" in message
     assert routing.conflict_message(scheduler_name="only-a") is None
+
+
+def test_the_per_namespace_share_of_max_in_flight_is_off_unless_set() -> None:
+    assert parse_resource_manager(body=_body()).max_in_flight_per_namespace is None
+    config = parse_resource_manager(body=_body(maxInFlight=64, maxInFlightPerNamespace=16))
+    assert (config.max_in_flight, config.max_in_flight_per_namespace) == (64, 16)
+    with pytest.raises(ConfigError, match=r"spec\.maxInFlightPerNamespace is 0"):
+        parse_resource_manager(body=_body(maxInFlightPerNamespace=0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 from collections.abc import AsyncIterator, Callable
@@ -360,6 +361,10 @@ async def test_parked_pods_are_retried_on_deletions_not_on_our_own_binds(
         await eventually(lambda: now(_reserves(fake_rm, "parked") >= 2), what="the parked pod retried")
 
 
+async def _attempted(bindery: Bindery, rm_name: str, count: int) -> bool:
+    return attempts(bindery, resource_manager=rm_name) >= count
+
+
 def _reserves(rm: FakeRM, name: str) -> int:
     return rm.reserve_attempts.count(name)
 
@@ -372,10 +377,18 @@ async def test_repeated_failures_do_not_flood_the_api(
     bindery: Bindery,
 ) -> None:
     """Eight attempts that the reference RM refuses for lack of room write one FailedScheduling event
-    and the condition at most twice: repeats are throttled and an unchanged condition is not rewritten."""
+    and the condition at most twice: repeats are throttled and an unchanged condition is not rewritten.
+    A refused pod is parked until an event could make it fit: each attempt after the first follows a
+    change of the Node's labels."""
     stage = one_cpu_stage
+    core = client.CoreV1Api(kube_api)
     async with stage.served(backoff={"initialSeconds": 0.1, "maxSeconds": 0.2}):
         await stage.create("p", cpu="2")
+        for seen in range(1, 8):
+            await eventually(
+                functools.partial(_attempted, bindery, stage.rm_name, seen), what=f"attempt {seen}"
+            )
+            await core.patch_node(name=stage.node, body={"metadata": {"labels": {"test-nudge": str(seen)}}})
         await eventually(
             lambda: now(attempts(bindery, resource_manager=stage.rm_name) >= 8), what="eight attempts"
         )

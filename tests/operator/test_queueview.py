@@ -42,7 +42,7 @@ def test_a_parked_pod_is_found_by_name_or_uid_with_its_next_attempt() -> None:
     )
     queue.add(web)
     queue.pop_nowait()
-    queue.done(web.uid, outcome=Outcome.UNSCHEDULABLE)
+    queue.done(web.uid, outcome=Outcome.UNSCHEDULABLE, retry_after=2.0)  # else parked 5 minutes
     clock.advance(0.5)
     status, answer = view.pod(namespace=web.namespace, name="web")
     assert status == 200

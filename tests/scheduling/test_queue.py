@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -131,16 +132,33 @@ def test_a_high_priority_pod_arriving_while_the_budget_is_spent_goes_next() -> N
     assert drain(queue) == ["urgent"]
 
 
-def test_unschedulable_pod_is_parked_until_its_backoff_expires() -> None:
+def test_an_unschedulable_pod_with_the_rms_hint_is_retried_when_the_hint_says() -> None:
     queue, clock = make_queue()
     queue.add(pod("a"))
     queue.pop_nowait()
-    queue.done("uid-a", outcome=Outcome.UNSCHEDULABLE)
+    queue.done("uid-a", outcome=Outcome.UNSCHEDULABLE, retry_after=20.0)
     assert queue.stats().unschedulable == 1
-    clock.advance(0.9)
+    clock.advance(19.9)
     assert queue.pop_nowait() is None
     clock.advance(0.1)
     assert drain(queue) == ["a"]
+
+
+def test_a_move_with_a_settling_delay_holds_parked_pods_back_that_long() -> None:
+    """A Node event reaches the RM through its own watch: pods retried before it saw the event would
+    be refused and parked again, so the move waits for it a moment (and so does a pod in flight)."""
+    queue, clock = make_queue()
+    queue.add(pod("a"))
+    queue.add(pod("b", age=1))
+    assert drain(queue) == ["a", "b"]
+    queue.done("uid-a", outcome=Outcome.UNSCHEDULABLE)
+    clock.advance(5.0)
+    assert queue.move_all_to_active(reason="node n1 added", settle=2.0) == 1
+    queue.done("uid-b", outcome=Outcome.UNSCHEDULABLE)  # was in flight during the move
+    clock.advance(1.9)
+    assert queue.pop_nowait() is None
+    clock.advance(0.1)
+    assert sorted(drain(queue)) == ["a", "b"]
 
 
 def test_move_all_to_active_retries_parked_pods_early_but_not_before_their_backoff() -> None:
@@ -264,7 +282,7 @@ def test_stale_heap_items_are_compacted() -> None:
     queue.add(pod("a"))
     for priority in range(1000):
         queue.add(pod("a", priority=priority))
-    assert len(queue._active) <= 64 + 2  # the compaction is the point of this test
+    assert queue.footprint() <= 64 + 2 + 3  # the compaction is the point of this test
     assert drain(queue) == ["a"]
 
 
@@ -410,3 +428,80 @@ async def test_a_pod_added_wakes_one_idle_worker_not_all_of_them() -> None:
     queue.close()
     results = await asyncio.gather(*workers, return_exceptions=True)
     assert sum(isinstance(r, QueueClosed) for r in results) == 61
+
+
+def in_namespace(namespace: str, name: str, **kwargs: Any) -> PodInfo:
+    return dataclasses.replace(pod(name, **kwargs), namespace=namespace)
+
+
+def test_a_pod_of_another_namespace_is_not_starved_by_a_backlog_of_older_pods() -> None:
+    """Issue 20, scenario 3: thousands of older pods of one tenant at equal priority must not keep a
+    newer pod of another tenant from ever being tried (the key had no namespace: oldest first)."""
+    queue, _ = make_queue(max_in_flight=10_000)
+    for i in range(5000):
+        queue.add(in_namespace("team-a", f"a{i}", age=i))
+    queue.add(in_namespace("team-b", "b", age=10_000))
+    first = [queue.pop_nowait() for _ in range(3)]
+    assert "b" in [p.name for p in first if p is not None]
+
+
+def test_namespaces_take_turns_at_equal_priority_and_priority_still_comes_first() -> None:
+    queue, _ = make_queue()
+    for i in range(3):
+        queue.add(in_namespace("a", f"a{i}", age=i))
+    for i in range(2):
+        queue.add(in_namespace("b", f"b{i}", age=10 + i))
+    queue.add(in_namespace("c", "c-urgent", priority=100, age=20))
+    queue.add(in_namespace("a", "a-urgent", priority=100, age=21))
+    names = drain(queue)
+    # Priority first, whatever the namespace; at each priority the namespaces take turns, in the
+    # order they joined (a, b, c) and then by when they were last served: "a" used its turn on
+    # "a-urgent", so "b" goes before it at priority 0.
+    assert names == ["a-urgent", "c-urgent", "b0", "a0", "b1", "a1", "a2"]
+
+
+def test_an_unschedulable_pod_stays_parked_until_an_event_or_the_five_minute_flush() -> None:
+    """kube-scheduler parks an unschedulable pod until an event that could make it fit, or
+    podMaxInUnschedulablePodsDuration (5 min): retrying on the 1-10 s backoff timer forever makes every
+    never-fitting pod cost an RM call every 10 s."""
+    queue, clock = make_queue()
+    queue.add(pod("a"))
+    queue.pop_nowait()
+    queue.done("uid-a", outcome=Outcome.UNSCHEDULABLE)
+    for _ in range(299):
+        clock.advance(1.0)
+        assert queue.pop_nowait() is None, f"retried after {clock.now() - 1000.0:.0f} s without an event"
+    clock.advance(1.0)
+    assert drain(queue) == ["a"]
+
+
+def test_a_refusal_whose_events_are_not_followed_comes_back_on_its_backoff() -> None:
+    """A plugin's Unschedulable (VolumeBinding: a claim not created yet) hangs on objects Bindery does
+    not watch; parked for 5 minutes, a pod created just before its claim would wait that long."""
+    queue, clock = make_queue()
+    queue.add(pod("a"))
+    queue.pop_nowait()
+    queue.done("uid-a", outcome=Outcome.UNSCHEDULABLE, until_event=False)
+    assert queue.position("uid-a") == QueuePosition(
+        queue="unschedulable", attempts=1, ready_in=1.0, waits_for_capacity=True
+    )
+    clock.advance(1.0)
+    assert drain(queue) == ["a"]
+
+
+def test_a_namespace_share_of_the_in_flight_budget_leaves_slots_to_the_others() -> None:
+    """With maxInFlightPerNamespace, one namespace's backlog cannot hold every in-flight slot while
+    its cycles wait on a slow RM or a volume: the others' pods still get slots."""
+    queue, _ = make_queue(max_in_flight=4, max_in_flight_per_namespace=2)
+    for i in range(10):
+        queue.add(in_namespace("a", f"a{i}", age=i))
+    assert drain(queue) == ["a0", "a1"]  # its share is spent; two slots stay free
+    queue.add(in_namespace("b", "b0", age=20))
+    queue.add(in_namespace("b", "b1", age=21))
+    queue.add(in_namespace("b", "b2", age=22))
+    assert drain(queue) == ["b0", "b1"]
+    queue.done("uid-a0", outcome=Outcome.BOUND)
+    assert drain(queue) == ["a2"]
+    queue.reconfigure(max_in_flight=4, max_in_flight_per_namespace=None, backoff=BackoffPolicy())
+    queue.done("uid-a1", outcome=Outcome.BOUND)
+    assert drain(queue) == ["b2"]  # b's turn: a was served last

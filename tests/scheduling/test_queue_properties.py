@@ -30,7 +30,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(name=UIDS, priority=st.integers(-2, 2), zone=st.sampled_from(["a", "b"]))
     def add(self, name: str, priority: int, zone: str) -> None:
-        self.queue.add(pod(name, priority=priority, node_selector={"zone": zone}))
+        # A pod's namespace never changes; three of them exercise the namespaces' turns.
+        namespace = f"ns{int(name[1:]) % 3}"
+        added = pod(name, priority=priority, node_selector={"zone": zone})
+        self.queue.add(dataclasses.replace(added, namespace=namespace))
         self.known.add(f"uid-{name}")
 
     @rule(name=UIDS)
@@ -95,3 +98,22 @@ class QueueMachine(RuleBasedStateMachine):
 
 TestQueueMachine = QueueMachine.TestCase
 TestQueueMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class SharedQueueMachine(QueueMachine):
+    """The same with a per-namespace share of one in-flight slot: a namespace never holds two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queue = SchedulingQueue(
+            max_in_flight=MAX_IN_FLIGHT, max_in_flight_per_namespace=1, clock=self.clock
+        )
+
+    @invariant()
+    def one_per_namespace(self) -> None:
+        namespaces = [f"ns{int(uid.removeprefix('uid-p')) % 3}" for uid in self.flying]
+        assert len(namespaces) == len(set(namespaces)), f"two pods of one namespace in flight: {namespaces}"
+
+
+TestSharedQueueMachine = SharedQueueMachine.TestCase
+TestSharedQueueMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)

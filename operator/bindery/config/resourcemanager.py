@@ -50,6 +50,8 @@ class ResourceManagerConfig:
     read_timeout: float = 5.0
     reservation_ttl_seconds: int = 60
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    #: At most this many of them per namespace (spec.maxInFlightPerNamespace); None: no share.
+    max_in_flight_per_namespace: int | None = None
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 10.0
     node_check: str = "Full"
@@ -130,6 +132,11 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
         read_timeout=_number(timeouts.get("readSeconds", 5.0), "spec.timeouts.readSeconds", low=0.1),
         reservation_ttl_seconds=ttl,
         max_in_flight=int(_number(spec.get("maxInFlight", DEFAULT_MAX_IN_FLIGHT), "spec.maxInFlight", low=1)),
+        max_in_flight_per_namespace=(
+            int(_number(spec["maxInFlightPerNamespace"], "spec.maxInFlightPerNamespace", low=1))
+            if spec.get("maxInFlightPerNamespace") is not None
+            else None
+        ),
         backoff_initial_seconds=initial,
         backoff_max_seconds=maximum,
         node_check=node_check,

@@ -158,7 +158,10 @@ class Attempts:
         self.follow_up(pod, result)
         if result.released:
             self._metrics.release(resource_manager=self._profile().name, reason="cycle_failure")
-        self._queue.done(pod.uid, outcome=result.outcome, retry_after=result.retry_after)
+        # Only the RM's "no room" waits for an event (a release, a Node, a pod gone): a plugin's
+        # refusal, such as a claim not created yet, hangs on objects Bindery does not watch.
+        no_room = result.failure is not None and result.failure.kind is FailureKind.RM_UNSCHEDULABLE
+        self._queue.done(pod.uid, outcome=result.outcome, retry_after=result.retry_after, until_event=no_room)
         if result.outcome is Outcome.DROPPED:
             self._throttle.forget(pod.uid)
             self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it

@@ -98,6 +98,13 @@ def register(*, registry: kopf.OperatorRegistry, options: OperatorOptions | None
     def bindery_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeProjection]:
         return project_node(body=body)
 
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        """A Node added or changed may make parked pods fit (the queue waits for such events)."""
+        runtime: Runtime | None = memo.get("runtime")
+        if runtime is not None:
+            runtime.pending.on_node_event(event_type=event.get("type"), body=event["object"])
+
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def resource_manager_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         runtime: Runtime = memo["runtime"]

@@ -21,6 +21,8 @@ while its watch was down).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,6 +38,11 @@ from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDU
 from bindery.scheduling.podspec import PodInfo, PodSpecError
 from bindery.scheduling.throttle import EventThrottle
 from bindery.typedefs import Logger
+
+#: How long parked pods wait after a Node event before they are retried: the RM (the reference RM's
+#: mirror) learns of the Node through a watch of its own, and a pod retried before the RM saw the
+#: change is refused again and parked for up to 5 minutes.
+NODE_EVENT_SETTLE_SECONDS = 2.0
 
 
 class PendingPods:
@@ -73,6 +80,8 @@ class PendingPods:
         self._logger = logger
         self._namespaces = namespaces
         self._conflict_throttle = EventThrottle()
+        #: node name -> digest of what placement reads of it (see `on_node_event`)
+        self._nodes: dict[str, str] = {}
 
     def sizes(self) -> dict[str, int]:
         """Entries held per pod, by structure (see Runtime.per_pod_sizes); only takes sizes."""
@@ -185,10 +194,25 @@ class PendingPods:
         except Exception as exc:  # reporting is best effort; the pod stays pending anyway
             self._logger.warning(f"could not report why pod {pod.key} is not scheduled ({key}): {exc}")
 
-    def retry_parked(self, reason: str = "a pending pod went away") -> None:
+    def retry_parked(self, reason: str = "a pending pod went away", *, settle: float = 0.0) -> None:
         for runner in self._runners().values():
-            runner.queue.move_all_to_active(reason=reason)
+            runner.queue.move_all_to_active(reason=reason, settle=settle)
             runner.podgroups.retry()
+
+    def on_node_event(self, *, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A Node added, or changed where placement looks (labels, taints, cordon, capacity,
+        readiness), may make parked pods fit: retry them. Heartbeats and other status churn do not,
+        and neither does a Node going away; a relist that repeats known Nodes moves nothing."""
+        name = str((body.get("metadata") or {}).get("name") or "")
+        if event_type == "DELETED":
+            self._nodes.pop(name, None)
+            return
+        digest = _placement_digest(body)
+        before = self._nodes.get(name)
+        self._nodes[name] = digest
+        if before != digest:
+            what = "added" if before is None else "changed"
+            self.retry_parked(f"node {name} {what}", settle=NODE_EVENT_SETTLE_SECONDS)
 
     def reoffer_all(self, namespace: str | None = None) -> None:
         """Put every remembered pod (of `namespace`, if given) where the current routing says it
@@ -259,3 +283,21 @@ class PendingPods:
             )
             uids.update(str(item["metadata"]["uid"]) for item in listing.items)
         return uids
+
+
+def _placement_digest(body: Mapping[str, Any]) -> str:
+    """Pure: a digest of the parts of a Node an RM may place by, and none of its status churn."""
+    metadata: Mapping[str, Any] = body.get("metadata") or {}
+    spec: Mapping[str, Any] = body.get("spec") or {}
+    status: Mapping[str, Any] = body.get("status") or {}
+    ready = [c.get("status") for c in status.get("conditions") or () if c.get("type") == "Ready"]
+    parts = {
+        "labels": metadata.get("labels") or {},
+        "deleting": metadata.get("deletionTimestamp") is not None,
+        "taints": spec.get("taints") or [],
+        "unschedulable": bool(spec.get("unschedulable")),
+        "capacity": status.get("capacity") or {},
+        "allocatable": status.get("allocatable") or {},
+        "ready": ready,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

@@ -102,7 +102,11 @@ class ProfileRunner:
         )
         self.rm.settle_through(self.unconfirmed)
         self.profile = build_profile(config=config, client=self.rm)
-        self.queue = SchedulingQueue(max_in_flight=config.max_in_flight, backoff=_backoff(config))
+        self.queue = SchedulingQueue(
+            max_in_flight=config.max_in_flight,
+            max_in_flight_per_namespace=config.max_in_flight_per_namespace,
+            backoff=_backoff(config),
+        )
         self.active = False
         self.reachable: bool | None = None
         self.reach_message: str | None = None
@@ -189,12 +193,19 @@ class ProfileRunner:
         """Apply a changed spec; `client` is a new RM client if the connection or credentials changed."""
         if credentials is not None:
             self.credentials = credentials
+        if client is not None or config != self.config:
+            # Another RM, credentials or settings (plugins, node check): a refusal may not hold.
+            self.queue.move_all_to_active(reason=f"ResourceManager {config.name} changed")
         if client is not None:
             self._retire(self.rm.use(client), after=2.0 * self.config.reservation_ttl_seconds + 30.0)
             self.reachable, self.reach_message, self.token_refused = None, None, False
         self.config = config
         self.profile = build_profile(config=config, client=self.rm)
-        self.queue.reconfigure(max_in_flight=config.max_in_flight, backoff=_backoff(config))
+        self.queue.reconfigure(
+            max_in_flight=config.max_in_flight,
+            max_in_flight_per_namespace=config.max_in_flight_per_namespace,
+            backoff=_backoff(config),
+        )
         if self.active:
             self._resize_workers(config.max_in_flight)
             self._follow_bound_pods()

@@ -21,8 +21,8 @@ SCHEDULING_REASONS = ("FailedScheduling", "Scheduled")
 #: The fact `explain` cannot see from outside the operator, said on every pending pod.
 QUEUE_UNSEEN = (
     "when the next attempt is due is not visible from outside the operator (its queue); Bindery retries "
-    "a pod that found no room when capacity is released or its backoff ends (1 s doubling to 10 s by "
-    "default), and an error after its backoff"
+    "a pod that found no room when capacity is released or a Node is added or changed (at the latest "
+    "after 5 minutes), and an error after its backoff (1 s doubling to 10 s by default)"
 )
 
 
@@ -259,7 +259,8 @@ def next_attempt(queue: Mapping[str, Any]) -> str:
     elif where == "backoff":
         text = f"backing off {failed}: {when}"
     else:
-        text = f"parked as unschedulable {failed}: {when}, or sooner when capacity is released"
+        sooner = "or sooner when capacity is released or a Node changes"
+        text = f"parked as unschedulable {failed}: {when}, {sooner}"
     if not queue.get("leading", True):
         text += " (a standby replica's view: the leader's queue was not reached)"
     return text

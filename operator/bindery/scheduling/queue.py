@@ -1,25 +1,38 @@
 """The scheduling queue: which pending pod to schedule next, and when to try a failed one again.
 
-It behaves like kube-scheduler's ``PriorityQueue`` because users compare Bindery with it:
+It behaves like kube-scheduler's ``PriorityQueue`` because users compare Bindery with it, except
+where one tenant could starve another:
 
-* **Active heap.**  Pods ready to be scheduled, highest ``spec.priority`` first, then oldest
-  (creation time).  One entry per pod UID: an update replaces the stored :class:`PodInfo`.
-* **Backoff.**  A pod that failed waits ``initial * 2**(attempts-1)`` seconds, capped (1 s to 10 s
-  by default, per ResourceManager), or longer if the RM asked for it (``Retry-After``), at most
-  :data:`MAX_PARKED_SECONDS` (kube-scheduler's 5-minute unschedulable flush).
-* **Unschedulable pool.**  A pod the RM found no room for is parked until its backoff (or the RM's
-  retry hint) expires, or earlier when :meth:`SchedulingQueue.move_all_to_active` reports that
-  capacity may have been freed (a reservation released, a pod deleted) or when the pod itself
-  changes in a way that affects placement.  A move that happens while a pod is in flight is
-  remembered (kube-scheduler's ``moveRequestCycle``), so a pod that fails right after capacity
-  was freed is not parked past the event that could have made it fit.
+* **Active pods, fair across namespaces.**  Pods ready to be scheduled, highest ``spec.priority``
+  first; at equal priority the namespaces take turns (round-robin, one pod each), and within a
+  namespace the oldest (creation time) goes first.  kube-scheduler orders by priority then age
+  alone, so a tenant with thousands of older pods that never fit keeps a newer pod of another
+  namespace from ever being tried.  One entry per pod UID: an update replaces the stored
+  :class:`PodInfo`.
+* **Backoff.**  A pod whose cycle failed with an error waits ``initial * 2**(attempts-1)``
+  seconds, capped (1 s to 10 s by default, per ResourceManager), or longer if the RM asked for it
+  (``Retry-After``), at most :data:`MAX_PARKED_SECONDS`.
+* **Unschedulable pool.**  A pod the RM found no room for is parked until an event that could make
+  it fit: :meth:`SchedulingQueue.move_all_to_active` (a reservation released, a served pod gone), a
+  change of the pod itself that affects placement, the RM's retry hint, or
+  :data:`MAX_PARKED_SECONDS` (kube-scheduler's unschedulablePods pool and its
+  ``podMaxInUnschedulablePodsDuration``, 5 minutes); never on the backoff timer alone, which made
+  every never-fitting pod cost an RM call every 10 s forever.  A moved pod still waits out its
+  backoff.  A move that happens while a pod is in flight is remembered (kube-scheduler's
+  ``moveRequestCycle``), so a pod that fails right after capacity was freed is not parked past the
+  event that could have made it fit.
 * **In-flight bound.**  At most ``max_in_flight`` pods of one ResourceManager are between
   :meth:`~SchedulingQueue.pop` and :meth:`~SchedulingQueue.done`, so a burst of pods cannot
-  overwhelm the RM; waiting pods stay ordered by priority in the heap meanwhile.
+  overwhelm the RM; waiting pods stay ordered meanwhile.  Optionally at most
+  ``max_in_flight_per_namespace`` of them per namespace, so one namespace's cycles (waiting on a
+  slow RM, or on a volume in PreBind) cannot hold every slot; a namespace at its share sits out of
+  the turns until one of its cycles ends.
 
 ``pop`` is the hot path: it is O(log n) (heaps with lazy deletion: a stale heap item is skipped
-when it surfaces, and the heaps are compacted when stale items dominate), never a scan.  Time comes
-from an injectable :class:`Clock`, so tests drive backoff without sleeping.
+when it surfaces, and the heaps are compacted when stale items dominate), never a scan.  Active
+pods are kept in one heap per namespace (a *lane*) and the lanes in a heap keyed by their best
+pod's priority, then the turn they were last served at.  Time comes from an injectable
+:class:`Clock`, so tests drive backoff without sleeping.
 """
 
 from __future__ import annotations
@@ -57,8 +70,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The longest a failed pod waits before it is tried again, whatever the RM's retry hint says.
+#: The longest a failed pod waits before it is tried again, whatever the RM's retry hint says; also
+#: how long an unschedulable pod stays parked when no event could make it fit (kube-scheduler's
+#: ``DefaultPodMaxInUnschedulablePodsDuration``, pkg/scheduler/backend/queue/scheduling_queue.go).
 MAX_PARKED_SECONDS = 300.0
+
+
+def _check_budget(max_in_flight: int, per_namespace: int | None) -> None:
+    if max_in_flight < 1:
+        raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1")
+    if per_namespace is not None and per_namespace < 1:
+        raise ValueError(f"max_in_flight_per_namespace is {per_namespace}; it must be at least 1 (or unset)")
 
 
 class QueueClosed(Exception):
@@ -114,7 +136,8 @@ class QueuePosition:
     attempts: int
     #: seconds until it is tried again (parked pods); None while active or in flight
     ready_in: float | None
-    #: an unschedulable pod also moves as soon as capacity is released or the pod changes
+    #: an unschedulable pod also moves as soon as an event could make it fit (capacity released, the
+    #: pod changed); ``ready_in`` is then the 5-minute flush or the RM's hint
     waits_for_capacity: bool
 
 
@@ -146,6 +169,23 @@ class _Entry:
 _ActiveItem = tuple[int, float, int, str, int]
 # (ready_at, tiebreak, uid, generation)
 _TimerItem = tuple[float, int, str, int]
+# (-priority of the lane's best pod, the lane's turn, namespace, version)
+_LaneItem = tuple[int, int, str, int]
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Lane:
+    """The active pods of one namespace, best first; the lanes take turns at equal priority."""
+
+    namespace: str
+    #: when the lane was last served (or joined): the smallest goes first among equal priorities
+    turn: int
+    heap: list[_ActiveItem] = dataclasses.field(default_factory=list)
+    #: its active pods (the heap also holds stale items)
+    live: int = 0
+    #: the key of its current item in the lanes' heap (None: not in it)
+    key: tuple[int, int] | None = None
+    version: int = 0
 
 
 class SchedulingQueue:
@@ -155,18 +195,25 @@ class SchedulingQueue:
         self,
         *,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_in_flight_per_namespace: int | None = None,
         backoff: BackoffPolicy | None = None,
         max_parked_seconds: float = MAX_PARKED_SECONDS,
         clock: Clock | None = None,
     ) -> None:
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1")
+        _check_budget(max_in_flight, max_in_flight_per_namespace)
         self._max_in_flight = max_in_flight
+        self._share = max_in_flight_per_namespace
+        #: namespace -> its pods in flight (only namespaces with any)
+        self._flying: dict[str, int] = {}
         self._backoff = backoff or BackoffPolicy()
         self._max_parked = max_parked_seconds
         self._clock: Clock = clock or MonotonicClock()
         self._entries: dict[str, _Entry] = {}
-        self._active: list[_ActiveItem] = []
+        #: namespace -> its active pods; a lane exists while it has any
+        self._lanes: dict[str, _Lane] = {}
+        #: the lanes with active pods, best first (lazy deletion: a lane's stale items are skipped)
+        self._round: list[_LaneItem] = []
+        self._turns = itertools.count()
         self._timers: list[_TimerItem] = []
         self._unschedulable: set[str] = set()
         self._counts = {state: 0 for state in _State}
@@ -174,18 +221,23 @@ class SchedulingQueue:
         self._generations = itertools.count(1)
         self._pops = 0
         self._last_move_cycle = -1
+        self._settle_until = 0.0  # a pod failing after a move waits at least this long (see settle)
         self._wakeup = asyncio.Event()
         self._poppers = asyncio.Lock()  # see pop()
         self._closed = False
 
     # -- configuration -------------------------------------------------------------------------
 
-    def reconfigure(self, *, max_in_flight: int, backoff: BackoffPolicy) -> None:
+    def reconfigure(
+        self, *, max_in_flight: int, backoff: BackoffPolicy, max_in_flight_per_namespace: int | None = None
+    ) -> None:
         """Apply a changed ResourceManager spec without losing queued pods or their attempt counts."""
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1")
+        _check_budget(max_in_flight, max_in_flight_per_namespace)
         self._max_in_flight = max_in_flight
+        self._share = max_in_flight_per_namespace
         self._backoff = backoff
+        for lane in list(self._lanes.values()):  # a namespace that sat out may take turns again
+            self._schedule_lane(lane)
         self._wakeup.set()
 
     def close(self) -> None:
@@ -242,7 +294,8 @@ class SchedulingQueue:
 
     def footprint(self) -> int:
         """Items held for pods, stale heap items included: 0 once every pod left (memory checks)."""
-        return len(self._entries) + len(self._active) + len(self._timers) + len(self._unschedulable)
+        lanes = len(self._lanes) + len(self._round) + sum(len(lane.heap) for lane in self._lanes.values())
+        return len(self._entries) + lanes + len(self._timers) + len(self._unschedulable) + len(self._flying)
 
     # -- producers -----------------------------------------------------------------------------
 
@@ -261,6 +314,7 @@ class SchedulingQueue:
             entry = _Entry(pod=pod, state=_State.ACTIVE)
             self._entries[pod.uid] = entry
             self._counts[_State.ACTIVE] += 1
+            self._lane(pod.namespace).live += 1
             self._push_active(entry)
             return True
         changed = pod.placement_inputs() != entry.pod.placement_inputs()
@@ -285,17 +339,20 @@ class SchedulingQueue:
             return
         self._remove(entry)
 
-    def move_all_to_active(self, *, reason: str) -> int:
-        """Capacity may have been freed: retry every unschedulable pod once its backoff allows.
+    def move_all_to_active(self, *, reason: str, settle: float = 0.0) -> int:
+        """An event could make parked pods fit: retry every unschedulable pod once its backoff allows.
 
-        Returns how many pods left the unschedulable pool.
+        ``settle`` (seconds) holds them back a little longer: the RM learns of some events (a Node
+        added or changed) through its own watch, and a pod retried before the RM saw the event would
+        be refused and parked again, for up to 5 minutes.  Returns how many pods left the pool.
         """
         now = self._clock.now()
         moved = 0
         for uid in list(self._unschedulable):
-            self._leave_unschedulable(self._entries[uid], now=now)
+            self._leave_unschedulable(self._entries[uid], now=now, not_before=now + settle)
             moved += 1
         self._last_move_cycle = self._pops
+        self._settle_until = max(self._settle_until, now + settle)
         if moved:
             log.debug("moved %d unschedulable pods back: %s", moved, reason)
         return moved
@@ -309,15 +366,29 @@ class SchedulingQueue:
         self._release_due(self._clock.now())
         if self._counts[_State.IN_FLIGHT] >= self._max_in_flight:
             return None
-        while self._active:
-            _, _, _, uid, generation = heapq.heappop(self._active)
-            entry = self._entries.get(uid)
-            if entry is None or entry.generation != generation or entry.state is not _State.ACTIVE:
+        while self._round:
+            priority, _, namespace, version = heapq.heappop(self._round)
+            lane = self._lanes.get(namespace)
+            if lane is None or lane.version != version:
+                continue  # a stale item: the lane was rescheduled or emptied since
+            lane.key = None
+            if self._at_share(namespace):
+                continue  # out of the turns until one of its cycles ends (see _set_state)
+            head = self._lane_head(lane)
+            if head is None:
                 continue
+            if head[0] != priority:  # its best pod left or changed: queue the lane by its new best
+                self._schedule_lane(lane)
+                continue
+            heapq.heappop(lane.heap)
+            entry = self._entries[head[3]]
+            lane.turn = next(self._turns)  # to the back of the round among its priority
             self._pops += 1
             entry.popped_cycle = self._pops
             entry.changed_in_flight = False
             self._set_state(entry, _State.IN_FLIGHT)
+            if namespace in self._lanes:
+                self._schedule_lane(lane)
             return entry.pod
         return None
 
@@ -342,10 +413,15 @@ class SchedulingQueue:
                 self._wakeup.clear()
                 await self._clock.wait(self._wakeup, delay=self._next_timer_delay())
 
-    def done(self, uid: str, *, outcome: Outcome, retry_after: float | None = None) -> None:
+    def done(
+        self, uid: str, *, outcome: Outcome, retry_after: float | None = None, until_event: bool = True
+    ) -> None:
         """The cycle of a popped pod ended with ``outcome``; free its in-flight slot and route it.
 
         ``retry_after`` is the RM's hint (seconds) for when trying again makes sense.
+        ``until_event``: an unschedulable pod waits for an event that could make it fit (the RM had
+        no room: releases, Nodes and pods are followed). False for refusals whose events Bindery does
+        not follow (a plugin's, such as a claim not found yet): those come back on their backoff.
         """
         entry = self._entries.get(uid)
         if entry is None or entry.state is not _State.IN_FLIGHT:
@@ -364,15 +440,27 @@ class SchedulingQueue:
         elif moved_meanwhile:
             # Capacity may have been freed (or the pod changed) after the RM answered: the RM's
             # "try again in N s" no longer holds, only the backoff does.
-            self._park(entry, _State.BACKOFF, ready_at=entry.backoff_until)
-        else:
+            self._park(entry, _State.BACKOFF, ready_at=max(entry.backoff_until, self._settle_until))
+        elif retry_after or not until_event:
             self._park(entry, _State.UNSCHEDULABLE, ready_at=max(entry.backoff_until, hinted))
+        else:
+            # Parked until an event could make it fit (move_all_to_active, a change of the pod), or
+            # the flush: retrying a pod nothing changed for only costs the RM a call.
+            self._park(entry, _State.UNSCHEDULABLE, ready_at=now + self._max_parked)
 
     # -- internals -----------------------------------------------------------------------------
 
     def _set_state(self, entry: _Entry, state: _State) -> None:
         self._counts[entry.state] -= 1
         self._counts[state] += 1
+        if entry.state is _State.ACTIVE:
+            self._leave_lane(entry)
+        if entry.state is _State.IN_FLIGHT:
+            self._landed(entry.pod.namespace)
+        if state is _State.IN_FLIGHT:
+            self._flying[entry.pod.namespace] = self._flying.get(entry.pod.namespace, 0) + 1
+        if state is _State.ACTIVE:
+            self._lane(entry.pod.namespace).live += 1
         if entry.state is _State.UNSCHEDULABLE:
             self._unschedulable.discard(entry.pod.uid)
         if state is _State.UNSCHEDULABLE:
@@ -384,12 +472,17 @@ class SchedulingQueue:
         self._unschedulable.discard(entry.pod.uid)
         del self._entries[entry.pod.uid]
         entry.generation = -1
+        if entry.state is _State.IN_FLIGHT:
+            self._landed(entry.pod.namespace)
+        if entry.state is _State.ACTIVE:
+            self._leave_lane(entry)
+            lane = self._lanes.get(entry.pod.namespace)
+            if lane is not None:
+                self._compact_lane(lane)
         if not self._entries:  # every pod left: drop the stale heap items (they hold pod UIDs)
-            self._active.clear()
+            self._lanes.clear()
+            self._round.clear()
             self._timers.clear()
-        elif len(self._active) > 64 + 2 * self._counts[_State.ACTIVE]:
-            self._active = [i for i in self._active if self._live(i[3], i[4], (_State.ACTIVE,))]
-            heapq.heapify(self._active)
         waiting = self._counts[_State.BACKOFF] + self._counts[_State.UNSCHEDULABLE]
         if self._entries and len(self._timers) > 64 + 2 * waiting:
             parked = (_State.BACKOFF, _State.UNSCHEDULABLE)
@@ -401,11 +494,75 @@ class SchedulingQueue:
         entry.ready_at = min(entry.ready_at, self._clock.now())
         entry.generation = next(self._generations)
         item = (-entry.pod.priority, entry.pod.created.timestamp(), next(self._tiebreak), entry.pod.uid)
-        heapq.heappush(self._active, (*item, entry.generation))
+        lane = self._lane(entry.pod.namespace)
+        heapq.heappush(lane.heap, (*item, entry.generation))
+        self._compact_lane(lane)
+        self._schedule_lane(lane)
         self._wakeup.set()
-        if len(self._active) > 64 + 2 * self._counts[_State.ACTIVE]:
-            self._active = [i for i in self._active if self._live(i[3], i[4], (_State.ACTIVE,))]
-            heapq.heapify(self._active)
+
+    # -- lanes (the active pods, one heap per namespace) -----------------------------------------
+
+    def _lane(self, namespace: str) -> _Lane:
+        """The namespace's lane; a new one joins the round behind the lanes already waiting."""
+        lane = self._lanes.get(namespace)
+        if lane is None:
+            lane = self._lanes[namespace] = _Lane(namespace=namespace, turn=next(self._turns))
+        return lane
+
+    def _leave_lane(self, entry: _Entry) -> None:
+        """An active pod left the active state (its heap item is stale now); drop an emptied lane."""
+        lane = self._lanes.get(entry.pod.namespace)
+        if lane is None:
+            return
+        lane.live -= 1
+        if lane.live <= 0:
+            del self._lanes[lane.namespace]  # its items in the round are stale with it
+
+    def _lane_head(self, lane: _Lane) -> _ActiveItem | None:
+        """The lane's best active pod's item, stale items on top dropped."""
+        while lane.heap and not self._live(lane.heap[0][3], lane.heap[0][4], (_State.ACTIVE,)):
+            heapq.heappop(lane.heap)
+        return lane.heap[0] if lane.heap else None
+
+    def _at_share(self, namespace: str) -> bool:
+        return self._share is not None and self._flying.get(namespace, 0) >= self._share
+
+    def _landed(self, namespace: str) -> None:
+        """A cycle of the namespace ended: below its share again, its lane takes turns again."""
+        left = self._flying.get(namespace, 0) - 1
+        if left > 0:
+            self._flying[namespace] = left
+        else:
+            self._flying.pop(namespace, None)
+        lane = self._lanes.get(namespace)
+        if lane is not None and lane.key is None:
+            self._schedule_lane(lane)
+
+    def _schedule_lane(self, lane: _Lane) -> None:
+        """Put the lane into the round under its current key (its best pod's priority, its turn)."""
+        if self._at_share(lane.namespace):
+            return  # sits out; `_landed` puts it back
+        head = self._lane_head(lane)
+        if head is None:
+            return
+        key = (head[0], lane.turn)
+        if key == lane.key:
+            return
+        lane.key = key
+        lane.version = next(self._generations)
+        heapq.heappush(self._round, (*key, lane.namespace, lane.version))
+        if len(self._round) > 64 + 2 * len(self._lanes):
+            self._round = [
+                (*lane.key, lane.namespace, lane.version)
+                for lane in self._lanes.values()
+                if lane.key is not None
+            ]
+            heapq.heapify(self._round)
+
+    def _compact_lane(self, lane: _Lane) -> None:
+        if len(lane.heap) > 64 + 2 * lane.live:
+            lane.heap = [i for i in lane.heap if self._live(i[3], i[4], (_State.ACTIVE,))]
+            heapq.heapify(lane.heap)
 
     def _park(self, entry: _Entry, state: _State, *, ready_at: float) -> None:
         self._set_state(entry, state)
@@ -427,9 +584,10 @@ class SchedulingQueue:
         self._set_state(entry, _State.ACTIVE)
         self._push_active(entry)
 
-    def _leave_unschedulable(self, entry: _Entry, *, now: float) -> None:
-        if now < entry.backoff_until:
-            self._park(entry, _State.BACKOFF, ready_at=entry.backoff_until)
+    def _leave_unschedulable(self, entry: _Entry, *, now: float, not_before: float = 0.0) -> None:
+        ready_at = max(entry.backoff_until, not_before)
+        if now < ready_at:
+            self._park(entry, _State.BACKOFF, ready_at=ready_at)
         else:
             self._activate(entry)
 
