@@ -166,6 +166,7 @@ class Runtime:
             logger=self.logger,
             watch_seconds=self.options.watch_timeout,
         )
+        self.unbound.follow(self.pending.claimed())
         self._unbound_task = asyncio.create_task(self.unbound.run(), name="bindery unbound-pod watch")
         if self._leadership is not None:
             self._leadership.start(api=self._api)
@@ -252,8 +253,10 @@ class Runtime:
         """Route the scheduler names anew and hand each supervisor its object's spec and conflicts."""
         configs, errors = self._parse_all()
         pending = self.pending
-        before = dict(pending.routing.served)
+        before = pending.routing
         pending.routing = route_scheduler_names(configs=configs.values())
+        if self.unbound is not None:
+            self.unbound.follow(pending.claimed())
         for name in [n for n in self.supervisors if n not in self.bodies]:
             try:
                 await self.supervisors.pop(name).close()
@@ -273,7 +276,9 @@ class Runtime:
                 conflicts=pending.routing.conflicts_of(rm_name=name),
                 status=body.get("status") or {},
             )
-        if before != dict(pending.routing.served):
+        if dict(before.served) != dict(pending.routing.served) or set(before.contested) != set(
+            pending.routing.contested
+        ):
             pending.reoffer_all()
 
     def _parse_all(self) -> tuple[dict[str, ResourceManagerConfig], dict[str, str]]:
