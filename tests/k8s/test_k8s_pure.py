@@ -173,3 +173,18 @@ def test_parse_line() -> None:
         parse_line(b'{"type": "ADD')  # a truncated stream
     with pytest.raises(errors.Unavailable, match="not a watch event"):
         parse_line(b'{"object": {}}')
+
+
+def test_a_list_that_failed_half_way_says_deleted_for_what_it_delivered_and_vanished() -> None:
+    """Pages are delivered as they arrive: a list that fails after its first page has delivered
+    objects; the list that follows must say DELETED for those that are gone by then."""
+    cursor = Cursor()
+    cursor.begin()
+    assert [e.type for e in cursor.page([obj("a", "1"), obj("b", "1")])] == [None, None]
+    cursor.begin()  # the first attempt failed (a 410 on its continue token): listed again
+    events = cursor.page([obj("b", "1"), obj("c", "2")])
+    assert [(e.type, e.object["metadata"]["name"]) for e in events] == [(None, "b"), (None, "c")]
+    deleted = cursor.end(resource_version="3")
+    assert [(e.type, e.object["metadata"]["name"]) for e in deleted] == [("DELETED", "a")]
+    assert set(cursor.known) == {"u-b", "u-c"}
+    assert not cursor.fresh

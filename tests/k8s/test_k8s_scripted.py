@@ -135,9 +135,9 @@ async def test_the_loop_resumes_after_every_end_and_diffs_a_relist_after_410() -
         "listed relist=False",
         ("MODIFIED", "a"),
         ("ADDED", "x"),
-        ("DELETED", "a"),  # gone from the relist: deleted while the watch was down
-        ("DELETED", "x"),
         ("ADDED", "c"),  # b is unchanged: not delivered again
+        ("DELETED", "a"),  # gone from the relist (said after its last page): deleted meanwhile
+        ("DELETED", "x"),
         "listed relist=True",
     ]
     assert watch_versions == ["5", "9", "10"]  # resumed after the bookmark and after the break
@@ -206,3 +206,37 @@ async def test_a_watch_expiring_straight_after_every_list_backs_off_more_each_ti
         await stream.aclose()
     waits = [later - earlier for earlier, later in itertools.pairwise(listed_at)]
     assert waits[-1] >= 0.3, waits  # 0.05, 0.1, 0.2, 0.4: doubled per expiry, not 0.05 each time
+
+
+async def test_a_list_is_delivered_page_by_page() -> None:
+    """Each page's objects reach the consumer before the next page is asked for: the loop used to
+    read every page of the list first, so a list of large objects was held whole (issue 20)."""
+    delivered: list[str] = []
+    delivered_before_page: list[int] = []
+
+    async def pods(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") == "true":
+            await asyncio.sleep(30)
+            return web.Response()
+        page = int(request.query.get("continue") or 0)
+        delivered_before_page.append(len(delivered))
+        metadata = {"resourceVersion": "7"}
+        if page < 2:
+            metadata["continue"] = str(page + 1)
+        items = [pod(f"p{page}-{i}", "1") for i in range(2)]
+        return web.json_response({"metadata": metadata, "items": items})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", pods)
+    async with _client(app) as api:
+        stream = list_watch(api, resources.PODS, page_size=2)
+        async for item in stream:
+            if isinstance(item, Listed):
+                assert item.count == 6
+                break
+            assert isinstance(item, Event)
+            assert item.type is None
+            delivered.append(item.object["metadata"]["name"])
+        await stream.aclose()
+    assert delivered == ["p0-0", "p0-1", "p1-0", "p1-1", "p2-0", "p2-1"]
+    assert delivered_before_page == [0, 2, 4]

@@ -22,6 +22,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.controller.runtime import Runtime
+from bindery.controller.watches.unbound import unbound_pods_selector
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.scheduling.decisions import Outcome
@@ -43,7 +44,6 @@ from tests.operator.conftest import (
 from tests.realrm import RMProcess, serve_with
 
 POOL_LABEL = "bindery.dev/test-pool"
-UNBOUND = "spec.nodeName="  # the field selector of the unbound-pod watch
 FAST = {"backoff": {"initialSeconds": 0.2, "maxSeconds": 1}, "reconcileIntervalSeconds": 5}
 
 
@@ -125,7 +125,8 @@ async def test_a_pod_deleted_while_the_watch_was_blind_is_dropped(
             )
             await eventually(lambda: now(proxy.cut_pod_streams > 0), what="the DELETED event cut")
             await eventually(
-                lambda: now(UNBOUND in proxy.held_pod_watches), what="the unbound-pod watch resuming, held"
+                lambda: now(unbound_pods_selector(scheduler_name=scheduler) in proxy.held_pod_watches),
+                what="the unbound-pod watch resuming, held",
             )
         finally:
             proxy.blind_pod_lists = False

@@ -43,7 +43,7 @@ async def test_a_finished_watch_is_resumed_and_an_expired_one_relisted() -> None
     async def pods(request: web.Request) -> web.StreamResponse:
         nonlocal watches
         requests.append(dict(request.query))
-        assert request.query["fieldSelector"] == "spec.nodeName="
+        assert request.query["fieldSelector"] == "spec.nodeName=,spec.schedulerName=bindery-x"
         if request.query.get("watch") not in ("true", "1", "True"):
             listing = {"kind": "PodList", "metadata": {"resourceVersion": "5"}, "items": [pod("a", "5")]}
             return web.json_response(listing)
@@ -82,6 +82,7 @@ async def test_a_finished_watch_is_resumed_and_an_expired_one_relisted() -> None
             watcher = UnboundPodWatcher(
                 api=api, namespaces=(), on_event=on_event, logger=logging.getLogger("test"), max_backoff=0.1
             )
+            watcher.follow(["bindery-x"])
             task = asyncio.create_task(watcher.run())
             try:
                 async with asyncio.timeout(30):

@@ -6,11 +6,19 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import pydantic
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bindery.scheduling.podspec import PodInfo, PodSpecError, effective_requests, reservation_request
+from bindery.rm.models import Placement
+from bindery.scheduling.podspec import (
+    PodInfo,
+    PodSpecError,
+    beyond_contract,
+    effective_requests,
+    reservation_request,
+)
 
 
 def container(name: str = "c", *, restart: str | None = None, **requests: str) -> dict[str, Any]:
@@ -237,3 +245,42 @@ def test_reservation_request_carries_identity_requests_and_placement() -> None:
     assert body["placement"]["tolerations"] == [
         {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
     ]
+
+
+def test_a_pod_past_the_contracts_caps_is_refused_by_field_and_cap() -> None:
+    """Only counts are read (nothing copied): the caps are the contract models' own max_length."""
+    many = [{"key": f"k{i}", "operator": "Exists"} for i in range(300)]
+    assert beyond_contract({"spec": {"tolerations": many[:256]}}) is None
+    refusal = beyond_contract({"spec": {"tolerations": many}})
+    assert refusal is not None
+    assert refusal.startswith("spec.tolerations has 300 entries, more than the 256")
+    labels = {f"l{i}": "v" for i in range(257)}
+    assert (beyond_contract({"metadata": {"labels": labels}}) or "").startswith("metadata.labels has 257")
+    terms = {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"] * 300}]}]
+    }
+    deep = beyond_contract(
+        {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}}}
+    )
+    assert deep is not None
+    assert ".nodeSelectorTerms[0].matchExpressions[0].values has 300 entries, more than the 256" in deep
+    with pytest.raises(pydantic.ValidationError):  # the same cap, as the contract's model applies it
+        Placement.model_validate({"tolerations": many})
+
+
+def test_a_refused_pod_is_projected_without_its_spec() -> None:
+    body = {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u",
+            "resourceVersion": "3",
+            "labels": {"a": "b"},
+        },
+        "spec": {"schedulerName": "s", "tolerations": [{"operator": "Exists"}] * 300},
+    }
+    slim = PodInfo.slim(body)
+    assert (slim.uid, slim.key, slim.scheduler_name, slim.resource_version) == ("u", "ns/p", "s", "3")
+    assert slim.tolerations == ()
+    assert slim.labels == {}
+    assert slim.schedulable

@@ -1,11 +1,16 @@
 """The unbound pods this process has seen, and where each goes: the runtime's pod half.
 
-Pod events are handled without I/O except for contested scheduler names and namespaces outside a
-ResourceManager's selector (a FailedScheduling event and condition, aggregated): the handler only
-updates the in-memory map and offers the pod to the right profile's queue. All unbound pods are
-remembered (cheap: they are pending by definition), whatever their scheduler name, so a
-ResourceManager created later picks up pods that were already waiting. Pods of names no
-ResourceManager claims are never written to.
+Pod events are handled without I/O except for contested scheduler names, pods refused for their
+spec and namespaces outside a ResourceManager's selector (a FailedScheduling event and condition,
+aggregated): the handler only updates the in-memory map and offers the pod to the right profile's
+queue. Only pods of claimed scheduler names arrive (the watch follows those names alone, see
+:mod:`bindery.controller.watches.unbound`); a ResourceManager created later lists its names' pods
+afresh, which picks up pods that were already waiting. Pods of names no ResourceManager claims are
+never read, kept or written to.
+
+A pod whose placement inputs pass the caps of contract v1 (more than 256 tolerations, say) could
+never be reserved: it is refused with a FailedScheduling event that names the field and the cap,
+and only its identity is kept (:meth:`bindery.scheduling.podspec.PodInfo.slim`), never its spec.
 
 The routing (which ResourceManager serves which scheduler name; contested names are served by
 nobody) is decided by the runtime when a ResourceManager changes and kept here, where every pod is
@@ -13,9 +18,9 @@ routed by it. A ResourceManager with a `spec.namespaceSelector` is offered only 
 namespaces it selects (their labels come from the namespace watch,
 bindery.controller.watches.namespaces); a pod of another namespace gets FailedScheduling and
 PodScheduled=False (Unschedulable) naming the ResourceManager and the rule, is withdrawn from its
-queue, and is routed again when its namespace's labels change. A periodic sweep forgets
-remembered unbound pods a fresh list no longer has (Kopf sends no DELETED for a pod that vanished
-while its watch was down).
+queue, and is routed again when its namespace's labels change. A periodic sweep forgets remembered
+unbound pods a fresh list no longer has (a pod that vanished while its watch was down; a pod of a
+name no longer claimed). It lists metadata only, per claimed name: it reads UIDs and nothing else.
 """
 
 from __future__ import annotations
@@ -31,11 +36,11 @@ from bindery.config import Routing
 from bindery.config.routing import namespace_refusal
 from bindery.controller.metrics import Metrics
 from bindery.controller.runner import ProfileRunner
-from bindery.controller.watches.unbound import UNBOUND_PODS
-from bindery.k8s import ApiClient, list_all, resources
+from bindery.controller.watches.unbound import unbound_pods_selector
+from bindery.k8s import ApiClient, list_pages, resources
 from bindery.kube import KubeBinder, KubeConditionWriter, KubeEventSink, UnboundPods
 from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDULABLE
-from bindery.scheduling.podspec import PodInfo, PodSpecError
+from bindery.scheduling.podspec import PodInfo, PodSpecError, beyond_contract
 from bindery.scheduling.throttle import EventThrottle
 from bindery.typedefs import Logger
 
@@ -82,11 +87,14 @@ class PendingPods:
         self._conflict_throttle = EventThrottle()
         #: node name -> digest of what placement reads of it (see `on_node_event`)
         self._nodes: dict[str, str] = {}
+        #: pods of served names refused for their spec (see `beyond_contract`), by UID: slim only
+        self._refused: dict[str, PodInfo] = {}
 
     def sizes(self) -> dict[str, int]:
         """Entries held per pod, by structure (see Runtime.per_pod_sizes); only takes sizes."""
         return {
             "pods": len(self.pods),
+            "refused": len(self._refused),
             "first_seen": self._metrics.pods_seen(),
             "conflict_throttle": len(self._conflict_throttle),
             "conditions_written": len(self._conditions._written),
@@ -96,6 +104,11 @@ class PendingPods:
     # -- pods -----------------------------------------------------------------------------------
 
     async def on_pod_event(self, *, event_type: str | None, body: Mapping[str, Any]) -> None:
+        refusal = beyond_contract(body)
+        if refusal is not None:
+            await self._refuse(event_type=event_type, pod=PodInfo.slim(body), message=refusal)
+            return
+        self._drop_refused(str((body.get("metadata") or {}).get("uid") or ""))
         try:
             pod = PodInfo.from_body(body)
         except PodSpecError as exc:
@@ -112,6 +125,25 @@ class PendingPods:
         self.pods.put(pod)
         self._metrics.pod_seen(pod.uid)
         await self._route(pod)
+
+    async def _refuse(self, *, event_type: str | None, pod: PodInfo, message: str) -> None:
+        """A pod whose spec passes the contract's caps: not scheduled, not projected, told why."""
+        if event_type == "DELETED" or not pod.schedulable:
+            self._drop_refused(pod.uid)
+            self._forget(pod)
+            return
+        if self.pods.get(pod.uid) is not None:  # it grew past a cap (tolerations may be added)
+            self._forget(pod)
+        self._refused[pod.uid] = pod
+        if pod.scheduler_name in self.routing.served:
+            await self._report(pod=pod, key="BeyondContract", reason=REASON_SCHEDULER_ERROR, message=message)
+        else:  # a contested name: the conflict is what keeps it pending first
+            await self._route(pod)
+
+    def _drop_refused(self, uid: str) -> None:
+        if self._refused.pop(uid, None) is not None:
+            self._conflict_throttle.forget(uid)
+            self._conditions.forget(uid=uid)
 
     def _forget(self, pod: PodInfo) -> None:
         """Deleted, bound (left the `spec.nodeName=` selector), terminating or gated.
@@ -184,6 +216,7 @@ class PendingPods:
         await self._report(pod=pod, key="NamespaceSelector", reason=REASON_UNSCHEDULABLE, message=message)
 
     async def _report(self, *, pod: PodInfo, key: str, reason: str, message: str) -> None:
+        """FailedScheduling (throttled) and PodScheduled=False for a pod no cycle will try."""
         if not self._leading():
             return
         note = self._conflict_throttle.admit(uid=pod.uid, key=key, message=message)
@@ -214,13 +247,25 @@ class PendingPods:
             what = "added" if before is None else "changed"
             self.retry_parked(f"node {name} {what}", settle=NODE_EVENT_SETTLE_SECONDS)
 
+    def claimed(self) -> frozenset[str]:
+        """The scheduler names some ResourceManager claims (served or contested): those followed."""
+        return frozenset(self.routing.served) | frozenset(self.routing.contested)
+
     def reoffer_all(self, namespace: str | None = None) -> None:
         """Put every remembered pod (of `namespace`, if given) where the current routing says it
-        belongs; a pod its owner's namespaceSelector now refuses is withdrawn and told why."""
+        belongs; a pod its owner's namespaceSelector now refuses is withdrawn and told why; forget
+        the pods of names nobody claims any more (their watch stopped: nothing would forget them)."""
         runners = self._runners()
+        claimed = self.claimed()
+        for uid, refused in list(self._refused.items()):
+            if refused.scheduler_name not in claimed:
+                self._drop_refused(uid)
         for uid in self.pods.uids():
             pod = self.pods.get(uid)
             if pod is None or (namespace is not None and pod.namespace != namespace):
+                continue
+            if pod.scheduler_name not in claimed:
+                self._forget(pod)
                 continue
             owner = self.routing.served.get(pod.scheduler_name)
             refusal = None
@@ -257,31 +302,34 @@ class PendingPods:
 
         Only pods remembered before the list began are judged, so one added meanwhile is kept.
         """
-        known = self.pods.uids()
+        known = self.pods.uids() | set(self._refused)
         listed = await self._unbound_uids() if known else set()
         gone = known - listed
         for uid in gone:
+            self._drop_refused(uid)
             pod = self.pods.get(uid)
             if pod is not None:
                 self._forget(pod)
         if gone:
             self._logger.info(f"forgot {len(gone)} unbound pods that no longer exist or were bound")
-        self._conditions.retain(uids=self.pods.uids())
+        self._conditions.retain(uids=self.pods.uids() | set(self._refused))
         self.sweeps += 1
         return len(gone)
 
     async def _unbound_uids(self) -> set[str]:
-        """UIDs of every unbound pod in scope (paged LIST of `spec.nodeName=`, metadata only read)."""
+        """UIDs of the unbound pods of the claimed names in scope: a paged LIST of metadata only
+        (PartialObjectMetadata) per name, each page reduced to its UIDs before the next is read."""
         uids: set[str] = set()
-        for namespace in self._namespaces or (None,):
-            listing = await list_all(
-                self._api,
-                resources.PODS,
-                namespace=namespace,
-                field_selector=UNBOUND_PODS,
-                metadata_only=True,
-            )
-            uids.update(str(item["metadata"]["uid"]) for item in listing.items)
+        for name in sorted(self.claimed()):
+            for namespace in self._namespaces or (None,):
+                async for page in list_pages(
+                    self._api,
+                    resources.PODS,
+                    namespace=namespace,
+                    field_selector=unbound_pods_selector(scheduler_name=name),
+                    metadata_only=True,
+                ):
+                    uids.update(str(item["metadata"]["uid"]) for item in page.get("items") or ())
         return uids
 
 

@@ -176,6 +176,7 @@ class Runtime:
             logger=self.logger,
             watch_seconds=self.options.watch_timeout,
         )
+        self.unbound.follow(self.pending.claimed())
         self._unbound_task = asyncio.create_task(self.unbound.run(), name="bindery unbound-pod watch")
         if self._leadership is not None:
             self._leadership.start(api=self._api)
@@ -307,10 +308,12 @@ class Runtime:
         """Route the scheduler names anew and hand each supervisor its object's spec and conflicts."""
         configs, errors = self._parse_all()
         pending = self.pending
-        before = (dict(pending.routing.served), dict(pending.routing.selectors))
+        before = pending.routing
         pending.routing = route_scheduler_names(configs=configs.values())
         if pending.routing.selectors:
             self._watch_namespaces()
+        if self.unbound is not None:
+            self.unbound.follow(pending.claimed())
         for name in [n for n in self.supervisors if n not in self.bodies]:
             try:
                 await self.supervisors.pop(name).close()
@@ -330,7 +333,11 @@ class Runtime:
                 conflicts=pending.routing.conflicts_of(rm_name=name),
                 status=body.get("status") or {},
             )
-        if before != (dict(pending.routing.served), dict(pending.routing.selectors)):
+        if (
+            dict(before.served) != dict(pending.routing.served)
+            or set(before.contested) != set(pending.routing.contested)
+            or dict(before.selectors) != dict(pending.routing.selectors)
+        ):
             pending.reoffer_all()
 
     def _watch_namespaces(self) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from typing import Any, TypeAlias
 
 import aiohttp
@@ -352,7 +352,7 @@ async def list_pages(
     metadata_only: bool = False,
     page_size: int = PAGE_SIZE,
     request_timeout: Timeout = DEFAULT_TIMEOUT,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     """Each page (a ``...List`` document) of one LIST, following ``continue`` to the last.
 
     All pages are of one snapshot: the apiserver pins the first page's resourceVersion in the
@@ -367,8 +367,9 @@ async def list_pages(
     accept = METADATA_ONLY if metadata_only else "application/json"
     while True:
         page = await request(api, "GET", path, query=query, accept=accept, request_timeout=request_timeout)
-        yield page
         token = str((page.get("metadata") or {}).get("continue") or "")
+        yield page
+        del page  # before the next page is read: a caller that dropped it holds one page, not two
         if not token:
             return
         query["continue"] = token

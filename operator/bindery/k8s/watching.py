@@ -8,14 +8,19 @@ list, and no DELETED ever comes for it. So, as Kopf's ``watching.py`` does, the 
 resumed whenever it can be, and relisted only when it must:
 
 - list (paged), yield every object (type None, as Kopf delivers listed objects), then one
-  :class:`Listed` marker;
+  :class:`Listed` marker; each page is delivered before the next is read and nothing of it is kept
+  but what `remember` keeps, so a list holds one page at a time however many objects match (it used
+  to hold every page of the list before delivering the first object: with large pods, hundreds of
+  megabytes);
 - watch from the list's resourceVersion with bookmarks, which keep the version fresh on a quiet
   resource; a watch the server ends (``timeoutSeconds``), or whose stream broke or went silent
   (a half-open connection: the client's read timeout is a little longer than the server's own
   timeout), resumes from the last version seen;
 - a 410 Gone (the version was compacted away) relists, and the relist is **diffed against what was
-  known**: DELETED for each object that vanished (its body as `remember` kept it), ADDED for new
-  ones, MODIFIED for changed ones; objects unchanged since are not delivered again;
+  known**: ADDED for new objects and MODIFIED for changed ones as their pages arrive, then DELETED
+  for each object that vanished (its body as `remember` kept it); objects unchanged since are not
+  delivered again. A list that fails half way is listed again from the start: the objects of its
+  first pages may then be delivered twice (consumers take events idempotently);
 - every failure waits in one :class:`bindery.backoff.Backoff`, reset by any progress.
 
 The bookkeeping (:class:`Cursor`) and the diff are pure and tested without a server.
@@ -34,7 +39,7 @@ from typing import Any
 import aiohttp
 
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.k8s.api import METADATA_ONLY_WATCH, ApiClient, list_all, response, selectors
+from bindery.k8s.api import METADATA_ONLY_WATCH, ApiClient, list_pages, response, selectors
 from bindery.k8s.errors import ApiError, Gone, Unavailable, from_status, translate
 from bindery.k8s.resources import Resource
 from bindery.typedefs import Logger
@@ -97,31 +102,51 @@ class Cursor:
     resource_version: str = ""
     #: key → (resourceVersion, remembered body) of every object in the set
     known: dict[str, tuple[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+    #: `known` of the list under way, page by page (replaces `known` once its last page arrived)
+    fresh: dict[str, tuple[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict, repr=False)
     must_list: bool = True
     lists: int = 0  #: completed (re)lists
     watches: int = 0  #: watch requests answered 200
     expired: int = 0  #: 410 Gone answers and ERROR events
 
     def listed(self, items: Sequence[Mapping[str, Any]], *, resource_version: str) -> list[Event]:
-        """Take a complete list; the events it means (pure).
+        """Take a complete list at once; the events it means (pure): :meth:`begin`, :meth:`page`
+        and :meth:`end` in one, with the deletions first.
 
         The first list: every object, type None. A relist: the diff against what was known.
         """
-        fresh = {object_key(item): item for item in items}
+        self.begin()
+        changed = self.page(items)
+        return self.end(resource_version=resource_version) + changed
+
+    def begin(self) -> None:
+        """A (re)list starts (pure). Objects a failed attempt delivered count as known, so that
+        this list says DELETED for those that vanished meanwhile."""
+        self.known.update(self.fresh)
+        self.fresh = {}
+
+    def page(self, items: Sequence[Mapping[str, Any]]) -> list[Event]:
+        """Take one page of the list under way; the events of its objects (pure): all of them on the
+        first list (type None), the new and changed ones on a relist."""
         events: list[Event] = []
-        if self.lists == 0:
-            events = [Event(None, item) for item in items]
-        else:
-            for key, (_, body) in self.known.items():
-                if key not in fresh:
-                    events.append(Event("DELETED", body))
-            for key, item in fresh.items():
-                old = self.known.get(key)
-                if old is None:
-                    events.append(Event("ADDED", item))
-                elif old[0] != _version(item):
-                    events.append(Event("MODIFIED", item))
-        self.known = {key: (_version(item), self.remember(item)) for key, item in fresh.items()}
+        first = self.lists == 0
+        for item in items:
+            key = object_key(item)
+            version = _version(item)
+            if first:
+                events.append(Event(None, item))
+            elif (old := self.known.get(key)) is None:
+                events.append(Event("ADDED", item))
+            elif old[0] != version:
+                events.append(Event("MODIFIED", item))
+            self.fresh[key] = (version, self.remember(item))
+        return events
+
+    def end(self, *, resource_version: str) -> list[Event]:
+        """The last page arrived (pure): the list's objects become the ones known, and each object
+        known before (a relist's, or one a failed attempt delivered) and absent is DELETED."""
+        events = [Event("DELETED", body) for key, (_, body) in self.known.items() if key not in self.fresh]
+        self.known, self.fresh = self.fresh, {}
         self.resource_version = resource_version
         self.must_list = not resource_version  # a list without a version cannot be watched from
         self.lists += 1
@@ -257,7 +282,9 @@ async def list_watch(
         try:
             if cursor.must_list:
                 relist = cursor.lists > 0
-                listing = await list_all(
+                count, version = 0, ""
+                cursor.begin()
+                pages = list_pages(
                     api,
                     resource,
                     namespace=namespace,
@@ -267,12 +294,23 @@ async def list_watch(
                     page_size=page_size,
                     request_timeout=list_timeout,
                 )
-                events = cursor.listed(listing.items, resource_version=listing.resource_version)
+                async with contextlib.aclosing(pages):
+                    async for page in pages:
+                        # All pages are of one snapshot: the first page's version is the list's.
+                        version = version or str((page.get("metadata") or {}).get("resourceVersion") or "")
+                        items = page.get("items") or []
+                        count += len(items)
+                        events = cursor.page(items)
+                        del page, items  # one page at a time: only the events refer to it now
+                        for event in events:
+                            yield event
+                        del events
+                deleted = cursor.end(resource_version=version)
                 if not expiring:  # else only a watch event resets it: the relists back off
                     backoff.reset()
-                for event in events:
+                for event in deleted:
                     yield event
-                yield Listed(relist=relist, count=len(listing.items))
+                yield Listed(relist=relist, count=count)
                 if cursor.must_list:
                     raise Unavailable("the list carried no resourceVersion to watch from", what=what)
                 just_listed = True

@@ -39,7 +39,7 @@ from bindery.k8s import resources
 from bindery.k8s.api import ApiClient
 from bindery.k8s.errors import ApiError, Forbidden
 from bindery.k8s.resources import Resource
-from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch
+from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch, object_key
 from bindery.podresources import PodResourcesError
 from bindery.reference_rm.accounting import BoundPod, ClusterPods, bound_pod
 from bindery.reference_rm.inventory import node_from_object
@@ -141,8 +141,12 @@ class _ListWatch(abc.ABC):
     def _selectors(self) -> dict[str, str]: ...
 
     @abc.abstractmethod
-    def _replace(self, items: list[Mapping[str, Any]]) -> None:
-        """The whole set, from the first list."""
+    def _listed(self, raw: Mapping[str, Any]) -> Any:
+        """What is kept of one object of the first list (the raw object is not)."""
+
+    @abc.abstractmethod
+    def _replace(self, listed: Mapping[str, Any]) -> None:
+        """The whole set, from the first list: `_listed` of each object, by object key."""
 
     @abc.abstractmethod
     def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
@@ -154,7 +158,7 @@ class _ListWatch(abc.ABC):
         return ""
 
     async def run(self) -> None:
-        """Run until cancelled."""
+        """Run until cancelled; the mirror's health (see `MirrorHealth`) says when it ended."""
         try:
             await self._follow()
         except BaseException as error:
@@ -163,7 +167,11 @@ class _ListWatch(abc.ABC):
             raise
 
     async def _follow(self) -> None:
-        listed: list[Mapping[str, Any]] = []
+        """Follow the objects: the first list is projected page by page as its objects arrive
+        (only `_listed` of each is kept until the list is complete): holding its raw pages, as this
+        did, kept every bound pod of the cluster in full at once, far past the RM's memory limit in
+        a large cluster."""
+        staged: dict[str, Any] | None = {}  # the first list under way; None once it was applied
         selected = self._selectors()
         policy = BackoffPolicy(initial=WATCH_BACKOFF.initial, maximum=self._max_backoff)
         async for item in list_watch(
@@ -184,17 +192,19 @@ class _ListWatch(abc.ABC):
             # snapshot, still ready), so it is logged and the next change applies as usual.
             try:
                 if isinstance(item, Listed):
-                    if not item.relist:
-                        self._replace(listed)
-                        listed = []
+                    if staged is not None:
+                        self._replace(staged)
+                        staged = None
                     log.info(
                         "%s mirror: %d %s(s) match %s", self.what, item.count, self.what, self._selectors()
                     )
                 elif isinstance(item, Event):
-                    if item.type is None:
-                        listed.append(item.object)
+                    if staged is None:
+                        self._apply(item.type or "ADDED", item.object)
+                    elif item.type == "DELETED":  # delivered by a first list that failed half way
+                        staged.pop(object_key(item.object), None)
                     else:
-                        self._apply(item.type, item.object)
+                        staged[object_key(item.object)] = self._listed(item.object)
             except Exception:
                 log.exception("%s mirror: applying a change failed; following the next ones", self.what)
 
@@ -237,8 +247,11 @@ class NodeMirror(_ListWatch):
     def _publish(self) -> None:
         self._on_change(list(self._nodes.values()))
 
-    def _replace(self, items: list[Mapping[str, Any]]) -> None:
-        parsed = ((item["metadata"]["name"], node_from_object(item)) for item in items)
+    def _listed(self, raw: Mapping[str, Any]) -> tuple[str, InventoryNode | None]:
+        return raw["metadata"]["name"], node_from_object(raw)
+
+    def _replace(self, listed: Mapping[str, Any]) -> None:
+        parsed: list[tuple[str, InventoryNode | None]] = list(listed.values())
         self._nodes = {name: node for name, node in parsed if node is not None}
         self._publish()
 
@@ -302,8 +315,11 @@ class PodMirror(_ListWatch):
             )
             return None
 
-    def _replace(self, items: list[Mapping[str, Any]]) -> None:
-        pods = [pod for pod in map(self._project, items) if pod is not None]
+    def _listed(self, raw: Mapping[str, Any]) -> BoundPod | None:
+        return self._project(raw)
+
+    def _replace(self, listed: Mapping[str, Any]) -> None:
+        pods: list[BoundPod] = [pod for pod in listed.values() if pod is not None]
         self._pods = {pod.uid: pod for pod in pods}
         self._by_node = {}
         for pod in pods:

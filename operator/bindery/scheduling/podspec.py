@@ -22,15 +22,25 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import annotated_types
+import pydantic
+
 from bindery import podresources
 from bindery.podresources import POD_LEVEL_RESOURCES
 from bindery.quantity import format_quantity
-from bindery.rm.models import Placement, PodIdentity, ReservationRequest
+from bindery.rm.models import (
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    Placement,
+    PodIdentity,
+    ReservationRequest,
+)
 
 __all__ = [
     "POD_LEVEL_RESOURCES",
     "PodInfo",
     "PodSpecError",
+    "beyond_contract",
     "effective_requests",
     "reservation_request",
 ]
@@ -101,6 +111,26 @@ class PodInfo:
         )
 
     @classmethod
+    def slim(cls, body: Mapping[str, Any]) -> PodInfo:
+        """Only what identifies the pod, orders it and says whether it is pending: no placement
+        inputs. For a pod that is refused (see :func:`beyond_contract`): its spec is not copied."""
+        metadata: Mapping[str, Any] = body.get("metadata") or {}
+        spec: Mapping[str, Any] = body.get("spec") or {}
+        return cls(
+            uid=str(metadata.get("uid") or ""),
+            namespace=str(metadata.get("namespace") or ""),
+            name=str(metadata.get("name") or ""),
+            scheduler_name=str(spec.get("schedulerName") or "default-scheduler"),
+            priority=int(spec.get("priority") or 0),
+            created=_timestamp(metadata.get("creationTimestamp")),
+            node_name=str(spec.get("nodeName")) if spec.get("nodeName") else None,
+            deleting=metadata.get("deletionTimestamp") is not None,
+            gated=bool(spec.get("schedulingGates")),
+            resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
+            generation=int(metadata["generation"]) if metadata.get("generation") else None,
+        )
+
+    @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodInfo:
         """Project a pod in Kubernetes JSON shape (camelCase), as a Kopf handler receives it.
 
@@ -136,6 +166,74 @@ class PodInfo:
             if (group := (spec.get("schedulingGroup") or {}).get("podGroupName"))
             else None,
         )
+
+
+def _max_items(model: type[pydantic.BaseModel], field: str) -> int:
+    """The contract's cap on the length of `model.field` (its ``max_length``), read from the model
+    so that the check here and the validation of the request cannot disagree."""
+    for constraint in model.model_fields[field].metadata:
+        if isinstance(constraint, annotated_types.MaxLen):
+            return int(constraint.max_length)
+    raise LookupError(f"{model.__name__}.{field} has no max_length")
+
+
+#: (path in the pod, contract model, field) of every list or map of a pod that the reservation
+#: request carries, with the cap contract v1 puts on its length.
+_CAPPED: tuple[tuple[str, type[pydantic.BaseModel], str], ...] = (
+    ("spec.tolerations", Placement, "tolerations"),
+    ("spec.nodeSelector", Placement, "node_selector"),
+    ("metadata.labels", PodIdentity, "labels"),
+    (
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+        Placement,
+        "required_node_affinity",
+    ),
+)
+
+
+def beyond_contract(body: Mapping[str, Any]) -> str | None:
+    """Pure: why the pod cannot be carried by a reservation request of contract v1, or None.
+
+    Only counts are read (nothing is copied), so that a pod with 20,000 tolerations (1.5 MB of JSON)
+    is refused without being projected: a projection would keep every one of them for as long as
+    the pod waits. The caps are the contract's own (``rm/models.py``); a pod past one could never be
+    reserved, and trying would fail every cycle with a validation error.
+    """
+    metadata: Mapping[str, Any] = body.get("metadata") or {}
+    spec: Mapping[str, Any] = body.get("spec") or {}
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    values: dict[str, Any] = {
+        "spec.tolerations": spec.get("tolerations"),
+        "spec.nodeSelector": spec.get("nodeSelector"),
+        "metadata.labels": metadata.get("labels"),
+        _CAPPED[3][0]: required.get("nodeSelectorTerms"),
+    }
+    for path, model, field in _CAPPED:
+        found = len(values[path] or ())
+        cap = _max_items(model, field)
+        if found > cap:
+            return _too_many(path=path, found=found, cap=cap)
+    terms_path = _CAPPED[3][0]
+    for i, term in enumerate(values[terms_path] or ()):
+        for key, field in (("matchExpressions", "match_expressions"), ("matchFields", "match_fields")):
+            requirements = term.get(key) or ()
+            if len(requirements) > (cap := _max_items(NodeSelectorTerm, field)):
+                return _too_many(path=f"{terms_path}[{i}].{key}", found=len(requirements), cap=cap)
+            for j, requirement in enumerate(requirements):
+                found = len(requirement.get("values") or ())
+                if found > (cap := _max_items(NodeSelectorRequirement, "values")):
+                    return _too_many(path=f"{terms_path}[{i}].{key}[{j}].values", found=found, cap=cap)
+    return None
+
+
+def _too_many(*, path: str, found: int, cap: int) -> str:
+    return (
+        f"{path} has {found} entries, more than the {cap} that a reservation request of the resource "
+        f"manager contract (v1) carries, so Bindery cannot ask for room for this pod; recreate it with "
+        f"at most {cap}"
+    )
 
 
 def pod_claims(*, name: str, volumes: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:

@@ -36,7 +36,7 @@ from typing import Any
 from bindery.backoff import Backoff, BackoffPolicy
 from bindery.controller.rmstack import RMStack
 from bindery.k8s import resources
-from bindery.k8s.api import ApiClient, list_all
+from bindery.k8s.api import ApiClient, list_pages
 from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
 from bindery.rm.errors import RMError, RMPodMismatch
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
@@ -54,6 +54,32 @@ def bound_pods_selector(*, scheduler_name: str) -> str:
     return f"spec.schedulerName={scheduler_name},spec.nodeName!="
 
 
+def listed_bound_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """Pure: what a reconcile pass reads of a listed bound pod (identity, the reservation
+    annotation, node, scheduler name, phase, the PodScheduled condition), in the pod's own shape.
+
+    A pass lists every bound pod of its names; holding their whole bodies (a spec of 1.5 MB is
+    allowed) for the pass made its memory grow with the largest pods anyone can create.
+    """
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    kept_metadata = {
+        key: metadata[key]
+        for key in ("name", "namespace", "uid", "resourceVersion", "generation", "deletionTimestamp")
+        if key in metadata
+    }
+    reservation_id = (metadata.get("annotations") or {}).get(RESERVATION_ANNOTATION)
+    if reservation_id:
+        kept_metadata["annotations"] = {RESERVATION_ANNOTATION: str(reservation_id)}
+    conditions = [c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"]
+    return {
+        "metadata": kept_metadata,
+        "spec": {key: spec[key] for key in ("nodeName", "schedulerName") if key in spec},
+        "status": {"phase": status.get("phase"), "conditions": conditions},
+    }
+
+
 async def list_bound_pods(
     *,
     api: ApiClient,
@@ -61,17 +87,22 @@ async def list_bound_pods(
     namespace: str | None,
     within: float = LIST_TIMEOUT_SECONDS,
 ) -> tuple[list[dict[str, Any]], str]:
-    """One (paged) LIST of the bound pods of `scheduler_name` (in `namespace`, None = all): items and
-    version. `within` bounds each page. Raises :class:`bindery.k8s.ApiError`.
+    """One paged LIST of the bound pods of `scheduler_name` (in `namespace`, None = all): each
+    pod as :func:`listed_bound_pod` keeps it, and the list's version. Each page is reduced before
+    the next is read. `within` bounds each page. Raises :class:`bindery.k8s.ApiError`.
     """
-    listing = await list_all(
+    items: list[dict[str, Any]] = []
+    version = ""
+    async for page in list_pages(
         api,
         resources.PODS,
         namespace=namespace,
         field_selector=bound_pods_selector(scheduler_name=scheduler_name),
         request_timeout=within,
-    )
-    return listing.items, listing.resource_version
+    ):
+        version = version or str((page.get("metadata") or {}).get("resourceVersion") or "")
+        items.extend(listed_bound_pod(pod) for pod in page.get("items") or ())
+    return items, version
 
 
 def reservation_to_release(*, event_type: str, pod: Mapping[str, Any]) -> str | None:
