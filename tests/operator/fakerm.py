@@ -37,6 +37,8 @@ class FakeRM:
     url: str = ""
     #: awaited with the new reservation before the RM answers (to race the operator)
     on_reserve: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    #: awaited with the pod's name on every reserve call, before anything is decided (to hold cycles)
+    on_attempt: Callable[[str], Awaitable[None]] | None = None
     #: awaited with the existing reservation before a replayed reserve is answered
     on_replay: Callable[[dict[str, Any]], Awaitable[None]] | None = None
     reserve_order: list[str] = dataclasses.field(default_factory=list)  # pod names reserved, in order
@@ -77,6 +79,8 @@ class FakeRM:
         body = await request.json()
         pod = body["pod"]
         self.reserve_attempts.append(pod["name"])
+        if self.on_attempt is not None:
+            await self.on_attempt(pod["name"])
         for existing in self.reservations.values():
             if existing["idempotencyKey"] == body["idempotencyKey"] and existing["state"] == "reserved":
                 if self.on_replay is not None:

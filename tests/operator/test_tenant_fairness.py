@@ -7,6 +7,7 @@ pods of A, once refused, are not retried on a timer while nothing happened that 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import uuid
 from collections.abc import AsyncIterator
@@ -52,10 +53,19 @@ async def test_a_pod_of_another_namespace_binds_past_a_backlog_that_never_fits(
     await create_pod(
         kube_api, namespace=other_namespace, body=pod_body(name="b", scheduler_name=stage.scheduler)
     )
-    # No ResourceManager serves the name yet: every pod is queued at once when it appears, the
-    # backlog of A older than B, and one cycle at a time makes the order the queue's alone.
-    await eventually(lambda: _remembered(bindery, BACKLOG + 1), what="the pods in the watch")
+    # Pods of a name nobody claims are not followed, so the ResourceManager comes first, one cycle
+    # at a time, and its first reserve is held until every pod is queued: from then on the order is
+    # the queue's alone, the backlog of A older than B.
+    gate = asyncio.Event()
+
+    async def hold(name: str) -> None:
+        await gate.wait()
+
+    fake_rm.on_attempt = hold
     async with stage.served(maxInFlight=1, backoff={"initialSeconds": 0.2, "maxSeconds": 0.5}):
+        await eventually(lambda: _remembered(bindery, BACKLOG + 1), what="the pods in the watch")
+        await eventually(lambda: now(len(fake_rm.reserve_attempts) == 1), what="the first reserve held")
+        gate.set()
         assert await eventually(
             lambda: node_of(kube_api, namespace=other_namespace, name="b"), within=120, what="b bound"
         )

@@ -29,11 +29,14 @@ def pod(name: str, version: str) -> dict[str, Any]:
 
 
 def test_kopf_watches_no_pods() -> None:
-    """Every pod event through Kopf's per-object machinery was 19% of the operator's samples."""
+    """Every pod event through Kopf's per-object machinery was 19% of the operator's samples.
+
+    Kopf follows ResourceManagers, and Nodes (whose changes wake parked pods); pods are Bindery's
+    own watch (controller/watches/unbound.py)."""
     registry = kopf.OperatorRegistry()
     register(registry=registry)
     watched = {str(selector.any_name) for selector in registry._watching.get_all_selectors()}
-    assert watched == {"resourcemanagers"}
+    assert watched == {"resourcemanagers", "nodes"}
 
 
 async def test_a_finished_watch_is_resumed_and_an_expired_one_relisted() -> None:
