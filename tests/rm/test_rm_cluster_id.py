@@ -8,6 +8,7 @@ serving v1.2 and serving as a v1.1 RM (`cluster_ids=False`), over real HTTP and 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pathlib
 import sqlite3
@@ -18,6 +19,7 @@ import pytest
 from bindery.reference_rm import RunningServer, serve_reference_rm
 from bindery.reference_rm.store import ReservationStore
 from bindery.rm.client import ResourceManagerClient
+from bindery.rm.errors import RMRejected
 from bindery.rm.models import (
     ContractInfo,
     Feature,
@@ -158,3 +160,29 @@ def test_a_database_written_before_cluster_ids_is_upgraded_in_place(tmp_path: pa
         assert store.list(cluster_id="a")[0] == []
     finally:
         store.close()
+
+
+async def test_an_rm_rolled_back_to_v1_1_gets_the_field_at_most_once(tmp_path: pathlib.Path) -> None:
+    """The client learnt from GET /v1/info that the RM offers cluster-id; then the RM behind the same
+    address is rolled back to v1.1 (or a v1.1 replica answers mid-upgrade). Its 400 must drop the
+    remembered answer, so the next reserve asks again and goes without the field: a v1.1 RM does not
+    keep receiving a field it does not know for the rest of the five minutes."""
+    async with contextlib.AsyncExitStack() as clients:
+        async with serve_reference_rm(
+            db_path=tmp_path / "new.sqlite", inventory=small_inventory(), token=TOKEN
+        ) as new:
+            port = new.port
+            client = await clients.enter_async_context(_client(new.url, cluster_id="cluster-a"))
+            assert (await client.reserve(_request("p1"))).cluster_id == "cluster-a"
+        async with serve_reference_rm(
+            db_path=tmp_path / "old.sqlite",
+            inventory=small_inventory(),
+            token=TOKEN,
+            cluster_ids=False,
+            port=port,
+        ):
+            with pytest.raises(RMRejected) as refused:
+                await client.reserve(_request("p2"))
+            assert refused.value.status == 400
+            again = await client.reserve(_request("p2"))
+            assert again.cluster_id is None

@@ -541,6 +541,14 @@ class ResourceManagerClient:
             )
         return None
 
+    def _doubt_info(self, error: RMRejected, *, sent_cluster: bool) -> None:
+        """A 400 to a request that carried the cluster id: the RM may no longer be the one whose
+        ``GET /v1/info`` offered ``cluster-id`` (rolled back to v1.1, or a v1.1 replica answering
+        mid-upgrade). Forget that answer, so the next call asks again instead of sending a field
+        the RM refuses for the rest of the period."""
+        if sent_cluster and error.status == 400:
+            self._info_until = float("-inf")
+
     async def reserve(self, request: ReservationRequest) -> Reservation:
         """Reserve capacity; safe to retry because the RM deduplicates by the idempotency key.
 
@@ -554,7 +562,11 @@ class ResourceManagerClient:
             {"reserve": body},
             lambda started_at: self._call("POST", "/v1/reservations", json_body=body, started_at=started_at),
         )
-        return _reserve_result(request, outcome)
+        try:
+            return _reserve_result(request, outcome)
+        except RMRejected as error:
+            self._doubt_info(error, sent_cluster=cluster is not None)
+            raise
 
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
         """Commit after binding; committing twice is fine.
@@ -673,7 +685,10 @@ class ResourceManagerClient:
             return group
         if answer.status in (404, 405):
             raise self._groups_unsupported(answer.status)
-        raise self._error(answer, "reserve group")
+        error = self._error(answer, "reserve group")
+        if isinstance(error, RMRejected):
+            self._doubt_info(error, sent_cluster=cluster is not None)
+        raise error
 
     async def get_group(self, group_id: str, /) -> ReservationGroup:
         """The group with its members' current states; ``RMRejected`` (404) when the RM does not
@@ -752,7 +767,10 @@ class ResourceManagerClient:
         for _ in range(_MAX_PAGES):
             answer = await self._call("GET", "/v1/reservations", params=query)
             if answer.status != 200:
-                raise self._error(answer, "list reservations")
+                error = self._error(answer, "list reservations")
+                if isinstance(error, RMRejected):
+                    self._doubt_info(error, sent_cluster=cluster is not None)
+                raise error
             page = self._decode(answer, ReservationList, "list reservations")
             items.extend(page.items)
             if not page.next_cursor:
