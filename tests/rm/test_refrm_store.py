@@ -5,8 +5,10 @@ from __future__ import annotations
 import pathlib
 from decimal import Decimal
 
+from bindery.reference_rm.accounting import BoundPod, ClusterPods
 from bindery.reference_rm.placement import InventoryNode, Policy
 from bindery.reference_rm.store import (
+    FOREIGN_RETRY_SECONDS,
     Conflict,
     NotActive,
     NotFound,
@@ -84,3 +86,19 @@ def test_idempotency_and_reopen(tmp_path: pathlib.Path) -> None:
     assert [item.id for item in items] == [placed.reservation.id]
     assert cursor is None
     reopened.close()
+
+
+def test_a_refusal_while_pods_it_did_not_place_hold_room_says_when_to_ask_again(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Mirror mode: a pod this RM did not place (kube-scheduler's, say) fills the node. It can end
+    without any release the caller hears of, so the refusal carries a retry hint even with no lease
+    pending; without pods of others it carries none, as before."""
+    store = ReservationStore(tmp_path / "db", clock=lambda: 1000.0)
+    theirs = BoundPod(uid="u-x", key="other/x", node="n1", usage={"cpu": Decimal(2)})
+    refused = store.reserve(request("b"), nodes=NODES, policy=Policy.BINPACK, pods=ClusterPods.of([theirs]))
+    assert isinstance(refused, Unschedulable)
+    assert refused.retry_after == FOREIGN_RETRY_SECONDS
+    alone = store.reserve(request("c", "3"), nodes=NODES, policy=Policy.BINPACK, pods=ClusterPods())
+    assert isinstance(alone, Unschedulable)
+    assert alone.retry_after is None

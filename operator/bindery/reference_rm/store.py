@@ -142,6 +142,9 @@ CREATE TABLE IF NOT EXISTS write_probe (id INTEGER PRIMARY KEY CHECK (id = 0), p
 """
 #: What the probe writes: as much as the largest request body, so a pass means a reserve fits.
 _PROBE_BYTES = 64 * 1024
+#: The longest retry hint of an unschedulable answer while pods this RM did not place hold room:
+#: they can end without a release anyone hears of (see :meth:`ReservationStore._retry_hint`).
+FOREIGN_RETRY_SECONDS = 30.0
 #: The default cap of released and expired rows (a row is a few hundred bytes).
 DEFAULT_MAX_RELEASED_ROWS = 100_000
 _DIGEST = "sha256:"
@@ -476,12 +479,23 @@ class ReservationStore:
         ).fetchone()
         return None if row is None else StoredReservation.from_row(row)
 
-    def _retry_hint(self) -> float | None:
+    def _retry_hint(self, *, foreign: bool = False) -> float | None:
         """Seconds until the next uncommitted lease expires: the earliest moment capacity may free up
-        without anyone releasing.  None when nothing is leased."""
-        if self._next_expiry == float("inf"):
-            return None
-        return max(1.0, round(self._next_expiry - self._clock(), 1))
+        without anyone releasing.  None when nothing is leased.
+
+        With ``foreign`` (pods this RM did not place hold room: mirror mode), at most
+        :data:`FOREIGN_RETRY_SECONDS`: such a pod can end, and free its room, with no release the
+        caller hears of, and a caller that parks refused pods until an event (Bindery waits up to 5
+        minutes, as kube-scheduler does) would otherwise leave them parked past it.
+        """
+        lease = (
+            None
+            if self._next_expiry == float("inf")
+            else max(1.0, round(self._next_expiry - self._clock(), 1))
+        )
+        if not foreign:
+            return lease
+        return FOREIGN_RETRY_SECONDS if lease is None else min(lease, FOREIGN_RETRY_SECONDS)
 
     def get(self, reservation_id: str) -> StoredReservation | None:
         self._expire()
@@ -553,6 +567,7 @@ class ReservationStore:
                 Placed(existing, created=False) if existing.fingerprint == fingerprint else Conflict(existing)
             )
         requests = request.requested()
+        foreign = None if pods is None else self._foreign(pods)
         decision = choose_node(
             nodes=nodes,
             requests=requests,
@@ -561,10 +576,10 @@ class ReservationStore:
             affinity_terms=request.placement.affinity_terms(),
             tolerations=request.placement.toleration_dicts(),
             policy=policy,
-            foreign=None if pods is None else self._foreign(pods),
+            foreign=foreign,
         )
         if decision.node is None:
-            return Unschedulable(decision.reason, retry_after=self._retry_hint())
+            return Unschedulable(decision.reason, retry_after=self._retry_hint(foreign=bool(foreign)))
         node = next(n for n in nodes if n.name == decision.node)
         usage = effective_usage(requests, node)
         now = self._clock()
@@ -803,6 +818,7 @@ class ReservationStore:
             )
             for member in request.members
         ]
+        foreign = None if pods is None else self._foreign(pods)
         decision = place_group(
             group=f"{request.group.namespace}/{request.group.name}",
             members=asks,
@@ -810,10 +826,10 @@ class ReservationStore:
             nodes=nodes,
             usage_by_node=self._usage,
             policy=policy,
-            foreign=None if pods is None else self._foreign(pods),
+            foreign=foreign,
         )
         if decision.nodes is None:
-            return Unschedulable(decision.reason, retry_after=self._retry_hint())
+            return Unschedulable(decision.reason, retry_after=self._retry_hint(foreign=bool(foreign)))
         by_name = {node.name: node for node in nodes}
         usages = [
             effective_usage(ask.requests, by_name[node])
