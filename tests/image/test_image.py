@@ -245,7 +245,7 @@ async def test_the_images_processes_schedule_pods(
 ) -> None:
     tag = uuid.uuid4().hex[:6]
     release, scheduler, pool = f"img-{tag}", f"image-e2e-{tag}", f"pool-{tag}"
-    rm_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    rm_port, health_port, metrics_port, debug_port = free_port(), free_port(), free_port(), free_port()
     full = f"{release}-bindery"
     helm = str(binaries.binary("helm"))
     subprocess.run(
@@ -263,6 +263,10 @@ async def test_the_images_processes_schedule_pods(
             # The RM container listens on the host's loopback instead of behind its Service.
             "--set",
             f"referenceRM.resourceManagerSpec.endpoint=http://127.0.0.1:{rm_port}",
+            # Plain HTTP on loopback: the chart's default HTTPS, its generated certificate and the
+            # ResourceManager's caSecretRef are proven by tests/chart/test_chart_e2e.py.
+            "--set",
+            "referenceRM.tls.enabled=false",
         ],
         env=controlplane.env,
         check=True,
@@ -281,7 +285,7 @@ async def test_the_images_processes_schedule_pods(
             full=full,
             scheduler=scheduler,
             nodes=nodes,
-            ports=(rm_port, health_port, metrics_port),
+            ports=(rm_port, health_port, metrics_port, debug_port),
             tmp=tmp_path,
             core=core,
         )
@@ -305,11 +309,11 @@ async def _schedule(
     full: str,
     scheduler: str,
     nodes: list[str],
-    ports: tuple[int, int, int],
+    ports: tuple[int, int, int, int],
     tmp: pathlib.Path,
     core: client.CoreV1Api,
 ) -> None:
-    rm_port, health_port, metrics_port = ports
+    rm_port, health_port, metrics_port, debug_port = ports
     rm = _deployment_container(plane, namespace=namespace, name=f"{full}-rm")
     op = _deployment_container(plane, namespace=namespace, name=full)
     assert rm["command"] == ["bindery"]
@@ -323,6 +327,7 @@ async def _schedule(
         {
             "--liveness": f"http://127.0.0.1:{health_port}/healthz",
             "--metrics-addr": f"127.0.0.1:{metrics_port}",
+            "--debug-addr": f"127.0.0.1:{debug_port}",  # the host's network: no fixed port
         },
     )
 
