@@ -126,14 +126,17 @@ async def test_a_reservation_the_rm_no_longer_holds_is_dropped(api: client.ApiCl
 
 
 @pytest.mark.parametrize("holder", [None, "r0"], ids=["another-scheduler", "a-stale-cycle"])
-async def test_a_pod_bound_there_without_this_reservation_releases_it(
+async def test_a_pod_bound_there_keeps_this_reservation_whatever_its_annotation_says(
     api: client.ApiClient, holder: str | None
 ) -> None:
+    """The annotation is never authority (issue 20, scenario 7): the pod this reservation was made
+    for runs on its node, so the reservation is committed, not released, whatever the annotation
+    names (another reservation, or none)."""
     tracker, _, calls = tracker_with(api)
     tracker.body = bound(reservation=holder)
     track(tracker)
-    await until(lambda: calls.count("rm.release") == 1)
-    assert calls.count("rm.commit") == 0
+    await until(lambda: calls.count("rm.commit") == 1)
+    assert calls.count("rm.release") == 0
 
 
 async def test_only_the_reservation_a_later_cycle_bound_with_is_forgotten(api: client.ApiClient) -> None:

@@ -171,7 +171,10 @@ class _ListWatch(abc.ABC):
         (only `_listed` of each is kept until the list is complete): holding its raw pages, as this
         did, kept every bound pod of the cluster in full at once, far past the RM's memory limit in
         a large cluster."""
-        staged: dict[str, Any] | None = {}  # the first list under way; None once it was applied
+        # The first list under way; None once it was applied, or when this run resumes where an
+        # earlier one stopped (the health's cursor knows objects: no first list comes, only a watch
+        # or a relist's diff, applied as they arrive).
+        staged: dict[str, Any] | None = None if self.health.cursor.known else {}
         selected = self._selectors()
         policy = BackoffPolicy(initial=WATCH_BACKOFF.initial, maximum=self._max_backoff)
         async for item in list_watch(
