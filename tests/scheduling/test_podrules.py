@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from bindery.constraints import matches_required_affinity
+from bindery.explain.facts import explain, render
 from bindery.kube.placed import PlacedPodCache
 from bindery.podrules.model import HostPort, PlacedPod
 from bindery.podrules.parse import placed_pod, pod_rules
@@ -462,3 +463,21 @@ def test_a_plain_pod_waits_for_an_earlier_pod_whose_anti_affinity_matches_it() -
         assert await asyncio.wait_for(waiting, 5) == 1
 
     asyncio.run(scenario())
+
+
+# -- what `bindery explain` prints --------------------------------------------------------------------
+
+
+def test_explain_lines_name_each_rule_and_what_it_allows() -> None:
+    world = World(three_zones())
+    world.put(body(labels={"app": "web"}), "a1")
+    world.put(body(labels={"app": "solo"}), "b1")
+    incoming = body(labels={"app": "web"}, spread=[zone_spread()], anti=[term(app="solo")])
+    verdict = rules_verdict(PodInfo.from_body(incoming), world.cache)
+    assert verdict is not None
+    lines = [effect.summary for effect in verdict.effects]
+    assert lines == ["pod anti-affinity excludes 1 node: b1", "zone spread (maxSkew 1) allows zones b, c"]
+    rendered = render(
+        explain(pod=incoming, resource_manager="rm", events=[], reservations=[], placement_rules=lines)
+    )
+    assert "Placement rules:\n  pod anti-affinity excludes 1 node: b1\n  zone spread" in rendered
