@@ -481,3 +481,25 @@ def test_explain_lines_name_each_rule_and_what_it_allows() -> None:
         explain(pod=incoming, resource_manager="rm", events=[], reservations=[], placement_rules=lines)
     )
     assert "Placement rules:\n  pod anti-affinity excludes 1 node: b1\n  zone spread" in rendered
+
+
+def test_existing_anti_affinity_reaching_other_namespaces_refuses_their_pods() -> None:
+    world = World([node("n0", "a"), node("n1", "b")])
+    repels = body(labels={"app": "db"}, namespace="data", anti=[{**term(app="web"), "namespaceSelector": {}}])
+    world.put(repels, "n0")
+    assert world.allowed(body(labels={"app": "web"}, namespace="default")) == ["n1"]
+    world.cache.on_event("DELETED", repels)
+    assert world.allowed(body(labels={"app": "web"}, namespace="default")) == ["n0", "n1"]
+    assert not list(world.cache.anti_affinity_toward("default"))
+
+
+def test_a_long_anti_affinity_list_is_split_under_the_contract_cap() -> None:
+    nodes = [node(f"n{i:03}", "a") for i in range(300)]
+    world = World(nodes)
+    for n in nodes[:280]:
+        world.put(body(labels={"app": "web"}), n.name)
+    verdict = rules_verdict(PodInfo.from_body(body(anti=[term(app="web")])), world.cache)
+    assert verdict is not None
+    expressions = (verdict.term() or {})["matchExpressions"]
+    assert [len(e["values"]) for e in expressions] == [256, 24]
+    assert world.allowed(body(anti=[term(app="web")])) == [n.name for n in nodes[280:]]

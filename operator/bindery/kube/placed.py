@@ -31,6 +31,9 @@ class PlacedPodCache:
         self._pods: dict[str, PlacedPod] = {}
         self._by_namespace: dict[str, dict[str, PlacedPod]] = {}
         self._anti: dict[str, PlacedPod] = {}
+        #: pods with anti-affinity by the namespaces it reaches: their own (every term without
+        #: namespaces or namespaceSelector), or any (``None``); the symmetry check reads only these
+        self._anti_toward: dict[str | None, dict[str, PlacedPod]] = {}
         self._ports: dict[str, PlacedPod] = {}
         self._nodes = nodes
         self._namespace_labels = namespace_labels
@@ -51,6 +54,14 @@ class PlacedPodCache:
 
     def with_anti_affinity(self) -> Iterable[PlacedPod]:
         return self._anti.values()
+
+    def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]:
+        """The pods whose anti-affinity may select a pod of `namespace` (superset)."""
+        local = self._anti_toward.get(namespace)
+        wide = self._anti_toward.get(None)
+        if not wide:
+            return local.values() if local else ()
+        return [*(local or {}).values(), *wide.values()]
 
     def with_host_ports(self) -> Iterable[PlacedPod]:
         return self._ports.values()
@@ -102,6 +113,18 @@ class PlacedPodCache:
                 index[pod.uid] = pod
             else:
                 index.pop(pod.uid, None)
+        self._drop_toward(pod.uid, old)
+        if pod.anti_affinity:
+            local = all(not t.namespaces and t.namespace_selector is None for t in pod.anti_affinity)
+            self._anti_toward.setdefault(pod.namespace if local else None, {})[pod.uid] = pod
+
+    def _drop_toward(self, uid: str, old: PlacedPod | None) -> None:
+        if old is None or not old.anti_affinity:
+            return
+        for key in (old.namespace, None):
+            bucket = self._anti_toward.get(key)
+            if bucket is not None and bucket.pop(uid, None) is not None and not bucket:
+                del self._anti_toward[key]
 
     def _remove(self, uid: str) -> None:
         pod = self._pods.pop(uid, None)
@@ -114,3 +137,4 @@ class PlacedPodCache:
                 del self._by_namespace[pod.namespace]
         self._anti.pop(uid, None)
         self._ports.pop(uid, None)
+        self._drop_toward(uid, pod)

@@ -58,6 +58,9 @@ AFFINITY = "pod affinity"
 SPREAD = "topology spread"
 PORTS = "host ports"
 _SHOWN = 5  # node names listed in a message before "and N more"
+#: Values per requirement the contract carries (NodeSelectorRequirement.values, contract v1). A longer
+#: NotIn is split into several requirements on the same key (ANDed, so the same set of nodes).
+VALUES_CAP = 256
 
 
 class PlacedView(Protocol):
@@ -68,6 +71,10 @@ class PlacedView(Protocol):
     def namespaces(self) -> Iterable[str]: ...
 
     def with_anti_affinity(self) -> Iterable[PlacedPod]: ...
+
+    def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]:
+        """The pods with anti-affinity that may select a pod of `namespace` (a superset is fine)."""
+        ...
 
     def with_host_ports(self) -> Iterable[PlacedPod]: ...
 
@@ -224,6 +231,21 @@ def _nowhere(key: str) -> list[Mapping[str, Any]]:
     return [{"key": key, "operator": "Exists"}, {"key": key, "operator": "DoesNotExist"}]
 
 
+def _not_in(key: str, values: Sequence[str]) -> list[Mapping[str, Any]]:
+    return [
+        {"key": key, "operator": "NotIn", "values": list(values[i : i + VALUES_CAP])}
+        for i in range(0, len(values), VALUES_CAP)
+    ]
+
+
+def _in(key: str, allowed: Sequence[str], refused: Sequence[str]) -> list[Mapping[str, Any]]:
+    """Nodes whose `key` is one of `allowed`: ``In``, or ``Exists`` + ``NotIn (refused)`` when that is
+    shorter or ``allowed`` is past the contract's cap (``refused``: the other values nodes carry)."""
+    if len(allowed) <= VALUES_CAP and len(allowed) <= len(refused) + 1:
+        return [{"key": key, "operator": "In", "values": list(allowed)}]
+    return [{"key": key, "operator": "Exists"}, *_not_in(key, refused)]
+
+
 def _scope(
     term: AffinityTerm, *, owner: str, placed: PlacedView, namespace_labels: NamespaceLabels
 ) -> Iterable[str]:
@@ -250,7 +272,7 @@ def _anti_affinity(
                 if term.selector.matches(other.labels):
                     forbidden[term.topology_key].add(node.labels[term.topology_key])
     # Existing pods' terms against the incoming pod (satisfyExistingPodsAntiAffinity).
-    for other in placed.with_anti_affinity():
+    for other in placed.anti_affinity_toward(pod.namespace):
         node = by_name.get(other.node)
         if node is None or other.uid == pod.uid:
             continue
@@ -263,8 +285,9 @@ def _anti_affinity(
             ):
                 forbidden[term.topology_key].add(node.labels[term.topology_key])
     return [
-        {"key": key, "operator": "NotIn", "values": sorted(values)}
+        requirement
         for key, values in sorted(forbidden.items())
+        for requirement in _not_in(key, sorted(values))
     ]
 
 
@@ -289,12 +312,13 @@ def _affinity(
                     if t.topology_key in node.labels:
                         counts[t.topology_key].add(node.labels[t.topology_key])
     keys = sorted({t.topology_key for t in terms})
+    values_of = {key: {n.labels[key] for n in by_name.values() if key in n.labels} for key in keys}
     if counts:
         return [
             requirement
             for key in keys
             for requirement in (
-                [{"key": key, "operator": "In", "values": sorted(counts[key])}]
+                _in(key, sorted(counts[key]), sorted(values_of[key] - counts[key]))
                 if counts.get(key)
                 else _nowhere(key)
             )

@@ -156,8 +156,18 @@ def _related(me: _Cycle, other: _Cycle, namespace_labels: Any) -> bool:
 def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     """The rules' verdict for `pod` against the pods on nodes now (itself excluded); None when
     nothing can apply (no rules of its own, and no placed pod with anti-affinity)."""
-    if not pod.rules and not any(True for _ in placed.with_anti_affinity()):
-        return None
+    if not pod.rules and not any(
+        term.matches(
+            namespace=pod.namespace,
+            labels=pod.labels,
+            owner_namespace=other.namespace,
+            namespace_labels=placed.namespace_labels,
+        )
+        for other in placed.anti_affinity_toward(pod.namespace)
+        if other.uid != pod.uid
+        for term in other.anti_affinity
+    ):
+        return None  # no rule of its own, and no placed pod's anti-affinity selects it
     return evaluate(
         pod=Incoming(
             namespace=pod.namespace,
