@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bindery.kube.placed import PlacedPodCache
+from bindery.scheduling import placementrules
 from bindery.scheduling.cycle import schedule_one
 from bindery.scheduling.decisions import FailureKind, Outcome
 from bindery.scheduling.framework import Ports, Profile
@@ -124,3 +127,18 @@ async def test_a_pod_with_rules_and_no_placed_pod_watch_is_an_error_never_placed
     outcome = await rig.run(anti_pod("a"))
     assert outcome.outcome is Outcome.ERROR
     assert rig.rm.requests == []
+
+
+async def test_before_the_placed_pod_watch_listed_a_pod_with_rules_waits_then_errs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(placementrules, "SYNC_SECONDS", 0.05)
+    rig = Rig()
+    rig.cache = PlacedPodCache(nodes=lambda: rig.node_list, synced=False)
+    outcome = await rig.run(anti_pod("a"))
+    assert outcome.outcome is Outcome.ERROR
+    assert outcome.failure is not None
+    assert "has not listed them" in outcome.failure.message
+    assert rig.rm.requests == []
+    rig.cache.mark_synced()
+    assert (await rig.run(anti_pod("a"))).outcome is Outcome.BOUND

@@ -150,7 +150,7 @@ class Runtime:
             namespaces=self.options.namespaces,
         )
         nodes = IndexNodeLookup(index=node_index)
-        self.placed = PlacedPodCache(nodes=nodes.all, namespace_labels=self._namespace_labels)
+        self.placed = PlacedPodCache(nodes=nodes.all, namespace_labels=self._namespace_labels, synced=False)
         self._placed_task = asyncio.create_task(
             PlacedPodWatcher(
                 api=self._api,

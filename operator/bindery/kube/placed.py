@@ -10,6 +10,8 @@ deleted leaves the cache; a pod assumed by a cycle is replaced by its watched co
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,7 +29,9 @@ class PlacedPodCache:
         *,
         nodes: Callable[[], Sequence[NodeProjection]] = list,
         namespace_labels: Callable[[str], Mapping[str, str] | None] = lambda namespace: None,
+        synced: bool = True,
     ) -> None:
+        """`synced` False: the cache waits for its watch's first list (`mark_synced`)."""
         self._pods: dict[str, PlacedPod] = {}
         self._by_namespace: dict[str, dict[str, PlacedPod]] = {}
         self._anti: dict[str, PlacedPod] = {}
@@ -39,8 +43,23 @@ class PlacedPodCache:
         self._namespace_labels = namespace_labels
         self._in_flight = InFlight()
         self.lists = 0  #: completed lists of the watch (tests wait on it)
+        self._synced = asyncio.Event()
+        if synced:
+            self._synced.set()
 
     # -- the port ---------------------------------------------------------------------------------
+
+    async def wait_synced(self, seconds: float) -> bool:
+        if not self._synced.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await self._synced.wait()
+        return self._synced.is_set()
+
+    def mark_synced(self) -> None:
+        """Every scope of the watch listed: the cache holds every pod on a node."""
+        self.lists += 1
+        self._synced.set()
 
     @property
     def in_flight(self) -> InFlight:

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 WAIT_SECONDS = 30.0
 #: An in-flight entry older than this is ignored by waiters (a cycle that ended without settling).
 STALE_SECONDS = 120.0
+#: How long a cycle waits for the placed-pod watch's first list (only just after start).
+SYNC_SECONDS = 10.0
 #: ctx.state key of the PreFilter verdict (NodeCheck and explain read it).
 VERDICT = "PodPlacementRules/verdict"
 
@@ -202,6 +204,11 @@ class PodPlacementRules:
                     "scheduler has no watch of placed pods to evaluate them; it is not placed without them"
                 )
             return Status.success()
+        if not await placed.wait_synced(SYNC_SECONDS) and pod.rules:
+            return Status.error(
+                f"the watch of pods on nodes has not listed them within {SYNC_SECONDS:g} s of start, so "
+                "this pod's inter-pod rules cannot be evaluated yet; retrying"
+            )
         cycle = placed.in_flight.begin(pod)
         await placed.in_flight.wait(
             cycle, namespace_labels=placed.namespace_labels, seconds=self._wait_seconds

@@ -9,7 +9,7 @@ cursor remembers only identities (for the DELETED a relist's diff synthesizes). 
 
 Started by the runtime with the operator; the rules of a pod scheduled before its first list see
 fewer pods (kube-scheduler waits for its informers to sync; here :attr:`PlacedPodWatcher.synced`
-says whether every list completed, and the PreFilter waits for it, bounded).
+says whether every list completed; PodPlacementRules waits for it up to 10 s, then a pod with rules is a SchedulerError and retried).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class PlacedPodWatcher:
                 if namespace not in self._listed:
                     self._listed.add(namespace)
                     if self.synced:
-                        self._cache.lists += 1
+                        self._cache.mark_synced()
                 continue
             assert isinstance(item, Event)
             try:
