@@ -7,9 +7,9 @@ namespaced). The cache keeps a slim projection per pod (bindery.podrules.model.P
 cursor remembers only identities (for the DELETED a relist's diff synthesizes). Finished pods
 (Succeeded/Failed) leave the cache: they hold neither room nor ports.
 
-Started by the runtime with the operator; the rules of a pod scheduled before its first list see
-fewer pods (kube-scheduler waits for its informers to sync; here :attr:`PlacedPodWatcher.synced`
-says whether every list completed; PodPlacementRules waits for it up to 10 s, then a pod with rules is a SchedulerError and retried).
+Started by the runtime with the operator. As kube-scheduler waits for its informers to sync, a
+cycle waits (up to 10 s) until every scope has listed (:meth:`PlacedPodCache.mark_synced`); past
+that a pod with rules is a SchedulerError and retried, never evaluated on a partial cache.
 """
 
 from __future__ import annotations
