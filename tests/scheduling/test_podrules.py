@@ -504,3 +504,38 @@ def test_a_long_anti_affinity_list_is_split_under_the_contract_cap() -> None:
     expressions = (verdict.term() or {})["matchExpressions"]
     assert [len(e["values"]) for e in expressions] == [256, 24]
     assert world.allowed(body(anti=[term(app="web")])) == [n.name for n in nodes[280:]]
+
+
+def test_the_compiled_node_predicate_agrees_with_matches_term() -> None:
+    import random
+
+    from bindery.constraints import matches_term
+    from bindery.podrules.filters import _compiled
+
+    rng = random.Random(19)
+    nodes = [
+        NodeProjection(name=f"n{i}", labels={k: rng.choice("abc") for k in ("x", "y") if rng.random() < 0.7})
+        for i in range(30)
+    ]
+    for _ in range(300):
+        expressions = []
+        for _ in range(rng.randint(0, 3)):
+            op = rng.choice(["In", "NotIn", "Exists", "DoesNotExist"])
+            e: dict[str, Any] = {"key": rng.choice("xy"), "operator": op}
+            if op in ("In", "NotIn"):
+                e["values"] = rng.sample("abc", rng.randint(1, 3))
+            expressions.append(e)
+        fields = [
+            {
+                "key": "metadata.name",
+                "operator": rng.choice(["In", "NotIn"]),
+                "values": [f"n{rng.randint(0, 29)}"],
+            }
+            for _ in range(rng.randint(0, 2))
+        ]
+        if not expressions and not fields:
+            continue
+        allows = _compiled(expressions, fields)
+        term = {"matchExpressions": expressions, "matchFields": fields}
+        for n in nodes:
+            assert allows(n) == matches_term(term=term, labels=n.labels, node_name=n.name), (term, n)

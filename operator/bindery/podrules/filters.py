@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from bindery.constraints import (
     matches_node_selector,
     matches_required_affinity,
-    matches_term,
     untolerated_taints,
 )
 from bindery.podrules.model import (
@@ -213,10 +212,8 @@ def _effect(
     fields: Sequence[Mapping[str, Any]] = (),
     summary: str = "",
 ) -> RuleEffect:
-    term: dict[str, Any] = {"matchExpressions": list(expressions), "matchFields": list(fields)}
-    excluded = tuple(
-        sorted(n.name for n in nodes if not matches_term(term=term, labels=n.labels, node_name=n.name))
-    )
+    allows = _compiled(expressions, fields)
+    excluded = tuple(sorted(n.name for n in nodes if not allows(n)))
     if not summary:
         summary = f"{rule} excludes {len(excluded)} node{'' if len(excluded) == 1 else 's'}"
         if excluded:
@@ -224,6 +221,35 @@ def _effect(
     return RuleEffect(
         rule=rule, expressions=tuple(expressions), fields=tuple(fields), excluded=excluded, summary=summary
     )
+
+
+def _compiled(
+    expressions: Sequence[Mapping[str, Any]], fields: Sequence[Mapping[str, Any]]
+) -> Callable[[NodeFacts], bool]:
+    """The requirements this module writes (In, NotIn, Exists, DoesNotExist; metadata.name In/NotIn)
+    as one predicate over nodes, with value sets: the same answer as
+    :func:`bindery.constraints.matches_term` on them, without its per-call list scans (a hostname
+    NotIn of hundreds of values, tested against hundreds of nodes, was 90% of a cycle's CPU)."""
+    checks = [(str(e["key"]), str(e["operator"]), frozenset(e.get("values") or ())) for e in expressions] + [
+        ("", str(f["operator"]), frozenset(f.get("values") or ())) for f in fields
+    ]
+
+    def allows(node: NodeFacts) -> bool:
+        for key, operator, values in checks:
+            value = node.labels.get(key) if key else node.name
+            if operator == "In":
+                ok = value is not None and value in values
+            elif operator == "NotIn":
+                ok = value is None or value not in values
+            elif operator == "Exists":
+                ok = value is not None
+            else:  # DoesNotExist
+                ok = value is None
+            if not ok:
+                return False
+        return True
+
+    return allows
 
 
 #: Requirements no node satisfies (a key both present and absent): the rule allows no node.
