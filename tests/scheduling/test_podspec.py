@@ -182,6 +182,27 @@ def test_pod_level_requests_override_cpu_and_memory_only() -> None:
     }
 
 
+def test_pod_level_hugepages_are_counted() -> None:
+    """Issue 19: kube-scheduler's PodRequests takes pod-level hugepages-* too (IsSupportedPodLevelResource
+    in component-helpers/resource, v1.34+); a pod asking for 1Gi of 2Mi pages at pod level only
+    occupied nothing of them here, so the RM could put it on a node without the pages."""
+    spec = {
+        "resources": {"requests": {"cpu": "1", "hugepages-2Mi": "1Gi"}, "limits": {"hugepages-2Mi": "1Gi"}},
+        "containers": [container(cpu="500m"), container("d", **{"hugepages-2Mi": "2Mi"})],
+    }
+    assert effective_requests(spec=spec) == {"cpu": Decimal(1), "hugepages-2Mi": Decimal(2**30)}
+
+
+def test_dra_resource_claims_are_refused_by_field() -> None:
+    """Issue 19: a pod with spec.resourceClaims was bound with its claims unallocated and never
+    started; Bindery does not allocate DRA claims, so it refuses the pod, naming the field."""
+    spec = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}
+    refusal = beyond_contract({"spec": spec}) or ""
+    assert refusal.startswith("spec.resourceClaims names 1 DRA resource claim (gpu)")
+    assert "default-scheduler" in refusal
+    assert beyond_contract({"spec": {"resourceClaims": []}}) is None
+
+
 def test_invalid_quantity_is_reported_with_the_container() -> None:
     with pytest.raises(PodSpecError, match=r"container 'app' has an invalid quantity for cpu"):
         effective_requests(spec={"containers": [container("app", cpu="lots")]})

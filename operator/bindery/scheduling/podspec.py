@@ -206,6 +206,10 @@ _CAPPED: tuple[tuple[str, type[pydantic.BaseModel], str], ...] = (
 def beyond_contract(body: Mapping[str, Any]) -> str | None:
     """Pure: why the pod cannot be carried by a reservation request of contract v1, or None.
 
+    Also refused: a pod with DRA ``spec.resourceClaims``. Bindery does not allocate claims (the
+    kube-scheduler DynamicResources plugin does, at Reserve), and binding such a pod leaves it
+    ContainerCreating forever; a refusal names the field instead.
+
     Only counts are read (nothing is copied), so that a pod with 20,000 tolerations (1.5 MB of JSON)
     is refused without being projected: a projection would keep every one of them for as long as
     the pod waits. The caps are the contract's own (``rm/models.py``); a pod past one could never be
@@ -223,6 +227,9 @@ def beyond_contract(body: Mapping[str, Any]) -> str | None:
         _CAPPED[3][0]: required.get("nodeSelectorTerms"),
         _CAPPED[4][0]: preferred,
     }
+    claims = spec.get("resourceClaims") or ()
+    if claims:
+        return _unallocatable_claims(claims)
     for path, model, field in _CAPPED:
         found = len(values[path] or ())
         cap = _max_items(model, field)
@@ -242,6 +249,20 @@ def beyond_contract(body: Mapping[str, Any]) -> str | None:
                 if found > (cap := _max_items(NodeSelectorRequirement, "values")):
                     return _too_many(path=f"{term_path}.{key}[{j}].values", found=found, cap=cap)
     return None
+
+
+def _unallocatable_claims(claims: Sequence[Mapping[str, Any]]) -> str:
+    """Why a pod with DRA claims is refused: binding it would leave its claims unallocated."""
+    names = ", ".join(str(claim.get("name") or "?") for claim in claims[:5]) + (
+        ", ..." if len(claims) > 5 else ""
+    )
+    plural = "claim" if len(claims) == 1 else "claims"
+    return (
+        f"spec.resourceClaims names {len(claims)} DRA resource {plural} ({names}); Bindery does not "
+        "allocate DynamicResourceAllocation claims, and a pod bound with unallocated claims never "
+        "starts, so it does not schedule this pod; give it schedulerName default-scheduler (kube-"
+        "scheduler allocates the claims), or remove its resourceClaims"
+    )
 
 
 def _too_many(*, path: str, found: int, cap: int) -> str:
