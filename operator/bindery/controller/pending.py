@@ -127,7 +127,8 @@ class PendingPods:
         await self._route(pod)
 
     async def _refuse(self, *, event_type: str | None, pod: PodInfo, message: str) -> None:
-        """A pod whose spec passes the contract's caps: not scheduled, not projected, told why."""
+        """A pod whose spec passes the contract's caps, or asks for what Bindery does not do (DRA
+        claims; see `beyond_contract`): not scheduled, not projected, told why."""
         if event_type == "DELETED" or not pod.schedulable:
             self._drop_refused(pod.uid)
             self._forget(pod)

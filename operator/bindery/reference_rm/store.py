@@ -577,6 +577,7 @@ class ReservationStore:
             tolerations=request.placement.toleration_dicts(),
             policy=policy,
             foreign=foreign,
+            preferences=request.placement.preference_dicts(),
         )
         if decision.node is None:
             return Unschedulable(decision.reason, retry_after=self._retry_hint(foreign=bool(foreign)))
