@@ -380,6 +380,7 @@ class PostgresReservationStore:
             tolerations=request.placement.toleration_dicts(),
             policy=policy,
             foreign=foreign,
+            preferences=request.placement.preference_dicts(),
         )
         if decision.node is None:
             return Unschedulable(
