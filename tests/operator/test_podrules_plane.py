@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import pathlib
+import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -44,8 +45,17 @@ POOL = "bindery.dev/test-pool"
 
 
 class Pool:
-    def __init__(self, *, api: client.ApiClient, namespace: str, token: str, nodes: list[str]) -> None:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        namespace: str,
+        token: str,
+        nodes: list[str],
+        kubeconfig: pathlib.Path | None = None,
+    ) -> None:
         self.api = api
+        self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.token = token
         self.nodes = nodes
@@ -123,7 +133,9 @@ async def pool_of(
                 "stringData": {"token": rm.token},
             },
         )
-        staged = Pool(api=api, namespace=namespace, token=token, nodes=nodes)
+        staged = Pool(
+            api=api, namespace=namespace, token=token, nodes=nodes, kubeconfig=controlplane.kubeconfig
+        )
         async with resource_manager(
             api,
             name=f"rm-{token}",
@@ -221,6 +233,17 @@ async def test_five_pods_with_hostname_anti_affinity_four_bound_one_refused(pool
     )
     pod = await read_pod(pool.api, namespace=pool.namespace, name=pending)
     assert not pod["spec"].get("nodeName")
+    # `bindery explain`, as a user runs it, names the rule and the nodes it excludes.
+    assert pool.kubeconfig is not None
+    explained = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bindery", "explain", pending, "-n", pool.namespace, "--no-operator",
+        "--kubeconfig", str(pool.kubeconfig), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(explained.communicate(), timeout=60)
+    text = out.decode()
+    assert explained.returncode == 0, text + err.decode()
+    nodes = ", ".join(sorted(pool.nodes))
+    assert f"Placement rules:\n  pod anti-affinity excludes 4 nodes: {nodes}\n" in text, text
     cond = condition(pod)
     assert cond is not None
     assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
