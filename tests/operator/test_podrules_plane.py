@@ -24,6 +24,7 @@ from kubernetes_asyncio import client
 from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
+from tests.gangs.scenarios import pod_group
 from tests.operator.conftest import (
     Bindery,
     condition,
@@ -330,3 +331,49 @@ async def test_node_check_refuses_an_rm_that_ignores_the_constraints(
 
 async def _none_active(rm: FakeRM, uid: str) -> bool:
     return bool(rm.for_pod(uid)) and all(r["state"] == "released" for r in rm.for_pod(uid))
+
+
+async def test_pod_group_members_are_kept_off_the_node_their_anti_affinity_excludes(pool: Pool) -> None:
+    """A pod group's members are reserved together; their rules against the pods already running
+    are sent to the RM with each member (binpack would otherwise fill the busy node first)."""
+    await pool.create("busy", labels={"app": "busy"})
+    busy = await eventually(lambda: pool.all_bound(["busy"]), within=30, what="busy bound")
+    await client.CustomObjectsApi(pool.api).create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("crew", min_count=2)
+    )
+    anti = {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "busy"}}}
+    names = ["crew-0", "crew-1"]
+    for name in names:
+        await pool.create(
+            name,
+            labels={"app": "crew"},
+            schedulingGroup={"podGroupName": "crew"},
+            affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [anti]}},
+        )
+    placed = await eventually(lambda: pool.all_bound(names), within=60, what="the group bound")
+    assert busy["busy"] not in placed.values()
+
+
+async def test_pod_group_members_anti_affine_to_each_other_are_refused_not_stacked(pool: Pool) -> None:
+    """Rules between members are not sent to the RM (the members have no nodes yet); binpack puts
+    both on one node, and NodeCheck, seeing every member assumed on its node, refuses the group."""
+    await client.CustomObjectsApi(pool.api).create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("pair", min_count=2)
+    )
+    names = ["pair-0", "pair-1"]
+    for name in names:
+        await pool.create(
+            name,
+            labels={"app": "pair"},
+            schedulingGroup={"podGroupName": "pair"},
+            affinity=hostname_anti("pair"),
+        )
+
+    async def refused() -> list[str]:
+        notes = [
+            e.get("note", "") for e in await events_of(pool.api, namespace=pool.namespace, pod_name="pair-0")
+        ]
+        return [n for n in notes if "pod anti-affinity rules out" in n]
+
+    await eventually(refused, within=60, what="the group refused by NodeCheck")
+    assert await pool.nodes_of(names) == {"pair-0": None, "pair-1": None}
