@@ -25,17 +25,17 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bindery.podrules.filters import Incoming, Verdict, evaluate
 from bindery.podrules.model import PlacedPod, PodRules
 from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm
-from bindery.scheduling.framework import CycleContext, Status
+from bindery.scheduling.framework import CycleContext, Status, and_terms
 from bindery.scheduling.podspec import PodInfo, max_items
 from bindery.scheduling.ports import PlacedPods
 
-__all__ = ["VERDICT", "WAIT_SECONDS", "InFlight", "PodPlacementRules", "rules_verdict"]
+__all__ = ["VERDICT", "WAIT_SECONDS", "InFlight", "PodPlacementRules", "member_node_terms", "rules_verdict"]
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +253,38 @@ class PodPlacementRules:
             return
         placed.forget(ctx.pod.uid)
         placed.in_flight.settle(ctx.pod.uid)
+
+
+def member_node_terms(
+    members: Sequence[PodInfo], placed: PlacedPods | None
+) -> tuple[list[list[dict[str, Any]]] | None, str | None]:
+    """For a pod group: each member's required node affinity with its inter-pod rules ANDed in
+    (against the pods on nodes; the other members are not placed yet, so rules between members
+    are checked only at PreBind, once every member is assumed on its node), or why not.
+
+    ``(None, None)``: no member has anything to add.
+    """
+    if placed is None:
+        if any(member.rules for member in members):
+            return None, "the members state inter-pod rules but no watch of placed pods is wired"
+        return None, None
+    terms: list[list[dict[str, Any]]] = []
+    changed = False
+    for member in members:
+        own = [dict(term) for term in member.affinity_terms]
+        verdict = rules_verdict(member, placed)
+        term = verdict.term() if verdict is not None else None
+        if verdict is not None and (refusal := verdict.refusal()) is not None:
+            return None, f"member {member.key}: {refusal}"
+        if term is None:
+            terms.append(own)
+            continue
+        combined = and_terms(own, [term])
+        if (too_many := _beyond_caps(combined)) is not None:
+            return None, f"member {member.key}: {too_many}"
+        terms.append(combined)
+        changed = True
+    return (terms, None) if changed else (None, None)
 
 
 def _beyond_caps(terms: list[dict[str, Any]]) -> str | None:
