@@ -30,6 +30,7 @@ from kubernetes_asyncio import client, config
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.devcluster import binaries
 from bindery.devcluster.plane import ControlPlane
+from bindery.devcluster.postgres import PostgresServer
 
 #: The operator's least-privilege identity (bindery.controller.rbac), on either plane.
 OPERATOR_USER = "bindery-operator"
@@ -211,3 +212,25 @@ async def cluster_namespace(cluster_api: client.ApiClient) -> AsyncIterator[str]
     except client.ApiException as exc:
         if exc.status != 404:  # a test may have deleted it itself
             raise
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL per session (bindery.devcluster.postgres), on loopback in a temporary
+    directory; tests that crash it restart it before they end (``postgres_db`` checks)."""
+    server = PostgresServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_db(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh database on the session's PostgreSQL; its URL. ``PGPASSWORD`` is set for the test
+    (libpq reads it, in this process and in the RM processes a test starts), so the URL carries none."""
+    if not postgres.running:  # a previous test crashed it and failed before restarting it
+        postgres.restart()
+    monkeypatch.setenv("PGPASSWORD", postgres.password)
+    with postgres.database(f"t_{uuid.uuid4().hex[:12]}") as url:
+        yield url

@@ -53,6 +53,7 @@ from bindery.controller.supervisor import (
     ResourceManagerSupervisor,
 )
 from bindery.controller.watches.namespaces import NamespaceLabels
+from bindery.controller.watches.placed import PlacedPodWatcher
 from bindery.controller.watches.unbound import UnboundPodWatcher
 from bindery.k8s import ApiClient, client_for
 from bindery.kube import (
@@ -61,6 +62,7 @@ from bindery.kube import (
     KubeConditionWriter,
     KubeEventSink,
     KubeVolumes,
+    PlacedPodCache,
     UnboundPods,
     WriteCounter,
 )
@@ -119,6 +121,9 @@ class Runtime:
         self.namespace_labels: NamespaceLabels | None = None
         self._namespaces_task: asyncio.Task[None] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        #: pods on nodes, for the inter-pod rules (bindery.scheduling.placementrules)
+        self.placed: PlacedPodCache | None = None
+        self._placed_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -144,13 +149,26 @@ class Runtime:
             logger=self.logger,
             namespaces=self.options.namespaces,
         )
+        nodes = IndexNodeLookup(index=node_index)
+        self.placed = PlacedPodCache(nodes=nodes.all, namespace_labels=self._namespace_labels, synced=False)
+        self._placed_task = asyncio.create_task(
+            PlacedPodWatcher(
+                api=self._api,
+                cache=self.placed,
+                logger=self.logger,
+                namespaces=self.options.namespaces,
+                watch_seconds=self.options.watch_timeout,
+            ).run(),
+            name="bindery placed-pod watch",
+        )
         self._ports = Ports(
-            nodes=IndexNodeLookup(index=node_index),
+            nodes=nodes,
             pods=self.pods,
             binder=self._binder if self._leadership is None else self._fenced_binder(self._binder),
             events=self._events,
             conditions=self._conditions,
             volumes=KubeVolumes(api=self._api, counter=self.writes),
+            placed=self.placed,
         )
         await self._serve_metrics()
         self._env = Environment(
@@ -233,7 +251,7 @@ class Runtime:
     async def close(self) -> None:
         if self._leadership is not None:
             await self._leadership.close()
-        for task in (self._unbound_task, self._sweep_task, self._namespaces_task):
+        for task in (self._unbound_task, self._sweep_task, self._namespaces_task, self._placed_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -339,6 +357,12 @@ class Runtime:
             or dict(before.selectors) != dict(pending.routing.selectors)
         ):
             pending.reoffer_all()
+
+    def _namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """For pod affinity terms with a namespaceSelector: the namespace watch, started on first use."""
+        if self.namespace_labels is None and self._env is not None:
+            self._watch_namespaces()
+        return self.namespace_labels.labels(namespace) if self.namespace_labels is not None else None
 
     def _watch_namespaces(self) -> None:
         """Start following namespace labels (once): a ResourceManager now has a namespaceSelector."""

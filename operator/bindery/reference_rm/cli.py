@@ -39,7 +39,9 @@ TOKEN_ENV = "BINDERY_RM_TOKEN"
 BANNER = "reference RM serving contract v1 at "
 
 
-def serve_command(*, db: pathlib.Path, token_file: pathlib.Path, options: Sequence[str] = ()) -> list[str]:
+def serve_command(
+    *, db: pathlib.Path | str, token_file: pathlib.Path, options: Sequence[str] = ()
+) -> list[str]:
     """The argv that runs ``bindery rm serve`` as its own process on a free loopback port.
 
     For tests and benchmarks: read the URL with :func:`served_url` from the first line it prints.
@@ -71,7 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default %(default)s)"
     )
-    serve.add_argument("--db", type=pathlib.Path, required=True, help="SQLite file holding the reservations")
+    serve.add_argument(
+        "--db",
+        required=True,
+        help="where the reservations are: a SQLite file (one replica), or postgresql://USER@HOST:PORT/DB "
+        "(several replicas on one database; TLS with libpq's names, e.g. ?sslmode=verify-full&sslrootcert=F)",
+    )
+    serve.add_argument(
+        "--db-password-file",
+        type=pathlib.Path,
+        help="file holding the PostgreSQL password (a mounted Secret); without it libpq's own sources "
+        "(PGPASSWORD, PGPASSFILE, ~/.pgpass)",
+    )
     source = serve.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--inventory",
@@ -211,6 +224,7 @@ async def _serve(args: argparse.Namespace) -> None:
         server = await stack.enter_async_context(
             serve_reference_rm(
                 db_path=args.db,
+                db_password_file=args.db_password_file,
                 host=host,
                 port=port,
                 inventory=inventory,

@@ -54,11 +54,11 @@ from bindery.reference_rm.store import (
     Placed,
     PodMismatch,
     ReleaseOutcome,
-    ReservationStore,
     ReserveOutcome,
     StoredGroup,
     StoredReservation,
 )
+from bindery.reference_rm.stores import Store, open_store
 from bindery.rm.contract import openapi_text
 from bindery.rm.errors import ProblemType
 from bindery.rm.models import (
@@ -465,7 +465,7 @@ class ReferenceRM:
         inventory: Sequence[InventoryNode] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_pending: int = 1024,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         groups: bool = True,
         max_group_body_bytes: int = DEFAULT_MAX_GROUP_BODY_BYTES,
         batch: bool = True,
@@ -473,8 +473,13 @@ class ReferenceRM:
         retention: float = 3600.0,
         max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
         cluster_ids: bool = True,
+        db_password_file: pathlib.Path | None = None,
     ) -> None:
-        """``groups=False`` serves contract v1.1 without reservation groups: their paths answer 404,
+        """``db_path`` is a SQLite file or a ``postgresql://`` URL
+        (:func:`~bindery.reference_rm.stores.open_store`; ``db_password_file`` goes with the URL).
+        ``clock=None``: the database's clock judges leases.
+
+        ``groups=False`` serves contract v1.1 without reservation groups: their paths answer 404,
         as a v1.0 RM's do, so a caller can be tested against an RM that lacks them.  ``batch=False``
         does the same for ``POST /v1/batch``.  ``cluster_ids=False`` serves as a v1.1 RM does: no
         ``GET /v1/info`` (404) and ``clusterId`` refused (400) in requests and in the list."""
@@ -495,12 +500,13 @@ class ReferenceRM:
         self._pods: ClusterPods | None = None
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="refrm-store")
         try:
-            self._store = self._writer.submit(
-                ReservationStore,
+            self._store: Store = self._writer.submit(
+                open_store,
                 db_path,
                 clock=clock,
                 retention=retention,
                 max_released_rows=max_released_rows,
+                password_file=db_password_file,
             ).result()
         except BaseException:  # e.g. another RM holds the database: no thread left behind
             self._writer.shutdown(wait=True)
@@ -1064,6 +1070,7 @@ async def serve_reference_rm(
     retention: float = 3600.0,
     max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
     cluster_ids: bool = True,
+    db_password_file: pathlib.Path | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -1090,6 +1097,7 @@ async def serve_reference_rm(
         retention=retention,
         max_released_rows=max_released_rows,
         cluster_ids=cluster_ids,
+        db_password_file=db_password_file,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()

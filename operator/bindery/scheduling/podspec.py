@@ -27,6 +27,8 @@ import pydantic
 
 from bindery import podresources
 from bindery.podresources import POD_LEVEL_RESOURCES
+from bindery.podrules.model import NO_RULES, PodRules
+from bindery.podrules.parse import pod_rules
 from bindery.quantity import format_quantity
 from bindery.rm.models import (
     NodeSelectorRequirement,
@@ -87,6 +89,9 @@ class PodInfo:
     #: ``spec.schedulingGroup.podGroupName``: the PodGroup (same namespace) this pod is a member
     #: of; such a pod is placed with its group (bindery.controller.podgroups), never on its own.
     scheduling_group: str | None = None
+    #: Required pod (anti-)affinity, DoNotSchedule spread and host ports (bindery.podrules);
+    #: ``NO_RULES`` for most pods.
+    rules: PodRules = NO_RULES
 
     @property
     def key(self) -> str:
@@ -112,6 +117,7 @@ class PodInfo:
             repr(self.tolerations),
             repr(self.preferred_terms),
             self.gated,
+            self.rules,
         )
 
     @classmethod
@@ -172,10 +178,11 @@ class PodInfo:
             scheduling_group=str(group)
             if (group := (spec.get("schedulingGroup") or {}).get("podGroupName"))
             else None,
+            rules=pod_rules(body),
         )
 
 
-def _max_items(model: type[pydantic.BaseModel], field: str) -> int:
+def max_items(model: type[pydantic.BaseModel], field: str) -> int:
     """The contract's cap on the length of `model.field` (its ``max_length``), read from the model
     so that the check here and the validation of the request cannot disagree."""
     for constraint in model.model_fields[field].metadata:
@@ -232,7 +239,7 @@ def beyond_contract(body: Mapping[str, Any]) -> str | None:
         return _unallocatable_claims(claims)
     for path, model, field in _CAPPED:
         found = len(values[path] or ())
-        cap = _max_items(model, field)
+        cap = max_items(model, field)
         if found > cap:
             return _too_many(path=path, found=found, cap=cap)
     terms = [(f"{_CAPPED[3][0]}[{i}]", term) for i, term in enumerate(values[_CAPPED[3][0]] or ())]
@@ -242,11 +249,11 @@ def beyond_contract(body: Mapping[str, Any]) -> str | None:
     for term_path, term in terms:
         for key, field in (("matchExpressions", "match_expressions"), ("matchFields", "match_fields")):
             requirements = term.get(key) or ()
-            if len(requirements) > (cap := _max_items(NodeSelectorTerm, field)):
+            if len(requirements) > (cap := max_items(NodeSelectorTerm, field)):
                 return _too_many(path=f"{term_path}.{key}", found=len(requirements), cap=cap)
             for j, requirement in enumerate(requirements):
                 found = len(requirement.get("values") or ())
-                if found > (cap := _max_items(NodeSelectorRequirement, "values")):
+                if found > (cap := max_items(NodeSelectorRequirement, "values")):
                     return _too_many(path=f"{term_path}.{key}[{j}].values", found=found, cap=cap)
     return None
 
