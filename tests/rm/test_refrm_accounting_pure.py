@@ -28,6 +28,7 @@ from bindery.reference_rm.placement import InventoryNode, Policy, choose_node
 from bindery.reference_rm.store import Placed, ReservationStore, Unschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest
 from bindery.scheduling.framework import RESERVATION_ANNOTATION as BINDER_ANNOTATION
+from tests.rm.conftest import StoreFactory
 
 
 def container(name: str, *, restart: str | None = None, **requests: str) -> dict[str, Any]:
@@ -371,11 +372,12 @@ def test_the_gate_holds_the_nodes_until_the_first_pod_list() -> None:
     assert published[-1] == ("nodes", first)
 
 
-def test_a_pod_resized_in_place_counts_what_it_grew_past_its_reservation(tmp_path: pathlib.Path) -> None:
+def test_a_pod_resized_in_place_counts_what_it_grew_past_its_reservation(make_store: StoreFactory) -> None:
     """Issue 19: a Bindery-placed pod resized in place from 1 to 3 CPUs was still counted at 1 (its
     reservation's size), so the RM sold the 2 CPUs it had grown into. Its reservation counts the 1,
-    and the growth counts on top; a pod that shrank keeps its reservation's size until released."""
-    store = ReservationStore(tmp_path / "rm.sqlite")
+    and the growth counts on top; a pod that shrank keeps its reservation's size until released.
+    On both stores (SQLite and PostgreSQL)."""
+    store = make_store()
     nodes = [four_cpu("n1")]
     placed = store.reserve(reservation_request("mine", "1"), nodes=nodes, policy=Policy.BINPACK)
     assert isinstance(placed, Placed)
