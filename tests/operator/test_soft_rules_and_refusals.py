@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import pathlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
 from bindery.devcluster.nodes import create_node
-from tests.operator.conftest import Bindery, RealStage, condition, eventually, read_pod
+from bindery.devcluster.plane import ControlPlane
+from tests.operator.conftest import Bindery, RealStage, condition, eventually, read_pod, real_stage_of
 from tests.operator.test_failures import _failed
 
 pytestmark = pytest.mark.controlplane
@@ -132,3 +135,47 @@ async def test_a_preferred_node_wins_over_binpack(
     finally:
         with contextlib.suppress(client.ApiException):
             await client.CoreV1Api(kube_api).delete_node(name=ssd)
+
+
+@pytest.fixture
+async def v1_1_stage(
+    controlplane: ControlPlane, kube_api: client.ApiClient, crd: None, namespace: str, tmp_path: pathlib.Path
+) -> AsyncIterator[RealStage]:
+    """`real_stage` whose reference RM serves as a contract v1.1 RM (`--no-cluster-id`): it refuses
+    preferredNodeAffinity and Gt/Lt tolerations with 400, as every v1.1 RM refuses unknown fields."""
+    async with real_stage_of(
+        controlplane=controlplane,
+        api=kube_api,
+        namespace=namespace,
+        directory=tmp_path / "rm",
+        rm_options=["--no-cluster-id"],
+    ) as stage:
+        yield stage
+
+
+async def test_a_v1_1_rm_gets_no_preferences_and_a_gt_pod_is_refused_with_a_reason(
+    *, v1_1_stage: RealStage, bindery: Bindery
+) -> None:
+    """Before: the Gt pod got InvalidRequest (the RM's 400) at every attempt. Now it is Unschedulable,
+    saying the RM lacks toleration-comparisons, with nothing reserved; a pod with a preferred term
+    binds (the client left the field out, or the RM would have answered 400)."""
+    stage = v1_1_stage
+    preferred = [{"weight": 10, "preference": {"matchExpressions": [{"key": "disk", "operator": "Exists"}]}}]
+    async with stage.served():
+        await stage.create("gt", tolerations=[_toleration("Gt", "900")])
+        await stage.create(
+            "prefers",
+            affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}},
+        )
+        assert (
+            await eventually(lambda: stage.node_of("prefers"), within=30, what="prefers bound") == stage.node
+        )
+        cond = await eventually(
+            lambda: _unschedulable_because(stage, "gt", "toleration-comparisons"),
+            within=30,
+            what="the Gt pod refused for the missing feature",
+        )
+        assert "cannot take the pod" in cond["message"]
+        assert "spec.tolerations" in cond["message"]
+        uid = (await read_pod(stage.api, namespace=stage.namespace, name="gt"))["metadata"]["uid"]
+        assert await stage.reservations_of(uid) == []

@@ -174,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-cluster-id",
         action="store_true",
-        help="serve as a contract v1.1 RM: no GET /v1/info (404) and clusterId refused (400), to test how "
-        "a caller handles an RM that cannot tell clusters apart",
+        help="serve as a contract v1.1 RM: no GET /v1/info (404); clusterId, preferredNodeAffinity and Gt/Lt "
+        "tolerations refused (400), to test how a caller handles an RM without the v1.2 features",
     )
     serve.add_argument("--log-level", default="INFO")
     return parser

@@ -57,6 +57,7 @@ from bindery.rm.errors import (
     ProblemType,
     RMConflict,
     RMError,
+    RMFeatureMissing,
     RMGroupsUnsupported,
     RMPodMismatch,
     RMProtocolError,
@@ -562,7 +563,7 @@ class ResourceManagerClient:
         request without them, and the process warns once per RM that they are ignored. Tolerations
         with ``Gt`` or ``Lt`` (feature ``toleration-comparisons``) are not: dropping one would keep
         the pod off the nodes it tolerates, and sending it gets a ``400`` that retrying cannot
-        cure. Such a pod is refused as unschedulable (``RMUnschedulable``, no call made), with a
+        cure. Such a pod is refused as unschedulable (``RMFeatureMissing``, no call made), with a
         reason that names the field. ``GET /v1/info`` is read only when the placement has either.
         """
         preferences = placement.preferred_node_affinity is not None
@@ -577,7 +578,7 @@ class ResourceManagerClient:
                 "it does not list the toleration-comparisons feature of contract v1.2. Upgrade the "
                 "RM, or use Equal or Exists tolerations"
             )
-            raise RMUnschedulable(reason, reason=reason)
+            raise RMFeatureMissing(reason, reason=reason)
         if preferences and not info.offers(Feature.NODE_PREFERENCES):
             placement = placement.model_copy(update={"preferred_node_affinity": None})
             preferences = False
