@@ -65,6 +65,9 @@ SLOW_TESTS = (
     "rm/test_refrm_fuzz.py::test_reference_rm_matches_its_contract",
     # 15 s: the chart installed, its two processes run under its identities
     "chart/test_chart_e2e.py",
+    # 25 s (call 15 s, teardown 3 s, with an e2e.test build beside it): two schedulers' rounds on the
+    # cluster plane, the reference RM and the operator as processes
+    "placement/test_side_by_side.py",
 )
 _TESTS = pathlib.Path(__file__).parent
 _TIERS_KEY = pytest.StashKey[list[tuple[pytest.Item, str]]]()

@@ -674,17 +674,3 @@ def _check_resources(world: _World, in_scope: set[str]) -> list[Violation]:
 
 def _fmt(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
-
-
-def table(violations: Sequence[Violation], columns: Mapping[str, Sequence[Violation]] | None = None) -> str:
-    """A per-rule table of violation counts: one column per named run (or one for `violations`)."""
-    runs = dict(columns) if columns is not None else {"violations": violations}
-    width = max(len(r) for r in RULES)
-    head = f"{'rule':<{width}} | " + " | ".join(runs)
-    lines = [head, "-" * len(head)]
-    for rule in RULES:
-        lines.append(
-            f"{rule:<{width}} | "
-            + " | ".join(f"{sum(v.rule == rule for v in found):>{len(run)}}" for run, found in runs.items())
-        )
-    return "\n".join(lines)
