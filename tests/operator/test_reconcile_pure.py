@@ -8,7 +8,13 @@ import pytest
 
 from bindery.config import ConfigError, parse_resource_manager
 from bindery.config.resourcemanager import reconcile_interval
-from bindery.controller.reconcile import Settle, in_scope, missing_reservations, reconcile_action
+from bindery.controller.reconcile import (
+    Settle,
+    in_scope,
+    missing_reservations,
+    reconcile_action,
+    unscoped_action,
+)
 from bindery.controller.watches.bound import remembered, reservation_to_release
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
@@ -121,3 +127,22 @@ def test_the_reconcile_interval_defaults_to_30s_and_stays_within_half_the_lease(
     assert reconcile_interval(configured=300, reservation_ttl_seconds=60) == 30
     with pytest.raises(ConfigError, match=r"spec\.reconcileIntervalSeconds"):
         parse_resource_manager(body=_rm_body(reconcileIntervalSeconds=1))
+
+
+@pytest.mark.parametrize("seen_here", [False, True])
+def test_an_unscoped_reservation_is_settled_only_by_its_pods_uid(seen_here: bool) -> None:
+    """A reservation made before the cluster-id upgrade may be another cluster's: only a pod of its
+    UID here is ours. A pod under its name with another UID, or none, is another cluster's, unless
+    an earlier pass found that UID here (then its pod is gone)."""
+    reserved, committed = _reservation("reserved"), _reservation("committed")
+    gone = Settle.RELEASE if seen_here else None
+    assert unscoped_action(reservation=reserved, pod=_pod(), seen_here=seen_here) is Settle.COMMIT
+    assert unscoped_action(reservation=committed, pod=_pod(), seen_here=seen_here) is None
+    assert unscoped_action(reservation=reserved, pod=_pod(node="n2"), seen_here=seen_here) is Settle.RELEASE
+    assert (
+        unscoped_action(reservation=committed, pod=_pod(phase="Succeeded"), seen_here=seen_here)
+        is Settle.RELEASE
+    )
+    assert unscoped_action(reservation=reserved, pod=_pod(node=None), seen_here=seen_here) is None
+    assert unscoped_action(reservation=committed, pod=_pod(uid="u-2"), seen_here=seen_here) is gone
+    assert unscoped_action(reservation=committed, pod=None, seen_here=seen_here) is gone

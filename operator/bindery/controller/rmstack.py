@@ -123,6 +123,15 @@ class RMStack:
             scheduler_name=scheduler_name, state=state, pod_uid=pod_uid
         )
 
+    async def list_unscoped_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None
+    ) -> list[Reservation]:
+        client = self._client
+        return await self._measured.measure(
+            "list",
+            lambda: client.list_unscoped_reservations(scheduler_name=scheduler_name, state=state),
+        )
+
     # -- groups (contract v1.1) and readiness -----------------------------------------------------
 
     async def reserve_group(self, request: ReservationGroupRequest, /) -> ReservationGroup:

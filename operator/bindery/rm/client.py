@@ -784,6 +784,21 @@ class ResourceManagerClient:
             query["cursor"] = page.next_cursor
         raise RMProtocolError(f"the RM returned more than {_MAX_PAGES} pages of reservations; giving up")
 
+    async def list_unscoped_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None
+    ) -> list[Reservation]:
+        """The reservations made without a cluster id (before an upgrade to contract v1.2), which
+        this client's filtered lists leave out; ``[]`` when its lists are not filtered (no cluster
+        id, or an RM without ``cluster-id``), since they are then in every list already.
+
+        It lists every cluster's reservations of the name and keeps those of no cluster: the
+        contract has no filter for "no cluster id".
+        """
+        if await self.scoped_cluster() is None:
+            return []
+        every = await self.list_reservations(scheduler_name=scheduler_name, state=state, all_clusters=True)
+        return [reservation for reservation in every if reservation.cluster_id is None]
+
     async def check_ready(self) -> None:
         """Raise RMUnavailable unless ``/readyz`` answers 200 and the RM accepts the token.
 
