@@ -13,6 +13,7 @@ from bindery.controller.reconcile import (
     in_scope,
     missing_reservations,
     reconcile_action,
+    surplus,
     unscoped_action,
 )
 from bindery.controller.watches.bound import remembered, reservation_to_release
@@ -146,3 +147,19 @@ def test_an_unscoped_reservation_is_settled_only_by_its_pods_uid(seen_here: bool
     assert unscoped_action(reservation=reserved, pod=_pod(node=None), seen_here=seen_here) is None
     assert unscoped_action(reservation=committed, pod=_pod(uid="u-2"), seen_here=seen_here) is gone
     assert unscoped_action(reservation=committed, pod=None, seen_here=seen_here) is gone
+
+
+def test_surplus_keeps_the_committed_then_the_oldest_reservation_of_a_running_pod() -> None:
+    """Several active reservations for one running pod on its node: one is kept (committed first,
+    then the oldest), the others are surplus. Pending pods, other nodes and single ones are not."""
+    pods = {"u-1": _pod(), "u-2": _pod(uid="u-2"), "u-3": _pod(uid="u-3", node=None, phase="Pending")}
+    old, new = "2026-12-01T00:00:00Z", "2026-12-01T00:01:00Z"
+    one_reserved = _reservation("reserved", id="a", createdAt=old)
+    one_committed = _reservation("committed", id="b", createdAt=new)
+    one_elsewhere = _reservation("reserved", id="c", node="n2", createdAt=old)
+    two_old = _reservation("reserved", id="d", podUid="u-2", createdAt=old)
+    two_new = _reservation("reserved", id="e", podUid="u-2", createdAt=new)
+    pending = [_reservation("reserved", id=i, podUid="u-3") for i in ("f", "g")]
+    found = surplus([one_reserved, one_committed, one_elsewhere, two_new, two_old, *pending], pods)
+    assert {extra: kept.id for extra, kept in found.items()} == {"a": "b", "e": "d"}
+    assert surplus([one_reserved], pods) == {}

@@ -1,9 +1,11 @@
-"""Reservations a reconcile pass used to leave alone after an upgrade: unscoped ones.
+"""Reservations a reconcile pass used to leave alone after an upgrade: unscoped ones, duplicates.
 
 After an upgrade to contract v1.2 the operator lists only its own cluster's reservations. Those made
 before it (by a v1.1 operator, or by an old replica during a rolling upgrade) carry no cluster id and
 fell out of every pass: one whose Binding landed while its commit was lost stayed `reserved` until
 its lease expired under a running pod, and the pod was warned about as having no reservation.
+And since the pod's annotation is no longer authority (issue 20, scenario 7), two active
+reservations for one running pod on its node were both kept (and committed) while it ran.
 Here the reference RM runs as its own process; the unscoped reservations are made by a client
 without a cluster id, as a v1.1 operator would.
 """
@@ -147,3 +149,58 @@ async def test_a_pass_settles_unscoped_reservations_of_its_own_pods_by_uid_and_l
             "reserved",
             "reserved",
         ]
+
+
+async def test_a_pass_keeps_one_reservation_of_a_running_pod_and_releases_the_surplus(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """Pod `one` runs on its node with a committed reservation and a reserved one there (a reserve
+    retried under another key): the committed one is kept, the other released, not committed.
+    Pod `two` has two reserved ones there: the older is committed, the newer released."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    pods = {
+        name: await create_pod(
+            kube_api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler)
+        )
+        for name in ("one", "two")
+    }
+    async with process.client(cluster_id=CLUSTER) as rm:
+        held: dict[str, Reservation] = {}
+        for name, pod in pods.items():
+            uid = pod["metadata"]["uid"]
+            for copy in ("first", "second"):
+                held[f"{name}-{copy}"] = await _reserve(
+                    rm, uid=uid, namespace=namespace, name=name, scheduler=scheduler, key=f"{uid}-{copy}"
+                )
+            await bind_pod(kube_api, namespace=namespace, name=name, node=node)
+        assert {r.node for r in held.values()} == {node}
+        await rm.commit(held["one-second"].id, pod_uid=pods["one"]["metadata"]["uid"])
+
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+        )
+        report = await reconciler.run_once(reason="periodic")
+        assert report.actions == {
+            held["one-first"].id: "release",
+            held["two-first"].id: "commit",
+            held["two-second"].id: "release",
+        }, report
+        states = await _states(rm)
+        assert {name: states[r.id] for name, r in held.items()} == {
+            "one-first": "released",
+            "one-second": "committed",
+            "two-first": "committed",
+            "two-second": "released",
+        }
+        report = await reconciler.run_once(reason="periodic")
+        assert report.actions == {}, report

@@ -21,7 +21,9 @@ What a pass decides for each active reservation (:func:`reconcile_action`, from 
 - its pod is still pending → **left alone**: the pod's next cycle reserves with the same
   idempotency key and gets it back, and a Binding still in flight (another leader's, or this
   process's own) may yet land on it; a reservation whose pod never binds expires after its TTL;
-- ``committed`` to its running pod → nothing to do.
+- ``committed`` to its running pod → nothing to do;
+- one of several active reservations for the same running pod on its node → all but one are
+  **released** (:func:`surplus`: the committed one is kept, else the oldest).
 
 And for the other direction: a bound, running pod of a served scheduler name without any active
 reservation gets one Warning event ``ReservationMissing`` (once per pod UID, remembered bounded)
@@ -138,6 +140,44 @@ def unscoped_action(
     if pod is None or (pod.get("metadata") or {}).get("uid") != reservation.pod_uid:
         return Settle.RELEASE if seen_here else None
     return reconcile_action(reservation=reservation, pod=pod)
+
+
+def surplus(
+    reservations: Iterable[Reservation], pods: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Reservation]:
+    """Pure: id → the reservation kept instead, for each surplus reservation of a running pod.
+
+    A pod (same UID) running on its node uses one reservation there. Others for the same UID on
+    that node (a retried reserve under another idempotency key, an old replica's, one made before
+    the cluster-id upgrade) would each be committed and kept while it runs, holding its resources
+    twice or more. The kept one is the committed one if any (the RM already counts it as in use),
+    then the oldest; reservations on other nodes are released anyway (the pod is bound elsewhere).
+    `pods` maps pod UID → body, of the pods known to this pass.
+    """
+    by_uid: dict[str, list[Reservation]] = collections.defaultdict(list)
+    for reservation in reservations:
+        pod = pods.get(reservation.pod_uid)
+        if (
+            pod is None
+            or pod_fate(pod_uid=reservation.pod_uid, node=reservation.node, pod=pod) is not Settle.COMMIT
+        ):
+            continue
+        by_uid[reservation.pod_uid].append(reservation)
+    found: dict[str, Reservation] = {}
+    for same in by_uid.values():
+        if len(same) < 2:
+            continue
+        ranked = sorted(
+            same,
+            key=lambda r: (
+                r.state is not ReservationState.COMMITTED,
+                r.created_at is None,
+                r.created_at.timestamp() if r.created_at else 0.0,
+                r.id,
+            ),
+        )
+        found |= {extra.id: ranked[0] for extra in ranked[1:]}
+    return found
 
 
 def reported_unscheduled(pod: Mapping[str, Any]) -> bool:
@@ -321,6 +361,7 @@ class Reconciler:
             frozenset(r.scheduler_name for r in (*reservations, *unscoped)) - served
         )
 
+        extra = surplus((*reservations, *unscoped), pods)
         done = _Outcome()
         for reservation in reservations:
             pod = pods.get(reservation.pod_uid)
@@ -330,7 +371,7 @@ class Reconciler:
             if pod is None:
                 pod = await self._read(reservation)  # pending or departed
             action = reconcile_action(reservation=reservation, pod=pod)
-            await self._settle(rm, reservation, action, pod, reason=reason, done=done)
+            await self._settle(rm, reservation, action, pod, reason=reason, done=done, extra=extra)
         for reservation in unscoped:
             pod = pods.get(reservation.pod_uid)
             if pod is None and reservation.namespace and reservation.name:
@@ -340,7 +381,7 @@ class Reconciler:
             action = unscoped_action(
                 reservation=reservation, pod=pod, seen_here=reservation.id in self._seen_here
             )
-            await self._settle(rm, reservation, action, pod, reason=reason, done=done)
+            await self._settle(rm, reservation, action, pod, reason=reason, done=done, extra=extra)
             if reservation.id in done.released:
                 self._seen_here.pop(reservation.id, None)
         if done.released:
@@ -371,12 +412,19 @@ class Reconciler:
         *,
         reason: str,
         done: _Outcome,
+        extra: Mapping[str, Reservation],
     ) -> None:
-        """Act on one reservation and record the outcome in `done`."""
+        """Act on one reservation (release it if it is in `extra`, see :func:`surplus`) and record
+        the outcome in `done`."""
+        kept_instead = extra.get(reservation.id)
+        why = None
+        if kept_instead is not None:
+            action = Settle.RELEASE
+            why = f"surplus: the pod runs on {kept_instead.state.value} reservation {kept_instead.id}"
         if action is None:
             done.kept += 1
             return
-        if await self._act(rm, reservation, action, reason):
+        if await self._act(rm, reservation, action, reason, why=why):
             (done.committed if action is Settle.COMMIT else done.released).append(reservation.id)
             if action is Settle.COMMIT and pod is not None and reported_unscheduled(pod):
                 await self._correct(reservation, pod)
