@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import pathlib
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -55,6 +55,7 @@ from bindery.controller.supervisor import (
 from bindery.controller.watches.namespaces import NamespaceLabels
 from bindery.controller.watches.unbound import UnboundPodWatcher
 from bindery.k8s import ApiClient, client_for
+from bindery.k8s.pool import ConnectionPool
 from bindery.kube import (
     IndexNodeLookup,
     KubeBinder,
@@ -123,7 +124,10 @@ class Runtime:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self, *, node_index: Any) -> None:
-        self._api = client_for(await load_configuration(kubeconfig=self.options.kubeconfig))
+        configuration = await load_configuration(kubeconfig=self.options.kubeconfig)
+        # Sized again whenever the ResourceManagers change (_size_pool): watches + maxInFlight.
+        configuration.connection_pool_maxsize = ConnectionPool().size
+        self._api = client_for(configuration)
         self._api.user_agent = USER_AGENT  # names Bindery in managedFields and audit logs
         resolve_environment_once(api=self._api)
         # Once: reservations carry it, so it must not change while this process runs.
@@ -339,6 +343,28 @@ class Runtime:
             or dict(before.selectors) != dict(pending.routing.selectors)
         ):
             pending.reoffer_all()
+        self._size_pool(configs.values())
+
+    def connection_pool(self, configs: Iterable[ResourceManagerConfig]) -> ConnectionPool:
+        """What the apiserver connection pool is for now: per scope (all namespaces, or each of
+        the operator's), a watch of unbound pods per claimed name and of bound pods per served name,
+        the namespace-label watch, and the cycles every ResourceManager may have in flight."""
+        pending = self.pending
+        scopes = max(len(self.options.namespaces), 1)
+        return ConnectionPool(
+            watches=scopes * (len(pending.claimed()) + len(pending.routing.served))
+            + (1 if self._namespaces_task is not None else 0),
+            in_flight=sum(config.max_in_flight for config in configs),
+        )
+
+    def _size_pool(self, configs: Iterable[ResourceManagerConfig]) -> None:
+        pool = self.connection_pool(configs)
+        before = pool.apply(self.api)
+        if before != pool.size:
+            self.logger.info(
+                f"apiserver connection pool: {before} -> {pool.size} ({pool.watches} watches, "
+                f"{pool.in_flight} cycles in flight, {pool.headroom} for other requests)"
+            )
 
     def _watch_namespaces(self) -> None:
         """Start following namespace labels (once): a ResourceManager now has a namespaceSelector."""
