@@ -83,6 +83,12 @@ class RMStack:
         """The client's circuit-breaker state (a metrics label)."""
         return self._client.breaker.state
 
+    @property
+    def clock_skew(self) -> float | None:
+        """The RM's clock minus this host's, seconds, at the last readiness probe (None: unknown)."""
+        last = self._client.clock.last
+        return last.seconds if last is not None else None
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
