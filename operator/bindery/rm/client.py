@@ -52,6 +52,7 @@ from tenacity import (
 from tenacity.wait import wait_exponential_jitter
 
 from bindery import tracing
+from bindery.clock import ClockWatch
 from bindery.rm.batching import Coalescer
 from bindery.rm.errors import (
     ProblemType,
@@ -437,6 +438,15 @@ class ResourceManagerClient:
         self._max_bytes = max_response_bytes
         self._renew_unsupported_until = float("-inf")
         self.cluster_id = cluster_id
+        #: the RM's clock against this host's, from the Date header of each readiness probe
+        self.clock = ClockWatch(
+            peer=f"the RM at {self.base_url}",
+            consequence=(
+                "The RM stamps reservation leases (expiresAt) with its own clock, so here they look "
+                "shorter or longer than the TTL asked for, and renewals come too late or too early."
+            ),
+            logger=log,
+        )
         self._info: ContractInfo | None = None
         self._info_until = float("-inf")
         self._info_lock = asyncio.Lock()
@@ -843,6 +853,21 @@ class ResourceManagerClient:
             query["cursor"] = page.next_cursor
         raise RMProtocolError(f"the RM returned more than {_MAX_PAGES} pages of reservations; giving up")
 
+    async def list_unscoped_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None
+    ) -> list[Reservation]:
+        """The reservations made without a cluster id (before an upgrade to contract v1.2), which
+        this client's filtered lists leave out; ``[]`` when its lists are not filtered (no cluster
+        id, or an RM without ``cluster-id``), since they are then in every list already.
+
+        It lists every cluster's reservations of the name and keeps those of no cluster: the
+        contract has no filter for "no cluster id".
+        """
+        if await self.scoped_cluster() is None:
+            return []
+        every = await self.list_reservations(scheduler_name=scheduler_name, state=state, all_clusters=True)
+        return [reservation for reservation in every if reservation.cluster_id is None]
+
     async def check_ready(self) -> None:
         """Raise RMUnavailable unless ``/readyz`` answers 200 and the RM accepts the token.
 
@@ -850,7 +875,9 @@ class ResourceManagerClient:
         instead: the probe also lists one reservation, which needs the token, and raises
         :class:`RMUnauthorized` when the RM refuses it.
         """
+        sent_at = time.time()
         answer = await self._call("GET", "/readyz", authenticated=False)
+        self.clock.observe(answer.headers.get("date"), sent_at=sent_at, received_at=time.time())
         if answer.status != 200:
             raise RMUnavailable(f"the RM at {self.base_url} is not ready: /readyz answered {answer.status}")
         answer = await self._call("GET", "/v1/reservations", params={"limit": "1"})
