@@ -172,3 +172,38 @@ async def test_replicas_on_one_database_never_overcommit_and_answer_each_key_onc
     for key, ids in answers.items():
         # Both sends of a key met at the lock row: the second replays the first, placed or refused.
         assert ids == [by_key.get(key)] * 2, (key, ids)
+
+
+async def test_postgres_down_is_503_and_not_ready_and_the_key_replays_after_restart(
+    postgres: PostgresServer, postgres_db: str, tmp_path: pathlib.Path, token_file: pathlib.Path
+) -> None:
+    """PostgreSQL SIGKILLed under a running replica: a reserve is refused with 503 and Retry-After
+    (ask again), not a 500, and /readyz says why; after the restart the replica reconnects by itself,
+    turns ready, and the same key places once."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with replicas(1, db=postgres_db, postgres=postgres, tmp_path=tmp_path, token_file=token_file) as (url,):
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+            before = await http.post("/v1/reservations", json=body("before"))
+            assert before.status_code == 201, before.text
+            postgres.kill(signal.SIGKILL)
+            try:
+                down = await http.post("/v1/reservations", json=body("during"))
+                assert down.status_code == 503, down.text
+                assert down.headers["Retry-After"] == "1"
+                assert "did not answer" in down.json()["detail"]
+                unready = await http.get("/readyz")
+                assert unready.status_code == 503, unready.text
+                assert "bring the database back" in unready.json()["detail"]
+            finally:
+                postgres.restart()
+            deadline = asyncio.get_running_loop().time() + 30
+            while (ready := await http.get("/readyz")).status_code != 200:
+                assert asyncio.get_running_loop().time() < deadline, ready.text
+                await asyncio.sleep(0.2)
+            again = await http.post("/v1/reservations", json=body("during"))
+            assert again.status_code == 201, again.text
+            replay = await http.post("/v1/reservations", json=body("during"))
+            assert replay.status_code == 200, replay.text
+            assert replay.json()["id"] == again.json()["id"]
+            kept = await http.get(f"/v1/reservations/{before.json()['id']}")
+            assert kept.status_code == 200, kept.text  # what was committed before the crash is there

@@ -46,7 +46,6 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
-from psycopg_pool import ConnectionPool
 
 from bindery.quantity import format_quantity, parse_quantity
 from bindery.reference_rm.accounting import ClusterPods, Foreign, foreign_usage
@@ -161,9 +160,8 @@ def _resources(text: str) -> dict[str, Decimal]:
 class PostgresReservationStore:
     """Reservations in PostgreSQL.  Each call is one transaction; several replicas may share the database.
 
-    Like the SQLite store it is called from one thread (the server's writer); its pool holds one
-    connection, checked before each use, so a PostgreSQL restart costs the calls in flight, not the
-    replica.
+    Like the SQLite store it is called from one thread (the server's writer), on one connection,
+    opened again after it broke: a PostgreSQL restart costs the calls in flight, not the replica.
     """
 
     def __init__(
@@ -181,32 +179,40 @@ class PostgresReservationStore:
         self._max_ended = max_released_rows
         self._ended_since_gc = 0
         self._next_gc = 0.0
-        kwargs: dict[str, Any] = {"connect_timeout": max(1, int(connect_timeout))}
+        self._url = url
+        self._connect_kwargs: dict[str, Any] = {"connect_timeout": max(1, int(connect_timeout))}
         if password is not None:
-            kwargs["password"] = password
-        self._pool: ConnectionPool[Conn] = ConnectionPool(
-            url,
-            min_size=1,
-            max_size=1,
-            kwargs=kwargs,
-            check=ConnectionPool.check_connection,
-            open=False,
-            name="bindery-refrm",
-        )
-        self._pool.open(wait=True, timeout=connect_timeout)
+            self._connect_kwargs["password"] = password
+        self._conn: Conn | None = None
         try:
             self._create_schema()
         except BaseException:
-            self._pool.close()
+            self.close()
             raise
 
     def close(self) -> None:
-        self._pool.close()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> Conn:
+        """The one connection, opened again if the last one broke (a restart, a dropped link).
+
+        Not a pool: calls come from one thread, so one connection is all a replica uses, and a
+        pool's background reconnection backs off (1 s, 2 s, 4 s, ...) while the database is down,
+        which kept a replica unready for up to a minute after PostgreSQL came back.  Here the next
+        call after a failure connects at once, and fails at once while the database is down.
+        """
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = psycopg.connect(self._url, autocommit=True, **self._connect_kwargs)
+        return self._conn
 
     def _create_schema(self) -> None:
         for attempt in range(5):
             try:
-                with self._pool.connection() as conn:
+                with self._tx(expire=False) as (conn, _):
                     for statement in _SCHEMA:
                         conn.execute(statement)
                 return
@@ -218,13 +224,19 @@ class PostgresReservationStore:
     # -- transactions ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _tx(self, *, place: bool = False) -> Iterator[tuple[Conn, float]]:
-        """One transaction and its moment; with ``place``, holding the placement lock row."""
-        with self._pool.connection() as conn:
+    def _tx(self, *, place: bool = False, expire: bool = True) -> Iterator[tuple[Conn, float]]:
+        """One transaction and its moment; with ``place``, holding the placement lock row.
+
+        Any error rolls the transaction back; the database's own errors are raised as they are
+        (the server answers 503 for those that mean it did not answer: :data:`stores.UNREACHABLE`).
+        """
+        conn = self._connection()
+        with conn.transaction():
             if place:
                 conn.execute("SELECT placements FROM bindery_placement_lock WHERE id = 0 FOR UPDATE")
             now = self._now(conn)
-            self._expire(conn, now)
+            if expire:
+                self._expire(conn, now)
             yield conn, now
 
     def _now(self, conn: Conn) -> float:
