@@ -78,6 +78,7 @@ from bindery.reference_rm.store import (
     _digest,
     _mismatch,
 )
+from bindery.reference_rm.storeerrors import SchemaTooNew
 from bindery.rm.models import (
     BatchOperation,
     ReservationGroupRequest,
@@ -85,9 +86,18 @@ from bindery.rm.models import (
     ReservationState,
 )
 
-__all__ = ["PostgresReservationStore"]
+__all__ = ["SCHEMA_VERSION", "PostgresReservationStore"]
 
-_SCHEMA = (
+#: The schema version this code writes and reads; one migration per version in ``_MIGRATIONS``.
+SCHEMA_VERSION = 1
+#: Created before any migration, idempotently, by whichever replica comes first.
+_BOOTSTRAP = (
+    "CREATE TABLE IF NOT EXISTS bindery_schema (id INT PRIMARY KEY, version INT NOT NULL)",
+    "INSERT INTO bindery_schema (id, version) VALUES (0, 0) ON CONFLICT (id) DO NOTHING",
+    "CREATE TABLE IF NOT EXISTS bindery_schema_history "
+    "(version INT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)",
+)
+_SCHEMA_V1 = (
     "CREATE TABLE IF NOT EXISTS bindery_placement_lock (id INT PRIMARY KEY, placements BIGINT NOT NULL)",
     "INSERT INTO bindery_placement_lock (id, placements) VALUES (0, 0) ON CONFLICT (id) DO NOTHING",
     """CREATE TABLE IF NOT EXISTS reservations (
@@ -133,6 +143,8 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS reservation_groups_key ON reservation_groups (idempotency_key)",
     "CREATE TABLE IF NOT EXISTS write_probe (id INT PRIMARY KEY, payload BYTEA NOT NULL)",
 )
+#: Version N's statements bring a database of version N-1 to N.  Append; never edit a released one.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1}
 _PROBE_BYTES = 64 * 1024
 _ACTIVE = [ReservationState.RESERVED.value, ReservationState.COMMITTED.value]
 _COLUMNS = (
@@ -148,6 +160,7 @@ _SCHEMA_RACES = (
     psycopg.errors.DuplicateTable,
     psycopg.errors.DuplicateObject,
 )
+
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 Usage = dict[str, dict[str, Decimal]]
@@ -210,16 +223,42 @@ class PostgresReservationStore:
         return self._conn
 
     def _create_schema(self) -> None:
-        for attempt in range(5):
+        """Bring the database to :data:`SCHEMA_VERSION`, once, whoever else starts beside us.
+
+        The version row is locked (``FOR UPDATE``) for the migration's transaction: a second
+        replica starting at the same moment waits, then finds the version current and does
+        nothing.  A row lock rather than an advisory lock: the distributed engines honour
+        ``SELECT ... FOR UPDATE``, not all of them advisory locks.  A database a newer RM migrated
+        is refused (:class:`SchemaTooNew`): this code would not know its columns' meaning.
+        """
+        for attempt in range(5):  # two replicas creating the bootstrap tables at once: one retries
             try:
                 with self._tx(expire=False) as (conn, _):
-                    for statement in _SCHEMA:
+                    for statement in _BOOTSTRAP:
                         conn.execute(statement)
-                return
+                break
             except _SCHEMA_RACES:
                 if attempt == 4:
                     raise
                 time.sleep(0.1 * (attempt + 1))
+        with self._tx(expire=False) as (conn, now):
+            row = conn.execute("SELECT version FROM bindery_schema WHERE id = 0 FOR UPDATE").fetchone()
+            assert row is not None
+            version = int(row[0])
+            if version > SCHEMA_VERSION:
+                raise SchemaTooNew(
+                    f"the database's reservation schema is version {version}, written by a newer "
+                    f"reference RM; this one knows versions up to {SCHEMA_VERSION} and would misread it: "
+                    "run the newer version on every replica (a database is never migrated back)"
+                )
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in _MIGRATIONS[target]:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO bindery_schema_history (version, applied_at) VALUES (%s, %s)", (target, now)
+                )
+            if version < SCHEMA_VERSION:
+                conn.execute("UPDATE bindery_schema SET version = %s WHERE id = 0", (SCHEMA_VERSION,))
 
     # -- transactions ---------------------------------------------------------------------------
 
