@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import pathlib
 import subprocess
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -13,7 +14,10 @@ import pytest
 from bindery.devcluster.postgres import PostgresServer
 from bindery.reference_rm.cli import serve_command
 from bindery.reference_rm.pgstore import SCHEMA_VERSION, PostgresReservationStore
+from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.store import Placed, Unschedulable
 from bindery.reference_rm.storeerrors import SchemaTooNew
+from bindery.rm.models import ReservationRequest
 
 
 def test_replicas_starting_together_migrate_once(postgres_db: str) -> None:
@@ -70,3 +74,41 @@ def test_an_unreachable_database_is_a_reason_not_a_traceback(
     assert done.returncode == 2, done.stderr
     assert b"password authentication failed" in done.stderr
     assert b"Traceback" not in done.stderr
+
+
+def test_a_version_1_database_gains_the_usage_table_filled_from_its_active_rows(postgres_db: str) -> None:
+    """Version 2 keeps the usage per node in a table; a database of version 1 (usage summed from
+    the rows at every reserve) is migrated with the usage of the reservations it holds."""
+    nodes = [InventoryNode(name="n1", allocatable={"cpu": Decimal(4)})]
+    store = PostgresReservationStore(postgres_db, clock=lambda: 0.0)
+    kept = store.reserve(request("kept", "1500m"), nodes=nodes, policy=Policy.BINPACK)
+    ended = store.reserve(request("ended", "1"), nodes=nodes, policy=Policy.BINPACK)
+    assert isinstance(kept, Placed)
+    assert isinstance(ended, Placed)
+    assert store.release(ended.reservation.id) is not None
+    store.close()
+    with psycopg.connect(postgres_db) as conn:  # back to what version 1 left
+        conn.execute("DROP TABLE node_usage")
+        conn.execute("UPDATE bindery_schema SET version = 1")
+        conn.execute("DELETE FROM bindery_schema_history WHERE version = 2")
+    reopened = PostgresReservationStore(postgres_db, clock=lambda: 0.0)
+    assert reopened.usage() == {"n1": {"cpu": Decimal("1.5")}}
+    full = reopened.reserve(request("more", "2600m"), nodes=nodes, policy=Policy.BINPACK)
+    assert isinstance(full, Unschedulable)  # 1.5 + 2.6 > 4: the migrated usage is what placement sees
+    reopened.close()
+    with psycopg.connect(postgres_db) as conn:
+        assert conn.execute("SELECT version FROM bindery_schema_history ORDER BY version").fetchall() == [
+            (1,),
+            (2,),
+        ]
+
+
+def request(uid: str, cpu: str) -> ReservationRequest:
+    return ReservationRequest.model_validate(
+        {
+            "pod": {"uid": uid, "namespace": "ns", "name": uid, "schedulerName": "s"},
+            "resources": {"cpu": cpu},
+            "idempotencyKey": uid,
+            "ttlSeconds": 10,
+        }
+    )

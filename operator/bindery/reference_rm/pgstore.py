@@ -5,7 +5,8 @@ its speed comes from what that process remembers (the capacity in use, the next 
 With several replicas on one database, memory is exactly what must not be trusted: another replica
 may have placed, released or expired anything since.  So here nothing about reservations is kept
 in memory between operations: each operation is ONE database transaction that reads what it needs
-(the usage per node is summed from the active rows) and writes its outcome.
+(the usage per node from ``node_usage``, which every transaction that activates or ends a
+reservation changes with it) and writes its outcome.
 
 Concurrency (issue 22, "active-active"), chosen and why:
 
@@ -40,7 +41,7 @@ import json
 import pathlib
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -89,7 +90,7 @@ from bindery.rm.models import (
 __all__ = ["SCHEMA_VERSION", "PostgresReservationStore"]
 
 #: The schema version this code writes and reads; one migration per version in ``_MIGRATIONS``.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Created before any migration, idempotently, by whichever replica comes first.
 _BOOTSTRAP = (
     "CREATE TABLE IF NOT EXISTS bindery_schema (id INT PRIMARY KEY, version INT NOT NULL)",
@@ -143,8 +144,45 @@ _SCHEMA_V1 = (
     "CREATE INDEX IF NOT EXISTS reservation_groups_key ON reservation_groups (idempotency_key)",
     "CREATE TABLE IF NOT EXISTS write_probe (id INT PRIMARY KEY, payload BYTEA NOT NULL)",
 )
-#: Version N's statements bring a database of version N-1 to N.  Append; never edit a released one.
-_MIGRATIONS: dict[int, tuple[str, ...]] = {1: _SCHEMA_V1}
+
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+Usage = dict[str, dict[str, Decimal]]
+
+
+def _resources(text: str) -> dict[str, Decimal]:
+    return {name: parse_quantity(amount) for name, amount in json.loads(text).items()}
+
+
+def _migrate_v2(conn: Conn) -> None:
+    """The capacity in use per node and resource, kept in a table of its own.
+
+    Summing the active rows at every reserve made a reserve cost O(active reservations): 25
+    reserves/s at 1,000 where SQLite, whose store keeps the sum in memory, did 242.  Here every
+    transaction that changes an active row changes the sum too, so a reserve reads nodes ×
+    resources rows.  Filled from the rows already active (the quantities are parsed here, not in
+    SQL, which has no notion of ``500m`` or ``1Gi``)."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS node_usage (node TEXT NOT NULL, resource TEXT NOT NULL, "
+        "amount NUMERIC NOT NULL, PRIMARY KEY (node, resource))"
+    )
+    usage: Usage = {}
+    for node, resources in conn.execute(
+        "SELECT node, resources FROM reservations WHERE state = ANY(%s)", (_ACTIVE,)
+    ).fetchall():
+        add_usage(usage, str(node), _resources(str(resources)))
+    rows = [
+        (node, name, amount)
+        for node, bucket in sorted(usage.items())
+        for name, amount in sorted(bucket.items())
+    ]
+    if rows:
+        with conn.cursor() as cursor:
+            cursor.executemany("INSERT INTO node_usage (node, resource, amount) VALUES (%s, %s, %s)", rows)
+
+
+#: Version N's migration brings a database of version N-1 to N.  Append; never edit a released one.
+_MIGRATIONS: dict[int, tuple[str, ...] | Callable[[Conn], None]] = {1: _SCHEMA_V1, 2: _migrate_v2}
 _PROBE_BYTES = 64 * 1024
 _ACTIVE = [ReservationState.RESERVED.value, ReservationState.COMMITTED.value]
 _COLUMNS = (
@@ -160,14 +198,6 @@ _SCHEMA_RACES = (
     psycopg.errors.DuplicateTable,
     psycopg.errors.DuplicateObject,
 )
-
-
-Conn = psycopg.Connection[tuple[Any, ...]]
-Usage = dict[str, dict[str, Decimal]]
-
-
-def _resources(text: str) -> dict[str, Decimal]:
-    return {name: parse_quantity(amount) for name, amount in json.loads(text).items()}
 
 
 class PostgresReservationStore:
@@ -197,6 +227,8 @@ class PostgresReservationStore:
         if password is not None:
             self._connect_kwargs["password"] = password
         self._conn: Conn | None = None
+        # Changes of node_usage in the current transaction, written at its end (see _flush_usage).
+        self._deltas: dict[tuple[str, str], Decimal] = {}
         try:
             self._create_schema()
         except BaseException:
@@ -252,8 +284,12 @@ class PostgresReservationStore:
                     "run the newer version on every replica (a database is never migrated back)"
                 )
             for target in range(version + 1, SCHEMA_VERSION + 1):
-                for statement in _MIGRATIONS[target]:
-                    conn.execute(statement)
+                migration = _MIGRATIONS[target]
+                if callable(migration):
+                    migration(conn)
+                else:
+                    for statement in migration:
+                        conn.execute(statement)
                 conn.execute(
                     "INSERT INTO bindery_schema_history (version, applied_at) VALUES (%s, %s)", (target, now)
                 )
@@ -270,6 +306,7 @@ class PostgresReservationStore:
         (the server answers 503 for those that mean it did not answer: :data:`stores.UNREACHABLE`).
         """
         conn = self._connection()
+        self._deltas = {}
         with conn.transaction():
             if place:
                 conn.execute("SELECT placements FROM bindery_placement_lock WHERE id = 0 FOR UPDATE")
@@ -277,6 +314,29 @@ class PostgresReservationStore:
             if expire:
                 self._expire(conn, now)
             yield conn, now
+            self._flush_usage(conn)
+
+    def _count(self, node: str, amounts: Mapping[str, Decimal], sign: int) -> None:
+        """Note a change of the capacity in use; written by :meth:`_flush_usage` at the end."""
+        for name, amount in amounts.items():
+            key = (node, name)
+            self._deltas[key] = self._deltas.get(key, Decimal(0)) + sign * amount
+
+    def _flush_usage(self, conn: Conn) -> None:
+        """Write the transaction's changes of ``node_usage`` last, in (node, resource) order.
+
+        Last: a transaction holding these row locks then waits for nothing but its COMMIT, so
+        these locks are never part of a wait cycle with reservation rows.  In one order: two
+        transactions changing the same nodes queue instead of deadlocking."""
+        rows = [(node, name, amount) for (node, name), amount in sorted(self._deltas.items()) if amount]
+        self._deltas = {}
+        if rows:
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    "INSERT INTO node_usage (node, resource, amount) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (node, resource) DO UPDATE SET amount = node_usage.amount + EXCLUDED.amount",
+                    rows,
+                )
 
     def _now(self, conn: Conn) -> float:
         if self._clock is not None:
@@ -292,10 +352,13 @@ class PostgresReservationStore:
         """Mark due leases expired (every call: another replica may have made them), and delete
         ended rows past the retention or the cap now and then, as the SQLite store does."""
         expired = conn.execute(
-            "UPDATE reservations SET state = %s, updated_at = %s WHERE state = %s AND expires_at <= %s",
+            "UPDATE reservations SET state = %s, updated_at = %s WHERE state = %s AND expires_at <= %s "
+            "RETURNING node, resources",
             (ReservationState.EXPIRED.value, now, ReservationState.RESERVED.value, now),
-        ).rowcount
-        self._ended_since_gc += max(expired, 0)
+        ).fetchall()
+        for node, resources in expired:
+            self._count(str(node), _resources(str(resources)), -1)
+        self._ended_since_gc += len(expired)
         if now < self._next_gc and self._ended_since_gc <= self._max_ended // 10:
             return
         conn.execute(
@@ -315,12 +378,13 @@ class PostgresReservationStore:
         self._ended_since_gc = 0
 
     def _active_usage(self, conn: Conn) -> Usage:
-        """The capacity in use per node, summed from the active rows of every replica."""
+        """The capacity in use per node as every replica left it, and this transaction's changes."""
         usage: Usage = {}
-        for node, resources in conn.execute(
-            "SELECT node, resources FROM reservations WHERE state = ANY(%s)", (_ACTIVE,)
-        ):
-            add_usage(usage, str(node), _resources(str(resources)))
+        for node, name, amount in conn.execute("SELECT node, resource, amount FROM node_usage"):
+            usage.setdefault(str(node), {})[str(name)] = Decimal(amount)
+        for (node, name), delta in self._deltas.items():
+            bucket = usage.setdefault(node, {})
+            bucket[name] = bucket.get(name, Decimal(0)) + delta
         return usage
 
     def _retry_hint(self, conn: Conn, now: float, *, foreign: bool) -> float | None:
@@ -363,16 +427,10 @@ class PostgresReservationStore:
             return self._get(conn, reservation_id)
 
     def usage(self) -> Usage:
-        """The capacity in use per node, with a zero for what only ended rows name (as the SQLite
-        store's memory keeps them)."""
+        """The capacity in use per node (a zero where all that used it ended, as in the SQLite
+        store's memory)."""
         with self._tx() as (conn, _):
-            usage: Usage = {}
-            for node, resources, state in conn.execute("SELECT node, resources, state FROM reservations"):
-                amounts = _resources(str(resources))
-                if state not in _ACTIVE:
-                    amounts = {name: Decimal(0) for name in amounts}
-                add_usage(usage, str(node), amounts)
-            return usage
+            return self._active_usage(conn)
 
     def check_writable(self) -> None:
         """Raise the database's error unless the cleanup and a write of a request's size commit now."""
@@ -462,6 +520,7 @@ class PostgresReservationStore:
         ).fetchone()
         assert inserted is not None
         add_usage(usage, node.name, amounts)
+        self._count(node.name, amounts, +1)
         return Placed(StoredReservation.from_row(inserted), created=True)
 
     def commit(self, reservation_id: str, *, pod_uid: str | None = None) -> CommitOutcome:
@@ -504,6 +563,7 @@ class PostgresReservationStore:
         )
         if usage is not None:  # inside a batch: later reserves of it may use what this freed
             subtract_usage(usage, current.node, current.usage())
+        self._count(current.node, current.usage(), -1)
         self._ended_since_gc += 1
         return current
 
@@ -719,6 +779,8 @@ class PostgresReservationStore:
                         )
                     ],
                 )
+            for node, usage in zip(decision.nodes, usages, strict=True):
+                self._count(node, usage, +1)
             group = self._get_group(conn, group_id)
             assert group is not None
             return GroupPlaced(group, created=True)
@@ -729,10 +791,13 @@ class PostgresReservationStore:
             if self._get_group(conn, group_id) is None:
                 return None
             released = conn.execute(
-                "UPDATE reservations SET state = %s, updated_at = %s WHERE group_id = %s AND state = %s",
+                "UPDATE reservations SET state = %s, updated_at = %s WHERE group_id = %s AND state = %s "
+                "RETURNING node, resources",
                 (ReservationState.RELEASED.value, now, group_id, ReservationState.RESERVED.value),
-            ).rowcount
-            self._ended_since_gc += max(released, 0)
+            ).fetchall()
+            for node, resources in released:
+                self._count(str(node), _resources(str(resources)), -1)
+            self._ended_since_gc += len(released)
             return self._get_group(conn, group_id)
 
     def renew_group(self, group_id: str, *, ttl_seconds: int) -> StoredGroup | NotFound | NotActive:
