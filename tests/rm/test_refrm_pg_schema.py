@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import pathlib
 import subprocess
+import time
 from decimal import Decimal
 
 import psycopg
@@ -17,7 +18,7 @@ from bindery.reference_rm.pgstore import SCHEMA_VERSION, PostgresReservationStor
 from bindery.reference_rm.placement import InventoryNode, Policy
 from bindery.reference_rm.store import Placed, Unschedulable
 from bindery.reference_rm.storeerrors import SchemaTooNew
-from bindery.rm.models import ReservationRequest
+from bindery.rm.models import ReservationRequest, ReservationState
 
 
 def test_replicas_starting_together_migrate_once(postgres_db: str) -> None:
@@ -112,3 +113,34 @@ def request(uid: str, cpu: str) -> ReservationRequest:
             "ttlSeconds": 10,
         }
     )
+
+
+def test_leases_are_stamped_and_judged_by_the_database_clock(
+    postgres_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replicas on machines whose clocks disagree must agree on when a lease ends: with this
+    machine's clock set 30 years back, a lease still starts at the database's time, and one the
+    database's clock says is over is expired."""
+    nodes = [InventoryNode(name="n1", allocatable={"cpu": Decimal(4)})]
+    store = PostgresReservationStore(postgres_db)  # no clock injected: the database's
+    with psycopg.connect(postgres_db) as conn:
+        row = conn.execute(
+            "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+        ).fetchone()
+    assert row is not None
+    database_now = float(row[0])
+    monkeypatch.setattr(time, "time", lambda: database_now - 30 * 365 * 86400)
+    placed = store.reserve(request("a", "1"), nodes=nodes, policy=Policy.BINPACK)
+    assert isinstance(placed, Placed)
+    assert abs(placed.reservation.created_at - database_now) < 600
+    assert placed.reservation.expires_at == placed.reservation.created_at + 10
+    with psycopg.connect(postgres_db) as conn:  # the lease ran out, by the database's clock
+        conn.execute(
+            "UPDATE reservations SET expires_at = "
+            "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION) - 1"
+        )
+    gone = store.get(placed.reservation.id)
+    assert gone is not None
+    assert gone.state is ReservationState.EXPIRED
+    assert store.usage() == {"n1": {"cpu": Decimal(0)}}
+    store.close()
