@@ -63,6 +63,8 @@ SLOW_TESTS = (
     "operator/test_leader.py::test_a_standby_does_not_take_a_live_lease_whose_renew_time_looks_stale",
     # 16 s: schemathesis against the reference RM
     "rm/test_refrm_fuzz.py::test_reference_rm_matches_its_contract",
+    # 17 s (2.7 s setup, 14.6 s the kit's lease waits): the whole kit against an RM on PostgreSQL
+    "rm/test_refrm_postgres.py::test_conformance_kit_against_a_reference_rm_process_on_postgres",
     # 15 s: the chart installed, its two processes run under its identities
     "chart/test_chart_e2e.py",
     # 25 s (call 15 s, teardown 3 s, with an e2e.test build beside it): two schedulers' rounds on the

@@ -29,6 +29,8 @@ from bindery.reference_rm.server import (
     serve_reference_rm,
 )
 from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS
+from bindery.reference_rm.storeerrors import SchemaTooNew
+from bindery.reference_rm.stores import UNREACHABLE
 from bindery.reference_rm.writerlock import DatabaseLocked
 
 __all__ = ["build_parser", "main", "serve_command", "served_url"]
@@ -269,6 +271,19 @@ async def _serve(args: argparse.Namespace) -> None:
         await stop.wait()
 
 
+#: Start-up failures reported as their reason and exit status 2 (a database that does not answer
+#: included), not as a traceback.
+_REPORTED: tuple[type[Exception], ...] = (
+    InventoryError,
+    DatabaseLocked,
+    SchemaTooNew,
+    ValueError,
+    OSError,
+    ssl.SSLError,
+    *UNREACHABLE,
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status.
 
@@ -286,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tracing.configure(service_name="bindery-rm")  # only when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     try:
         asyncio.run(_serve(args))
-    except (InventoryError, DatabaseLocked, ValueError, OSError, ssl.SSLError) as error:
+    except _REPORTED as error:
         print(f"bindery rm: {error}", file=sys.stderr)
         return 2
     return 0

@@ -58,7 +58,7 @@ from bindery.reference_rm.store import (
     StoredGroup,
     StoredReservation,
 )
-from bindery.reference_rm.stores import Store, open_store
+from bindery.reference_rm.stores import UNREACHABLE, Store, open_store
 from bindery.rm.contract import openapi_text
 from bindery.rm.errors import ProblemType
 from bindery.rm.models import (
@@ -556,6 +556,9 @@ class ReferenceRM:
             if _storage_failure(error):
                 self._storage_failure = str(error)
             raise
+        except UNREACHABLE as error:  # PostgreSQL down or restarting: not ready until a write commits
+            self._storage_failure = str(error).strip() or type(error).__name__
+            raise
 
     # -- middleware ------------------------------------------------------------------------------
 
@@ -579,6 +582,17 @@ class ReferenceRM:
             kind = _KINDS.get(error.status, ProblemType.INTERNAL)
             allow = error.headers.get("Allow")
             return problem(error.status, kind, detail, headers={"Allow": allow} if allow else None)
+        except UNREACHABLE as error:
+            # Nothing was decided that the caller must know of: a transaction that did not commit
+            # changed nothing, and one whose COMMIT answer was lost replays under the same key.
+            log.warning("the database did not answer %s %s: %s", request.method, request.path, error)
+            return problem(
+                503,
+                ProblemType.UNAVAILABLE,
+                f"the reservation database did not answer ({str(error).strip()}); ask again: the same "
+                "idempotency key replays whatever was decided",
+                headers={"Retry-After": "1"},
+            )
         except Exception:
             log.exception("unexpected error serving %s %s", request.method, request.path)
             return problem(500, ProblemType.INTERNAL, "the reference RM failed unexpectedly; see its log")
@@ -1015,7 +1029,7 @@ class ReferenceRM:
                 503, ProblemType.UNAVAILABLE, "the inventory is not loaded yet", headers={"Retry-After": "1"}
             )
         if self._storage_failure is not None:
-            with contextlib.suppress(sqlite3.Error):  # _run keeps the new reason
+            with contextlib.suppress(sqlite3.Error, *UNREACHABLE):  # _run keeps the new reason
                 await self._run(self._store.check_writable)
                 log.info("writes to the database succeed again (%s before): ready", self._storage_failure)
                 self._storage_failure = None
@@ -1024,7 +1038,8 @@ class ReferenceRM:
                 503,
                 ProblemType.UNAVAILABLE,
                 f"writes to the database fail ({self._storage_failure}), so every reserve would fail: free "
-                "space on its volume or repair the disk; the RM turns ready by itself once a write commits",
+                "space on its volume, repair the disk or bring the database back; the RM turns ready by "
+                "itself once a write commits",
                 headers={"Retry-After": "5"},
             )
         for check in self._readiness_checks:

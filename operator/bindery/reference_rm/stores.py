@@ -33,9 +33,24 @@ from bindery.reference_rm.store import (
 )
 from bindery.rm.models import BatchOperation, ReservationGroupRequest, ReservationRequest, ReservationState
 
-__all__ = ["Store", "is_postgres_url", "open_store"]
+__all__ = ["UNREACHABLE", "Store", "is_postgres_url", "open_store"]
 
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _unreachable() -> tuple[type[Exception], ...]:
+    """PostgreSQL's errors that mean "ask again": the database down, restarting or unreachable, a
+    dropped connection, a deadlock or serialization failure; not a refused statement.  Empty without
+    the driver installed (then no store raises them)."""
+    try:
+        import psycopg
+    except ImportError:
+        return ()
+    return (psycopg.OperationalError,)
+
+
+#: Errors a store raises when its database cannot be reached: the call may be asked again.
+UNREACHABLE = _unreachable()
 
 
 class Store(Protocol):
