@@ -290,6 +290,9 @@ class SlurmBed:
             "KillWait=2",
             "InactiveLimit=0",
             "MinJobAge=60",
+            # slurmctld starts a batch job up to 3 s after its submission by default (batched for
+            # throughput); a placeholder job is a pod waiting to bind, so start it at once.
+            "SchedulerParameters=batch_sched_delay=0",
         ]
         for node in self.nodes:
             lines.append(
