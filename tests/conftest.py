@@ -64,6 +64,9 @@ SLOW_TESTS = (
     "rm/test_refrm_fuzz.py::test_reference_rm_matches_its_contract",
     # 15 s: the chart installed, its two processes run under its identities
     "chart/test_chart_e2e.py",
+    # 75 s: the whole conformance kit against the Slurm adapter on a live slurmctld (CI's short
+    # run is test_the_conformance_kit_short_run_passes, ~10 s)
+    "slurm/test_adapter.py::test_the_conformance_kit_passes_every_check_the_adapter_serves",
 )
 _TESTS = pathlib.Path(__file__).parent
 _TIERS_KEY = pytest.StashKey[list[tuple[pytest.Item, str]]]()

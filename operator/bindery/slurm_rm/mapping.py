@@ -58,7 +58,7 @@ class MappedNode:
 def parse_node_map(text: str) -> tuple[MappedNode, ...]:
     """``k8s=slurm,k8s2=slurm2`` or the path of a YAML file (see the module docstring)."""
     path = pathlib.Path(text)
-    if "=" not in text and path.exists():
+    if "=" not in text and path.is_file():
         return parse_node_map_document(yaml.safe_load(path.read_text(encoding="utf-8")), where=str(path))
     nodes = []
     for pair in filter(None, (part.strip() for part in text.split(","))):
