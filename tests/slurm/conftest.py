@@ -52,11 +52,12 @@ class AdapterProcess:
     bed: SlurmBed
     token_file: pathlib.Path
     options: tuple[str, ...] = ()
+    node_map: str = ""  # default: every bed node maps to a Kubernetes node of the same name
     url: str = ""
     process: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        node_map = ",".join(f"{node.name}={node.name}" for node in self.bed.nodes)
+        node_map = self.node_map or ",".join(f"{node.name}={node.name}" for node in self.bed.nodes)
         self.process = subprocess.Popen(
             [
                 sys.executable, "-m", "bindery.slurm_rm.cli", "--slurmrestd", self.bed.url,
