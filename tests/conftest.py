@@ -67,6 +67,8 @@ SLOW_TESTS = (
     # 75 s: the whole conformance kit against the Slurm adapter on a live slurmctld (CI's short
     # run is test_the_conformance_kit_short_run_passes, ~10 s)
     "slurm/test_adapter.py::test_the_conformance_kit_passes_every_check_the_adapter_serves",
+    # 23 s: slurmrestd tries a SIGKILLed slurmctld for ~9 s before it answers, then the restart
+    "slurm/test_adapter.py::test_slurmctld_down_answers_unavailable_and_its_restart_keeps_the_reservations",
 )
 _TESTS = pathlib.Path(__file__).parent
 _TIERS_KEY = pytest.StashKey[list[tuple[pytest.Item, str]]]()

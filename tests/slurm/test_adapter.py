@@ -174,3 +174,27 @@ def test_a_placeholder_cancelled_by_hand_lists_as_released(
             30,
             "the cancelled placeholder lists as released",
         )
+
+
+def test_slurmctld_down_answers_unavailable_and_its_restart_keeps_the_reservations(
+    slurm_bed: SlurmBed, slurm_adapter: AdapterProcess
+) -> None:
+    with slurm_adapter.client() as client:
+        kept = client.post("/v1/reservations", json=_body("before-crash"))
+        assert kept.status_code == 201, kept.text
+        assert client.post(f"/v1/reservations/{kept.json()['id']}/commit").status_code == 200
+        # A SIGKILL before slurmctld's background save loses the commit (see wait_state_saved).
+        slurm_bed.wait_state_saved(time.time())
+        slurm_bed.kill("slurmctld", signal.SIGKILL)
+        # slurmrestd tries slurmctld for ~9 s, then fails: Bindery must hear "retry", not "broken".
+        down = client.post("/v1/reservations", json=_body("during-crash"))
+        assert down.status_code == 503, down.text
+        assert down.json()["type"].endswith(":unavailable")
+        assert down.headers["Retry-After"] == "1"
+        slurm_bed.start_slurmctld()
+        slurm_bed.wait_idle(timeout=60)
+        after = client.get(f"/v1/reservations/{kept.json()['id']}")
+        assert after.status_code == 200, after.text
+        assert after.json()["state"] == "committed"
+        again = client.post("/v1/reservations", json=_body("during-crash"))
+        assert again.status_code == 201, again.text

@@ -395,6 +395,18 @@ class SlurmBed:
 
         self._wait(ready, timeout, f"every Slurm node idle (logs in {self.workdir / 'log'})")
 
+    def wait_state_saved(self, since: float, *, timeout: float = 30) -> None:
+        """Until slurmctld has written its job state after ``since`` (a ``time.time()``).
+
+        slurmctld saves state in the background, a few seconds after a change: a SIGKILL before
+        that loses the last submissions and updates (seen: a job submitted and committed <1 s
+        before the kill was unknown after the restart).
+        """
+        path = self.workdir / "state" / "job_state"
+        self._wait(
+            lambda: path.exists() and path.stat().st_mtime > since, timeout, "slurmctld to save job state"
+        )
+
     def stop(self) -> None:
         """Cancel every job (so no slurmstepd outlives the bed), then end the daemons."""
         if self.running("slurmctld"):

@@ -194,7 +194,9 @@ class SlurmRM:
                 raise
             return problem(error.status, _KINDS.get(error.status, ProblemType.INTERNAL), error.reason)
         except SlurmUnreachable as error:
-            return problem(503, ProblemType.UNAVAILABLE, f"Slurm is not answering: {error}")
+            return problem(
+                503, ProblemType.UNAVAILABLE, f"Slurm is not answering ({error}); retry after Retry-After"
+            )
         except SlurmError as error:
             log.warning("slurmrestd refused %s %s: %s", request.method, request.path, error)
             return problem(500, ProblemType.INTERNAL, f"slurmrestd refused a call: {error}")
@@ -292,7 +294,18 @@ class SlurmRM:
                 choice = await self._choose(body)
                 if isinstance(choice, web.Response):
                     return choice
-                job_id = await self._submit(body, choice, now)
+                try:
+                    job_id = await self._submit(body, choice, now)
+                except SlurmUnreachable:
+                    raise
+                except SlurmError as error:  # Slurm's own refusal: a limit, a QOS, a partition
+                    return problem(
+                        409,
+                        ProblemType.UNSCHEDULABLE,
+                        "Slurm refused the pod's placeholder job",
+                        reason=f"Slurm refused a job on {choice.slurm}: {error}",
+                        retryAfterSeconds=self.retry_after,
+                    )
                 created = True
         deadline = time.monotonic() + self.start_wait
         while True:

@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 
 API = "v0.0.38"
+# slurmrestd's answers when slurmctld is down or slow: it tries for ~9 s, then a 500 with one of these.
+_CONTROLLER_DOWN = frozenset({-1, 1007, 1008, 5004, 5005})
 
 
 class SlurmError(RuntimeError):
@@ -57,7 +59,8 @@ class SlurmRest:
             words = "; ".join(
                 str(e.get("description") or e.get("error") or e) for e in errors if isinstance(e, dict)
             )
-            if response.status_code >= 500 and "Unable to contact slurm controller" in words:
+            numbers = {e.get("error_number") for e in errors if isinstance(e, dict)}
+            if response.status_code >= 500 and numbers & _CONTROLLER_DOWN:
                 raise SlurmUnreachable(f"{method} {path}: {words}")
             raise SlurmError(f"{method} {path}: {words}")
         return document
