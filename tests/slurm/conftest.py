@@ -53,6 +53,7 @@ class AdapterProcess:
     token_file: pathlib.Path
     options: tuple[str, ...] = ()
     node_map: str = ""  # default: every bed node maps to a Kubernetes node of the same name
+    listen: str = "127.0.0.1:0"  # set to the last URL's host:port to restart at the same address
     url: str = ""
     process: subprocess.Popen[str] | None = None
 
@@ -61,7 +62,7 @@ class AdapterProcess:
         self.process = subprocess.Popen(
             [
                 sys.executable, "-m", "bindery.slurm_rm.cli", "--slurmrestd", self.bed.url,
-                "--node-map", node_map, "--listen", "127.0.0.1:0", "--token-file", str(self.token_file),
+                "--node-map", node_map, "--listen", self.listen, "--token-file", str(self.token_file),
                 *self.options,
             ],
             stdout=subprocess.PIPE,
