@@ -290,6 +290,9 @@ class SlurmBed:
             "KillWait=2",
             "InactiveLimit=0",
             "MinJobAge=60",
+            # slurmctld starts a batch job up to 3 s after its submission by default (batched for
+            # throughput); a placeholder job is a pod waiting to bind, so start it at once.
+            "SchedulerParameters=batch_sched_delay=0",
         ]
         for node in self.nodes:
             lines.append(
@@ -391,6 +394,18 @@ class SlurmBed:
             return all(states.get(n.name, "").rstrip("*") in ("idle", "alloc", "mix") for n in self.nodes)
 
         self._wait(ready, timeout, f"every Slurm node idle (logs in {self.workdir / 'log'})")
+
+    def wait_state_saved(self, since: float, *, timeout: float = 30) -> None:
+        """Until slurmctld has written its job state after ``since`` (a ``time.time()``).
+
+        slurmctld saves state in the background, a few seconds after a change: a SIGKILL before
+        that loses the last submissions and updates (seen: a job submitted and committed <1 s
+        before the kill was unknown after the restart).
+        """
+        path = self.workdir / "state" / "job_state"
+        self._wait(
+            lambda: path.exists() and path.stat().st_mtime > since, timeout, "slurmctld to save job state"
+        )
 
     def stop(self) -> None:
         """Cancel every job (so no slurmstepd outlives the bed), then end the daemons."""
