@@ -411,13 +411,14 @@ class Runtime:
     def connection_pool(self, configs: Iterable[ResourceManagerConfig]) -> ConnectionPool:
         """What the apiserver connection pool is for now: per scope (all namespaces, or each of
         the operator's), a watch of unbound pods per claimed name and of bound pods per served name,
-        the namespace-label watch, and the cycles every ResourceManager may have in flight."""
+        the namespace-label watch, the placed-pod watch (inter-pod rules), and the cycles every
+        ResourceManager may have in flight."""
         pending = self.pending
         scopes = max(len(self.options.namespaces), 1)
         return ConnectionPool(
             watches=scopes * (len(pending.claimed()) + len(pending.routing.served))
             + (1 if self._namespaces_task is not None else 0)
-            + (1 if self._placed_task is not None else 0),
+            + (scopes if self._placed_task is not None else 0),
             in_flight=sum(config.max_in_flight for config in configs),
         )
 
