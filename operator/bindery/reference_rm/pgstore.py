@@ -308,9 +308,7 @@ class PostgresReservationStore:
         conn = self._connection()
         self._deltas = {}
         with conn.transaction():
-            if place:
-                conn.execute("SELECT placements FROM bindery_placement_lock WHERE id = 0 FOR UPDATE")
-            now = self._now(conn)
+            now = self._now(conn, place=place)
             if expire:
                 self._expire(conn, now)
             yield conn, now
@@ -338,13 +336,20 @@ class PostgresReservationStore:
                     rows,
                 )
 
-    def _now(self, conn: Conn) -> float:
+    def _now(self, conn: Conn, *, place: bool) -> float:
+        """The transaction's moment; with ``place``, first the placement lock (one round trip)."""
+        # The database's clock, read once the lock is granted: a lease starts when it is written.
+        clock = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+        if place:
+            row = conn.execute(
+                f"SELECT {clock} FROM bindery_placement_lock WHERE id = 0 FOR UPDATE"
+            ).fetchone()
+        elif self._clock is None:
+            row = conn.execute(f"SELECT {clock}").fetchone()
+        else:
+            row = None
         if self._clock is not None:
             return self._clock()
-        # The database's clock, read after any lock was granted: a lease starts when it is written.
-        row = conn.execute(
-            "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
-        ).fetchone()
         assert row is not None
         return float(row[0])
 
