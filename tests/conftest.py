@@ -67,6 +67,17 @@ SLOW_TESTS = (
     "rm/test_refrm_postgres.py::test_conformance_kit_against_a_reference_rm_process_on_postgres",
     # 15 s: the chart installed, its two processes run under its identities
     "chart/test_chart_e2e.py",
+    # 25 s (call 15 s, teardown 3 s, with an e2e.test build beside it): two schedulers' rounds on the
+    # cluster plane, the reference RM and the operator as processes
+    "placement/test_side_by_side.py",
+    # 75 s: the whole conformance kit against the Slurm adapter on a live slurmctld (CI's short
+    # run is test_the_conformance_kit_short_run_passes, ~10 s)
+    "slurm/test_adapter.py::test_the_conformance_kit_passes_every_check_the_adapter_serves",
+    # 23 s: slurmrestd tries a SIGKILLed slurmctld for ~9 s before it answers, then the restart
+    "slurm/test_adapter.py::test_slurmctld_down_answers_unavailable_and_its_restart_keeps_the_reservations",
+    # 20 s, 38 s, 57 s-38 s (runs with the cluster plane up): Deployments bound through a live
+    # Slurm, the adapter or slurmctld SIGKILLed mid-burst
+    "cluster/test_slurm_cluster.py",
 )
 _TESTS = pathlib.Path(__file__).parent
 _TIERS_KEY = pytest.StashKey[list[tuple[pytest.Item, str]]]()

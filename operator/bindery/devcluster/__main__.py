@@ -17,6 +17,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build the control plane, kubectl, helm and kwok (cached)")
     build.add_argument("--print-dir", action="store_true", help="print the binaries' directory and exit")
+    build.add_argument(
+        "--e2e",
+        action="store_true",
+        help="build Kubernetes' own e2e.test (for scripts/e2e-upstream; not part of the plane)",
+    )
     up = sub.add_parser("up", help="start etcd + kube-apiserver and keep them running until Ctrl-C")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for /readyz (default 90)")
     up.add_argument(
@@ -39,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "build":
-        return binaries.main(["--print-dir"] if args.print_dir else [])
+        return binaries.main([*(["--print-dir"] if args.print_dir else []), *(["--e2e"] if args.e2e else [])])
     # A shell starts background jobs with SIGINT ignored, and Python keeps it so: make Ctrl-C
     # (or `kill -INT`) stop the plane whichever way `up` was started.
     signal.signal(signal.SIGINT, signal.default_int_handler)

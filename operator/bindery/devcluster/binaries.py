@@ -271,15 +271,90 @@ def binary(name: str) -> pathlib.Path:
     return path
 
 
+# Kubernetes' own end-to-end suite (``go test -c k8s.io/kubernetes/test/e2e``), for
+# scripts/e2e-upstream. Not part of the plane: it is a large build (minutes on 2 cores even with a
+# warm Go cache) that only the upstream-e2e run needs, so it has its own wrapper module, its own
+# cache directory and its own flag (`build --e2e`), and no change to it invalidates the plane's key.
+E2E_MODULE = "e2e"
+E2E_PACKAGE = "k8s.io/kubernetes/test/e2e"
+
+
+def e2e_cache_root() -> pathlib.Path:
+    return cache_root().parent / "e2e"
+
+
+def e2e_cache_key() -> str:
+    digest = hashlib.sha256(_go_version().encode())
+    digest.update(repr((E2E_PACKAGE, _k8s_ldflags())).encode())
+    for name in ("go.mod", "go.sum", "tools.go"):
+        digest.update((GOMOD_DIR / E2E_MODULE / name).read_bytes())
+    return f"k8s-{KUBERNETES_VERSION}-{digest.hexdigest()[:12]}"
+
+
+def e2e_binary() -> pathlib.Path:
+    """Where ``e2e.test`` of the pinned Kubernetes version lives (built or not)."""
+    override = os.environ.get("BINDERY_E2E_TEST")
+    if override:
+        return pathlib.Path(override)
+    return e2e_cache_root() / e2e_cache_key() / "e2e.test"
+
+
+def ensure_e2e_built(*, quiet: bool = False) -> pathlib.Path:
+    """Build ``e2e.test`` unless it is there; returns its path."""
+    dest = e2e_binary()
+    if dest.is_file():
+        if not quiet:
+            _log(f"up to date: {dest}")
+        return dest
+    if os.environ.get("BINDERY_E2E_TEST"):
+        raise SystemExit(f"bindery: BINDERY_E2E_TEST={dest} does not exist.")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.parent / f".e2e.test.partial-{os.getpid()}"
+    cmd = [
+        "go",
+        "test",
+        "-c",
+        "-trimpath",
+        "-buildvcs=false",
+        "-ldflags",
+        " ".join(("-s", "-w", *_k8s_ldflags())),
+        "-o",
+        str(partial),
+        E2E_PACKAGE,
+    ]
+    started = time.monotonic()
+    _log(
+        f"building e2e.test of Kubernetes {KUBERNETES_VERSION} (go test -c in {E2E_MODULE}/; long on 2 cores)"
+    )
+    proc = subprocess.Popen(cmd, cwd=GOMOD_DIR / E2E_MODULE, env={**go_env(), "CGO_ENABLED": "0"})
+    while True:
+        try:
+            rc = proc.wait(timeout=60)
+            break
+        except subprocess.TimeoutExpired:
+            _log(f"  still building e2e.test ... {time.monotonic() - started:.0f}s")
+    if rc != 0:
+        partial.unlink(missing_ok=True)
+        raise SystemExit(f"bindery: `go test -c {E2E_PACKAGE}` failed (exit {rc}); see its output above.")
+    os.replace(partial, dest)
+    _log(f"built {dest} in {time.monotonic() - started:.0f}s")
+    return dest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bindery.devcluster build")
     parser.add_argument("--print-dir", action="store_true", help="print the binaries' directory and exit")
+    parser.add_argument(
+        "--e2e",
+        action="store_true",
+        help="build (or print, with --print-dir) Kubernetes' e2e.test instead of the plane",
+    )
     args = parser.parse_args(argv)
     if args.print_dir:
-        print(bin_dir())
+        print(e2e_binary() if args.e2e else bin_dir())
         return 0
     started = time.monotonic()
-    path = ensure_built()
+    path = ensure_e2e_built() if args.e2e else ensure_built()
     _log(f"done in {time.monotonic() - started:.1f}s")
     print(path)
     return 0

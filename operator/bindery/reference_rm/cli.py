@@ -123,7 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         "have not re-read theirs yet are not refused (default %(default)g; 0: none)",
     )
     serve.add_argument("--insecure-no-auth", action="store_true", help="accept requests without a token")
-    serve.add_argument("--policy", choices=[p.value for p in Policy], default=Policy.BINPACK.value)
+    serve.add_argument(
+        "--policy",
+        choices=[p.value for p in Policy],
+        default=Policy.BINPACK.value,
+        help="among the nodes that fit: binpack favours the fullest, spread the emptiest (kube-scheduler's "
+        "default); pods' preferred node affinity and PreferNoSchedule taints weigh more than either "
+        "(default %(default)s; the chart's default is spread)",
+    )
     serve.add_argument("--tls-cert", type=pathlib.Path, help="server certificate (PEM); enables HTTPS")
     serve.add_argument("--tls-key", type=pathlib.Path, help="server private key (PEM)")
     serve.add_argument("--client-ca", type=pathlib.Path, help="require client certificates signed by this CA")
@@ -169,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-cluster-id",
         action="store_true",
-        help="serve as a contract v1.1 RM: no GET /v1/info (404) and clusterId refused (400), to test how "
-        "a caller handles an RM that cannot tell clusters apart",
+        help="serve as a contract v1.1 RM: no GET /v1/info (404); clusterId, preferredNodeAffinity and Gt/Lt "
+        "tolerations refused (400), to test how a caller handles an RM without the v1.2 features",
     )
     serve.add_argument("--log-level", default="INFO")
     return parser

@@ -409,14 +409,17 @@ class PostgresReservationStore:
         claimed_ids = [claim for claim in claimed if claim is not None]
         rows = (
             conn.execute(
-                "SELECT id, pod_uid, node FROM reservations WHERE id = ANY(%s) AND state = ANY(%s)",
+                "SELECT id, pod_uid, node, resources FROM reservations "
+                "WHERE id = ANY(%s) AND state = ANY(%s)",
                 (claimed_ids, _ACTIVE),
             ).fetchall()
             if claimed_ids
             else []
         )
-        owners = {str(id_): (str(uid), str(node)) for id_, uid, node in rows}
-        return foreign_usage(pods, owners=owners)
+        owners = {str(id_): (str(uid), str(node)) for id_, uid, node, _ in rows}
+        # What each holds: a pod resized in place counts what it grew past it (as store.py does).
+        held = {str(id_): _resources(str(resources)) for id_, _, _, resources in rows}
+        return foreign_usage(pods, owners=owners, held=held)
 
     def _get(self, conn: Conn, reservation_id: str, *, lock: bool = False) -> StoredReservation | None:
         row = conn.execute(
@@ -494,6 +497,7 @@ class PostgresReservationStore:
             tolerations=request.placement.toleration_dicts(),
             policy=policy,
             foreign=foreign,
+            preferences=request.placement.preference_dicts(),
         )
         if decision.node is None:
             return Unschedulable(

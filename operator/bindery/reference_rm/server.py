@@ -68,6 +68,7 @@ from bindery.rm.models import (
     ContractInfo,
     Feature,
     GroupRenewRequest,
+    Placement,
     RenewRequest,
     ReservationGroupRequest,
     ReservationRequest,
@@ -97,6 +98,8 @@ DEFAULT_MAX_GROUP_BODY_BYTES = 2 * 1024 * 1024
 DEFAULT_MAX_BATCH_BODY_BYTES = 4 * 1024 * 1024
 _GROUPS = "/v1/reservation-groups"
 _BATCH = "/v1/batch"
+#: pydantic's message for an unknown field, which a v1.1 RM answers for each field of v1.2.
+_EXTRA = "Extra inputs are not permitted"
 _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.yaml", "/openapi.json"})
 _LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "limit", "cursor"})
 _TITLES = {
@@ -617,7 +620,7 @@ class ReferenceRM:
             middlewares=[*([_traced] if tracing.state.on else []), self._problems, self._auth],
             handler_args={"max_line_size": self.max_body_bytes, "max_field_size": self.max_body_bytes},
         )
-        if self.cluster_ids:  # the one v1.2 feature so far: without it this is a v1.1 RM
+        if self.cluster_ids:  # without the v1.2 features (cluster-id and the others) this is a v1.1 RM
             app.router.add_get("/v1/info", self._info, allow_head=False)
         app.router.add_post("/v1/reservations", self._reserve)
         app.router.add_get("/v1/reservations", self._list, allow_head=False)
@@ -662,23 +665,40 @@ class ReferenceRM:
     async def _info(self, _: web.Request) -> web.Response:
         """``GET /v1/info`` (contract v1.2): the version and the features this RM offers."""
         features = [Feature.RENEW, *([Feature.RESERVATION_GROUPS] if self.groups else [])]
-        features += [*([Feature.BATCH] if self.batch else []), Feature.CLUSTER_ID]
+        features += [*([Feature.BATCH] if self.batch else []), Feature.CLUSTER_ID, Feature.NODE_PREFERENCES]
+        features.append(Feature.TOLERATION_COMPARISONS)
         info = ContractInfo(contract_version=CONTRACT_VERSION, features=frozenset(f.value for f in features))
         return web.json_response(
             {"contractVersion": info.contract_version, "features": sorted(info.features)}
         )
 
-    def _unknown_cluster(self, cluster_id: str | None, *, at: tuple[str | int, ...] = ()) -> Answer | None:
-        """The 400 a v1.1 RM answers for ``clusterId`` (an unknown field), when serving as one."""
-        if self.cluster_ids or cluster_id is None:
+    def _unknown_cluster(
+        self,
+        cluster_id: str | None,
+        *,
+        at: tuple[str | int, ...] = (),
+        placements: Sequence[tuple[tuple[str | int, ...], Placement]] = (),
+    ) -> Answer | None:
+        """The 400 a v1.1 RM answers for a field of v1.2, when serving as one: ``clusterId`` and
+        ``placement.preferredNodeAffinity`` (unknown fields), a ``Gt`` or ``Lt`` toleration (an
+        operator v1.1 does not have). ``placements``: each placement of the request, by its path."""
+        if self.cluster_ids:
             return None
-        location = "/".join(str(part) for part in (*at, "clusterId"))
-        return Answer.refusal(
-            400,
-            ProblemType.INVALID_REQUEST,
-            f"{location}: Extra inputs are not permitted",
-            errors=[{"location": location, "message": "Extra inputs are not permitted"}],
-        )
+        errors: list[dict[str, str]] = []
+        if cluster_id is not None:
+            errors.append({"location": "/".join(map(str, (*at, "clusterId"))), "message": _EXTRA})
+        for path, placement in placements:
+            if placement.preferred_node_affinity is not None:
+                location = "/".join(map(str, (*at, *path, "preferredNodeAffinity")))
+                errors.append({"location": location, "message": _EXTRA})
+            for index, toleration in enumerate(placement.tolerations):
+                if toleration.operator in ("Gt", "Lt"):
+                    location = "/".join(map(str, (*at, *path, "tolerations", index, "operator")))
+                    errors.append({"location": location, "message": "Input should be 'Equal' or 'Exists'"})
+        if not errors:
+            return None
+        detail = "; ".join(f"{error['location']}: {error['message']}" for error in errors)
+        return Answer.refusal(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
 
     async def _reserve(self, request: web.Request) -> web.Response:
         if not _is_json(request):
@@ -689,7 +709,8 @@ class ReferenceRM:
         except pydantic.ValidationError as error:
             detail, errors = _validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
-        if (refused := self._unknown_cluster(reservation_request.cluster_id)) is not None:
+        placed = [(("placement",), reservation_request.placement)]
+        if (refused := self._unknown_cluster(reservation_request.cluster_id, placements=placed)) is not None:
             return refused.response()
         busy = self._back_pressure()
         if busy is not None:
@@ -793,7 +814,14 @@ class ReferenceRM:
             return envelope
         parsed = [_batch_operation(item, index) for index, item in enumerate(envelope)]
         parsed = [
-            (self._unknown_cluster(item.reserve.cluster_id, at=("operations", index, "reserve")) or item)
+            (
+                self._unknown_cluster(
+                    item.reserve.cluster_id,
+                    at=("operations", index, "reserve"),
+                    placements=[(("placement",), item.reserve.placement)],
+                )
+                or item
+            )
             if isinstance(item, BatchOperation) and item.reserve is not None
             else item
             for index, item in enumerate(parsed)
@@ -857,7 +885,8 @@ class ReferenceRM:
         except pydantic.ValidationError as error:
             detail, errors = _validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
-        if (refused := self._unknown_cluster(group_request.cluster_id)) is not None:
+        placed = [(("members", i, "placement"), m.placement) for i, m in enumerate(group_request.members)]
+        if (refused := self._unknown_cluster(group_request.cluster_id, placements=placed)) is not None:
             return refused.response()
         busy = self._back_pressure()
         if busy is not None:
