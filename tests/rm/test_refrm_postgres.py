@@ -52,16 +52,19 @@ def replicas(
     tmp_path: pathlib.Path,
     token_file: pathlib.Path,
     nodes: str = INVENTORY,
+    processes: list[subprocess.Popen[bytes]] | None = None,
 ) -> Iterator[list[str]]:
-    """``count`` ``bindery rm serve`` processes on one PostgreSQL database; their URLs.
+    """``count`` ``bindery rm serve`` processes on one PostgreSQL database; their URLs (and their
+    processes appended to ``processes``, for a test that kills one).
 
     The password reaches them through ``--db-password-file`` (PGPASSWORD is removed from their
-    environment, so the flag is what logs them in)."""
+    environment, so the flag is what logs them in).  Each one still running at the end must stop
+    cleanly on SIGTERM."""
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(nodes)
     env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
     options = ["--inventory", str(inventory), "--db-password-file", str(postgres.password_file)]
-    servers: list[subprocess.Popen[bytes]] = []
+    servers: list[subprocess.Popen[bytes]] = [] if processes is None else processes
     try:
         urls = []
         for _ in range(count):
@@ -75,10 +78,11 @@ def replicas(
             urls.append(served_url(banner))
         yield urls
     finally:
-        for server in servers:
+        running = [server for server in servers if server.poll() is None]
+        for server in running:
             server.send_signal(signal.SIGTERM)
-        codes = [server.wait(timeout=30) for server in servers]
-    assert codes == [0] * count
+        codes = [server.wait(timeout=30) for server in running]
+    assert codes == [0] * len(running)
 
 
 def test_conformance_kit_against_a_reference_rm_process_on_postgres(
@@ -287,3 +291,127 @@ async def test_groups_and_batches_across_replicas_are_all_or_nothing_and_never_o
     for key, answers in group_answers.items():
         assert answers == [held.get(key)] * 2, (key, answers)
     assert sum(used.values()) == 3 * len(held) + len(batch_placed)
+
+
+async def test_a_replica_sigkilled_mid_burst_loses_and_doubles_nothing(
+    postgres: PostgresServer, postgres_db: str, tmp_path: pathlib.Path, token_file: pathlib.Path
+) -> None:
+    """Three replicas; once 30 of 100 keys are answered, one is SIGKILLed. Clients whose call
+    fails (connection refused or reset, 503) ask the next replica with the same key, as Bindery's
+    client does: no node past its allocatable, one active reservation per key, and every key's
+    final answer names that reservation, whether the dead replica or a live one placed it."""
+    processes: list[subprocess.Popen[bytes]] = []
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    final: dict[str, str | None] = {}
+    failures = 0
+    with replicas(
+        3,
+        db=postgres_db,
+        postgres=postgres,
+        tmp_path=tmp_path,
+        token_file=token_file,
+        nodes=HA_INVENTORY,
+        processes=processes,
+    ) as urls:
+        async with httpx.AsyncClient(headers=headers, timeout=60) as http:
+
+            async def send(key: str, first: int) -> None:
+                nonlocal failures
+                for attempt in range(9):
+                    url = urls[(first + attempt) % len(urls)]
+                    try:
+                        response = await http.post(f"{url}/v1/reservations", json=body(key))
+                    except httpx.TransportError:
+                        failures += 1
+                        continue
+                    if response.status_code == 503:
+                        failures += 1
+                        continue
+                    assert response.status_code in (200, 201, 409), response.text
+                    final[key] = str(response.json()["id"]) if response.status_code != 409 else None
+                    if len(final) == 30:
+                        processes[0].send_signal(signal.SIGKILL)
+                    return
+                raise AssertionError(f"{key}: no replica answered in 9 attempts")
+
+            async def client(index: int) -> None:
+                for n in range(2):
+                    await send(f"c{index}-k{n}", index)
+
+            await asyncio.gather(*(client(index) for index in range(50)))
+    assert processes[0].wait(timeout=30) == -signal.SIGKILL
+    assert len(final) == 100
+    rows = active_rows(postgres_db)
+    used: Counter[str] = Counter()
+    for _, _, node, resources in rows:
+        used[node] += int(parse_quantity(json.loads(resources)[SLOT]))
+    assert all(used[node] <= HA_CAPACITY[node] for node in used), used
+    keys = Counter(key for _, key, _, _ in rows)
+    assert all(n == 1 for n in keys.values()), keys
+    by_key = {key: id_ for id_, key, _, _ in rows}
+    assert final == {key: by_key.get(key) for key in final}
+    print(f"calls that failed over to another replica: {failures}")
+
+
+async def test_postgres_restarted_mid_burst_loses_and_doubles_nothing(
+    postgres: PostgresServer, postgres_db: str, tmp_path: pathlib.Path, token_file: pathlib.Path
+) -> None:
+    """Two replicas; once 30 of 100 keys are answered PostgreSQL is SIGKILLed and started again.
+    Calls in between answer 503; clients ask again (the next replica, the same key) until the
+    replicas reconnect by themselves: no node past its allocatable, one active reservation per key,
+    and every key's final answer names it."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    final: dict[str, str | None] = {}
+    refused = 0
+    crash: asyncio.Task[None] | None = None
+
+    async def crash_and_restart() -> None:
+        await asyncio.to_thread(postgres.kill, signal.SIGKILL)
+        await asyncio.to_thread(postgres.restart)
+
+    try:
+        with replicas(
+            2, db=postgres_db, postgres=postgres, tmp_path=tmp_path, token_file=token_file, nodes=HA_INVENTORY
+        ) as urls:
+            async with httpx.AsyncClient(headers=headers, timeout=60) as http:
+                deadline = asyncio.get_running_loop().time() + 120
+
+                async def send(key: str, first: int) -> None:
+                    nonlocal refused, crash
+                    attempt = 0
+                    while asyncio.get_running_loop().time() < deadline:
+                        url = urls[(first + attempt) % len(urls)]
+                        attempt += 1
+                        response = await http.post(f"{url}/v1/reservations", json=body(key))
+                        if response.status_code == 503:  # the database is away: ask again, as told
+                            refused += 1
+                            await asyncio.sleep(float(response.headers["Retry-After"]) / 10)
+                            continue
+                        assert response.status_code in (200, 201, 409), response.text
+                        final[key] = str(response.json()["id"]) if response.status_code != 409 else None
+                        if len(final) == 30 and crash is None:
+                            crash = asyncio.create_task(crash_and_restart())
+                        return
+                    raise AssertionError(f"{key}: not answered in 120 s")
+
+                async def client(index: int) -> None:
+                    for n in range(2):
+                        await send(f"c{index}-k{n}", index)
+
+                await asyncio.gather(*(client(index) for index in range(50)))
+                assert crash is not None
+                await crash
+    finally:
+        if not postgres.running:
+            postgres.restart()
+    assert len(final) == 100
+    rows = active_rows(postgres_db)
+    used: Counter[str] = Counter()
+    for _, _, node, resources in rows:
+        used[node] += int(parse_quantity(json.loads(resources)[SLOT]))
+    assert all(used[node] <= HA_CAPACITY[node] for node in used), used
+    keys = Counter(key for _, key, _, _ in rows)
+    assert all(n == 1 for n in keys.values()), keys
+    by_key = {key: id_ for id_, key, _, _ in rows}
+    assert final == {key: by_key.get(key) for key in final}
+    print(f"calls answered 503 while PostgreSQL was away: {refused}")

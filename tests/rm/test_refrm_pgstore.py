@@ -1,5 +1,6 @@
-"""The PostgreSQL store's schema: versioned, migrated once by whichever replica starts first, and a
-database migrated by a newer RM refused with the reason."""
+"""What only the PostgreSQL store has: a schema versioned, migrated once by whichever replica starts
+first, a database migrated by a newer RM refused with the reason; the database's clock; and the
+foreign usage a replica keeps per node, dropped when another replica changes that node."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import psycopg
 import pytest
 
 from bindery.devcluster.postgres import PostgresServer
+from bindery.reference_rm.accounting import BoundPod, ClusterPods
 from bindery.reference_rm.cli import serve_command
 from bindery.reference_rm.pgstore import SCHEMA_VERSION, PostgresReservationStore
 from bindery.reference_rm.placement import InventoryNode, Policy
@@ -90,8 +92,9 @@ def test_a_version_1_database_gains_the_usage_table_filled_from_its_active_rows(
     store.close()
     with psycopg.connect(postgres_db) as conn:  # back to what version 1 left
         conn.execute("DROP TABLE node_usage")
+        conn.execute("DROP TABLE node_changes")
         conn.execute("UPDATE bindery_schema SET version = 1")
-        conn.execute("DELETE FROM bindery_schema_history WHERE version = 2")
+        conn.execute("DELETE FROM bindery_schema_history WHERE version >= 2")
     reopened = PostgresReservationStore(postgres_db, clock=lambda: 0.0)
     assert reopened.usage() == {"n1": {"cpu": Decimal("1.5")}}
     full = reopened.reserve(request("more", "2600m"), nodes=nodes, policy=Policy.BINPACK)
@@ -99,8 +102,7 @@ def test_a_version_1_database_gains_the_usage_table_filled_from_its_active_rows(
     reopened.close()
     with psycopg.connect(postgres_db) as conn:
         assert conn.execute("SELECT version FROM bindery_schema_history ORDER BY version").fetchall() == [
-            (1,),
-            (2,),
+            (version,) for version in range(1, SCHEMA_VERSION + 1)
         ]
 
 
@@ -144,3 +146,40 @@ def test_leases_are_stamped_and_judged_by_the_database_clock(
     assert gone.state is ReservationState.EXPIRED
     assert store.usage() == {"n1": {"cpu": Decimal(0)}}
     store.close()
+
+
+def test_a_replica_resolves_a_node_again_when_another_replica_ends_a_reservation_on_it(
+    postgres_db: str,
+) -> None:
+    """Mirror mode: a pod bound with reservation r is counted by r, not as foreign. When replica B
+    releases r (the pod still bound), replica A, which resolved that node before, must count the
+    pod as foreign from then on, or it hands out the pod's room twice."""
+    nodes = [InventoryNode(name="n1", allocatable={"cpu": Decimal(2)})]
+    a = PostgresReservationStore(postgres_db, clock=lambda: 0.0)
+    b = PostgresReservationStore(postgres_db, clock=lambda: 0.0)
+    held = a.reserve(request("p", "1"), nodes=nodes, policy=Policy.BINPACK)
+    assert isinstance(held, Placed)
+    a.commit(held.reservation.id)
+    bound = ClusterPods.of(
+        [
+            BoundPod(
+                uid="p", key="ns/p", node="n1", usage={"cpu": Decimal(1)}, reservation_id=held.reservation.id
+            )
+        ]
+    )
+    beside = a.reserve(request("x", "1"), nodes=nodes, policy=Policy.BINPACK, pods=bound)
+    assert isinstance(beside, Placed)  # p counted once, by its reservation: 2 of 2 used
+    # A resolves n1 in a transaction that changes nothing on it, so it keeps that resolution.
+    assert isinstance(
+        a.reserve(request("w", "1"), nodes=nodes, policy=Policy.BINPACK, pods=bound), Unschedulable
+    )
+    assert b.release(beside.reservation.id) is not None  # 1 of 2 used, by r
+    assert b.release(held.reservation.id) is not None  # r ends; p is still bound: foreign now
+    # A's resolution of n1 predates both releases: it must not count p as r's any more.
+    # (With the node_changes check taken out of _foreign, y is placed: n1 overcommitted.)
+    refused = a.reserve(request("y", "1500m"), nodes=nodes, policy=Policy.BINPACK, pods=bound)
+    assert isinstance(refused, Unschedulable), refused  # p's 1 + 1.5 > 2
+    fits = a.reserve(request("z", "1"), nodes=nodes, policy=Policy.BINPACK, pods=bound)
+    assert isinstance(fits, Placed)
+    a.close()
+    b.close()
