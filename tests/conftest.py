@@ -64,9 +64,6 @@ SLOW_TESTS = (
     "rm/test_refrm_fuzz.py::test_reference_rm_matches_its_contract",
     # 15 s: the chart installed, its two processes run under its identities
     "chart/test_chart_e2e.py",
-    # 75 s: the whole conformance kit against the Slurm adapter on a live slurmctld (CI's short
-    # run is test_the_conformance_kit_short_run_passes, ~10 s)
-    "slurm/test_adapter.py::test_the_conformance_kit_passes_every_check_the_adapter_serves",
     # 23 s: slurmrestd tries a SIGKILLed slurmctld for ~9 s before it answers, then the restart
     "slurm/test_adapter.py::test_slurmctld_down_answers_unavailable_and_its_restart_keeps_the_reservations",
     # 20 s, 38 s, 19 s, 31 s (runs with the cluster plane up): Deployments bound through a live

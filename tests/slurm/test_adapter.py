@@ -4,6 +4,7 @@ state surviving the adapter's death, and a job cancelled by hand seen as such.""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from typing import Any
@@ -54,12 +55,13 @@ def no_queue_adapter(slurm_bed: SlurmBed, slurm_adapter: AdapterProcess) -> Adap
     return slurm_adapter
 
 
-def test_the_conformance_kit_short_run_passes(no_queue_adapter: AdapterProcess) -> None:
-    assert _kit(no_queue_adapter, list(SHORT_CHECKS)) == []
-
-
-def test_the_conformance_kit_passes_every_check_the_adapter_serves(no_queue_adapter: AdapterProcess) -> None:
-    names = [c.name for c in CHECKS if c.since != "1.2" and not c.name.startswith(NOT_SERVED)]
+def test_the_conformance_kit_passes_against_the_adapter(no_queue_adapter: AdapterProcess) -> None:
+    """CI runs SHORT_CHECKS (~10 s); BINDERY_SLURM_KIT=full runs every check the adapter serves
+    (~70 s): `BINDERY_SLURM_KIT=full .venv/bin/pytest tests/slurm -k conformance`."""
+    if os.environ.get("BINDERY_SLURM_KIT") == "full":
+        names = [c.name for c in CHECKS if c.since != "1.2" and not c.name.startswith(NOT_SERVED)]
+    else:
+        names = list(SHORT_CHECKS)
     assert _kit(no_queue_adapter, names) == []
 
 
