@@ -217,3 +217,59 @@ async def test_a_sigkill_mid_burst_leaves_one_running_job_per_pod(
             return not await view.pods("app=burst") and not await one_running_job_per_pod(stage, "app=burst")
 
         await eventually(settled_empty, within=90, what="no placeholder job left after scaling to 0")
+
+
+async def test_a_pod_waits_in_slurms_queue_with_slurms_reason_then_binds(
+    *,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    slurm_root: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    async with slurm_stage(
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        root=slurm_root,
+        tmp=tmp_path,
+    ) as stage:
+        view, bed = stage.view, stage.bed
+        # Site jobs, not Bindery's, fill both nodes: Kubernetes sees two empty nodes, Slurm none.
+        site = [_site_job(bed, node.name, node.cpus) for node in bed.nodes]
+        await eventually(lambda: _all_running(bed, site), within=30, what="the site's jobs RUNNING")
+        await view.apps.create_namespaced_deployment(
+            cluster_namespace,
+            deployment("queued", replicas=1, cpu="1", scheduler=stage.scheduler, pool=stage.pool),
+        )
+
+        async def slurms_reason() -> str | None:
+            for pod in await view.pods("app=queued"):
+                for condition in (pod.get("status") or {}).get("conditions") or []:
+                    message = condition.get("message") or ""
+                    if condition["type"] == "PodScheduled" and "PENDING" in message:
+                        return str(message)
+            return None
+
+        reason = await eventually(slurms_reason, within=60, what="Slurm's reason on the pending pod")
+        print(f"\nthe pending pod says: {reason}")
+        assert "Resources" in reason
+        assert [r["state"] for r in bed.squeue() if r["name"].startswith("bindery:")] == ["PENDING"]
+        bed.run_client("scancel", *map(str, site))
+        await eventually(
+            lambda: view.running("app=queued", 1), within=90, what="the queued pod bound and Running"
+        )
+        assert await one_running_job_per_pod(stage, "app=queued") == []
+
+
+def _site_job(bed: SlurmBed, node: str, cpus: int) -> int:
+    out = bed.run_client(
+        "sbatch", "--parsable", f"--nodelist={node}", f"--cpus-per-task={cpus}", "--mem=64",
+        "--output=/dev/null", "--chdir=/tmp", "--job-name=site-job", "--wrap=exec sleep 100000",
+    )  # fmt: skip
+    return int(out.strip().split(";")[0])
+
+
+async def _all_running(bed: SlurmBed, jobs: list[int]) -> bool:
+    states = {row["id"]: row["state"] for row in bed.squeue()}
+    return all(states.get(str(job)) == "RUNNING" for job in jobs)

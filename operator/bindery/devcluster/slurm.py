@@ -411,7 +411,9 @@ class SlurmBed:
         """Cancel every job (so no slurmstepd outlives the bed), then end the daemons."""
         if self.running("slurmctld"):
             try:
-                self.run_client("scancel", "--full", "--user", str(os.getuid()), timeout=15)
+                jobs = [row["id"] for row in self.squeue()]  # every user's (tests submit as others)
+                if jobs:
+                    self.run_client("scancel", "--full", *jobs, timeout=15)
                 self._wait(lambda: not self.squeue(), 20, "jobs to end")
             except (RuntimeError, TimeoutError, subprocess.TimeoutExpired):
                 pass

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import pathlib
+import pwd
 import signal
 import sys
 from collections.abc import Sequence
@@ -44,7 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (port 0: a free one)")
     parser.add_argument("--token-file", type=pathlib.Path, help=f"bearer token file (or set {TOKEN_ENV})")
     parser.add_argument("--partition", help="the Slurm partition placeholder jobs go to (default: Slurm's)")
-    parser.add_argument("--slurm-user", help="user name for JWT auth (X-SLURM-USER-NAME)")
+    parser.add_argument(
+        "--slurm-user",
+        help="the Slurm user placeholder jobs run as: the JWT's (X-SLURM-USER-NAME); default this process's",
+    )
     parser.add_argument(
         "--slurm-token-file", type=pathlib.Path, help="JWT for slurmrestd (X-SLURM-USER-TOKEN)"
     )
@@ -84,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         SlurmRest(args.slurmrestd, user=args.slurm_user, token=slurm_token),
         nodes,
         token=token,
+        # rest_auth/local runs jobs as the adapter's own user; a JWT as --slurm-user.
+        slurm_user=args.slurm_user or pwd.getpwuid(os.getuid()).pw_name,
         partition=args.partition,
         start_wait=args.start_wait,
         retry_after=args.retry_after,

@@ -153,6 +153,7 @@ class SlurmRM:
         nodes: Sequence[MappedNode],
         *,
         token: str,
+        slurm_user: str,
         partition: str | None = None,
         start_wait: float = 3.0,
         retry_after: int = 5,
@@ -163,6 +164,8 @@ class SlurmRM:
         self.nodes = tuple(nodes)
         self.by_slurm = {node.slurm: node for node in self.nodes}
         self.token = token
+        # Any Slurm user may write any comment: only the adapter's own jobs can be placeholders.
+        self.slurm_user = slurm_user
         self.partition = partition
         self.start_wait = start_wait
         self.retry_after = retry_after
@@ -225,17 +228,23 @@ class SlurmRM:
                 await self._sweeper
         await self.slurm.aclose()
 
+    def _decode(self, job: dict[str, Any] | None) -> JobRecord | None:
+        """The record of one of the adapter's own placeholder jobs; None for anybody else's job."""
+        if job is None or job.get("user_name") != self.slurm_user:
+            return None
+        return JobRecord.decode(job.get("comment"))
+
     async def _records(self) -> list[tuple[dict[str, Any], JobRecord]]:
         pairs = []
         for job in await self.slurm.jobs():
-            record = JobRecord.decode(job.get("comment"))
+            record = self._decode(job)
             if record is not None:
                 pairs.append((job, record))
         return pairs
 
     async def _record(self, job_id: int) -> tuple[dict[str, Any], JobRecord] | None:
         job = await self.slurm.job(job_id)
-        record = JobRecord.decode(job.get("comment")) if job else None
+        record = self._decode(job)
         return (job, record) if job is not None and record is not None else None
 
     async def _write(self, job_id: int, record: JobRecord, **changes: Any) -> None:
