@@ -64,6 +64,8 @@ SLOW_TESTS = (
     "rm/test_refrm_fuzz.py::test_reference_rm_matches_its_contract",
     # 15 s: the chart installed, its two processes run under its identities
     "chart/test_chart_e2e.py",
+    # 16 s: 300 pods of 37 KB created, then listed under tracemalloc
+    "operator/test_tenant_memory.py::test_listing_a_tenants_large_preset_pods_holds_one_small_page_at_a_time",
 )
 _TESTS = pathlib.Path(__file__).parent
 _TIERS_KEY = pytest.StashKey[list[tuple[pytest.Item, str]]]()
