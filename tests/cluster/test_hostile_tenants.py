@@ -104,7 +104,7 @@ async def test_a_tenants_create_delete_loop_does_not_retry_another_namespaces_pa
                 what="the parked pod bound once the first pod ended",
             )
             assert runs["metadata"]["uid"] != uid
-            await delete_rm(cluster_api, name=rm_name)
     finally:
+        await delete_rm(cluster_api, name=rm_name)
         await operator.stop()
         await core.delete_namespace(name=tenant)
