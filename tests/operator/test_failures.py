@@ -15,6 +15,7 @@ from bindery.devcluster.nodes import create_node, node_status
 from bindery.devcluster.plane import ControlPlane
 from bindery.kube.binder import assigned_node
 from bindery.rm.models import ReservationState
+from bindery.scheduling.queue import SchedulingQueue
 from tests.operator.apiproxy import ApiProxy
 from tests.operator.conftest import (
     Bindery,
@@ -363,11 +364,10 @@ async def test_parked_pods_are_retried_on_releases_not_on_our_binds_or_pending_p
                 functools.partial(_failed, kube_api, namespace, name, "Unschedulable"), what="doomed parked"
             )
             await core.delete_namespaced_pod(name=name, namespace=namespace)
-            await eventually(
-                functools.partial(_forgotten, bindery, uid), what="the pending pod's deletion handled"
-            )
-            # Handled in one step with the queue (the test shares the operator's event loop).
             queue = bindery.runtime.runners[stage.rm_name].queue
+            await eventually(
+                functools.partial(_forgotten, bindery, uid, queue), what="the pending pod's deletion handled"
+            )
             assert (queue.stats().unschedulable, _reserves(fake_rm, "parked")) == (1, 1), (
                 f"a pending pod's deletion retried the parked pod (round {round_})"
             )
@@ -382,8 +382,9 @@ async def _attempted(bindery: Bindery, rm_name: str, count: int) -> bool:
     return attempts(bindery, resource_manager=rm_name) >= count
 
 
-async def _forgotten(bindery: Bindery, uid: str) -> bool:
-    return bindery.runtime.pods.get(uid) is None
+async def _forgotten(bindery: Bindery, uid: str, queue: SchedulingQueue) -> bool:
+    """The operator handled the pod's deletion: gone from its pods and from the queue."""
+    return bindery.runtime.pods.get(uid) is None and queue.position(uid) is None
 
 
 def _reserves(rm: FakeRM, name: str) -> int:

@@ -64,7 +64,7 @@ ApiClient: TypeAlias = _ApiClient
 Timeout: TypeAlias = float | aiohttp.ClientTimeout | None
 #: Bound of one request unless the caller says otherwise: none of Bindery's reads may hang for ever.
 DEFAULT_TIMEOUT = 60.0
-#: One page of a LIST.
+#: One page of a LIST, for most resources (``Resource.page_size``; pods have their own).
 PAGE_SIZE = 500
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -350,19 +350,19 @@ async def list_pages(
     label_selector: str = "",
     field_selector: str = "",
     metadata_only: bool = False,
-    page_size: int = PAGE_SIZE,
+    page_size: int | None = None,
     request_timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> AsyncGenerator[dict[str, Any], None]:
     """Each page (a ``...List`` document) of one LIST, following ``continue`` to the last.
 
     All pages are of one snapshot: the apiserver pins the first page's resourceVersion in the
     token. A token that expired mid-list (410) raises :class:`bindery.k8s.errors.Gone`: list again.
-    `request_timeout` bounds each page.
+    `request_timeout` bounds each page; `page_size` defaults to the resource's (pods: fewer).
     """
     path = resource.path(namespace=namespace)
     query: dict[str, str | int | bool] = {
         **selectors(label_selector=label_selector, field_selector=field_selector),
-        "limit": page_size,
+        "limit": page_size or resource.page_size,
     }
     accept = METADATA_ONLY if metadata_only else "application/json"
     while True:
@@ -383,7 +383,7 @@ async def list_all(
     label_selector: str = "",
     field_selector: str = "",
     metadata_only: bool = False,
-    page_size: int = PAGE_SIZE,
+    page_size: int | None = None,
     request_timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> Listing:
     """Every object of one (paged) LIST, with the snapshot's resourceVersion."""

@@ -250,7 +250,7 @@ async def list_watch(
     field_selector: str = "",
     metadata_only: bool = False,
     watch_seconds: int = 300,
-    page_size: int = 500,
+    page_size: int | None = None,
     list_timeout: float = 60.0,
     cursor: Cursor | None = None,
     backoff: Backoff | None = None,
