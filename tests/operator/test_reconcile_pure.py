@@ -163,3 +163,19 @@ def test_surplus_keeps_the_committed_then_the_oldest_reservation_of_a_running_po
     found = surplus([one_reserved, one_committed, one_elsewhere, two_new, two_old, *pending], pods)
     assert {extra: kept.id for extra, kept in found.items()} == {"a": "b", "e": "d"}
     assert surplus([one_reserved], pods) == {}
+
+
+def test_surplus_keeps_the_reservation_the_pod_was_bound_with() -> None:
+    """An unconfirmed Binding left r-old; the retry reserved r-new and bound the pod with it (the
+    annotation names r-new). Keeping r-old would release the one PostBind is about to commit, and an
+    RM that recognises its pods by the annotation would count the pod as foreign and r-old as well:
+    the node's room held twice. The reservation the pod names wins over age and commitment."""
+    pods = {"u-1": _pod(reservation="r-new")}
+    old, new = "2026-12-01T00:00:00Z", "2026-12-01T00:01:00Z"
+    stale = _reservation("reserved", id="r-old", createdAt=old)
+    bound_with = _reservation("reserved", id="r-new", createdAt=new)
+    found = surplus([stale, bound_with], pods)
+    assert {extra: kept.id for extra, kept in found.items()} == {"r-old": "r-new"}
+    committed_stale = _reservation("committed", id="r-old", createdAt=old)
+    found = surplus([committed_stale, bound_with], pods)
+    assert {extra: kept.id for extra, kept in found.items()} == {"r-old": "r-new"}

@@ -68,6 +68,7 @@ from bindery.kube.events import KubeEventSink
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation, ReservationState
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
 from bindery.typedefs import Logger
 
@@ -150,9 +151,12 @@ def surplus(
     A pod (same UID) running on its node uses one reservation there. Others for the same UID on
     that node (a retried reserve under another idempotency key, an old replica's, one made before
     the cluster-id upgrade) would each be committed and kept while it runs, holding its resources
-    twice or more. The kept one is the committed one if any (the RM already counts it as in use),
+    twice or more. The kept one is the one the pod was bound with (its annotation: PostBind is
+    about to commit it, and an RM that recognises its pods by the annotation counts the pod as
+    foreign once that one is gone), then the committed one (the RM already counts it as in use),
     then the oldest; reservations on other nodes are released anyway (the pod is bound elsewhere).
-    `pods` maps pod UID → body, of the pods known to this pass.
+    The annotation only chooses among the pod's own reservations on its node, so editing it frees
+    nothing the pod does not hold twice. `pods` maps pod UID → body, of the pods known to this pass.
     """
     by_uid: dict[str, list[Reservation]] = collections.defaultdict(list)
     for reservation in reservations:
@@ -164,12 +168,14 @@ def surplus(
             continue
         by_uid[reservation.pod_uid].append(reservation)
     found: dict[str, Reservation] = {}
-    for same in by_uid.values():
+    for uid, same in by_uid.items():
         if len(same) < 2:
             continue
+        bound_with = ((pods[uid].get("metadata") or {}).get("annotations") or {}).get(RESERVATION_ANNOTATION)
         ranked = sorted(
             same,
             key=lambda r: (
+                r.id != bound_with,
                 r.state is not ReservationState.COMMITTED,
                 r.created_at is None,
                 r.created_at.timestamp() if r.created_at else 0.0,
