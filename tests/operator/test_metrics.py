@@ -13,6 +13,7 @@ import pytest
 from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from bindery.clock import DEFAULT_TOLERANCE_SECONDS
 from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.metrics import parse_address, rm_outcome_label
 from bindery.controller.options import OperatorOptions
@@ -339,7 +340,8 @@ async def test_the_apiserver_and_rm_clocks_are_compared_and_exported(
     tmp_path: pathlib.Path,
 ) -> None:
     """The operator reads the apiserver's and each RM's clock from their Date headers (issue 20,
-    item 13) and serves the offsets: here all run on this host, so both are within a second or two."""
+    item 13) and serves the offsets: here all run on this host, so neither is past the warning
+    threshold (an offset's bound includes the request's round trip, which a loaded host stretches)."""
     async with (
         real_stage_of(
             controlplane=controlplane, api=kube_api, namespace=namespace, directory=tmp_path / "rm"
@@ -355,6 +357,7 @@ async def test_the_apiserver_and_rm_clocks_are_compared_and_exported(
             return samples if {"apiserver", f"rm/{stage.rm_name}"} <= names else None
 
         samples = await eventually(both, within=30, what="both clocks in /metrics")
-        assert abs(present(samples, "bindery_clock_skew_seconds", peer="apiserver")) < 2.0
-        assert abs(present(samples, "bindery_clock_skew_seconds", peer=f"rm/{stage.rm_name}")) < 2.0
+        limit = DEFAULT_TOLERANCE_SECONDS
+        assert abs(present(samples, "bindery_clock_skew_seconds", peer="apiserver")) < limit
+        assert abs(present(samples, "bindery_clock_skew_seconds", peer=f"rm/{stage.rm_name}")) < limit
         assert not measured.runtime.apiserver_clock.off
