@@ -111,6 +111,25 @@ async def publish_root_ca(api: client.ApiClient, ca_pem: str) -> None:
         await asyncio.sleep(0.5)
 
 
+async def mirror_extended_resources(api: client.ApiClient) -> None:
+    """Copy extended resources from each node's capacity into its allocatable, as a kubelet's
+    device plugin registration would: the overhead and preemption tests patch
+    ``example.com/beardsecond`` into ``status.capacity`` only, and kwok leaves allocatable alone
+    (seen: both schedulers refused the filler pod, "3 Insufficient example.com/beardsecond")."""
+    core = client.CoreV1Api(api)
+    while True:
+        for node in (await core.list_node()).items:
+            capacity = node.status.capacity or {}
+            allocatable = node.status.allocatable or {}
+            changed: dict[str, str | None] = {
+                k: v for k, v in capacity.items() if "/" in k and allocatable.get(k) != v
+            }
+            changed |= {k: None for k in allocatable if "/" in k and k not in capacity}  # removed
+            if changed:
+                await core.patch_node_status(node.metadata.name, {"status": {"allocatable": changed}})
+        await asyncio.sleep(0.5)
+
+
 def _uid_in(uids: frozenset[str], pod: Mapping[str, Any]) -> bool:
     return str(pod["metadata"]["uid"]) in uids
 
@@ -212,6 +231,8 @@ async def one_run(
                 stack.callback(publisher.cancel)
                 judge = asyncio.create_task(judge_placements(api, violations))
                 stack.callback(judge.cancel)
+                kubelet = asyncio.create_task(mirror_extended_resources(api))
+                stack.callback(kubelet.cancel)
                 if which == "bindery":
                     await apply_crd(api=api)
                     await grant_operator(api=api, user=OPERATOR_USER)
