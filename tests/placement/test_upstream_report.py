@@ -35,7 +35,14 @@ def test_results_keep_the_tests_and_drop_the_suite_nodes(tmp_path: pathlib.Path)
     statuses = sorted(found.values())
     assert statuses == ["FAILED", "passed", "skipped"]
     failed = next(name for name, status in found.items() if status == "FAILED")
-    assert failed.startswith("[sig-scheduling] SchedulerPredicates [Serial] PodTopologySpread Filtering")
+    assert failed == (
+        "[sig-scheduling] SchedulerPredicates [Serial] PodTopologySpread Filtering validates 4 pods with "
+        "MaxSkew=1 are evenly distributed into 2 nodes"
+    )
+    assert (
+        "[sig-scheduling] SchedulerPredicates [Serial] validates that NodeSelector is respected if matching "
+        "[Conformance]"
+    ) in found
     assert results(tmp_path / "missing.xml") == {}
 
 

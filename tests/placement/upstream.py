@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import functools
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -201,7 +202,10 @@ def results(report: pathlib.Path) -> dict[str, str]:
         name = case.get("name", "")
         if not name.startswith("[It]"):
             continue  # suite set-up and tear-down nodes
-        name = name.removeprefix("[It] ").strip()
+        # "[It] [sig-scheduling] SchedulerPredicates [Serial] ... [Conformance] [sig-scheduling, Serial,
+        # Conformance]": drop ginkgo's node type and the trailing label list, which repeats the tags.
+        name = " ".join(name.removeprefix("[It] ").split())
+        name = re.sub(r" \[sig-[^\]]*\]$", "", name)
         if case.find("skipped") is not None:
             status = "skipped"
         elif case.find("failure") is not None or case.find("error") is not None:
