@@ -9,7 +9,9 @@ the other from empty nodes by :func:`bindery.reference_rm.placement.choose_node`
 in place before the next as the store does (so bin-packing fills node after node to 110 pods, and
 the full ones answer "Too many pods").  It prints the mean milliseconds of CPU per call for each
 policy, and with ``--profile`` cProfile's top functions.  ``--constraints`` adds a taint on every
-node and a nodeSelector and a toleration on every pod.  It asserts nothing: compare the figure
+node and a nodeSelector and a toleration on every pod; ``--preferences`` gives every pod a
+preferred node term (contract v1.2) that half the nodes match, so every call takes the scored path
+(NodeAffinity and TaintToleration with the policy).  It asserts nothing: compare the figure
 before and after a change to placement (benchmarks/PROFILE.md).
 """
 
@@ -35,7 +37,10 @@ def inventory(count: int, *, constraints: bool) -> tuple[InventoryNode, ...]:
     nodes = []
     for index in range(count):
         obj = {
-            "metadata": {"name": f"node-{index + 1:04d}", "labels": {"type": "kwok", "pool": "bench"}},
+            "metadata": {
+                "name": f"node-{index + 1:04d}",
+                "labels": {"type": "kwok", "pool": "bench", "half": "ab"[index % 2]},
+            },
             "spec": {"taints": [TAINT] if constraints else []},
             "status": {
                 "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
@@ -53,7 +58,12 @@ def requests(index: int) -> dict[str, Decimal]:
     return {"cpu": parse_quantity(cpu), "memory": parse_quantity(memory)}
 
 
-def run(*, nodes: tuple[InventoryNode, ...], calls: int, policy: Policy, constraints: bool) -> float:
+PREFERENCES = [(50, {"matchExpressions": [{"key": "half", "operator": "In", "values": ["a"]}]})]
+
+
+def run(
+    *, nodes: tuple[InventoryNode, ...], calls: int, policy: Policy, constraints: bool, preferences: bool
+) -> float:
     usage: dict[str, dict[str, Decimal]] = {}
     tolerations = [{"key": TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}] if constraints else []
     by_name = {node.name: node for node in nodes}
@@ -68,6 +78,7 @@ def run(*, nodes: tuple[InventoryNode, ...], calls: int, policy: Policy, constra
             affinity_terms=[],
             tolerations=tolerations,
             policy=policy,
+            preferences=PREFERENCES if preferences else (),
         )
         assert decision.node is not None, decision.reason
         add_usage(usage, decision.node, effective_usage(pod, by_name[decision.node]))
@@ -86,9 +97,12 @@ def main() -> None:
         action="store_true",
         help="tainted nodes and pods with a nodeSelector and a toleration (default: none, as in ceiling.py)",
     )
+    parser.add_argument(
+        "--preferences", action="store_true", help="every pod prefers the half of the nodes labelled half=a"
+    )
     options = parser.parse_args()
     nodes = inventory(options.nodes, constraints=options.constraints)
-    more = {"constraints": options.constraints}
+    more = {"constraints": options.constraints, "preferences": options.preferences}
     for policy in Policy:
         mean = run(nodes=nodes, calls=options.pods, policy=policy, **more)
         print(

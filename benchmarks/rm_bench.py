@@ -1,13 +1,16 @@
 """Reserve latency and throughput of the reference RM, measured through Bindery's real client.
 
 Run:  .venv/bin/python benchmarks/rm_bench.py [--requests 2000] [--concurrency 32] [--nodes 50]
+      [--postgres REPLICAS]
 
 The RM runs as its own process (``python -m bindery.reference_rm.cli serve``, as in a deployment) on
 loopback with a fresh SQLite file; this process drives ``--requests`` reserve calls from
 ``--concurrency`` concurrent clients (one ResourceManagerClient each) and prints latency
 percentiles and throughput.  Every reservation is durable (SQLite synchronous=FULL) before the RM
 answers, so the figures include an fsync per reserve.  ``--in-process`` runs the RM in this
-process's event loop instead (no separate process; both compete for one core).
+process's event loop instead (no separate process; both compete for one core).  ``--postgres N``
+starts a PostgreSQL of its own (bindery.devcluster.postgres, fsync on) and N RM processes on one
+database; the clients are spread over the replicas round robin.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import yaml
 
@@ -49,14 +52,16 @@ def inventory(nodes: int) -> list[dict[str, object]]:
 
 
 @contextlib.asynccontextmanager
-async def rm_process(workdir: pathlib.Path, nodes: int, policy: str) -> AsyncIterator[str]:
+async def rm_process(
+    workdir: pathlib.Path, nodes: int, policy: str, *, db: str | None = None, extra: Sequence[str] = ()
+) -> AsyncIterator[str]:
     inventory_file = workdir / "inventory.yaml"
     inventory_file.write_text(yaml.safe_dump({"nodes": inventory(nodes)}))
     token_file = workdir / "token"
     token_file.write_text(TOKEN)
-    options = ["--inventory", str(inventory_file), "--policy", policy, "--log-level", "WARNING"]
+    options = ["--inventory", str(inventory_file), "--policy", policy, "--log-level", "WARNING", *extra]
     process = await asyncio.create_subprocess_exec(
-        *serve_command(db=workdir / "rm.sqlite", token_file=token_file, options=options),
+        *serve_command(db=db or workdir / "rm.sqlite", token_file=token_file, options=options),
         stdout=subprocess.PIPE,
     )
     try:
@@ -65,6 +70,26 @@ async def rm_process(workdir: pathlib.Path, nodes: int, policy: str) -> AsyncIte
     finally:
         process.send_signal(signal.SIGTERM)
         await process.wait()
+
+
+@contextlib.asynccontextmanager
+async def rm_replicas_on_postgres(
+    workdir: pathlib.Path, nodes: int, policy: str, replicas: int
+) -> AsyncIterator[list[str]]:
+    from bindery.devcluster.postgres import PostgresServer
+
+    server = PostgresServer.start(durable=True)
+    try:
+        db = server.create_database("bench")
+        extra = ["--db-password-file", str(server.password_file)]
+        async with contextlib.AsyncExitStack() as stack:
+            urls = [
+                await stack.enter_async_context(rm_process(workdir, nodes, policy, db=db, extra=extra))
+                for _ in range(replicas)
+            ]
+            yield urls
+    finally:
+        server.stop()
 
 
 @contextlib.asynccontextmanager
@@ -96,7 +121,7 @@ def make_request(rng: random.Random, index: int) -> ReservationRequest:
 
 
 async def drive(
-    url: str, requests: list[ReservationRequest], concurrency: int
+    urls: Sequence[str], requests: list[ReservationRequest], concurrency: int
 ) -> tuple[list[float], int, float]:
     queue: asyncio.Queue[ReservationRequest] = asyncio.Queue()
     for request in requests:
@@ -104,10 +129,10 @@ async def drive(
     latencies: list[float] = []
     unschedulable = 0
 
-    async def worker() -> None:
+    async def worker(index: int) -> None:
         nonlocal unschedulable
         async with ResourceManagerClient(
-            base_url=url, token=TOKEN, allow_insecure_http=True, read_timeout=30.0
+            base_url=urls[index % len(urls)], token=TOKEN, allow_insecure_http=True, read_timeout=30.0
         ) as client:
             while not queue.empty():
                 request = queue.get_nowait()
@@ -119,7 +144,7 @@ async def drive(
                 latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(index) for index in range(concurrency)))
     return latencies, unschedulable, time.perf_counter() - started
 
 
@@ -135,22 +160,37 @@ async def main() -> None:
     parser.add_argument("--nodes", type=int, default=50)
     parser.add_argument("--policy", choices=["binpack", "spread"], default="binpack")
     parser.add_argument("--in-process", action="store_true", help="run the RM in this process")
+    parser.add_argument(
+        "--postgres", type=int, default=0, metavar="REPLICAS", help="this many RM processes on one PostgreSQL"
+    )
     args = parser.parse_args()
     rng = random.Random(1)
     requests = [make_request(rng, index) for index in range(args.requests)]
     with tempfile.TemporaryDirectory(prefix="rm-bench-") as directory:
-        server = rm_in_process if args.in_process else rm_process
-        async with server(pathlib.Path(directory), args.nodes, args.policy) as url:
+        workdir = pathlib.Path(directory)
+        async with contextlib.AsyncExitStack() as stack:
+            if args.postgres:
+                urls = await stack.enter_async_context(
+                    rm_replicas_on_postgres(workdir, args.nodes, args.policy, args.postgres)
+                )
+            else:
+                server = rm_in_process if args.in_process else rm_process
+                urls = [await stack.enter_async_context(server(workdir, args.nodes, args.policy))]
             # Warm up connections and code paths outside the measurement.
             await drive(
-                url, [make_request(rng, 10**9 + i) for i in range(args.concurrency)], args.concurrency
+                urls, [make_request(rng, 10**9 + i) for i in range(args.concurrency)], args.concurrency
             )
-            latencies, unschedulable, elapsed = await drive(url, requests, args.concurrency)
+            latencies, unschedulable, elapsed = await drive(urls, requests, args.concurrency)
     latencies.sort()
     ms = [value * 1000 for value in latencies]
     print(
         f"reference RM reserve ({'in-process' if args.in_process else 'separate process'}, "
-        f"policy {args.policy}, {args.nodes} nodes, SQLite synchronous=FULL)"
+        f"policy {args.policy}, {args.nodes} nodes, "
+        + (
+            f"PostgreSQL fsync=on, {args.postgres} replica(s))"
+            if args.postgres
+            else "SQLite synchronous=FULL)"
+        )
     )
     print(
         f"  requests     {len(latencies)} from {args.concurrency} concurrent clients "

@@ -30,6 +30,7 @@ from kubernetes_asyncio import client, config
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.devcluster import binaries
 from bindery.devcluster.plane import ControlPlane
+from bindery.devcluster.postgres import PostgresServer
 
 #: The operator's least-privilege identity (bindery.controller.rbac), on either plane.
 OPERATOR_USER = "bindery-operator"
@@ -62,11 +63,18 @@ SLOW_TESTS = (
     "operator/test_leader.py::test_a_standby_does_not_take_a_live_lease_whose_renew_time_looks_stale",
     # 16 s: schemathesis against the reference RM
     "rm/test_refrm_fuzz.py::test_reference_rm_matches_its_contract",
+    # 17 s (2.7 s setup, 14.6 s the kit's lease waits): the whole kit against an RM on PostgreSQL
+    "rm/test_refrm_postgres.py::test_conformance_kit_against_a_reference_rm_process_on_postgres",
     # 15 s: the chart installed, its two processes run under its identities
     "chart/test_chart_e2e.py",
     # 25 s (call 15 s, teardown 3 s, with an e2e.test build beside it): two schedulers' rounds on the
     # cluster plane, the reference RM and the operator as processes
     "placement/test_side_by_side.py",
+    # 23 s: slurmrestd tries a SIGKILLed slurmctld for ~9 s before it answers, then the restart
+    "slurm/test_adapter.py::test_slurmctld_down_answers_unavailable_and_its_restart_keeps_the_reservations",
+    # 20 s, 38 s, 19 s, 31 s (runs with the cluster plane up): Deployments bound through a live
+    # Slurm, the adapter or slurmctld SIGKILLed mid-burst, a pod queued behind site jobs
+    "cluster/test_slurm_cluster.py",
 )
 _TESTS = pathlib.Path(__file__).parent
 _TIERS_KEY = pytest.StashKey[list[tuple[pytest.Item, str]]]()
@@ -214,3 +222,25 @@ async def cluster_namespace(cluster_api: client.ApiClient) -> AsyncIterator[str]
     except client.ApiException as exc:
         if exc.status != 404:  # a test may have deleted it itself
             raise
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL per session (bindery.devcluster.postgres), on loopback in a temporary
+    directory; tests that crash it restart it before they end (``postgres_db`` checks)."""
+    server = PostgresServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_db(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh database on the session's PostgreSQL; its URL. ``PGPASSWORD`` is set for the test
+    (libpq reads it, in this process and in the RM processes a test starts), so the URL carries none."""
+    if not postgres.running:  # a previous test crashed it and failed before restarting it
+        postgres.restart()
+    monkeypatch.setenv("PGPASSWORD", postgres.password)
+    with postgres.database(f"t_{uuid.uuid4().hex[:12]}") as url:
+        yield url

@@ -25,6 +25,7 @@ commands:
   demo         a small local cluster: Bindery schedules a Deployment and a Job beside kube-scheduler
   rm serve     run the reference resource manager (bindery rm serve --help)
   rm conformance   check a resource manager against the REST contract
+  rm slurm     serve the RM contract in front of Slurm's slurmrestd (bindery rm slurm --help)
   audit        report leaked reservations, unreserved bound pods, overcommitted nodes (read-only)
   explain      why a pod is pending, or where and how it was bound (read-only)
   devcluster   build | up: the local etcd + kube-apiserver used by the demo and tests
@@ -36,6 +37,7 @@ RM_USAGE = """bindery rm <command> [options]
 commands:
   serve        run the reference resource manager (bindery rm serve --help)
   conformance  check a resource manager against the REST contract (bindery rm conformance --help)
+  slurm        serve the contract in front of Slurm's slurmrestd (bindery rm slurm --help)
 """
 
 
@@ -67,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _delegate("bindery.reference_rm.cli", rest[1:])
     if command == "rm" and rest and rest[0] == "conformance":
         return _delegate("bindery.conformance.cli", rest[1:])
+    if command == "rm" and rest and rest[0] == "slurm":
+        return _delegate("bindery.slurm_rm.cli", rest[1:])
     print(f"bindery: unknown command {' '.join(args[:2])!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -10,6 +10,7 @@ shape (camelCase keys), without any I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "untolerated_taints",
 ]
 
+_CANONICAL_INT = re.compile(r"0|-?[1-9][0-9]*")
 #: The taint effects that keep a new pod off a node (PreferNoSchedule is only a preference).
 SCHEDULING_EFFECTS: tuple[str, ...] = ("NoSchedule", "NoExecute")
 
@@ -30,7 +32,8 @@ def tolerates(*, toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> boo
     """Whether one toleration tolerates one taint (``v1.Toleration.ToleratesTaint``).
 
     An empty toleration effect matches every effect; an empty key with operator ``Exists`` matches
-    every taint; operator ``""`` means ``Equal``.  Unknown operators tolerate nothing.
+    every taint; operator ``""`` means ``Equal``; ``Gt`` and ``Lt`` compare values as integers.
+    Unknown operators tolerate nothing.
     """
     effect = toleration.get("effect") or ""
     if effect and effect != (taint.get("effect") or ""):
@@ -43,7 +46,25 @@ def tolerates(*, toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> boo
         return True
     if operator == "Equal":
         return (toleration.get("value") or "") == (taint.get("value") or "")
+    if operator in ("Gt", "Lt"):
+        # Kubernetes 1.35+ (TaintTolerationComparisonOperators): the taint's value compared with
+        # the toleration's as int64, Gt tolerating a larger taint value, Lt a smaller one; either
+        # value not a canonical integer tolerates nothing (compareNumericValues, core/v1/toleration.go).
+        bound = _canonical_int(toleration.get("value"))
+        actual = _canonical_int(taint.get("value"))
+        if bound is None or actual is None:
+            return False
+        return actual > bound if operator == "Gt" else actual < bound
     return False
+
+
+def _canonical_int(text: object) -> int | None:
+    """An int64 written as Kubernetes accepts it for Gt/Lt tolerations: decimal digits, an optional
+    minus, no sign ``+``, no leading zero, no spaces (``0100``, ``+5`` and ``-0`` are not numbers)."""
+    if not isinstance(text, str) or not _CANONICAL_INT.fullmatch(text):
+        return None
+    number = int(text)
+    return number if -(2**63) <= number < 2**63 else None
 
 
 def untolerated_taints(

@@ -114,6 +114,7 @@ def say(message: str) -> None:
 
 async def _demo(*, args: DemoArgs, admin: pathlib.Path, operator_kubeconfig: pathlib.Path) -> int:
     from bindery.reference_rm.mirror import MirrorGate, NodeMirror, PodMirror
+    from bindery.reference_rm.placement import Policy
     from bindery.reference_rm.server import serve_reference_rm
 
     api = await _api_client(admin)
@@ -128,7 +129,8 @@ async def _demo(*, args: DemoArgs, admin: pathlib.Path, operator_kubeconfig: pat
         workdir = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bindery-demo-")))
         token = secrets.token_urlsafe(24)
         server = await stack.enter_async_context(
-            serve_reference_rm(db_path=workdir / "rm.sqlite", token=token)
+            # The chart's default policy: a Deployment spreads as kube-scheduler spreads it.
+            serve_reference_rm(db_path=workdir / "rm.sqlite", token=token, policy=Policy.SPREAD)
         )
         # Count every pod on the pool, as `bindery rm serve --mirror-nodes` does: kube-scheduler's too.
         gate = MirrorGate(set_inventory=server.rm.set_inventory, set_bound_pods=server.rm.set_bound_pods)
@@ -138,7 +140,10 @@ async def _demo(*, args: DemoArgs, admin: pathlib.Path, operator_kubeconfig: pat
         ):
             task = asyncio.create_task(mirror.run(), name=type(mirror).__name__)
             stack.callback(task.cancel)
-        say(f"reference RM (SQLite, mirroring {POOL_LABEL}={POOL} and every pod on it) at {server.url}")
+        say(
+            f"reference RM (SQLite, mirroring {POOL_LABEL}={POOL} and every pod on it, policy spread) "
+            f"at {server.url}"
+        )
 
         options = OperatorOptions(kubeconfig=operator_kubeconfig, probe_interval=2.0, state_dir=workdir)
         operator = EmbeddedOperator(options=options)

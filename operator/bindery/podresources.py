@@ -11,7 +11,8 @@ overcommit or strand capacity.  So the one pure function lives here, below both,
   ``restartPolicy: Always``), which keeps running;
 * at least, per resource, the peak of the init phase: each regular init container runs alone next to
   the sidecars started before it; each sidecar's start counts the sidecars so far;
-* pod-level ``spec.resources.requests`` replace the result for cpu and memory;
+* pod-level ``spec.resources.requests`` replace the result for cpu, memory and ``hugepages-*``
+  (``IsSupportedPodLevelResource``);
 * plus ``spec.overhead`` (RuntimeClass overhead).
 
 For a pod already running on a node, kube-scheduler also reads the resources the kubelet reports
@@ -28,10 +29,18 @@ from typing import Any
 
 from bindery.quantity import QuantityError, parse_quantity
 
-__all__ = ["POD_LEVEL_RESOURCES", "PodResourcesError", "effective_requests"]
+__all__ = ["POD_LEVEL_RESOURCES", "PodResourcesError", "effective_requests", "is_pod_level_resource"]
 
-#: Resources that ``spec.resources.requests`` (pod-level resources) may set, as in Kubernetes.
+#: Resources that ``spec.resources.requests`` (pod-level resources) may set, as in Kubernetes,
+#: besides every ``hugepages-<size>`` (see :func:`is_pod_level_resource`).
 POD_LEVEL_RESOURCES: frozenset[str] = frozenset({"cpu", "memory"})
+_HUGEPAGES_PREFIX = "hugepages-"
+
+
+def is_pod_level_resource(name: str) -> bool:
+    """``IsSupportedPodLevelResource`` (component-helpers/resource, v1.34+): cpu, memory, hugepages-*."""
+    return name in POD_LEVEL_RESOURCES or name.startswith(_HUGEPAGES_PREFIX)
+
 
 ResourceList = dict[str, Decimal]
 
@@ -136,7 +145,7 @@ def effective_requests(
     _max_into(requests, init_peak)
     pod_level = (spec.get("resources") or {}).get("requests") or {}
     for name, value in _parse_list(pod_level, what="spec.resources").items():
-        if name in POD_LEVEL_RESOURCES:
+        if is_pod_level_resource(name):
             requests[name] = value
     _add(requests, _parse_list(spec.get("overhead") or {}, what="spec.overhead"))
     return requests

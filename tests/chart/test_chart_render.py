@@ -275,6 +275,7 @@ def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
         "--listen=0.0.0.0:8080",
         "--db=/var/lib/bindery-rm/rm.sqlite",
         "--mirror-nodes",
+        "--policy=spread",  # kube-scheduler's default spreads a Deployment; so does the chart's RM
         "--token-file=/etc/bindery-rm/token/token",
         "--tls-cert=/etc/bindery-rm/tls/tls.crt",
         "--tls-key=/etc/bindery-rm/tls/tls.key",

@@ -118,6 +118,7 @@ def test_lock_satisfies_the_projects_requirements() -> None:
         Requirement(r)
         for r in [*project["dependencies"], *project["optional-dependencies"]["rm"]]
         + project["optional-dependencies"]["tracing"]
+        + project["optional-dependencies"]["postgres"]  # the image's RM can run on PostgreSQL
     ]
     pins = dict(
         (canonicalize_name(m.group(1)), m.group(2))

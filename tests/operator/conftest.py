@@ -206,8 +206,11 @@ async def real_stage_of(
     namespace: str,
     directory: pathlib.Path,
     capacity: Mapping[str, str] | None = None,
+    rm_options: Sequence[str] = (),
 ) -> AsyncIterator[RealStage]:
-    """A node of its own pool, the reference RM mirroring it, and the RM's token as a Secret."""
+    """A node of its own pool, the reference RM mirroring it, and the RM's token as a Secret.
+
+    ``rm_options``: more `bindery rm serve` arguments (e.g. ``--no-cluster-id``, a v1.1 RM)."""
     token = uuid.uuid4().hex[:8]
     node = f"real-{token}"
     await create_node(
@@ -221,6 +224,7 @@ async def real_stage_of(
             kubeconfig=controlplane.kubeconfig,
             directory=directory,
             node_selector=f"bindery.dev/test-pool={token}",
+            options=rm_options,
         ) as rm:
             secret = f"rm-token-{token}"
             await client.CoreV1Api(api).create_namespaced_secret(

@@ -327,3 +327,34 @@ async def test_every_metric_the_dashboard_queries_is_served(
     assert queues.json()["leading"] is True
     assert nobody.status_code == 404
     assert nobody.json()["pod"] == "default/nobody"
+
+
+async def test_the_apiserver_and_rm_clocks_are_compared_and_exported(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    crd: None,
+    namespace: str,
+    measured: EmbeddedOperator,
+    tmp_path: pathlib.Path,
+) -> None:
+    """The operator reads the apiserver's and each RM's clock from their Date headers (issue 20,
+    item 13) and serves the offsets: here all run on this host, so both are within a second or two."""
+    async with (
+        real_stage_of(
+            controlplane=controlplane, api=kube_api, namespace=namespace, directory=tmp_path / "rm"
+        ) as stage,
+        stage.served(),
+    ):
+
+        async def both() -> Samples | None:
+            samples = await scrape(measured)
+            names = {
+                dict(labels).get("peer") for name, labels in samples if name == "bindery_clock_skew_seconds"
+            }
+            return samples if {"apiserver", f"rm/{stage.rm_name}"} <= names else None
+
+        samples = await eventually(both, within=30, what="both clocks in /metrics")
+        assert abs(present(samples, "bindery_clock_skew_seconds", peer="apiserver")) < 2.0
+        assert abs(present(samples, "bindery_clock_skew_seconds", peer=f"rm/{stage.rm_name}")) < 2.0
+        assert not measured.runtime.apiserver_clock.off

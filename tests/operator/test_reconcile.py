@@ -149,6 +149,10 @@ class _Anonymous:
         found = await self.inner.list_reservations(**filters)
         return [r.model_copy(update={"namespace": None, "name": None}) for r in found]
 
+    async def list_unscoped_reservations(self, **filters: Any) -> list[Reservation]:
+        found = await self.inner.list_unscoped_reservations(**filters)
+        return [r.model_copy(update={"namespace": None, "name": None}) for r in found]
+
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
         return await self.inner.commit(reservation_id, pod_uid=pod_uid)
 

@@ -8,7 +8,14 @@ import pytest
 
 from bindery.config import ConfigError, parse_resource_manager
 from bindery.config.resourcemanager import reconcile_interval
-from bindery.controller.reconcile import Settle, in_scope, missing_reservations, reconcile_action
+from bindery.controller.reconcile import (
+    Settle,
+    in_scope,
+    missing_reservations,
+    reconcile_action,
+    surplus,
+    unscoped_action,
+)
 from bindery.controller.watches.bound import remembered, reservation_to_release
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
@@ -121,3 +128,38 @@ def test_the_reconcile_interval_defaults_to_30s_and_stays_within_half_the_lease(
     assert reconcile_interval(configured=300, reservation_ttl_seconds=60) == 30
     with pytest.raises(ConfigError, match=r"spec\.reconcileIntervalSeconds"):
         parse_resource_manager(body=_rm_body(reconcileIntervalSeconds=1))
+
+
+@pytest.mark.parametrize("seen_here", [False, True])
+def test_an_unscoped_reservation_is_settled_only_by_its_pods_uid(seen_here: bool) -> None:
+    """A reservation made before the cluster-id upgrade may be another cluster's: only a pod of its
+    UID here is ours. A pod under its name with another UID, or none, is another cluster's, unless
+    an earlier pass found that UID here (then its pod is gone)."""
+    reserved, committed = _reservation("reserved"), _reservation("committed")
+    gone = Settle.RELEASE if seen_here else None
+    assert unscoped_action(reservation=reserved, pod=_pod(), seen_here=seen_here) is Settle.COMMIT
+    assert unscoped_action(reservation=committed, pod=_pod(), seen_here=seen_here) is None
+    assert unscoped_action(reservation=reserved, pod=_pod(node="n2"), seen_here=seen_here) is Settle.RELEASE
+    assert (
+        unscoped_action(reservation=committed, pod=_pod(phase="Succeeded"), seen_here=seen_here)
+        is Settle.RELEASE
+    )
+    assert unscoped_action(reservation=reserved, pod=_pod(node=None), seen_here=seen_here) is None
+    assert unscoped_action(reservation=committed, pod=_pod(uid="u-2"), seen_here=seen_here) is gone
+    assert unscoped_action(reservation=committed, pod=None, seen_here=seen_here) is gone
+
+
+def test_surplus_keeps_the_committed_then_the_oldest_reservation_of_a_running_pod() -> None:
+    """Several active reservations for one running pod on its node: one is kept (committed first,
+    then the oldest), the others are surplus. Pending pods, other nodes and single ones are not."""
+    pods = {"u-1": _pod(), "u-2": _pod(uid="u-2"), "u-3": _pod(uid="u-3", node=None, phase="Pending")}
+    old, new = "2026-12-01T00:00:00Z", "2026-12-01T00:01:00Z"
+    one_reserved = _reservation("reserved", id="a", createdAt=old)
+    one_committed = _reservation("committed", id="b", createdAt=new)
+    one_elsewhere = _reservation("reserved", id="c", node="n2", createdAt=old)
+    two_old = _reservation("reserved", id="d", podUid="u-2", createdAt=old)
+    two_new = _reservation("reserved", id="e", podUid="u-2", createdAt=new)
+    pending = [_reservation("reserved", id=i, podUid="u-3") for i in ("f", "g")]
+    found = surplus([one_reserved, one_committed, one_elsewhere, two_new, two_old, *pending], pods)
+    assert {extra: kept.id for extra, kept in found.items()} == {"a": "b", "e": "d"}
+    assert surplus([one_reserved], pods) == {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pathlib
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -17,6 +17,8 @@ import pytest
 from bindery.conformance.kit import DEFAULT_RESOURCE
 from bindery.quantity import parse_quantity
 from bindery.reference_rm import InventoryNode, RunningServer, serve_reference_rm
+from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS
+from bindery.reference_rm.stores import Store, open_store
 
 TOKEN = "test-token-for-the-reference-rm"
 
@@ -80,3 +82,50 @@ async def refrm(tmp_path: pathlib.Path) -> AsyncIterator[RunningServer]:
         db_path=tmp_path / "rm.sqlite", inventory=small_inventory(), token=TOKEN
     ) as server:
         yield server
+
+
+class StoreFactory:
+    """Opens the test's store on ONE database, as often as the test asks (a second call is a reopen,
+    or a second replica on PostgreSQL); closes what the test left open."""
+
+    def __init__(self, db: pathlib.Path | str) -> None:
+        self.db = db
+        self._open: list[Store] = []
+
+    @property
+    def backend(self) -> str:
+        return "postgres" if str(self.db).startswith("postgresql://") else "sqlite"
+
+    def __call__(
+        self,
+        *,
+        clock: Callable[[], float] | None = None,
+        retention: float = 3600.0,
+        max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
+    ) -> Store:
+        store = open_store(self.db, clock=clock, retention=retention, max_released_rows=max_released_rows)
+        closing = store.close
+
+        def close() -> None:
+            if store in self._open:
+                self._open.remove(store)
+                closing()
+
+        store.close = close  # type: ignore[method-assign]
+        self._open.append(store)
+        return store
+
+    def close_all(self) -> None:
+        for store in list(self._open):
+            store.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def make_store(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[StoreFactory]:
+    """The store tests on both backends: SQLite in a file, PostgreSQL in a fresh database."""
+    db: pathlib.Path | str = (
+        tmp_path / "db" if request.param == "sqlite" else str(request.getfixturevalue("postgres_db"))
+    )
+    factory = StoreFactory(db)
+    yield factory
+    factory.close_all()

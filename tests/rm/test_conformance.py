@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import signal
@@ -411,7 +412,11 @@ async def test_a_v1_1_run_never_sends_cluster_id_and_the_v1_2_checks_fail_a_v1_1
     certify it at."""
     config = ConformanceConfig(url=v1_1_refrm.url, token=TOKEN, topology_key="zone")
     newer = [check for check in CHECKS if check.since == "1.2"]
-    assert {check.name for check in newer} == {"cluster-isolation", "cluster-id-validated"}
+    assert {check.name for check in newer} == {
+        "cluster-isolation",
+        "cluster-id-validated",
+        "node-preferences",
+    }
     async with http_client(config) as http:
         for check in checks_for("1.1"):
             result = await run_check(check, config, http, contract_version="1.1")
@@ -462,3 +467,73 @@ async def test_kit_fails_an_rm_that_lists_other_clusters_reservations(unfiltered
         result = await run_check(check, config, http)
     assert not result.passed
     assert "?clusterId=Y lists" in (result.error or ""), result.error
+
+
+@pytest.fixture
+async def preferences_rm(refrm: RunningServer, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """The reference RM behind a proxy: ``ignores`` lists node-preferences but drops the field before
+    the RM sees it; ``unlisted`` does not list the feature and answers 400 to the field, as a v1.1
+    RM's validation would."""
+    mode = request.param
+    async with httpx.AsyncClient(base_url=refrm.url) as upstream:
+
+        async def forward(web_request: web.Request) -> web.StreamResponse:
+            headers = {
+                k: v for k, v in web_request.headers.items() if k.lower() in ("authorization", "content-type")
+            }
+            body = await web_request.read()
+            if web_request.path == "/v1/reservations" and web_request.method == "POST" and body:
+                parsed = json.loads(body)
+                if "preferredNodeAffinity" in (parsed.get("placement") or {}):
+                    if mode == "unlisted":
+                        return web.json_response(
+                            {"type": ProblemType.INVALID_REQUEST, "title": "Bad request", "status": 400},
+                            status=400,
+                            content_type="application/problem+json",
+                        )
+                    del parsed["placement"]["preferredNodeAffinity"]
+                    body = json.dumps(parsed).encode()
+            answer = await upstream.request(
+                web_request.method, web_request.path, params=web_request.query, content=body, headers=headers
+            )
+            content = answer.content
+            if web_request.path == "/v1/info" and mode == "unlisted" and answer.status_code == 200:
+                info = answer.json()
+                info["features"] = [f for f in info["features"] if f != "node-preferences"]
+                content = json.dumps(info).encode()
+            return web.Response(
+                status=answer.status_code,
+                body=content,
+                headers={"Content-Type": answer.headers.get("content-type", "application/octet-stream")},
+            )
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
+
+
+@pytest.mark.parametrize("preferences_rm", ["ignores"], indirect=True)
+async def test_kit_fails_an_rm_that_lists_node_preferences_and_ignores_them(preferences_rm: str) -> None:
+    config = ConformanceConfig(url=preferences_rm, token=TOKEN)
+    check = next(c for c in CHECKS if c.name == "node-preferences")
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert not result.passed
+    assert "must prefer a feasible node that matches" in (result.error or ""), result.error
+
+
+@pytest.mark.parametrize("preferences_rm", ["unlisted"], indirect=True)
+async def test_kit_never_sends_preferences_to_an_rm_without_the_feature(preferences_rm: str) -> None:
+    """The proxy refuses the field with 400: the check passes only because it never sends it."""
+    config = ConformanceConfig(url=preferences_rm, token=TOKEN)
+    check = next(c for c in CHECKS if c.name == "node-preferences")
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert result.passed, result.error

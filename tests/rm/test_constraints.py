@@ -36,6 +36,46 @@ def test_tolerates(toleration: dict[str, Any], expected: bool) -> None:
     assert tolerates(toleration=toleration, taint=GPU) is expected
 
 
+SLA = {"key": "example.com/sla", "value": "950", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("operator", "value", "taint_value", "expected"),
+    [  # the cases of Kubernetes' TestTolerationToleratesTaint / TestCompareNumericValues (core/v1)
+        ("Gt", "900", "950", True),
+        ("Gt", "950", "950", False),
+        ("Gt", "960", "950", False),
+        ("Lt", "960", "950", True),
+        ("Lt", "950", "950", False),
+        ("Gt", "-100", "-50", True),
+        ("Lt", "0", "-1", True),
+        ("Gt", "0", "9223372036854775807", True),
+        ("Gt", "0", "9223372036854775808", False),  # past int64: not a number
+        ("Gt", "0100", "200", False),  # leading zero: not canonical
+        ("Gt", "+100", "200", False),
+        ("Gt", "100", "0200", False),
+        ("Lt", "100", " 50", False),
+        ("Gt", "-0", "5", False),
+        ("Gt", "100", "high", False),
+        ("Gt", "", "100", False),
+    ],
+)
+def test_gt_and_lt_compare_values_as_int64(
+    operator: str, value: str, taint_value: str, expected: bool
+) -> None:
+    toleration = {"key": "example.com/sla", "operator": operator, "value": value, "effect": "NoSchedule"}
+    assert tolerates(toleration=toleration, taint={**SLA, "value": taint_value}) is expected
+
+
+def test_gt_still_needs_the_key_and_effect_to_match() -> None:
+    assert not tolerates(toleration={"key": "other", "operator": "Gt", "value": "1"}, taint=SLA)
+    assert not tolerates(
+        toleration={"key": "example.com/sla", "operator": "Gt", "value": "1", "effect": "NoExecute"},
+        taint=SLA,
+    )
+    assert tolerates(toleration={"key": "example.com/sla", "operator": "Gt", "value": "1"}, taint=SLA)
+
+
 def test_untolerated_taints_ignores_prefer_no_schedule_and_keeps_order() -> None:
     taints = [
         {"key": "a", "effect": "PreferNoSchedule"},

@@ -28,6 +28,7 @@ from bindery.reference_rm.placement import InventoryNode, Policy, choose_node
 from bindery.reference_rm.store import Placed, ReservationStore, Unschedulable
 from bindery.rm.models import Placement, PodIdentity, ReservationRequest
 from bindery.scheduling.framework import RESERVATION_ANNOTATION as BINDER_ANNOTATION
+from tests.rm.conftest import StoreFactory
 
 
 def container(name: str, *, restart: str | None = None, **requests: str) -> dict[str, Any]:
@@ -369,3 +370,27 @@ def test_the_gate_holds_the_nodes_until_the_first_pod_list() -> None:
     assert published == [("pods", empty), ("nodes", second)]  # pods first: never nodes without pods
     gate.nodes(first)
     assert published[-1] == ("nodes", first)
+
+
+def test_a_pod_resized_in_place_counts_what_it_grew_past_its_reservation(make_store: StoreFactory) -> None:
+    """Issue 19: a Bindery-placed pod resized in place from 1 to 3 CPUs was still counted at 1 (its
+    reservation's size), so the RM sold the 2 CPUs it had grown into. Its reservation counts the 1,
+    and the growth counts on top; a pod that shrank keeps its reservation's size until released.
+    On both stores (SQLite and PostgreSQL)."""
+    store = make_store()
+    nodes = [four_cpu("n1")]
+    placed = store.reserve(reservation_request("mine", "1"), nodes=nodes, policy=Policy.BINPACK)
+    assert isinstance(placed, Placed)
+    rsv = placed.reservation.id
+    grown = {"containers": [container("app", cpu="3")]}
+    resized = claims(pod("mine", claim=rsv, spec=grown))
+    full = store.reserve(reservation_request("next", "2"), nodes=nodes, policy=Policy.BINPACK, pods=resized)
+    assert isinstance(full, Unschedulable)  # 3 of 4 in use: before, 1 + 2 fitted
+    assert "Insufficient cpu" in full.reason
+    fits = store.reserve(reservation_request("small", "1"), nodes=nodes, policy=Policy.BINPACK, pods=resized)
+    assert isinstance(fits, Placed)  # exactly the 1 left: the pod is not counted twice either
+    store.release(fits.reservation.id)
+    shrunk = claims(pod("mine", claim=rsv, spec={"containers": [container("app", cpu="500m")]}))
+    still = store.reserve(reservation_request("more", "3.5"), nodes=nodes, policy=Policy.BINPACK, pods=shrunk)
+    assert isinstance(still, Unschedulable)  # the reservation still holds 1
+    store.close()

@@ -20,7 +20,9 @@ from bindery.reference_rm.store import (
     StoredReservation,
     Unschedulable,
 )
+from bindery.reference_rm.stores import Store
 from bindery.rm.models import BatchOperation, ReservationRequest, ReservationState
+from tests.rm.conftest import StoreFactory
 
 NODES = [InventoryNode(name="n1", allocatable={"cpu": Decimal(2)})]
 
@@ -46,7 +48,7 @@ def release(reservation_id: str, pod_uid: str | None = None) -> BatchOperation:
     return BatchOperation.model_validate({"release": {"reservationId": reservation_id, "podUid": pod_uid}})
 
 
-def placed(store: ReservationStore, uid: str, cpu: str = "1") -> StoredReservation:
+def placed(store: Store, uid: str, cpu: str = "1") -> StoredReservation:
     outcome = store.reserve(
         ReservationRequest.model_validate(body(uid, cpu)), nodes=NODES, policy=Policy.BINPACK
     )
@@ -191,10 +193,10 @@ def test_a_failed_batch_rolls_back_and_leaves_memory_as_it_was(tmp_path: pathlib
     store.close()
 
 
-def test_a_batch_expires_due_leases_first(tmp_path: pathlib.Path) -> None:
+def test_a_batch_expires_due_leases_first(make_store: StoreFactory) -> None:
     """The lazy expiry runs before the transaction, as it does before a single call."""
     now = [1000.0]
-    store = ReservationStore(tmp_path / "db", clock=lambda: now[0])
+    store = make_store(clock=lambda: now[0])
     old = placed(store, "old", cpu="2")
     now[0] = 1031.0  # its 30 s lease ran out
     outcomes = store.batch([commit(old.id), reserve("new", cpu="2")], nodes=NODES, policy=Policy.BINPACK)

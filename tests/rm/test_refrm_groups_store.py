@@ -21,7 +21,9 @@ from bindery.reference_rm.store import (
     StoredGroup,
     Unschedulable,
 )
+from bindery.reference_rm.stores import Store
 from bindery.rm.models import ReservationGroupRequest, ReservationRequest, ReservationState
+from tests.rm.conftest import StoreFactory
 
 NODES = [
     InventoryNode(name="a1", allocatable={"cpu": Decimal(2)}, labels={"zone": "a"}),
@@ -59,14 +61,14 @@ def placed(outcome: object) -> StoredGroup:
     return outcome.group
 
 
-def cpu_in_use(store: ReservationStore) -> dict[str, Decimal]:
+def cpu_in_use(store: Store) -> dict[str, Decimal]:
     return {
         node: bucket.get("cpu", Decimal(0)) for node, bucket in store.usage().items() if bucket.get("cpu")
     }
 
 
-def test_all_members_or_none_and_the_key_replays(tmp_path: pathlib.Path) -> None:
-    store = ReservationStore(tmp_path / "db", clock=lambda: 0.0)
+def test_all_members_or_none_and_the_key_replays(make_store: StoreFactory) -> None:
+    store = make_store(clock=lambda: 0.0)
     too_big = store.reserve_group(group("g1", 6), nodes=NODES, policy=Policy.BINPACK)
     assert isinstance(too_big, Unschedulable)
     assert "only 5 of them" in too_big.reason
@@ -85,8 +87,8 @@ def test_all_members_or_none_and_the_key_replays(tmp_path: pathlib.Path) -> None
     store.close()
 
 
-def test_topology_keeps_the_group_in_one_zone(tmp_path: pathlib.Path) -> None:
-    store = ReservationStore(tmp_path / "db", clock=lambda: 0.0)
+def test_topology_keeps_the_group_in_one_zone(make_store: StoreFactory) -> None:
+    store = make_store(clock=lambda: 0.0)
     three = placed(store.reserve_group(group("g", 3, topology=True), nodes=NODES, policy=Policy.BINPACK))
     assert {m.node for m in three.members} == {"b1"}
     assert three.topology_value == {"zone": "b"}
@@ -97,9 +99,9 @@ def test_topology_keeps_the_group_in_one_zone(tmp_path: pathlib.Path) -> None:
     store.close()
 
 
-def test_one_lease_renewed_and_expired_together(tmp_path: pathlib.Path) -> None:
+def test_one_lease_renewed_and_expired_together(make_store: StoreFactory) -> None:
     now = [1000.0]
-    store = ReservationStore(tmp_path / "db", clock=lambda: now[0], retention=100)
+    store = make_store(clock=lambda: now[0], retention=100)
     made = placed(store.reserve_group(group("g", 3, ttl=10), nodes=NODES, policy=Policy.BINPACK))
     assert {m.expires_at for m in made.members} == {1010.0}
     now[0] = 1005.0
@@ -127,9 +129,9 @@ def test_one_lease_renewed_and_expired_together(tmp_path: pathlib.Path) -> None:
 
 
 def test_members_commit_and_release_one_by_one_and_the_group_releases_the_rest(
-    tmp_path: pathlib.Path,
+    make_store: StoreFactory,
 ) -> None:
-    store = ReservationStore(tmp_path / "db", clock=lambda: 0.0)
+    store = make_store(clock=lambda: 0.0)
     made = placed(store.reserve_group(group("g", 4), nodes=NODES, policy=Policy.SPREAD))
     first, second, *_ = made.members
     assert store.commit(first.id, pod_uid=first.pod_uid) is not None
@@ -172,12 +174,12 @@ def test_a_failure_mid_transaction_leaves_nothing(tmp_path: pathlib.Path) -> Non
     store.close()
 
 
-def test_reopen_keeps_groups_and_their_capacity(tmp_path: pathlib.Path) -> None:
-    store = ReservationStore(tmp_path / "db", clock=lambda: 0.0)
+def test_reopen_keeps_groups_and_their_capacity(make_store: StoreFactory) -> None:
+    store = make_store(clock=lambda: 0.0)
     made = placed(store.reserve_group(group("g", 5, ttl=600), nodes=NODES, policy=Policy.BINPACK))
     store.commit(made.members[0].id)
     store.close()
-    reopened = ReservationStore(tmp_path / "db", clock=lambda: 1.0)
+    reopened = make_store(clock=lambda: 1.0)
     assert cpu_in_use(reopened) == {"a1": 2, "b1": 3}
     again = reopened.get_group(made.id)
     assert again is not None

@@ -17,6 +17,7 @@ from bindery.reference_rm.placement import (
     choose_node,
     effective_usage,
     format_reason,
+    normalize,
 )
 
 
@@ -53,6 +54,7 @@ def choose(
         affinity_terms=placement.get("affinity_terms", []),
         tolerations=placement.get("tolerations", []),
         policy=policy,
+        preferences=placement.get("preferences", ()),
     )
     return decision.node, decision.reason
 
@@ -254,3 +256,51 @@ def test_placement_never_overcommits_and_finds_a_fit_when_one_exists(
     for node in nodes:
         for name, amount in usage.get(node.name, {}).items():
             assert amount <= node.allocatable.get(name, Decimal(0))
+
+
+def _zone(zone: str) -> dict[str, Any]:
+    return {"matchExpressions": [{"key": "zone", "operator": "In", "values": [zone]}]}
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_any_matched_preference_outweighs_the_policy(policy: Policy) -> None:
+    """kube-scheduler's weights: NodeAffinity (2 x 0..100, normalized to the best feasible node) beats
+    the resource score (1 x 0..100), so even a weight-1 preference wins over binpack or spread."""
+    nodes = [node(n, labels={"zone": z}, cpu="4") for n, z in (("a", "x"), ("b", "y"), ("c", "x"))]
+    used = {"a": {"cpu": "3"}, "c": {"cpu": "0"}}  # binpack alone: a; spread alone: b (then c)
+    assert choose(nodes, {"cpu": "1"}, used=used, policy=policy, preferences=[(1, _zone("y"))])[0] == "b"
+
+
+def test_the_policy_breaks_ties_between_equally_preferred_nodes() -> None:
+    nodes = [node(n, labels={"zone": z}, cpu="4") for n, z in (("a", "x"), ("b", "y"), ("c", "y"))]
+    used = {"b": {"cpu": "1"}, "c": {"cpu": "2"}}
+    prefer_y = [(50, _zone("y"))]
+    assert choose(nodes, {"cpu": "1"}, used=used, policy=Policy.BINPACK, preferences=prefer_y)[0] == "c"
+    assert choose(nodes, {"cpu": "1"}, used=used, policy=Policy.SPREAD, preferences=prefer_y)[0] == "b"
+
+
+def test_weights_add_up_and_taints_weigh_more_than_affinity() -> None:
+    """Raw NodeAffinity is the sum of matched weights; TaintToleration (weight 3) beats NodeAffinity
+    (weight 2) at equal normalized scores, as in kube-scheduler's default profile."""
+    soft = ({"key": "drain", "value": "", "effect": "PreferNoSchedule"},)
+    nodes = [
+        node("a", labels={"zone": "x", "disk": "ssd"}, cpu="4"),
+        node("b", labels={"zone": "x"}, cpu="4"),
+        node("c", labels={"zone": "y", "disk": "ssd"}, cpu="4", taints=soft),
+    ]
+    ssd = {"matchExpressions": [{"key": "disk", "operator": "Exists"}]}
+    both = [(30, _zone("x")), (20, ssd)]
+    assert choose(nodes, {"cpu": "1"}, preferences=both)[0] == "a"  # 50 > 30 (b) > 20 (c)
+    only_ssd = [(100, ssd)]
+    # a: 2*100 + 3*100; c: 2*100 + 3*0 (its PreferNoSchedule taint); b: 0 + 3*100
+    assert choose(nodes, {"cpu": "1"}, preferences=only_ssd)[0] == "a"
+    prefer_c = [(100, _zone("y"))]  # c: 2*100 + 0 = 200 < a, b: 0 + 300
+    assert choose(nodes, {"cpu": "1"}, preferences=prefer_c)[0] == "a"
+    tolerant = [{"key": "drain", "operator": "Exists", "effect": "PreferNoSchedule"}]
+    assert choose(nodes, {"cpu": "1"}, preferences=prefer_c, tolerations=tolerant)[0] == "c"
+
+
+def test_normalize_is_default_normalize_score() -> None:
+    assert [normalize(raw, 30, reverse=False) for raw in (0, 10, 29, 30)] == [0, 33, 96, 100]
+    assert [normalize(raw, 3, reverse=True) for raw in (0, 1, 3)] == [100, 67, 0]
+    assert (normalize(0, 0, reverse=False), normalize(0, 0, reverse=True)) == (0, 100)

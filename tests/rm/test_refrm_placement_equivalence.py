@@ -1,8 +1,10 @@
 """The optimized :func:`choose_node` decides exactly what the straightforward one decided.
 
 ``reference_choose_node`` is the placement as it was before the hot loop was optimized (every
-filter and :func:`score` evaluated per node, per call): the same node, or the same reason, over
-randomized inventories where ties, full nodes, taints, selectors and foreign pods are common.
+filter and :func:`score` evaluated per node, per call), with the v1.2 preferences scored the plain
+way (every feasible node's raw NodeAffinity and TaintToleration scores, normalized, weighted, summed):
+the same node, or the same reason, over randomized inventories where ties, full nodes, taints,
+selectors, preferences and foreign pods are common.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import pytest
 
 from bindery.reference_rm.accounting import Foreign, describe_foreign, in_use
 from bindery.reference_rm.placement import (
+    AFFINITY_WEIGHT,
+    MAX_NODE_SCORE,
+    TAINT_WEIGHT,
     Decision,
     InventoryNode,
     Policy,
@@ -26,6 +31,8 @@ from bindery.reference_rm.placement import (
     effective_usage,
     format_reason,
     node_failures,
+    normalize,
+    preference_scores,
     score,
     subtract_usage,
 )
@@ -41,11 +48,12 @@ def reference_choose_node(
     tolerations: Sequence[Mapping[str, Any]],
     policy: Policy,
     foreign: Mapping[str, Foreign] | None = None,
+    preferences: Sequence[tuple[int, Mapping[str, Any]]] = (),
 ) -> Decision:
     if foreign:
         usage_by_node = in_use(usage_by_node, foreign)
     failures: Counter[str] = Counter()
-    candidates: list[tuple[Decimal, str]] = []
+    candidates: list[tuple[Decimal, str, int, int]] = []
     short: dict[str, list[str]] = {}
     for node in nodes:
         used = usage_by_node.get(node.name, {})
@@ -63,12 +71,26 @@ def reference_choose_node(
                 short[node.name] = _short(node, requests, used)
             continue
         fill = score(node, effective_usage(requests, node), used)
-        candidates.append((-fill if policy is Policy.BINPACK else fill, node.name))
+        affinity, taints = preference_scores(node=node, preferences=preferences, tolerations=tolerations)
+        candidates.append((fill if policy is Policy.BINPACK else 1 - fill, node.name, affinity, taints))
     if not candidates:
         reason = format_reason(total_nodes=len(nodes), failures=failures)
         explained = describe_foreign(foreign=foreign or {}, short=short)
         return Decision(node=None, reason=f"{reason} {explained}" if explained else reason)
-    return Decision(node=min(candidates)[1])
+    top_affinity = max(c[2] for c in candidates)
+    top_taints = max(c[3] for c in candidates)
+    totals = [
+        (
+            -(
+                AFFINITY_WEIGHT * normalize(affinity, top_affinity, reverse=False)
+                + TAINT_WEIGHT * normalize(taints, top_taints, reverse=True)
+                + MAX_NODE_SCORE * policy_score
+            ),
+            name,
+        )
+        for policy_score, name, affinity, taints in candidates
+    ]
+    return Decision(node=min(totals)[1])
 
 
 AMOUNTS = ["0", "0.5", "1", "2", "3", "4", "0.001", "1.5"]
@@ -127,6 +149,14 @@ def random_case(rng: random.Random) -> dict[str, Any]:
             else []
         ),
         "tolerations": [{"key": "dedicated", "operator": "Exists"}] if rng.random() < 0.3 else [],
+        "preferences": [
+            (
+                rng.randrange(1, 101),
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": [zone]}]},
+            )
+            for zone in "ab"
+            if rng.random() < 0.3
+        ],
         "policy": rng.choice(list(Policy)),
         "foreign": foreign if rng.random() < 0.5 else None,
     }

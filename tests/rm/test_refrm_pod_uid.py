@@ -8,7 +8,6 @@ is still working, without re-reserving.
 
 from __future__ import annotations
 
-import pathlib
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -18,10 +17,11 @@ import pytest
 
 from bindery.reference_rm import RunningServer
 from bindery.reference_rm.placement import InventoryNode, Policy
-from bindery.reference_rm.store import NotActive, NotFound, Placed, PodMismatch, ReservationStore
+from bindery.reference_rm.store import NotActive, NotFound, Placed, PodMismatch
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMConflict, RMPodMismatch, RMRejected
 from bindery.rm.models import ReservationRequest, ReservationState
+from tests.rm.conftest import StoreFactory
 
 from .conftest import TOKEN
 
@@ -213,9 +213,9 @@ def request(uid: str, *, ttl: int) -> ReservationRequest:
     return ReservationRequest.model_validate(body(uid, ttl=ttl))
 
 
-def test_store_renew_keeps_a_lease_alive_past_its_original_ttl(tmp_path: pathlib.Path) -> None:
+def test_store_renew_keeps_a_lease_alive_past_its_original_ttl(make_store: StoreFactory) -> None:
     now = [1000.0]
-    store = ReservationStore(tmp_path / "db", clock=lambda: now[0], retention=100)
+    store = make_store(clock=lambda: now[0], retention=100)
     placed = store.reserve(request("a", ttl=10), nodes=NODES, policy=Policy.BINPACK)
     assert isinstance(placed, Placed)
     rid = placed.reservation.id
@@ -236,22 +236,22 @@ def test_store_renew_keeps_a_lease_alive_past_its_original_ttl(tmp_path: pathlib
     assert isinstance(store.renew(rid, pod_uid="a", ttl_seconds=10), NotActive)
 
 
-def test_store_renew_survives_a_reopen(tmp_path: pathlib.Path) -> None:
+def test_store_renew_survives_a_reopen(make_store: StoreFactory) -> None:
     now = [1000.0]
-    store = ReservationStore(tmp_path / "db", clock=lambda: now[0])
+    store = make_store(clock=lambda: now[0])
     placed = store.reserve(request("a", ttl=10), nodes=NODES, policy=Policy.BINPACK)
     assert isinstance(placed, Placed)
     store.renew(placed.reservation.id, pod_uid="a", ttl_seconds=100)
     store.close()
-    reopened = ReservationStore(tmp_path / "db", clock=lambda: now[0])
+    reopened = make_store(clock=lambda: now[0])
     now[0] = 1050.0
     alive = reopened.get(placed.reservation.id)
     assert alive is not None
     assert alive.state is ReservationState.RESERVED
 
 
-def test_store_mismatch_changes_nothing(tmp_path: pathlib.Path) -> None:
-    store = ReservationStore(tmp_path / "db")
+def test_store_mismatch_changes_nothing(make_store: StoreFactory) -> None:
+    store = make_store()
     placed = store.reserve(request("a", ttl=10), nodes=NODES, policy=Policy.BINPACK)
     assert isinstance(placed, Placed)
     rid = placed.reservation.id

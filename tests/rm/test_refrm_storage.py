@@ -32,7 +32,7 @@ from bindery.reference_rm.placement import InventoryNode, Policy
 from bindery.reference_rm.server import serve_reference_rm
 from bindery.reference_rm.store import Conflict, GroupPlaced, Placed, ReservationStore
 from bindery.rm.models import ReservationGroupRequest, ReservationRequest, ReservationState
-from tests.rm.conftest import TOKEN
+from tests.rm.conftest import TOKEN, StoreFactory
 
 NODES = [InventoryNode(name="n1", allocatable={"cpu": Decimal(1000)})]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -103,9 +103,9 @@ def test_rows_of_an_older_rm_keep_their_idempotency_and_shrink(tmp_path: pathlib
     assert row_bytes(tmp_path / "db", placed.reservation.id) < 2048
 
 
-def test_released_rows_beyond_the_cap_are_deleted_newest_kept(tmp_path: pathlib.Path) -> None:
+def test_released_rows_beyond_the_cap_are_deleted_newest_kept(make_store: StoreFactory) -> None:
     now = [1000.0]
-    store = ReservationStore(tmp_path / "db", clock=lambda: now[0], max_released_rows=3)
+    store = make_store(clock=lambda: now[0], max_released_rows=3)
     kept = store.reserve(request("kept"), nodes=NODES, policy=Policy.BINPACK)
     assert isinstance(kept, Placed)
     assert store.commit(kept.reservation.id) is not None
@@ -143,9 +143,9 @@ def test_released_rows_beyond_the_cap_are_deleted_newest_kept(tmp_path: pathlib.
     store.close()
 
 
-def test_retention_is_a_store_setting(tmp_path: pathlib.Path) -> None:
+def test_retention_is_a_store_setting(make_store: StoreFactory) -> None:
     now = [1000.0]
-    store = ReservationStore(tmp_path / "db", clock=lambda: now[0], retention=30)
+    store = make_store(clock=lambda: now[0], retention=30)
     placed = store.reserve(request("a"), nodes=NODES, policy=Policy.BINPACK)
     assert isinstance(placed, Placed)
     store.release(placed.reservation.id)

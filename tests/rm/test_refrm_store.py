@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pathlib
 from decimal import Decimal
 
 from bindery.reference_rm.accounting import BoundPod, ClusterPods
@@ -13,11 +12,11 @@ from bindery.reference_rm.store import (
     NotActive,
     NotFound,
     Placed,
-    ReservationStore,
     StoredReservation,
     Unschedulable,
 )
 from bindery.rm.models import ReservationRequest, ReservationState
+from tests.rm.conftest import StoreFactory
 
 NODES = [InventoryNode(name="n1", allocatable={"cpu": Decimal(2)})]
 
@@ -33,9 +32,9 @@ def request(uid: str, cpu: str = "1", ttl: int = 10) -> ReservationRequest:
     )
 
 
-def test_expiry_frees_capacity_and_key(tmp_path: pathlib.Path) -> None:
+def test_expiry_frees_capacity_and_key(make_store: StoreFactory) -> None:
     now = [1000.0]
-    store = ReservationStore(tmp_path / "db", clock=lambda: now[0], retention=100)
+    store = make_store(clock=lambda: now[0], retention=100)
     first = store.reserve(request("a", "2", ttl=10), nodes=NODES, policy=Policy.BINPACK)
     assert isinstance(first, Placed)
     assert first.created
@@ -61,9 +60,9 @@ def test_expiry_frees_capacity_and_key(tmp_path: pathlib.Path) -> None:
     store.close()
 
 
-def test_idempotency_and_reopen(tmp_path: pathlib.Path) -> None:
+def test_idempotency_and_reopen(make_store: StoreFactory) -> None:
     now = [0.0]
-    store = ReservationStore(tmp_path / "db", clock=lambda: now[0])
+    store = make_store(clock=lambda: now[0])
     placed = store.reserve(request("a"), nodes=NODES, policy=Policy.BINPACK)
     assert isinstance(placed, Placed)
     replay = store.reserve(request("a"), nodes=NODES, policy=Policy.BINPACK)
@@ -77,7 +76,7 @@ def test_idempotency_and_reopen(tmp_path: pathlib.Path) -> None:
     assert isinstance(store.commit("nope"), NotFound)
     store.close()
     now[0] = 10**6  # long after the lease: committed reservations do not expire
-    reopened = ReservationStore(tmp_path / "db", clock=lambda: now[0])
+    reopened = make_store(clock=lambda: now[0])
     assert reopened.usage()["n1"]["cpu"] == 1
     assert reopened.release(placed.reservation.id) is not None
     assert reopened.release(placed.reservation.id) is None
@@ -89,12 +88,12 @@ def test_idempotency_and_reopen(tmp_path: pathlib.Path) -> None:
 
 
 def test_a_refusal_while_pods_it_did_not_place_hold_room_says_when_to_ask_again(
-    tmp_path: pathlib.Path,
+    make_store: StoreFactory,
 ) -> None:
     """Mirror mode: a pod this RM did not place (kube-scheduler's, say) fills the node. It can end
     without any release the caller hears of, so the refusal carries a retry hint even with no lease
     pending; without pods of others it carries none, as before."""
-    store = ReservationStore(tmp_path / "db", clock=lambda: 1000.0)
+    store = make_store(clock=lambda: 1000.0)
     theirs = BoundPod(uid="u-x", key="other/x", node="n1", usage={"cpu": Decimal(2)})
     refused = store.reserve(request("b"), nodes=NODES, policy=Policy.BINPACK, pods=ClusterPods.of([theirs]))
     assert isinstance(refused, Unschedulable)

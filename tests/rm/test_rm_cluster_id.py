@@ -21,6 +21,7 @@ from bindery.reference_rm.store import ReservationStore
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMRejected
 from bindery.rm.models import (
+    CONTRACT_VERSION,
     ContractInfo,
     Feature,
     GroupIdentity,
@@ -58,7 +59,7 @@ async def v1_1_rm(tmp_path: pathlib.Path) -> AsyncIterator[RunningServer]:
 async def test_info_names_the_version_and_the_features(refrm: RunningServer) -> None:
     async with _client(refrm.url, cluster_id=None) as client:
         info = await client.contract_info()
-    assert info.contract_version == "1.2.0"
+    assert info.contract_version == CONTRACT_VERSION
     assert {feature.value for feature in Feature} <= info.features
 
 

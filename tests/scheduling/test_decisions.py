@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from bindery.rm.errors import RMConflict, RMError, RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
+from bindery.rm.errors import (
+    RMConflict,
+    RMError,
+    RMFeatureMissing,
+    RMProtocolError,
+    RMRejected,
+    RMUnavailable,
+    RMUnschedulable,
+)
 from bindery.scheduling.decisions import (
     Failure,
     FailureKind,
@@ -72,6 +80,15 @@ def test_rm_errors() -> None:
     assert rejected.message == 'resource manager "pool" rejected the request (HTTP 409): key reused'
     assert classify(RMRejected("forbidden", status=403)).kind is FailureKind.RM_REJECTED
     assert classify(RMError("something else")).kind is FailureKind.RM_PROTOCOL_ERROR
+
+
+def test_a_feature_the_rm_lacks_is_unschedulable_without_claiming_it_is_full() -> None:
+    """A Gt toleration for an RM without toleration-comparisons: the pod waits like an unschedulable
+    one (until something changes, the RM may be upgraded), but the message must not say "no room"."""
+    reason = "pod ns/p has a toleration with operator Gt or Lt (spec.tolerations), which ..."
+    failure = classify(RMFeatureMissing(reason, reason=reason))
+    assert failure.kind is FailureKind.RM_UNSCHEDULABLE
+    assert failure.message == f'resource manager "pool" cannot take the pod: {reason}'
 
 
 def test_bind_errors() -> None:

@@ -182,6 +182,27 @@ def test_pod_level_requests_override_cpu_and_memory_only() -> None:
     }
 
 
+def test_pod_level_hugepages_are_counted() -> None:
+    """Issue 19: kube-scheduler's PodRequests takes pod-level hugepages-* too (IsSupportedPodLevelResource
+    in component-helpers/resource, v1.34+); a pod asking for 1Gi of 2Mi pages at pod level only
+    occupied nothing of them here, so the RM could put it on a node without the pages."""
+    spec = {
+        "resources": {"requests": {"cpu": "1", "hugepages-2Mi": "1Gi"}, "limits": {"hugepages-2Mi": "1Gi"}},
+        "containers": [container(cpu="500m"), container("d", **{"hugepages-2Mi": "2Mi"})],
+    }
+    assert effective_requests(spec=spec) == {"cpu": Decimal(1), "hugepages-2Mi": Decimal(2**30)}
+
+
+def test_dra_resource_claims_are_refused_by_field() -> None:
+    """Issue 19: a pod with spec.resourceClaims was bound with its claims unallocated and never
+    started; Bindery does not allocate DRA claims, so it refuses the pod, naming the field."""
+    spec = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}
+    refusal = beyond_contract({"spec": spec}) or ""
+    assert refusal.startswith("spec.resourceClaims names 1 DRA resource claim (gpu)")
+    assert "default-scheduler" in refusal
+    assert beyond_contract({"spec": {"resourceClaims": []}}) is None
+
+
 def test_invalid_quantity_is_reported_with_the_container() -> None:
     with pytest.raises(PodSpecError, match=r"container 'app' has an invalid quantity for cpu"):
         effective_requests(spec={"containers": [container("app", cpu="lots")]})
@@ -245,6 +266,58 @@ def test_reservation_request_carries_identity_requests_and_placement() -> None:
     assert body["placement"]["tolerations"] == [
         {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
     ]
+
+
+def test_preferred_node_affinity_becomes_weighted_preferences() -> None:
+    """Issue 19: soft node affinity reaches the RM (contract v1.2) instead of being dropped."""
+    ssd = {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}
+    zone = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    affinity = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 80, "preference": ssd},
+                {"weight": 5, "preference": zone},
+            ]
+        }
+    }
+    info = PodInfo.from_body({**POD_BODY, "spec": {**POD_BODY["spec"], "affinity": affinity}})
+    body = reservation_request(pod=info, ttl_seconds=60).model_dump(by_alias=True, exclude_none=True)
+    assert body["placement"]["preferredNodeAffinity"] == [
+        {"weight": 80, "preference": {**ssd, "matchFields": []}},
+        {"weight": 5, "preference": {"matchExpressions": [], **zone}},
+    ]
+    plain = reservation_request(pod=PodInfo.from_body(POD_BODY), ttl_seconds=60)
+    assert "preferredNodeAffinity" not in plain.model_dump(by_alias=True)  # absent, as for a v1.1 RM
+    assert info.placement_inputs() != PodInfo.from_body(POD_BODY).placement_inputs()
+
+
+def test_a_gt_toleration_is_carried() -> None:
+    toleration = {"key": "example.com/sla", "operator": "Gt", "value": "900", "effect": "NoSchedule"}
+    info = PodInfo.from_body({**POD_BODY, "spec": {**POD_BODY["spec"], "tolerations": [toleration]}})
+    request = reservation_request(pod=info, ttl_seconds=60)
+    assert request.placement.compares_tolerations()
+    assert request.model_dump(by_alias=True, exclude_none=True)["placement"]["tolerations"] == [toleration]
+
+
+def test_preferences_past_the_contracts_caps_are_refused() -> None:
+    term = {"weight": 1, "preference": {"matchExpressions": [{"key": "k", "operator": "Exists"}]}}
+
+    def pod(preferred: list[dict[str, Any]]) -> dict[str, Any]:
+        affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+        return {"spec": {"affinity": affinity}}
+
+    assert beyond_contract(pod([term] * 64)) is None
+    refusal = beyond_contract(pod([term] * 65)) or ""
+    assert refusal.startswith(
+        "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution has 65 entries, "
+        "more than the 64"
+    )
+    wide = {
+        "weight": 1,
+        "preference": {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"] * 300}]},
+    }
+    deep = beyond_contract(pod([wide])) or ""
+    assert "[0].preference.matchExpressions[0].values has 300 entries, more than the 256" in deep
 
 
 def test_a_pod_past_the_contracts_caps_is_refused_by_field_and_cap() -> None:

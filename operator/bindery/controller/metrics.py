@@ -127,6 +127,7 @@ class Metrics:
         per_pod: Callable[[], Mapping[str, int]] = dict,
         breakers: Callable[[], Mapping[str, str]] = dict,
         leader: Callable[[], LeaderState | None] = lambda: None,
+        clocks: Callable[[], Mapping[str, float | None]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         self.attempts = Counter(
@@ -202,6 +203,7 @@ class Metrics:
                 per_pod=per_pod,
                 breakers=breakers,
                 leader=leader,
+                clocks=clocks,
             )
         )
         self._first_seen: dict[str, float] = {}
@@ -332,7 +334,9 @@ class _StateCollector(Collector):
         per_pod: Callable[[], Mapping[str, int]] = dict,
         breakers: Callable[[], Mapping[str, str]] = dict,
         leader: Callable[[], LeaderState | None] = lambda: None,
+        clocks: Callable[[], Mapping[str, float | None]] = dict,
     ) -> None:
+        self._clocks = clocks
         self._writes = writes
         self._queues = queues
         self._per_pod = per_pod
@@ -369,6 +373,16 @@ class _StateCollector(Collector):
             for state in BREAKER_STATES:
                 breaker.add_metric([name, state], 1.0 if state == current else 0.0)
         yield breaker
+        clocks = GaugeMetricFamily(
+            "bindery_clock_skew_seconds",
+            "The peer's clock minus this host's, from its HTTP Date header (±1 s): apiserver, or "
+            "rm/<ResourceManager>. Leases stamped by a peer whose clock is off look expired or long.",
+            labels=["peer"],
+        )
+        for peer, seconds in sorted(self._clocks().items()):
+            if seconds is not None:
+                clocks.add_metric([peer], seconds)
+        yield clocks
         leader = self._leader()
         yield GaugeMetricFamily(
             "bindery_leader_election_master_status",

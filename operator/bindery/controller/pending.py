@@ -127,7 +127,8 @@ class PendingPods:
         await self._route(pod)
 
     async def _refuse(self, *, event_type: str | None, pod: PodInfo, message: str) -> None:
-        """A pod whose spec passes the contract's caps: not scheduled, not projected, told why."""
+        """A pod whose spec passes the contract's caps, or asks for what Bindery does not do (DRA
+        claims; see `beyond_contract`): not scheduled, not projected, told why."""
         if event_type == "DELETED" or not pod.schedulable:
             self._drop_refused(pod.uid)
             self._forget(pod)
@@ -149,9 +150,13 @@ class PendingPods:
         """Deleted, bound (left the `spec.nodeName=` selector), terminating or gated.
 
         An in-flight cycle notices through PodLookup (or a 404/409 on bind) and releases its
-        reservation. A pod we bound ourselves merely left the selector: nothing was freed. Any other
-        departure of a served pod (deleted, bound by someone else) may have freed capacity, so parked
-        pods are retried; pods of other schedulers (default-scheduler binds all day) are not a signal.
+        reservation, and that release retries the parked pods. The departure itself frees nothing:
+        a pending pod holds no capacity (one we bound merely left the selector; one bound by someone
+        else takes capacity), so parked pods are not retried here. They were, once, and a tenant's
+        create/delete loop of pending pods then sent every parked pod of the ResourceManager back to
+        the RM on each deletion (issue 20). Capacity comes back through a release, a bound pod gone
+        (its release), a Node added or changed, a ResourceManager change, the RM's retryAfterSeconds
+        or the 5-minute cap.
         """
         known = self.pods.pop(pod.uid)
         if known is None:
@@ -164,8 +169,6 @@ class PendingPods:
         self._binder.forget(pod.uid)
         if not ours:  # a pod we bound is forgotten by its cycle, which observes its latency
             self._metrics.pod_forgotten(pod.uid)
-        if pod.scheduler_name in self.routing.served and not ours:
-            self.retry_parked()
 
     def drop(self, uid: str) -> None:
         """A cycle found the pod gone or bound elsewhere: stop remembering it (a relist may miss it)."""
@@ -227,7 +230,7 @@ class PendingPods:
         except Exception as exc:  # reporting is best effort; the pod stays pending anyway
             self._logger.warning(f"could not report why pod {pod.key} is not scheduled ({key}): {exc}")
 
-    def retry_parked(self, reason: str = "a pending pod went away", *, settle: float = 0.0) -> None:
+    def retry_parked(self, reason: str, *, settle: float = 0.0) -> None:
         for runner in self._runners().values():
             runner.queue.move_all_to_active(reason=reason, settle=settle)
             runner.podgroups.retry()

@@ -21,7 +21,9 @@ What a pass decides for each active reservation (:func:`reconcile_action`, from 
 - its pod is still pending → **left alone**: the pod's next cycle reserves with the same
   idempotency key and gets it back, and a Binding still in flight (another leader's, or this
   process's own) may yet land on it; a reservation whose pod never binds expires after its TTL;
-- ``committed`` to its running pod → nothing to do.
+- ``committed`` to its running pod → nothing to do;
+- one of several active reservations for the same running pod on its node → all but one are
+  **released** (:func:`surplus`: the committed one is kept, else the oldest).
 
 And for the other direction: a bound, running pod of a served scheduler name without any active
 reservation gets one Warning event ``ReservationMissing`` (once per pod UID, remembered bounded)
@@ -35,9 +37,19 @@ with this RM. (So a name moved away while no operator ran leaves its old RM's al
 RM: they are released only if the name comes back.) A namespaced operator touches only reservations
 of pods in its namespaces.
 
+With a cluster id (contract v1.2) the RM lists only this cluster's reservations, so those made
+before the upgrade (no cluster id: a v1.1 operator, or an old replica during a rolling upgrade) are
+listed separately and matched strictly by pod UID (:func:`unscoped_action`): a pod of that UID here
+settles its reservation as above (a Binding that landed during the upgrade gets its commit); a UID
+not found here is left alone, because another cluster sharing the RM and the name may own it,
+unless an earlier pass of this process found it here (its pod is gone: release). What this cannot
+settle (a pod gone before any pass of this process saw it) is left to the bound-pod watch, the
+lease of a reserved one, and `bindery audit`, which checks unscoped reservations too.
+
 Cost of a pass: one list of bound pods per scheduler name (and namespace), two reservation lists
-per name at the RM, and one pod GET per reservation whose pod is not in those lists (pending pods,
-departed pods). Pure decisions live in functions; the class only reads and acts.
+per name at the RM (four with a cluster id: the unscoped ones are read from every cluster's), and
+one pod GET per reservation whose pod is not in those lists (pending pods, departed pods). Pure
+decisions live in functions; the class only reads and acts.
 """
 
 from __future__ import annotations
@@ -59,8 +71,9 @@ from bindery.rm.models import Reservation, ReservationState
 from bindery.scheduling.podspec import PodInfo
 from bindery.typedefs import Logger
 
-#: Pods warned about a missing reservation, remembered so each gets one event (oldest forgotten first).
-REMEMBERED_WARNINGS = 10_000
+#: Pods warned about a missing reservation (so each gets one event), and unscoped reservations whose
+#: pod was seen here: each remembered up to this many, oldest forgotten first.
+REMEMBERED = 10_000
 #: The events' reportingController: a reconcile pass acts for the ResourceManager, not for one name.
 REPORTING_CONTROLLER = "bindery"
 MISSING_REASON = "ReservationMissing"
@@ -111,6 +124,62 @@ def reconcile_action(*, reservation: Reservation, pod: Mapping[str, Any] | None)
     return fate
 
 
+def unscoped_action(
+    *, reservation: Reservation, pod: Mapping[str, Any] | None, seen_here: bool
+) -> Settle | None:
+    """Pure: what a pass does with an active reservation made without a cluster id.
+
+    Such a reservation was made before the upgrade to contract v1.2, by this cluster or by any
+    other cluster sharing the RM and the scheduler name. Only the pod UID says whose it is (UIDs
+    are random UUIDs, so one found here is this cluster's pod); a namespace/name found here with
+    another UID may be another cluster's pod under the same name, and no pod at all may be a pod of
+    another cluster. So a pod of that UID here is settled as any reservation would be, and a UID not
+    found here is left alone, unless an earlier pass of this process saw it here (`seen_here`):
+    then its pod is gone and it is released.
+    """
+    if pod is None or (pod.get("metadata") or {}).get("uid") != reservation.pod_uid:
+        return Settle.RELEASE if seen_here else None
+    return reconcile_action(reservation=reservation, pod=pod)
+
+
+def surplus(
+    reservations: Iterable[Reservation], pods: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Reservation]:
+    """Pure: id → the reservation kept instead, for each surplus reservation of a running pod.
+
+    A pod (same UID) running on its node uses one reservation there. Others for the same UID on
+    that node (a retried reserve under another idempotency key, an old replica's, one made before
+    the cluster-id upgrade) would each be committed and kept while it runs, holding its resources
+    twice or more. The kept one is the committed one if any (the RM already counts it as in use),
+    then the oldest; reservations on other nodes are released anyway (the pod is bound elsewhere).
+    `pods` maps pod UID → body, of the pods known to this pass.
+    """
+    by_uid: dict[str, list[Reservation]] = collections.defaultdict(list)
+    for reservation in reservations:
+        pod = pods.get(reservation.pod_uid)
+        if (
+            pod is None
+            or pod_fate(pod_uid=reservation.pod_uid, node=reservation.node, pod=pod) is not Settle.COMMIT
+        ):
+            continue
+        by_uid[reservation.pod_uid].append(reservation)
+    found: dict[str, Reservation] = {}
+    for same in by_uid.values():
+        if len(same) < 2:
+            continue
+        ranked = sorted(
+            same,
+            key=lambda r: (
+                r.state is not ReservationState.COMMITTED,
+                r.created_at is None,
+                r.created_at.timestamp() if r.created_at else 0.0,
+                r.id,
+            ),
+        )
+        found |= {extra.id: ranked[0] for extra in ranked[1:]}
+    return found
+
+
 def reported_unscheduled(pod: Mapping[str, Any]) -> bool:
     """Pure: the pod's PodScheduled condition is False (a failed cycle reported it)."""
     conditions = (pod.get("status") or {}).get("conditions") or ()
@@ -157,6 +226,10 @@ class ReconcilingRM(Protocol):
         self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
     ) -> list[Reservation]: ...
 
+    async def list_unscoped_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None
+    ) -> list[Reservation]: ...
+
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation: ...
 
     async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None: ...
@@ -176,6 +249,16 @@ class ReconcileReport:
     @property
     def actions(self) -> dict[str, Settle]:
         return {rid: Settle.COMMIT for rid in self.committed} | {rid: Settle.RELEASE for rid in self.released}
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """What a pass has done so far (the mutable side of ReconcileReport)."""
+
+    committed: list[str] = dataclasses.field(default_factory=list)
+    released: list[str] = dataclasses.field(default_factory=list)
+    failed: list[str] = dataclasses.field(default_factory=list)
+    kept: int = 0
 
 
 class Reconciler:
@@ -216,6 +299,8 @@ class Reconciler:
         self._warn_missing = warn_missing
         self._served_before: set[str] = set()
         self._warned: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: ids of unscoped reservations whose pod an earlier pass found here (see unscoped_action)
+        self._seen_here: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = asyncio.Lock()
 
     async def run_once(self, *, reason: str) -> ReconcileReport:
@@ -263,48 +348,88 @@ class Reconciler:
             for reservation in await rm.list_reservations(scheduler_name=name, state=state.value)
             if in_scope(reservation=reservation, namespaces=self._namespaces)
         ]
+        listed = {reservation.id for reservation in reservations}
+        unscoped = [
+            reservation
+            for name in sorted(names)
+            for state in (ReservationState.RESERVED, ReservationState.COMMITTED)
+            for reservation in await rm.list_unscoped_reservations(scheduler_name=name, state=state.value)
+            if in_scope(reservation=reservation, namespaces=self._namespaces) and reservation.id not in listed
+        ]
         pods = dict(served_pods)
-        pods |= await self._bound_pods(frozenset(r.scheduler_name for r in reservations) - served)
+        pods |= await self._bound_pods(
+            frozenset(r.scheduler_name for r in (*reservations, *unscoped)) - served
+        )
 
-        committed: list[str] = []
-        released: list[str] = []
-        failed: list[str] = []
-        kept = 0
+        extra = surplus((*reservations, *unscoped), pods)
+        done = _Outcome()
         for reservation in reservations:
             pod = pods.get(reservation.pod_uid)
             if pod is None and not (reservation.namespace and reservation.name):
-                kept += 1  # the RM did not name the pod: unknown is not gone (a reserved one expires)
+                done.kept += 1  # the RM did not name the pod: unknown is not gone (a reserved one expires)
                 continue
             if pod is None:
                 pod = await self._read(reservation)  # pending or departed
             action = reconcile_action(reservation=reservation, pod=pod)
-            if action is None:
-                kept += 1
-                continue
-            if await self._act(rm, reservation, action, reason):
-                (committed if action is Settle.COMMIT else released).append(reservation.id)
-                if action is Settle.COMMIT and pod is not None and reported_unscheduled(pod):
-                    await self._correct(reservation, pod)
-            else:
-                failed.append(reservation.id)
-        if released:
+            await self._settle(rm, reservation, action, pod, reason=reason, done=done, extra=extra)
+        for reservation in unscoped:
+            pod = pods.get(reservation.pod_uid)
+            if pod is None and reservation.namespace and reservation.name:
+                pod = await self._read(reservation)
+            if pod is not None and (pod.get("metadata") or {}).get("uid") == reservation.pod_uid:
+                self._remember(self._seen_here, reservation.id)
+            action = unscoped_action(
+                reservation=reservation, pod=pod, seen_here=reservation.id in self._seen_here
+            )
+            await self._settle(rm, reservation, action, pod, reason=reason, done=done, extra=extra)
+            if reservation.id in done.released:
+                self._seen_here.pop(reservation.id, None)
+        if done.released:
             self._metrics.release(
-                resource_manager=self.resource_manager, reason="reconcile", count=len(released)
+                resource_manager=self.resource_manager, reason="reconcile", count=len(done.released)
             )
             self._on_released()
         missing = await self._report_missing(
             served_pods=served_pods.values(),
-            active_pod_uids={r.pod_uid for r in reservations},
+            active_pod_uids={r.pod_uid for r in (*reservations, *unscoped)},
             rm=rm,
         )
         return ReconcileReport(
             reason=reason,
-            committed=tuple(committed),
-            released=tuple(released),
-            failed=tuple(failed),
+            committed=tuple(done.committed),
+            released=tuple(done.released),
+            failed=tuple(done.failed),
             missing=tuple(missing),
-            kept=kept,
+            kept=done.kept,
         )
+
+    async def _settle(
+        self,
+        rm: ReconcilingRM,
+        reservation: Reservation,
+        action: Settle | None,
+        pod: Mapping[str, Any] | None,
+        *,
+        reason: str,
+        done: _Outcome,
+        extra: Mapping[str, Reservation],
+    ) -> None:
+        """Act on one reservation (release it if it is in `extra`, see :func:`surplus`) and record
+        the outcome in `done`."""
+        kept_instead = extra.get(reservation.id)
+        why = None
+        if kept_instead is not None:
+            action = Settle.RELEASE
+            why = f"surplus: the pod runs on {kept_instead.state.value} reservation {kept_instead.id}"
+        if action is None:
+            done.kept += 1
+            return
+        if await self._act(rm, reservation, action, reason, why=why):
+            (done.committed if action is Settle.COMMIT else done.released).append(reservation.id)
+            if action is Settle.COMMIT and pod is not None and reported_unscheduled(pod):
+                await self._correct(reservation, pod)
+        else:
+            done.failed.append(reservation.id)
 
     async def _bound_pods(self, names: Collection[str]) -> dict[str, dict[str, Any]]:
         """uid → body of the bound pods of `names` (in the operator's namespaces, if it has any)."""
@@ -335,7 +460,15 @@ class Reconciler:
                 api=self._api, namespace=str(reservation.namespace), name=str(reservation.name)
             )
 
-    async def _act(self, rm: ReconcilingRM, reservation: Reservation, action: Settle, reason: str) -> bool:
+    async def _act(
+        self,
+        rm: ReconcilingRM,
+        reservation: Reservation,
+        action: Settle,
+        reason: str,
+        *,
+        why: str | None = None,
+    ) -> bool:
         pod = f"{reservation.namespace}/{reservation.name} ({reservation.pod_uid})"
         try:
             if action is Settle.COMMIT:
@@ -350,7 +483,7 @@ class Reconciler:
             )
             return False
         self._metrics.reconcile_action(resource_manager=self.resource_manager, action=action.value)
-        why = (
+        why = why or (
             "bound to its node, commit was lost" if action is Settle.COMMIT else "pod gone, replaced or done"
         )
         self._logger.info(
@@ -383,7 +516,7 @@ class Reconciler:
                 continue
             if any(r.state.active for r in await rm.list_reservations(pod_uid=uid)):
                 continue
-            self._remember_warned(uid)
+            self._remember(self._warned, uid)
             self._metrics.reconcile_action(
                 resource_manager=self.resource_manager, action="missing_reservation"
             )
@@ -401,10 +534,13 @@ class Reconciler:
             warned.append(f"{namespace}/{name}")
         return warned
 
-    def _remember_warned(self, uid: str) -> None:
-        self._warned[uid] = None
-        while len(self._warned) > REMEMBERED_WARNINGS:
-            self._warned.popitem(last=False)
+    @staticmethod
+    def _remember(memory: collections.OrderedDict[str, None], key: str) -> None:
+        """Remember `key`, forgetting the oldest past REMEMBERED (memory stays bounded)."""
+        memory[key] = None
+        memory.move_to_end(key)
+        while len(memory) > REMEMBERED:
+            memory.popitem(last=False)
 
     async def _post_warning(self, pod: Mapping[str, Any]) -> None:
         metadata = pod.get("metadata") or {}

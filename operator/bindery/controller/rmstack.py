@@ -83,6 +83,12 @@ class RMStack:
         """The client's circuit-breaker state (a metrics label)."""
         return self._client.breaker.state
 
+    @property
+    def clock_skew(self) -> float | None:
+        """The RM's clock minus this host's, seconds, at the last readiness probe (None: unknown)."""
+        last = self._client.clock.last
+        return last.seconds if last is not None else None
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -121,6 +127,15 @@ class RMStack:
     ) -> list[Reservation]:
         return await self._measured.list_reservations(
             scheduler_name=scheduler_name, state=state, pod_uid=pod_uid
+        )
+
+    async def list_unscoped_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None
+    ) -> list[Reservation]:
+        client = self._client
+        return await self._measured.measure(
+            "list",
+            lambda: client.list_unscoped_reservations(scheduler_name=scheduler_name, state=state),
         )
 
     # -- groups (contract v1.1) and readiness -----------------------------------------------------

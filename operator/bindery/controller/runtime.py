@@ -18,11 +18,13 @@ import asyncio
 import contextlib
 import pathlib
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
 
+from bindery.clock import ClockWatch
 from bindery.config import (
     ConfigError,
     ResourceManagerConfig,
@@ -53,14 +55,18 @@ from bindery.controller.supervisor import (
     ResourceManagerSupervisor,
 )
 from bindery.controller.watches.namespaces import NamespaceLabels
+from bindery.controller.watches.placed import PlacedPodWatcher
 from bindery.controller.watches.unbound import UnboundPodWatcher
-from bindery.k8s import ApiClient, client_for
+from bindery.k8s import ApiClient, ApiError, client_for
+from bindery.k8s.api import response as k8s_response
+from bindery.k8s.pool import ConnectionPool
 from bindery.kube import (
     IndexNodeLookup,
     KubeBinder,
     KubeConditionWriter,
     KubeEventSink,
     KubeVolumes,
+    PlacedPodCache,
     UnboundPods,
     WriteCounter,
 )
@@ -69,6 +75,9 @@ from bindery.scheduling.framework import Ports
 from bindery.typedefs import Logger
 
 USER_AGENT = "bindery"
+#: How often the apiserver's clock is compared with this host's (one GET /version), and its bound.
+APISERVER_CLOCK_SECONDS = 60.0
+CLOCK_PROBE_TIMEOUT_SECONDS = 10.0
 
 
 class Runtime:
@@ -83,7 +92,19 @@ class Runtime:
             per_pod=self.per_pod_sizes,
             breakers=lambda: {name: r.rm.breaker_state for name, r in self.runners.items()},
             leader=self._leader_state,
+            clocks=self._clock_skews,
         )
+        #: the apiserver's clock against this host's (bindery.clock), probed every APISERVER_CLOCK_SECONDS
+        self.apiserver_clock = ClockWatch(
+            peer="the apiserver",
+            consequence=(
+                "Bindery writes event and condition times with this host's clock and compares pod "
+                "creation times (the apiserver's) with it: `bindery audit` misjudges how long pods "
+                "have been pending, and events look out of order beside the cluster's."
+            ),
+            logger=logger,
+        )
+        self._clock_task: asyncio.Task[None] | None = None
         self.metrics_server: MetricsServer | None = None
         self.debug_server: MetricsServer | None = None  # /debug/queue on its own (options.debug_address)
         self._pending: PendingPods | None = None
@@ -119,11 +140,17 @@ class Runtime:
         self.namespace_labels: NamespaceLabels | None = None
         self._namespaces_task: asyncio.Task[None] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        #: pods on nodes, for the inter-pod rules (bindery.scheduling.placementrules)
+        self.placed: PlacedPodCache | None = None
+        self._placed_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self, *, node_index: Any) -> None:
-        self._api = client_for(await load_configuration(kubeconfig=self.options.kubeconfig))
+        configuration = await load_configuration(kubeconfig=self.options.kubeconfig)
+        # Sized again whenever the ResourceManagers change (_size_pool): watches + maxInFlight.
+        configuration.connection_pool_maxsize = ConnectionPool().size
+        self._api = client_for(configuration)
         self._api.user_agent = USER_AGENT  # names Bindery in managedFields and audit logs
         resolve_environment_once(api=self._api)
         # Once: reservations carry it, so it must not change while this process runs.
@@ -144,13 +171,26 @@ class Runtime:
             logger=self.logger,
             namespaces=self.options.namespaces,
         )
+        nodes = IndexNodeLookup(index=node_index)
+        self.placed = PlacedPodCache(nodes=nodes.all, namespace_labels=self._namespace_labels, synced=False)
+        self._placed_task = asyncio.create_task(
+            PlacedPodWatcher(
+                api=self._api,
+                cache=self.placed,
+                logger=self.logger,
+                namespaces=self.options.namespaces,
+                watch_seconds=self.options.watch_timeout,
+            ).run(),
+            name="bindery placed-pod watch",
+        )
         self._ports = Ports(
-            nodes=IndexNodeLookup(index=node_index),
+            nodes=nodes,
             pods=self.pods,
             binder=self._binder if self._leadership is None else self._fenced_binder(self._binder),
             events=self._events,
             conditions=self._conditions,
             volumes=KubeVolumes(api=self._api, counter=self.writes),
+            placed=self.placed,
         )
         await self._serve_metrics()
         self._env = Environment(
@@ -169,6 +209,7 @@ class Runtime:
             cluster_id=self.cluster_id,
         )
         self._sweep_task = asyncio.create_task(self.pending.sweep_forever(), name="bindery unbound-pod sweep")
+        self._clock_task = asyncio.create_task(self._follow_apiserver_clock(), name="bindery apiserver clock")
         self.unbound = UnboundPodWatcher(
             api=self._api,
             namespaces=self.options.namespaces,
@@ -233,7 +274,13 @@ class Runtime:
     async def close(self) -> None:
         if self._leadership is not None:
             await self._leadership.close()
-        for task in (self._unbound_task, self._sweep_task, self._namespaces_task):
+        for task in (
+            self._unbound_task,
+            self._sweep_task,
+            self._namespaces_task,
+            self._placed_task,
+            self._clock_task,
+        ):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -339,6 +386,56 @@ class Runtime:
             or dict(before.selectors) != dict(pending.routing.selectors)
         ):
             pending.reoffer_all()
+        self._size_pool(configs.values())
+
+    def _clock_skews(self) -> dict[str, float | None]:
+        last = self.apiserver_clock.last
+        skews: dict[str, float | None] = {"apiserver": last.seconds if last is not None else None}
+        return skews | {f"rm/{name}": runner.rm.clock_skew for name, runner in self.runners.items()}
+
+    async def _follow_apiserver_clock(self) -> None:
+        """Every APISERVER_CLOCK_SECONDS, one `GET /version` (readable by any identity) for its Date."""
+        while True:
+            sent_at = time.time()
+            try:
+                async with k8s_response(
+                    self.api, "GET", "/version", request_timeout=CLOCK_PROBE_TIMEOUT_SECONDS
+                ) as answer:
+                    self.apiserver_clock.observe(
+                        answer.headers.get("Date"), sent_at=sent_at, received_at=time.time()
+                    )
+            except ApiError as exc:  # the watches say loudly when the apiserver is unreachable
+                self.logger.debug(f"could not read the apiserver's clock: {exc}")
+            await asyncio.sleep(APISERVER_CLOCK_SECONDS)
+
+    def connection_pool(self, configs: Iterable[ResourceManagerConfig]) -> ConnectionPool:
+        """What the apiserver connection pool is for now: per scope (all namespaces, or each of
+        the operator's), a watch of unbound pods per claimed name and of bound pods per served name,
+        the namespace-label watch, the placed-pod watch (inter-pod rules), and the cycles every
+        ResourceManager may have in flight."""
+        pending = self.pending
+        scopes = max(len(self.options.namespaces), 1)
+        return ConnectionPool(
+            watches=scopes * (len(pending.claimed()) + len(pending.routing.served))
+            + (1 if self._namespaces_task is not None else 0)
+            + (scopes if self._placed_task is not None else 0),
+            in_flight=sum(config.max_in_flight for config in configs),
+        )
+
+    def _size_pool(self, configs: Iterable[ResourceManagerConfig]) -> None:
+        pool = self.connection_pool(configs)
+        before = pool.apply(self.api)
+        if before != pool.size:
+            self.logger.info(
+                f"apiserver connection pool: {before} -> {pool.size} ({pool.watches} watches, "
+                f"{pool.in_flight} cycles in flight, {pool.headroom} for other requests)"
+            )
+
+    def _namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """For pod affinity terms with a namespaceSelector: the namespace watch, started on first use."""
+        if self.namespace_labels is None and self._env is not None:
+            self._watch_namespaces()
+        return self.namespace_labels.labels(namespace) if self.namespace_labels is not None else None
 
     def _watch_namespaces(self) -> None:
         """Start following namespace labels (once): a ResourceManager now has a namespaceSelector."""

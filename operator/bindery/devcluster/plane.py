@@ -110,8 +110,11 @@ CONTROLLERS = (
 #: pod groups and kube-scheduler's can be compared on one cluster. ``WorkloadWithJob`` lets the Job
 #: controller create a Job's Workload and PodGroup; ``TopologyAwareWorkloadScheduling`` serves
 #: ``spec.schedulingConstraints.topology``. Checked on the v1.36.3 binaries (tests/devcluster).
+#: ``TaintTolerationComparisonOperators`` (alpha since 1.35) lets pods carry ``Gt``/``Lt``
+#: tolerations, so contract v1.2's ``toleration-comparisons`` is tested beside kube-scheduler's.
 FEATURE_GATES = (
-    "GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true,WorkloadWithJob=true"
+    "GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true,WorkloadWithJob=true,"
+    "TaintTolerationComparisonOperators=true"
 )
 WORKLOAD_API = "scheduling.k8s.io/v1alpha2=true"
 #: The label that puts a Node in kwok's care (see ``nodes.create_kwok_node``).

@@ -22,8 +22,11 @@ from bindery.explain.facts import Explanation, GroupState, ReservationView, expl
 from bindery.k8s import ApiClient, ApiError, NotFound, get, list_all, resources
 from bindery.k8s.api import answer_of
 from bindery.kube.identity import ClusterIdentityError, cluster_identity
+from bindery.kube.placed import PlacedPodCache
 from bindery.rm.errors import RMError
-from bindery.scheduling.podspec import pod_claims
+from bindery.scheduling.placementrules import rules_verdict
+from bindery.scheduling.podspec import PodInfo, PodSpecError, pod_claims
+from bindery.scheduling.ports import NodeProjection
 
 #: How `explain` finds the operator's metrics Service: the chart's labels and port name.
 OPERATOR_SERVICE_SELECTOR = "app.kubernetes.io/part-of=bindery,app.kubernetes.io/component=operator"
@@ -135,9 +138,11 @@ async def explain_pod(
             ]
         except (CredentialsError, RMError, ValueError, OSError) as exc:
             problem = f"could not ask ResourceManager {config.name!r}: {exc}"
+    rules, rules_problem = await placement_rules(api=api, pod=pod)
     answer = explain(
         pod=pod,
         resource_manager=owner,
+        placement_rules=rules,
         events=events.items,
         reservations=reservations,
         claims=claims,
@@ -148,7 +153,45 @@ async def explain_pod(
     )
     if group_problem is not None:
         answer.unseen.append(group_problem)
+    if rules_problem is not None:
+        answer.unseen.append(rules_problem)
     return answer
+
+
+async def placement_rules(*, api: ApiClient, pod: dict[str, Any]) -> tuple[list[str], str | None]:
+    """One line per inter-pod rule that shapes the pod's request (``zone spread allows zones a, c``),
+    evaluated as the operator does, against the pods on nodes now (the pod itself not counted).
+
+    Reads every node and every pod on a node: only for a pod with rules of its own, or a pending
+    pod (whose placement other pods' anti-affinity may restrict).
+    """
+    try:
+        info = PodInfo.from_body(pod)
+    except PodSpecError:
+        return [], None
+    if not info.rules and (pod.get("spec") or {}).get("nodeName"):
+        return [], None
+    try:
+        nodes = [NodeProjection.from_body(n) for n in (await list_all(api, resources.NODES)).items]
+        placed = (await list_all(api, resources.PODS, field_selector="spec.nodeName!=")).items
+        labels: dict[str, dict[str, str]] = {}
+        if any(t.namespace_selector is not None for t in (*info.rules.affinity, *info.rules.anti_affinity)):
+            for namespace in (await list_all(api, resources.NAMESPACES)).items:
+                metadata = namespace.get("metadata") or {}
+                labels[str(metadata.get("name"))] = dict(metadata.get("labels") or {})
+    except ApiError as exc:
+        return [], f"the placement rules: could not read nodes, pods or namespaces: {exc}"
+    cache = PlacedPodCache(nodes=lambda: nodes, namespace_labels=labels.get)
+    for body in placed:
+        cache.on_event("ADDED", body)
+    verdict = rules_verdict(info, cache)
+    if verdict is None:
+        return [], None
+    lines = [effect.summary for effect in verdict.effects]
+    refusal = verdict.refusal()
+    if refusal is not None:
+        lines.append(f"no node is left: {refusal}")
+    return lines, None
 
 
 async def _group_of(

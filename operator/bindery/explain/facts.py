@@ -87,6 +87,8 @@ class Explanation:
     #: When the next attempt is due, in words, from `queue`.
     next_attempt: str | None = None
     unseen: list[str] = dataclasses.field(default_factory=list)
+    #: How the inter-pod rules shape the request, one line per rule (bindery.podrules).
+    placement_rules: list[str] = dataclasses.field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -187,6 +189,7 @@ def explain(
     queue: Mapping[str, Any] | None = None,
     queue_problem: str | None = None,
     group: GroupState | None = None,
+    placement_rules: Sequence[str] = (),
 ) -> Explanation:
     """Pure: the answer for `pod`, from what was read. `reservations` None: the RM could not be asked
     (`rm_problem` says why); `queue` None: the operator's queue could not be read (`queue_problem`)."""
@@ -214,6 +217,7 @@ def explain(
         reservations=list(reservations or ()),
         claims=claim_states(claims),
         group=group,
+        placement_rules=list(placement_rules),
     )
     if rm_problem is not None:
         answer.unseen.append(f"the resource manager's view: {rm_problem}")
@@ -343,6 +347,9 @@ def render(answer: Explanation) -> str:
         ]
     elif answer.resource_manager and not any("resource manager" in u for u in answer.unseen):
         lines.append("At the resource manager: no active reservation")
+    if answer.placement_rules:
+        lines.append("Placement rules:")
+        lines += [f"  {rule}" for rule in answer.placement_rules]
     if answer.claims:
         lines.append("Claims:")
         lines += [

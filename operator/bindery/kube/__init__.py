@@ -11,6 +11,7 @@ from bindery.kube.conditions import KubeConditionWriter
 from bindery.kube.counters import WriteCounter
 from bindery.kube.events import KubeEventSink, reporting_instance
 from bindery.kube.lookups import IndexNodeLookup, UnboundPods, project_node
+from bindery.kube.placed import PlacedPodCache
 from bindery.kube.volumes import KubeVolumes
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "KubeConditionWriter",
     "KubeEventSink",
     "KubeVolumes",
+    "PlacedPodCache",
     "UnboundPods",
     "WriteCounter",
     "project_node",

@@ -19,6 +19,8 @@ class _Index(Protocol):
 
     def get(self, key: str) -> Iterable[Any] | None: ...
 
+    def values(self) -> Iterable[Iterable[Any]]: ...
+
 
 def project_node(*, body: Mapping[str, Any]) -> dict[str, NodeProjection]:
     """The Kopf index function's value: {node name: projection}."""
@@ -38,6 +40,12 @@ class IndexNodeLookup:
             if isinstance(value, NodeProjection):
                 return value
         return None
+
+    def all(self) -> list[NodeProjection]:
+        """Every node the index holds (the inter-pod rules evaluate them all at once)."""
+        return [
+            value for store in self._index.values() for value in store if isinstance(value, NodeProjection)
+        ]
 
 
 class UnboundPods:

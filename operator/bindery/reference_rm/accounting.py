@@ -9,9 +9,12 @@ way kube-scheduler's ``NodeInfo`` counts it (:func:`bindery.podresources.effecti
 ``pods`` slot).
 
 A pod Bindery bound with one of this RM's reservations is already counted by that reservation and
-must not count twice.  It is recognised by the ``bindery.dev/reservation-id`` annotation only when
-the named reservation is active, was made for this very pod (same UID) and holds the pod's node:
-a tenant who copies another pod's annotation onto their own pod gains nothing, their pod counts.
+must not count twice. What such a pod grew past its reservation (an in-place resize: kube-scheduler
+counts the larger of its spec and what the kubelet allocated) counts on top; a pod that shrank keeps
+its reservation's size until the reservation is released.  Such a pod is recognised by the
+``bindery.dev/reservation-id`` annotation only when the named reservation is active, was made
+for this very pod (same UID) and holds the pod's node: a tenant who copies another pod's
+annotation onto their own pod gains nothing, their pod counts.
 
 The mirror (I/O, :mod:`bindery.reference_rm.mirror`) keeps an immutable :class:`ClusterPods` snapshot and
 hands it to the store's single writer, which resolves the claims against its reservations with
@@ -162,27 +165,46 @@ class ClusterPods:
         )
 
 
-def foreign_usage(pods: ClusterPods, *, owners: Mapping[str, tuple[str, str]]) -> dict[str, Foreign]:
+def foreign_usage(
+    pods: ClusterPods,
+    *,
+    owners: Mapping[str, tuple[str, str]],
+    held: Mapping[str, Mapping[str, Decimal]] | None = None,
+) -> dict[str, Foreign]:
     """Per node, the usage of the pods that no active reservation of this RM already counts.
 
     ``owners`` maps each of this RM's *active* reservation ids to the ``(pod UID, node)`` it was made
-    for.  A pod counts unless it names one of them, with its own UID, on its own node.
+    for.  A pod counts unless it names one of them, with its own UID, on its own node. ``held``
+    maps reservation ids to what they hold: a pod its reservation counts adds what it uses beyond
+    that (grown by an in-place resize).
     """
     result: dict[str, Foreign] = {}
     for node, entry in pods.nodes.items():
-        counted = [
-            pod
-            for pod in entry.claims
-            if pod.reservation_id is None or owners.get(pod.reservation_id) != (pod.uid, pod.node)
-        ]
-        if counted:
+        counted = []
+        grown: dict[str, Decimal] = {}
+        for pod in entry.claims:
+            if pod.reservation_id is None or owners.get(pod.reservation_id) != (pod.uid, pod.node):
+                counted.append(pod)
+            elif held is not None and pod.reservation_id in held:
+                _add(grown, _beyond(pod.usage, held[pod.reservation_id]))
+        if counted or grown:
             usage = dict(entry.unclaimed.usage)
             for pod in counted:
                 _add(usage, pod.usage)
+            _add(usage, grown)
             result[node] = Foreign(usage=usage, count=entry.unclaimed.count + len(counted))
         elif entry.unclaimed.count:
             result[node] = entry.unclaimed  # immutable by convention: shared, not copied
     return result
+
+
+def _beyond(usage: Mapping[str, Decimal], reserved: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    """What ``usage`` has beyond ``reserved``, per resource (the ``pods`` slot is the reservation's)."""
+    return {
+        name: amount - reserved.get(name, Decimal(0))
+        for name, amount in usage.items()
+        if name != "pods" and amount > reserved.get(name, Decimal(0))
+    }
 
 
 def in_use(

@@ -29,6 +29,8 @@ from bindery.reference_rm.server import (
     serve_reference_rm,
 )
 from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS
+from bindery.reference_rm.storeerrors import SchemaTooNew
+from bindery.reference_rm.stores import UNREACHABLE
 from bindery.reference_rm.writerlock import DatabaseLocked
 
 __all__ = ["build_parser", "main", "serve_command", "served_url"]
@@ -39,7 +41,9 @@ TOKEN_ENV = "BINDERY_RM_TOKEN"
 BANNER = "reference RM serving contract v1 at "
 
 
-def serve_command(*, db: pathlib.Path, token_file: pathlib.Path, options: Sequence[str] = ()) -> list[str]:
+def serve_command(
+    *, db: pathlib.Path | str, token_file: pathlib.Path, options: Sequence[str] = ()
+) -> list[str]:
     """The argv that runs ``bindery rm serve`` as its own process on a free loopback port.
 
     For tests and benchmarks: read the URL with :func:`served_url` from the first line it prints.
@@ -71,7 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default %(default)s)"
     )
-    serve.add_argument("--db", type=pathlib.Path, required=True, help="SQLite file holding the reservations")
+    serve.add_argument(
+        "--db",
+        required=True,
+        help="where the reservations are: a SQLite file (one replica), or postgresql://USER@HOST:PORT/DB "
+        "(several replicas on one database; TLS with libpq's names, e.g. ?sslmode=verify-full&sslrootcert=F)",
+    )
+    serve.add_argument(
+        "--db-password-file",
+        type=pathlib.Path,
+        help="file holding the PostgreSQL password (a mounted Secret); without it libpq's own sources "
+        "(PGPASSWORD, PGPASSFILE, ~/.pgpass)",
+    )
     source = serve.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--inventory",
@@ -108,7 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         "have not re-read theirs yet are not refused (default %(default)g; 0: none)",
     )
     serve.add_argument("--insecure-no-auth", action="store_true", help="accept requests without a token")
-    serve.add_argument("--policy", choices=[p.value for p in Policy], default=Policy.BINPACK.value)
+    serve.add_argument(
+        "--policy",
+        choices=[p.value for p in Policy],
+        default=Policy.BINPACK.value,
+        help="among the nodes that fit: binpack favours the fullest, spread the emptiest (kube-scheduler's "
+        "default); pods' preferred node affinity and PreferNoSchedule taints weigh more than either "
+        "(default %(default)s; the chart's default is spread)",
+    )
     serve.add_argument("--tls-cert", type=pathlib.Path, help="server certificate (PEM); enables HTTPS")
     serve.add_argument("--tls-key", type=pathlib.Path, help="server private key (PEM)")
     serve.add_argument("--client-ca", type=pathlib.Path, help="require client certificates signed by this CA")
@@ -154,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-cluster-id",
         action="store_true",
-        help="serve as a contract v1.1 RM: no GET /v1/info (404) and clusterId refused (400), to test how "
-        "a caller handles an RM that cannot tell clusters apart",
+        help="serve as a contract v1.1 RM: no GET /v1/info (404); clusterId, preferredNodeAffinity and Gt/Lt "
+        "tolerations refused (400), to test how a caller handles an RM without the v1.2 features",
     )
     serve.add_argument("--log-level", default="INFO")
     return parser
@@ -204,6 +226,7 @@ async def _serve(args: argparse.Namespace) -> None:
         server = await stack.enter_async_context(
             serve_reference_rm(
                 db_path=args.db,
+                db_password_file=args.db_password_file,
                 host=host,
                 port=port,
                 inventory=inventory,
@@ -248,6 +271,19 @@ async def _serve(args: argparse.Namespace) -> None:
         await stop.wait()
 
 
+#: Start-up failures reported as their reason and exit status 2 (a database that does not answer
+#: included), not as a traceback.
+_REPORTED: tuple[type[Exception], ...] = (
+    InventoryError,
+    DatabaseLocked,
+    SchemaTooNew,
+    ValueError,
+    OSError,
+    ssl.SSLError,
+    *UNREACHABLE,
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status.
 
@@ -265,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tracing.configure(service_name="bindery-rm")  # only when OTEL_EXPORTER_OTLP_*ENDPOINT is set
     try:
         asyncio.run(_serve(args))
-    except (InventoryError, DatabaseLocked, ValueError, OSError, ssl.SSLError) as error:
+    except _REPORTED as error:
         print(f"bindery rm: {error}", file=sys.stderr)
         return 2
     return 0

@@ -24,12 +24,16 @@ from typing import Any
 from bindery.constraints import (
     matches_node_selector,
     matches_required_affinity,
+    matches_term,
     tolerates,
     untolerated_taints,
 )
 from bindery.reference_rm.accounting import Foreign, describe_foreign, in_use
 
 __all__ = [
+    "AFFINITY_WEIGHT",
+    "MAX_NODE_SCORE",
+    "TAINT_WEIGHT",
     "UNSCHEDULABLE_TAINT",
     "Decision",
     "InventoryNode",
@@ -39,6 +43,8 @@ __all__ = [
     "fits",
     "format_reason",
     "node_failures",
+    "normalize",
+    "preference_scores",
     "score",
     "static_failure",
     "subtract_usage",
@@ -50,8 +56,27 @@ UNSCHEDULABLE_TAINT: Mapping[str, str] = {"key": "node.kubernetes.io/unschedulab
 
 
 class Policy(enum.StrEnum):
+    """How the RM weighs how full a node would be, beside the pod's preferences.
+
+    Among the nodes that fit, each gets kube-scheduler's default weighted sum (plugin weights of
+    ``pkg/scheduler/apis/config/v1/default_plugins.go``): TaintToleration (weight 3, PreferNoSchedule
+    taints the pod does not tolerate), NodeAffinity (weight 2, the pod's preferred node affinity),
+    and the policy (weight 1, as NodeResourcesFit): ``binpack`` scores the fill after placing the
+    pod (MostAllocated), ``spread`` the room left (LeastAllocated); each is 0 to 100. The highest
+    sum wins, ties to the name that sorts first. A pod without preferences on nodes without
+    PreferNoSchedule taints is placed by the policy alone.
+    """
+
     BINPACK = "binpack"  # fill the fullest node that fits: keeps whole nodes free for big pods
     SPREAD = "spread"  # use the emptiest node that fits: spreads load and failure domains
+
+
+#: kube-scheduler's default score-plugin weights (default_plugins.go), and its MaxNodeScore.
+TAINT_WEIGHT = 3
+AFFINITY_WEIGHT = 2
+MAX_NODE_SCORE = 100
+#: The effects of the tolerations TaintToleration's score counts (``getAllTolerationPreferNoSchedule``).
+_PREFER_EFFECTS = ("", "PreferNoSchedule")
 
 
 @dataclass(frozen=True)
@@ -169,6 +194,39 @@ def score(node: InventoryNode, usage: Mapping[str, Decimal], used: Mapping[str, 
     return sum(fractions, Decimal(0)) / len(fractions) if fractions else Decimal(0)
 
 
+def preference_scores(
+    *,
+    node: InventoryNode,
+    preferences: Sequence[tuple[int, Mapping[str, Any]]],
+    tolerations: Sequence[Mapping[str, Any]],
+) -> tuple[int, int]:
+    """A node's raw NodeAffinity and TaintToleration scores for a pod, before normalization.
+
+    NodeAffinity (``pkg/scheduler/framework/plugins/nodeaffinity``, Score): the sum of the weights
+    of the preferred terms the node matches. TaintToleration (``.../tainttoleration``, Score): how
+    many PreferNoSchedule taints of the node no toleration with effect ``""`` or
+    ``PreferNoSchedule`` tolerates.
+    """
+    affinity = sum(
+        weight
+        for weight, term in preferences
+        if weight > 0 and matches_term(term=term, labels=node.labels, node_name=node.name)
+    )
+    prefer = [t for t in tolerations if (t.get("effect") or "") in _PREFER_EFFECTS]
+    taints = len(untolerated_taints(taints=node.taints, tolerations=prefer, effects=("PreferNoSchedule",)))
+    return affinity, taints
+
+
+def normalize(raw: int, highest: int, *, reverse: bool) -> int:
+    """kube-scheduler's ``helper.DefaultNormalizeScore`` for one node: ``raw`` scaled to 0..100
+    by the highest raw score among the feasible nodes (integer division), reversed if asked; all
+    zero stays zero (100 when reversed)."""
+    if highest == 0:
+        return MAX_NODE_SCORE if reverse else 0
+    score = MAX_NODE_SCORE * raw // highest
+    return MAX_NODE_SCORE - score if reverse else score
+
+
 def choose_node(
     *,
     nodes: Sequence[InventoryNode],
@@ -179,6 +237,7 @@ def choose_node(
     tolerations: Sequence[Mapping[str, Any]],
     policy: Policy,
     foreign: Mapping[str, Foreign] | None = None,
+    preferences: Sequence[tuple[int, Mapping[str, Any]]] = (),
 ) -> Decision:
     """Pick a node by ``policy`` among those that fit; ties go to the node name that sorts first.
 
@@ -193,9 +252,17 @@ def choose_node(
     the usage they were computed from.  Between two reserves only the usage of the node the last
     one took changes (and what releases, expiries and the pod mirror change), so the others answer
     after comparing a few numbers, and the pick is the same minimum of the same scores.
+
+    ``preferences`` (contract v1.2, ``(weight, nodeSelectorTerm)``) and the nodes' PreferNoSchedule
+    taints are scored with the policy as :class:`Policy` says; when neither tells the nodes apart,
+    the policy alone decides, on the path above.
     """
     static = _static_outcome(
-        nodes=nodes, node_selector=node_selector, affinity_terms=affinity_terms, tolerations=tolerations
+        nodes=nodes,
+        node_selector=node_selector,
+        affinity_terms=affinity_terms,
+        tolerations=tolerations,
+        preferences=preferences,
     )
     usage = {name: amount for name, amount in requests.items() if amount > 0}
     with_pods = usage if "pods" in usage else {**usage, "pods": Decimal(1)}
@@ -209,6 +276,8 @@ def choose_node(
     binpack = policy is Policy.BINPACK
     best: tuple[Decimal, str] | None = None
     empty: Mapping[str, Decimal] = {}
+    raw = static.raw_scores
+    feasible: list[tuple[int, Decimal]] = []  # (index in static.passing, fill): only with raw scores
     for index, (node, counts_pods) in enumerate(static.passing):
         name = node.name
         own = usage_by_node.get(name, empty)
@@ -224,9 +293,15 @@ def choose_node(
         if isinstance(outcome, tuple):
             failed.append(outcome)
             continue
+        if raw is not None:
+            feasible.append((index, outcome))
+            continue
         key = -outcome if binpack else outcome
         if best is None or key < best[0] or (key == best[0] and name < best[1]):
             best = (key, name)
+    if feasible:
+        assert raw is not None
+        return Decision(node=_best_scored(static=static, raw=raw, feasible=feasible, binpack=binpack))
     if best is not None:
         return Decision(node=best[1])
     failures: Counter[str] = Counter(static.failures)
@@ -247,6 +322,35 @@ def choose_node(
     }
     explained = describe_foreign(foreign=foreign, short=short)
     return Decision(node=None, reason=f"{reason} {explained}" if explained else reason)
+
+
+def _best_scored(
+    *,
+    static: _StaticOutcome,
+    raw: Sequence[tuple[int, int]],
+    feasible: Sequence[tuple[int, Decimal]],
+    binpack: bool,
+) -> str:
+    """The feasible node with the highest weighted sum (see :class:`Policy`), ties to the first name.
+
+    Normalization is over the feasible nodes only, as kube-scheduler scores only the nodes that
+    passed its filters.
+    """
+    highest_affinity = max(raw[index][0] for index, _ in feasible)
+    highest_taints = max(raw[index][1] for index, _ in feasible)
+    best: tuple[Decimal, str] | None = None
+    for index, fill in feasible:
+        affinity, taints = raw[index]
+        total = (
+            AFFINITY_WEIGHT * normalize(affinity, highest_affinity, reverse=False)
+            + TAINT_WEIGHT * normalize(taints, highest_taints, reverse=True)
+            + MAX_NODE_SCORE * (fill if binpack else 1 - fill)
+        )
+        name = static.passing[index][0].name
+        if best is None or total > best[0] or (total == best[0] and name < best[1]):
+            best = (total, name)
+    assert best is not None
+    return best[1]
 
 
 #: A node's outcome for a kind of request: its fill after placing it (see :func:`score`), or the
@@ -295,6 +399,9 @@ class _StaticOutcome:
 
     passing: tuple[tuple[InventoryNode, bool], ...]
     failures: Mapping[str, int]
+    #: Per passing node, its raw (NodeAffinity, TaintToleration) scores (:func:`preference_scores`);
+    #: None when they are zero on every passing node, so they cannot tell nodes apart.
+    raw_scores: tuple[tuple[int, int], ...] | None = None
     #: Per kind of request (its items, in order: the score's sum depends on it), per passing node:
     #: the usage of this RM's reservations and the foreign entry an outcome was computed from.
     memos: dict[tuple[tuple[str, Decimal], ...], list[_Memo | None]] = field(default_factory=dict)
@@ -344,6 +451,7 @@ def _static_outcome(
     node_selector: Mapping[str, str],
     affinity_terms: Sequence[Mapping[str, Any]],
     tolerations: Sequence[Mapping[str, Any]],
+    preferences: Sequence[tuple[int, Mapping[str, Any]]] = (),
 ) -> _StaticOutcome:
     """:func:`static_failure` of every node, remembered while the inventory is the same tuple.
 
@@ -356,7 +464,7 @@ def _static_outcome(
     outcomes: dict[str, _StaticOutcome] = {}
     if isinstance(nodes, tuple):
         try:
-            key = json.dumps([node_selector, affinity_terms, tolerations], sort_keys=True)
+            key = json.dumps([node_selector, affinity_terms, tolerations, preferences], sort_keys=True)
         except (TypeError, ValueError):
             key = None  # not plain JSON data: evaluate, do not remember
         if key is not None:
@@ -377,7 +485,14 @@ def _static_outcome(
             passing.append((node, "pods" in node.allocatable))
         else:
             failures[failure] += 1
-    outcome = _StaticOutcome(passing=tuple(passing), failures=dict(failures))
+    raw = tuple(
+        preference_scores(node=node, preferences=preferences, tolerations=tolerations) for node, _ in passing
+    )
+    outcome = _StaticOutcome(
+        passing=tuple(passing),
+        failures=dict(failures),
+        raw_scores=raw if any(a or t for a, t in raw) else None,
+    )
     if key is not None:
         if len(outcomes) >= _STATIC_CACHE.size:
             outcomes.clear()

@@ -54,11 +54,11 @@ from bindery.reference_rm.store import (
     Placed,
     PodMismatch,
     ReleaseOutcome,
-    ReservationStore,
     ReserveOutcome,
     StoredGroup,
     StoredReservation,
 )
+from bindery.reference_rm.stores import UNREACHABLE, Store, open_store
 from bindery.rm.contract import openapi_text
 from bindery.rm.errors import ProblemType
 from bindery.rm.models import (
@@ -68,6 +68,7 @@ from bindery.rm.models import (
     ContractInfo,
     Feature,
     GroupRenewRequest,
+    Placement,
     RenewRequest,
     ReservationGroupRequest,
     ReservationRequest,
@@ -97,6 +98,8 @@ DEFAULT_MAX_GROUP_BODY_BYTES = 2 * 1024 * 1024
 DEFAULT_MAX_BATCH_BODY_BYTES = 4 * 1024 * 1024
 _GROUPS = "/v1/reservation-groups"
 _BATCH = "/v1/batch"
+#: pydantic's message for an unknown field, which a v1.1 RM answers for each field of v1.2.
+_EXTRA = "Extra inputs are not permitted"
 _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.yaml", "/openapi.json"})
 _LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "limit", "cursor"})
 _TITLES = {
@@ -462,7 +465,7 @@ class ReferenceRM:
         inventory: Sequence[InventoryNode] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_pending: int = 1024,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         groups: bool = True,
         max_group_body_bytes: int = DEFAULT_MAX_GROUP_BODY_BYTES,
         batch: bool = True,
@@ -470,8 +473,13 @@ class ReferenceRM:
         retention: float = 3600.0,
         max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
         cluster_ids: bool = True,
+        db_password_file: pathlib.Path | None = None,
     ) -> None:
-        """``groups=False`` serves contract v1.1 without reservation groups: their paths answer 404,
+        """``db_path`` is a SQLite file or a ``postgresql://`` URL
+        (:func:`~bindery.reference_rm.stores.open_store`; ``db_password_file`` goes with the URL).
+        ``clock=None``: the database's clock judges leases.
+
+        ``groups=False`` serves contract v1.1 without reservation groups: their paths answer 404,
         as a v1.0 RM's do, so a caller can be tested against an RM that lacks them.  ``batch=False``
         does the same for ``POST /v1/batch``.  ``cluster_ids=False`` serves as a v1.1 RM does: no
         ``GET /v1/info`` (404) and ``clusterId`` refused (400) in requests and in the list."""
@@ -492,12 +500,13 @@ class ReferenceRM:
         self._pods: ClusterPods | None = None
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="refrm-store")
         try:
-            self._store = self._writer.submit(
-                ReservationStore,
+            self._store: Store = self._writer.submit(
+                open_store,
                 db_path,
                 clock=clock,
                 retention=retention,
                 max_released_rows=max_released_rows,
+                password_file=db_password_file,
             ).result()
         except BaseException:  # e.g. another RM holds the database: no thread left behind
             self._writer.shutdown(wait=True)
@@ -547,6 +556,9 @@ class ReferenceRM:
             if _storage_failure(error):
                 self._storage_failure = str(error)
             raise
+        except UNREACHABLE as error:  # PostgreSQL down or restarting: not ready until a write commits
+            self._storage_failure = str(error).strip() or type(error).__name__
+            raise
 
     # -- middleware ------------------------------------------------------------------------------
 
@@ -570,6 +582,17 @@ class ReferenceRM:
             kind = _KINDS.get(error.status, ProblemType.INTERNAL)
             allow = error.headers.get("Allow")
             return problem(error.status, kind, detail, headers={"Allow": allow} if allow else None)
+        except UNREACHABLE as error:
+            # Nothing was decided that the caller must know of: a transaction that did not commit
+            # changed nothing, and one whose COMMIT answer was lost replays under the same key.
+            log.warning("the database did not answer %s %s: %s", request.method, request.path, error)
+            return problem(
+                503,
+                ProblemType.UNAVAILABLE,
+                f"the reservation database did not answer ({str(error).strip()}); ask again: the same "
+                "idempotency key replays whatever was decided",
+                headers={"Retry-After": "1"},
+            )
         except Exception:
             log.exception("unexpected error serving %s %s", request.method, request.path)
             return problem(500, ProblemType.INTERNAL, "the reference RM failed unexpectedly; see its log")
@@ -597,7 +620,7 @@ class ReferenceRM:
             middlewares=[*([_traced] if tracing.state.on else []), self._problems, self._auth],
             handler_args={"max_line_size": self.max_body_bytes, "max_field_size": self.max_body_bytes},
         )
-        if self.cluster_ids:  # the one v1.2 feature so far: without it this is a v1.1 RM
+        if self.cluster_ids:  # without the v1.2 features (cluster-id and the others) this is a v1.1 RM
             app.router.add_get("/v1/info", self._info, allow_head=False)
         app.router.add_post("/v1/reservations", self._reserve)
         app.router.add_get("/v1/reservations", self._list, allow_head=False)
@@ -642,23 +665,40 @@ class ReferenceRM:
     async def _info(self, _: web.Request) -> web.Response:
         """``GET /v1/info`` (contract v1.2): the version and the features this RM offers."""
         features = [Feature.RENEW, *([Feature.RESERVATION_GROUPS] if self.groups else [])]
-        features += [*([Feature.BATCH] if self.batch else []), Feature.CLUSTER_ID]
+        features += [*([Feature.BATCH] if self.batch else []), Feature.CLUSTER_ID, Feature.NODE_PREFERENCES]
+        features.append(Feature.TOLERATION_COMPARISONS)
         info = ContractInfo(contract_version=CONTRACT_VERSION, features=frozenset(f.value for f in features))
         return web.json_response(
             {"contractVersion": info.contract_version, "features": sorted(info.features)}
         )
 
-    def _unknown_cluster(self, cluster_id: str | None, *, at: tuple[str | int, ...] = ()) -> Answer | None:
-        """The 400 a v1.1 RM answers for ``clusterId`` (an unknown field), when serving as one."""
-        if self.cluster_ids or cluster_id is None:
+    def _unknown_cluster(
+        self,
+        cluster_id: str | None,
+        *,
+        at: tuple[str | int, ...] = (),
+        placements: Sequence[tuple[tuple[str | int, ...], Placement]] = (),
+    ) -> Answer | None:
+        """The 400 a v1.1 RM answers for a field of v1.2, when serving as one: ``clusterId`` and
+        ``placement.preferredNodeAffinity`` (unknown fields), a ``Gt`` or ``Lt`` toleration (an
+        operator v1.1 does not have). ``placements``: each placement of the request, by its path."""
+        if self.cluster_ids:
             return None
-        location = "/".join(str(part) for part in (*at, "clusterId"))
-        return Answer.refusal(
-            400,
-            ProblemType.INVALID_REQUEST,
-            f"{location}: Extra inputs are not permitted",
-            errors=[{"location": location, "message": "Extra inputs are not permitted"}],
-        )
+        errors: list[dict[str, str]] = []
+        if cluster_id is not None:
+            errors.append({"location": "/".join(map(str, (*at, "clusterId"))), "message": _EXTRA})
+        for path, placement in placements:
+            if placement.preferred_node_affinity is not None:
+                location = "/".join(map(str, (*at, *path, "preferredNodeAffinity")))
+                errors.append({"location": location, "message": _EXTRA})
+            for index, toleration in enumerate(placement.tolerations):
+                if toleration.operator in ("Gt", "Lt"):
+                    location = "/".join(map(str, (*at, *path, "tolerations", index, "operator")))
+                    errors.append({"location": location, "message": "Input should be 'Equal' or 'Exists'"})
+        if not errors:
+            return None
+        detail = "; ".join(f"{error['location']}: {error['message']}" for error in errors)
+        return Answer.refusal(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
 
     async def _reserve(self, request: web.Request) -> web.Response:
         if not _is_json(request):
@@ -669,7 +709,8 @@ class ReferenceRM:
         except pydantic.ValidationError as error:
             detail, errors = _validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
-        if (refused := self._unknown_cluster(reservation_request.cluster_id)) is not None:
+        placed = [(("placement",), reservation_request.placement)]
+        if (refused := self._unknown_cluster(reservation_request.cluster_id, placements=placed)) is not None:
             return refused.response()
         busy = self._back_pressure()
         if busy is not None:
@@ -773,7 +814,14 @@ class ReferenceRM:
             return envelope
         parsed = [_batch_operation(item, index) for index, item in enumerate(envelope)]
         parsed = [
-            (self._unknown_cluster(item.reserve.cluster_id, at=("operations", index, "reserve")) or item)
+            (
+                self._unknown_cluster(
+                    item.reserve.cluster_id,
+                    at=("operations", index, "reserve"),
+                    placements=[(("placement",), item.reserve.placement)],
+                )
+                or item
+            )
             if isinstance(item, BatchOperation) and item.reserve is not None
             else item
             for index, item in enumerate(parsed)
@@ -837,7 +885,8 @@ class ReferenceRM:
         except pydantic.ValidationError as error:
             detail, errors = _validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
-        if (refused := self._unknown_cluster(group_request.cluster_id)) is not None:
+        placed = [(("members", i, "placement"), m.placement) for i, m in enumerate(group_request.members)]
+        if (refused := self._unknown_cluster(group_request.cluster_id, placements=placed)) is not None:
             return refused.response()
         busy = self._back_pressure()
         if busy is not None:
@@ -980,7 +1029,7 @@ class ReferenceRM:
                 503, ProblemType.UNAVAILABLE, "the inventory is not loaded yet", headers={"Retry-After": "1"}
             )
         if self._storage_failure is not None:
-            with contextlib.suppress(sqlite3.Error):  # _run keeps the new reason
+            with contextlib.suppress(sqlite3.Error, *UNREACHABLE):  # _run keeps the new reason
                 await self._run(self._store.check_writable)
                 log.info("writes to the database succeed again (%s before): ready", self._storage_failure)
                 self._storage_failure = None
@@ -989,7 +1038,8 @@ class ReferenceRM:
                 503,
                 ProblemType.UNAVAILABLE,
                 f"writes to the database fail ({self._storage_failure}), so every reserve would fail: free "
-                "space on its volume or repair the disk; the RM turns ready by itself once a write commits",
+                "space on its volume, repair the disk or bring the database back; the RM turns ready by "
+                "itself once a write commits",
                 headers={"Retry-After": "5"},
             )
         for check in self._readiness_checks:
@@ -1035,6 +1085,7 @@ async def serve_reference_rm(
     retention: float = 3600.0,
     max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
     cluster_ids: bool = True,
+    db_password_file: pathlib.Path | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -1061,6 +1112,7 @@ async def serve_reference_rm(
         retention=retention,
         max_released_rows=max_released_rows,
         cluster_ids=cluster_ids,
+        db_password_file=db_password_file,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()

@@ -264,6 +264,11 @@ class StoredGroup:
         )
 
 
+def _held(resources: str) -> dict[str, Decimal]:
+    """A reservation row's ``resources`` (JSON of canonical quantities) as numbers."""
+    return {str(name): parse_quantity(value) for name, value in json.loads(resources).items()}
+
+
 def _digest(fingerprint: str) -> str:
     """What a row keeps of a request's canonical form: equal digests mean the same request."""
     return _DIGEST + hashlib.sha256(fingerprint.encode()).hexdigest()
@@ -533,15 +538,16 @@ class ReservationStore:
                 # By id (the unique index); `+state` keeps SQLite from choosing the state index,
                 # which scanned every active reservation at every reserve (3.4 ms at 5,000).
                 self._db.execute(
-                    "SELECT id, pod_uid, node FROM reservations WHERE id IN (SELECT value FROM json_each(?)) "
-                    "AND +state IN (?, ?)",
+                    "SELECT id, pod_uid, node, resources FROM reservations "
+                    "WHERE id IN (SELECT value FROM json_each(?)) AND +state IN (?, ?)",
                     (json.dumps(claimed), *_ACTIVE),
                 ).fetchall()
                 if claimed
                 else []
             )
-            owners = {str(id_): (str(uid), str(node)) for id_, uid, node in rows}
-            fresh = foreign_usage(ClusterPods(nodes=stale), owners=owners)
+            owners = {str(id_): (str(uid), str(node)) for id_, uid, node, _ in rows}
+            held = {str(id_): _held(resources) for id_, _, _, resources in rows}
+            fresh = foreign_usage(ClusterPods(nodes=stale), owners=owners, held=held)
             for node, entry in stale.items():
                 resolved[node] = (entry, fresh.get(node))
         if len(resolved) > len(pods.nodes):  # nodes that lost all their pods
@@ -577,6 +583,7 @@ class ReservationStore:
             tolerations=request.placement.toleration_dicts(),
             policy=policy,
             foreign=foreign,
+            preferences=request.placement.preference_dicts(),
         )
         if decision.node is None:
             return Unschedulable(decision.reason, retry_after=self._retry_hint(foreign=bool(foreign)))

@@ -3,6 +3,7 @@
 from bindery.rm.errors import (
     RMConflict,
     RMError,
+    RMFeatureMissing,
     RMGroupsUnsupported,
     RMProtocolError,
     RMRejected,
@@ -33,6 +34,7 @@ __all__ = [
     "Problem",
     "RMConflict",
     "RMError",
+    "RMFeatureMissing",
     "RMGroupsUnsupported",
     "RMProtocolError",
     "RMRejected",

@@ -52,11 +52,13 @@ from tenacity import (
 from tenacity.wait import wait_exponential_jitter
 
 from bindery import tracing
+from bindery.clock import ClockWatch
 from bindery.rm.batching import Coalescer
 from bindery.rm.errors import (
     ProblemType,
     RMConflict,
     RMError,
+    RMFeatureMissing,
     RMGroupsUnsupported,
     RMPodMismatch,
     RMProtocolError,
@@ -72,6 +74,9 @@ from bindery.rm.models import (
     BatchResult,
     ContractInfo,
     Feature,
+    GroupMemberRequest,
+    Placement,
+    PodIdentity,
     Problem,
     Reservation,
     ReservationGroup,
@@ -103,6 +108,8 @@ SINGLE_CALLS_IN_FLIGHT = 16
 _BodyModel = TypeVar("_BodyModel", bound=pydantic.BaseModel)
 #: RM URLs already warned about in this process: a cluster id but an RM without the feature.
 _WARNED_UNSCOPED: set[str] = set()
+#: RM URLs already warned about in this process: node preferences dropped for an RM without the feature.
+_WARNED_UNPREFERRED: set[str] = set()
 
 
 class CircuitBreaker:
@@ -431,6 +438,15 @@ class ResourceManagerClient:
         self._max_bytes = max_response_bytes
         self._renew_unsupported_until = float("-inf")
         self.cluster_id = cluster_id
+        #: the RM's clock against this host's, from the Date header of each readiness probe
+        self.clock = ClockWatch(
+            peer=f"the RM at {self.base_url}",
+            consequence=(
+                "The RM stamps reservation leases (expiresAt) with its own clock, so here they look "
+                "shorter or longer than the TTL asked for, and renewals come too late or too early."
+            ),
+            logger=log,
+        )
         self._info: ContractInfo | None = None
         self._info_until = float("-inf")
         self._info_lock = asyncio.Lock()
@@ -542,12 +558,51 @@ class ResourceManagerClient:
         return None
 
     def _doubt_info(self, error: RMRejected, *, sent_cluster: bool) -> None:
-        """A 400 to a request that carried the cluster id: the RM may no longer be the one whose
-        ``GET /v1/info`` offered ``cluster-id`` (rolled back to v1.1, or a v1.1 replica answering
-        mid-upgrade). Forget that answer, so the next call asks again instead of sending a field
-        the RM refuses for the rest of the period."""
+        """A 400 to a request that carried a v1.2 field (the cluster id, node preferences, a ``Gt``
+        or ``Lt`` toleration): the RM may no longer be the one whose ``GET /v1/info`` offered its
+        feature (rolled back to v1.1, or a v1.1 replica answering mid-upgrade). Forget that answer,
+        so the next call asks again instead of sending a field the RM refuses for the rest of the
+        period."""
         if sent_cluster and error.status == 400:
             self._info_until = float("-inf")
+
+    async def negotiated_placement(self, placement: Placement, *, pod: str) -> tuple[Placement, bool]:
+        """``placement`` as this RM may receive it, and whether it still carries a v1.2 field.
+
+        Node preferences (feature ``node-preferences``) are soft: an RM without the feature gets the
+        request without them, and the process warns once per RM that they are ignored. Tolerations
+        with ``Gt`` or ``Lt`` (feature ``toleration-comparisons``) are not: dropping one would keep
+        the pod off the nodes it tolerates, and sending it gets a ``400`` that retrying cannot
+        cure. Such a pod is refused as unschedulable (``RMFeatureMissing``, no call made), with a
+        reason that names the field. ``GET /v1/info`` is read only when the placement has either.
+        """
+        preferences = placement.preferred_node_affinity is not None
+        comparisons = placement.compares_tolerations()
+        if not preferences and not comparisons:
+            return placement, False
+        info = await self.contract_info()
+        if comparisons and not info.offers(Feature.TOLERATION_COMPARISONS):
+            reason = (
+                f"pod {pod} has a toleration with operator Gt or Lt (spec.tolerations), which the "
+                f"resource manager at {self.base_url} (contract {info.contract_version}) cannot take: "
+                "it does not list the toleration-comparisons feature of contract v1.2. Upgrade the "
+                "RM, or use Equal or Exists tolerations"
+            )
+            raise RMFeatureMissing(reason, reason=reason)
+        if preferences and not info.offers(Feature.NODE_PREFERENCES):
+            placement = placement.model_copy(update={"preferred_node_affinity": None})
+            preferences = False
+            if self.base_url not in _WARNED_UNPREFERRED:
+                _WARNED_UNPREFERRED.add(self.base_url)
+                log.warning(
+                    "the RM at %s speaks contract %s without the node-preferences feature: pods' "
+                    "preferred node affinity and PreferNoSchedule taints are not sent to it and do not "
+                    "shape placement. Upgrade the RM to contract v1.2 (GET /v1/info lists "
+                    "node-preferences) for kube-scheduler's soft placement",
+                    self.base_url,
+                    info.contract_version,
+                )
+        return placement, preferences or comparisons
 
     async def reserve(self, request: ReservationRequest) -> Reservation:
         """Reserve capacity; safe to retry because the RM deduplicates by the idempotency key.
@@ -557,6 +612,9 @@ class ResourceManagerClient:
         cluster = await self.scoped_cluster()
         if cluster is not None and request.cluster_id is None:
             request = request.model_copy(update={"cluster_id": cluster})
+        placement, newer = await self.negotiated_placement(request.placement, pod=_pod_name(request.pod))
+        if placement is not request.placement:
+            request = request.model_copy(update={"placement": placement})
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         outcome = await self._coalesced(
             {"reserve": body},
@@ -565,7 +623,7 @@ class ResourceManagerClient:
         try:
             return _reserve_result(request, outcome)
         except RMRejected as error:
-            self._doubt_info(error, sent_cluster=cluster is not None)
+            self._doubt_info(error, sent_cluster=cluster is not None or newer)
             raise
 
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
@@ -668,6 +726,17 @@ class ResourceManagerClient:
         cluster = await self.scoped_cluster()
         if cluster is not None and request.cluster_id is None:
             request = request.model_copy(update={"cluster_id": cluster})
+        members: list[GroupMemberRequest] = []
+        newer = False
+        for member in request.members:
+            placement, member_newer = await self.negotiated_placement(
+                member.placement, pod=_pod_name(member.pod)
+            )
+            newer = newer or member_newer
+            same = placement is member.placement
+            members.append(member if same else member.model_copy(update={"placement": placement}))
+        if any(new is not old for new, old in zip(members, request.members, strict=True)):
+            request = request.model_copy(update={"members": members})
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         answer = await self._call("POST", "/v1/reservation-groups", json_body=body)
         if answer.status in (200, 201):
@@ -687,7 +756,7 @@ class ResourceManagerClient:
             raise self._groups_unsupported(answer.status)
         error = self._error(answer, "reserve group")
         if isinstance(error, RMRejected):
-            self._doubt_info(error, sent_cluster=cluster is not None)
+            self._doubt_info(error, sent_cluster=cluster is not None or newer)
         raise error
 
     async def get_group(self, group_id: str, /) -> ReservationGroup:
@@ -784,6 +853,21 @@ class ResourceManagerClient:
             query["cursor"] = page.next_cursor
         raise RMProtocolError(f"the RM returned more than {_MAX_PAGES} pages of reservations; giving up")
 
+    async def list_unscoped_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None
+    ) -> list[Reservation]:
+        """The reservations made without a cluster id (before an upgrade to contract v1.2), which
+        this client's filtered lists leave out; ``[]`` when its lists are not filtered (no cluster
+        id, or an RM without ``cluster-id``), since they are then in every list already.
+
+        It lists every cluster's reservations of the name and keeps those of no cluster: the
+        contract has no filter for "no cluster id".
+        """
+        if await self.scoped_cluster() is None:
+            return []
+        every = await self.list_reservations(scheduler_name=scheduler_name, state=state, all_clusters=True)
+        return [reservation for reservation in every if reservation.cluster_id is None]
+
     async def check_ready(self) -> None:
         """Raise RMUnavailable unless ``/readyz`` answers 200 and the RM accepts the token.
 
@@ -791,7 +875,9 @@ class ResourceManagerClient:
         instead: the probe also lists one reservation, which needs the token, and raises
         :class:`RMUnauthorized` when the RM refuses it.
         """
+        sent_at = time.time()
         answer = await self._call("GET", "/readyz", authenticated=False)
+        self.clock.observe(answer.headers.get("date"), sent_at=sent_at, received_at=time.time())
         if answer.status != 200:
             raise RMUnavailable(f"the RM at {self.base_url} is not ready: /readyz answered {answer.status}")
         answer = await self._call("GET", "/v1/reservations", params={"limit": "1"})
@@ -1308,3 +1394,8 @@ def _summarize(error: pydantic.ValidationError) -> str:
     ]
     more = f" (and {error.error_count() - 3} more)" if error.error_count() > 3 else ""
     return "; ".join(parts) + more
+
+
+def _pod_name(pod: PodIdentity) -> str:
+    """``namespace/name`` of a request's pod, for messages."""
+    return f"{pod.namespace}/{pod.name}"

@@ -16,6 +16,7 @@ __all__ = [
     "ProblemType",
     "RMConflict",
     "RMError",
+    "RMFeatureMissing",
     "RMGroupsUnsupported",
     "RMPodMismatch",
     "RMProtocolError",
@@ -63,6 +64,12 @@ class RMUnschedulable(RMError):
         super().__init__(message)
         self.reason = reason
         self.retry_after = retry_after
+
+
+class RMFeatureMissing(RMUnschedulable):
+    """The pod needs a contract feature the RM does not list (e.g. a ``Gt`` toleration without
+    ``toleration-comparisons``): refused before any call, as unschedulable, since an upgraded RM may
+    take it later, but never reported as the RM being full."""
 
 
 class RMUnavailable(RMError):

@@ -20,7 +20,16 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from bindery.quantity import QuantityError, format_quantity, parse_nonnegative_quantity
@@ -43,6 +52,7 @@ __all__ = [
     "NodeSelectorTerm",
     "Placement",
     "PodIdentity",
+    "PreferredSchedulingTerm",
     "Problem",
     "RenewRequest",
     "Reservation",
@@ -58,7 +68,7 @@ __all__ = [
 ]
 
 #: The contract version these models implement (``info.version`` of the OpenAPI document).
-CONTRACT_VERSION = "1.2.0"
+CONTRACT_VERSION = "1.2.1"
 #: The most members one reservation group may have (contract v1.1).
 MAX_GROUP_MEMBERS = 1000
 #: The most operations one ``POST /v1/batch`` may carry (contract v1.1).
@@ -115,6 +125,11 @@ class Feature(enum.StrEnum):
     RESERVATION_GROUPS = "reservation-groups"  # v1.1
     BATCH = "batch"  # v1.1
     CLUSTER_ID = "cluster-id"  # v1.2: clusterId on reserve, group reserve, reservations and the list
+    #: v1.2: ``placement.preferredNodeAffinity``, and PreferNoSchedule taints scored against the
+    #: tolerations the request already carries.
+    NODE_PREFERENCES = "node-preferences"
+    #: v1.2: tolerations with operator ``Gt`` or ``Lt`` (Kubernetes 1.35+), matched numerically.
+    TOLERATION_COMPARISONS = "toleration-comparisons"
 
 
 class _Request(BaseModel):
@@ -144,7 +159,8 @@ class Toleration(_Request):
     """A pod toleration in Kubernetes JSON shape."""
 
     key: Annotated[str, Field(max_length=317)] | None = None
-    operator: Literal["Equal", "Exists"] | None = None
+    #: ``Gt`` and ``Lt`` are v1.2 (feature ``toleration-comparisons``): sent only to an RM listing it.
+    operator: Literal["Equal", "Exists", "Gt", "Lt"] | None = None
     value: LabelValue | None = None
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: Integer | None = None
@@ -161,14 +177,37 @@ class NodeSelectorTerm(_Request):
     match_fields: list[NodeSelectorRequirement] = Field(default_factory=list, max_length=64)
 
 
+class PreferredSchedulingTerm(_Request):
+    """Contract v1.2 (feature ``node-preferences``): a node matching ``preference`` gets ``weight``.
+
+    Kubernetes' ``preferredDuringSchedulingIgnoredDuringExecution`` item, with its meaning: an RM
+    adds the weights of the terms a feasible node matches, and prefers the nodes with more.
+    """
+
+    weight: Integer = Field(ge=1, le=100)
+    preference: NodeSelectorTerm
+
+
 class Placement(_Request):
-    """The pod's hard placement constraints; soft preferences are not part of v1."""
+    """The pod's hard placement constraints, and (v1.2) its weighted node preferences."""
 
     node_selector: dict[Annotated[str, Field(max_length=317)], LabelValue] = Field(
         default_factory=dict, max_length=256
     )
     required_node_affinity: list[NodeSelectorTerm] = Field(default_factory=list, max_length=64)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=256)
+    #: v1.2 (feature ``node-preferences``): soft, weighted node terms. ``None`` (absent) is not the
+    #: same as ``[]`` only in that it is left out of the JSON, so a v1.1 RM never sees the field
+    #: and fingerprints of requests without it are those of v1.1.
+    preferred_node_affinity: list[PreferredSchedulingTerm] | None = Field(default=None, max_length=64)
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_preferences(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.preferred_node_affinity is None:
+            data.pop("preferredNodeAffinity", None)
+            data.pop("preferred_node_affinity", None)
+        return data
 
     def affinity_terms(self) -> list[dict[str, Any]]:
         """The nodeSelectorTerms as plain dicts for :mod:`bindery.constraints`."""
@@ -176,6 +215,17 @@ class Placement(_Request):
 
     def toleration_dicts(self) -> list[dict[str, Any]]:
         return [toleration.model_dump(by_alias=True, exclude_none=True) for toleration in self.tolerations]
+
+    def preference_dicts(self) -> list[tuple[int, dict[str, Any]]]:
+        """The preferred terms as ``(weight, nodeSelectorTerm as a plain dict)``."""
+        return [
+            (term.weight, term.preference.model_dump(by_alias=True, exclude_none=True))
+            for term in self.preferred_node_affinity or ()
+        ]
+
+    def compares_tolerations(self) -> bool:
+        """Whether a toleration uses ``Gt`` or ``Lt`` (v1.2, feature ``toleration-comparisons``)."""
+        return any(toleration.operator in ("Gt", "Lt") for toleration in self.tolerations)
 
 
 def _check_quantities(resources: dict[str, str]) -> dict[str, str]:

@@ -51,6 +51,7 @@ from bindery.scheduling.framework import (
     Profile,
     ReservePlugin,
 )
+from bindery.scheduling.placementrules import PodPlacementRules
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.points import (
     run_bind,
@@ -109,10 +110,11 @@ class PluginChain:
 
 
 _VOLUMES = VolumeBinding()
-_DEFAULT_PRE_FILTER: tuple[PreFilterPlugin, ...] = (_VOLUMES,)
-# VolumeBinding after the RM's reservation: its unreserve (undo the claims' selected node) runs
-# before the release, in reverse order.
-_DEFAULT_RESERVE: tuple[ReservePlugin, ...] = (ResourceManagerReservation(), _VOLUMES)
+_RULES = PodPlacementRules()
+_DEFAULT_PRE_FILTER: tuple[PreFilterPlugin, ...] = (_VOLUMES, _RULES)
+# VolumeBinding and PodPlacementRules after the RM's reservation: their unreserve (undo the claims'
+# selected node, forget the assumed pod) runs before the release, in reverse order.
+_DEFAULT_RESERVE: tuple[ReservePlugin, ...] = (ResourceManagerReservation(), _RULES, _VOLUMES)
 _DEFAULT_PRE_BIND: tuple[PreBindPlugin, ...] = (PodStillPending(), NodeCheck(), _VOLUMES)
 _DEFAULT_BIND: tuple[BindPlugin, ...] = (DefaultBinder(),)
 _DEFAULT_POST_BIND: tuple[PostBindPlugin, ...] = (ScheduledEvent(), CommitReservation())

@@ -22,7 +22,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from bindery.rm.errors import RMError, RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
+from bindery.rm.errors import (
+    RMError,
+    RMFeatureMissing,
+    RMProtocolError,
+    RMRejected,
+    RMUnavailable,
+    RMUnschedulable,
+)
 from bindery.scheduling.ports import BindConflict, BindError, PodGone
 
 __all__ = [
@@ -169,6 +176,8 @@ def _classify(
     *, error: BaseException, rm_name: str, node: str | None
 ) -> tuple[FailureKind, str, float | None]:
     rm = f'resource manager "{rm_name}"'
+    if isinstance(error, RMFeatureMissing):
+        return FailureKind.RM_UNSCHEDULABLE, f"{rm} cannot take the pod: {error.reason}", error.retry_after
     if isinstance(error, RMUnschedulable):
         return (
             FailureKind.RM_UNSCHEDULABLE,

@@ -40,7 +40,8 @@ from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, CallStep, Lease, lease_from_answer, plan_call
-from bindery.scheduling.nodecheck import check_node
+from bindery.scheduling.nodecheck import NodeCheckMode, check_node, check_rules
+from bindery.scheduling.placementrules import VERDICT, rules_verdict
 from bindery.scheduling.podspec import reservation_request
 from bindery.scheduling.ports import BindConflict, BindError
 
@@ -295,6 +296,22 @@ class NodeCheck:
             rm_name=ctx.profile.name,
             mode=ctx.profile.node_check,
         )
+        placed = ctx.ports.placed
+        if (
+            problem is None
+            and ctx.profile.node_check is NodeCheckMode.FULL
+            and placed is not None
+            and (ctx.pod.rules or VERDICT in ctx.state)
+        ):
+            # The inter-pod rules again, against the placed pods as they are now: an RM that ignored
+            # the node constraints it was sent (or a pod bound meanwhile by another scheduler) is
+            # caught before the Binding, which no kubelet would check.
+            verdict = rules_verdict(ctx.pod, placed)
+            problem = (
+                None
+                if verdict is None
+                else check_rules(verdict, node_name=node_name, rm_name=ctx.profile.name)
+            )
         if problem is None:
             return Status.success()
         return Status.failed(
@@ -548,5 +565,6 @@ BUILTIN_NAMES: frozenset[str] = frozenset(
         DefaultBinder.name,
         ScheduledEvent.name,
         CommitReservation.name,
+        "PodPlacementRules",  # bindery.scheduling.placementrules (it imports this module)
     }
 )

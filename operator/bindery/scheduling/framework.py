@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         ConditionWriter,
         EventSink,
         NodeLookup,
+        PlacedPods,
         PodLookup,
         VolumeAccess,
     )
@@ -154,6 +155,9 @@ class Ports:
     #: Claims, volumes and storage classes (the VolumeBinding plugin); ``None`` where no adapter is
     #: wired, and then a pod with claims fails with an error rather than binding without volumes.
     volumes: VolumeAccess | None = None
+    #: Pods on nodes, for the inter-pod rules (PodPlacementRules); ``None`` where no watch is wired,
+    #: and then those rules are not evaluated.
+    placed: PlacedPods | None = None
 
 
 @runtime_checkable

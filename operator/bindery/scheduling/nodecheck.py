@@ -23,10 +23,11 @@ from bindery.constraints import (
     tolerates,
     untolerated_taints,
 )
+from bindery.podrules.filters import Verdict
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import NodeProjection
 
-__all__ = ["UNSCHEDULABLE_TAINT", "NodeCheckMode", "check_node", "format_taint"]
+__all__ = ["UNSCHEDULABLE_TAINT", "NodeCheckMode", "check_node", "check_rules", "format_taint"]
 
 #: The taint kube-scheduler's NodeUnschedulable plugin treats as "cordoned": a pod that tolerates
 #: it (a DaemonSet pod, typically) may go to a cordoned node.
@@ -86,6 +87,18 @@ def _full_checks(*, pod: PodInfo, node: NodeProjection, chose: str) -> str | Non
     if not matches_required_affinity(terms=pod.affinity_terms, labels=node.labels, node_name=node.name):
         return f"{chose} does not match the pod's required node affinity"
     return None
+
+
+def check_rules(verdict: Verdict, *, node_name: str, rm_name: str) -> str | None:
+    """``None`` if the inter-pod rules allow ``node_name``, else which rule refuses it."""
+    refusing = [effect.rule for effect in verdict.effects if node_name in effect.excluded]
+    if not refusing:
+        return None
+    return (
+        f'resource manager "{rm_name}" chose node "{node_name}", which the pod\'s {" and ".join(refusing)} '
+        "rules out (the RM did not honour the node constraints it was sent, or a pod placed meanwhile "
+        "changed them)"
+    )
 
 
 def _tolerates_cordon(tolerations: Sequence[Mapping[str, Any]]) -> bool:

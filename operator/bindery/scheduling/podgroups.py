@@ -207,9 +207,21 @@ def group_request(
     scheduler_name: str,
     ttl_seconds: int,
     attempt: int,
+    node_terms: Sequence[Sequence[Mapping[str, Any]]] | None = None,
 ) -> ReservationGroupRequest:
-    """The contract v1.1 request reserving every member of ``members`` or none."""
-    requests = [reservation_request(pod=pod, ttl_seconds=ttl_seconds) for pod in members]
+    """The contract v1.1 request reserving every member of ``members`` or none.
+
+    ``node_terms``: per member, the nodeSelectorTerms to send instead of its own required node
+    affinity (its inter-pod rules ANDed in, see :func:`bindery.scheduling.placementrules.member_node_terms`).
+    """
+    requests = [
+        reservation_request(
+            pod=pod,
+            ttl_seconds=ttl_seconds,
+            required_node_affinity=None if node_terms is None else node_terms[i],
+        )
+        for i, pod in enumerate(members)
+    ]
     return ReservationGroupRequest(
         group=GroupIdentity(
             namespace=group.namespace, name=group.name, uid=group.uid, scheduler_name=scheduler_name

@@ -4,7 +4,7 @@ A pod body is large and changes often (every status write produces a new one).  
 cycle keep a small immutable :class:`PodInfo` instead: identity, priority and age for ordering, the
 few flags that say whether the pod may be scheduled at all, and the pod's placement inputs already
 reduced to what the RM contract carries (effective requests, nodeSelector, required node affinity,
-tolerations).
+tolerations, and the weighted preferred node affinity of contract v1.2).
 
 :func:`effective_requests` computes the capacity a pod occupies exactly as the kubelet admits it
 and kube-scheduler accounts it (``k8s.io/component-helpers/resource.PodRequests``): regular
@@ -27,6 +27,8 @@ import pydantic
 
 from bindery import podresources
 from bindery.podresources import POD_LEVEL_RESOURCES
+from bindery.podrules.model import NO_RULES, PodRules
+from bindery.podrules.parse import pod_rules
 from bindery.quantity import format_quantity
 from bindery.rm.models import (
     NodeSelectorRequirement,
@@ -69,6 +71,9 @@ class PodInfo:
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     affinity_terms: tuple[Mapping[str, Any], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    #: ``preferredDuringSchedulingIgnoredDuringExecution`` of the pod's node affinity, as
+    #: ``(weight, nodeSelectorTerm)``: contract v1.2's ``placement.preferredNodeAffinity``.
+    preferred_terms: tuple[tuple[int, Mapping[str, Any]], ...] = ()
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: ``(reason, message)`` of the pod's current ``PodScheduled=False`` condition, if any, so that
     #: the cycle can skip rewriting an identical condition.
@@ -84,6 +89,9 @@ class PodInfo:
     #: ``spec.schedulingGroup.podGroupName``: the PodGroup (same namespace) this pod is a member
     #: of; such a pod is placed with its group (bindery.controller.podgroups), never on its own.
     scheduling_group: str | None = None
+    #: Required pod (anti-)affinity, DoNotSchedule spread and host ports (bindery.podrules);
+    #: ``NO_RULES`` for most pods.
+    rules: PodRules = NO_RULES
 
     @property
     def key(self) -> str:
@@ -107,7 +115,9 @@ class PodInfo:
             tuple(sorted(self.node_selector.items())),
             repr(self.affinity_terms),
             repr(self.tolerations),
+            repr(self.preferred_terms),
             self.gated,
+            self.rules,
         )
 
     @classmethod
@@ -140,9 +150,9 @@ class PodInfo:
         metadata: Mapping[str, Any] = body.get("metadata") or {}
         spec: Mapping[str, Any] = body.get("spec") or {}
         status: Mapping[str, Any] = body.get("status") or {}
-        affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        ) or {}
+        node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+        affinity = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+        preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
         return cls(
             uid=str(metadata.get("uid") or ""),
             namespace=str(metadata.get("namespace") or ""),
@@ -157,6 +167,9 @@ class PodInfo:
             node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
             affinity_terms=tuple(dict(term) for term in affinity.get("nodeSelectorTerms") or ()),
             tolerations=tuple(dict(toleration) for toleration in spec.get("tolerations") or ()),
+            preferred_terms=tuple(
+                (int(item.get("weight") or 0), dict(item.get("preference") or {})) for item in preferred
+            ),
             labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
             unschedulable_condition=_unschedulable_condition(status),
             resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
@@ -165,10 +178,11 @@ class PodInfo:
             scheduling_group=str(group)
             if (group := (spec.get("schedulingGroup") or {}).get("podGroupName"))
             else None,
+            rules=pod_rules(body),
         )
 
 
-def _max_items(model: type[pydantic.BaseModel], field: str) -> int:
+def max_items(model: type[pydantic.BaseModel], field: str) -> int:
     """The contract's cap on the length of `model.field` (its ``max_length``), read from the model
     so that the check here and the validation of the request cannot disagree."""
     for constraint in model.model_fields[field].metadata:
@@ -188,11 +202,20 @@ _CAPPED: tuple[tuple[str, type[pydantic.BaseModel], str], ...] = (
         Placement,
         "required_node_affinity",
     ),
+    (
+        "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution",
+        Placement,
+        "preferred_node_affinity",
+    ),
 )
 
 
 def beyond_contract(body: Mapping[str, Any]) -> str | None:
     """Pure: why the pod cannot be carried by a reservation request of contract v1, or None.
+
+    Also refused: a pod with DRA ``spec.resourceClaims``. Bindery does not allocate claims (the
+    kube-scheduler DynamicResources plugin does, at Reserve), and binding such a pod leaves it
+    ContainerCreating forever; a refusal names the field instead.
 
     Only counts are read (nothing is copied), so that a pod with 20,000 tolerations (1.5 MB of JSON)
     is refused without being projected: a projection would keep every one of them for as long as
@@ -201,31 +224,52 @@ def beyond_contract(body: Mapping[str, Any]) -> str | None:
     """
     metadata: Mapping[str, Any] = body.get("metadata") or {}
     spec: Mapping[str, Any] = body.get("spec") or {}
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
     values: dict[str, Any] = {
         "spec.tolerations": spec.get("tolerations"),
         "spec.nodeSelector": spec.get("nodeSelector"),
         "metadata.labels": metadata.get("labels"),
         _CAPPED[3][0]: required.get("nodeSelectorTerms"),
+        _CAPPED[4][0]: preferred,
     }
+    claims = spec.get("resourceClaims") or ()
+    if claims:
+        return _unallocatable_claims(claims)
     for path, model, field in _CAPPED:
         found = len(values[path] or ())
-        cap = _max_items(model, field)
+        cap = max_items(model, field)
         if found > cap:
             return _too_many(path=path, found=found, cap=cap)
-    terms_path = _CAPPED[3][0]
-    for i, term in enumerate(values[terms_path] or ()):
+    terms = [(f"{_CAPPED[3][0]}[{i}]", term) for i, term in enumerate(values[_CAPPED[3][0]] or ())]
+    terms += [
+        (f"{_CAPPED[4][0]}[{i}].preference", item.get("preference") or {}) for i, item in enumerate(preferred)
+    ]
+    for term_path, term in terms:
         for key, field in (("matchExpressions", "match_expressions"), ("matchFields", "match_fields")):
             requirements = term.get(key) or ()
-            if len(requirements) > (cap := _max_items(NodeSelectorTerm, field)):
-                return _too_many(path=f"{terms_path}[{i}].{key}", found=len(requirements), cap=cap)
+            if len(requirements) > (cap := max_items(NodeSelectorTerm, field)):
+                return _too_many(path=f"{term_path}.{key}", found=len(requirements), cap=cap)
             for j, requirement in enumerate(requirements):
                 found = len(requirement.get("values") or ())
-                if found > (cap := _max_items(NodeSelectorRequirement, "values")):
-                    return _too_many(path=f"{terms_path}[{i}].{key}[{j}].values", found=found, cap=cap)
+                if found > (cap := max_items(NodeSelectorRequirement, "values")):
+                    return _too_many(path=f"{term_path}.{key}[{j}].values", found=found, cap=cap)
     return None
+
+
+def _unallocatable_claims(claims: Sequence[Mapping[str, Any]]) -> str:
+    """Why a pod with DRA claims is refused: binding it would leave its claims unallocated."""
+    names = ", ".join(str(claim.get("name") or "?") for claim in claims[:5]) + (
+        ", ..." if len(claims) > 5 else ""
+    )
+    plural = "claim" if len(claims) == 1 else "claims"
+    return (
+        f"spec.resourceClaims names {len(claims)} DRA resource {plural} ({names}); Bindery does not "
+        "allocate DynamicResourceAllocation claims, and a pod bound with unallocated claims never "
+        "starts, so it does not schedule this pod; give it schedulerName default-scheduler (kube-"
+        "scheduler allocates the claims), or remove its resourceClaims"
+    )
 
 
 def _too_many(*, path: str, found: int, cap: int) -> str:
@@ -290,13 +334,17 @@ def reservation_request(
     ANDs PreFilter constraints such as volume topology into them).
     """
     terms = pod.affinity_terms if required_node_affinity is None else required_node_affinity
-    placement = Placement.model_validate(
-        {
-            "nodeSelector": dict(pod.node_selector),
-            "requiredNodeAffinity": [dict(term) for term in terms],
-            "tolerations": [_contract_toleration(t) for t in pod.tolerations],
-        }
-    )
+    fields: dict[str, Any] = {
+        "nodeSelector": dict(pod.node_selector),
+        "requiredNodeAffinity": [dict(term) for term in terms],
+        "tolerations": [_contract_toleration(t) for t in pod.tolerations],
+    }
+    if pod.preferred_terms:
+        # Contract v1.2 (feature node-preferences): the client leaves it out for an RM without it.
+        fields["preferredNodeAffinity"] = [
+            {"weight": weight, "preference": dict(term)} for weight, term in pod.preferred_terms
+        ]
+    placement = Placement.model_validate(fields)
     return ReservationRequest(
         pod=PodIdentity(
             uid=pod.uid,

@@ -13,10 +13,12 @@ adapter and is reported as a scheduler error.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from bindery.podrules.model import PlacedPod
+    from bindery.scheduling.placementrules import InFlight
     from bindery.scheduling.podspec import PodInfo
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "EventSink",
     "NodeLookup",
     "NodeProjection",
+    "PlacedPods",
     "PodGone",
     "PodLookup",
     "VolumeAccess",
@@ -62,6 +65,46 @@ class NodeLookup(Protocol):
     """Nodes by name, answered from memory (a Kopf index on Nodes), never by an API read."""
 
     def get(self, name: str) -> NodeProjection | None: ...
+
+
+class PlacedPods(Protocol):
+    """The pods on nodes (bound by anyone, or assumed by a cycle of this process), from a watch.
+
+    What kube-scheduler's inter-pod filters read (bindery.podrules.filters.PlacedView), plus the
+    assume cache: a pod whose reservation names a node is counted there until the watch sees it
+    bound, or its cycle fails and forgets it.
+    """
+
+    @property
+    def in_flight(self) -> InFlight: ...
+
+    async def wait_synced(self, seconds: float) -> bool:
+        """Wait (bounded) until the watch listed every pod on a node; whether it has."""
+        ...
+
+    def in_namespace(self, namespace: str) -> Iterable[PlacedPod]: ...
+
+    def namespaces(self) -> Iterable[str]: ...
+
+    def with_anti_affinity(self) -> Iterable[PlacedPod]: ...
+
+    def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]: ...
+
+    def with_host_ports(self) -> Iterable[PlacedPod]: ...
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """The namespace's labels (for namespaceSelector), or None while unknown."""
+        ...
+
+    def nodes(self) -> Sequence[NodeProjection]:
+        """Every node the node watch knows."""
+        ...
+
+    def assume(self, pod: PlacedPod) -> None: ...
+
+    def forget(self, uid: str) -> None:
+        """Drop an assumed pod (its cycle failed); a pod the watch saw bound stays."""
+        ...
 
 
 class PodLookup(Protocol):

@@ -13,7 +13,7 @@ where one tenant could starve another:
   seconds, capped (1 s to 10 s by default, per ResourceManager), or longer if the RM asked for it
   (``Retry-After``), at most :data:`MAX_PARKED_SECONDS`.
 * **Unschedulable pool.**  A pod the RM found no room for is parked until an event that could make
-  it fit: :meth:`SchedulingQueue.move_all_to_active` (a reservation released, a served pod gone), a
+  it fit: :meth:`SchedulingQueue.move_all_to_active` (a reservation released, a Node added or changed), a
   change of the pod itself that affects placement, the RM's retry hint, or
   :data:`MAX_PARKED_SECONDS` (kube-scheduler's unschedulablePods pool and its
   ``podMaxInUnschedulablePodsDuration``, 5 minutes); never on the backoff timer alone, which made

@@ -39,11 +39,15 @@ from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDU
 from bindery.scheduling.defaults import COMMIT_FAILED
 from bindery.scheduling.framework import CycleContext, Ports, Profile
 from bindery.scheduling.lease import lease_from_answer
+from bindery.scheduling.placementrules import PodPlacementRules, member_node_terms
 from bindery.scheduling.podgroups import PodGroupInfo, group_request, unsupported
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.points import run_bind, run_post_bind, run_pre_bind, run_unreserve
 from bindery.scheduling.traced import traced
 from bindery.typedefs import Logger
+
+#: The inter-pod rules' assume and forget, for the members (their PreFilter is member_node_terms).
+_RULES = PodPlacementRules()
 
 if TYPE_CHECKING:
     from bindery.controller.podgroups.coordinator import GroupState
@@ -98,12 +102,18 @@ class Placement:
         if refusal is not None:
             await self._reporter.fail(info, members, refusal, reason=REASON_SCHEDULER_ERROR, started=started)
             return profile.backoff_max_seconds
+        node_terms, refusal = member_node_terms(members, self._ports().placed)
+        if refusal is not None:  # the members' inter-pod rules leave no node: nothing is reserved
+            message = f'pod group "{info.key}" was not placed: {refusal}'
+            await self._reporter.fail(info, members, message, reason=REASON_UNSCHEDULABLE, started=started)
+            return self._backoff(group)
         request = group_request(
             group=info,
             members=members,
             scheduler_name=members[0].scheduler_name,
             ttl_seconds=profile.reservation_ttl_seconds,
             attempt=group.attempt,
+            node_terms=node_terms,
         )
         sent_at, sent_at_wall = profile.clock(), datetime.datetime.now(datetime.UTC)
         try:
@@ -161,11 +171,17 @@ class Placement:
         contexts = [
             CycleContext(pod=m.pod, profile=profile, ports=ports, reservation=m.reservation) for m in pairs
         ]
+        # Every member assumed on its node first, so that NodeCheck's second look at the inter-pod
+        # rules sees the other members too (a rule between members was not sent to the RM).
+        for ctx in contexts:
+            await _RULES.reserve(ctx=ctx)
         checks = await asyncio.gather(*(run_pre_bind(ctx=ctx, plugins=chain.pre_bind) for ctx in contexts))
         failed = [
             (ctx, failure) for ctx, failure in zip(contexts, checks, strict=True) if failure is not None
         ]
         if failed:
+            for ctx in contexts:
+                await _RULES.unreserve(ctx=ctx)
             await self.release_group(group_id, info=info)
             group.attempt += 1
             first_ctx, first = failed[0]

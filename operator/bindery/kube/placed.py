@@ -1,0 +1,159 @@
+"""PlacedPodCache: the pods on nodes, as the inter-pod rules read them (the PlacedPods port).
+
+Fed by the placed-pod watch (bindery.controller.watches.placed: every pod with ``spec.nodeName``
+set, whoever bound it) and by the cycles' assume/forget. It keeps one frozen
+:class:`~bindery.podrules.model.PlacedPod` per pod (namespace, labels, node, host ports, required
+anti-affinity terms), indexed by namespace, plus the few pods with anti-affinity or host ports, so
+that a pod without rules costs one emptiness check. A pod that finished (Succeeded/Failed) or was
+deleted leaves the cache; a pod assumed by a cycle is replaced by its watched copy once seen bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from bindery.podrules.model import PlacedPod
+from bindery.podrules.parse import placed_pod
+from bindery.scheduling.placementrules import InFlight
+from bindery.scheduling.ports import NodeProjection
+
+__all__ = ["PlacedPodCache"]
+
+
+class PlacedPodCache:
+    def __init__(
+        self,
+        *,
+        nodes: Callable[[], Sequence[NodeProjection]] = list,
+        namespace_labels: Callable[[str], Mapping[str, str] | None] = lambda namespace: None,
+        synced: bool = True,
+    ) -> None:
+        """`synced` False: the cache waits for its watch's first list (`mark_synced`)."""
+        self._pods: dict[str, PlacedPod] = {}
+        self._by_namespace: dict[str, dict[str, PlacedPod]] = {}
+        self._anti: dict[str, PlacedPod] = {}
+        #: pods with anti-affinity by the namespaces it reaches: their own (every term without
+        #: namespaces or namespaceSelector), or any (``None``); the symmetry check reads only these
+        self._anti_toward: dict[str | None, dict[str, PlacedPod]] = {}
+        self._ports: dict[str, PlacedPod] = {}
+        self._nodes = nodes
+        self._namespace_labels = namespace_labels
+        self._in_flight = InFlight()
+        self.lists = 0  #: completed lists of the watch (tests wait on it)
+        self._synced = asyncio.Event()
+        if synced:
+            self._synced.set()
+
+    # -- the port ---------------------------------------------------------------------------------
+
+    async def wait_synced(self, seconds: float) -> bool:
+        if not self._synced.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await self._synced.wait()
+        return self._synced.is_set()
+
+    def mark_synced(self) -> None:
+        """Every scope of the watch listed: the cache holds every pod on a node."""
+        self.lists += 1
+        self._synced.set()
+
+    @property
+    def in_flight(self) -> InFlight:
+        return self._in_flight
+
+    def in_namespace(self, namespace: str) -> Iterable[PlacedPod]:
+        return (self._by_namespace.get(namespace) or {}).values()
+
+    def namespaces(self) -> Iterable[str]:
+        return self._by_namespace.keys()
+
+    def with_anti_affinity(self) -> Iterable[PlacedPod]:
+        return self._anti.values()
+
+    def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]:
+        """The pods whose anti-affinity may select a pod of `namespace` (superset)."""
+        local = self._anti_toward.get(namespace)
+        wide = self._anti_toward.get(None)
+        if not wide:
+            return local.values() if local else ()
+        return [*(local or {}).values(), *wide.values()]
+
+    def with_host_ports(self) -> Iterable[PlacedPod]:
+        return self._ports.values()
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        return self._namespace_labels(namespace)
+
+    def nodes(self) -> Sequence[NodeProjection]:
+        return self._nodes()
+
+    def assume(self, pod: PlacedPod) -> None:
+        current = self._pods.get(pod.uid)
+        if current is not None and not current.assumed:
+            return  # the watch already saw it bound: that copy is the truth
+        self._put(pod)
+
+    def forget(self, uid: str) -> None:
+        current = self._pods.get(uid)
+        if current is not None and current.assumed:
+            self._remove(uid)
+
+    # -- the watch --------------------------------------------------------------------------------
+
+    def on_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A watched pod with ``spec.nodeName`` set (any scheduler's), or its deletion."""
+        uid = str((body.get("metadata") or {}).get("uid") or "")
+        if not uid:
+            return
+        projection = None if event_type == "DELETED" else placed_pod(body)
+        if projection is None:
+            self._remove(uid)
+        else:
+            self._put(projection)
+
+    def get(self, uid: str) -> PlacedPod | None:
+        return self._pods.get(uid)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def _put(self, pod: PlacedPod) -> None:
+        old = self._pods.get(pod.uid)
+        if old is not None and old.namespace != pod.namespace:
+            self._remove(pod.uid)
+        self._pods[pod.uid] = pod
+        self._by_namespace.setdefault(pod.namespace, {})[pod.uid] = pod
+        for index, has in ((self._anti, pod.anti_affinity), (self._ports, pod.host_ports)):
+            if has:
+                index[pod.uid] = pod
+            else:
+                index.pop(pod.uid, None)
+        self._drop_toward(pod.uid, old)
+        if pod.anti_affinity:
+            local = all(not t.namespaces and t.namespace_selector is None for t in pod.anti_affinity)
+            self._anti_toward.setdefault(pod.namespace if local else None, {})[pod.uid] = pod
+
+    def _drop_toward(self, uid: str, old: PlacedPod | None) -> None:
+        if old is None or not old.anti_affinity:
+            return
+        for key in (old.namespace, None):
+            bucket = self._anti_toward.get(key)
+            if bucket is not None and bucket.pop(uid, None) is not None and not bucket:
+                del self._anti_toward[key]
+
+    def _remove(self, uid: str) -> None:
+        pod = self._pods.pop(uid, None)
+        if pod is None:
+            return
+        in_namespace = self._by_namespace.get(pod.namespace)
+        if in_namespace is not None:
+            in_namespace.pop(uid, None)
+            if not in_namespace:
+                del self._by_namespace[pod.namespace]
+        self._anti.pop(uid, None)
+        self._ports.pop(uid, None)
+        self._drop_toward(uid, pod)

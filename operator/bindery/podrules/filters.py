@@ -1,0 +1,425 @@
+"""kube-scheduler v1.36's inter-pod filters, evaluated once per pod and expressed as node affinity.
+
+kube-scheduler runs its filters node by node. Bindery does not pick the node (the RM does), so it
+evaluates each rule over every node at once and hands the RM the result in the language the
+contract already speaks: a nodeSelectorTerm over topology labels and node names. Each rule becomes
+requirements on its own topology key, so the RM needs no knowledge of pods or labels:
+
+* **InterPodAffinity** (``pkg/scheduler/framework/plugins/interpodaffinity/filtering.go``):
+  - the incoming pod's required anti-affinity (``satisfyPodAntiAffinity``) and the existing pods'
+    required anti-affinity against the incoming pod (``satisfyExistingPodsAntiAffinity``, the
+    symmetry) forbid the topology values where a matching pod runs: ``key NotIn (values)``, which
+    nodes without the key satisfy, as upstream;
+  - the incoming pod's required affinity (``satisfyPodAffinity``): an existing pod counts only if it
+    matches *all* the terms (``updateWithAffinityTerms``), and a node needs every term's key with a
+    count above zero: ``key In (values)``. The first pod of a group with affinity to itself (no pod
+    matches, the pod matches its own terms) may go to any node carrying the keys: ``key Exists``.
+* **PodTopologySpread**, ``whenUnsatisfiable: DoNotSchedule``
+  (``podtopologyspread/filtering.go`` ``calPreFilterState`` and ``Filter``): domains are the values
+  of the key on eligible nodes (every constraint's key present, ``nodeAffinityPolicy`` Honor: the
+  pod's nodeSelector and required node affinity match, ``nodeTaintsPolicy`` Honor: its taints are
+  tolerated); pods counted are the same namespace's, matching the selector, not terminating
+  (``common.go`` ``countPodsMatchSelector``); the minimum is 0 while fewer than ``minDomains``
+  domains exist; a value is allowed when ``count + selfMatch - min <= maxSkew``. Written as
+  ``key In (allowed)``, or ``key Exists`` + ``key NotIn (refused)`` when that is shorter (a
+  hostname spread over hundreds of nodes).
+* **NodePorts** (``nodeports/node_ports.go``, ``fitsPorts`` → ``HostPortInfo.CheckConflict``): a node
+  where a pod holds the same port and protocol on the same address, or where either side binds
+  ``0.0.0.0``, is excluded by name: ``metadata.name NotIn (node)``, one requirement per node, as
+  Kubernetes allows one value per ``metadata.name`` requirement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from bindery.constraints import (
+    matches_node_selector,
+    matches_required_affinity,
+    untolerated_taints,
+)
+from bindery.podrules.model import (
+    AffinityTerm,
+    NamespaceLabels,
+    NodeFacts,
+    PlacedPod,
+    PodRules,
+    SpreadConstraint,
+)
+
+__all__ = ["Incoming", "PlacedView", "RuleEffect", "Verdict", "evaluate"]
+
+ANTI_AFFINITY = "pod anti-affinity"
+AFFINITY = "pod affinity"
+SPREAD = "topology spread"
+PORTS = "host ports"
+_SHOWN = 5  # node names listed in a message before "and N more"
+#: Values per requirement the contract carries (NodeSelectorRequirement.values, contract v1). A longer
+#: NotIn is split into several requirements on the same key (ANDed, so the same set of nodes).
+VALUES_CAP = 256
+
+
+class PlacedView(Protocol):
+    """The pods already on nodes (bound, or assumed by a running cycle), indexed for the filters."""
+
+    def in_namespace(self, namespace: str) -> Iterable[PlacedPod]: ...
+
+    def namespaces(self) -> Iterable[str]: ...
+
+    def with_anti_affinity(self) -> Iterable[PlacedPod]: ...
+
+    def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]:
+        """The pods with anti-affinity that may select a pod of `namespace` (a superset is fine)."""
+        ...
+
+    def with_host_ports(self) -> Iterable[PlacedPod]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Incoming:
+    """The pod being scheduled, as the filters read it."""
+
+    namespace: str
+    labels: Mapping[str, str]
+    rules: PodRules
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: The pod's own required node affinity (nodeSelectorTerms).
+    node_terms: tuple[Mapping[str, Any], ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    #: Its own entry among the placed pods (assumed by an earlier cycle of it) is not counted.
+    uid: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RuleEffect:
+    """What one rule requires of the node, as requirements of one nodeSelectorTerm."""
+
+    rule: str
+    expressions: tuple[Mapping[str, Any], ...] = ()
+    fields: tuple[Mapping[str, Any], ...] = ()
+    #: The known nodes these requirements rule out, sorted.
+    excluded: tuple[str, ...] = ()
+    #: One line for ``bindery explain`` (``zone spread allows zones a, c``).
+    summary: str = ""
+
+    def term(self) -> dict[str, Any]:
+        term: dict[str, Any] = {}
+        if self.expressions:
+            term["matchExpressions"] = [dict(e) for e in self.expressions]
+        if self.fields:
+            term["matchFields"] = [dict(f) for f in self.fields]
+        return term
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """Every rule's effect, and whether any node is left."""
+
+    effects: tuple[RuleEffect, ...] = ()
+    #: How many nodes were known (0: the node watch has not listed; nothing is refused then).
+    known: int = 0
+    #: Nodes the pod's own nodeSelector and required node affinity allow, sorted.
+    candidates: tuple[str, ...] = ()
+
+    def term(self) -> dict[str, Any] | None:
+        """All effects as one nodeSelectorTerm (requirements ANDed); None without any."""
+        expressions = [dict(e) for effect in self.effects for e in effect.expressions]
+        fields = [dict(f) for effect in self.effects for f in effect.fields]
+        if not expressions and not fields:
+            return None
+        term: dict[str, Any] = {}
+        if expressions:
+            term["matchExpressions"] = expressions
+        if fields:
+            term["matchFields"] = fields
+        return term
+
+    def refusal(self) -> str | None:
+        """Why no node is left, naming the rules (None: some node is left, or nodes are unknown)."""
+        if not self.known or not self.effects:
+            return None
+        candidates = set(self.candidates)
+        excluded = {effect.rule: set(effect.excluded) & candidates for effect in self.effects}
+        if candidates - set().union(*excluded.values()):
+            return None
+        total = len(candidates)
+        if not total:
+            return None  # the pod's own node constraints leave nothing: the RM says so
+        nodes = "node" if total == 1 else "nodes"
+        for rule, names in excluded.items():
+            if len(names) == total:
+                return f"{rule} excludes all {total} {nodes} the pod may run on" + _listed(names)
+        parts = [
+            f"{rule} excludes {len(names)} of {total}{_listed(names)}"
+            for rule, names in excluded.items()
+            if names
+        ]
+        return f"no node satisfies the pod's placement rules together: {'; '.join(parts)}"
+
+
+def _listed(names: Iterable[str]) -> str:
+    ordered = sorted(names)
+    shown = ", ".join(ordered[:_SHOWN])
+    more = f" and {len(ordered) - _SHOWN} more" if len(ordered) > _SHOWN else ""
+    return f" ({shown}{more})" if ordered else ""
+
+
+def evaluate(
+    *,
+    pod: Incoming,
+    placed: PlacedView,
+    nodes: Sequence[NodeFacts],
+    namespace_labels: NamespaceLabels,
+) -> Verdict:
+    """Pure: the node requirements the pod's rules, and existing pods' anti-affinity, impose."""
+    by_name = {node.name: node for node in nodes}
+    effects: list[RuleEffect] = []
+    anti = _anti_affinity(pod=pod, placed=placed, by_name=by_name, namespace_labels=namespace_labels)
+    if anti:
+        effects.append(_effect(ANTI_AFFINITY, nodes, expressions=anti))
+    if pod.rules.affinity:
+        expressions = _affinity(pod=pod, placed=placed, by_name=by_name, namespace_labels=namespace_labels)
+        effects.append(_effect(AFFINITY, nodes, expressions=expressions))
+    for constraint in pod.rules.spread:
+        expressions, summary = _spread(
+            pod=pod, constraint=constraint, placed=placed, nodes=nodes, by_name=by_name
+        )
+        effects.append(_effect(SPREAD, nodes, expressions=expressions, summary=summary))
+    if pod.rules.host_ports:
+        conflicting = _port_conflicts(pod=pod, placed=placed)
+        if conflicting:
+            fields = tuple({"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in conflicting)
+            effects.append(_effect(PORTS, nodes, fields=fields))
+    candidates = tuple(
+        sorted(
+            node.name
+            for node in nodes
+            if matches_node_selector(node_selector=pod.node_selector, labels=node.labels)
+            and matches_required_affinity(terms=pod.node_terms, labels=node.labels, node_name=node.name)
+        )
+    )
+    return Verdict(effects=tuple(effects), known=len(nodes), candidates=candidates)
+
+
+def _effect(
+    rule: str,
+    nodes: Sequence[NodeFacts],
+    *,
+    expressions: Sequence[Mapping[str, Any]] = (),
+    fields: Sequence[Mapping[str, Any]] = (),
+    summary: str = "",
+) -> RuleEffect:
+    allows = _compiled(expressions, fields)
+    excluded = tuple(sorted(n.name for n in nodes if not allows(n)))
+    if not summary:
+        summary = f"{rule} excludes {len(excluded)} node{'' if len(excluded) == 1 else 's'}"
+        if excluded:
+            summary += ": " + _listed(excluded)[2:-1]
+    return RuleEffect(
+        rule=rule, expressions=tuple(expressions), fields=tuple(fields), excluded=excluded, summary=summary
+    )
+
+
+def _compiled(
+    expressions: Sequence[Mapping[str, Any]], fields: Sequence[Mapping[str, Any]]
+) -> Callable[[NodeFacts], bool]:
+    """The requirements this module writes (In, NotIn, Exists, DoesNotExist; metadata.name In/NotIn)
+    as one predicate over nodes, with value sets: the same answer as
+    :func:`bindery.constraints.matches_term` on them, without its per-call list scans (a hostname
+    NotIn of hundreds of values, tested against hundreds of nodes, was 90% of a cycle's CPU)."""
+    checks = [(str(e["key"]), str(e["operator"]), frozenset(e.get("values") or ())) for e in expressions] + [
+        ("", str(f["operator"]), frozenset(f.get("values") or ())) for f in fields
+    ]
+
+    def allows(node: NodeFacts) -> bool:
+        for key, operator, values in checks:
+            value = node.labels.get(key) if key else node.name
+            if operator == "In":
+                ok = value is not None and value in values
+            elif operator == "NotIn":
+                ok = value is None or value not in values
+            elif operator == "Exists":
+                ok = value is not None
+            else:  # DoesNotExist
+                ok = value is None
+            if not ok:
+                return False
+        return True
+
+    return allows
+
+
+#: Requirements no node satisfies (a key both present and absent): the rule allows no node.
+def _nowhere(key: str) -> list[Mapping[str, Any]]:
+    return [{"key": key, "operator": "Exists"}, {"key": key, "operator": "DoesNotExist"}]
+
+
+def _not_in(key: str, values: Sequence[str]) -> list[Mapping[str, Any]]:
+    return [
+        {"key": key, "operator": "NotIn", "values": list(values[i : i + VALUES_CAP])}
+        for i in range(0, len(values), VALUES_CAP)
+    ]
+
+
+def _in(key: str, allowed: Sequence[str], refused: Sequence[str]) -> list[Mapping[str, Any]]:
+    """Nodes whose `key` is one of `allowed`: ``In``, or ``Exists`` + ``NotIn (refused)`` when that is
+    shorter or ``allowed`` is past the contract's cap (``refused``: the other values nodes carry)."""
+    if len(allowed) <= VALUES_CAP and len(allowed) <= len(refused) + 1:
+        return [{"key": key, "operator": "In", "values": list(allowed)}]
+    return [{"key": key, "operator": "Exists"}, *_not_in(key, refused)]
+
+
+def _scope(
+    term: AffinityTerm, *, owner: str, placed: PlacedView, namespace_labels: NamespaceLabels
+) -> Iterable[str]:
+    if not term.namespaces and term.namespace_selector is None:
+        return (owner,)
+    return [
+        ns
+        for ns in placed.namespaces()
+        if term.in_scope(ns, owner_namespace=owner, namespace_labels=namespace_labels)
+    ]
+
+
+def _anti_affinity(
+    *, pod: Incoming, placed: PlacedView, by_name: Mapping[str, NodeFacts], namespace_labels: NamespaceLabels
+) -> list[Mapping[str, Any]]:
+    forbidden: dict[str, set[str]] = defaultdict(set)
+    # The incoming pod's terms against existing pods (satisfyPodAntiAffinity).
+    for term in pod.rules.anti_affinity:
+        for namespace in _scope(term, owner=pod.namespace, placed=placed, namespace_labels=namespace_labels):
+            for other in placed.in_namespace(namespace):
+                node = by_name.get(other.node)
+                if node is None or other.uid == pod.uid or term.topology_key not in node.labels:
+                    continue
+                if term.selector.matches(other.labels):
+                    forbidden[term.topology_key].add(node.labels[term.topology_key])
+    # Existing pods' terms against the incoming pod (satisfyExistingPodsAntiAffinity).
+    for other in placed.anti_affinity_toward(pod.namespace):
+        node = by_name.get(other.node)
+        if node is None or other.uid == pod.uid:
+            continue
+        for term in other.anti_affinity:
+            if term.topology_key in node.labels and term.matches(
+                namespace=pod.namespace,
+                labels=pod.labels,
+                owner_namespace=other.namespace,
+                namespace_labels=namespace_labels,
+            ):
+                forbidden[term.topology_key].add(node.labels[term.topology_key])
+    return [
+        requirement
+        for key, values in sorted(forbidden.items())
+        for requirement in _not_in(key, sorted(values))
+    ]
+
+
+def _affinity(
+    *, pod: Incoming, placed: PlacedView, by_name: Mapping[str, NodeFacts], namespace_labels: NamespaceLabels
+) -> list[Mapping[str, Any]]:
+    terms = pod.rules.affinity
+    scopes = [
+        set(_scope(t, owner=pod.namespace, placed=placed, namespace_labels=namespace_labels)) for t in terms
+    ]
+    counts: dict[str, set[str]] = defaultdict(set)  # key → values where a pod matching all terms runs
+    for namespace in set().union(*scopes):
+        for other in placed.in_namespace(namespace):
+            node = by_name.get(other.node)
+            if node is None or other.uid == pod.uid:
+                continue
+            if all(
+                namespace in scope and t.selector.matches(other.labels)
+                for t, scope in zip(terms, scopes, strict=True)
+            ):
+                for t in terms:
+                    if t.topology_key in node.labels:
+                        counts[t.topology_key].add(node.labels[t.topology_key])
+    keys = sorted({t.topology_key for t in terms})
+    values_of = {key: {n.labels[key] for n in by_name.values() if key in n.labels} for key in keys}
+    if counts:
+        return [
+            requirement
+            for key in keys
+            for requirement in (
+                _in(key, sorted(counts[key]), sorted(values_of[key] - counts[key]))
+                if counts.get(key)
+                else _nowhere(key)
+            )
+        ]
+    self_match = all(
+        t.matches(
+            namespace=pod.namespace,
+            labels=pod.labels,
+            owner_namespace=pod.namespace,
+            namespace_labels=namespace_labels,
+        )
+        for t in terms
+    )
+    if self_match:  # the first pod of a group with affinity to itself
+        return [{"key": key, "operator": "Exists"} for key in keys]
+    return _nowhere(keys[0])
+
+
+def _eligible(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts) -> bool:
+    """matchNodeInclusionPolicies, and every constraint's key present (nodeLabelsMatchSpreadConstraints)."""
+    if not all(c.topology_key in node.labels for c in pod.rules.spread):
+        return False
+    if constraint.honor_node_affinity and not (
+        matches_node_selector(node_selector=pod.node_selector, labels=node.labels)
+        and matches_required_affinity(terms=pod.node_terms, labels=node.labels, node_name=node.name)
+    ):
+        return False
+    return not (
+        constraint.honor_taints and untolerated_taints(taints=node.taints, tolerations=pod.tolerations)
+    )
+
+
+def _spread(
+    *,
+    pod: Incoming,
+    constraint: SpreadConstraint,
+    placed: PlacedView,
+    nodes: Sequence[NodeFacts],
+    by_name: Mapping[str, NodeFacts],
+) -> tuple[list[Mapping[str, Any]], str]:
+    key = constraint.topology_key
+    eligible = {node.name for node in nodes if _eligible(pod, constraint, node)}
+    counts: dict[str, int] = {by_name[name].labels[key]: 0 for name in eligible}
+    if not constraint.selector.empty:
+        for other in placed.in_namespace(pod.namespace):
+            if other.terminating or other.node not in eligible or other.uid == pod.uid:
+                continue
+            if constraint.selector.matches(other.labels):
+                counts[by_name[other.node].labels[key]] += 1
+    minimum = min(counts.values(), default=0) if len(counts) >= constraint.min_domains else 0
+    self_match = 1 if constraint.selector.matches(pod.labels) else 0
+    values = sorted({node.labels[key] for node in nodes if key in node.labels})
+    allowed = [v for v in values if counts.get(v, 0) + self_match - minimum <= constraint.max_skew]
+    refused = [v for v in values if v not in allowed]
+    short = key.rsplit("/", 1)[-1]
+    if not allowed:
+        return _nowhere(key), f"{short} spread (maxSkew {constraint.max_skew}) allows no {short}"
+    summary = f"{short} spread (maxSkew {constraint.max_skew}) allows {short}s {', '.join(allowed[:_SHOWN])}"
+    if len(allowed) > _SHOWN:
+        summary += f" and {len(allowed) - _SHOWN} more"
+    if refused and len(refused) < len(allowed):
+        return [
+            {"key": key, "operator": "Exists"},
+            {"key": key, "operator": "NotIn", "values": refused},
+        ], summary
+    return [{"key": key, "operator": "In", "values": allowed}], summary
+
+
+def _port_conflicts(*, pod: Incoming, placed: PlacedView) -> list[str]:
+    wanted = pod.rules.host_ports
+    return sorted(
+        {
+            other.node
+            for other in placed.with_host_ports()
+            if other.uid != pod.uid
+            and any(mine.conflicts(theirs) for mine in wanted for theirs in other.host_ports)
+        }
+    )

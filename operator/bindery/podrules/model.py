@@ -1,0 +1,193 @@
+"""Slim, frozen projections of what the inter-pod rules read: selectors, terms, spread, host ports.
+
+A bound pod is kept in memory for as long as it runs (tens of thousands of them), so
+:class:`PlacedPod` holds only what kube-scheduler's InterPodAffinity, PodTopologySpread and
+NodePorts filters read of an existing pod: identity, namespace, labels, node, host ports and its
+required anti-affinity terms (the only terms of an existing pod that can refuse an incoming one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+__all__ = [
+    "AffinityTerm",
+    "HostPort",
+    "LabelSelector",
+    "NamespaceLabels",
+    "NodeFacts",
+    "PlacedPod",
+    "PodRules",
+    "Requirement",
+    "SpreadConstraint",
+]
+
+#: namespace name → its labels, or None while the namespace is unknown.
+NamespaceLabels = Callable[[str], Mapping[str, str] | None]
+
+
+class NodeFacts(Protocol):
+    """What the rules read of a Node (bindery.scheduling.ports.NodeProjection has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+    @property
+    def taints(self) -> tuple[Mapping[str, object], ...]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Requirement:
+    """One label requirement of a label selector (matchLabels become ``In`` with one value)."""
+
+    key: str
+    operator: str  # In, NotIn, Exists, DoesNotExist
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        if self.operator == "In":
+            return value is not None and value in self.values
+        if self.operator == "NotIn":
+            return value is None or value not in self.values
+        if self.operator == "Exists":
+            return value is not None
+        if self.operator == "DoesNotExist":
+            return value is None
+        return False  # the apiserver rejects other operators; never match on one
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A metav1.LabelSelector. ``nothing``: the selector was absent (``nil``), which selects no pod,
+    as ``metav1.LabelSelectorAsSelector(nil)`` does; ``{}`` selects every pod."""
+
+    requirements: tuple[Requirement, ...] = ()
+    nothing: bool = False
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.nothing:
+            return False
+        return all(requirement.matches(labels) for requirement in self.requirements)
+
+    @property
+    def empty(self) -> bool:
+        """Selects everything (``{}``); PodTopologySpread counts nothing for such a selector."""
+        return not self.nothing and not self.requirements
+
+
+NOTHING = LabelSelector(nothing=True)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AffinityTerm:
+    """A required (anti-)affinity term, with matchLabelKeys / mismatchLabelKeys already merged in.
+
+    Its namespaces are relative to the pod that states it (``owner_namespace`` in the methods):
+    no ``namespaces`` and no ``namespaceSelector`` means the owner's namespace only; otherwise the
+    union of the listed namespaces and those the selector matches (``{}``: every namespace).
+    """
+
+    selector: LabelSelector
+    topology_key: str
+    namespaces: frozenset[str] = frozenset()
+    namespace_selector: LabelSelector | None = None
+
+    def in_scope(self, namespace: str, *, owner_namespace: str, namespace_labels: NamespaceLabels) -> bool:
+        if not self.namespaces and self.namespace_selector is None:
+            return namespace == owner_namespace
+        if namespace in self.namespaces:
+            return True
+        selector = self.namespace_selector
+        if selector is None or selector.nothing:
+            return False
+        if selector.empty:
+            return True
+        labels = namespace_labels(namespace)
+        return labels is not None and selector.matches(labels)
+
+    def matches(
+        self,
+        *,
+        namespace: str,
+        labels: Mapping[str, str],
+        owner_namespace: str,
+        namespace_labels: NamespaceLabels,
+    ) -> bool:
+        """Whether a pod (``namespace``, ``labels``) is one this term selects."""
+        return self.selector.matches(labels) and self.in_scope(
+            namespace, owner_namespace=owner_namespace, namespace_labels=namespace_labels
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpreadConstraint:
+    """A ``topologySpreadConstraints`` entry with ``whenUnsatisfiable: DoNotSchedule``."""
+
+    max_skew: int
+    topology_key: str
+    selector: LabelSelector
+    min_domains: int = 1
+    #: nodeAffinityPolicy (default Honor): only nodes matching the pod's nodeSelector and required
+    #: node affinity count as domains.
+    honor_node_affinity: bool = True
+    #: nodeTaintsPolicy (default Ignore): Honor counts only nodes whose taints the pod tolerates.
+    honor_taints: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HostPort:
+    """A container port with a ``hostPort``; ``ip`` ``0.0.0.0`` means every address of the node."""
+
+    port: int
+    protocol: str = "TCP"
+    ip: str = "0.0.0.0"
+
+    def conflicts(self, other: HostPort) -> bool:
+        """NodePorts' rule (HostPortInfo.CheckConflict): same port and protocol, and the same
+        address or either one the wildcard."""
+        if self.port != other.port or self.protocol != other.protocol:
+            return False
+        return self.ip == other.ip or "0.0.0.0" in (self.ip, other.ip)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodRules:
+    """The inter-pod rules an incoming pod states (required ones; soft rules are preferences)."""
+
+    affinity: tuple[AffinityTerm, ...] = ()
+    anti_affinity: tuple[AffinityTerm, ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
+    host_ports: tuple[HostPort, ...] = ()
+
+    @property
+    def inter_pod(self) -> bool:
+        """Whether the pod's placement depends on other pods' labels (affinity, anti-affinity, spread)."""
+        return bool(self.affinity or self.anti_affinity or self.spread)
+
+    def __bool__(self) -> bool:
+        return bool(self.inter_pod or self.host_ports)
+
+
+NO_RULES = PodRules()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlacedPod:
+    """A pod bound (or assumed) to a node, as the rules of later pods see it."""
+
+    uid: str
+    namespace: str
+    node: str
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    host_ports: tuple[HostPort, ...] = ()
+    anti_affinity: tuple[AffinityTerm, ...] = ()
+    #: Being deleted: PodTopologySpread no longer counts it (upstream #87621); the others still do.
+    terminating: bool = False
+    #: Reserved by this process and not yet seen bound by the watch (kube-scheduler's assumed pod).
+    assumed: bool = False

@@ -1,0 +1,169 @@
+"""Pod body (Kubernetes JSON shape) → the rules it states, and → the projection other pods' rules read.
+
+The label-key lists are merged into the selectors the way kube-scheduler v1.36 does it
+(``pkg/scheduler/framework/types.go`` ``newAffinityTerm`` / ``mergeAffinityTermLabelSelector``
+for ``matchLabelKeys`` and ``mismatchLabelKeys``; ``podtopologyspread/common.go``
+``filterTopologySpreadConstraints`` for spread's ``matchLabelKeys``): a key the pod carries becomes
+``key In (its value)`` (``NotIn`` for ``mismatchLabelKeys``); a key it does not carry is ignored.
+The apiserver of 1.34+ already merged them at admission; merging again adds an identical
+requirement, which selects the same pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bindery.podrules.model import (
+    NO_RULES,
+    NOTHING,
+    AffinityTerm,
+    HostPort,
+    LabelSelector,
+    PlacedPod,
+    PodRules,
+    Requirement,
+    SpreadConstraint,
+)
+
+__all__ = ["host_ports", "label_selector", "placed_pod", "pod_rules"]
+
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def label_selector(raw: Mapping[str, Any] | None, *, extra: Sequence[Requirement] = ()) -> LabelSelector:
+    """A metav1.LabelSelector plus ``extra`` requirements (merged label keys); ``None`` selects
+    nothing, and label keys are merged only into a selector that is present, as upstream."""
+    if raw is None:
+        return NOTHING
+    requirements = [
+        Requirement(key=str(key), operator="In", values=(str(value),))
+        for key, value in sorted((raw.get("matchLabels") or {}).items())
+    ]
+    for expression in raw.get("matchExpressions") or ():
+        requirements.append(
+            Requirement(
+                key=str(expression.get("key") or ""),
+                operator=str(expression.get("operator") or ""),
+                values=tuple(str(v) for v in expression.get("values") or ()),
+            )
+        )
+    requirements.extend(extra)
+    return LabelSelector(requirements=tuple(requirements))
+
+
+def _label_keys(keys: Sequence[Any] | None, labels: Mapping[str, str], operator: str) -> list[Requirement]:
+    return [
+        Requirement(key=str(key), operator=operator, values=(labels[str(key)],))
+        for key in keys or ()
+        if str(key) in labels
+    ]
+
+
+def _affinity_terms(
+    raw_terms: Sequence[Mapping[str, Any]], labels: Mapping[str, str]
+) -> tuple[AffinityTerm, ...]:
+    terms = []
+    for raw in raw_terms:
+        selector_raw = raw.get("labelSelector")
+        extra = [
+            *_label_keys(raw.get("matchLabelKeys"), labels, "In"),
+            *_label_keys(raw.get("mismatchLabelKeys"), labels, "NotIn"),
+        ]
+        namespace_selector = raw.get("namespaceSelector")
+        terms.append(
+            AffinityTerm(
+                selector=label_selector(selector_raw, extra=extra) if selector_raw is not None else NOTHING,
+                topology_key=str(raw.get("topologyKey") or ""),
+                namespaces=frozenset(str(n) for n in raw.get("namespaces") or ()),
+                namespace_selector=label_selector(namespace_selector)
+                if namespace_selector is not None
+                else None,
+            )
+        )
+    return tuple(terms)
+
+
+def host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
+    """The host ports of the pod's containers (NodePorts reads ``spec.containers`` only:
+    ``nodeports/node_ports.go`` ``getContainerPorts``); a port without ``hostPort`` takes none."""
+    found = []
+    for container in spec.get("containers") or ():
+        for port in container.get("ports") or ():
+            number = int(port.get("hostPort") or 0)
+            if number <= 0:
+                continue
+            found.append(
+                HostPort(
+                    port=number,
+                    protocol=str(port.get("protocol") or "TCP"),
+                    ip=str(port.get("hostIP") or "0.0.0.0"),
+                )
+            )
+    return tuple(found)
+
+
+def _labels(metadata: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
+
+
+def pod_rules(body: Mapping[str, Any]) -> PodRules:
+    """The required inter-pod rules and host ports of a pod (``NO_RULES`` for most pods).
+
+    Spread constraints with ``whenUnsatisfiable: ScheduleAnyway`` are preferences, not rules, and are
+    not returned here.
+    """
+    metadata: Mapping[str, Any] = body.get("metadata") or {}
+    spec: Mapping[str, Any] = body.get("spec") or {}
+    affinity: Mapping[str, Any] = spec.get("affinity") or {}
+    raw_spread = spec.get("topologySpreadConstraints") or ()
+    ports = host_ports(spec)
+    pod_affinity = (affinity.get("podAffinity") or {}).get(_REQUIRED) or ()
+    pod_anti = (affinity.get("podAntiAffinity") or {}).get(_REQUIRED) or ()
+    if not (pod_affinity or pod_anti or raw_spread or ports):
+        return NO_RULES
+    labels = _labels(metadata)
+    spread = []
+    for raw in raw_spread:
+        if raw.get("whenUnsatisfiable", "DoNotSchedule") != "DoNotSchedule":
+            continue
+        selector_raw = raw.get("labelSelector")
+        extra = _label_keys(raw.get("matchLabelKeys"), labels, "In")
+        spread.append(
+            SpreadConstraint(
+                max_skew=int(raw.get("maxSkew") or 1),
+                topology_key=str(raw.get("topologyKey") or ""),
+                selector=label_selector(selector_raw, extra=extra) if selector_raw is not None else NOTHING,
+                min_domains=int(raw.get("minDomains") or 1),
+                honor_node_affinity=raw.get("nodeAffinityPolicy", "Honor") != "Ignore",
+                honor_taints=raw.get("nodeTaintsPolicy", "Ignore") == "Honor",
+            )
+        )
+    return PodRules(
+        affinity=_affinity_terms(pod_affinity, labels),
+        anti_affinity=_affinity_terms(pod_anti, labels),
+        spread=tuple(spread),
+        host_ports=ports,
+    )
+
+
+def placed_pod(body: Mapping[str, Any], *, node: str | None = None) -> PlacedPod | None:
+    """The projection of a pod on a node (``node`` overrides ``spec.nodeName``, for an assumed pod);
+    ``None`` for a pod on no node, or one that finished (Succeeded/Failed pods hold nothing)."""
+    metadata: Mapping[str, Any] = body.get("metadata") or {}
+    spec: Mapping[str, Any] = body.get("spec") or {}
+    node_name = node or spec.get("nodeName")
+    if not node_name or (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    labels = _labels(metadata)
+    anti = ((spec.get("affinity") or {}).get("podAntiAffinity") or {}).get(_REQUIRED) or ()
+    return PlacedPod(
+        uid=str(metadata.get("uid") or ""),
+        namespace=str(metadata.get("namespace") or ""),
+        node=str(node_name),
+        labels=labels,
+        host_ports=host_ports(spec),
+        anti_affinity=_affinity_terms(anti, labels),
+        terminating=metadata.get("deletionTimestamp") is not None,
+        assumed=node is not None,
+    )

@@ -1,0 +1,309 @@
+"""PodPlacementRules: the inter-pod rules (pod affinity and anti-affinity, DoNotSchedule topology
+spread, host ports) turned into node constraints for the RM, and kept race-free across cycles.
+
+* **PreFilter** — evaluates the rules (:func:`bindery.podrules.filters.evaluate`) against the pods on
+  nodes (:class:`~bindery.scheduling.ports.PlacedPods`: the bound-pod watch plus the pods this
+  process assumed) and requires the result (:meth:`CycleContext.require_nodes`), ANDed into every
+  term of the pod's own required node affinity. No node left: Unschedulable, with a reason naming the
+  rule; more requirements than the contract carries: Unschedulable ``TooManyTerms``. Nothing is
+  reserved in either case.
+* **Reserve** (after the RM's reservation) — assumes the pod on the RM's node, as kube-scheduler's
+  assume cache does, so the next cycle counts it before the watch reports the Binding;
+  **Unreserve** forgets it.
+* **Concurrency** — up to ``maxInFlight`` cycles run at once. A pod whose placement depends on
+  another in-flight pod that started earlier (its selectors match that pod, that pod's required
+  anti-affinity matches it, or their host ports collide) waits, up to :data:`WAIT_SECONDS`, until
+  that pod's reservation names a node or its cycle fails (:class:`InFlight`). The order is the
+  order cycles started, so two pods never wait for each other. A pod with no rules, and with no
+  earlier in-flight pod whose anti-affinity matches it, does not wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from bindery.podrules.filters import Incoming, Verdict, evaluate
+from bindery.podrules.model import PlacedPod, PodRules
+from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm
+from bindery.scheduling.framework import CycleContext, Status, and_terms
+from bindery.scheduling.podspec import PodInfo, max_items
+from bindery.scheduling.ports import PlacedPods
+
+__all__ = ["VERDICT", "WAIT_SECONDS", "InFlight", "PodPlacementRules", "member_node_terms", "rules_verdict"]
+
+log = logging.getLogger(__name__)
+
+#: The longest a pod waits for related earlier in-flight pods to name their nodes; then it goes on
+#: with what is known (an earlier cycle stuck this long is itself waiting for a slow RM).
+WAIT_SECONDS = 30.0
+#: An in-flight entry older than this is ignored by waiters (a cycle that ended without settling).
+STALE_SECONDS = 120.0
+#: How long a cycle waits for the placed-pod watch's first list (only just after start).
+SYNC_SECONDS = 10.0
+#: ctx.state key of the PreFilter verdict (NodeCheck and explain read it).
+VERDICT = "PodPlacementRules/verdict"
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Cycle:
+    uid: str
+    namespace: str
+    labels: Mapping[str, str]
+    rules: PodRules
+    seq: int
+    started: float
+    settled: asyncio.Event | None = None  # created by the first waiter
+
+
+class InFlight:
+    """The pods whose cycles run now and have not named a node yet, in the order they started."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._cycles: dict[str, _Cycle] = {}
+        #: the in-flight pods with required anti-affinity (plain pods check only these)
+        self._anti: dict[str, _Cycle] = {}
+        self._seq = itertools.count()
+        self._clock = clock
+        self.waits = 0  #: pods that waited (tests and the benchmark read it)
+
+    def __len__(self) -> int:
+        return len(self._cycles)
+
+    def begin(self, pod: PodInfo) -> _Cycle:
+        cycle = _Cycle(
+            uid=pod.uid,
+            namespace=pod.namespace,
+            labels=pod.labels,
+            rules=pod.rules,
+            seq=next(self._seq),
+            started=self._clock(),
+        )
+        self.settle(pod.uid)  # a previous cycle of the same pod that never settled
+        self._cycles[pod.uid] = cycle
+        if pod.rules.anti_affinity:
+            self._anti[pod.uid] = cycle
+        return cycle
+
+    def settle(self, uid: str) -> None:
+        """The pod's node is known (assumed), or its cycle ended without one."""
+        cycle = self._cycles.pop(uid, None)
+        self._anti.pop(uid, None)
+        if cycle is not None and cycle.settled is not None:
+            cycle.settled.set()
+
+    def earlier_related(self, cycle: _Cycle, *, namespace_labels: Any) -> list[_Cycle]:
+        now = self._clock()
+        pool = self._cycles.values() if cycle.rules else self._anti.values()
+        return [
+            other
+            for other in pool
+            if other.seq < cycle.seq
+            and now - other.started < STALE_SECONDS
+            and _related(cycle, other, namespace_labels)
+        ]
+
+    async def wait(self, cycle: _Cycle, *, namespace_labels: Any, seconds: float = WAIT_SECONDS) -> int:
+        """Wait until every earlier related pod settled (bounded); how many were waited for."""
+        others = self.earlier_related(cycle, namespace_labels=namespace_labels)
+        if not others:
+            return 0
+        self.waits += 1
+        for other in others:
+            if other.settled is None:
+                other.settled = asyncio.Event()
+        waits = [asyncio.ensure_future(other.settled.wait()) for other in others if other.settled is not None]
+        _, pending = await asyncio.wait(waits, timeout=seconds)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.info(
+                "pod %s waited %g s for %d related pods to be placed; going on",
+                cycle.uid,
+                seconds,
+                len(pending),
+            )
+        return len(others)
+
+
+def _related(me: _Cycle, other: _Cycle, namespace_labels: Any) -> bool:
+    """Whether `me`'s placement may depend on where the earlier `other` goes."""
+    rules = me.rules
+    for term in (*rules.affinity, *rules.anti_affinity):
+        if term.matches(
+            namespace=other.namespace,
+            labels=other.labels,
+            owner_namespace=me.namespace,
+            namespace_labels=namespace_labels,
+        ):
+            return True
+    if other.namespace == me.namespace and any(c.selector.matches(other.labels) for c in rules.spread):
+        return True
+    for term in other.rules.anti_affinity:  # symmetry: its anti-affinity may refuse me
+        if term.matches(
+            namespace=me.namespace,
+            labels=me.labels,
+            owner_namespace=other.namespace,
+            namespace_labels=namespace_labels,
+        ):
+            return True
+    return any(mine.conflicts(theirs) for mine in rules.host_ports for theirs in other.rules.host_ports)
+
+
+def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
+    """The rules' verdict for `pod` against the pods on nodes now (itself excluded); None when
+    nothing can apply (no rules of its own, and no placed pod with anti-affinity)."""
+    if not pod.rules and not any(
+        term.matches(
+            namespace=pod.namespace,
+            labels=pod.labels,
+            owner_namespace=other.namespace,
+            namespace_labels=placed.namespace_labels,
+        )
+        for other in placed.anti_affinity_toward(pod.namespace)
+        if other.uid != pod.uid
+        for term in other.anti_affinity
+    ):
+        return None  # no rule of its own, and no placed pod's anti-affinity selects it
+    return evaluate(
+        pod=Incoming(
+            namespace=pod.namespace,
+            labels=pod.labels,
+            rules=pod.rules,
+            node_selector=pod.node_selector,
+            node_terms=pod.affinity_terms,
+            tolerations=pod.tolerations,
+            uid=pod.uid,
+        ),
+        placed=placed,
+        nodes=placed.nodes(),
+        namespace_labels=placed.namespace_labels,
+    )
+
+
+class PodPlacementRules:
+    """PreFilter + Reserve: see the module docstring."""
+
+    name = "PodPlacementRules"
+
+    def __init__(self, *, wait_seconds: float = WAIT_SECONDS) -> None:
+        self._wait_seconds = wait_seconds
+
+    async def pre_filter(self, *, ctx: CycleContext) -> Status:
+        placed = ctx.ports.placed
+        pod = ctx.pod
+        if placed is None:
+            if pod.rules:
+                return Status.error(
+                    "the pod states inter-pod rules (pod affinity, topology spread or host ports) but this "
+                    "scheduler has no watch of placed pods to evaluate them; it is not placed without them"
+                )
+            return Status.success()
+        if not await placed.wait_synced(SYNC_SECONDS) and pod.rules:
+            return Status.error(
+                f"the watch of pods on nodes has not listed them within {SYNC_SECONDS:g} s of start, so "
+                "this pod's inter-pod rules cannot be evaluated yet; retrying"
+            )
+        cycle = placed.in_flight.begin(pod)
+        await placed.in_flight.wait(
+            cycle, namespace_labels=placed.namespace_labels, seconds=self._wait_seconds
+        )
+        verdict = rules_verdict(pod, placed)
+        if verdict is None:
+            return Status.success()
+        ctx.state[VERDICT] = verdict
+        refusal = verdict.refusal()
+        if refusal is not None:
+            return Status.unschedulable(refusal)
+        term = verdict.term()
+        if term is not None:
+            ctx.require_nodes([term])
+            too_many = _beyond_caps(ctx.required_node_terms())
+            if too_many is not None:
+                return Status.unschedulable(too_many)
+        return Status.success()
+
+    async def reserve(self, *, ctx: CycleContext) -> Status:
+        placed = ctx.ports.placed
+        if placed is None or ctx.node is None:
+            return Status.success()
+        pod = ctx.pod
+        placed.assume(
+            PlacedPod(
+                uid=pod.uid,
+                namespace=pod.namespace,
+                node=ctx.node,
+                labels=pod.labels,
+                host_ports=pod.rules.host_ports,
+                anti_affinity=pod.rules.anti_affinity,
+                assumed=True,
+            )
+        )
+        placed.in_flight.settle(pod.uid)
+        return Status.success()
+
+    async def unreserve(self, *, ctx: CycleContext) -> None:
+        placed = ctx.ports.placed
+        if placed is None:
+            return
+        placed.forget(ctx.pod.uid)
+        placed.in_flight.settle(ctx.pod.uid)
+
+
+def member_node_terms(
+    members: Sequence[PodInfo], placed: PlacedPods | None
+) -> tuple[list[list[dict[str, Any]]] | None, str | None]:
+    """For a pod group: each member's required node affinity with its inter-pod rules ANDed in
+    (against the pods on nodes; the other members are not placed yet, so rules between members
+    are checked only at PreBind, once every member is assumed on its node), or why not.
+
+    ``(None, None)``: no member has anything to add.
+    """
+    if placed is None:
+        if any(member.rules for member in members):
+            return None, "the members state inter-pod rules but no watch of placed pods is wired"
+        return None, None
+    terms: list[list[dict[str, Any]]] = []
+    changed = False
+    for member in members:
+        own = [dict(term) for term in member.affinity_terms]
+        verdict = rules_verdict(member, placed)
+        term = verdict.term() if verdict is not None else None
+        if verdict is not None and (refusal := verdict.refusal()) is not None:
+            return None, f"member {member.key}: {refusal}"
+        if term is None:
+            terms.append(own)
+            continue
+        combined = and_terms(own, [term])
+        if (too_many := _beyond_caps(combined)) is not None:
+            return None, f"member {member.key}: {too_many}"
+        terms.append(combined)
+        changed = True
+    return (terms, None) if changed else (None, None)
+
+
+def _beyond_caps(terms: list[dict[str, Any]]) -> str | None:
+    """``TooManyTerms`` naming the field when the merged terms exceed the contract's caps."""
+    path = "placement.requiredNodeAffinity"
+    for i, term in enumerate(terms):
+        for key, field in (("matchExpressions", "match_expressions"), ("matchFields", "match_fields")):
+            requirements = term.get(key) or ()
+            if len(requirements) > (cap := max_items(NodeSelectorTerm, field)):
+                return (
+                    f"TooManyTerms: the pod's inter-pod rules need {len(requirements)} requirements in "
+                    f"{path}[{i}].{key}, more than the {cap} the resource manager contract carries"
+                )
+            for j, requirement in enumerate(requirements):
+                values = requirement.get("values") or ()
+                if len(values) > (cap := max_items(NodeSelectorRequirement, "values")):
+                    return (
+                        f"TooManyTerms: the pod's inter-pod rules need {len(values)} values in "
+                        f"{path}[{i}].{key}[{j}].values (key {requirement.get('key')}), more than the {cap} "
+                        "the resource manager contract carries"
+                    )
+    return None

@@ -1,0 +1,118 @@
+"""``bindery rm slurm``: serve the RM contract in front of slurmrestd (see ``server.py``).
+
+Configuration errors (no token, a bad node map) exit with status 2 before the port is bound.
+The first line on stdout, once listening, is ``Slurm RM serving contract v1 at <url>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import pathlib
+import pwd
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from bindery.slurm_rm.mapping import NodeMapError, parse_node_map
+from bindery.slurm_rm.server import SlurmRM
+from bindery.slurm_rm.slurmrest import SlurmRest
+
+TOKEN_ENV = "BINDERY_RM_TOKEN"
+BANNER = "Slurm RM serving contract v1 at "
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bindery rm slurm",
+        description="Serve Bindery's RM contract (v1.1: reserve, commit, release, renew, list) in front "
+        "of Slurm's slurmrestd: each reservation is a placeholder job on the pod's node.",
+    )
+    parser.add_argument(
+        "--slurmrestd",
+        required=True,
+        help="slurmrestd's address: unix:/path/to/socket (rest_auth/local) or http(s)://host:port",
+    )
+    parser.add_argument(
+        "--node-map",
+        required=True,
+        help="KUBERNETES_NODE=SLURM_NODE,… or a YAML file (nodes: [{name, slurm, labels, taints}])",
+    )
+    parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (port 0: a free one)")
+    parser.add_argument("--token-file", type=pathlib.Path, help=f"bearer token file (or set {TOKEN_ENV})")
+    parser.add_argument("--partition", help="the Slurm partition placeholder jobs go to (default: Slurm's)")
+    parser.add_argument(
+        "--slurm-user",
+        help="the Slurm user placeholder jobs run as: the JWT's (X-SLURM-USER-NAME); default this process's",
+    )
+    parser.add_argument(
+        "--slurm-token-file", type=pathlib.Path, help="JWT for slurmrestd (X-SLURM-USER-TOKEN)"
+    )
+    parser.add_argument(
+        "--start-wait", type=float, default=3.0, help="seconds a reserve waits for Slurm to start its job"
+    )
+    parser.add_argument(
+        "--retry-after",
+        type=int,
+        default=5,
+        help="retryAfterSeconds of a refusal while the job is pending in Slurm's queue",
+    )
+    parser.add_argument(
+        "--queue-hold-seconds",
+        type=float,
+        default=30.0,
+        help="how long a pending job waits for its pod to ask again; 0 cancels it at once (no queueing)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = args.token_file.read_text().strip() if args.token_file else os.environ.get(TOKEN_ENV, "")
+    if not token:
+        print(f"bindery rm slurm: give --token-file or set {TOKEN_ENV}", file=sys.stderr)
+        return 2
+    try:
+        nodes = parse_node_map(args.node_map)
+    except (NodeMapError, OSError) as error:
+        print(f"bindery rm slurm: {error}", file=sys.stderr)
+        return 2
+    host, _, port = args.listen.rpartition(":")
+    slurm_token = args.slurm_token_file.read_text().strip() if args.slurm_token_file else None
+    rm = SlurmRM(
+        SlurmRest(args.slurmrestd, user=args.slurm_user, token=slurm_token),
+        nodes,
+        token=token,
+        # rest_auth/local runs jobs as the adapter's own user; a JWT as --slurm-user.
+        slurm_user=args.slurm_user or pwd.getpwuid(os.getuid()).pw_name,
+        partition=args.partition,
+        start_wait=args.start_wait,
+        retry_after=args.retry_after,
+        hold_seconds=args.queue_hold_seconds,
+    )
+    return asyncio.run(_serve(rm, host or "127.0.0.1", int(port)))
+
+
+async def _serve(rm: SlurmRM, host: str, port: int) -> int:
+    runner = web.AppRunner(rm.application(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0]
+    print(f"{BANNER}http://{bound[0]}:{bound[1]}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Pure mappings between the contract and Slurm: node names, job sizes, the job comment.
+
+**Nodes.** A node map names, for every Kubernetes node Slurm may place pods on, its Slurm
+``NodeName`` and the labels and taints the request's constraints are checked against (the adapter
+never reads the apiserver: like any third-party RM it speaks only the contract)::
+
+    nodes:
+      - name: worker-0        # the Kubernetes node name, as the reservation answers it
+        slurm: slurm-0        # its Slurm NodeName (default: the same name)
+        labels: {zone: a}
+        taints: [{key: gpu, value: "true", effect: NoSchedule}]
+
+``--node-map worker-0=slurm-0,worker-1=slurm-1`` is the same without labels or taints.
+
+**Sizes.** A placeholder job asks for ``ceil(cpu)`` CPUs (Slurm allocates whole cores) and
+``ceil(memory / MiB)`` MiB, at least 1 of each: a job without a memory request would get the whole
+node under ``CR_Core_Memory``. ``pods`` and ``ephemeral-storage`` are not Slurm's to count and
+are ignored. Any other resource (GRES such as ``nvidia.com/gpu``) is not mapped yet: a request for
+a non-zero amount of it fits no node, as the contract says of a resource an RM does not know.
+
+**State.** Everything the adapter knows about a reservation is in its job's ``comment`` (JSON), so
+a restarted adapter, or another replica, reads it back from slurmctld.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+import yaml
+
+from bindery.constraints import matches_node_selector, matches_required_affinity, untolerated_taints
+from bindery.rm.models import ReservationRequest
+
+MIB = Decimal(2**20)
+IGNORED_RESOURCES = frozenset({"pods", "ephemeral-storage"})
+COMMENT_TAG = "bindery/v1"
+
+
+class NodeMapError(ValueError):
+    """The node map is malformed; the message says where."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MappedNode:
+    name: str  # Kubernetes
+    slurm: str  # Slurm NodeName
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    taints: tuple[Mapping[str, Any], ...] = ()
+
+
+def parse_node_map(text: str) -> tuple[MappedNode, ...]:
+    """``k8s=slurm,k8s2=slurm2`` or the path of a YAML file (see the module docstring)."""
+    path = pathlib.Path(text)
+    if "=" not in text and path.is_file():
+        return parse_node_map_document(yaml.safe_load(path.read_text(encoding="utf-8")), where=str(path))
+    nodes = []
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        kube, sep, slurm = pair.partition("=")
+        if not sep or not kube or not slurm:
+            raise NodeMapError(f"--node-map entry {pair!r} is not KUBERNETES_NODE=SLURM_NODE")
+        nodes.append(MappedNode(kube, slurm))
+    return _checked(nodes, "--node-map")
+
+
+def parse_node_map_document(document: Any, *, where: str) -> tuple[MappedNode, ...]:
+    if not isinstance(document, dict) or not isinstance(document.get("nodes"), list):
+        raise NodeMapError(f"{where}: expected a mapping with a list 'nodes'")
+    nodes = []
+    for index, item in enumerate(document["nodes"]):
+        at = f"{where}: nodes[{index}]"
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise NodeMapError(f"{at}: each node needs a string 'name' (its Kubernetes node name)")
+        unknown = set(item) - {"name", "slurm", "labels", "taints"}
+        if unknown:
+            raise NodeMapError(f"{at}: unknown keys {sorted(unknown)}")
+        labels = item.get("labels") or {}
+        taints = item.get("taints") or []
+        if not isinstance(labels, dict) or not isinstance(taints, list):
+            raise NodeMapError(f"{at}: 'labels' is a mapping and 'taints' a list")
+        nodes.append(
+            MappedNode(
+                name=item["name"],
+                slurm=str(item.get("slurm") or item["name"]),
+                labels={str(k): str(v) for k, v in labels.items()},
+                taints=tuple(taints),
+            )
+        )
+    return _checked(nodes, where)
+
+
+def _checked(nodes: Sequence[MappedNode], where: str) -> tuple[MappedNode, ...]:
+    if not nodes:
+        raise NodeMapError(f"{where}: no nodes; map at least one Kubernetes node to a Slurm node")
+    for attribute in ("name", "slurm"):
+        seen = [getattr(node, attribute) for node in nodes]
+        if len(set(seen)) != len(seen):
+            raise NodeMapError(f"{where}: a {attribute} appears twice; the mapping must be one to one")
+    return tuple(nodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSize:
+    cpus: int
+    memory_mib: int
+
+
+def job_size(request: ReservationRequest) -> tuple[JobSize, list[str]]:
+    """The placeholder's size, and the resource names Slurm cannot provide (non-zero, unmapped)."""
+    requested = request.requested()
+    unmapped = sorted(
+        name
+        for name, value in requested.items()
+        if value > 0 and name not in ("cpu", "memory") and name not in IGNORED_RESOURCES
+    )
+    cpus = max(1, math.ceil(requested.get("cpu", Decimal(0))))
+    memory = max(1, math.ceil(requested.get("memory", Decimal(0)) / MIB))
+    return JobSize(cpus, memory), unmapped
+
+
+def allowed(node: MappedNode, request: ReservationRequest) -> str | None:
+    """Why ``node`` is excluded by the request's constraints, or None when it is allowed."""
+    placement = request.placement
+    if not matches_node_selector(node_selector=placement.node_selector, labels=node.labels):
+        return "didn't match Pod's node affinity/selector"
+    if not matches_required_affinity(
+        terms=placement.affinity_terms(), labels=node.labels, node_name=node.name
+    ):
+        return "didn't match Pod's node affinity/selector"
+    taints = untolerated_taints(taints=node.taints, tolerations=placement.toleration_dicts())
+    if taints:
+        taint = taints[0]
+        return f"had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"
+    return None
+
+
+def fingerprint(request: ReservationRequest) -> str:
+    return hashlib.sha256(request.fingerprint().encode()).hexdigest()[:32]
+
+
+@dataclasses.dataclass
+class JobRecord:
+    """What the adapter writes into a placeholder job's comment.
+
+    ``expires_at`` is None until the pod claims the running job (its first reserve answered 201)
+    and again once committed; ``hold_until`` bounds how long an unclaimed job (pending, or running
+    but not yet answered) waits for its pod to ask again before the adapter cancels it.
+    """
+
+    key: str
+    pod_uid: str
+    scheduler: str
+    namespace: str
+    name: str
+    node: str  # Kubernetes node name
+    fingerprint: str
+    resources: dict[str, str]
+    ttl: int
+    created: float
+    hold_until: float
+    claimed: bool = False
+    committed: bool = False
+    expires_at: float | None = None
+    ended: str | None = None  # "released" or "expired" when the adapter ended it
+
+    def encode(self) -> str:
+        return json.dumps({"tag": COMMENT_TAG, **dataclasses.asdict(self)}, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, comment: str | None) -> JobRecord | None:
+        """The record of a job's comment, or None for a job that is not a Bindery placeholder."""
+        if not comment or not comment.startswith("{"):
+            return None
+        try:
+            document = json.loads(comment)
+        except ValueError:
+            return None
+        if not isinstance(document, dict) or document.pop("tag", None) != COMMENT_TAG:
+            return None
+        try:
+            return cls(**document)
+        except TypeError:
+            return None

@@ -1,0 +1,275 @@
+"""Issue 23: Deployments bound by Bindery through a real Slurm.
+
+kwok nodes named as the Slurm nodes of a bed (slurmctld, one slurmd per node, slurmrestd), the
+adapter (`bindery rm slurm`) and the operator as their own processes, a ResourceManager pointing
+at the adapter. Every pod runs on the node of its own placeholder job, `squeue` shows exactly one
+RUNNING job per pod, and scaled to zero no job runs without its pod; the same holds when the
+adapter or slurmctld is SIGKILLed in the middle of a burst and restarted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import pathlib
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+
+from bindery.controller.secrets import CREDENTIALS_LABEL
+from bindery.devcluster.slurm import SlurmBed, SlurmNode
+from tests.realrm import operator_process
+from tests.slurm.conftest import AdapterProcess, slurm_root
+from tests.workloads import POOL, Cluster, deployment, eventually, kwok_pool
+
+pytestmark = pytest.mark.controlplane
+__all__ = ["slurm_root"]  # the fixture, imported so that pytest finds it here
+
+
+@dataclasses.dataclass
+class Stage:
+    bed: SlurmBed
+    adapter: AdapterProcess
+    view: Cluster
+    scheduler: str
+    pool: str
+
+
+async def _serve(
+    api: client.ApiClient, *, adapter: AdapterProcess, name: str, scheduler: str, ns: str
+) -> None:
+    await client.CoreV1Api(api).create_namespaced_secret(
+        namespace=ns,
+        body={
+            "metadata": {"name": f"{name}-token", "labels": {CREDENTIALS_LABEL: "true"}},
+            "stringData": {"token": adapter.token_file.read_text().strip()},
+        },
+    )
+    await client.CustomObjectsApi(api).create_cluster_custom_object(
+        group="bindery.dev",
+        version="v1alpha1",
+        plural="resourcemanagers",
+        body={
+            "apiVersion": "bindery.dev/v1alpha1",
+            "kind": "ResourceManager",
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerNames": [scheduler],
+                "endpoint": adapter.url,
+                "allowInsecureHTTP": True,
+                "auth": {"tokenSecretRef": {"namespace": ns, "name": f"{name}-token"}},
+            },
+        },
+    )
+
+
+@contextlib.asynccontextmanager
+async def slurm_stage(
+    *,
+    api: client.ApiClient,
+    operator_kubeconfig: pathlib.Path,
+    namespace: str,
+    root: pathlib.Path,
+    tmp: pathlib.Path,
+) -> AsyncIterator[Stage]:
+    pool = uuid.uuid4().hex[:6]
+    scheduler, rm_name = f"slurm-{pool}", f"rm-slurm-{pool}"
+    nodes = await kwok_pool(api, pool=pool, count=2, capacity={"cpu": "4", "memory": "8Gi", "pods": "20"})
+    bed = SlurmBed(tmp / "slurm", [SlurmNode(node, cpus=4, memory_mib=8192) for node in nodes], root=root)
+    bed.start()
+    token_file = tmp / "token"
+    token_file.write_text(uuid.uuid4().hex)
+    # The adapter never reads the apiserver: the node map carries the labels the pods select on.
+    node_map = tmp / "node-map.yaml"
+    node_map.write_text(
+        yaml.safe_dump(
+            {"nodes": [{"name": n, "labels": {POOL: pool, "kubernetes.io/hostname": n}} for n in nodes]}
+        )
+    )
+    adapter = AdapterProcess(bed, token_file, node_map=str(node_map))
+    try:
+        adapter.start()
+        async with operator_process(kubeconfig=operator_kubeconfig, directory=tmp):
+            await _serve(api, adapter=adapter, name=rm_name, scheduler=scheduler, ns=namespace)
+            yield Stage(bed, adapter, Cluster(api=api, namespace=namespace), scheduler, pool)
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await client.CustomObjectsApi(api).delete_cluster_custom_object(
+                group="bindery.dev", version="v1alpha1", plural="resourcemanagers", name=rm_name
+            )
+        if adapter.process is not None and adapter.process.poll() is None:
+            adapter.kill()
+        bed.stop()
+
+
+async def one_running_job_per_pod(stage: Stage, label: str) -> list[str]:
+    """What breaks "every running pod has exactly one RUNNING placeholder job, on its node, and no
+    placeholder runs without its pod" (empty when it holds)."""
+    namespace = stage.view.namespace
+    pods = [p for p in await stage.view.pods(label) if p["spec"].get("nodeName")]
+    running = [r for r in stage.bed.squeue() if r["name"].startswith("bindery:") and r["state"] == "RUNNING"]
+    wrong = []
+    for pod in pods:
+        name = f"bindery:{namespace}/{pod['metadata']['name']}"
+        jobs = [r for r in running if r["name"] == name]
+        if [r["nodes"] for r in jobs] != [pod["spec"]["nodeName"]]:
+            wrong.append(f"pod {pod['metadata']['name']} on {pod['spec']['nodeName']} has jobs {jobs}")
+    names = {f"bindery:{namespace}/{p['metadata']['name']}" for p in pods}
+    wrong += [f"job {r['id']} {r['name']} runs without its pod" for r in running if r["name"] not in names]
+    return wrong
+
+
+async def test_a_deployment_is_bound_through_slurm_one_running_job_per_pod(
+    *,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    slurm_root: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    async with slurm_stage(
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        root=slurm_root,
+        tmp=tmp_path,
+    ) as stage:
+        view, bed, scheduler = stage.view, stage.bed, stage.scheduler
+        await view.apps.create_namespaced_deployment(
+            cluster_namespace, deployment("api", replicas=3, cpu="1", scheduler=scheduler, pool=stage.pool)
+        )
+        await eventually(lambda: view.running("app=api", 3), within=120, what="3 pods bound and Running")
+        jobs = [row for row in bed.squeue() if row["name"].startswith("bindery:")]
+        print("\nsqueue:\n" + "\n".join(f"{r['id']} {r['name']} {r['state']} {r['nodes']}" for r in jobs))
+        assert await one_running_job_per_pod(stage, "app=api") == []
+        pods = await view.pods("app=api")
+
+        async def committed() -> bool:
+            with stage.adapter.client() as http:
+                items: list[dict[str, Any]] = http.get(
+                    "/v1/reservations", params={"schedulerName": scheduler, "state": "committed"}
+                ).json()["items"]
+            return {i["podUid"] for i in items} == {p["metadata"]["uid"] for p in pods}
+
+        await eventually(committed, within=60, what="every pod's reservation committed")
+        await view.apps.patch_namespaced_deployment_scale("api", cluster_namespace, {"spec": {"replicas": 0}})
+
+        async def settled_empty() -> bool:
+            return not await view.pods("app=api") and not await one_running_job_per_pod(stage, "app=api")
+
+        await eventually(settled_empty, within=90, what="no placeholder job left after scaling to 0")
+
+
+@pytest.mark.parametrize("victim", ["adapter", "slurmctld"])
+async def test_a_sigkill_mid_burst_leaves_one_running_job_per_pod(
+    victim: str,
+    *,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    slurm_root: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    async with slurm_stage(
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        root=slurm_root,
+        tmp=tmp_path,
+    ) as stage:
+        view, bed = stage.view, stage.bed
+        await view.apps.create_namespaced_deployment(
+            cluster_namespace,
+            deployment("burst", replicas=6, cpu="1", scheduler=stage.scheduler, pool=stage.pool),
+        )
+
+        async def some_jobs() -> bool:
+            return any(r["name"].startswith("bindery:") for r in bed.squeue())
+
+        await eventually(some_jobs, within=60, what="the first placeholder jobs")
+        # Mid-burst: some reserves answered, some not.
+        if victim == "adapter":
+            stage.adapter.kill(signal.SIGKILL)
+            killed_with = len([r for r in bed.squeue() if r["name"].startswith("bindery:")])
+            stage.adapter.listen = stage.adapter.url.removeprefix("http://")  # the address Bindery knows
+            stage.adapter.start()
+        else:
+            killed_with = len([r for r in bed.squeue() if r["name"].startswith("bindery:")])
+            bed.kill("slurmctld", signal.SIGKILL)
+            bed.start_slurmctld()
+        await eventually(lambda: view.running("app=burst", 6), within=180, what="6 pods Running")
+
+        async def settled() -> bool:
+            return not await one_running_job_per_pod(stage, "app=burst")
+
+        await eventually(settled, within=90, what="one RUNNING job per pod, none without its pod")
+        print(f"\n{victim} SIGKILLed with {killed_with} placeholder job(s) submitted of 6")
+        await view.apps.patch_namespaced_deployment_scale(
+            "burst", cluster_namespace, {"spec": {"replicas": 0}}
+        )
+
+        async def settled_empty() -> bool:
+            return not await view.pods("app=burst") and not await one_running_job_per_pod(stage, "app=burst")
+
+        await eventually(settled_empty, within=90, what="no placeholder job left after scaling to 0")
+
+
+async def test_a_pod_waits_in_slurms_queue_with_slurms_reason_then_binds(
+    *,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    slurm_root: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    async with slurm_stage(
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        root=slurm_root,
+        tmp=tmp_path,
+    ) as stage:
+        view, bed = stage.view, stage.bed
+        # Site jobs, not Bindery's, fill both nodes: Kubernetes sees two empty nodes, Slurm none.
+        site = [_site_job(bed, node.name, node.cpus) for node in bed.nodes]
+        await eventually(lambda: _all_running(bed, site), within=30, what="the site's jobs RUNNING")
+        await view.apps.create_namespaced_deployment(
+            cluster_namespace,
+            deployment("queued", replicas=1, cpu="1", scheduler=stage.scheduler, pool=stage.pool),
+        )
+
+        async def slurms_reason() -> str | None:
+            for pod in await view.pods("app=queued"):
+                for condition in (pod.get("status") or {}).get("conditions") or []:
+                    message = condition.get("message") or ""
+                    if condition["type"] == "PodScheduled" and "PENDING" in message:
+                        return str(message)
+            return None
+
+        reason = await eventually(slurms_reason, within=60, what="Slurm's reason on the pending pod")
+        print(f"\nthe pending pod says: {reason}")
+        assert "Resources" in reason
+        assert [r["state"] for r in bed.squeue() if r["name"].startswith("bindery:")] == ["PENDING"]
+        bed.run_client("scancel", *map(str, site))
+        await eventually(
+            lambda: view.running("app=queued", 1), within=90, what="the queued pod bound and Running"
+        )
+        assert await one_running_job_per_pod(stage, "app=queued") == []
+
+
+def _site_job(bed: SlurmBed, node: str, cpus: int) -> int:
+    out = bed.run_client(
+        "sbatch", "--parsable", f"--nodelist={node}", f"--cpus-per-task={cpus}", "--mem=64",
+        "--output=/dev/null", "--chdir=/tmp", "--job-name=site-job", "--wrap=exec sleep 100000",
+    )  # fmt: skip
+    return int(out.strip().split(";")[0])
+
+
+async def _all_running(bed: SlurmBed, jobs: list[int]) -> bool:
+    states = {row["id"]: row["state"] for row in bed.squeue()}
+    return all(states.get(str(job)) == "RUNNING" for job in jobs)

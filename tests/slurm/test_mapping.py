@@ -1,0 +1,68 @@
+"""The adapter's pure mappings: node map, job size, the comment that carries a reservation."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from bindery.rm.models import ReservationRequest
+from bindery.slurm_rm.mapping import JobRecord, NodeMapError, allowed, job_size, parse_node_map
+
+
+def _request(resources: dict[str, str], **placement: object) -> ReservationRequest:
+    return ReservationRequest.model_validate(
+        {
+            "pod": {"uid": "u1", "namespace": "ns", "name": "p", "schedulerName": "s"},
+            "resources": resources,
+            "placement": placement,
+            "idempotencyKey": "u1",
+            "ttlSeconds": 30,
+        }
+    )
+
+
+def test_a_job_asks_for_whole_cpus_and_mebibytes_never_zero() -> None:
+    size, unmapped = job_size(_request({"cpu": "1500m", "memory": "100Mi", "pods": "1"}))
+    assert (size.cpus, size.memory_mib, unmapped) == (2, 100, [])
+    size, _ = job_size(_request({"cpu": "100m"}))
+    assert (size.cpus, size.memory_mib) == (1, 1)  # no memory request would get the whole node
+
+
+def test_an_extended_resource_is_reported_as_unmapped() -> None:
+    _, unmapped = job_size(_request({"cpu": "1", "nvidia.com/gpu": "1", "example.com/zero": "0"}))
+    assert unmapped == ["nvidia.com/gpu"]
+
+
+def test_node_map_from_pairs_and_from_a_file(tmp_path: pathlib.Path) -> None:
+    assert [(n.name, n.slurm) for n in parse_node_map("k0=s0, k1=s1")] == [("k0", "s0"), ("k1", "s1")]
+    path = tmp_path / "map.yaml"
+    path.write_text(
+        "nodes:\n- {name: k0, slurm: s0, labels: {zone: a},\n"
+        "   taints: [{key: x, value: y, effect: NoSchedule}]}\n"
+        "- {name: s1}\n"
+    )
+    nodes = parse_node_map(str(path))
+    assert [(n.name, n.slurm, dict(n.labels)) for n in nodes] == [
+        ("k0", "s0", {"zone": "a"}),
+        ("s1", "s1", {}),
+    ]
+    assert allowed(nodes[0], _request({"cpu": "1"})) == "had untolerated taint {x: y}"
+    assert allowed(nodes[0], _request({"cpu": "1"}, tolerations=[{"operator": "Exists"}])) is None
+    assert allowed(nodes[1], _request({"cpu": "1"}, nodeSelector={"zone": "a"})) is not None
+
+
+@pytest.mark.parametrize("text", ["k0", "k0=s0,k1=s0", "=s0", ""])
+def test_a_bad_node_map_is_refused(text: str) -> None:
+    with pytest.raises(NodeMapError):
+        parse_node_map(text)
+
+
+def test_the_comment_round_trips_and_ignores_other_jobs() -> None:
+    record = JobRecord(
+        key="k", pod_uid="u", scheduler="s", namespace="ns", name="p", node="k0", fingerprint="f",
+        resources={"cpu": "1"}, ttl=30, created=1.0, hold_until=2.0,
+    )  # fmt: skip
+    assert JobRecord.decode(record.encode()) == record
+    assert JobRecord.decode("a user's own comment") is None
+    assert JobRecord.decode('{"tag": "something else"}') is None
