@@ -12,6 +12,8 @@ mount it. The three extension points:
   claim, the node affinity of the static volumes that could take it, or, if its class provisions,
   the class's ``allowedTopologies`` (no limit without them). A class that cannot provision
   (``kubernetes.io/no-provisioner``) with no matching volume left is Unschedulable.
+  A bound volume's zone and region labels limit the pod too (kube-scheduler's VolumeZone plugin,
+  :func:`zone_terms`), whether or not the volume also has node affinity.
 * **PreBind** — on the node the RM chose: bound volumes are checked against it; each unbound
   WaitForFirstConsumer claim gets the smallest matching static volume on that node (its
   ``claimRef``, which the PV controller completes) or, for a provisioning class, the annotation
@@ -55,6 +57,8 @@ __all__ = [
     "compact_terms",
     "matching_volumes",
     "volume_for_node",
+    "zone_conflict",
+    "zone_terms",
 ]
 
 log = logging.getLogger(__name__)
@@ -70,6 +74,13 @@ UNDO_SECONDS = 1.0
 #: resets a stale one) instead of treating it as a user's reservation of the volume for that claim.
 BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
 _STATE = "VolumeBinding"
+
+ZONE, REGION = "topology.kubernetes.io/zone", "topology.kubernetes.io/region"
+BETA_ZONE, BETA_REGION = "failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region"
+#: The labels VolumeZone reads on volumes and nodes; a beta key on a volume also matches the node's
+#: GA key when the node lacks the beta one (upstream's translateToGALabel).
+TOPOLOGY_LABELS = (BETA_ZONE, BETA_REGION, ZONE, REGION)
+_GA = {BETA_ZONE: ZONE, BETA_REGION: REGION}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -261,6 +272,56 @@ def compact_terms(terms: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]
     return [*singles, *rest]
 
 
+def _label_zones(value: str) -> list[str] | None:
+    """A zone label's values: ``a__b`` is zones a and b (upstream volumehelpers.LabelZonesToSet);
+    ``None`` for a malformed value (an empty part), which upstream ignores with a log line."""
+    zones = [part.strip() for part in value.split("__")]
+    return None if any(not zone for zone in zones) else zones
+
+
+def zone_terms(volume: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """Pure: nodeSelectorTerms for kube-scheduler's VolumeZone rule on a bound volume; ``None``: none.
+
+    Upstream (pkg/scheduler/framework/plugins/volumezone/volume_zone.go, v1.36): every zone or region
+    label of the volume must be matched by the node's label of that key (for a beta key, by the GA
+    key if the node lacks the beta one), except that a node with none of the four topology labels
+    passes (a single-zone cluster whose nodes are unlabelled). As ORed terms: "no topology label at
+    all", or, for every label of the volume, one of its allowed spellings. The volume's node affinity
+    is not looked at here; it is a separate constraint, ANDed by the cycle.
+    """
+    labels = _meta(volume).get("labels") or {}
+    alternatives: list[list[dict[str, Any]]] = [[]]  # ORed conjunctions, built label by label
+    found = False
+    for key in TOPOLOGY_LABELS:
+        if key not in labels:
+            continue
+        zones = _label_zones(str(labels[key]))
+        if zones is None:
+            continue
+        found = True
+        spellings: list[list[dict[str, Any]]] = [[{"key": key, "operator": "In", "values": zones}]]
+        if key in _GA:
+            spellings.append(
+                [
+                    {"key": key, "operator": "DoesNotExist", "values": []},
+                    {"key": _GA[key], "operator": "In", "values": zones},
+                ]
+            )
+        alternatives = [have + more for have in alternatives for more in spellings]
+    if not found:
+        return None
+    unlabelled = [{"key": key, "operator": "DoesNotExist", "values": []} for key in TOPOLOGY_LABELS]
+    return [{"matchExpressions": unlabelled}, *({"matchExpressions": a} for a in alternatives)]
+
+
+def zone_conflict(volume: Mapping[str, Any], node: NodeProjection) -> bool:
+    """Pure: whether the volume's zone labels rule the node out (VolumeZone's Filter)."""
+    terms = zone_terms(volume)
+    return terms is not None and not matches_required_affinity(
+        terms=terms, labels=node.labels, node_name=node.name
+    )
+
+
 def _usable_on(volume: Mapping[str, Any], node: NodeProjection) -> bool:
     return matches_required_affinity(terms=_volume_terms(volume), labels=node.labels, node_name=node.name)
 
@@ -319,6 +380,8 @@ class VolumeBinding:
                 )
             if terms is not None:
                 ctx.require_nodes(terms)
+            if view.bound and (zoned := zone_terms(view.volume or {})) is not None:
+                ctx.require_nodes(zoned)
         ctx.state[_STATE] = _CycleVolumes(claims=claims, candidates=candidates)
         return Status.success()
 
@@ -385,6 +448,13 @@ class VolumeBinding:
                         f'resource manager "{ctx.profile.name}" chose node "{node.name}", but volume '
                         f'"{_meta(view.volume).get("name")}" of claim "{view.name}" cannot be used there '
                         "(volume node affinity conflict)",
+                    )
+                if view.volume is not None and zone_conflict(view.volume, node):
+                    return self._failure(
+                        FailureKind.NODE_CHECK,
+                        f'resource manager "{ctx.profile.name}" chose node "{node.name}", but the zone '
+                        f'labels of volume "{_meta(view.volume).get("name")}" of claim "{view.name}" rule '
+                        "it out (VolumeZone: node(s) had no available volume zone)",
                     )
                 continue
             current = await access.claim(namespace=ctx.pod.namespace, name=view.name)
