@@ -42,6 +42,7 @@ from kubernetes_asyncio import client, watch
 
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import ReservationState
+from tests.placement.checker import check
 from tests.realrm import settled_invariants
 from tests.volumes import report
 from tests.volumes.provisioner import HOSTNAME, SELECTED_NODE, Provisioner
@@ -273,6 +274,12 @@ def volume_node(volume: Mapping[str, Any]) -> str | None:
         for value in expression["values"]
     ]
     return values[0] if len(values) == 1 else None
+
+
+async def read_node(stage: Stage, name: str) -> dict[str, Any]:
+    response = await stage.core.read_node(name, _preload_content=False)
+    document: dict[str, Any] = await response.json()
+    return document
 
 
 async def unschedulable(stage: Stage, pod: str) -> str | None:
@@ -604,3 +611,83 @@ async def failed_scheduling_event(stage: Stage, pod: str) -> list[str]:
         for e in events
         if e.get("reason") == "FailedScheduling" and (e.get("regarding") or {}).get("name") == pod
     ]
+
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+async def test_a_volume_labelled_with_a_zone_keeps_its_pods_in_that_zone(scheduler: str, env: Env) -> None:
+    """VolumeZone: a bound PV labelled zone-a (no node affinity, as in-tree cloud disks were) may only
+    be used by pods on zone-a nodes. Three pods share its claim and repel each other by hostname; the
+    pool has one zone-a node and two zone-b ones: one pod runs, on the zone-a node, the other two stay
+    Unschedulable. A scheduler that drops the rule spreads the three over the three nodes."""
+    async with staged(scheduler, env) as stage:
+        zones = ["zone-a", "zone-b", "zone-b"]
+        for node, zone in zip(stage.nodes, zones, strict=True):
+            await stage.core.patch_node(node, {"metadata": {"labels": {ZONE: zone}}})
+        disk = f"disk-{stage.token}"
+        spec: dict[str, Any] = {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": f"/mnt/bindery-test/{disk}"},
+            "claimRef": {"namespace": stage.namespace, "name": "data"},
+        }
+        labels = {TEST_LABEL: stage.token, ZONE: "zone-a"}
+        await stage.core.create_persistent_volume(
+            body={"metadata": {"name": disk, "labels": labels}, "spec": spec}
+        )
+        await claim(stage, "data", storage_class="", volume=disk)
+
+        async def claim_bound() -> bool:
+            return bool((await read(stage, "claim", "data")).get("status", {}).get("phase") == "Bound")
+
+        await eventually(claim_bound, within=60, what="the pre-bound claim Bound")
+        repel = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "zoned"}}, "topologyKey": HOSTNAME}
+                ]
+            }
+        }
+        names = [f"zoned-{i}" for i in range(3)]
+        for name in names:
+            body = template(
+                labels={"app": "zoned"}, cpu="100m", scheduler=stage.scheduler_name, pool=stage.pool
+            )
+            body["metadata"]["name"] = name
+            body["spec"]["affinity"] = repel
+            await stage.core.create_namespaced_pod(stage.namespace, body=with_claims(body, ["data"]))
+
+        async def decided() -> dict[str, str] | None:
+            outcome: dict[str, str] = {}
+            for name in names:
+                pod = await read(stage, "pod", name)
+                if pod["spec"].get("nodeName"):
+                    outcome[name] = pod["spec"]["nodeName"]
+                elif await unschedulable(stage, name) is not None:
+                    outcome[name] = "Unschedulable"
+            return outcome if len(outcome) == len(names) else None
+
+        outcome = await eventually(decided, within=90, what="every pod bound or reported Unschedulable")
+        placed_on = sorted(node for node in outcome.values() if node != "Unschedulable")
+        shown = ", ".join(f"{name}: {stage.short(node)}" for name, node in sorted(outcome.items()))
+        assert placed_on == [stage.nodes[0]], (
+            f"only the zone-a node may hold a pod of the zone-a disk: {shown}"
+        )
+        # The independent checker (no code shared with Bindery) agrees: no pod breaks VolumeZone.
+        pods = (await (await stage.core.list_namespaced_pod(stage.namespace, _preload_content=False)).json())[
+            "items"
+        ]
+        nodes = [await read_node(stage, node) for node in stage.nodes]
+        violations = check(
+            pods=pods,
+            nodes=nodes,
+            claims=[await read(stage, "claim", "data")],
+            volumes=[await read(stage, "pv", disk)],
+        )
+        assert violations == [], "\n".join(map(str, violations))
+        report.record("volume-zone", scheduler, f"1 pod on the zone-a node, 2 Unschedulable ({shown})")
+        await stage.settle()
