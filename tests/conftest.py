@@ -70,6 +70,10 @@ SLOW_TESTS = (
     # 25 s (call 15 s, teardown 3 s, with an e2e.test build beside it): two schedulers' rounds on the
     # cluster plane, the reference RM and the operator as processes
     "placement/test_side_by_side.py",
+    # 15 s and 17 s (call; 42 s for both with the cluster plane's start): 100 pods in 10 Deployments
+    # with hard spread or anti-affinity at maxInFlight 256, the operator SIGKILLed mid-burst in the
+    # second; the full 1,000-pod run is a command (the module's docstring)
+    "placement/test_rules_burst.py",
     # 75 s: the whole conformance kit against the Slurm adapter on a live slurmctld (CI's short
     # run is test_the_conformance_kit_short_run_passes, ~10 s)
     "slurm/test_adapter.py::test_the_conformance_kit_passes_every_check_the_adapter_serves",
