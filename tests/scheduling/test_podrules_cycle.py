@@ -3,6 +3,7 @@ NodeCheck against an RM that ignores the constraints, assume on success, forget 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from bindery.scheduling.framework import Ports, Profile
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import NodeProjection
 from tests.scheduling.fakes import Calls, FakeBinder, FakeConditions, FakeEvents, FakeNodes, FakePods, FakeRM
+from tests.scheduling.test_volumes import FakeVolumes, claim, pv
 
 HOST = "kubernetes.io/hostname"
 
@@ -39,9 +41,10 @@ class Rig:
         self.calls = Calls()
         self.node_list = [NodeProjection(name=f"n{i}", labels={HOST: f"n{i}"}) for i in range(nodes)]
         self.cache = PlacedPodCache(nodes=lambda: self.node_list) if with_cache else None
-        self.rm = FakeRM(self.calls, node=rm_node)
+        self.rm: FakeRM = FakeRM(self.calls, node=rm_node)
         self.pods = FakePods(self.calls)
         self.events = FakeEvents(self.calls)
+        self.volumes: FakeVolumes | None = None
 
     async def run(self, pod: PodInfo) -> Any:
         self.pods.pods[pod.uid] = pod
@@ -52,6 +55,7 @@ class Rig:
             events=self.events,
             conditions=FakeConditions(self.calls),
             placed=self.cache,
+            volumes=self.volumes,
         )
         profile = Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=self.rm)
         return await schedule_one(pod=pod, profile=profile, ports=ports)
@@ -142,3 +146,85 @@ async def test_before_the_placed_pod_watch_listed_a_pod_with_rules_waits_then_er
     assert rig.rm.requests == []
     rig.cache.mark_synced()
     assert (await rig.run(anti_pod("a"))).outcome is Outcome.BOUND
+
+
+# -- VolumeRestrictions: a ReadWriteOncePod claim is one pod's ---------------------------------------
+
+
+class SlowRM(FakeRM):
+    """Answers a reserve after the event loop ran the other cycles: two cycles overlap."""
+
+    async def reserve(self, request: Any, /) -> Any:
+        await asyncio.sleep(0.01)
+        return await super().reserve(request)
+
+
+def claim_pod(name: str, claim: str = "data") -> PodInfo:
+    return PodInfo.from_body(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+            "spec": {
+                "schedulerName": "bindery",
+                "containers": [{"name": "c"}],
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}],
+            },
+        }
+    )
+
+
+def claim_rig(mode: str, **rig: Any) -> tuple[Rig, FakeVolumes]:
+    """A Rig whose claim "data" is bound (to a volume usable anywhere) with access mode `mode`."""
+    base = Rig(**rig)
+    volumes = FakeVolumes(base.calls)
+    bound = claim("data", volume="pv-1")
+    bound["spec"]["accessModes"] = [mode]
+    volumes.claims["data"] = bound
+    volumes.pvs["pv-1"] = pv("pv-1", node=None)
+    base.volumes = volumes
+    return base, volumes
+
+
+def holder(uid: str, *, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": "ns", "name": uid},
+        "spec": {
+            "nodeName": "n1",
+            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+async def test_a_read_write_once_pod_claim_in_use_is_unschedulable_naming_the_rule() -> None:
+    rig, _ = claim_rig("ReadWriteOncePod")
+    assert rig.cache is not None
+    rig.cache.on_event("ADDED", holder("other"))
+    outcome = await rig.run(claim_pod("p"))
+    assert outcome.outcome is Outcome.UNSCHEDULABLE
+    assert outcome.failure is not None
+    assert "VolumeRestrictions" in outcome.failure.message
+    assert 'persistentvolumeclaim "data"' in outcome.failure.message
+    assert rig.rm.requests == []  # refused before anything was reserved
+
+
+async def test_a_shared_read_write_once_claim_and_a_finished_holder_do_not_refuse() -> None:
+    shared, _ = claim_rig("ReadWriteOnce")
+    assert shared.cache is not None
+    shared.cache.on_event("ADDED", holder("other"))
+    assert (await shared.run(claim_pod("p"))).outcome is Outcome.BOUND
+    finished, _ = claim_rig("ReadWriteOncePod")
+    assert finished.cache is not None
+    finished.cache.on_event("ADDED", holder("done", phase="Succeeded"))
+    assert (await finished.run(claim_pod("p"))).outcome is Outcome.BOUND
+
+
+async def test_two_racing_pods_of_one_read_write_once_pod_claim_bind_only_one() -> None:
+    """Both cycles run at once; the second waits for the first to name its node, then sees the
+    claim taken (kube-scheduler's assume cache, which one scheduling loop gets for free)."""
+    rig, _ = claim_rig("ReadWriteOncePod")
+    rig.rm = SlowRM(rig.calls, node="n0")
+    outcomes = await asyncio.gather(rig.run(claim_pod("a")), rig.run(claim_pod("b")))
+    assert sorted(o.outcome.value for o in outcomes) == sorted(
+        [Outcome.BOUND.value, Outcome.UNSCHEDULABLE.value]
+    )
+    assert len(rig.rm.requests) == 1

@@ -44,6 +44,7 @@ from bindery.scheduling.decisions import Failure, FailureKind, Stage
 from bindery.scheduling.defaults import call_budget
 from bindery.scheduling.framework import CycleContext, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS
+from bindery.scheduling.placementrules import EXCLUSIVE_CLAIMS
 from bindery.scheduling.ports import NodeProjection, VolumeAccess, VolumeError
 
 __all__ = [
@@ -66,6 +67,7 @@ log = logging.getLogger(__name__)
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
 NO_PROVISIONER = "kubernetes.io/no-provisioner"
 WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
+READ_WRITE_ONCE_POD = "ReadWriteOncePod"
 #: How often PreBind looks at the claims while it waits for them to be bound.
 POLL_SECONDS = 0.5
 #: How long Unreserve may spend removing selected-node annotations (it also runs on a pause).
@@ -383,6 +385,15 @@ class VolumeBinding:
             if view.bound and (zoned := zone_terms(view.volume or {})) is not None:
                 ctx.require_nodes(zoned)
         ctx.state[_STATE] = _CycleVolumes(claims=claims, candidates=candidates)
+        # VolumeRestrictions: PodPlacementRules refuses these if another pod uses one, once the
+        # in-flight cycles of pods sharing a claim have named their nodes.
+        exclusive = tuple(
+            view.name
+            for view in claims
+            if READ_WRITE_ONCE_POD in (_spec(view.claim).get("accessModes") or ())
+        )
+        if exclusive:
+            ctx.state[EXCLUSIVE_CLAIMS] = exclusive
         return Status.success()
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
