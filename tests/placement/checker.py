@@ -31,6 +31,8 @@ reading the upstream plugins (``k8s.io/kubernetes@v1.36.3/pkg/scheduler/framewor
   zone/region label of the PV (GA or beta key; ``a__b`` lists zones) must be matched by the node's
   label of the same key, or, for a beta key the node lacks, by its GA key; a node with none of the
   four labels is exempt. Needs ``claims`` and ``volumes``.
+- ReadWriteOncePod claims (``volumerestrictions``): at most one bound pod uses such a claim; every
+  pod of a claim used by two or more is reported. Needs ``claims``.
 - node resources (``noderesources/fit.go``): the requests of the node's pods (containers, init
   containers and sidecars as the kubelet admits them, pod-level requests, overhead) within the
   node's allocatable, and the number of pods within ``allocatable.pods``.
@@ -80,6 +82,7 @@ RULES = (
     "topologySpread",
     "hostPorts",
     "volumeZone",
+    "readWriteOncePod",
     "resources",
 )
 
@@ -446,6 +449,7 @@ def check(
         found += _check_spread(pod, node, world)
         found += _check_host_ports(pod, node, world)
         found += _check_volume_zone(pod, node, world)
+    found += _check_read_write_once_pod(checked, world)
     found += _check_resources(world, {_key(p) for p in checked})
     return sorted(set(found), key=lambda v: (RULES.index(v.rule), v.pod, v.node, v.detail))
 
@@ -697,6 +701,34 @@ def _check_volume_zone(pod: Obj, node: Obj, world: _World) -> list[Violation]:
                         f"volume {pv['metadata']['name']} has {key}={value}, the node {have!r}",
                     )
                 )
+    return out
+
+
+def _claim_names(pod: Obj) -> set[str]:
+    return {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"].get("volumes") or ()
+        if (v.get("persistentVolumeClaim") or {}).get("claimName")
+    }
+
+
+def _check_read_write_once_pod(checked: Sequence[Obj], world: _World) -> list[Violation]:
+    users: dict[tuple[str, str], list[Obj]] = defaultdict(list)
+    for p in world.pods:
+        for name in _claim_names(p):
+            users[(p["metadata"].get("namespace", ""), name)].append(p)
+    in_scope = {_key(p) for p in checked}
+    out = []
+    for (namespace, name), pods in users.items():
+        claim = world.claims.get((namespace, name))
+        modes = ((claim or {}).get("spec") or {}).get("accessModes") or ()
+        if "ReadWriteOncePod" not in modes or len(pods) < 2:
+            continue
+        for p in pods:
+            if _key(p) in in_scope:
+                others = ", ".join(sorted(_key(o) for o in pods if o is not p))
+                detail = f"claim {name} is ReadWriteOncePod and also used by {others}"
+                out.append(Violation("readWriteOncePod", _key(p), p["spec"]["nodeName"], detail))
     return out
 
 

@@ -691,3 +691,60 @@ async def test_a_volume_labelled_with_a_zone_keeps_its_pods_in_that_zone(schedul
         assert violations == [], "\n".join(map(str, violations))
         report.record("volume-zone", scheduler, f"1 pod on the zone-a node, 2 Unschedulable ({shown})")
         await stage.settle()
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+async def test_a_read_write_once_pod_claim_in_use_leaves_a_second_pod_unschedulable(
+    scheduler: str, env: Env
+) -> None:
+    """VolumeRestrictions: a claim with access mode ReadWriteOncePod is one pod's. A second pod of the
+    claim stays Unschedulable, naming the access mode, and gets no reservation; the kubelet would
+    refuse to mount it."""
+    async with staged(scheduler, env) as stage:
+        disk = f"single-{stage.token}"
+        spec: dict[str, Any] = {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOncePod"],
+            "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": f"/mnt/bindery-test/{disk}"},
+            "claimRef": {"namespace": stage.namespace, "name": "data"},
+        }
+        await stage.core.create_persistent_volume(
+            body={"metadata": {"name": disk, "labels": {TEST_LABEL: stage.token}}, "spec": spec}
+        )
+        await stage.core.create_namespaced_persistent_volume_claim(
+            stage.namespace,
+            body={
+                "metadata": {"name": "data"},
+                "spec": {
+                    "accessModes": ["ReadWriteOncePod"],
+                    "storageClassName": "",
+                    "volumeName": disk,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        )
+
+        async def claim_bound() -> bool:
+            return bool((await read(stage, "claim", "data")).get("status", {}).get("phase") == "Bound")
+
+        await eventually(claim_bound, within=60, what="the pre-bound claim Bound")
+        await create_pod(stage, "first", claims=["data"])
+
+        async def first_bound() -> str | None:
+            node = (await read(stage, "pod", "first"))["spec"].get("nodeName")
+            return str(node) if node else None
+
+        node = await eventually(first_bound, within=60, what="the first pod of the claim bound")
+        uid = await create_pod(stage, "second", claims=["data"])
+        message = await eventually(
+            lambda: unschedulable(stage, "second"), within=60, what="the second pod reported Unschedulable"
+        )
+        assert "ReadWriteOncePod" in message, message
+        if stage.bindery is not None:
+            assert await pod_reservations(stage, uid) == [], "no reservation for a pod whose claim is taken"
+        report.record(
+            "read-write-once-pod", scheduler, f"first on {stage.short(node)}; second Unschedulable: {message}"
+        )
+        await stage.settle()
