@@ -70,7 +70,7 @@ SLOW_TESTS = (
     # 25 s (call 15 s, teardown 3 s, with an e2e.test build beside it): two schedulers' rounds on the
     # cluster plane, the reference RM and the operator as processes
     "placement/test_side_by_side.py",
-    # 15 s and 17 s (call; 42 s for both with the cluster plane's start): 100 pods in 10 Deployments
+    # 11-15 s and 11-17 s (call; 30-42 s for both with the cluster plane): 100 pods in 10 Deployments
     # with hard spread or anti-affinity at maxInFlight 256, the operator SIGKILLed mid-burst in the
     # second; the full 1,000-pod run is a command (the module's docstring)
     "placement/test_rules_burst.py",
