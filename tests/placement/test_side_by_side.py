@@ -273,11 +273,6 @@ def report(ks: Run, bindery: Run) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 19: Bindery drops spread, pod (anti-)affinity and host ports until the podrules work "
-    "lands; strict, so the run that makes it pass fails until this mark is removed",
-)
 async def test_kube_scheduler_and_bindery_break_no_required_rule_on_the_same_nodes(
     *,
     cluster: ControlPlane,
