@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from bindery.constraints import matches_required_affinity
 from bindery.kube.placed import PlacedPodCache
 from bindery.scheduling import placementrules
 from bindery.scheduling.cycle import schedule_one
@@ -15,6 +16,7 @@ from bindery.scheduling.decisions import FailureKind, Outcome
 from bindery.scheduling.framework import Ports, Profile
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import NodeProjection
+from bindery.scheduling.volumes import csi_volume, over_volume_limits
 from tests.scheduling.fakes import Calls, FakeBinder, FakeConditions, FakeEvents, FakeNodes, FakePods, FakeRM
 from tests.scheduling.test_volumes import FakeVolumes, claim, pv
 
@@ -228,3 +230,100 @@ async def test_two_racing_pods_of_one_read_write_once_pod_claim_bind_only_one() 
         [Outcome.BOUND.value, Outcome.UNSCHEDULABLE.value]
     )
     assert len(rig.rm.requests) == 1
+
+
+# -- NodeVolumeLimits: a CSI driver's attach limit per node ------------------------------------------
+
+DRIVER = "csi.example.com"
+
+
+def csi_pv(name: str, handle: str, driver: str = DRIVER) -> dict[str, Any]:
+    volume = pv(name, node=None)
+    volume["spec"]["csi"] = {"driver": driver, "volumeHandle": handle}
+    return volume
+
+
+def csi_node(name: str, count: int | None, driver: str = DRIVER) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": driver, "nodeID": name}
+    if count is not None:
+        entry["allocatable"] = {"count": count}
+    return {"metadata": {"name": name}, "spec": {"drivers": [entry]}}
+
+
+def limits_rig(*, rm_node: str, limit: int, full: tuple[str, ...]) -> Rig:
+    """Two nodes whose CSINodes allow `limit` volumes of DRIVER; a pod on each node of `full` uses one
+    volume of it; the incoming pod "p" uses another (claim "data")."""
+    rig = Rig(rm_node=rm_node)
+    volumes = FakeVolumes(rig.calls)
+    volumes.csi = [csi_node("n0", limit), csi_node("n1", limit)]
+    volumes.claims["data"] = claim("data", volume="pv-new")
+    volumes.pvs["pv-new"] = csi_pv("pv-new", "h-new")
+    assert rig.cache is not None
+    for node in full:
+        volumes.claims[f"old-{node}"] = claim(f"old-{node}", volume=f"pv-{node}")
+        volumes.pvs[f"pv-{node}"] = csi_pv(f"pv-{node}", f"h-{node}")
+        holder_pod = {
+            "metadata": {"uid": f"on-{node}", "namespace": "ns", "name": f"on-{node}"},
+            "spec": {
+                "nodeName": node,
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": f"old-{node}"}}],
+            },
+        }
+        rig.cache.on_event("ADDED", holder_pod)
+    rig.volumes = volumes
+    return rig
+
+
+async def test_a_node_at_its_csi_attach_limit_is_excluded_and_an_rm_choosing_it_is_refused() -> None:
+    rig = limits_rig(rm_node="n1", limit=1, full=("n0",))
+    assert (await rig.run(claim_pod("p"))).outcome is Outcome.BOUND
+    [request] = rig.rm.requests
+    terms = request.placement.affinity_terms()
+    on = [
+        n.name
+        for n in rig.node_list
+        if matches_required_affinity(terms=terms, labels=n.labels, node_name=n.name)
+    ]
+    assert on == ["n1"]
+    ignored = limits_rig(rm_node="n0", limit=1, full=("n0",))  # an RM that ignores the terms
+    outcome = await ignored.run(claim_pod("p"))
+    assert outcome.failure is not None
+    assert outcome.failure.kind is FailureKind.NODE_CHECK
+    assert "NodeVolumeLimits" in outcome.failure.message
+    assert outcome.released
+
+
+async def test_every_node_at_its_csi_attach_limit_is_unschedulable_naming_the_rule() -> None:
+    rig = limits_rig(rm_node="n0", limit=1, full=("n0", "n1"))
+    outcome = await rig.run(claim_pod("p"))
+    assert outcome.outcome is Outcome.UNSCHEDULABLE
+    assert outcome.failure is not None
+    assert "NodeVolumeLimits: node(s) exceed max volume count" in outcome.failure.message
+    assert rig.rm.requests == []
+    roomy = limits_rig(rm_node="n0", limit=2, full=("n0", "n1"))
+    assert (await roomy.run(claim_pod("p"))).outcome is Outcome.BOUND
+
+
+def test_volume_limits_count_unique_volumes_per_driver_and_unbound_claims_by_their_class() -> None:
+    new = {(DRIVER, "h1")}
+    nodes = [
+        csi_node("shares", 1),
+        csi_node("full", 1),
+        csi_node("other-driver", 1, driver="x"),
+        csi_node("no-count", None),
+    ]
+    attached = {
+        "shares": {(DRIVER, "h1")},
+        "full": {(DRIVER, "h2")},
+        "other-driver": {("x", "h9")},
+        "no-count": {(DRIVER, "h3")},
+    }
+    # "shares" already has h1 (another pod of the same volume): it is not counted twice.
+    assert over_volume_limits(new=new, csi_nodes=nodes, attached=attached) == ["full"]
+    unbound = claim("fresh")
+    assert csi_volume(namespace="ns", claim=unbound, volume=None, storage_class={"provisioner": DRIVER}) == (
+        DRIVER,
+        "ns-fresh",
+    )
+    assert csi_volume(namespace="ns", claim=unbound, volume=None, storage_class=None) is None
+    assert csi_volume(namespace="ns", claim=None, volume=pv("local", node="n1"), storage_class=None) is None

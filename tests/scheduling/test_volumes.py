@@ -217,6 +217,7 @@ class FakeVolumes:
         self.pvs: dict[str, dict[str, Any]] = {}
         self.classes: dict[str, Mapping[str, Any]] = {"wffc": WFFC, "local": LOCAL, "fast": IMMEDIATE}
         self.provision_after: int | None = 1  # None: no provisioner runs
+        self.csi: list[dict[str, Any]] = []  # CSINodes
         #: called before each claim read with the number of reads so far (to change the world, or raise)
         self.before_read: Callable[[int], None] | None = None
         self._polls: dict[str, int] = {}
@@ -238,6 +239,12 @@ class FakeVolumes:
 
     async def storage_class(self, name: str) -> Mapping[str, Any] | None:
         return self.classes.get(name)
+
+    async def csi_nodes(self) -> list[Mapping[str, Any]]:
+        return [copy.deepcopy(n) for n in self.csi]
+
+    async def all_claims(self) -> list[Mapping[str, Any]]:
+        return [copy.deepcopy(c) for c in self.claims.values()]
 
     async def bind_volume(self, *, volume: Mapping[str, Any], claim: Mapping[str, Any]) -> None:
         name, claim_name = volume["metadata"]["name"], claim["metadata"]["name"]
