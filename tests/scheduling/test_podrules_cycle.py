@@ -251,11 +251,11 @@ def csi_node(name: str, count: int | None, driver: str = DRIVER) -> dict[str, An
 
 
 def limits_rig(*, rm_node: str, limit: int, full: tuple[str, ...]) -> Rig:
-    """Two nodes whose CSINodes allow `limit` volumes of DRIVER; a pod on each node of `full` uses one
+    """Three nodes whose CSINodes allow `limit` volumes of DRIVER; a pod on each node of `full` uses one
     volume of it; the incoming pod "p" uses another (claim "data")."""
-    rig = Rig(rm_node=rm_node)
+    rig = Rig(rm_node=rm_node, nodes=3)
     volumes = FakeVolumes(rig.calls)
-    volumes.csi = [csi_node("n0", limit), csi_node("n1", limit)]
+    volumes.csi = [csi_node(f"n{i}", limit) for i in range(3)]
     volumes.claims["data"] = claim("data", volume="pv-new")
     volumes.pvs["pv-new"] = csi_pv("pv-new", "h-new")
     assert rig.cache is not None
@@ -275,7 +275,7 @@ def limits_rig(*, rm_node: str, limit: int, full: tuple[str, ...]) -> Rig:
 
 
 async def test_a_node_at_its_csi_attach_limit_is_excluded_and_an_rm_choosing_it_is_refused() -> None:
-    rig = limits_rig(rm_node="n1", limit=1, full=("n0",))
+    rig = limits_rig(rm_node="n2", limit=1, full=("n0", "n1"))
     assert (await rig.run(claim_pod("p"))).outcome is Outcome.BOUND
     [request] = rig.rm.requests
     terms = request.placement.affinity_terms()
@@ -284,7 +284,7 @@ async def test_a_node_at_its_csi_attach_limit_is_excluded_and_an_rm_choosing_it_
         for n in rig.node_list
         if matches_required_affinity(terms=terms, labels=n.labels, node_name=n.name)
     ]
-    assert on == ["n1"]
+    assert on == ["n2"]  # the contract's metadata.name fields carry one node each
     ignored = limits_rig(rm_node="n0", limit=1, full=("n0",))  # an RM that ignores the terms
     outcome = await ignored.run(claim_pod("p"))
     assert outcome.failure is not None
@@ -294,13 +294,13 @@ async def test_a_node_at_its_csi_attach_limit_is_excluded_and_an_rm_choosing_it_
 
 
 async def test_every_node_at_its_csi_attach_limit_is_unschedulable_naming_the_rule() -> None:
-    rig = limits_rig(rm_node="n0", limit=1, full=("n0", "n1"))
+    rig = limits_rig(rm_node="n0", limit=1, full=("n0", "n1", "n2"))
     outcome = await rig.run(claim_pod("p"))
     assert outcome.outcome is Outcome.UNSCHEDULABLE
     assert outcome.failure is not None
     assert "NodeVolumeLimits: node(s) exceed max volume count" in outcome.failure.message
     assert rig.rm.requests == []
-    roomy = limits_rig(rm_node="n0", limit=2, full=("n0", "n1"))
+    roomy = limits_rig(rm_node="n0", limit=2, full=("n0", "n1", "n2"))
     assert (await roomy.run(claim_pod("p"))).outcome is Outcome.BOUND
 
 

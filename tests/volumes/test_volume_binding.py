@@ -748,3 +748,66 @@ async def test_a_read_write_once_pod_claim_in_use_leaves_a_second_pod_unschedula
             "read-write-once-pod", scheduler, f"first on {stage.short(node)}; second Unschedulable: {message}"
         )
         await stage.settle()
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+async def test_a_csi_attach_limit_of_one_volume_per_node_leaves_the_fourth_pod_unschedulable(
+    scheduler: str, env: Env
+) -> None:
+    """NodeVolumeLimits: each node's CSINode lets the driver attach one volume. Four pods, each with
+    a volume of its own of that driver, come one after the other: three run, one per node, and the
+    fourth is Unschedulable. A scheduler that ignores the limit puts two volumes on one node."""
+    async with staged(scheduler, env) as stage:
+        driver = f"csi.bindery.test-{stage.token}"
+        storage = client.StorageV1Api(stage.env.api)
+        for node in stage.nodes:
+            await storage.create_csi_node(
+                body={
+                    "metadata": {"name": node, "labels": {TEST_LABEL: stage.token}},
+                    "spec": {"drivers": [{"name": driver, "nodeID": node, "allocatable": {"count": 1}}]},
+                }
+            )
+        try:
+            names = [f"attach-{i}" for i in range(4)]
+            outcome: dict[str, str] = {}
+            for i, name in enumerate(names):
+                disk = f"{name}-{stage.token}"
+                spec: dict[str, Any] = {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "csi": {"driver": driver, "volumeHandle": f"handle-{i}"},
+                    "claimRef": {"namespace": stage.namespace, "name": name},
+                }
+                await stage.core.create_persistent_volume(
+                    body={"metadata": {"name": disk, "labels": {TEST_LABEL: stage.token}}, "spec": spec}
+                )
+                await claim(stage, name, storage_class="", volume=disk)
+
+                async def claim_bound(claim_name: str = name) -> bool:
+                    status = (await read(stage, "claim", claim_name)).get("status") or {}
+                    return bool(status.get("phase") == "Bound")
+
+                await eventually(claim_bound, within=60, what=f"claim {name} Bound")
+                await create_pod(stage, name, claims=[name])
+
+                async def decided(pod_name: str = name) -> str | None:
+                    node = (await read(stage, "pod", pod_name))["spec"].get("nodeName")
+                    if node:
+                        return str(node)
+                    message = await unschedulable(stage, pod_name)
+                    return f"Unschedulable ({message})" if message is not None else None
+
+                outcome[name] = await eventually(decided, within=60, what=f"{name} bound or Unschedulable")
+            shown = ", ".join(f"{n}: {stage.short(v)}" for n, v in outcome.items())
+            placed_on = [v for v in outcome.values() if not v.startswith("Unschedulable")]
+            assert sorted(placed_on) == sorted(stage.nodes), f"one volume per node: {shown}"
+            assert outcome[names[-1]].startswith("Unschedulable"), shown
+            message = str(await unschedulable(stage, names[-1]))
+            assert "volume count" in message, message
+            report.record("csi-attach-limit", scheduler, f"{shown}; the fourth: {message}")
+            await stage.settle()
+        finally:
+            with contextlib.suppress(client.ApiException):
+                await storage.delete_collection_csi_node(label_selector=f"{TEST_LABEL}={stage.token}")

@@ -42,7 +42,7 @@ from typing import Any
 
 from bindery.constraints import matches_required_affinity
 from bindery.quantity import QuantityError, parse_quantity
-from bindery.rm.models import NodeSelectorRequirement
+from bindery.rm.models import NodeSelectorTerm
 from bindery.scheduling.decisions import Failure, FailureKind, Stage
 from bindery.scheduling.defaults import call_budget
 from bindery.scheduling.framework import CycleContext, Status
@@ -548,13 +548,20 @@ class VolumeBinding:
                 f"NodeVolumeLimits: node(s) exceed max volume count (the pod's CSI volumes would pass "
                 f"the attach limit of driver(s) {', '.join(sorted(drivers))} on every node)"
             )
-        if len(excluded) > (cap := max_items(NodeSelectorRequirement, "values")):
+        # One requirement per node: Kubernetes allows exactly one value in a metadata.name field.
+        if len(excluded) > (cap := max_items(NodeSelectorTerm, "match_fields")):
             return Status.unschedulable(
-                f"TooManyTerms: NodeVolumeLimits excludes {len(excluded)} nodes, more than the {cap} values "
-                "a placement.requiredNodeAffinity requirement carries in the resource manager contract"
+                f"TooManyTerms: NodeVolumeLimits excludes {len(excluded)} nodes, more than the {cap} "
+                "matchFields a placement.requiredNodeAffinity term carries in the resource manager contract"
             )
         ctx.require_nodes(
-            [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": excluded}]}]
+            [
+                {
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "NotIn", "values": [name]} for name in excluded
+                    ]
+                }
+            ]
         )
         return frozenset(excluded)
 
