@@ -72,6 +72,10 @@ SLOW_TESTS = (
     # 16 s to 25 s (call 11 s to 15 s; 25 s beside an e2e.test build): two schedulers' rounds on the
     # cluster plane, the reference RM and the operator as processes
     "placement/test_side_by_side.py",
+    # 11-15 s and 11-17 s (call; 30-42 s for both with the cluster plane): 100 pods in 10 Deployments
+    # with hard spread or anti-affinity at maxInFlight 256, the operator SIGKILLed mid-burst in the
+    # second; the full 1,000-pod run is a command (the module's docstring)
+    "placement/test_rules_burst.py",
     # 23 s: slurmrestd tries a SIGKILLed slurmctld for ~9 s before it answers, then the restart
     "slurm/test_adapter.py::test_slurmctld_down_answers_unavailable_and_its_restart_keeps_the_reservations",
     # 20 s, 38 s, 19 s, 31 s (runs with the cluster plane up): Deployments bound through a live

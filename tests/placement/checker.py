@@ -27,6 +27,12 @@ reading the upstream plugins (``k8s.io/kubernetes@v1.36.3/pkg/scheduler/framewor
   the global minimum 0; ``count + self - min <= maxSkew``.
 - host ports (``nodeports``): same protocol and port, and the same host IP or either side 0.0.0.0;
   ports of regular containers and of restartable (sidecar) init containers.
+- volume zones (``volumezone/volume_zone.go``): for each claim of the pod bound to a PV, every
+  zone/region label of the PV (GA or beta key; ``a__b`` lists zones) must be matched by the node's
+  label of the same key, or, for a beta key the node lacks, by its GA key; a node with none of the
+  four labels is exempt. Needs ``claims`` and ``volumes``.
+- ReadWriteOncePod claims (``volumerestrictions``): at most one bound pod uses such a claim; every
+  pod of a claim used by two or more is reported. Needs ``claims``.
 - node resources (``noderesources/fit.go``): the requests of the node's pods (containers, init
   containers and sidecars as the kubelet admits them, pod-level requests, overhead) within the
   node's allocatable, and the number of pods within ``allocatable.pods``.
@@ -75,6 +81,8 @@ RULES = (
     "podAntiAffinity",
     "topologySpread",
     "hostPorts",
+    "volumeZone",
+    "readWriteOncePod",
     "resources",
 )
 
@@ -393,6 +401,8 @@ class _World:
     pods: list[Obj]  # bound, not terminal
     by_node: dict[str, list[Obj]]
     namespace_labels: dict[str, Mapping[str, str]]
+    claims: dict[tuple[str, str], Obj] = dataclasses.field(default_factory=dict)  # (namespace, name)
+    volumes: dict[str, Obj] = dataclasses.field(default_factory=dict)
 
 
 def check(
@@ -400,12 +410,15 @@ def check(
     pods: Iterable[Obj],
     nodes: Iterable[Obj],
     namespaces: Iterable[Obj] = (),
+    claims: Iterable[Obj] = (),
+    volumes: Iterable[Obj] = (),
     scope: Callable[[Obj], bool] | None = None,
 ) -> list[Violation]:
     """Every violation of a required rule by a bound pod in `scope` (default: every bound pod).
 
     `pods` is everything bound in the cluster (pods out of scope still count: their ports, their
-    requests, their anti-affinity against pods in scope); `namespaces` feed namespaceSelectors.
+    requests, their anti-affinity against pods in scope); `namespaces` feed namespaceSelectors;
+    `claims` (PersistentVolumeClaims) and `volumes` (PersistentVolumes) feed the volume rules.
     """
     node_map = {n["metadata"]["name"]: n for n in nodes}
     bound = [p for p in pods if p["spec"].get("nodeName") and not _terminal(p)]
@@ -417,6 +430,8 @@ def check(
         pods=bound,
         by_node=by_node,
         namespace_labels={n["metadata"]["name"]: _labels(n) for n in namespaces},
+        claims={(c["metadata"].get("namespace", ""), c["metadata"]["name"]): c for c in claims},
+        volumes={v["metadata"]["name"]: v for v in volumes},
     )
     checked = [p for p in bound if scope is None or scope(p)]
     found: list[Violation] = []
@@ -433,6 +448,8 @@ def check(
         found += _check_pod_anti_affinity(pod, node, world)
         found += _check_spread(pod, node, world)
         found += _check_host_ports(pod, node, world)
+        found += _check_volume_zone(pod, node, world)
+    found += _check_read_write_once_pod(checked, world)
     found += _check_resources(world, {_key(p) for p in checked})
     return sorted(set(found), key=lambda v: (RULES.index(v.rule), v.pod, v.node, v.detail))
 
@@ -636,6 +653,82 @@ def _check_host_ports(pod: Obj, node: Obj, world: _World) -> list[Violation]:
                             f"{a[1]} {a[0]}:{a[2]} conflicts with {_key(other)}'s {b[0]}:{b[2]}",
                         )
                     )
+    return out
+
+
+_ZONE_LABELS = {
+    "failure-domain.beta.kubernetes.io/zone": "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region": "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone": None,
+    "topology.kubernetes.io/region": None,
+}
+
+
+def _pod_volumes(pod: Obj, world: _World) -> list[Obj]:
+    """The PVs the pod's claims are bound to (claims not bound, or not given, are skipped)."""
+    found = []
+    for volume in pod["spec"].get("volumes") or ():
+        source = volume.get("persistentVolumeClaim")
+        if not source:
+            continue
+        claim = world.claims.get((pod["metadata"].get("namespace", ""), source.get("claimName")))
+        pv_name = ((claim or {}).get("spec") or {}).get("volumeName")
+        if pv_name and pv_name in world.volumes:
+            found.append(world.volumes[pv_name])
+    return found
+
+
+def _check_volume_zone(pod: Obj, node: Obj, world: _World) -> list[Violation]:
+    node_labels = _labels(node)
+    if not any(key in node_labels for key in _ZONE_LABELS):
+        return []  # upstream: a node without topology labels accepts any volume
+    out = []
+    for pv in _pod_volumes(pod, world):
+        for key, ga in _ZONE_LABELS.items():
+            value = _labels(pv).get(key)
+            if value is None:
+                continue
+            zones = value.split("__")
+            if "" in [z.strip() for z in zones]:
+                continue  # malformed: upstream ignores the label
+            have = node_labels.get(key, node_labels.get(ga) if ga else None)
+            if have not in {z.strip() for z in zones}:
+                out.append(
+                    Violation(
+                        "volumeZone",
+                        _key(pod),
+                        node["metadata"]["name"],
+                        f"volume {pv['metadata']['name']} has {key}={value}, the node {have!r}",
+                    )
+                )
+    return out
+
+
+def _claim_names(pod: Obj) -> set[str]:
+    return {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"].get("volumes") or ()
+        if (v.get("persistentVolumeClaim") or {}).get("claimName")
+    }
+
+
+def _check_read_write_once_pod(checked: Sequence[Obj], world: _World) -> list[Violation]:
+    users: dict[tuple[str, str], list[Obj]] = defaultdict(list)
+    for p in world.pods:
+        for name in _claim_names(p):
+            users[(p["metadata"].get("namespace", ""), name)].append(p)
+    in_scope = {_key(p) for p in checked}
+    out = []
+    for (namespace, name), pods in users.items():
+        claim = world.claims.get((namespace, name))
+        modes = ((claim or {}).get("spec") or {}).get("accessModes") or ()
+        if "ReadWriteOncePod" not in modes or len(pods) < 2:
+            continue
+        for p in pods:
+            if _key(p) in in_scope:
+                others = ", ".join(sorted(_key(o) for o in pods if o is not p))
+                detail = f"claim {name} is ReadWriteOncePod and also used by {others}"
+                out.append(Violation("readWriteOncePod", _key(p), p["spec"]["nodeName"], detail))
     return out
 
 

@@ -470,3 +470,58 @@ def test_terminal_pods_hold_nothing_and_pods_out_of_scope_still_count() -> None:
     )
     # Only the pod in scope is reported; the default-namespace pod has no terms of its own anyway.
     assert rules(found) == [("podAntiAffinity", "mine/mine", "n1")]
+
+
+def test_volume_zone_labels_of_bound_volumes_must_match_the_nodes() -> None:
+    def pv(name: str, **labels: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": labels}, "spec": {}}
+
+    def claim(name: str, volume: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "default"}, "spec": {"volumeName": volume}}
+
+    def using(name: str, on: str, claim_name: str) -> dict[str, Any]:
+        return pod(name, on, volumes=[{"name": "v", "persistentVolumeClaim": {"claimName": claim_name}}])
+
+    beta = "failure-domain.beta.kubernetes.io/zone"
+    found = check(
+        pods=[
+            using("right", "a1", "in-a"),
+            using("wrong", "b1", "in-a"),
+            using("bare", "bare", "in-a"),  # a node with no topology label accepts any volume
+            using("beta-ga", "a1", "beta-a"),  # a beta key on the volume matches the node's GA key
+            using("multi", "b1", "a-or-b"),
+        ],
+        nodes=[node("a1", zone="a"), node("b1", zone="b"), node("bare", zone=None)],
+        claims=[claim("in-a", "pv-a"), claim("beta-a", "pv-beta"), claim("a-or-b", "pv-ab")],
+        volumes=[pv("pv-a", **{ZONE: "a"}), pv("pv-beta", **{beta: "a"}), pv("pv-ab", **{ZONE: "a__b"})],
+    )
+    assert rules(found) == [("volumeZone", "default/wrong", "b1")]
+
+
+def test_a_read_write_once_pod_claim_used_by_two_bound_pods_is_a_violation_for_both() -> None:
+    def claim(name: str, mode: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "default"}, "spec": {"accessModes": [mode]}}
+
+    def using(name: str, on: str | None, claim_name: str) -> dict[str, Any]:
+        return pod(name, on, volumes=[{"name": "v", "persistentVolumeClaim": {"claimName": claim_name}}])
+
+    found = check(
+        pods=[
+            using("a", "n1", "single"),
+            using("b", "n2", "single"),
+            using("pending", None, "single"),  # not bound: holds nothing
+            using("c", "n1", "shared"),
+            using("d", "n1", "shared"),  # ReadWriteOnce: two pods on a node may share it
+            using("alone", "n2", "other"),
+        ],
+        nodes=[node("n1"), node("n2")],
+        claims=[
+            claim("single", "ReadWriteOncePod"),
+            claim("shared", "ReadWriteOnce"),
+            claim("other", "ReadWriteOncePod"),
+        ],
+    )
+    assert rules(found) == [
+        ("readWriteOncePod", "default/a", "n1"),
+        ("readWriteOncePod", "default/b", "n2"),
+    ]

@@ -3,10 +3,12 @@ NodeCheck against an RM that ignores the constraints, assume on success, forget 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
+from bindery.constraints import matches_required_affinity
 from bindery.kube.placed import PlacedPodCache
 from bindery.scheduling import placementrules
 from bindery.scheduling.cycle import schedule_one
@@ -14,7 +16,9 @@ from bindery.scheduling.decisions import FailureKind, Outcome
 from bindery.scheduling.framework import Ports, Profile
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import NodeProjection
+from bindery.scheduling.volumes import csi_volume, over_volume_limits
 from tests.scheduling.fakes import Calls, FakeBinder, FakeConditions, FakeEvents, FakeNodes, FakePods, FakeRM
+from tests.scheduling.test_volumes import FakeVolumes, claim, pv
 
 HOST = "kubernetes.io/hostname"
 
@@ -39,9 +43,10 @@ class Rig:
         self.calls = Calls()
         self.node_list = [NodeProjection(name=f"n{i}", labels={HOST: f"n{i}"}) for i in range(nodes)]
         self.cache = PlacedPodCache(nodes=lambda: self.node_list) if with_cache else None
-        self.rm = FakeRM(self.calls, node=rm_node)
+        self.rm: FakeRM = FakeRM(self.calls, node=rm_node)
         self.pods = FakePods(self.calls)
         self.events = FakeEvents(self.calls)
+        self.volumes: FakeVolumes | None = None
 
     async def run(self, pod: PodInfo) -> Any:
         self.pods.pods[pod.uid] = pod
@@ -52,6 +57,7 @@ class Rig:
             events=self.events,
             conditions=FakeConditions(self.calls),
             placed=self.cache,
+            volumes=self.volumes,
         )
         profile = Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=self.rm)
         return await schedule_one(pod=pod, profile=profile, ports=ports)
@@ -142,3 +148,182 @@ async def test_before_the_placed_pod_watch_listed_a_pod_with_rules_waits_then_er
     assert rig.rm.requests == []
     rig.cache.mark_synced()
     assert (await rig.run(anti_pod("a"))).outcome is Outcome.BOUND
+
+
+# -- VolumeRestrictions: a ReadWriteOncePod claim is one pod's ---------------------------------------
+
+
+class SlowRM(FakeRM):
+    """Answers a reserve after the event loop ran the other cycles: two cycles overlap."""
+
+    async def reserve(self, request: Any, /) -> Any:
+        await asyncio.sleep(0.01)
+        return await super().reserve(request)
+
+
+def claim_pod(name: str, claim: str = "data") -> PodInfo:
+    return PodInfo.from_body(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+            "spec": {
+                "schedulerName": "bindery",
+                "containers": [{"name": "c"}],
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}],
+            },
+        }
+    )
+
+
+def claim_rig(mode: str, **rig: Any) -> tuple[Rig, FakeVolumes]:
+    """A Rig whose claim "data" is bound (to a volume usable anywhere) with access mode `mode`."""
+    base = Rig(**rig)
+    volumes = FakeVolumes(base.calls)
+    bound = claim("data", volume="pv-1")
+    bound["spec"]["accessModes"] = [mode]
+    volumes.claims["data"] = bound
+    volumes.pvs["pv-1"] = pv("pv-1", node=None)
+    base.volumes = volumes
+    return base, volumes
+
+
+def holder(uid: str, *, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": "ns", "name": uid},
+        "spec": {
+            "nodeName": "n1",
+            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+async def test_a_read_write_once_pod_claim_in_use_is_unschedulable_naming_the_rule() -> None:
+    rig, _ = claim_rig("ReadWriteOncePod")
+    assert rig.cache is not None
+    rig.cache.on_event("ADDED", holder("other"))
+    outcome = await rig.run(claim_pod("p"))
+    assert outcome.outcome is Outcome.UNSCHEDULABLE
+    assert outcome.failure is not None
+    assert "VolumeRestrictions" in outcome.failure.message
+    assert 'persistentvolumeclaim "data"' in outcome.failure.message
+    assert rig.rm.requests == []  # refused before anything was reserved
+
+
+async def test_a_shared_read_write_once_claim_and_a_finished_holder_do_not_refuse() -> None:
+    shared, _ = claim_rig("ReadWriteOnce")
+    assert shared.cache is not None
+    shared.cache.on_event("ADDED", holder("other"))
+    assert (await shared.run(claim_pod("p"))).outcome is Outcome.BOUND
+    finished, _ = claim_rig("ReadWriteOncePod")
+    assert finished.cache is not None
+    finished.cache.on_event("ADDED", holder("done", phase="Succeeded"))
+    assert (await finished.run(claim_pod("p"))).outcome is Outcome.BOUND
+
+
+async def test_two_racing_pods_of_one_read_write_once_pod_claim_bind_only_one() -> None:
+    """Both cycles run at once; the second waits for the first to name its node, then sees the
+    claim taken (kube-scheduler's assume cache, which one scheduling loop gets for free)."""
+    rig, _ = claim_rig("ReadWriteOncePod")
+    rig.rm = SlowRM(rig.calls, node="n0")
+    outcomes = await asyncio.gather(rig.run(claim_pod("a")), rig.run(claim_pod("b")))
+    assert sorted(o.outcome.value for o in outcomes) == sorted(
+        [Outcome.BOUND.value, Outcome.UNSCHEDULABLE.value]
+    )
+    assert len(rig.rm.requests) == 1
+
+
+# -- NodeVolumeLimits: a CSI driver's attach limit per node ------------------------------------------
+
+DRIVER = "csi.example.com"
+
+
+def csi_pv(name: str, handle: str, driver: str = DRIVER) -> dict[str, Any]:
+    volume = pv(name, node=None)
+    volume["spec"]["csi"] = {"driver": driver, "volumeHandle": handle}
+    return volume
+
+
+def csi_node(name: str, count: int | None, driver: str = DRIVER) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": driver, "nodeID": name}
+    if count is not None:
+        entry["allocatable"] = {"count": count}
+    return {"metadata": {"name": name}, "spec": {"drivers": [entry]}}
+
+
+def limits_rig(*, rm_node: str, limit: int, full: tuple[str, ...]) -> Rig:
+    """Three nodes whose CSINodes allow `limit` volumes of DRIVER; a pod on each node of `full` uses one
+    volume of it; the incoming pod "p" uses another (claim "data")."""
+    rig = Rig(rm_node=rm_node, nodes=3)
+    volumes = FakeVolumes(rig.calls)
+    volumes.csi = [csi_node(f"n{i}", limit) for i in range(3)]
+    volumes.claims["data"] = claim("data", volume="pv-new")
+    volumes.pvs["pv-new"] = csi_pv("pv-new", "h-new")
+    assert rig.cache is not None
+    for node in full:
+        volumes.claims[f"old-{node}"] = claim(f"old-{node}", volume=f"pv-{node}")
+        volumes.pvs[f"pv-{node}"] = csi_pv(f"pv-{node}", f"h-{node}")
+        holder_pod = {
+            "metadata": {"uid": f"on-{node}", "namespace": "ns", "name": f"on-{node}"},
+            "spec": {
+                "nodeName": node,
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": f"old-{node}"}}],
+            },
+        }
+        rig.cache.on_event("ADDED", holder_pod)
+    rig.volumes = volumes
+    return rig
+
+
+async def test_a_node_at_its_csi_attach_limit_is_excluded_and_an_rm_choosing_it_is_refused() -> None:
+    rig = limits_rig(rm_node="n2", limit=1, full=("n0", "n1"))
+    assert (await rig.run(claim_pod("p"))).outcome is Outcome.BOUND
+    [request] = rig.rm.requests
+    terms = request.placement.affinity_terms()
+    on = [
+        n.name
+        for n in rig.node_list
+        if matches_required_affinity(terms=terms, labels=n.labels, node_name=n.name)
+    ]
+    assert on == ["n2"]  # the contract's metadata.name fields carry one node each
+    ignored = limits_rig(rm_node="n0", limit=1, full=("n0",))  # an RM that ignores the terms
+    outcome = await ignored.run(claim_pod("p"))
+    assert outcome.failure is not None
+    assert outcome.failure.kind is FailureKind.NODE_CHECK
+    assert "NodeVolumeLimits" in outcome.failure.message
+    assert outcome.released
+
+
+async def test_every_node_at_its_csi_attach_limit_is_unschedulable_naming_the_rule() -> None:
+    rig = limits_rig(rm_node="n0", limit=1, full=("n0", "n1", "n2"))
+    outcome = await rig.run(claim_pod("p"))
+    assert outcome.outcome is Outcome.UNSCHEDULABLE
+    assert outcome.failure is not None
+    assert "NodeVolumeLimits: node(s) exceed max volume count" in outcome.failure.message
+    assert rig.rm.requests == []
+    roomy = limits_rig(rm_node="n0", limit=2, full=("n0", "n1", "n2"))
+    assert (await roomy.run(claim_pod("p"))).outcome is Outcome.BOUND
+
+
+def test_volume_limits_count_unique_volumes_per_driver_and_unbound_claims_by_their_class() -> None:
+    new = {(DRIVER, "h1")}
+    nodes = [
+        csi_node("shares", 1),
+        csi_node("full", 1),
+        csi_node("other-driver", 1, driver="x"),
+        csi_node("no-count", None),
+    ]
+    attached = {
+        "shares": {(DRIVER, "h1")},
+        "full": {(DRIVER, "h2")},
+        "other-driver": {("x", "h9")},
+        "no-count": {(DRIVER, "h3")},
+    }
+    # "shares" already has h1 (another pod of the same volume): it is not counted twice.
+    assert over_volume_limits(new=new, csi_nodes=nodes, attached=attached) == ["full"]
+    unbound = claim("fresh")
+    assert csi_volume(namespace="ns", claim=unbound, volume=None, storage_class={"provisioner": DRIVER}) == (
+        DRIVER,
+        "ns-fresh",
+    )
+    assert csi_volume(namespace="ns", claim=unbound, volume=None, storage_class=None) is None
+    assert csi_volume(namespace="ns", claim=None, volume=pv("local", node="n1"), storage_class=None) is None

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bindery.constraints import matches_required_affinity
 from bindery.rm.errors import ProblemType, RMConflict
 from bindery.rm.models import Reservation, ReservationState
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
@@ -23,6 +24,7 @@ from bindery.scheduling.volumes import (
     compact_terms,
     matching_volumes,
     volume_for_node,
+    zone_terms,
 )
 from tests.scheduling.fakes import (
     Calls,
@@ -215,6 +217,7 @@ class FakeVolumes:
         self.pvs: dict[str, dict[str, Any]] = {}
         self.classes: dict[str, Mapping[str, Any]] = {"wffc": WFFC, "local": LOCAL, "fast": IMMEDIATE}
         self.provision_after: int | None = 1  # None: no provisioner runs
+        self.csi: list[dict[str, Any]] = []  # CSINodes
         #: called before each claim read with the number of reads so far (to change the world, or raise)
         self.before_read: Callable[[int], None] | None = None
         self._polls: dict[str, int] = {}
@@ -236,6 +239,12 @@ class FakeVolumes:
 
     async def storage_class(self, name: str) -> Mapping[str, Any] | None:
         return self.classes.get(name)
+
+    async def csi_nodes(self) -> list[Mapping[str, Any]]:
+        return [copy.deepcopy(n) for n in self.csi]
+
+    async def all_claims(self) -> list[Mapping[str, Any]]:
+        return [copy.deepcopy(c) for c in self.claims.values()]
 
     async def bind_volume(self, *, volume: Mapping[str, Any], claim: Mapping[str, Any]) -> None:
         name, claim_name = volume["metadata"]["name"], claim["metadata"]["name"]
@@ -563,3 +572,80 @@ async def test_a_kept_reservation_the_new_constraints_rule_out_is_released_and_r
     assert names.index("rm.release") < len(names) - names[::-1].index("rm.reserve") - 1
     assert ("release", "earlier", world.pod.uid) in world.rm.pod_uids
     assert outcome.reservation_id != "earlier"
+
+
+# -- VolumeZone: a bound volume's zone and region labels ---------------------------------------------
+
+
+def zoned_pv(name: str, **labels: str) -> dict[str, Any]:
+    """A bound volume with topology labels and no node affinity (a cloud disk as older CSI drivers
+    and the in-tree ones labelled it)."""
+    volume = pv(name, node=None)
+    volume["metadata"]["labels"] = dict(labels)
+    return volume
+
+
+ZONE_KEY, BETA_ZONE_KEY = "topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone"
+REGION_KEY = "topology.kubernetes.io/region"
+
+
+def zoned_node(name: str, **labels: str) -> NodeProjection:
+    return NodeProjection(name=name, labels={"kubernetes.io/hostname": name, **labels})
+
+
+def allowed(terms: list[dict[str, Any]], nodes: list[NodeProjection]) -> list[str]:
+    return [
+        n.name for n in nodes if matches_required_affinity(terms=terms, labels=n.labels, node_name=n.name)
+    ]
+
+
+ZONED_NODES = {
+    "n1": zoned_node("n1", **{ZONE_KEY: "a", REGION_KEY: "r1"}),
+    "n2": zoned_node("n2", **{ZONE_KEY: "b", REGION_KEY: "r1"}),
+    "n3": zoned_node("n3", **{ZONE_KEY: "b", REGION_KEY: "r2"}),
+    "bare": zoned_node("bare"),
+}
+
+
+def zoned_world(volume: dict[str, Any], *, rm_node: str) -> VolumeWorld:
+    world = VolumeWorld("data")
+    world.volumes.claims["data"] = claim("data", volume=volume["metadata"]["name"])
+    world.volumes.pvs[volume["metadata"]["name"]] = volume
+    world.rm = FakeRM(world.calls, node=rm_node)
+    world.nodes = FakeNodes(world.calls, dict(ZONED_NODES))
+    return world
+
+
+async def test_a_bound_volume_with_zone_labels_and_no_node_affinity_keeps_the_pod_in_its_zone() -> None:
+    """kube-scheduler's VolumeZone: a zone-b, region-r1 disk limits the pod to such nodes, and to
+    nodes with no topology label at all, which upstream lets through (single-zone clusters)."""
+    world = zoned_world(zoned_pv("disk", **{ZONE_KEY: "b", REGION_KEY: "r1"}), rm_node="n2")
+    outcome = await world.run()
+    assert outcome.outcome is Outcome.BOUND
+    [request] = world.rm.requests
+    assert allowed(request.placement.affinity_terms(), list(ZONED_NODES.values())) == ["n2", "bare"]
+
+
+def test_zone_terms_follow_volume_zones_beta_labels_and_multi_zone_values() -> None:
+    nodes = list(ZONED_NODES.values())
+    beta = zone_terms(zoned_pv("old", **{BETA_ZONE_KEY: "b"}))
+    assert beta is not None
+    # A beta label on the volume matches the GA label of a node that lacks the beta one.
+    assert allowed(beta, nodes) == ["n2", "n3", "bare"]
+    assert allowed(beta, [zoned_node("legacy", **{BETA_ZONE_KEY: "a", ZONE_KEY: "b"})]) == []
+    multi = zone_terms(zoned_pv("regional", **{ZONE_KEY: "a__b"}))
+    assert multi is not None
+    assert allowed(multi, nodes) == ["n1", "n2", "n3", "bare"]
+    assert zone_terms(zoned_pv("plain", team="x")) is None
+    assert zone_terms(zoned_pv("malformed", **{ZONE_KEY: "a__"})) is None  # ignored, as upstream does
+
+
+async def test_an_rm_choice_outside_the_volumes_zone_is_released_and_names_the_rule() -> None:
+    """NodeCheck: a third-party RM that ignores the zone terms is caught before the Binding."""
+    world = zoned_world(zoned_pv("disk", **{ZONE_KEY: "b"}), rm_node="n1")
+    outcome = await world.run()
+    assert outcome.failure is not None
+    assert outcome.failure.kind is FailureKind.NODE_CHECK
+    assert "VolumeZone" in outcome.failure.message
+    assert outcome.released
+    assert "binder.bind" not in world.calls.names()

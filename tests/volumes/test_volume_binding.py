@@ -42,6 +42,7 @@ from kubernetes_asyncio import client, watch
 
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import ReservationState
+from tests.placement.checker import check
 from tests.realrm import settled_invariants
 from tests.volumes import report
 from tests.volumes.provisioner import HOSTNAME, SELECTED_NODE, Provisioner
@@ -273,6 +274,12 @@ def volume_node(volume: Mapping[str, Any]) -> str | None:
         for value in expression["values"]
     ]
     return values[0] if len(values) == 1 else None
+
+
+async def read_node(stage: Stage, name: str) -> dict[str, Any]:
+    response = await stage.core.read_node(name, _preload_content=False)
+    document: dict[str, Any] = await response.json()
+    return document
 
 
 async def unschedulable(stage: Stage, pod: str) -> str | None:
@@ -604,3 +611,203 @@ async def failed_scheduling_event(stage: Stage, pod: str) -> list[str]:
         for e in events
         if e.get("reason") == "FailedScheduling" and (e.get("regarding") or {}).get("name") == pod
     ]
+
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+async def test_a_volume_labelled_with_a_zone_keeps_its_pods_in_that_zone(scheduler: str, env: Env) -> None:
+    """VolumeZone: a bound PV labelled zone-a (no node affinity, as in-tree cloud disks were) may only
+    be used by pods on zone-a nodes. Three pods share its claim and repel each other by hostname; the
+    pool has one zone-a node and two zone-b ones: one pod runs, on the zone-a node, the other two stay
+    Unschedulable. A scheduler that drops the rule spreads the three over the three nodes."""
+    async with staged(scheduler, env) as stage:
+        zones = ["zone-a", "zone-b", "zone-b"]
+        for node, zone in zip(stage.nodes, zones, strict=True):
+            await stage.core.patch_node(node, {"metadata": {"labels": {ZONE: zone}}})
+        disk = f"disk-{stage.token}"
+        spec: dict[str, Any] = {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": f"/mnt/bindery-test/{disk}"},
+            "claimRef": {"namespace": stage.namespace, "name": "data"},
+        }
+        labels = {TEST_LABEL: stage.token, ZONE: "zone-a"}
+        await stage.core.create_persistent_volume(
+            body={"metadata": {"name": disk, "labels": labels}, "spec": spec}
+        )
+        await claim(stage, "data", storage_class="", volume=disk)
+
+        async def claim_bound() -> bool:
+            return bool((await read(stage, "claim", "data")).get("status", {}).get("phase") == "Bound")
+
+        await eventually(claim_bound, within=60, what="the pre-bound claim Bound")
+        repel = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "zoned"}}, "topologyKey": HOSTNAME}
+                ]
+            }
+        }
+        names = [f"zoned-{i}" for i in range(3)]
+        for name in names:
+            body = template(
+                labels={"app": "zoned"}, cpu="100m", scheduler=stage.scheduler_name, pool=stage.pool
+            )
+            body["metadata"]["name"] = name
+            body["spec"]["affinity"] = repel
+            await stage.core.create_namespaced_pod(stage.namespace, body=with_claims(body, ["data"]))
+
+        async def decided() -> dict[str, str] | None:
+            outcome: dict[str, str] = {}
+            for name in names:
+                pod = await read(stage, "pod", name)
+                if pod["spec"].get("nodeName"):
+                    outcome[name] = pod["spec"]["nodeName"]
+                elif await unschedulable(stage, name) is not None:
+                    outcome[name] = "Unschedulable"
+            return outcome if len(outcome) == len(names) else None
+
+        outcome = await eventually(decided, within=90, what="every pod bound or reported Unschedulable")
+        placed_on = sorted(node for node in outcome.values() if node != "Unschedulable")
+        shown = ", ".join(f"{name}: {stage.short(node)}" for name, node in sorted(outcome.items()))
+        assert placed_on == [stage.nodes[0]], (
+            f"only the zone-a node may hold a pod of the zone-a disk: {shown}"
+        )
+        # The independent checker (no code shared with Bindery) agrees: no pod breaks VolumeZone.
+        pods = (await (await stage.core.list_namespaced_pod(stage.namespace, _preload_content=False)).json())[
+            "items"
+        ]
+        nodes = [await read_node(stage, node) for node in stage.nodes]
+        violations = check(
+            pods=pods,
+            nodes=nodes,
+            claims=[await read(stage, "claim", "data")],
+            volumes=[await read(stage, "pv", disk)],
+        )
+        assert violations == [], "\n".join(map(str, violations))
+        report.record("volume-zone", scheduler, f"1 pod on the zone-a node, 2 Unschedulable ({shown})")
+        await stage.settle()
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+async def test_a_read_write_once_pod_claim_in_use_leaves_a_second_pod_unschedulable(
+    scheduler: str, env: Env
+) -> None:
+    """VolumeRestrictions: a claim with access mode ReadWriteOncePod is one pod's. A second pod of the
+    claim stays Unschedulable, naming the access mode, and gets no reservation; the kubelet would
+    refuse to mount it."""
+    async with staged(scheduler, env) as stage:
+        disk = f"single-{stage.token}"
+        spec: dict[str, Any] = {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOncePod"],
+            "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": f"/mnt/bindery-test/{disk}"},
+            "claimRef": {"namespace": stage.namespace, "name": "data"},
+        }
+        await stage.core.create_persistent_volume(
+            body={"metadata": {"name": disk, "labels": {TEST_LABEL: stage.token}}, "spec": spec}
+        )
+        await stage.core.create_namespaced_persistent_volume_claim(
+            stage.namespace,
+            body={
+                "metadata": {"name": "data"},
+                "spec": {
+                    "accessModes": ["ReadWriteOncePod"],
+                    "storageClassName": "",
+                    "volumeName": disk,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        )
+
+        async def claim_bound() -> bool:
+            return bool((await read(stage, "claim", "data")).get("status", {}).get("phase") == "Bound")
+
+        await eventually(claim_bound, within=60, what="the pre-bound claim Bound")
+        await create_pod(stage, "first", claims=["data"])
+
+        async def first_bound() -> str | None:
+            node = (await read(stage, "pod", "first"))["spec"].get("nodeName")
+            return str(node) if node else None
+
+        node = await eventually(first_bound, within=60, what="the first pod of the claim bound")
+        uid = await create_pod(stage, "second", claims=["data"])
+        message = await eventually(
+            lambda: unschedulable(stage, "second"), within=60, what="the second pod reported Unschedulable"
+        )
+        assert "ReadWriteOncePod" in message, message
+        if stage.bindery is not None:
+            assert await pod_reservations(stage, uid) == [], "no reservation for a pod whose claim is taken"
+        report.record(
+            "read-write-once-pod", scheduler, f"first on {stage.short(node)}; second Unschedulable: {message}"
+        )
+        await stage.settle()
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+async def test_a_csi_attach_limit_of_one_volume_per_node_leaves_the_fourth_pod_unschedulable(
+    scheduler: str, env: Env
+) -> None:
+    """NodeVolumeLimits: each node's CSINode lets the driver attach one volume. Four pods, each with
+    a volume of its own of that driver, come one after the other: three run, one per node, and the
+    fourth is Unschedulable. A scheduler that ignores the limit puts two volumes on one node."""
+    async with staged(scheduler, env) as stage:
+        driver = f"csi.bindery.test-{stage.token}"
+        storage = client.StorageV1Api(stage.env.api)
+        for node in stage.nodes:
+            await storage.create_csi_node(
+                body={
+                    "metadata": {"name": node, "labels": {TEST_LABEL: stage.token}},
+                    "spec": {"drivers": [{"name": driver, "nodeID": node, "allocatable": {"count": 1}}]},
+                }
+            )
+        try:
+            names = [f"attach-{i}" for i in range(4)]
+            outcome: dict[str, str] = {}
+            for i, name in enumerate(names):
+                disk = f"{name}-{stage.token}"
+                spec: dict[str, Any] = {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "csi": {"driver": driver, "volumeHandle": f"handle-{i}"},
+                    "claimRef": {"namespace": stage.namespace, "name": name},
+                }
+                await stage.core.create_persistent_volume(
+                    body={"metadata": {"name": disk, "labels": {TEST_LABEL: stage.token}}, "spec": spec}
+                )
+                await claim(stage, name, storage_class="", volume=disk)
+
+                async def claim_bound(claim_name: str = name) -> bool:
+                    status = (await read(stage, "claim", claim_name)).get("status") or {}
+                    return bool(status.get("phase") == "Bound")
+
+                await eventually(claim_bound, within=60, what=f"claim {name} Bound")
+                await create_pod(stage, name, claims=[name])
+
+                async def decided(pod_name: str = name) -> str | None:
+                    node = (await read(stage, "pod", pod_name))["spec"].get("nodeName")
+                    if node:
+                        return str(node)
+                    message = await unschedulable(stage, pod_name)
+                    return f"Unschedulable ({message})" if message is not None else None
+
+                outcome[name] = await eventually(decided, within=60, what=f"{name} bound or Unschedulable")
+            shown = ", ".join(f"{n}: {stage.short(v)}" for n, v in outcome.items())
+            placed_on = [v for v in outcome.values() if not v.startswith("Unschedulable")]
+            assert sorted(placed_on) == sorted(stage.nodes), f"one volume per node: {shown}"
+            assert outcome[names[-1]].startswith("Unschedulable"), shown
+            message = str(await unschedulable(stage, names[-1]))
+            assert "volume count" in message, message
+            report.record("csi-attach-limit", scheduler, f"{shown}; the fourth: {message}")
+            await stage.settle()
+        finally:
+            with contextlib.suppress(client.ApiException):
+                await storage.delete_collection_csi_node(label_selector=f"{TEST_LABEL}={stage.token}")

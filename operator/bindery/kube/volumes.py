@@ -41,6 +41,19 @@ class KubeVolumes:
             raise VolumeError(f"reading the persistentvolumes failed: {_why(error)}") from error
         return list(listing.items)
 
+    async def csi_nodes(self) -> list[Mapping[str, Any]]:
+        return await self._list("csinodes", resources.CSI_NODES)
+
+    async def all_claims(self) -> list[Mapping[str, Any]]:
+        return await self._list("persistentvolumeclaims", resources.PVCS)
+
+    async def _list(self, what: str, resource: resources.Resource) -> list[Mapping[str, Any]]:
+        try:
+            listing = await list_all(self._api, resource, request_timeout=TIMEOUT_SECONDS)
+        except ApiError as error:
+            raise VolumeError(f"reading the {what} failed: {_why(error)}") from error
+        return list(listing.items)
+
     async def storage_class(self, name: str) -> Mapping[str, Any] | None:
         return await self._read(f"storageclass {name}", resources.STORAGE_CLASSES, name)
 

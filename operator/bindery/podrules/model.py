@@ -187,6 +187,9 @@ class PlacedPod:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     host_ports: tuple[HostPort, ...] = ()
     anti_affinity: tuple[AffinityTerm, ...] = ()
+    #: The PersistentVolumeClaims its volumes use (ephemeral ones as ``<pod>-<volume>``): a claim
+    #: with ReadWriteOncePod access is refused to any other pod (VolumeRestrictions).
+    claims: tuple[str, ...] = ()
     #: Being deleted: PodTopologySpread no longer counts it (upstream #87621); the others still do.
     terminating: bool = False
     #: Reserved by this process and not yet seen bound by the watch (kube-scheduler's assumed pod).

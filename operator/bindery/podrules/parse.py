@@ -164,6 +164,19 @@ def placed_pod(body: Mapping[str, Any], *, node: str | None = None) -> PlacedPod
         labels=labels,
         host_ports=host_ports(spec),
         anti_affinity=_affinity_terms(anti, labels),
+        claims=_claims(str(metadata.get("name") or ""), spec.get("volumes") or ()),
         terminating=metadata.get("deletionTimestamp") is not None,
         assumed=node is not None,
     )
+
+
+def _claims(pod_name: str, volumes: Any) -> tuple[str, ...]:
+    """The claim names of the pod's volumes; a generic ephemeral volume's claim is ``<pod>-<volume>``
+    (upstream counts both as the pod's use of a claim: NodeInfo's PVCRefCounts)."""
+    found = []
+    for volume in volumes:
+        if (source := volume.get("persistentVolumeClaim")) and source.get("claimName"):
+            found.append(str(source["claimName"]))
+        elif volume.get("ephemeral"):
+            found.append(f"{pod_name}-{volume.get('name')}")
+    return tuple(found)

@@ -58,6 +58,7 @@ class _Cycle:
     rules: PodRules
     seq: int
     started: float
+    claims: frozenset[str] = frozenset()
     settled: asyncio.Event | None = None  # created by the first waiter
 
 
@@ -83,6 +84,7 @@ class InFlight:
             rules=pod.rules,
             seq=next(self._seq),
             started=self._clock(),
+            claims=frozenset(pod.claims),
         )
         self.settle(pod.uid)  # a previous cycle of the same pod that never settled
         self._cycles[pod.uid] = cycle
@@ -99,13 +101,13 @@ class InFlight:
 
     def earlier_related(self, cycle: _Cycle, *, namespace_labels: Any) -> list[_Cycle]:
         now = self._clock()
-        pool = self._cycles.values() if cycle.rules else self._anti.values()
+        pool = self._cycles.values() if cycle.rules or cycle.claims else self._anti.values()
         return [
             other
             for other in pool
             if other.seq < cycle.seq
             and now - other.started < STALE_SECONDS
-            and _related(cycle, other, namespace_labels)
+            and (_related(cycle, other, namespace_labels) or _share_claims(cycle, other))
         ]
 
     async def wait(self, cycle: _Cycle, *, namespace_labels: Any, seconds: float = WAIT_SECONDS) -> int:
@@ -155,6 +157,35 @@ def _related(me: _Cycle, other: _Cycle, namespace_labels: Any) -> bool:
     return any(mine.conflicts(theirs) for mine in rules.host_ports for theirs in other.rules.host_ports)
 
 
+#: ctx.state key: the pod's claims with ReadWriteOncePod access (set by VolumeBinding's PreFilter).
+EXCLUSIVE_CLAIMS = "ReadWriteOncePodClaims"
+
+
+def _exclusive_claims(ctx: CycleContext) -> tuple[str, ...]:
+    claims = ctx.state.get(EXCLUSIVE_CLAIMS)
+    return tuple(claims) if isinstance(claims, tuple) else ()
+
+
+def _share_claims(me: _Cycle, other: _Cycle) -> bool:
+    """Whether both pods use a claim: if it is ReadWriteOncePod only the first may have it."""
+    return other.namespace == me.namespace and not me.claims.isdisjoint(other.claims)
+
+
+def claim_in_use(pod: PodInfo, claims: Sequence[str], placed: PlacedPods) -> str | None:
+    """Pure over the cache: the first of `claims` (ReadWriteOncePod) that another pod on a node, bound
+    or assumed, uses; None when none is.
+
+    kube-scheduler's VolumeRestrictions (volumerestrictions/volume_restrictions.go, v1.36) refuses
+    such a pod at PreFilter as Unschedulable, whatever the node: the claim may be mounted by one pod
+    only. A finished pod no longer holds it (the cache drops Succeeded and Failed pods).
+    """
+    wanted = set(claims)
+    for other in placed.in_namespace(pod.namespace):
+        if other.uid != pod.uid and not wanted.isdisjoint(other.claims):
+            return next(c for c in claims if c in other.claims)
+    return None
+
+
 def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     """The rules' verdict for `pod` against the pods on nodes now (itself excluded); None when
     nothing can apply (no rules of its own, and no placed pod with anti-affinity)."""
@@ -198,6 +229,11 @@ class PodPlacementRules:
         placed = ctx.ports.placed
         pod = ctx.pod
         if placed is None:
+            if _exclusive_claims(ctx):
+                return Status.error(
+                    "the pod uses a ReadWriteOncePod claim but this scheduler has no watch of placed pods "
+                    "to see whether another pod uses it; it is not placed without that check"
+                )
             if pod.rules:
                 return Status.error(
                     "the pod states inter-pod rules (pod affinity, topology spread or host ports) but this "
@@ -213,6 +249,14 @@ class PodPlacementRules:
         await placed.in_flight.wait(
             cycle, namespace_labels=placed.namespace_labels, seconds=self._wait_seconds
         )
+        if (exclusive := _exclusive_claims(ctx)) and (
+            used := claim_in_use(pod, exclusive, placed)
+        ) is not None:
+            return Status.unschedulable(
+                f'VolumeRestrictions: persistentvolumeclaim "{used}" has access mode ReadWriteOncePod and '
+                "another pod uses it (node has pod using PersistentVolumeClaim with the same name and "
+                "ReadWriteOncePod access mode)"
+            )
         verdict = rules_verdict(pod, placed)
         if verdict is None:
             return Status.success()
@@ -241,6 +285,7 @@ class PodPlacementRules:
                 labels=pod.labels,
                 host_ports=pod.rules.host_ports,
                 anti_affinity=pod.rules.anti_affinity,
+                claims=pod.claims,
                 assumed=True,
             )
         )

@@ -192,6 +192,14 @@ class VolumeAccess(Protocol):
 
     async def storage_class(self, name: str) -> Mapping[str, Any] | None: ...
 
+    async def csi_nodes(self) -> list[Mapping[str, Any]]:
+        """Every CSINode (its drivers' ``allocatable.count``: NodeVolumeLimits)."""
+        ...
+
+    async def all_claims(self) -> list[Mapping[str, Any]]:
+        """Every PersistentVolumeClaim (the volumes of the pods already on nodes: NodeVolumeLimits)."""
+        ...
+
     async def bind_volume(self, *, volume: Mapping[str, Any], claim: Mapping[str, Any]) -> None:
         """Pre-bind a static PV to the claim (its ``spec.claimRef``), as kube-scheduler does; the
         PV controller completes the binding. Fails if the PV changed since it was read."""

@@ -12,6 +12,10 @@ mount it. The three extension points:
   claim, the node affinity of the static volumes that could take it, or, if its class provisions,
   the class's ``allowedTopologies`` (no limit without them). A class that cannot provision
   (``kubernetes.io/no-provisioner``) with no matching volume left is Unschedulable.
+  A bound volume's zone and region labels limit the pod too (kube-scheduler's VolumeZone plugin,
+  :func:`zone_terms`), whether or not the volume also has node affinity. And the nodes where the
+  pod's CSI volumes would pass a driver's attach limit (CSINode ``allocatable.count``, counting the
+  volumes of the pods already there) are excluded (NodeVolumeLimits, :func:`over_volume_limits`).
 * **PreBind** — on the node the RM chose: bound volumes are checked against it; each unbound
   WaitForFirstConsumer claim gets the smallest matching static volume on that node (its
   ``claimRef``, which the PV controller completes) or, for a provisioning class, the annotation
@@ -38,10 +42,13 @@ from typing import Any
 
 from bindery.constraints import matches_required_affinity
 from bindery.quantity import QuantityError, parse_quantity
+from bindery.rm.models import NodeSelectorTerm
 from bindery.scheduling.decisions import Failure, FailureKind, Stage
 from bindery.scheduling.defaults import call_budget
 from bindery.scheduling.framework import CycleContext, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS
+from bindery.scheduling.placementrules import EXCLUSIVE_CLAIMS
+from bindery.scheduling.podspec import max_items
 from bindery.scheduling.ports import NodeProjection, VolumeAccess, VolumeError
 
 __all__ = [
@@ -53,8 +60,12 @@ __all__ = [
     "claim_problem",
     "claim_terms",
     "compact_terms",
+    "csi_volume",
     "matching_volumes",
+    "over_volume_limits",
     "volume_for_node",
+    "zone_conflict",
+    "zone_terms",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,6 +73,7 @@ log = logging.getLogger(__name__)
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
 NO_PROVISIONER = "kubernetes.io/no-provisioner"
 WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
+READ_WRITE_ONCE_POD = "ReadWriteOncePod"
 #: How often PreBind looks at the claims while it waits for them to be bound.
 POLL_SECONDS = 0.5
 #: How long Unreserve may spend removing selected-node annotations (it also runs on a pause).
@@ -70,6 +82,13 @@ UNDO_SECONDS = 1.0
 #: resets a stale one) instead of treating it as a user's reservation of the volume for that claim.
 BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
 _STATE = "VolumeBinding"
+
+ZONE, REGION = "topology.kubernetes.io/zone", "topology.kubernetes.io/region"
+BETA_ZONE, BETA_REGION = "failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region"
+#: The labels VolumeZone reads on volumes and nodes; a beta key on a volume also matches the node's
+#: GA key when the node lacks the beta one (upstream's translateToGALabel).
+TOPOLOGY_LABELS = (BETA_ZONE, BETA_REGION, ZONE, REGION)
+_GA = {BETA_ZONE: ZONE, BETA_REGION: REGION}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +126,8 @@ class _CycleVolumes:
     candidates: dict[str, list[Mapping[str, Any]]]  # claim name → static volumes that could take it
     #: (claim name, node) of the selected-node annotations this cycle set (Unreserve removes them)
     selected: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    #: nodes where the pod's CSI volumes would pass a driver's attach limit (NodeCheck re-checks)
+    over_limit: frozenset[str] = frozenset()
 
 
 # -- pure decisions ------------------------------------------------------------------------------
@@ -261,6 +282,122 @@ def compact_terms(terms: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]
     return [*singles, *rest]
 
 
+def _label_zones(value: str) -> list[str] | None:
+    """A zone label's values: ``a__b`` is zones a and b (upstream volumehelpers.LabelZonesToSet);
+    ``None`` for a malformed value (an empty part), which upstream ignores with a log line."""
+    zones = [part.strip() for part in value.split("__")]
+    return None if any(not zone for zone in zones) else zones
+
+
+def zone_terms(volume: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """Pure: nodeSelectorTerms for kube-scheduler's VolumeZone rule on a bound volume; ``None``: none.
+
+    Upstream (pkg/scheduler/framework/plugins/volumezone/volume_zone.go, v1.36): every zone or region
+    label of the volume must be matched by the node's label of that key (for a beta key, by the GA
+    key if the node lacks the beta one), except that a node with none of the four topology labels
+    passes (a single-zone cluster whose nodes are unlabelled). As ORed terms: "no topology label at
+    all", or, for every label of the volume, one of its allowed spellings. The volume's node affinity
+    is not looked at here; it is a separate constraint, ANDed by the cycle.
+    """
+    labels = _meta(volume).get("labels") or {}
+    alternatives: list[list[dict[str, Any]]] = [[]]  # ORed conjunctions, built label by label
+    found = False
+    for key in TOPOLOGY_LABELS:
+        if key not in labels:
+            continue
+        zones = _label_zones(str(labels[key]))
+        if zones is None:
+            continue
+        found = True
+        spellings: list[list[dict[str, Any]]] = [[{"key": key, "operator": "In", "values": zones}]]
+        if key in _GA:
+            spellings.append(
+                [
+                    {"key": key, "operator": "DoesNotExist", "values": []},
+                    {"key": _GA[key], "operator": "In", "values": zones},
+                ]
+            )
+        alternatives = [have + more for have in alternatives for more in spellings]
+    if not found:
+        return None
+    unlabelled = [{"key": key, "operator": "DoesNotExist", "values": []} for key in TOPOLOGY_LABELS]
+    return [{"matchExpressions": unlabelled}, *({"matchExpressions": a} for a in alternatives)]
+
+
+def zone_conflict(volume: Mapping[str, Any], node: NodeProjection) -> bool:
+    """Pure: whether the volume's zone labels rule the node out (VolumeZone's Filter)."""
+    terms = zone_terms(volume)
+    return terms is not None and not matches_required_affinity(
+        terms=terms, labels=node.labels, node_name=node.name
+    )
+
+
+def csi_volume(
+    *,
+    namespace: str,
+    claim: Mapping[str, Any] | None,
+    volume: Mapping[str, Any] | None,
+    storage_class: Mapping[str, Any] | None,
+) -> tuple[str, str] | None:
+    """Pure: (driver, volume handle) of a claim's CSI volume, as NodeVolumeLimits counts it; None: it
+    counts against no limit.
+
+    Upstream (nodevolumelimits/csi.go, v1.36, getCSIDriverInfo): a bound claim's PV ``spec.csi``; an
+    unbound claim's class provisioner, with ``<namespace>-<claim>`` standing in for the handle the
+    volume will get. In-tree volume plugins migrated to CSI are not translated here.
+    """
+    if volume is not None:
+        csi = _spec(volume).get("csi") or {}
+        driver, handle = csi.get("driver"), csi.get("volumeHandle")
+        return (str(driver), str(handle)) if driver and handle else None
+    if claim is None or _spec(claim).get("volumeName"):
+        return None
+    provisioner = (storage_class or {}).get("provisioner")
+    if not provisioner or provisioner == NO_PROVISIONER:
+        return None
+    return str(provisioner), f"{namespace}-{_meta(claim).get('name')}"
+
+
+def _limits(csi_node: Mapping[str, Any]) -> dict[str, int]:
+    """A CSINode's attach limit per driver (drivers without ``allocatable.count`` have none)."""
+    limits: dict[str, int] = {}
+    for driver in _spec(csi_node).get("drivers") or ():
+        count = (driver.get("allocatable") or {}).get("count")
+        if driver.get("name") and isinstance(count, int):
+            limits[str(driver["name"])] = count
+    return limits
+
+
+def over_volume_limits(
+    *,
+    new: set[tuple[str, str]],
+    csi_nodes: Sequence[Mapping[str, Any]],
+    attached: Mapping[str, set[tuple[str, str]]],
+) -> list[str]:
+    """Pure: the nodes where the pod's CSI volumes `new` would pass a driver's attach limit.
+
+    Upstream's Filter: on each node, the volumes of the pods there (`attached`, unique by driver and
+    handle) plus the pod's volumes not already there, counted per driver, must stay within the
+    CSINode's ``allocatable.count`` for that driver. A node without a CSINode, or without a count
+    for the driver, has no limit.
+    """
+    drivers = {driver for driver, _ in new}
+    excluded = []
+    for csi_node in csi_nodes:
+        name = str(_meta(csi_node).get("name") or "")
+        limits = {d: c for d, c in _limits(csi_node).items() if d in drivers}
+        if not limits:
+            continue
+        have = attached.get(name, set())
+        adding = new - have
+        for driver, limit in limits.items():
+            more = sum(1 for d, _ in adding if d == driver)
+            if more and sum(1 for d, _ in have if d == driver) + more > limit:
+                excluded.append(name)
+                break
+    return sorted(excluded)
+
+
 def _usable_on(volume: Mapping[str, Any], node: NodeProjection) -> bool:
     return matches_required_affinity(terms=_volume_terms(volume), labels=node.labels, node_name=node.name)
 
@@ -319,8 +456,114 @@ class VolumeBinding:
                 )
             if terms is not None:
                 ctx.require_nodes(terms)
-        ctx.state[_STATE] = _CycleVolumes(claims=claims, candidates=candidates)
+            if view.bound and (zoned := zone_terms(view.volume or {})) is not None:
+                ctx.require_nodes(zoned)
+        try:
+            over_limit = await self._volume_limits(ctx, access, claims)
+        except VolumeError as error:
+            return Status.error(error.message)
+        if isinstance(over_limit, Status):
+            return over_limit
+        ctx.state[_STATE] = _CycleVolumes(claims=claims, candidates=candidates, over_limit=over_limit)
+        # VolumeRestrictions: PodPlacementRules refuses these if another pod uses one, once the
+        # in-flight cycles of pods sharing a claim have named their nodes.
+        exclusive = tuple(
+            view.name
+            for view in claims
+            if READ_WRITE_ONCE_POD in (_spec(view.claim).get("accessModes") or ())
+        )
+        if exclusive:
+            ctx.state[EXCLUSIVE_CLAIMS] = exclusive
         return Status.success()
+
+    async def _volume_limits(
+        self, ctx: CycleContext, access: VolumeAccess, claims: Sequence[ClaimView]
+    ) -> frozenset[str] | Status:
+        """NodeVolumeLimits: exclude the nodes where the pod's CSI volumes would pass a driver's attach
+        limit (a ``metadata.name NotIn`` term for the RM); the nodes excluded, or a refusal.
+
+        Only a pod with a CSI volume reads the CSINodes, and only if a node limits one of its drivers
+        does it read every claim and volume to count what the pods on those nodes already use.
+        """
+        namespace = ctx.pod.namespace
+        new = {
+            found
+            for view in claims
+            if (
+                found := csi_volume(
+                    namespace=namespace,
+                    claim=view.claim,
+                    volume=view.volume,
+                    storage_class=view.storage_class,
+                )
+            )
+            is not None
+        }
+        if not new:
+            return frozenset()
+        drivers = {driver for driver, _ in new}
+        csi_nodes = [n for n in await access.csi_nodes() if set(_limits(n)) & drivers]
+        if not csi_nodes:
+            return frozenset()
+        placed = ctx.ports.placed
+        if placed is None:
+            return Status.error(
+                "the pod's CSI volumes count against a node's attach limit, but this scheduler has no "
+                "watch of placed pods to count the volumes already there; it is not placed without it"
+            )
+        limited = {str(_meta(n).get("name")) for n in csi_nodes}
+        users = [
+            pod
+            for ns in list(placed.namespaces())
+            for pod in placed.in_namespace(ns)
+            if pod.claims and pod.node in limited and pod.uid != ctx.pod.uid
+        ]
+        attached: dict[str, set[tuple[str, str]]] = {}
+        if users:
+            by_key = {
+                (str(_meta(c).get("namespace")), str(_meta(c).get("name"))): c
+                for c in await access.all_claims()
+            }
+            volumes = {str(_meta(v).get("name")): v for v in await access.volumes()}
+            for pod in users:
+                for name in pod.claims:
+                    claim = by_key.get((pod.namespace, name))
+                    volume = volumes.get(str(_spec(claim).get("volumeName") or "")) if claim else None
+                    if (
+                        volume is not None
+                        and (
+                            found := csi_volume(
+                                namespace=pod.namespace, claim=claim, volume=volume, storage_class=None
+                            )
+                        )
+                        is not None
+                    ):
+                        attached.setdefault(pod.node, set()).add(found)
+        excluded = over_volume_limits(new=new, csi_nodes=csi_nodes, attached=attached)
+        if not excluded:
+            return frozenset()
+        known = {node.name for node in placed.nodes()}
+        if known and known <= set(excluded):
+            return Status.unschedulable(
+                f"NodeVolumeLimits: node(s) exceed max volume count (the pod's CSI volumes would pass "
+                f"the attach limit of driver(s) {', '.join(sorted(drivers))} on every node)"
+            )
+        # One requirement per node: Kubernetes allows exactly one value in a metadata.name field.
+        if len(excluded) > (cap := max_items(NodeSelectorTerm, "match_fields")):
+            return Status.unschedulable(
+                f"TooManyTerms: NodeVolumeLimits excludes {len(excluded)} nodes, more than the {cap} "
+                "matchFields a placement.requiredNodeAffinity term carries in the resource manager contract"
+            )
+        ctx.require_nodes(
+            [
+                {
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "NotIn", "values": [name]} for name in excluded
+                    ]
+                }
+            ]
+        )
+        return frozenset(excluded)
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
         return Status.success()
@@ -376,6 +619,13 @@ class VolumeBinding:
         self, ctx: CycleContext, state: _CycleVolumes, access: VolumeAccess, node: NodeProjection
     ) -> Failure | None:
         """Check bound volumes against the node; give each unbound claim a volume or a selected node."""
+        if node.name in state.over_limit:
+            return self._failure(
+                FailureKind.NODE_CHECK,
+                f'resource manager "{ctx.profile.name}" chose node "{node.name}", where the pod\'s CSI '
+                "volumes would pass a driver's attach limit (NodeVolumeLimits: node(s) exceed max volume "
+                "count)",
+            )
         taken: set[str] = set()
         for view in state.claims:
             if view.bound:
@@ -385,6 +635,13 @@ class VolumeBinding:
                         f'resource manager "{ctx.profile.name}" chose node "{node.name}", but volume '
                         f'"{_meta(view.volume).get("name")}" of claim "{view.name}" cannot be used there '
                         "(volume node affinity conflict)",
+                    )
+                if view.volume is not None and zone_conflict(view.volume, node):
+                    return self._failure(
+                        FailureKind.NODE_CHECK,
+                        f'resource manager "{ctx.profile.name}" chose node "{node.name}", but the zone '
+                        f'labels of volume "{_meta(view.volume).get("name")}" of claim "{view.name}" rule '
+                        "it out (VolumeZone: node(s) had no available volume zone)",
                     )
                 continue
             current = await access.claim(namespace=ctx.pod.namespace, name=view.name)
