@@ -238,3 +238,23 @@ def test_victims_are_the_fewest_lower_priority_pods_lowest_first() -> None:
     )
     assert only_a is not None
     assert (only_a.node, [v.uid for v in only_a.victims]) == ("a", ["a1", "a2"])
+
+
+async def test_the_conformance_check_passes_the_reference_rm_and_fails_one_that_gives_the_room_away(
+    rm: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the mirror, the reference RM proposes among the pods it placed (what the kit can make);
+    with holds broken (no room taken out of other reserves), the kit's intruder gets the room."""
+    from bindery.conformance import CHECKS, ConformanceConfig
+    from bindery.conformance.kit import http_client, run_check
+    from bindery.reference_rm import server as server_module
+
+    check = next(c for c in CHECKS if c.name == "preemption")
+    config = ConformanceConfig(url=rm.url, token=TOKEN, resource="cpu", capacity=8)
+    async with http_client(config) as http:
+        passed = await run_check(check, config, http)
+        assert passed.passed, passed.error
+        monkeypatch.setattr(server_module, "without_held", lambda nodes, held: nodes)
+        failed = await run_check(check, config, http)
+    assert not failed.passed
+    assert "holds the freed room" in (failed.error or ""), failed.error

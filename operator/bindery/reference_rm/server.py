@@ -20,6 +20,7 @@ that commits makes the RM ready again, with no restart and no need for other tra
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -41,7 +42,7 @@ import yaml
 from aiohttp import web
 
 from bindery import tracing
-from bindery.reference_rm.accounting import ClusterPods
+from bindery.reference_rm.accounting import BoundPod, ClusterPods
 from bindery.reference_rm.placement import InventoryNode, Policy
 from bindery.reference_rm.preemption import (
     DEFAULT_LEASE_SECONDS,
@@ -110,6 +111,8 @@ _GROUPS = "/v1/reservation-groups"
 _BATCH = "/v1/batch"
 #: pydantic's message for an unknown field, which a v1.1 RM answers for each field of v1.2.
 _EXTRA = "Extra inputs are not permitted"
+#: Reservations whose pod and priority are remembered for preemption without the mirror.
+_REMEMBERED_PLACED = 100_000
 _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.yaml", "/openapi.json"})
 _LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "limit", "cursor"})
 _TITLES = {
@@ -503,6 +506,9 @@ class ReferenceRM:
         self.cluster_ids = cluster_ids
         self.preemption = preemption and cluster_ids
         self._plans = PlanBook(lease_seconds=plan_lease_seconds, clock=clock or time.time)
+        #: Without the pod mirror: the pod and priority of each reservation this process placed, the
+        #: candidates of a preemption plan (in memory: after a restart, the older ones are none).
+        self._placed: collections.OrderedDict[str, BoundPod] = collections.OrderedDict()
         self.max_batch_body_bytes = max(max_batch_body_bytes, max_body_bytes)
         self._tokens = tokens
         self._max_pending = max_pending
@@ -752,6 +758,7 @@ class ReferenceRM:
         answer = reserve_answer(reservation_request, outcome)
         if isinstance(outcome, Placed):
             self._plans.used_by(pod_uid)
+            self._remember_placed(reservation_request, outcome.reservation)
         elif isinstance(outcome, Unschedulable) and answer.problem is not None:
             plan = await self._plan_for(reservation_request)
             if plan is not None:
@@ -768,17 +775,13 @@ class ReferenceRM:
     async def _plan_for(self, request: ReservationRequest) -> Plan | None:
         """The preemption plan for a pod nothing fits (contract v1.2, feature ``preemption``):
         the preemptor's plan still active, else a new one, else None (see ``reference_rm/preemption``)."""
-        if (
-            request.preemption_policy != "PreemptLowerPriority"
-            or self._pods is None
-            or self._inventory is None
-        ):
+        if request.preemption_policy != "PreemptLowerPriority" or self._inventory is None:
             return None
         pod = request.pod
         plan = self._plans.active_for(pod.uid)
         if plan is not None:
             return plan
-        pods = self._pods
+        pods = self._pods if self._pods is not None else await self._placed_pods()
         used = await self._run(self._store.usage)
         for name_of_node, entry in pods.nodes.items():  # the pods no reservation accounts for
             bucket = used.setdefault(name_of_node, {})
@@ -807,6 +810,34 @@ class ReferenceRM:
             return None
         chosen = next(n for n in self._inventory if n.name == found.node)
         return self._plans.propose(pod_uid=pod.uid, node=chosen, requests=requests, victims=found.victims)
+
+    def _remember_placed(self, request: ReservationRequest, reservation: StoredReservation) -> None:
+        if self._pods is not None or not self.preemption:
+            return  # the mirror knows every bound pod's priority
+        pod = request.pod
+        self._placed[reservation.id] = BoundPod(
+            uid=pod.uid,
+            key=f"{pod.namespace}/{pod.name}",
+            node=reservation.node,
+            usage=reservation.usage(),
+            reservation_id=reservation.id,
+            priority=pod.priority,
+        )
+        while len(self._placed) > _REMEMBERED_PLACED:
+            self._placed.popitem(last=False)
+
+    async def _placed_pods(self) -> ClusterPods:
+        """Without the mirror: the committed reservations this process placed, as bound pods."""
+        committed: list[BoundPod] = []
+        after = 0
+        while True:
+            page, cursor = await self._run(
+                self._store.list, state=ReservationState.COMMITTED, after=after, limit=500
+            )
+            committed.extend(known for item in page if (known := self._placed.get(item.id)) is not None)
+            if cursor is None:
+                return ClusterPods.of(committed)
+            after = cursor
 
     async def _preemption(self, request: web.Request) -> web.Response:
         """``POST /v1/preemptions/{planId}:confirm`` and ``:cancel`` (contract v1.2): idempotent."""
@@ -943,6 +974,7 @@ class ReferenceRM:
                 for operation, outcome in zip(valid, done, strict=True):
                     if operation.reserve is not None and isinstance(outcome, Placed):
                         self._plans.used_by(operation.reserve.pod.uid)
+                        self._remember_placed(operation.reserve, outcome.reservation)
             finally:
                 self._pending -= 1
         outcomes = iter(done)
