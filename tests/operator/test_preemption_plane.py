@@ -51,6 +51,7 @@ class Pool:
     async def create(self, name: str, *, priority_class: str, **spec: Any) -> dict[str, Any]:
         body = pod_body(
             name=name,
+            labels={"tier": priority_class},
             scheduler_name=self.scheduler,
             cpu="2",
             nodeSelector={POOL: self.token},
@@ -231,3 +232,38 @@ async def test_an_rm_without_the_feature_gets_no_preemption_policy_and_evicts_no
         assert not await old.rm_said("preemptionPolicy")
         assert await old.existing(list(placed)) == list(placed)
         assert await old.node_of("high") is None
+
+
+async def test_a_pdb_refusing_the_eviction_cancels_the_plan_and_evicts_nothing(pool: Pool) -> None:
+    """Every low pod, Running, is covered by a PodDisruptionBudget: the Eviction API answers 429
+    (here because no disruption controller has computed its status; in a full cluster because it
+    allows no disruption)."""
+    placed = await pool.fill()
+    # The Eviction API ignores PDBs for Pending pods, and with no kubelet here every pod is Pending.
+    for name in placed:
+        await client.CoreV1Api(pool.api).patch_namespaced_pod_status(
+            name=name,
+            namespace=pool.namespace,
+            body={"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+        )
+    await client.PolicyV1Api(pool.api).create_namespaced_pod_disruption_budget(
+        namespace=pool.namespace,
+        body={
+            "metadata": {"name": "keep-low"},
+            "spec": {"minAvailable": 4, "selector": {"matchLabels": {"tier": "low"}}},
+        },
+    )
+    created = await pool.create("high", priority_class="high")
+    uid = created["metadata"]["uid"]
+    await eventually(
+        lambda: pool.rm_said("cancelled plan"), within=30, what="the plan cancelled after the 429"
+    )
+    assert await pool.rm_said(f"(pod uid {uid}, node")
+    assert await pool.existing(list(placed)) == list(placed)
+    assert await pool.node_of("high") is None
+    targets = []
+    for name in placed:  # the victim was marked, then unmarked: no pod is left a disruption target
+        pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
+        targets += [c for c in pod["status"].get("conditions") or () if c["type"] == "DisruptionTarget"]
+    assert targets, "the victim never got the DisruptionTarget condition"
+    assert all(c["status"] == "False" and c["reason"] == "PreemptionByScheduler" for c in targets), targets

@@ -165,7 +165,22 @@ class Preemptions:
             request_timeout=_TIMEOUT,
             what=f"evicting {namespace}/{name}",
         )
-        if status == 429:
+        if status == 429:  # the pod stays: it is no disruption target after all
+            condition = {
+                **condition,
+                "status": "False",
+                "message": "eviction refused by a PodDisruptionBudget",
+            }
+            await patch(
+                self._api,
+                resources.PODS,
+                namespace=namespace,
+                name=name,
+                subresource="status",
+                body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
+                content_type=STRATEGIC_PATCH,
+                request_timeout=_TIMEOUT,
+            )
             return False
         if status >= 300 and status not in (404, 409):  # 409: the uid precondition, a recreated pod
             raise ApiError(
