@@ -38,7 +38,16 @@ LOW, HIGH = 10, 100_000
 
 
 class Pool:
-    def __init__(self, *, api: client.ApiClient, namespace: str, token: str, rm: RMProcess) -> None:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        namespace: str,
+        token: str,
+        rm: RMProcess,
+        operator: Bindery | None = None,
+    ) -> None:
+        self.operator = operator
         self.api = api
         self.namespace = namespace
         self.token = token
@@ -98,6 +107,14 @@ class Pool:
         assert sorted(placed.values()).count(placed["low-0"]) == 2, placed
         return placed
 
+    def preemptions(self, outcome: str) -> int:
+        """``bindery_preemptions_total`` of this pool's ResourceManager for ``outcome``."""
+        assert self.operator is not None
+        value = self.operator.runtime.metrics.registry.get_sample_value(
+            "bindery_preemptions_total", {"resource_manager": f"rm-{self.token}", "outcome": outcome}
+        )
+        return int(value or 0)
+
     async def rm_said(self, text: str) -> bool:
         return text in self.rm.log_path.read_text(errors="replace")
 
@@ -109,6 +126,7 @@ async def pool_of(
     api: client.ApiClient,
     namespace: str,
     directory: pathlib.Path,
+    operator: Bindery,
     options: Sequence[str] = (),
 ) -> AsyncIterator[Pool]:
     token = uuid.uuid4().hex[:8]
@@ -142,7 +160,7 @@ async def pool_of(
                     "stringData": {"token": rm.token},
                 },
             )
-            staged = Pool(api=api, namespace=namespace, token=token, rm=rm)
+            staged = Pool(api=api, namespace=namespace, token=token, rm=rm, operator=operator)
             async with resource_manager(
                 api,
                 name=f"rm-{token}",
@@ -172,7 +190,11 @@ async def pool(
     tmp_path: pathlib.Path,
 ) -> AsyncIterator[Pool]:
     async with pool_of(
-        controlplane=controlplane, api=kube_api, namespace=namespace, directory=tmp_path / "rm"
+        controlplane=controlplane,
+        api=kube_api,
+        namespace=namespace,
+        directory=tmp_path / "rm",
+        operator=bindery,
     ) as staged:
         yield staged
 
@@ -193,6 +215,8 @@ async def test_a_high_priority_pod_preempts_one_low_priority_pod_and_is_bound(po
     preempted = [e for e in events if e.get("reason") == "Preempted"]
     assert preempted, events
     assert preempted[0]["note"] == f"Preempted by pod {preemptor['metadata']['uid']} on node {node}"
+    counts = {o: pool.preemptions(o) for o in ("proposed", "confirmed", "victim_evicted", "cancelled")}
+    assert counts == {"proposed": 1, "confirmed": 1, "victim_evicted": 1, "cancelled": 0}
 
 
 async def test_a_preemptor_with_policy_never_evicts_nothing(pool: Pool) -> None:
@@ -222,6 +246,7 @@ async def test_an_rm_without_the_feature_gets_no_preemption_policy_and_evicts_no
         api=kube_api,
         namespace=namespace,
         directory=tmp_path / "rm",
+        operator=bindery,
         options=["--no-preemption"],
     ) as old:
         placed = await old.fill()
@@ -261,6 +286,8 @@ async def test_a_pdb_refusing_the_eviction_cancels_the_plan_and_evicts_nothing(p
     assert await pool.rm_said(f"(pod uid {uid}, node")
     assert await pool.existing(list(placed)) == list(placed)
     assert await pool.node_of("high") is None
+    assert pool.preemptions("cancelled") >= 1
+    assert pool.preemptions("victim_evicted") == 0
     targets = []
     for name in placed:  # the victim was marked, then unmarked: no pod is left a disruption target
         pod = await read_pod(pool.api, namespace=pool.namespace, name=name)

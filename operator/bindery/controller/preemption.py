@@ -21,6 +21,7 @@ import collections
 import datetime
 import json
 import socket
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from bindery.k8s import ApiClient, ApiError, answer_of, patch, resources
@@ -50,8 +51,16 @@ class Preemptions:
     """One runner's preemptions: :meth:`carry_out` after a cycle whose failure carries a plan."""
 
     def __init__(
-        self, *, api: ApiClient, rm: PlanClient, logger: Logger, hostname: str | None = None
+        self,
+        *,
+        api: ApiClient,
+        rm: PlanClient,
+        logger: Logger,
+        count: Callable[[str], None] = lambda outcome: None,
+        hostname: str | None = None,
     ) -> None:
+        """``count``: called with each outcome, for ``bindery_preemptions_total``."""
+        self._count = count
         self._api = api
         self._rm = rm
         self._logger = logger
@@ -62,6 +71,7 @@ class Preemptions:
         """Vet, confirm, nominate, evict; True when every victim was evicted (or already gone)."""
         if plan.plan_id in self._carried:
             return True  # the RM answered the plan again while its victims terminate
+        self._count("proposed")
         try:
             current = {
                 f"{v.pod.namespace}/{v.pod.name}": await read_pod(
@@ -74,6 +84,7 @@ class Preemptions:
             return False
         refusal = vet(plan, preemptor=pod, victims=current)
         if refusal is not None:
+            self._count("refused")
             await self._give_up(pod, plan, refusal, nominated=False)
             return False
         try:
@@ -82,6 +93,7 @@ class Preemptions:
             await self._give_up(pod, plan, f"the RM did not confirm it: {error}", nominated=False)
             return False
         self._remember(plan.plan_id)
+        self._count("confirmed")
         victims = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in plan.victims)
         self._logger.info(f"preempting {victims} on node {plan.node} for pod {pod.key} (plan {plan.plan_id})")
         try:
@@ -110,6 +122,7 @@ class Preemptions:
         """Cancel the plan (the room goes back) and clear the nomination; the pod waits for an event."""
         self._logger.warning(f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled")
         self._carried.pop(plan.plan_id, None)
+        self._count("cancelled")
         try:
             await self._rm.cancel_preemption(plan.plan_id)
         except RMError as error:  # the plan's lease ends it anyway
@@ -186,6 +199,7 @@ class Preemptions:
             raise ApiError(
                 payload.decode(errors="replace")[:500], status=status, what=f"evicting {namespace}/{name}"
             )
+        self._count("victim_evicted")
         await self._event(pod, plan, namespace=namespace, name=name, uid=uid)
         return True
 

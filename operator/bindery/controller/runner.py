@@ -124,7 +124,14 @@ class ProfileRunner:
             on_released=on_released,
             on_released_departed=self._released_by_departure,
             on_dropped=on_dropped,
-            preemptions=Preemptions(api=api, rm=self.rm, logger=logger),
+            preemptions=Preemptions(
+                api=api,
+                rm=self.rm,
+                logger=logger,
+                count=lambda outcome: self.metrics.preemptions.labels(
+                    resource_manager=config.name, outcome=outcome
+                ).inc(),
+            ),
         )
         self._ports = self.attempts.ports
         self._api = api
