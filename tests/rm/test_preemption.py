@@ -258,3 +258,17 @@ async def test_the_conformance_check_passes_the_reference_rm_and_fails_one_that_
         failed = await run_check(check, config, http)
     assert not failed.passed
     assert "holds the freed room" in (failed.error or ""), failed.error
+
+
+async def test_a_batched_reserve_gets_the_plan_its_single_call_would(rm: RunningServer) -> None:
+    import httpx
+
+    async with _client(rm.url) as client:
+        await _fill(rm, client)
+    body = _request("high", priority=100_000).model_dump(by_alias=True, exclude_none=True, mode="json")
+    async with httpx.AsyncClient(base_url=rm.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        answer = await http.post("/v1/batch", json={"operations": [{"reserve": body}]})
+    (result,) = answer.json()["results"]
+    assert result["status"] == 409
+    assert result["problem"]["preemption"]["podUid"] == "high"
+    assert len(result["problem"]["preemption"]["victims"]) == 1

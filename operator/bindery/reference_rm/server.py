@@ -759,18 +759,23 @@ class ReferenceRM:
         if isinstance(outcome, Placed):
             self._plans.used_by(pod_uid)
             self._remember_placed(reservation_request, outcome.reservation)
-        elif isinstance(outcome, Unschedulable) and answer.problem is not None:
-            plan = await self._plan_for(reservation_request)
-            if plan is not None:
-                answer.problem["preemption"] = plan.to_json()
-                log.info(
-                    "plan %s for pod %s: evict %s on %s",
-                    plan.plan_id,
-                    pod_uid,
-                    ", ".join(victim.key for victim in plan.victims),
-                    plan.node,
-                )
+        elif isinstance(outcome, Unschedulable):
+            await self._attach_plan(reservation_request, answer)
         return answer.response()
+
+    async def _attach_plan(self, request: ReservationRequest, answer: Answer) -> None:
+        """Add the preemption plan, if there is one, to an ``unschedulable`` answer."""
+        plan = await self._plan_for(request) if answer.problem is not None else None
+        if plan is None or answer.problem is None:
+            return
+        answer.problem["preemption"] = plan.to_json()
+        log.info(
+            "plan %s for pod %s: evict %s on %s",
+            plan.plan_id,
+            request.pod.uid,
+            ", ".join(victim.key for victim in plan.victims),
+            plan.node,
+        )
 
     async def _plan_for(self, request: ReservationRequest) -> Plan | None:
         """The preemption plan for a pod nothing fits (contract v1.2, feature ``preemption``):
@@ -978,10 +983,16 @@ class ReferenceRM:
             finally:
                 self._pending -= 1
         outcomes = iter(done)
-        results = [
-            operation if isinstance(operation, Answer) else _batched_answer(operation, next(outcomes))
-            for operation in parsed
-        ]
+        results: list[Answer] = []
+        for item in parsed:
+            if isinstance(item, Answer):
+                results.append(item)
+                continue
+            outcome = next(outcomes)
+            answer = _batched_answer(item, outcome)
+            if item.reserve is not None and isinstance(outcome, Unschedulable):
+                await self._attach_plan(item.reserve, answer)  # as its single call would
+            results.append(answer)
         text = ",".join(answer.result_json() for answer in results)
         return web.Response(text=f'{{"results":[{text}]}}', content_type="application/json")
 
