@@ -68,6 +68,7 @@ from bindery.conformance.harness import (
     instant,
     require,
 )
+from bindery.conformance.preemption import check_preemption
 from bindery.conformance.preferences import check_node_preferences
 from bindery.rm.errors import ProblemType
 
@@ -530,6 +531,7 @@ CHECKS: tuple[Check, ...] = (
     Check("cluster-isolation", check_cluster_isolation, since="1.2"),
     Check("cluster-id-validated", check_cluster_id_validated, since="1.2"),
     Check("node-preferences", check_node_preferences, since="1.2"),
+    Check("preemption", check_preemption, since="1.2"),
 )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from bindery import tracing
 from bindery.controller.metrics import Metrics, result_label
+from bindery.controller.preemption import Preemptions
 from bindery.controller.unconfirmed import UnconfirmedBinds
 from bindery.k8s import ApiClient
 from bindery.kube.reads import read_pod
@@ -62,8 +63,10 @@ class Attempts:
         on_released: Callable[[], None],
         on_released_departed: Callable[[], None],
         on_dropped: Callable[[str], None],
+        preemptions: Preemptions | None = None,
     ) -> None:
         self._profile = profile
+        self._preemptions = preemptions
         self._queue = queue
         self._unconfirmed = unconfirmed
         self._metrics = metrics
@@ -162,6 +165,10 @@ class Attempts:
         # refusal, such as a claim not created yet, hangs on objects Bindery does not watch.
         no_room = result.failure is not None and result.failure.kind is FailureKind.RM_UNSCHEDULABLE
         self._queue.done(pod.uid, outcome=result.outcome, retry_after=result.retry_after, until_event=no_room)
+        plan = result.failure.plan if no_room and result.failure is not None else None
+        if plan is not None and self._preemptions is not None:
+            # After `done`: the victims' deletion is the event that wakes the pod for its reserve.
+            await self._preemptions.carry_out(pod, plan)
         if result.outcome is Outcome.DROPPED:
             self._throttle.forget(pod.uid)
             self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it

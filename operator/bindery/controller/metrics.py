@@ -183,6 +183,14 @@ class Metrics:
             ["resource_manager", "reason"],
             registry=self.registry,
         )
+        self.preemptions = Counter(
+            "bindery_preemptions",
+            "Preemption plans (RM contract v1.2) by outcome: proposed (an answer carried one), refused "
+            "(vetted out: victims gone or changed, policy Never), confirmed, cancelled (after a PDB's "
+            "429 or a failure), and victim_evicted (one per victim).",
+            ["resource_manager", "outcome"],
+            registry=self.registry,
+        )
         self.reconcile_actions = Counter(
             "bindery_reconcile_actions",
             "What reconcile passes did, by action: commit, release, failed (the RM refused or did not "

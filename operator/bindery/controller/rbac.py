@@ -6,7 +6,9 @@ need shows up as a failing test rather than in a user's cluster.
 - pods get/list/watch: the `spec.nodeName=` watch and the bound-pod watches; `get` for the
   reconcile passes, the unconfirmed-Binding tracker and the check before a FailedScheduling event.
 - pods/binding create: the Binding (one write per pod).
-- pods/status patch: the PodScheduled=False condition after a failed attempt.
+- pods/status patch: the PodScheduled=False condition after a failed attempt; a preemptor's
+  nominatedNodeName and its victims' DisruptionTarget condition (contract v1.2 preemption).
+- pods/eviction create: evicting a preemption plan's victims (the Eviction API enforces PDBs).
 - events (events.k8s.io) create/patch: Scheduled and FailedScheduling events, as kube-scheduler.
 - nodes list/watch: the node index for pre-bind checks.
 - namespaces list/watch: their labels, for ResourceManagers' spec.namespaceSelector (watched only
@@ -31,6 +33,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},

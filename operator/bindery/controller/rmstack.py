@@ -34,7 +34,13 @@ from typing import TYPE_CHECKING
 from bindery.controller.metrics import MeasuredRM, Metrics
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError
-from bindery.rm.models import Reservation, ReservationGroup, ReservationGroupRequest, ReservationRequest
+from bindery.rm.models import (
+    PreemptionPlan,
+    Reservation,
+    ReservationGroup,
+    ReservationGroupRequest,
+    ReservationRequest,
+)
 from bindery.typedefs import Logger
 
 if TYPE_CHECKING:
@@ -158,6 +164,19 @@ class RMStack:
         client = self._client
         await self._measured.measure("release_group", lambda: client.release_group(group_id))
         return True
+
+    # -- preemption plans (contract v1.2) -------------------------------------------------------
+
+    async def confirm_preemption(self, plan_id: str, /) -> PreemptionPlan:
+        self._fence(f"confirm preemption plan {plan_id}")
+        client = self._client
+        return await self._measured.measure("confirm_preemption", lambda: client.confirm_preemption(plan_id))
+
+    async def cancel_preemption(self, plan_id: str, /) -> None:
+        if not self._leads(f"cancelling preemption plan {plan_id}"):
+            return
+        client = self._client
+        await self._measured.measure("cancel_preemption", lambda: client.cancel_preemption(plan_id))
 
     async def check_ready(self) -> None:
         await self._measured.measure("ready", self._client.check_ready)

@@ -22,6 +22,7 @@ from bindery.config import ResourceManagerConfig
 from bindery.controller.attempt import Attempts
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups import PodGroupCoordinator
+from bindery.controller.preemption import Preemptions
 from bindery.controller.rmstack import RMStack
 from bindery.controller.secrets import RMCredentials
 from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
@@ -123,6 +124,14 @@ class ProfileRunner:
             on_released=on_released,
             on_released_departed=self._released_by_departure,
             on_dropped=on_dropped,
+            preemptions=Preemptions(
+                api=api,
+                rm=self.rm,
+                logger=logger,
+                count=lambda outcome: self.metrics.preemptions.labels(
+                    resource_manager=config.name, outcome=outcome
+                ).inc(),
+            ),
         )
         self._ports = self.attempts.ports
         self._api = api

@@ -60,6 +60,7 @@ class BoundPod:
     node: str
     usage: Mapping[str, Decimal]  # effective requests plus one ``pods`` slot
     reservation_id: str | None = None
+    priority: int = 0  # spec.priority: what preemption (contract v1.2) compares
 
 
 def bound_pod(obj: Mapping[str, Any]) -> BoundPod | None:
@@ -88,6 +89,7 @@ def bound_pod(obj: Mapping[str, Any]) -> BoundPod | None:
         node=str(node),
         usage=usage,
         reservation_id=str(claim) if claim else None,
+        priority=int(spec.get("priority") or 0),
     )
 
 
@@ -111,6 +113,8 @@ class NodePods:
 
     unclaimed: Foreign
     claims: tuple[BoundPod, ...] = ()
+    #: Every pod, claimed or not: the candidates of a preemption plan (contract v1.2).
+    members: tuple[BoundPod, ...] = field(default=(), compare=False)
 
     @property
     def count(self) -> int:
@@ -121,13 +125,14 @@ class NodePods:
         usage: dict[str, Decimal] = {}
         count = 0
         claims = []
-        for pod in pods:
+        members = tuple(pods)
+        for pod in members:
             if pod.reservation_id:
                 claims.append(pod)
             else:
                 _add(usage, pod.usage)
                 count += 1
-        return cls(unclaimed=Foreign(usage=usage, count=count), claims=tuple(claims))
+        return cls(unclaimed=Foreign(usage=usage, count=count), claims=tuple(claims), members=members)
 
 
 @dataclass(frozen=True)

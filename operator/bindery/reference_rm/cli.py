@@ -179,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve as a contract v1.1 RM: no GET /v1/info (404); clusterId, preferredNodeAffinity and Gt/Lt "
         "tolerations refused (400), to test how a caller handles an RM without the v1.2 features",
     )
+    serve.add_argument(
+        "--no-preemption",
+        action="store_true",
+        help="serve contract v1.2 without the preemption feature: no plans, preemptionPolicy refused (400)",
+    )
     serve.add_argument("--log-level", default="INFO")
     return parser
 
@@ -244,6 +249,7 @@ async def _serve(args: argparse.Namespace) -> None:
                 retention=args.retain_released_seconds,
                 max_released_rows=args.max_released_rows,
                 cluster_ids=not args.no_cluster_id,
+                preemption=not args.no_preemption,
             )
         )
         if args.mirror_nodes:

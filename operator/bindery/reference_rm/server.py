@@ -20,6 +20,7 @@ that commits makes the RM ready again, with no restart and no need for other tra
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -33,6 +34,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, ParamSpec, TypeVar, cast
 
 import pydantic
@@ -40,8 +42,15 @@ import yaml
 from aiohttp import web
 
 from bindery import tracing
-from bindery.reference_rm.accounting import ClusterPods
+from bindery.reference_rm.accounting import BoundPod, ClusterPods
 from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.preemption import (
+    DEFAULT_LEASE_SECONDS,
+    Plan,
+    PlanBook,
+    choose_victims,
+    without_held,
+)
 from bindery.reference_rm.store import (
     DEFAULT_MAX_RELEASED_ROWS,
     BatchOutcome,
@@ -57,6 +66,7 @@ from bindery.reference_rm.store import (
     ReserveOutcome,
     StoredGroup,
     StoredReservation,
+    Unschedulable,
 )
 from bindery.reference_rm.stores import UNREACHABLE, Store, open_store
 from bindery.rm.contract import openapi_text
@@ -69,6 +79,7 @@ from bindery.rm.models import (
     Feature,
     GroupRenewRequest,
     Placement,
+    PlanState,
     RenewRequest,
     ReservationGroupRequest,
     ReservationRequest,
@@ -100,6 +111,8 @@ _GROUPS = "/v1/reservation-groups"
 _BATCH = "/v1/batch"
 #: pydantic's message for an unknown field, which a v1.1 RM answers for each field of v1.2.
 _EXTRA = "Extra inputs are not permitted"
+#: Reservations whose pod and priority are remembered for preemption without the mirror.
+_REMEMBERED_PLACED = 100_000
 _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.yaml", "/openapi.json"})
 _LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "limit", "cursor"})
 _TITLES = {
@@ -474,6 +487,8 @@ class ReferenceRM:
         max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
         cluster_ids: bool = True,
         db_password_file: pathlib.Path | None = None,
+        preemption: bool = True,
+        plan_lease_seconds: int = DEFAULT_LEASE_SECONDS,
     ) -> None:
         """``db_path`` is a SQLite file or a ``postgresql://`` URL
         (:func:`~bindery.reference_rm.stores.open_store`; ``db_password_file`` goes with the URL).
@@ -489,6 +504,11 @@ class ReferenceRM:
         self.max_group_body_bytes = max(max_group_body_bytes, max_body_bytes)
         self.batch = batch
         self.cluster_ids = cluster_ids
+        self.preemption = preemption and cluster_ids
+        self._plans = PlanBook(lease_seconds=plan_lease_seconds, clock=clock or time.time)
+        #: Without the pod mirror: the pod and priority of each reservation this process placed, the
+        #: candidates of a preemption plan (in memory: after a restart, the older ones are none).
+        self._placed: collections.OrderedDict[str, BoundPod] = collections.OrderedDict()
         self.max_batch_body_bytes = max(max_batch_body_bytes, max_body_bytes)
         self._tokens = tokens
         self._max_pending = max_pending
@@ -628,6 +648,8 @@ class ReferenceRM:
         app.router.add_delete("/v1/reservations/{id}", self._release)
         app.router.add_post("/v1/reservations/{id}/commit", self._commit)
         app.router.add_post("/v1/reservations/{id}/renew", self._renew)
+        if self.preemption:
+            app.router.add_post("/v1/preemptions/{action}", self._preemption)
         if self.groups:
             app.router.add_post(_GROUPS, self._reserve_group)
             app.router.add_get(_GROUPS + "/{id}", self._get_group, allow_head=False)
@@ -667,6 +689,8 @@ class ReferenceRM:
         features = [Feature.RENEW, *([Feature.RESERVATION_GROUPS] if self.groups else [])]
         features += [*([Feature.BATCH] if self.batch else []), Feature.CLUSTER_ID, Feature.NODE_PREFERENCES]
         features.append(Feature.TOLERATION_COMPARISONS)
+        if self.preemption:
+            features.append(Feature.PREEMPTION)
         info = ContractInfo(contract_version=CONTRACT_VERSION, features=frozenset(f.value for f in features))
         return web.json_response(
             {"contractVersion": info.contract_version, "features": sorted(info.features)}
@@ -712,22 +736,133 @@ class ReferenceRM:
         placed = [(("placement",), reservation_request.placement)]
         if (refused := self._unknown_cluster(reservation_request.cluster_id, placements=placed)) is not None:
             return refused.response()
+        if reservation_request.preemption_policy is not None and not self.preemption:
+            errors = [{"location": "preemptionPolicy", "message": _EXTRA}]
+            return problem(400, ProblemType.INVALID_REQUEST, f"preemptionPolicy: {_EXTRA}", errors=errors)
         busy = self._back_pressure()
         if busy is not None:
             return busy
         assert self._inventory is not None
+        pod_uid = reservation_request.pod.uid
         self._pending += 1
         try:
             outcome = await self._run(
                 self._store.reserve,
                 reservation_request,
-                nodes=self._inventory,
+                nodes=without_held(self._inventory, self._plans.held(except_pods=(pod_uid,))),
                 policy=self.policy,
                 pods=self._pods,
             )
         finally:
             self._pending -= 1
-        return reserve_answer(reservation_request, outcome).response()
+        answer = reserve_answer(reservation_request, outcome)
+        if isinstance(outcome, Placed):
+            self._plans.used_by(pod_uid)
+            self._remember_placed(reservation_request, outcome.reservation)
+        elif isinstance(outcome, Unschedulable):
+            await self._attach_plan(reservation_request, answer)
+        return answer.response()
+
+    async def _attach_plan(self, request: ReservationRequest, answer: Answer) -> None:
+        """Add the preemption plan, if there is one, to an ``unschedulable`` answer."""
+        plan = await self._plan_for(request) if answer.problem is not None else None
+        if plan is None or answer.problem is None:
+            return
+        answer.problem["preemption"] = plan.to_json()
+        log.info(
+            "plan %s for pod %s: evict %s on %s",
+            plan.plan_id,
+            request.pod.uid,
+            ", ".join(victim.key for victim in plan.victims),
+            plan.node,
+        )
+
+    async def _plan_for(self, request: ReservationRequest) -> Plan | None:
+        """The preemption plan for a pod nothing fits (contract v1.2, feature ``preemption``):
+        the preemptor's plan still active, else a new one, else None (see ``reference_rm/preemption``)."""
+        if request.preemption_policy != "PreemptLowerPriority" or self._inventory is None:
+            return None
+        pod = request.pod
+        plan = self._plans.active_for(pod.uid)
+        if plan is not None:
+            return plan
+        pods = self._pods if self._pods is not None else await self._placed_pods()
+        used = await self._run(self._store.usage)
+        for name_of_node, entry in pods.nodes.items():  # the pods no reservation accounts for
+            bucket = used.setdefault(name_of_node, {})
+            for name, amount in entry.unclaimed.usage.items():
+                bucket[name] = bucket.get(name, Decimal(0)) + amount
+        for name_of_node, held in self._plans.held(except_pods=(pod.uid,)).items():
+            bucket = used.setdefault(name_of_node, {})
+            for name, amount in held.items():
+                bucket[name] = bucket.get(name, Decimal(0)) + amount
+        placement = request.placement
+        requests = request.requested()
+        found = choose_victims(
+            nodes=self._inventory,
+            requests=requests,
+            priority=pod.priority,
+            placement={
+                "node_selector": placement.node_selector,
+                "affinity_terms": placement.affinity_terms(),
+                "tolerations": placement.toleration_dicts(),
+            },
+            used_by_node=used,
+            pods=pods,
+            spoken_for=self._plans.spoken_for(),
+        )
+        if found is None:
+            return None
+        chosen = next(n for n in self._inventory if n.name == found.node)
+        return self._plans.propose(pod_uid=pod.uid, node=chosen, requests=requests, victims=found.victims)
+
+    def _remember_placed(self, request: ReservationRequest, reservation: StoredReservation) -> None:
+        if self._pods is not None or not self.preemption:
+            return  # the mirror knows every bound pod's priority
+        pod = request.pod
+        self._placed[reservation.id] = BoundPod(
+            uid=pod.uid,
+            key=f"{pod.namespace}/{pod.name}",
+            node=reservation.node,
+            usage=reservation.usage(),
+            reservation_id=reservation.id,
+            priority=pod.priority,
+        )
+        while len(self._placed) > _REMEMBERED_PLACED:
+            self._placed.popitem(last=False)
+
+    async def _placed_pods(self) -> ClusterPods:
+        """Without the mirror: the committed reservations this process placed, as bound pods."""
+        committed: list[BoundPod] = []
+        after = 0
+        while True:
+            page, cursor = await self._run(
+                self._store.list, state=ReservationState.COMMITTED, after=after, limit=500
+            )
+            committed.extend(known for item in page if (known := self._placed.get(item.id)) is not None)
+            if cursor is None:
+                return ClusterPods.of(committed)
+            after = cursor
+
+    async def _preemption(self, request: web.Request) -> web.Response:
+        """``POST /v1/preemptions/{planId}:confirm`` and ``:cancel`` (contract v1.2): idempotent."""
+        plan_id, _, verb = request.match_info["action"].rpartition(":")
+        if verb not in ("confirm", "cancel") or not plan_id:
+            return problem(404, ProblemType.NOT_FOUND, f"there is no {request.path} in contract v1")
+        plan = self._plans.confirm(plan_id) if verb == "confirm" else self._plans.cancel(plan_id)
+        if plan is None:
+            return problem(404, ProblemType.NOT_FOUND, f"no preemption plan {plan_id!r}")
+        if verb == "confirm" and plan.state is not PlanState.CONFIRMED:
+            return problem(
+                409,
+                ProblemType.PLAN_NOT_ACTIVE,
+                f"preemption plan {plan_id} is {plan.state.value} and cannot be confirmed; reserve again "
+                "for a new plan",
+                title="Plan not active",
+                state=plan.state.value,
+            )
+        log.info("%s plan %s (pod uid %s, node %s)", plan.state.value, plan_id, plan.pod_uid, plan.node)
+        return web.json_response(plan.to_json())
 
     async def _commit(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -835,16 +970,29 @@ class ReferenceRM:
         if valid:  # all invalid: nothing for the store to do
             self._pending += 1
             try:
+                reserving = {operation.reserve.pod.uid for operation in valid if operation.reserve}
+                # Rooms held for preemptors (contract v1.2) are out of reach of every other pod.
+                nodes = without_held(self._inventory or (), self._plans.held(except_pods=reserving))
                 done = await self._run(
-                    self._store.batch, valid, nodes=self._inventory or (), policy=self.policy, pods=self._pods
+                    self._store.batch, valid, nodes=nodes, policy=self.policy, pods=self._pods
                 )
+                for operation, outcome in zip(valid, done, strict=True):
+                    if operation.reserve is not None and isinstance(outcome, Placed):
+                        self._plans.used_by(operation.reserve.pod.uid)
+                        self._remember_placed(operation.reserve, outcome.reservation)
             finally:
                 self._pending -= 1
         outcomes = iter(done)
-        results = [
-            operation if isinstance(operation, Answer) else _batched_answer(operation, next(outcomes))
-            for operation in parsed
-        ]
+        results: list[Answer] = []
+        for item in parsed:
+            if isinstance(item, Answer):
+                results.append(item)
+                continue
+            outcome = next(outcomes)
+            answer = _batched_answer(item, outcome)
+            if item.reserve is not None and isinstance(outcome, Unschedulable):
+                await self._attach_plan(item.reserve, answer)  # as its single call would
+            results.append(answer)
         text = ",".join(answer.result_json() for answer in results)
         return web.Response(text=f'{{"results":[{text}]}}', content_type="application/json")
 
@@ -897,7 +1045,7 @@ class ReferenceRM:
             outcome = await self._run(
                 self._store.reserve_group,
                 group_request,
-                nodes=self._inventory,
+                nodes=without_held(self._inventory, self._plans.held()),
                 policy=self.policy,
                 pods=self._pods,
             )
@@ -1086,6 +1234,7 @@ async def serve_reference_rm(
     max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
     cluster_ids: bool = True,
     db_password_file: pathlib.Path | None = None,
+    preemption: bool = True,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -1113,6 +1262,7 @@ async def serve_reference_rm(
         max_released_rows=max_released_rows,
         cluster_ids=cluster_ids,
         db_password_file=db_password_file,
+        preemption=preemption,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()

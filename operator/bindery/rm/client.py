@@ -76,7 +76,9 @@ from bindery.rm.models import (
     Feature,
     GroupMemberRequest,
     Placement,
+    PlanState,
     PodIdentity,
+    PreemptionPlan,
     Problem,
     Reservation,
     ReservationGroup,
@@ -615,6 +617,11 @@ class ResourceManagerClient:
         placement, newer = await self.negotiated_placement(request.placement, pod=_pod_name(request.pod))
         if placement is not request.placement:
             request = request.model_copy(update={"placement": placement})
+        if request.preemption_policy is not None:
+            if (await self.contract_info()).offers(Feature.PREEMPTION):
+                newer = True
+            else:  # a v1.1 RM never sees the field: it proposes no plan, as before v1.2
+                request = request.model_copy(update={"preemption_policy": None})
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         outcome = await self._coalesced(
             {"reserve": body},
@@ -625,6 +632,33 @@ class ResourceManagerClient:
         except RMRejected as error:
             self._doubt_info(error, sent_cluster=cluster is not None or newer)
             raise
+
+    async def confirm_preemption(self, plan_id: str, /) -> PreemptionPlan:
+        """Confirm a plan (contract v1.2, feature ``preemption``): from now until the answer's
+        ``expiresAt`` the RM holds the capacity the victims free for the preemptor alone.
+
+        Idempotent (confirming a confirmed plan answers it again), so retried. Raises ``RMConflict``
+        when the plan was used, cancelled or lapsed (ask for a new one by reserving again) and
+        ``RMRejected`` (404) when the RM does not know it.
+        """
+        answer = await self._call("POST", f"/v1/preemptions/{_quote(plan_id)}:confirm", json_body={})
+        if answer.status == 200:
+            plan = self._decode(answer, PreemptionPlan, "confirm preemption")
+            if plan.plan_id != plan_id or plan.state is not PlanState.CONFIRMED:
+                raise RMProtocolError(
+                    f"the RM answered confirm of preemption plan {plan_id} with plan {plan.plan_id} in "
+                    f"state {plan.state.value}; expected that plan, confirmed"
+                )
+            return plan
+        raise self._error(answer, "confirm preemption")
+
+    async def cancel_preemption(self, plan_id: str, /) -> None:
+        """Cancel a plan (contract v1.2): the RM stops holding its capacity. Idempotent; a plan the
+        RM does not know (never made, or forgotten after it lapsed) is not an error."""
+        answer = await self._call("POST", f"/v1/preemptions/{_quote(plan_id)}:cancel", json_body={})
+        if answer.status in (200, 404):
+            return
+        raise self._error(answer, "cancel preemption")
 
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
         """Commit after binding; committing twice is fine.
@@ -1310,7 +1344,7 @@ def _problem_error(*, status: int, problem: Problem | None, retry_after: float |
     if problem is not None and problem.type == ProblemType.UNSCHEDULABLE:
         wait = problem.retry_after_seconds if problem.retry_after_seconds is not None else retry_after
         reason = problem.reason or problem.detail or "the resource manager found no node that fits"
-        return RMUnschedulable(message, reason=reason, retry_after=wait)
+        return RMUnschedulable(message, reason=reason, retry_after=wait, plan=problem.preemption)
     if problem is not None and problem.type == ProblemType.POD_MISMATCH:
         return RMPodMismatch(message, status=status, problem=raw)
     if status == 409:

@@ -9,7 +9,10 @@ client is one of these types; nothing lower-level escapes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bindery.rm.models import PreemptionPlan
 
 __all__ = [
     "PROBLEM_BASE",
@@ -41,6 +44,7 @@ class ProblemType:
     UNSCHEDULABLE = PROBLEM_BASE + "unschedulable"  # 409: no node fits now
     RESERVATION_NOT_ACTIVE = PROBLEM_BASE + "reservation-not-active"  # 409: commit after release/expiry
     POD_MISMATCH = PROBLEM_BASE + "pod-mismatch"  # 409 (v1.1): the reservation belongs to another pod
+    PLAN_NOT_ACTIVE = PROBLEM_BASE + "plan-not-active"  # 409 (v1.2): confirm of a used/cancelled/expired plan
     # 409 on POST /v1/reservation-groups (v1.1) is ``unschedulable`` or ``idempotency-key-reused`` too.
     PAYLOAD_TOO_LARGE = PROBLEM_BASE + "payload-too-large"  # 413
     UNSUPPORTED_MEDIA_TYPE = PROBLEM_BASE + "unsupported-media-type"  # 415
@@ -58,12 +62,24 @@ class RMError(Exception):
 
 
 class RMUnschedulable(RMError):
-    """The RM answered that nothing fits now; ``reason`` is human-readable, for the pod's event."""
+    """The RM answered that nothing fits now; ``reason`` is human-readable, for the pod's event.
 
-    def __init__(self, message: str, *, reason: str, retry_after: float | None = None) -> None:
+    ``plan`` (contract v1.2, feature ``preemption``) is the RM's proposal to make room by evicting
+    lower-priority pods, when the request asked for one and the RM found one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        retry_after: float | None = None,
+        plan: PreemptionPlan | None = None,
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.retry_after = retry_after
+        self.plan = plan
 
 
 class RMFeatureMissing(RMUnschedulable):

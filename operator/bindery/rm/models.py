@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 #: The contract version these models implement (``info.version`` of the OpenAPI document).
-CONTRACT_VERSION = "1.2.1"
+CONTRACT_VERSION = "1.2.2"
 #: The most members one reservation group may have (contract v1.1).
 MAX_GROUP_MEMBERS = 1000
 #: The most operations one ``POST /v1/batch`` may carry (contract v1.1).
@@ -130,6 +130,9 @@ class Feature(enum.StrEnum):
     NODE_PREFERENCES = "node-preferences"
     #: v1.2: tolerations with operator ``Gt`` or ``Lt`` (Kubernetes 1.35+), matched numerically.
     TOLERATION_COMPARISONS = "toleration-comparisons"
+    #: v1.2: ``preemptionPolicy`` on reserve, a preemption plan on an Unschedulable answer, and
+    #: ``POST /v1/preemptions/{planId}:confirm`` / ``:cancel``.
+    PREEMPTION = "preemption"
 
 
 class _Request(BaseModel):
@@ -273,15 +276,23 @@ class ReservationRequest(_Resourced):
     ttl_seconds: Integer = Field(ge=1, le=86_400)
     #: v1.2 (feature ``cluster-id``): the cluster asking; sent only to an RM that lists the feature.
     cluster_id: ClusterId | None = None
+    #: v1.2 (feature ``preemption``): the pod's ``spec.preemptionPolicy``. Present, it asks for a
+    #: preemption plan on an Unschedulable answer (``PreemptLowerPriority``) or says none is wanted
+    #: (``Never``); absent (a v1.1 client, or an RM without the feature), no plan is proposed.
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] | None = None
 
     def fingerprint(self) -> str:
         """A canonical form: two requests with the same fingerprint are "the same request".
 
         Quantities are compared by value, so ``"1000m"`` and ``"1"`` are the same request. A request
         without ``clusterId`` has the fingerprint it had before v1.2 (stored fingerprints stay valid).
+        ``preemptionPolicy`` is never part of it: it says what to answer when nothing fits, not what
+        to reserve, so a reservation made before a client upgrade replays after it.
         """
         canonical = self.model_copy(update={"resources": self.canonical_resources()})
-        return canonical.model_dump_json(by_alias=True, exclude=_absent_cluster(self.cluster_id))
+        return canonical.model_dump_json(
+            by_alias=True, exclude={"preemption_policy", *(_absent_cluster(self.cluster_id) or ())}
+        )
 
 
 class RenewRequest(_Request):
@@ -493,6 +504,45 @@ class ContractInfo(_Response):
         return feature.value in self.features
 
 
+class VictimPod(_Response):
+    """Which pod a preemption plan would evict (v1.2, feature ``preemption``)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class PreemptionVictim(_Response):
+    """One victim of a plan: the pod, the RM's reservation for it (absent for a pod the RM did not
+    place but counts, e.g. one bound by kube-scheduler), and what evicting it frees on the node."""
+
+    reservation_id: str | None = None
+    pod: VictimPod
+    frees: dict[str, str] = Field(default_factory=dict)
+
+
+class PlanState(enum.StrEnum):
+    PROPOSED = "proposed"  # not holding anything; confirm before ``expiresAt`` or it lapses
+    CONFIRMED = "confirmed"  # the freed capacity is held for the preemptor until ``expiresAt``
+    USED = "used"  # the preemptor reserved: the hold became its reservation
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+class PreemptionPlan(_Response):
+    """A preemption plan (v1.2, feature ``preemption``): carried by an Unschedulable answer to a
+    reserve whose request had ``preemptionPolicy: PreemptLowerPriority``, and answered by confirm
+    and cancel. Evicting ``victims`` from ``node`` makes room for the preemptor ``podUid``."""
+
+    plan_id: Annotated[str, Field(min_length=1, max_length=253)]
+    node: Annotated[str, Field(min_length=1, max_length=253)]
+    pod_uid: str
+    victims: list[PreemptionVictim] = Field(min_length=1)
+    lease_seconds: Integer = Field(ge=1)
+    state: PlanState = PlanState.PROPOSED
+    expires_at: datetime | None = None
+
+
 class Problem(_Response):
     """An RFC 9457 problem; ``type`` is a stable URI per error kind (see ``bindery.rm.errors``)."""
 
@@ -506,6 +556,9 @@ class Problem(_Response):
     reason: str | None = None
     retry_after_seconds: float | None = None
     errors: list[dict[str, Any]] | None = None
+    #: v1.2 (feature ``preemption``): on an ``unschedulable`` answer to a reserve, the plan that
+    #: would make room, when the request asked for one and one exists.
+    preemption: PreemptionPlan | None = None
 
 
 class BatchOperationResult(_Response):

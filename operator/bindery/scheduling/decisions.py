@@ -30,6 +30,7 @@ from bindery.rm.errors import (
     RMUnavailable,
     RMUnschedulable,
 )
+from bindery.rm.models import PreemptionPlan
 from bindery.scheduling.ports import BindConflict, BindError, PodGone
 
 __all__ = [
@@ -95,6 +96,8 @@ class Failure:
     stage: Stage
     retry_after: float | None = None
     plugin: str = ""
+    #: The RM's preemption plan for the pod (contract v1.2), on an RM_UNSCHEDULABLE failure.
+    plan: PreemptionPlan | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -163,7 +166,8 @@ def failure_from_exception(
     if kind is FailureKind.INTERNAL:
         where = f'{stage} plugin "{plugin}"' if plugin else str(stage)
         message = f"internal error in {where}: {message}"
-    return Failure(kind=kind, message=message, stage=stage, retry_after=retry_after, plugin=plugin)
+    plan = error.plan if isinstance(error, RMUnschedulable) else None
+    return Failure(kind=kind, message=message, stage=stage, retry_after=retry_after, plugin=plugin, plan=plan)
 
 
 #: Binding answers that do not say the write was refused: the apiserver may have stored it (an etcd

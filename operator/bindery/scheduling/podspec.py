@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 import annotated_types
 import pydantic
@@ -92,6 +92,8 @@ class PodInfo:
     #: Required pod (anti-)affinity, DoNotSchedule spread and host ports (bindery.podrules);
     #: ``NO_RULES`` for most pods.
     rules: PodRules = NO_RULES
+    #: ``spec.preemptionPolicy`` (the apiserver defaults it): contract v1.2's ``preemptionPolicy``.
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
 
     @property
     def key(self) -> str:
@@ -171,6 +173,7 @@ class PodInfo:
                 (int(item.get("weight") or 0), dict(item.get("preference") or {})) for item in preferred
             ),
             labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+            preemption_policy="Never" if spec.get("preemptionPolicy") == "Never" else "PreemptLowerPriority",
             unschedulable_condition=_unschedulable_condition(status),
             resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
             generation=int(metadata["generation"]) if metadata.get("generation") else None,
@@ -358,6 +361,8 @@ def reservation_request(
         placement=placement,
         idempotency_key=pod.uid,
         ttl_seconds=ttl_seconds,
+        # Contract v1.2 (feature preemption): the client leaves it out for an RM without it.
+        preemption_policy=pod.preemption_policy,
     )
 
 

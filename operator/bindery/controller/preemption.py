@@ -1,0 +1,240 @@
+"""Carrying out an RM's preemption plan (contract v1.2, feature ``preemption``; issue 21).
+
+The RM answers a reserve it cannot place with a plan: a node and the lower-priority pods to evict
+there. The cycle stays as it is (the pod is unschedulable, waiting for an event); after it, this
+module vets the plan against the apiserver (:func:`bindery.scheduling.preemption.vet`), confirms
+it (from then on the RM holds the room for this pod alone), sets the pod's
+``status.nominatedNodeName``, and evicts each victim as kube-scheduler does: the ``DisruptionTarget``
+condition first, then the Eviction API (which enforces PodDisruptionBudgets, unlike a plain
+delete), then the ``Preempted`` event. The victims' deletion wakes the pod, whose next reserve
+lands on the held room and binds as any other.
+
+A PDB's ``429`` or any other failure cancels the plan and clears the nomination, so the room goes
+back and no further victim is evicted for nothing; the pod is tried again on the next event. A plan
+is carried out once: the RM answers the same plan while its victims terminate, and this process
+remembers which plans it has already carried out.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import socket
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from bindery.k8s import ApiClient, ApiError, answer_of, patch, resources
+from bindery.k8s.api import STRATEGIC_PATCH
+from bindery.kube.events import event_body
+from bindery.kube.reads import read_pod
+from bindery.rm.errors import RMError
+from bindery.rm.models import PreemptionPlan
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.preemption import disruption_condition, preempted_note, vet
+from bindery.typedefs import Logger
+
+__all__ = ["PlanClient", "Preemptions"]
+
+#: Plans remembered as carried out (per runner); the oldest are forgotten past this.
+REMEMBERED_PLANS = 10_000
+_TIMEOUT = 10.0
+
+
+class PlanClient(Protocol):
+    async def confirm_preemption(self, plan_id: str, /) -> PreemptionPlan: ...
+
+    async def cancel_preemption(self, plan_id: str, /) -> None: ...
+
+
+class Preemptions:
+    """One runner's preemptions: :meth:`carry_out` after a cycle whose failure carries a plan."""
+
+    def __init__(
+        self,
+        *,
+        api: ApiClient,
+        rm: PlanClient,
+        logger: Logger,
+        count: Callable[[str], None] = lambda outcome: None,
+        hostname: str | None = None,
+    ) -> None:
+        """``count``: called with each outcome, for ``bindery_preemptions_total``."""
+        self._count = count
+        self._api = api
+        self._rm = rm
+        self._logger = logger
+        self._hostname = hostname or socket.gethostname()
+        self._carried: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    async def carry_out(self, pod: PodInfo, plan: PreemptionPlan) -> bool:
+        """Vet, confirm, nominate, evict; True when every victim was evicted (or already gone)."""
+        if plan.plan_id in self._carried:
+            return True  # the RM answered the plan again while its victims terminate
+        self._count("proposed")
+        try:
+            current = {
+                f"{v.pod.namespace}/{v.pod.name}": await read_pod(
+                    api=self._api, namespace=v.pod.namespace, name=v.pod.name, timeout_seconds=_TIMEOUT
+                )
+                for v in plan.victims
+            }
+        except ApiError as error:
+            await self._give_up(pod, plan, f"could not read the victims: {error}", nominated=False)
+            return False
+        refusal = vet(plan, preemptor=pod, victims=current)
+        if refusal is not None:
+            self._count("refused")
+            await self._give_up(pod, plan, refusal, nominated=False)
+            return False
+        try:
+            await self._rm.confirm_preemption(plan.plan_id)
+        except RMError as error:
+            await self._give_up(pod, plan, f"the RM did not confirm it: {error}", nominated=False)
+            return False
+        self._remember(plan.plan_id)
+        self._count("confirmed")
+        victims = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in plan.victims)
+        self._logger.info(f"preempting {victims} on node {plan.node} for pod {pod.key} (plan {plan.plan_id})")
+        try:
+            await self._nominate(pod, plan.node)
+            for victim in plan.victims:
+                if not await self._evict(pod, plan, victim.pod.namespace, victim.pod.name, victim.pod.uid):
+                    await self._give_up(
+                        pod,
+                        plan,
+                        f"the eviction of {victim.pod.namespace}/{victim.pod.name} was refused by a "
+                        "PodDisruptionBudget",
+                        nominated=True,
+                    )
+                    return False
+        except ApiError as error:
+            await self._give_up(pod, plan, f"the apiserver failed: {error}", nominated=True)
+            return False
+        return True
+
+    def _remember(self, plan_id: str) -> None:
+        self._carried[plan_id] = None
+        while len(self._carried) > REMEMBERED_PLANS:
+            self._carried.popitem(last=False)
+
+    async def _give_up(self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool) -> None:
+        """Cancel the plan (the room goes back) and clear the nomination; the pod waits for an event."""
+        self._logger.warning(f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled")
+        self._carried.pop(plan.plan_id, None)
+        self._count("cancelled")
+        try:
+            await self._rm.cancel_preemption(plan.plan_id)
+        except RMError as error:  # the plan's lease ends it anyway
+            self._logger.warning(f"cancelling preemption plan {plan.plan_id} failed: {error}")
+        if nominated:
+            try:
+                await self._nominate(pod, None)
+            except ApiError as error:
+                self._logger.warning(f"clearing the nominated node of pod {pod.key} failed: {error}")
+
+    async def _nominate(self, pod: PodInfo, node: str | None) -> None:
+        await patch(
+            self._api,
+            resources.PODS,
+            namespace=pod.namespace,
+            name=pod.name,
+            subresource="status",
+            body={"status": {"nominatedNodeName": node}},
+            request_timeout=_TIMEOUT,
+        )
+
+    async def _evict(self, pod: PodInfo, plan: PreemptionPlan, namespace: str, name: str, uid: str) -> bool:
+        """One victim; False when a PodDisruptionBudget refuses (429). Gone already counts as done."""
+        now = datetime.datetime.now(datetime.UTC)
+        condition = disruption_condition(now=now, scheduler_name=pod.scheduler_name)
+        try:
+            await patch(
+                self._api,
+                resources.PODS,
+                namespace=namespace,
+                name=name,
+                subresource="status",
+                body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
+                content_type=STRATEGIC_PATCH,
+                request_timeout=_TIMEOUT,
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return True
+            raise
+        path = resources.PODS.path(namespace=namespace, name=name, subresource="eviction")
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        status, payload = await answer_of(
+            self._api,
+            "POST",
+            path,
+            body=eviction,
+            request_timeout=_TIMEOUT,
+            what=f"evicting {namespace}/{name}",
+        )
+        if status == 429:  # the pod stays: it is no disruption target after all
+            condition = {
+                **condition,
+                "status": "False",
+                "message": "eviction refused by a PodDisruptionBudget",
+            }
+            await patch(
+                self._api,
+                resources.PODS,
+                namespace=namespace,
+                name=name,
+                subresource="status",
+                body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
+                content_type=STRATEGIC_PATCH,
+                request_timeout=_TIMEOUT,
+            )
+            return False
+        if status >= 300 and status not in (404, 409):  # 409: the uid precondition, a recreated pod
+            raise ApiError(
+                payload.decode(errors="replace")[:500], status=status, what=f"evicting {namespace}/{name}"
+            )
+        self._count("victim_evicted")
+        await self._event(pod, plan, namespace=namespace, name=name, uid=uid)
+        return True
+
+    async def _event(
+        self, pod: PodInfo, plan: PreemptionPlan, *, namespace: str, name: str, uid: str
+    ) -> None:
+        victim = PodInfo(uid=uid, namespace=namespace, name=name, scheduler_name=pod.scheduler_name)
+        body: dict[str, Any] = event_body(
+            pod=victim,
+            resource_version=None,
+            scheduler_name=pod.scheduler_name,
+            hostname=self._hostname,
+            type_="Normal",
+            reason="Preempted",
+            action="Preempting",
+            note=preempted_note(preemptor=pod, node=plan.node),
+            now=datetime.datetime.now(datetime.UTC),
+        )
+        body["related"] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid,
+        }
+        status, payload = await answer_of(
+            self._api,
+            "POST",
+            resources.EVENTS_V1.path(namespace=namespace),
+            body=body,
+            request_timeout=_TIMEOUT,
+            what="Preempted event not written",
+        )
+        if status >= 300:  # an event is worth a log line, not a failed preemption
+            self._logger.warning(
+                f"Preempted event of {namespace}/{name} not written (HTTP {status}): "
+                f"{json.dumps(payload.decode(errors='replace')[:200])}"
+            )

@@ -1,0 +1,256 @@
+"""Preemption plans of the reference RM (contract v1.2, feature ``preemption``).
+
+When a reserve that carries ``preemptionPolicy: PreemptLowerPriority`` finds no node, the RM looks
+for one node where evicting pods of lower priority makes room, and proposes them as a plan. The
+caller evicts them and confirms the plan; from then until the lease ends (or the preemptor
+reserves) the capacity the plan frees is held for the preemptor alone: every other reserve sees
+the node with that much less allocatable, so another pod cannot slip into the room the victims
+left (kubernetes/kubernetes#72124).
+
+The candidates are the bound pods the pod mirror sees (``--mirror-nodes``), whoever placed them:
+Bindery's pods and those of kube-scheduler alike, as kube-scheduler counts every pod. Without the
+mirror the RM does not know its pods' priorities and proposes nothing. Not done yet: PodDisruption-
+Budgets (the caller's eviction is refused with 429 and it cancels the plan) and pod groups (a
+gang's members are not kept together as victims).
+
+Plans live in the server's memory: an RM restart forgets them, which releases every hold, as if
+each lease had ended; the caller then finds its confirm or reserve answered 404 or Unschedulable
+and starts again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from bindery.quantity import format_quantity
+from bindery.reference_rm.accounting import BoundPod, ClusterPods
+from bindery.reference_rm.placement import InventoryNode, effective_usage, fits, static_failure
+from bindery.rm.models import PlanState
+
+__all__ = ["Candidate", "Plan", "PlanBook", "choose_victims", "without_held"]
+
+#: How long a proposed plan waits for its confirm, and a confirmed one holds its room (seconds).
+DEFAULT_LEASE_SECONDS = 60
+
+
+def _plus(into: dict[str, Decimal], usage: Mapping[str, Decimal], sign: int = 1) -> None:
+    for name, amount in usage.items():
+        into[name] = into.get(name, Decimal(0)) + sign * amount
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One node where evicting ``victims`` makes room; ordered as kube-scheduler orders them."""
+
+    node: str
+    victims: tuple[BoundPod, ...]
+
+    def rank(self) -> tuple[int, int, int, str]:
+        """Fewest victims, then the lowest highest victim priority, then the lowest sum, then name."""
+        priorities = [victim.priority for victim in self.victims]
+        return (len(priorities), max(priorities), sum(priorities), self.node)
+
+
+def choose_victims(
+    *,
+    nodes: Sequence[InventoryNode],
+    requests: Mapping[str, Decimal],
+    priority: int,
+    placement: Mapping[str, Any],
+    used_by_node: Mapping[str, Mapping[str, Decimal]],
+    pods: ClusterPods,
+    spoken_for: frozenset[str] = frozenset(),
+) -> Candidate | None:
+    """The node and the smallest set of lower-priority pods to evict there so the pod fits, or None.
+
+    Per node, as kube-scheduler's DefaultPreemption does: take away every pod of lower priority;
+    if the pod still does not fit, the node cannot help. Otherwise give back the candidates, highest
+    priority first, as long as the pod still fits: what is left are the victims, the lowest
+    priorities first. ``used_by_node`` is what the RM counts in use now (its reservations, the pods
+    it did not place, the rooms held for other plans); ``spoken_for`` are the pod UIDs that other
+    plans already evict (they are not victims twice).
+    """
+    best: Candidate | None = None
+    for node in nodes:
+        if static_failure(node=node, **placement) is not None:
+            continue
+        entry = pods.nodes.get(node.name)
+        if entry is None:
+            continue
+        usage = effective_usage(requests, node)
+        used = dict(used_by_node.get(node.name, {}))
+        if fits(node, usage, used):
+            continue  # room without evicting (held for another plan, or freed since): not a plan
+        lower = sorted(
+            (pod for pod in entry.members if pod.priority < priority and pod.uid not in spoken_for),
+            key=lambda pod: (pod.priority, pod.uid),
+        )
+        if not lower:
+            continue
+        for pod in lower:
+            _plus(used, pod.usage, -1)
+        if not fits(node, usage, used):
+            continue
+        victims = []
+        for pod in reversed(lower):  # reprieve the highest priorities first
+            _plus(used, pod.usage)
+            if not fits(node, usage, used):
+                _plus(used, pod.usage, -1)
+                victims.append(pod)
+        victims.reverse()
+        found = Candidate(node=node.name, victims=tuple(victims))
+        if best is None or found.rank() < best.rank():
+            best = found
+    return best
+
+
+@dataclass
+class Plan:
+    """A plan and its lease; ``hold`` is what the preemptor needs on ``node`` once confirmed."""
+
+    plan_id: str
+    node: str
+    pod_uid: str
+    victims: tuple[BoundPod, ...]
+    hold: Mapping[str, Decimal]
+    lease_seconds: int
+    expires_at: float
+    state: PlanState = PlanState.PROPOSED
+
+    @property
+    def active(self) -> bool:
+        return self.state in (PlanState.PROPOSED, PlanState.CONFIRMED)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "planId": self.plan_id,
+            "node": self.node,
+            "podUid": self.pod_uid,
+            "victims": [
+                {
+                    **({"reservationId": victim.reservation_id} if victim.reservation_id else {}),
+                    "pod": dict(zip(("namespace", "name"), victim.key.split("/", 1), strict=True))
+                    | {"uid": victim.uid},
+                    "frees": {name: format_quantity(amount) for name, amount in sorted(victim.usage.items())},
+                }
+                for victim in self.victims
+            ],
+            "leaseSeconds": self.lease_seconds,
+            "state": self.state.value,
+            "expiresAt": datetime.fromtimestamp(self.expires_at, UTC).isoformat().replace("+00:00", "Z"),
+        }
+
+
+class PlanBook:
+    """The RM's plans, by id and by preemptor; used from the server's event loop only."""
+
+    def __init__(
+        self, *, lease_seconds: int = DEFAULT_LEASE_SECONDS, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.lease_seconds = lease_seconds
+        self._clock = clock
+        self._plans: dict[str, Plan] = {}
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for plan_id, plan in list(self._plans.items()):
+            if plan.active and plan.expires_at <= now:
+                plan.state = PlanState.EXPIRED
+            if not plan.active and plan.expires_at + self.lease_seconds <= now:
+                del self._plans[plan_id]  # remembered one more lease, so a late confirm gets 409
+
+    def get(self, plan_id: str) -> Plan | None:
+        self._expire()
+        return self._plans.get(plan_id)
+
+    def active_for(self, pod_uid: str) -> Plan | None:
+        """The preemptor's plan still proposed or confirmed: asked again, the RM answers it again
+        instead of proposing more victims while the first ones terminate."""
+        self._expire()
+        return next((p for p in self._plans.values() if p.pod_uid == pod_uid and p.active), None)
+
+    def spoken_for(self) -> frozenset[str]:
+        self._expire()
+        return frozenset(
+            victim.uid for plan in self._plans.values() if plan.active for victim in plan.victims
+        )
+
+    def held(self, *, except_pods: Collection[str] = ()) -> dict[str, dict[str, Decimal]]:
+        """Per node, the room confirmed plans hold for preemptors other than ``except_pods``."""
+        self._expire()
+        held: dict[str, dict[str, Decimal]] = {}
+        for plan in self._plans.values():
+            if plan.state is PlanState.CONFIRMED and plan.pod_uid not in except_pods:
+                _plus(held.setdefault(plan.node, {}), plan.hold)
+        return held
+
+    def propose(
+        self,
+        *,
+        pod_uid: str,
+        node: InventoryNode,
+        requests: Mapping[str, Decimal],
+        victims: Iterable[BoundPod],
+    ) -> Plan:
+        plan = Plan(
+            plan_id=f"pln-{uuid.uuid4().hex}",
+            node=node.name,
+            pod_uid=pod_uid,
+            victims=tuple(victims),
+            hold=effective_usage(requests, node),
+            lease_seconds=self.lease_seconds,
+            expires_at=self._clock() + self.lease_seconds,
+        )
+        self._plans[plan.plan_id] = plan
+        return plan
+
+    def confirm(self, plan_id: str) -> Plan | None:
+        """Confirm (idempotent): the lease restarts from now. None when unknown; the plan in its
+        state otherwise (the caller answers 409 unless it is confirmed)."""
+        plan = self.get(plan_id)
+        if plan is None or not plan.active:
+            return plan
+        plan.state = PlanState.CONFIRMED
+        plan.expires_at = self._clock() + plan.lease_seconds
+        return plan
+
+    def cancel(self, plan_id: str) -> Plan | None:
+        """Cancel (idempotent): an active plan stops holding; others keep their final state."""
+        plan = self.get(plan_id)
+        if plan is not None and plan.active:
+            plan.state = PlanState.CANCELLED
+        return plan
+
+    def used_by(self, pod_uid: str) -> None:
+        """The preemptor reserved: its plan's room is now its reservation."""
+        for plan in self._plans.values():
+            if plan.pod_uid == pod_uid and plan.active:
+                plan.state = PlanState.USED
+
+
+def without_held(
+    nodes: Sequence[InventoryNode], held: Mapping[str, Mapping[str, Decimal]]
+) -> Sequence[InventoryNode]:
+    """``nodes`` with the held room taken out of each node's allocatable (the same tuple when
+    nothing is held, so placement keeps its cache of the inventory)."""
+    if not held:
+        return nodes
+    return [
+        dataclasses.replace(
+            node,
+            allocatable={
+                name: amount - held[node.name].get(name, Decimal(0))
+                for name, amount in node.allocatable.items()
+            },
+        )
+        if node.name in held
+        else node
+        for node in nodes
+    ]

@@ -1,0 +1,70 @@
+"""Preemption decisions (contract v1.2, feature ``preemption``), free of I/O.
+
+The RM proposes a plan with its Unschedulable answer; before anything is evicted Bindery vets it
+against the cluster as it is now, because the RM's view of the pods may be a moment old: a victim
+deleted and recreated under the same name is another pod, one that moved is no longer in the way,
+one whose priority is not lower would not be evicted by kube-scheduler either. What the apiserver
+is told (the victims' ``DisruptionTarget`` condition, the ``Preempted`` event) is shaped here as
+kube-scheduler shapes it (``pkg/scheduler/framework/preemption``), so that tools reading those
+keep working. The I/O is :mod:`bindery.controller.preemption`.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from bindery.rm.models import PreemptionPlan
+from bindery.scheduling.podspec import PodInfo
+
+__all__ = ["DISRUPTION_TARGET", "disruption_condition", "preempted_note", "vet"]
+
+DISRUPTION_TARGET = "DisruptionTarget"
+REASON_PREEMPTED = "PreemptionByScheduler"
+
+
+def vet(
+    plan: PreemptionPlan, *, preemptor: PodInfo, victims: Mapping[str, Mapping[str, Any] | None]
+) -> str | None:
+    """Why the plan must not be carried out, or None when it may.
+
+    ``victims``: each victim's current Pod by ``namespace/name`` (None when it is gone).
+    """
+    if preemptor.preemption_policy == "Never":
+        return f"pod {preemptor.key} has preemptionPolicy Never"
+    if plan.pod_uid != preemptor.uid:
+        return f"the plan is for pod uid {plan.pod_uid}, not {preemptor.key} (uid {preemptor.uid})"
+    for victim in plan.victims:
+        key = f"{victim.pod.namespace}/{victim.pod.name}"
+        body = victims.get(key)
+        if body is None:
+            return f"victim {key} is gone"
+        metadata = body.get("metadata") or {}
+        spec = body.get("spec") or {}
+        if metadata.get("uid") != victim.pod.uid:
+            return f"victim {key} was recreated (uid {metadata.get('uid')}, the plan names {victim.pod.uid})"
+        if spec.get("nodeName") != plan.node:
+            return f"victim {key} is not on node {plan.node} but on {spec.get('nodeName') or 'no node'}"
+        if int(spec.get("priority") or 0) >= preemptor.priority:
+            return (
+                f"victim {key} has priority {int(spec.get('priority') or 0)}, not lower than "
+                f"{preemptor.key}'s {preemptor.priority}"
+            )
+    return None
+
+
+def disruption_condition(*, now: datetime.datetime, scheduler_name: str) -> dict[str, Any]:
+    """The victim's ``DisruptionTarget`` condition, as kube-scheduler's preemption writes it."""
+    return {
+        "type": DISRUPTION_TARGET,
+        "status": "True",
+        "reason": REASON_PREEMPTED,
+        "message": f"{scheduler_name}: preempting to accommodate a higher priority pod",
+        "lastTransitionTime": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def preempted_note(*, preemptor: PodInfo, node: str) -> str:
+    """The ``Preempted`` event's note on a victim, kube-scheduler's words."""
+    return f"Preempted by pod {preemptor.uid} on node {node}"

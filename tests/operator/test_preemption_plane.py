@@ -1,0 +1,296 @@
+"""Preemption through the resource manager on the real apiserver (issue 21).
+
+The issue's scenario: two 4-CPU nodes filled by four 2-CPU pods of priority 10, then one 2-CPU pod
+of priority 100000. The reference RM runs as its own process with ``--mirror-nodes`` (it sees every
+bound pod and its priority), the operator under its least-privilege identity (so evicting needs the
+``pods/eviction`` rule it declares). Victims have ``terminationGracePeriodSeconds: 0``: this plane
+has no kubelet, so an evicted pod with a grace period would stay Terminating forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import pathlib
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from bindery.controller.secrets import CREDENTIALS_LABEL
+from bindery.devcluster.nodes import create_node
+from bindery.devcluster.plane import ControlPlane
+from tests.operator.conftest import (
+    Bindery,
+    create_pod,
+    events_of,
+    eventually,
+    pod_body,
+    read_pod,
+    resource_manager,
+)
+from tests.realrm import RMProcess
+
+POOL = "bindery.dev/test-pool"
+LOW, HIGH = 10, 100_000
+
+
+class Pool:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        namespace: str,
+        token: str,
+        rm: RMProcess,
+        operator: Bindery | None = None,
+    ) -> None:
+        self.operator = operator
+        self.api = api
+        self.namespace = namespace
+        self.token = token
+        self.rm = rm
+        self.scheduler = f"sched-{token}"
+
+    def priority_class(self, name: str) -> str:
+        return f"pc-{self.token}-{name}"
+
+    async def create(self, name: str, *, priority_class: str, **spec: Any) -> dict[str, Any]:
+        body = pod_body(
+            name=name,
+            labels={"tier": priority_class},
+            scheduler_name=self.scheduler,
+            cpu="2",
+            nodeSelector={POOL: self.token},
+            priorityClassName=self.priority_class(priority_class),
+            terminationGracePeriodSeconds=0,
+            **spec,
+        )
+
+        # The priority admission plugin sees new PriorityClasses through a cache: retry until it does.
+        async def admitted() -> dict[str, Any] | None:
+            try:
+                return await create_pod(self.api, namespace=self.namespace, body=body)
+            except client.ApiException as exc:
+                if exc.status == 403 and "PriorityClass" in str(exc.body):
+                    return None
+                raise
+
+        created: dict[str, Any] = await eventually(admitted, what=f"pod {name} admitted")
+        return created
+
+    async def node_of(self, name: str) -> str | None:
+        try:
+            pod = await read_pod(self.api, namespace=self.namespace, name=name)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        node = pod["spec"].get("nodeName")
+        return str(node) if node else None
+
+    async def existing(self, names: Sequence[str]) -> list[str]:
+        listed = await client.CoreV1Api(self.api).list_namespaced_pod(namespace=self.namespace)
+        present = {pod.metadata.name for pod in listed.items}
+        return [name for name in names if name in present]
+
+    async def fill(self) -> dict[str, str]:
+        """The four low-priority pods, bound two per node."""
+        names = [f"low-{i}" for i in range(4)]
+        for name in names:
+            await self.create(name, priority_class="low")
+        placed: dict[str, str] = {}
+        for name in names:
+            placed[name] = await eventually(functools.partial(self.node_of, name), what=f"{name} bound")
+        assert sorted(placed.values()).count(placed["low-0"]) == 2, placed
+        return placed
+
+    def preemptions(self, outcome: str) -> int:
+        """``bindery_preemptions_total`` of this pool's ResourceManager for ``outcome``."""
+        assert self.operator is not None
+        value = self.operator.runtime.metrics.registry.get_sample_value(
+            "bindery_preemptions_total", {"resource_manager": f"rm-{self.token}", "outcome": outcome}
+        )
+        return int(value or 0)
+
+    async def rm_said(self, text: str) -> bool:
+        return text in self.rm.log_path.read_text(errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def pool_of(
+    *,
+    controlplane: ControlPlane,
+    api: client.ApiClient,
+    namespace: str,
+    directory: pathlib.Path,
+    operator: Bindery,
+    options: Sequence[str] = (),
+) -> AsyncIterator[Pool]:
+    token = uuid.uuid4().hex[:8]
+    nodes = [f"pe-{token}-{i}" for i in range(2)]
+    scheduling = client.SchedulingV1Api(api)
+    classes = {
+        "low": (LOW, "PreemptLowerPriority"),
+        "high": (HIGH, "PreemptLowerPriority"),
+        "never": (HIGH, "Never"),
+    }
+    for name in nodes:
+        await create_node(
+            api, name=name, capacity={"cpu": "4", "memory": "16Gi", "pods": "110"}, labels={POOL: token}
+        )
+    for name, (value, policy) in classes.items():
+        await scheduling.create_priority_class(
+            body={"metadata": {"name": f"pc-{token}-{name}"}, "value": value, "preemptionPolicy": policy}
+        )
+    try:
+        async with RMProcess(
+            kubeconfig=controlplane.kubeconfig,
+            directory=directory,
+            node_selector=f"{POOL}={token}",
+            options=options,
+        ) as rm:
+            secret = f"rm-token-{token}"
+            await client.CoreV1Api(api).create_namespaced_secret(
+                namespace=namespace,
+                body={
+                    "metadata": {"name": secret, "labels": {CREDENTIALS_LABEL: "true"}},
+                    "stringData": {"token": rm.token},
+                },
+            )
+            staged = Pool(api=api, namespace=namespace, token=token, rm=rm, operator=operator)
+            async with resource_manager(
+                api,
+                name=f"rm-{token}",
+                scheduler_names=[staged.scheduler],
+                endpoint=rm.url,
+                auth={"tokenSecretRef": {"namespace": namespace, "name": secret}},
+                backoff={"initialSeconds": 0.2, "maxSeconds": 1},
+            ):
+                yield staged
+    finally:
+        for name in nodes:
+            with contextlib.suppress(client.ApiException):
+                await client.CoreV1Api(api).delete_node(name=name)
+        for name in classes:
+            with contextlib.suppress(client.ApiException):
+                await scheduling.delete_priority_class(name=f"pc-{token}-{name}")
+
+
+@pytest.fixture
+async def pool(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    crd: None,
+    namespace: str,
+    bindery: Bindery,
+    tmp_path: pathlib.Path,
+) -> AsyncIterator[Pool]:
+    async with pool_of(
+        controlplane=controlplane,
+        api=kube_api,
+        namespace=namespace,
+        directory=tmp_path / "rm",
+        operator=bindery,
+    ) as staged:
+        yield staged
+
+
+async def test_a_high_priority_pod_preempts_one_low_priority_pod_and_is_bound(pool: Pool) -> None:
+    placed = await pool.fill()
+    await pool.create("high", priority_class="high")
+    node = await eventually(lambda: pool.node_of("high"), within=60, what="the preemptor bound")
+    left = await pool.existing(list(placed))
+    assert len(left) == 3, f"expected one victim evicted, {len(left)} low pods left: {left}"
+    (victim,) = set(placed) - set(left)
+    assert placed[victim] == node
+    preemptor = await read_pod(pool.api, namespace=pool.namespace, name="high")
+    # Bindery nominated the node; the apiserver clears the nomination at the Binding (feature gate
+    # ClearingNominatedNodeNameAfterBinding, beta and on since Kubernetes 1.35).
+    assert not preemptor["status"].get("nominatedNodeName")
+    events = await events_of(pool.api, namespace=pool.namespace, pod_name=victim)
+    preempted = [e for e in events if e.get("reason") == "Preempted"]
+    assert preempted, events
+    assert preempted[0]["note"] == f"Preempted by pod {preemptor['metadata']['uid']} on node {node}"
+    counts = {o: pool.preemptions(o) for o in ("proposed", "confirmed", "victim_evicted", "cancelled")}
+    assert counts == {"proposed": 1, "confirmed": 1, "victim_evicted": 1, "cancelled": 0}
+
+
+async def test_a_preemptor_with_policy_never_evicts_nothing(pool: Pool) -> None:
+    placed = await pool.fill()
+    created = await pool.create("never", priority_class="never")
+    uid = created["metadata"]["uid"]
+    # The RM's answer is what decides: without a plan in it there is nothing to carry out.
+    await eventually(
+        lambda: pool.rm_said(f"(uid {uid}) unschedulable"), within=30, what="the RM answered the preemptor"
+    )
+    assert not await pool.rm_said(f"for pod {uid}: evict")
+    assert await pool.existing(list(placed)) == list(placed)
+    assert await pool.node_of("never") is None
+
+
+async def test_an_rm_without_the_feature_gets_no_preemption_policy_and_evicts_nothing(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    crd: None,
+    namespace: str,
+    bindery: Bindery,
+    tmp_path: pathlib.Path,
+) -> None:
+    async with pool_of(
+        controlplane=controlplane,
+        api=kube_api,
+        namespace=namespace,
+        directory=tmp_path / "rm",
+        operator=bindery,
+        options=["--no-preemption"],
+    ) as old:
+        placed = await old.fill()
+        created = await old.create("high", priority_class="high")
+        uid = created["metadata"]["uid"]
+        await eventually(lambda: old.rm_said(f"(uid {uid}) unschedulable"), within=30, what="the RM answered")
+        # The field would have been refused with 400: the client left it out.
+        assert not await old.rm_said("preemptionPolicy")
+        assert await old.existing(list(placed)) == list(placed)
+        assert await old.node_of("high") is None
+
+
+async def test_a_pdb_refusing_the_eviction_cancels_the_plan_and_evicts_nothing(pool: Pool) -> None:
+    """Every low pod, Running, is covered by a PodDisruptionBudget: the Eviction API answers 429
+    (here because no disruption controller has computed its status; in a full cluster because it
+    allows no disruption)."""
+    placed = await pool.fill()
+    # The Eviction API ignores PDBs for Pending pods, and with no kubelet here every pod is Pending.
+    for name in placed:
+        await client.CoreV1Api(pool.api).patch_namespaced_pod_status(
+            name=name,
+            namespace=pool.namespace,
+            body={"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+        )
+    await client.PolicyV1Api(pool.api).create_namespaced_pod_disruption_budget(
+        namespace=pool.namespace,
+        body={
+            "metadata": {"name": "keep-low"},
+            "spec": {"minAvailable": 4, "selector": {"matchLabels": {"tier": "low"}}},
+        },
+    )
+    created = await pool.create("high", priority_class="high")
+    uid = created["metadata"]["uid"]
+    await eventually(
+        lambda: pool.rm_said("cancelled plan"), within=30, what="the plan cancelled after the 429"
+    )
+    assert await pool.rm_said(f"(pod uid {uid}, node")
+    assert await pool.existing(list(placed)) == list(placed)
+    assert await pool.node_of("high") is None
+    assert pool.preemptions("cancelled") >= 1
+    assert pool.preemptions("victim_evicted") == 0
+    targets = []
+    for name in placed:  # the victim was marked, then unmarked: no pod is left a disruption target
+        pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
+        targets += [c for c in pod["status"].get("conditions") or () if c["type"] == "DisruptionTarget"]
+    assert targets, "the victim never got the DisruptionTarget condition"
+    assert all(c["status"] == "False" and c["reason"] == "PreemptionByScheduler" for c in targets), targets

@@ -1,0 +1,274 @@
+"""Contract v1.2 feature `preemption`, end to end over HTTP with the reference RM (issue 21).
+
+Why: a pod of priority 100000 stayed Pending next to pods of priority 10, because the contract gave
+`pod.priority` no meaning and nothing proposed victims. These tests run the client against the
+reference RM with a mirrored set of bound pods (as `--mirror-nodes` feeds it), and against RMs
+without the feature, which must never receive `preemptionPolicy`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from typing import Any, Literal
+
+import pytest
+
+from bindery.reference_rm import RunningServer, serve_reference_rm
+from bindery.reference_rm.accounting import BoundPod, ClusterPods, bound_pod
+from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.preemption import choose_victims
+from bindery.rm.client import ResourceManagerClient
+from bindery.rm.errors import RMConflict, RMUnschedulable
+from bindery.rm.models import PlanState, PodIdentity, ReservationRequest
+
+from .conftest import TOKEN
+
+_NO_CONSTRAINTS: dict[str, Any] = {"node_selector": {}, "affinity_terms": [], "tolerations": []}
+
+
+def _inventory() -> list[InventoryNode]:
+    """The issue's two 4-CPU nodes."""
+    return [
+        InventoryNode(name=name, allocatable={"cpu": Decimal(4), "pods": Decimal(110)}) for name in ("a", "b")
+    ]
+
+
+def _request(
+    uid: str,
+    *,
+    priority: int,
+    policy: Literal["PreemptLowerPriority", "Never"] | None = "PreemptLowerPriority",
+    cpu: str = "2",
+) -> ReservationRequest:
+    return ReservationRequest(
+        pod=PodIdentity(
+            uid=uid, namespace="ns", name=f"pod-{uid}", scheduler_name="bindery", priority=priority
+        ),
+        resources={"cpu": cpu},
+        idempotency_key=uid,
+        ttl_seconds=60,
+        preemption_policy=policy,
+    )
+
+
+def _pod(uid: str, node: str, *, priority: int, cpu: str = "2", reservation: str | None = None) -> BoundPod:
+    """A bound pod as the pod mirror turns a Kubernetes Pod into one."""
+    annotations = {"bindery.dev/reservation-id": reservation} if reservation else {}
+    pod = bound_pod(
+        {
+            "metadata": {"uid": uid, "namespace": "ns", "name": f"pod-{uid}", "annotations": annotations},
+            "spec": {
+                "nodeName": node,
+                "priority": priority,
+                "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}],
+            },
+            "status": {"phase": "Running"},
+        }
+    )
+    assert pod is not None
+    return pod
+
+
+def _client(url: str) -> ResourceManagerClient:
+    return ResourceManagerClient(base_url=url, token=TOKEN, allow_insecure_http=True, batching=False)
+
+
+@pytest.fixture
+async def rm(tmp_path: pathlib.Path) -> AsyncIterator[RunningServer]:
+    async with serve_reference_rm(
+        db_path=tmp_path / "rm.sqlite", inventory=_inventory(), token=TOKEN, policy=Policy.BINPACK
+    ) as server:
+        yield server
+
+
+async def _fill(server: RunningServer, client: ResourceManagerClient) -> list[BoundPod]:
+    """Four 2-CPU pods of priority 10 that the RM placed (reserved, committed, then bound)."""
+    pods = []
+    for uid in ("low-1", "low-2", "low-3", "low-4"):
+        reservation = await client.reserve(_request(uid, priority=10, policy=None))
+        await client.commit(reservation.id, pod_uid=uid)
+        pods.append(_pod(uid, reservation.node, priority=10, reservation=reservation.id))
+    server.rm.set_bound_pods(ClusterPods.of(pods))
+    return pods
+
+
+async def test_the_issue_scenario_gets_a_one_victim_plan_and_the_room_is_held_for_the_preemptor(
+    rm: RunningServer,
+) -> None:
+    async with _client(rm.url) as client:
+        assert "preemption" in (await client.contract_info()).features
+        pods = await _fill(rm, client)
+        with pytest.raises(RMUnschedulable) as refused:
+            await client.reserve(_request("high", priority=100_000))
+        plan = refused.value.plan
+        assert plan is not None, refused.value.reason
+        assert plan.pod_uid == "high"
+        assert plan.state is PlanState.PROPOSED
+        assert len(plan.victims) == 1
+        victim = next(pod for pod in pods if pod.uid == plan.victims[0].pod.uid)
+        assert victim.node == plan.node
+        assert plan.victims[0].reservation_id == victim.reservation_id
+        assert plan.victims[0].frees == {"cpu": "2", "pods": "1"}
+
+        # Asked again while the victim terminates: the same plan, not a second victim.
+        with pytest.raises(RMUnschedulable) as again:
+            await client.reserve(_request("high", priority=100_000))
+        assert again.value.plan is not None
+        assert again.value.plan.plan_id == plan.plan_id
+
+        confirmed = await client.confirm_preemption(plan.plan_id)
+        assert confirmed.state is PlanState.CONFIRMED
+        assert confirmed.expires_at is not None
+        assert (await client.confirm_preemption(plan.plan_id)).plan_id == plan.plan_id  # idempotent
+
+        # The victim is evicted: its pod leaves the mirror and its reservation is released.
+        assert victim.reservation_id is not None
+        await client.release(victim.reservation_id, pod_uid=victim.uid)
+        rm.rm.set_bound_pods(ClusterPods.of(pod for pod in pods if pod is not victim))
+
+        # The room is the preemptor's: another pod, even of higher priority, does not get it ...
+        with pytest.raises(RMUnschedulable) as intruder:
+            await client.reserve(_request("intruder", priority=0, policy=None))
+        assert intruder.value.plan is None
+        # ... and a second preemptor is not offered the same victim or the held room.
+        with pytest.raises(RMUnschedulable) as rival:
+            await client.reserve(_request("rival", priority=100_000))
+        assert rival.value.plan is None or rival.value.plan.victims[0].pod.uid != victim.uid
+
+        placed = await client.reserve(_request("high", priority=100_000))
+        assert placed.node == plan.node
+        with pytest.raises(RMConflict):  # used: confirming again is refused
+            await client.confirm_preemption(plan.plan_id)
+        await client.cancel_preemption(plan.plan_id)  # idempotent, even when used
+        await client.cancel_preemption("pln-unknown")  # unknown: nothing to do
+
+
+async def test_a_cancelled_plan_gives_the_room_back(rm: RunningServer) -> None:
+    async with _client(rm.url) as client:
+        pods = await _fill(rm, client)
+        with pytest.raises(RMUnschedulable) as refused:
+            await client.reserve(_request("high", priority=100_000))
+        plan = refused.value.plan
+        assert plan is not None
+        await client.confirm_preemption(plan.plan_id)
+        victim = next(pod for pod in pods if pod.uid == plan.victims[0].pod.uid)
+        assert victim.reservation_id is not None
+        await client.release(victim.reservation_id, pod_uid=victim.uid)
+        rm.rm.set_bound_pods(ClusterPods.of(pod for pod in pods if pod is not victim))
+        await client.cancel_preemption(plan.plan_id)
+        with pytest.raises(RMConflict):
+            await client.confirm_preemption(plan.plan_id)
+        placed = await client.reserve(_request("other", priority=0, policy=None))
+        assert placed.node == plan.node
+
+
+async def test_never_and_absent_policies_and_equal_priorities_get_no_plan(rm: RunningServer) -> None:
+    async with _client(rm.url) as client:
+        await _fill(rm, client)
+        for request in (
+            _request("never", priority=100_000, policy="Never"),
+            _request("absent", priority=100_000, policy=None),
+            _request("equal", priority=10),
+        ):
+            with pytest.raises(RMUnschedulable) as refused:
+                await client.reserve(request)
+            assert refused.value.plan is None, request.pod.uid
+
+
+@pytest.mark.parametrize("rm_kind", ["v1.1", "without-feature"])
+async def test_an_rm_without_the_feature_never_sees_preemption_policy(
+    tmp_path: pathlib.Path, rm_kind: str
+) -> None:
+    """Such an RM answers 400 to `preemptionPolicy`; the client leaves it out, so the pod is merely
+    unschedulable, as before v1.2."""
+    async with (
+        serve_reference_rm(
+            db_path=tmp_path / "rm.sqlite",
+            inventory=_inventory(),
+            token=TOKEN,
+            cluster_ids=rm_kind != "v1.1",
+            preemption=False,
+        ) as server,
+        _client(server.url) as client,
+    ):
+        assert "preemption" not in (await client.contract_info()).features
+        await _fill(server, client)
+        with pytest.raises(RMUnschedulable) as refused:
+            await client.reserve(_request("high", priority=100_000))
+        assert refused.value.plan is None
+
+
+def test_victims_are_the_fewest_lower_priority_pods_lowest_first() -> None:
+    """kube-scheduler's reprieve: node `a` needs two victims (priorities 1 and 2 are evicted, 3 is
+    reprieved), node `b` one (50; 60 reprieved): `b` wins with fewer victims. Pods of the same
+    priority as the preemptor, or higher, are never victims."""
+    nodes = [InventoryNode(name=name, allocatable={"cpu": Decimal(4)}) for name in ("a", "b", "c")]
+    pods = [
+        _pod("a1", "a", priority=1, cpu="1"),
+        _pod("a2", "a", priority=2, cpu="1"),
+        _pod("a3", "a", priority=3, cpu="2"),
+        _pod("b50", "b", priority=50),
+        _pod("b60", "b", priority=60),
+        _pod("c100", "c", priority=100, cpu="4"),
+    ]
+    used = {
+        node: {"cpu": sum((p.usage["cpu"] for p in pods if p.node == node), Decimal(0))} for node in "abc"
+    }
+    found = choose_victims(
+        nodes=nodes,
+        requests={"cpu": Decimal(2)},
+        priority=100,
+        placement=_NO_CONSTRAINTS,
+        used_by_node=used,
+        pods=ClusterPods.of(pods),
+    )
+    assert found is not None
+    assert (found.node, [v.uid for v in found.victims]) == ("b", ["b50"])
+
+    only_a = choose_victims(
+        nodes=nodes,
+        requests={"cpu": Decimal(2)},
+        priority=100,
+        placement=_NO_CONSTRAINTS,
+        used_by_node=used,
+        pods=ClusterPods.of(pods),
+        spoken_for=frozenset({"b50", "b60"}),
+    )
+    assert only_a is not None
+    assert (only_a.node, [v.uid for v in only_a.victims]) == ("a", ["a1", "a2"])
+
+
+async def test_the_conformance_check_passes_the_reference_rm_and_fails_one_that_gives_the_room_away(
+    rm: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the mirror, the reference RM proposes among the pods it placed (what the kit can make);
+    with holds broken (no room taken out of other reserves), the kit's intruder gets the room."""
+    from bindery.conformance import CHECKS, ConformanceConfig
+    from bindery.conformance.kit import http_client, run_check
+    from bindery.reference_rm import server as server_module
+
+    check = next(c for c in CHECKS if c.name == "preemption")
+    config = ConformanceConfig(url=rm.url, token=TOKEN, resource="cpu", capacity=8)
+    async with http_client(config) as http:
+        passed = await run_check(check, config, http)
+        assert passed.passed, passed.error
+        monkeypatch.setattr(server_module, "without_held", lambda nodes, held: nodes)
+        failed = await run_check(check, config, http)
+    assert not failed.passed
+    assert "holds the freed room" in (failed.error or ""), failed.error
+
+
+async def test_a_batched_reserve_gets_the_plan_its_single_call_would(rm: RunningServer) -> None:
+    import httpx
+
+    async with _client(rm.url) as client:
+        await _fill(rm, client)
+    body = _request("high", priority=100_000).model_dump(by_alias=True, exclude_none=True, mode="json")
+    async with httpx.AsyncClient(base_url=rm.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        answer = await http.post("/v1/batch", json={"operations": [{"reserve": body}]})
+    (result,) = answer.json()["results"]
+    assert result["status"] == 409
+    assert result["problem"]["preemption"]["podUid"] == "high"
+    assert len(result["problem"]["preemption"]["victims"]) == 1

@@ -1,0 +1,78 @@
+"""The pure vetting of an RM's preemption plan (bindery.scheduling.preemption), issue 21.
+
+Why: the RM's view of the pods may be a moment old. Evicting a pod that was recreated under the
+victim's name, moved, or raised in priority would evict a pod for nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+import pytest
+
+from bindery.rm.models import PreemptionPlan
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.preemption import disruption_condition, preempted_note, vet
+
+PREEMPTOR = PodInfo(uid="u-high", namespace="ns", name="high", scheduler_name="bindery", priority=100)
+PLAN = PreemptionPlan.model_validate(
+    {
+        "planId": "pln-1",
+        "node": "a",
+        "podUid": "u-high",
+        "leaseSeconds": 60,
+        "victims": [{"pod": {"namespace": "ns", "name": "low", "uid": "u-low"}, "frees": {"cpu": "2"}}],
+    }
+)
+
+
+def _victim(**changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"metadata": {"uid": "u-low"}, "spec": {"nodeName": "a", "priority": 10}}
+    for key, value in changes.items():
+        section = "metadata" if key == "uid" else "spec"
+        body[section][key] = value
+    return body
+
+
+def test_a_plan_whose_victims_are_as_the_rm_saw_them_may_be_carried_out() -> None:
+    assert vet(PLAN, preemptor=PREEMPTOR, victims={"ns/low": _victim()}) is None
+
+
+@pytest.mark.parametrize(
+    ("victims", "preemptor", "why"),
+    [
+        ({"ns/low": None}, PREEMPTOR, "victim ns/low is gone"),
+        ({"ns/low": _victim(uid="u-other")}, PREEMPTOR, "was recreated"),
+        ({"ns/low": _victim(nodeName="b")}, PREEMPTOR, "is not on node a but on b"),
+        ({"ns/low": _victim(priority=100)}, PREEMPTOR, "not lower than"),
+        (
+            {"ns/low": _victim()},
+            dataclasses.replace(PREEMPTOR, preemption_policy="Never"),
+            "preemptionPolicy Never",
+        ),
+        (
+            {"ns/low": _victim()},
+            PodInfo(uid="u-else", namespace="ns", name="high", scheduler_name="bindery", priority=100),
+            "the plan is for pod uid u-high",
+        ),
+    ],
+)
+def test_a_plan_is_refused_when_the_cluster_moved_on(
+    victims: dict[str, dict[str, Any] | None], preemptor: PodInfo, why: str
+) -> None:
+    refusal = vet(PLAN, preemptor=preemptor, victims=victims)
+    assert refusal is not None
+    assert why in refusal
+
+
+def test_what_the_victims_are_told_is_what_kube_scheduler_tells_them() -> None:
+    condition = disruption_condition(
+        now=datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC), scheduler_name="s"
+    )
+    assert condition["type"] == "DisruptionTarget"
+    assert condition["reason"] == "PreemptionByScheduler"
+    assert condition["status"] == "True"
+    assert condition["lastTransitionTime"] == "2026-01-02T03:04:05Z"
+    assert preempted_note(preemptor=PREEMPTOR, node="a") == "Preempted by pod u-high on node a"
