@@ -191,3 +191,19 @@ def test_a_group_whose_podgroup_is_missing_says_so() -> None:
     assert not state.found
     answer = explain(pod=pod(), resource_manager="rm", events=[], reservations=[], group=state)
     assert "no PodGroup of that name (yet); 1 member(s) exist, 0 bound" in render(answer)
+
+
+def test_a_pod_preempting_others_says_where_and_what_it_waits_for() -> None:
+    """Issue 21: a preemptor nominated to a node is pending by design, not stuck."""
+    preemptor = pod(priority=100_000)
+    preemptor["status"] = {
+        "phase": "Pending",
+        "nominatedNodeName": "n1",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no room"}
+        ],
+    }
+    answer = explain(pod=preemptor, resource_manager="pool", events=[], reservations=[], queue={})
+    assert answer.verdict.startswith("preempting lower-priority pods on n1:")
+    assert "Nominated node:    n1" in render(answer)
+    assert json.loads(json.dumps(answer.as_json()))["nominated_node"] == "n1"

@@ -89,6 +89,8 @@ class Explanation:
     unseen: list[str] = dataclasses.field(default_factory=list)
     #: How the inter-pod rules shape the request, one line per rule (bindery.podrules).
     placement_rules: list[str] = dataclasses.field(default_factory=list)
+    #: ``status.nominatedNodeName``: Bindery is preempting pods on that node for this one.
+    nominated_node: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,6 +220,7 @@ def explain(
         claims=claim_states(claims),
         group=group,
         placement_rules=list(placement_rules),
+        nominated_node=str(status.get("nominatedNodeName") or "") or None,
     )
     if rm_problem is not None:
         answer.unseen.append(f"the resource manager's view: {rm_problem}")
@@ -314,6 +317,11 @@ def _pending_verdict(answer: Explanation, metadata: Mapping[str, Any], spec: Map
         return f"reserved on {active[0].node}; waiting for its volume(s) to be provisioned: {names}"
     if active:
         return f"reserved on {active[0].node} ({active[0].state}); the Binding is on its way or being settled"
+    if answer.nominated_node:
+        return (
+            f"preempting lower-priority pods on {answer.nominated_node}: the resource manager holds "
+            "the room they free for this pod, which is tried again once they are gone"
+        )
     cond = answer.condition
     if cond and cond.get("status") == "False":
         kind = "no room" if cond.get("reason") == "Unschedulable" else "an error"
@@ -374,6 +382,10 @@ def render(answer: Explanation) -> str:
             if g.condition:
                 c = g.condition
                 lines.append(f"PodGroupScheduled: {c['status']} {c['reason']} {c['message']}".rstrip())
+    if answer.nominated_node:
+        lines.append(
+            f"Nominated node:    {answer.nominated_node} (preemption; see the victims' Preempted events)"
+        )
     if answer.next_attempt:
         lines.append(f"Operator queue:    {answer.next_attempt}")
     lines += [f"Not seen:          {u}" for u in answer.unseen]
