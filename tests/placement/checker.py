@@ -33,6 +33,10 @@ reading the upstream plugins (``k8s.io/kubernetes@v1.36.3/pkg/scheduler/framewor
   four labels is exempt. Needs ``claims`` and ``volumes``.
 - ReadWriteOncePod claims (``volumerestrictions``): at most one bound pod uses such a claim; every
   pod of a claim used by two or more is reported. Needs ``claims``.
+- CSI attach limits (``nodevolumelimits/csi.go``): on each node, the distinct CSI volumes (driver and
+  ``volumeHandle`` of the PVs the node's pods' claims are bound to) of a driver stay within its
+  CSINode ``allocatable.count``; every pod there using that driver is reported. Needs ``claims``,
+  ``volumes`` and ``csi_nodes``.
 - node resources (``noderesources/fit.go``): the requests of the node's pods (containers, init
   containers and sidecars as the kubelet admits them, pod-level requests, overhead) within the
   node's allocatable, and the number of pods within ``allocatable.pods``.
@@ -83,6 +87,7 @@ RULES = (
     "hostPorts",
     "volumeZone",
     "readWriteOncePod",
+    "volumeLimits",
     "resources",
 )
 
@@ -403,6 +408,7 @@ class _World:
     namespace_labels: dict[str, Mapping[str, str]]
     claims: dict[tuple[str, str], Obj] = dataclasses.field(default_factory=dict)  # (namespace, name)
     volumes: dict[str, Obj] = dataclasses.field(default_factory=dict)
+    csi_limits: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # node → driver → count
 
 
 def check(
@@ -412,6 +418,7 @@ def check(
     namespaces: Iterable[Obj] = (),
     claims: Iterable[Obj] = (),
     volumes: Iterable[Obj] = (),
+    csi_nodes: Iterable[Obj] = (),
     scope: Callable[[Obj], bool] | None = None,
 ) -> list[Violation]:
     """Every violation of a required rule by a bound pod in `scope` (default: every bound pod).
@@ -432,6 +439,14 @@ def check(
         namespace_labels={n["metadata"]["name"]: _labels(n) for n in namespaces},
         claims={(c["metadata"].get("namespace", ""), c["metadata"]["name"]): c for c in claims},
         volumes={v["metadata"]["name"]: v for v in volumes},
+        csi_limits={
+            n["metadata"]["name"]: {
+                d["name"]: int(d["allocatable"]["count"])
+                for d in (n.get("spec") or {}).get("drivers") or ()
+                if (d.get("allocatable") or {}).get("count") is not None
+            }
+            for n in csi_nodes
+        },
     )
     checked = [p for p in bound if scope is None or scope(p)]
     found: list[Violation] = []
@@ -450,6 +465,7 @@ def check(
         found += _check_host_ports(pod, node, world)
         found += _check_volume_zone(pod, node, world)
     found += _check_read_write_once_pod(checked, world)
+    found += _check_volume_limits(checked, world)
     found += _check_resources(world, {_key(p) for p in checked})
     return sorted(set(found), key=lambda v: (RULES.index(v.rule), v.pod, v.node, v.detail))
 
@@ -729,6 +745,28 @@ def _check_read_write_once_pod(checked: Sequence[Obj], world: _World) -> list[Vi
                 others = ", ".join(sorted(_key(o) for o in pods if o is not p))
                 detail = f"claim {name} is ReadWriteOncePod and also used by {others}"
                 out.append(Violation("readWriteOncePod", _key(p), p["spec"]["nodeName"], detail))
+    return out
+
+
+def _check_volume_limits(checked: Sequence[Obj], world: _World) -> list[Violation]:
+    in_scope = {_key(p) for p in checked}
+    out = []
+    for node_name, limits in world.csi_limits.items():
+        handles: dict[str, set[str]] = defaultdict(set)
+        users: dict[str, list[Obj]] = defaultdict(list)
+        for p in world.by_node.get(node_name, ()):
+            for pv in _pod_volumes(p, world):
+                csi = (pv.get("spec") or {}).get("csi") or {}
+                if csi.get("driver") and csi.get("volumeHandle"):
+                    handles[csi["driver"]].add(csi["volumeHandle"])
+                    users[csi["driver"]].append(p)
+        for driver, limit in limits.items():
+            if len(handles[driver]) > limit:
+                for p in users[driver]:
+                    if _key(p) in in_scope:
+                        count = len(handles[driver])
+                        detail = f"{count} volumes of CSI driver {driver}, the node attaches {limit}"
+                        out.append(Violation("volumeLimits", _key(p), node_name, detail))
     return out
 
 

@@ -525,3 +525,36 @@ def test_a_read_write_once_pod_claim_used_by_two_bound_pods_is_a_violation_for_b
         ("readWriteOncePod", "default/a", "n1"),
         ("readWriteOncePod", "default/b", "n2"),
     ]
+
+
+def test_csi_volumes_past_a_nodes_attach_limit_are_a_violation_for_their_pods() -> None:
+    def pv(name: str, handle: str, driver: str = "csi.x") -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {"csi": {"driver": driver, "volumeHandle": handle}}}
+
+    def claim(name: str, volume: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "default"}, "spec": {"volumeName": volume}}
+
+    def using(name: str, on: str, *claims: str) -> dict[str, Any]:
+        volumes = [{"name": c, "persistentVolumeClaim": {"claimName": c}} for c in claims]
+        return pod(name, on, volumes=volumes)
+
+    def csi_node(name: str, count: int) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name},
+            "spec": {"drivers": [{"name": "csi.x", "allocatable": {"count": count}}]},
+        }
+
+    found = check(
+        pods=[
+            using("a", "n1", "c1"),
+            using("b", "n1", "c2"),  # a second volume on n1, which attaches one
+            using("c", "n2", "c3"),
+            using("d", "n2", "c3"),  # the same volume twice counts once
+            using("e", "n3", "c4", "c5"),  # n3 has no CSINode: no limit
+        ],
+        nodes=[node("n1"), node("n2"), node("n3")],
+        claims=[claim(f"c{i}", f"pv{i}") for i in range(1, 6)],
+        volumes=[pv(f"pv{i}", f"h{i}") for i in range(1, 6)],
+        csi_nodes=[csi_node("n1", 1), csi_node("n2", 1)],
+    )
+    assert rules(found) == [("volumeLimits", "default/a", "n1"), ("volumeLimits", "default/b", "n1")]

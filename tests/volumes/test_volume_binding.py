@@ -806,6 +806,21 @@ async def test_a_csi_attach_limit_of_one_volume_per_node_leaves_the_fourth_pod_u
             assert outcome[names[-1]].startswith("Unschedulable"), shown
             message = str(await unschedulable(stage, names[-1]))
             assert "volume count" in message, message
+            # The independent checker agrees: no node holds more of the driver's volumes than it attaches.
+            pods = (
+                await (await stage.core.list_namespaced_pod(stage.namespace, _preload_content=False)).json()
+            )["items"]
+            listed_csi = await storage.list_csi_node(
+                label_selector=f"{TEST_LABEL}={stage.token}", _preload_content=False
+            )
+            violations = check(
+                pods=pods,
+                nodes=[await read_node(stage, node) for node in stage.nodes],
+                claims=[await read(stage, "claim", name) for name in names],
+                volumes=[await read(stage, "pv", f"{name}-{stage.token}") for name in names],
+                csi_nodes=(await listed_csi.json())["items"],
+            )
+            assert violations == [], "\n".join(map(str, violations))
             report.record("csi-attach-limit", scheduler, f"{shown}; the fourth: {message}")
             await stage.settle()
         finally:
