@@ -405,12 +405,7 @@ def _spread(
     summary = f"{short} spread (maxSkew {constraint.max_skew}) allows {short}s {', '.join(allowed[:_SHOWN])}"
     if len(allowed) > _SHOWN:
         summary += f" and {len(allowed) - _SHOWN} more"
-    if refused and len(refused) < len(allowed):
-        return [
-            {"key": key, "operator": "Exists"},
-            {"key": key, "operator": "NotIn", "values": refused},
-        ], summary
-    return [{"key": key, "operator": "In", "values": allowed}], summary
+    return _in(key, allowed, refused), summary
 
 
 def _port_conflicts(*, pod: Incoming, placed: PlacedView) -> list[str]:
