@@ -374,8 +374,21 @@ def test_host_port_conflicts(held: dict[str, Any], wanted: dict[str, Any], confl
     assert world.allowed(body(ports=[wanted])) == (["n1"] if conflict else ["n0", "n1"])
 
 
-def test_host_ports_are_excluded_by_node_name_one_value_per_requirement() -> None:
+def test_host_ports_are_excluded_by_hostname_when_every_node_has_its_own() -> None:
     world = World([node("n0", "a"), node("n1", "a"), node("n2", "a")])
+    world.put(body(ports=[port(80)]), "n0")
+    world.put(body(ports=[port(80)]), "n1")
+    verdict = rules_verdict(PodInfo.from_body(body(ports=[port(80)])), world.cache)
+    assert verdict is not None
+    assert verdict.term() == {
+        "matchExpressions": [{"key": HOST, "operator": "NotIn", "values": ["n0", "n1"]}]
+    }
+    assert world.allowed(body(ports=[port(80)])) == ["n2"]
+
+
+def test_host_ports_fall_back_to_node_name_one_value_per_requirement_without_unique_hostnames() -> None:
+    shared = {HOST: "same"}
+    world = World([NodeProjection(name=f"n{i}", labels=shared) for i in range(3)])
     world.put(body(ports=[port(80)]), "n0")
     world.put(body(ports=[port(80)]), "n1")
     verdict = rules_verdict(PodInfo.from_body(body(ports=[port(80)])), world.cache)

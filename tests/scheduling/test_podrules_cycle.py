@@ -96,8 +96,37 @@ async def test_node_check_refuses_the_node_an_rm_picked_against_the_rules_and_fo
     assert not rig.cache.in_flight
 
 
-async def test_past_the_contract_caps_is_unschedulable_too_many_terms() -> None:
+async def test_host_ports_on_65_nodes_go_to_the_rm_as_hostname_chunks_and_the_pod_is_placed() -> None:
     rig = Rig(nodes=70, rm_node="n69")
+    ports = [{"containerPort": 80, "hostPort": 80}]
+    for i in range(65):  # a pod holding host port 80 on each of 65 nodes; 5 nodes are free
+        assert rig.cache is not None
+        rig.cache.on_event(
+            "ADDED",
+            {
+                "metadata": {"uid": f"held-{i}", "namespace": "ns"},
+                "spec": {"nodeName": f"n{i}", "containers": [{"name": "c", "ports": ports}]},
+            },
+        )
+    wants = PodInfo.from_body(
+        {
+            "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+            "spec": {"schedulerName": "bindery", "containers": [{"name": "c", "ports": ports}]},
+        }
+    )
+    outcome = await rig.run(wants)
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+    [request] = rig.rm.requests
+    [term] = request.placement.required_node_affinity
+    assert not term.match_fields
+    assert [(r.key, r.operator, len(r.values)) for r in term.match_expressions] == [(HOST, "NotIn", 65)]
+
+
+async def test_past_the_contract_caps_is_unschedulable_too_many_terms() -> None:
+    # Nodes without a hostname label: each node with the port taken is its own metadata.name NotIn,
+    # and 65 of them are past the 64 requirements a term carries.
+    rig = Rig(nodes=70, rm_node="n69")
+    rig.node_list = [NodeProjection(name=n.name) for n in rig.node_list]
     ports = [{"containerPort": 80, "hostPort": 80}]
     for i in range(65):  # a pod holding host port 80 on each of 65 nodes
         assert rig.cache is not None
