@@ -173,6 +173,7 @@ class Runtime:
         )
         nodes = IndexNodeLookup(index=node_index)
         self.placed = PlacedPodCache(nodes=nodes.all, namespace_labels=self._namespace_labels, synced=False)
+        self._pending.forget_placed = self.placed.forget
         self._placed_task = asyncio.create_task(
             PlacedPodWatcher(
                 api=self._api,
