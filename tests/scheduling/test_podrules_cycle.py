@@ -171,3 +171,25 @@ async def test_before_the_placed_pod_watch_listed_a_pod_with_rules_waits_then_er
     assert rig.rm.requests == []
     rig.cache.mark_synced()
     assert (await rig.run(anti_pod("a"))).outcome is Outcome.BOUND
+
+
+async def test_before_the_placed_pod_watch_listed_a_pod_without_rules_errs_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Existing pods' anti-affinity toward a plain pod is only known once the watch listed them."""
+    monkeypatch.setattr(placementrules, "SYNC_SECONDS", 0.05)
+    rig = Rig()
+    rig.cache = PlacedPodCache(nodes=lambda: rig.node_list, synced=False)
+    plain = PodInfo.from_body(
+        {
+            "metadata": {"name": "plain", "namespace": "ns", "uid": "uid-plain"},
+            "spec": {"schedulerName": "bindery", "containers": [{"name": "c"}]},
+        }
+    )
+    outcome = await rig.run(plain)
+    assert outcome.outcome is Outcome.ERROR, outcome
+    assert outcome.failure is not None
+    assert "has not listed them" in outcome.failure.message
+    assert rig.rm.requests == []
+    rig.cache.mark_synced()
+    assert (await rig.run(plain)).outcome is Outcome.BOUND

@@ -204,10 +204,13 @@ class PodPlacementRules:
                     "scheduler has no watch of placed pods to evaluate them; it is not placed without them"
                 )
             return Status.success()
-        if not await placed.wait_synced(SYNC_SECONDS) and pod.rules:
+        if not await placed.wait_synced(SYNC_SECONDS):
+            # Every pod waits, those without rules too: existing pods' anti-affinity toward it is
+            # only known once the placed pods are listed.
             return Status.error(
                 f"the watch of pods on nodes has not listed them within {SYNC_SECONDS:g} s of start, so "
-                "this pod's inter-pod rules cannot be evaluated yet; retrying"
+                "the inter-pod rules (this pod's, and existing pods' anti-affinity toward it) cannot be "
+                "evaluated yet; retrying"
             )
         cycle = placed.in_flight.begin(pod)
         await placed.in_flight.wait(
