@@ -377,3 +377,16 @@ async def test_pod_group_members_anti_affine_to_each_other_are_refused_not_stack
 
     await eventually(refused, within=60, what="the group refused by NodeCheck")
     assert await pool.nodes_of(names) == {"pair-0": None, "pair-1": None}
+
+
+async def test_the_placed_pods_are_synced_only_once_namespace_labels_are_listed(bindery: Bindery) -> None:
+    """An anti-affinity term with a namespaceSelector reads namespace labels: a cycle that went on
+    before the namespace watch listed would find no namespace in scope and ignore the term."""
+    runtime = bindery.runtime
+    placed = runtime.placed
+    assert placed is not None
+    assert await placed.wait_synced(30.0)
+    labels = runtime.namespace_labels
+    assert labels is not None, "the namespace watch was not started with the placed-pod watch"
+    assert labels.lists >= 1
+    assert labels.labels("default") is not None
