@@ -355,8 +355,8 @@ async def test_pod_group_members_are_kept_off_the_node_their_anti_affinity_exclu
 
 
 async def test_pod_group_members_anti_affine_to_each_other_are_refused_not_stacked(pool: Pool) -> None:
-    """Rules between members are not sent to the RM (the members have no nodes yet); binpack puts
-    both on one node, and NodeCheck, seeing every member assumed on its node, refuses the group."""
+    """Rules between members are not sent to the RM (the members have no nodes yet): the group is
+    refused up front, naming the rule, before anything is reserved."""
     await client.CustomObjectsApi(pool.api).create_namespaced_custom_object(
         "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("pair", min_count=2)
     )
@@ -373,9 +373,9 @@ async def test_pod_group_members_anti_affine_to_each_other_are_refused_not_stack
         notes = [
             e.get("note", "") for e in await events_of(pool.api, namespace=pool.namespace, pod_name="pair-0")
         ]
-        return [n for n in notes if "pod anti-affinity rules out" in n]
+        return [n for n in notes if "required pod anti-affinity selects member" in n]
 
-    await eventually(refused, within=60, what="the group refused by NodeCheck")
+    await eventually(refused, within=60, what="the group refused naming the rule")
     assert await pool.nodes_of(names) == {"pair-0": None, "pair-1": None}
 
 

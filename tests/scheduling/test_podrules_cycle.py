@@ -193,3 +193,73 @@ async def test_before_the_placed_pod_watch_listed_a_pod_without_rules_errs_too(
     assert rig.rm.requests == []
     rig.cache.mark_synced()
     assert (await rig.run(plain)).outcome is Outcome.BOUND
+
+
+def _member(name: str, **spec: Any) -> PodInfo:
+    return PodInfo.from_body(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "labels": {"app": "solo"}},
+            "spec": {"schedulerName": "bindery", "containers": [{"name": "c"}], **spec},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "rule"),
+    [
+        (
+            "anti",
+            {
+                "affinity": {
+                    "podAntiAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "solo"}}}
+                        ]
+                    }
+                }
+            },
+            "pod anti-affinity",
+        ),
+        (
+            "affinity",
+            {
+                "affinity": {
+                    "podAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "solo"}}}
+                        ]
+                    }
+                }
+            },
+            "pod affinity",
+        ),
+        (
+            "spread",
+            {
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": HOST,
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": {"matchLabels": {"app": "solo"}},
+                    }
+                ]
+            },
+            "topology spread",
+        ),
+    ],
+)
+def test_a_group_whose_member_rules_select_another_member_is_refused_naming_the_rule(
+    kind: str, spec: dict[str, Any], rule: str
+) -> None:
+    """Rules between members are never sent to the RM (the members have no nodes yet): refused up
+    front, not left to NodeCheck (or to nothing, with NodeCheck Basic or Off)."""
+    cache = PlacedPodCache(
+        nodes=lambda: [NodeProjection(name=f"n{i}", labels={HOST: f"n{i}"}) for i in range(3)]
+    )
+    members = [_member("m0", **spec), _member("m1", **spec)]
+    _, refusal = placementrules.member_node_terms(members, cache)
+    assert refusal is not None, kind
+    assert rule in refusal
+    assert "ns/m1" in refusal
+    assert placementrules.member_node_terms([_member("m0", **spec)], cache)[1] is None
