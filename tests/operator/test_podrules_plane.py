@@ -106,6 +106,7 @@ async def pool_of(
     namespace: str,
     directory: pathlib.Path,
     slow_rm: bool = False,
+    node_check: str = "Full",
 ) -> AsyncIterator[Pool]:
     """The four nodes, the reference RM mirroring them, and a ResourceManager serving the pool.
 
@@ -145,6 +146,7 @@ async def pool_of(
             auth={"tokenSecretRef": {"namespace": namespace, "name": secret}},
             backoff={"initialSeconds": 0.2, "maxSeconds": 1},
             maxInFlight=64,
+            nodeCheck=node_check,
         ):
             yield staged
 
@@ -177,6 +179,26 @@ async def slow_pool(
 ) -> AsyncIterator[Pool]:
     async with pool_of(
         controlplane=controlplane, api=kube_api, namespace=namespace, directory=tmp_path / "rm", slow_rm=True
+    ) as staged:
+        yield staged
+
+
+@pytest.fixture
+async def basic_pool(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    crd: None,
+    namespace: str,
+    bindery: Bindery,
+    tmp_path: pathlib.Path,
+) -> AsyncIterator[Pool]:
+    async with pool_of(
+        controlplane=controlplane,
+        api=kube_api,
+        namespace=namespace,
+        directory=tmp_path / "rm",
+        node_check="Basic",
     ) as staged:
         yield staged
 
@@ -355,8 +377,8 @@ async def test_pod_group_members_are_kept_off_the_node_their_anti_affinity_exclu
 
 
 async def test_pod_group_members_anti_affine_to_each_other_are_refused_not_stacked(pool: Pool) -> None:
-    """Rules between members are not sent to the RM (the members have no nodes yet); binpack puts
-    both on one node, and NodeCheck, seeing every member assumed on its node, refuses the group."""
+    """Rules between members are not sent to the RM (the members have no nodes yet): the group is
+    refused up front, naming the rule, before anything is reserved."""
     await client.CustomObjectsApi(pool.api).create_namespaced_custom_object(
         "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("pair", min_count=2)
     )
@@ -373,7 +395,53 @@ async def test_pod_group_members_anti_affine_to_each_other_are_refused_not_stack
         notes = [
             e.get("note", "") for e in await events_of(pool.api, namespace=pool.namespace, pod_name="pair-0")
         ]
-        return [n for n in notes if "pod anti-affinity rules out" in n]
+        return [n for n in notes if "required pod anti-affinity selects member" in n]
 
-    await eventually(refused, within=60, what="the group refused by NodeCheck")
+    await eventually(refused, within=60, what="the group refused naming the rule")
     assert await pool.nodes_of(names) == {"pair-0": None, "pair-1": None}
+
+
+async def test_the_placed_pods_are_synced_only_once_namespace_labels_are_listed(bindery: Bindery) -> None:
+    """An anti-affinity term with a namespaceSelector reads namespace labels: a cycle that went on
+    before the namespace watch listed would find no namespace in scope and ignore the term."""
+    runtime = bindery.runtime
+    placed = runtime.placed
+    assert placed is not None
+    assert await placed.wait_synced(30.0)
+    labels = runtime.namespace_labels
+    assert labels is not None, "the namespace watch was not started with the placed-pod watch"
+    assert labels.lists >= 1
+    assert labels.labels("default") is not None
+
+
+async def test_pod_group_members_sharing_a_host_port_are_not_bound_together_with_node_check_basic(
+    basic_pool: Pool,
+) -> None:
+    """Host ports between members are not sent to the RM, which stacks both on one node; the rules
+    are checked again for group members whatever nodeCheck says, so the group is refused."""
+    pool = basic_pool
+    await client.CustomObjectsApi(pool.api).create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("duo", min_count=2)
+    )
+    names = ["duo-0", "duo-1"]
+    for name in names:
+        await pool.create(
+            name,
+            schedulingGroup={"podGroupName": "duo"},
+            containers=[
+                {
+                    "name": "c",
+                    "image": "registry.invalid/pause",
+                    "ports": [{"containerPort": 80, "hostPort": 8080}],
+                }
+            ],
+        )
+
+    async def refused() -> list[str]:
+        notes = [
+            e.get("note", "") for e in await events_of(pool.api, namespace=pool.namespace, pod_name="duo-0")
+        ]
+        return [n for n in notes if "host ports" in n]
+
+    await eventually(refused, within=60, what="the group refused for its members' host ports")
+    assert await pool.nodes_of(names) == {"duo-0": None, "duo-1": None}

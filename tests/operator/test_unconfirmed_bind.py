@@ -195,3 +195,31 @@ async def test_a_binding_left_hanging_times_out_as_unanswered(
     assert raised.value.status is None  # unanswered, not refused
     assert "the apiserver did not answer" in str(raised.value)
     assert await stage.node_of("p") is None
+
+
+async def test_a_pod_deleted_pending_after_an_unanswered_binding_leaves_no_assumed_copy(
+    *, kube_api: client.ApiClient, namespace: str, proxied: tuple[ApiProxy, Bindery], stage: Stage
+) -> None:
+    """The cycle assumed the pod on its node for the inter-pod rules; the Binding never landed and
+    the pod is deleted while pending, so the placed-pod watch never sees it: the pending side must
+    forget the assumed copy, or its anti-affinity keeps every later pod off that node for good."""
+    proxy, operator = proxied
+    proxy.binding_faults = ["drop"] * UNANSWERED
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "solo"}}}
+            ]
+        }
+    }
+    async with stage.served(backoff={"initialSeconds": 60, "maxSeconds": 60}):
+        pod = await stage.create("p", labels={"app": "solo"}, affinity=anti)
+        uid = pod["metadata"]["uid"]
+        placed = operator.runtime.placed
+        assert placed is not None
+        await eventually(lambda: now(placed.get(uid) is not None), what="the assumed copy")
+        await eventually(lambda: now(not proxy.binding_faults), what="every Binding unanswered")
+        await client.CoreV1Api(kube_api).delete_namespaced_pod(
+            name="p", namespace=namespace, grace_period_seconds=0
+        )
+        await eventually(lambda: now(placed.get(uid) is None), what="the assumed copy forgotten")

@@ -374,8 +374,21 @@ def test_host_port_conflicts(held: dict[str, Any], wanted: dict[str, Any], confl
     assert world.allowed(body(ports=[wanted])) == (["n1"] if conflict else ["n0", "n1"])
 
 
-def test_host_ports_are_excluded_by_node_name_one_value_per_requirement() -> None:
+def test_host_ports_are_excluded_by_hostname_when_every_node_has_its_own() -> None:
     world = World([node("n0", "a"), node("n1", "a"), node("n2", "a")])
+    world.put(body(ports=[port(80)]), "n0")
+    world.put(body(ports=[port(80)]), "n1")
+    verdict = rules_verdict(PodInfo.from_body(body(ports=[port(80)])), world.cache)
+    assert verdict is not None
+    assert verdict.term() == {
+        "matchExpressions": [{"key": HOST, "operator": "NotIn", "values": ["n0", "n1"]}]
+    }
+    assert world.allowed(body(ports=[port(80)])) == ["n2"]
+
+
+def test_host_ports_fall_back_to_node_name_one_value_per_requirement_without_unique_hostnames() -> None:
+    shared = {HOST: "same"}
+    world = World([NodeProjection(name=f"n{i}", labels=shared) for i in range(3)])
     world.put(body(ports=[port(80)]), "n0")
     world.put(body(ports=[port(80)]), "n1")
     verdict = rules_verdict(PodInfo.from_body(body(ports=[port(80)])), world.cache)
@@ -539,3 +552,21 @@ def test_the_compiled_node_predicate_agrees_with_matches_term() -> None:
         term = {"matchExpressions": expressions, "matchFields": fields}
         for n in nodes:
             assert allows(n) == matches_term(term=term, labels=n.labels, node_name=n.name), (term, n)
+
+
+def test_hostname_spread_past_the_value_cap_is_split_and_places_where_kube_scheduler_does() -> None:
+    # 600 nodes, 300 of them holding a matching pod: 300 allowed and 300 refused hostnames, both
+    # past the contract's 256 values per requirement. kube-scheduler places; so must the RM's term.
+    nodes = [node(f"n{i:03}", "a") for i in range(600)]
+    world = World(nodes)
+    for n in nodes[:300]:
+        world.put(body(labels={"app": "web"}), n.name)
+    spread = {**zone_spread(), "topologyKey": HOST}
+    incoming = body(labels={"app": "web"}, spread=[spread])
+    verdict = rules_verdict(PodInfo.from_body(incoming), world.cache)
+    assert verdict is not None
+    expressions = (verdict.term() or {})["matchExpressions"]
+    assert all(len(e.get("values", ())) <= 256 for e in expressions), [
+        (e["operator"], len(e.get("values", ()))) for e in expressions
+    ]
+    assert world.allowed(incoming) == [n.name for n in nodes[300:]]

@@ -102,8 +102,37 @@ async def test_node_check_refuses_the_node_an_rm_picked_against_the_rules_and_fo
     assert not rig.cache.in_flight
 
 
-async def test_past_the_contract_caps_is_unschedulable_too_many_terms() -> None:
+async def test_host_ports_on_65_nodes_go_to_the_rm_as_hostname_chunks_and_the_pod_is_placed() -> None:
     rig = Rig(nodes=70, rm_node="n69")
+    ports = [{"containerPort": 80, "hostPort": 80}]
+    for i in range(65):  # a pod holding host port 80 on each of 65 nodes; 5 nodes are free
+        assert rig.cache is not None
+        rig.cache.on_event(
+            "ADDED",
+            {
+                "metadata": {"uid": f"held-{i}", "namespace": "ns"},
+                "spec": {"nodeName": f"n{i}", "containers": [{"name": "c", "ports": ports}]},
+            },
+        )
+    wants = PodInfo.from_body(
+        {
+            "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p"},
+            "spec": {"schedulerName": "bindery", "containers": [{"name": "c", "ports": ports}]},
+        }
+    )
+    outcome = await rig.run(wants)
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+    [request] = rig.rm.requests
+    [term] = request.placement.required_node_affinity
+    assert not term.match_fields
+    assert [(r.key, r.operator, len(r.values)) for r in term.match_expressions] == [(HOST, "NotIn", 65)]
+
+
+async def test_past_the_contract_caps_is_unschedulable_too_many_terms() -> None:
+    # Nodes without a hostname label: each node with the port taken is its own metadata.name NotIn,
+    # and 65 of them are past the 64 requirements a term carries.
+    rig = Rig(nodes=70, rm_node="n69")
+    rig.node_list = [NodeProjection(name=n.name) for n in rig.node_list]
     ports = [{"containerPort": 80, "hostPort": 80}]
     for i in range(65):  # a pod holding host port 80 on each of 65 nodes
         assert rig.cache is not None
@@ -327,3 +356,95 @@ def test_volume_limits_count_unique_volumes_per_driver_and_unbound_claims_by_the
     )
     assert csi_volume(namespace="ns", claim=unbound, volume=None, storage_class=None) is None
     assert csi_volume(namespace="ns", claim=None, volume=pv("local", node="n1"), storage_class=None) is None
+
+
+async def test_before_the_placed_pod_watch_listed_a_pod_without_rules_errs_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Existing pods' anti-affinity toward a plain pod is only known once the watch listed them."""
+    monkeypatch.setattr(placementrules, "SYNC_SECONDS", 0.05)
+    rig = Rig()
+    rig.cache = PlacedPodCache(nodes=lambda: rig.node_list, synced=False)
+    plain = PodInfo.from_body(
+        {
+            "metadata": {"name": "plain", "namespace": "ns", "uid": "uid-plain"},
+            "spec": {"schedulerName": "bindery", "containers": [{"name": "c"}]},
+        }
+    )
+    outcome = await rig.run(plain)
+    assert outcome.outcome is Outcome.ERROR, outcome
+    assert outcome.failure is not None
+    assert "has not listed them" in outcome.failure.message
+    assert rig.rm.requests == []
+    rig.cache.mark_synced()
+    assert (await rig.run(plain)).outcome is Outcome.BOUND
+
+
+def _member(name: str, **spec: Any) -> PodInfo:
+    return PodInfo.from_body(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "labels": {"app": "solo"}},
+            "spec": {"schedulerName": "bindery", "containers": [{"name": "c"}], **spec},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "rule"),
+    [
+        (
+            "anti",
+            {
+                "affinity": {
+                    "podAntiAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "solo"}}}
+                        ]
+                    }
+                }
+            },
+            "pod anti-affinity",
+        ),
+        (
+            "affinity",
+            {
+                "affinity": {
+                    "podAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "solo"}}}
+                        ]
+                    }
+                }
+            },
+            "pod affinity",
+        ),
+        (
+            "spread",
+            {
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": HOST,
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": {"matchLabels": {"app": "solo"}},
+                    }
+                ]
+            },
+            "topology spread",
+        ),
+    ],
+)
+def test_a_group_whose_member_rules_select_another_member_is_refused_naming_the_rule(
+    kind: str, spec: dict[str, Any], rule: str
+) -> None:
+    """Rules between members are never sent to the RM (the members have no nodes yet): refused up
+    front, not left to NodeCheck (or to nothing, with NodeCheck Basic or Off)."""
+    cache = PlacedPodCache(
+        nodes=lambda: [NodeProjection(name=f"n{i}", labels={HOST: f"n{i}"}) for i in range(3)]
+    )
+    members = [_member("m0", **spec), _member("m1", **spec)]
+    _, refusal = placementrules.member_node_terms(members, cache)
+    assert refusal is not None, kind
+    assert rule in refusal
+    assert "ns/m1" in refusal
+    assert placementrules.member_node_terms([_member("m0", **spec)], cache)[1] is None

@@ -70,6 +70,8 @@ class PendingPods:
         self.pods = UnboundPods()
         #: Set by the runtime whenever the ResourceManagers change.
         self.routing = Routing(served={}, contested={})
+        #: Drops a pod's assumed copy from the placed-pod cache; set by the runtime with that cache.
+        self.forget_placed: Callable[[str], None] = lambda uid: None
         #: A namespace's labels, None while unknown; set by the runtime once it watches namespaces.
         self.namespace_labels: Callable[[str], Mapping[str, str] | None] = lambda namespace: None
         self._reports: set[asyncio.Task[None]] = set()  # refusals reported outside an event
@@ -115,6 +117,10 @@ class PendingPods:
             self._logger.warning(f"ignoring a pod event that does not parse: {exc}")
             return
         if event_type == "DELETED" or not pod.schedulable:
+            if not pod.node_name:
+                # Left unbound (deleted or terminating while pending): the placed-pod watch never sees
+                # it, so a copy a cycle assumed before an unanswered Binding would stay for good.
+                self.forget_placed(pod.uid)
             self._forget(pod)
             return
         if self._binder.bound_recently(pod.uid):

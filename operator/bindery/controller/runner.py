@@ -100,6 +100,7 @@ class ProfileRunner:
             logger=logger,
             on_released=self._released_unconfirmed,
             on_committed=self._bound_after_all,
+            on_not_bound=self._forget_assumed,
         )
         self.rm.settle_through(self.unconfirmed)
         self.profile = build_profile(config=config, client=self.rm)
@@ -282,6 +283,11 @@ class ProfileRunner:
     def _released_unconfirmed(self) -> None:
         self.metrics.release(resource_manager=self.config.name, reason="unconfirmed_binding")
         self._on_released()
+
+    def _forget_assumed(self, uid: str) -> None:
+        """An unconfirmed Binding did not bind the pod: drop the copy its cycle assumed on the node."""
+        if self._ports.placed is not None:
+            self._ports.placed.forget(uid)
 
     def _released_by_departure(self) -> None:
         self.metrics.release(resource_manager=self.config.name, reason="pod_departed")

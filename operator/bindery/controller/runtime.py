@@ -172,7 +172,11 @@ class Runtime:
             namespaces=self.options.namespaces,
         )
         nodes = IndexNodeLookup(index=node_index)
-        self.placed = PlacedPodCache(nodes=nodes.all, namespace_labels=self._namespace_labels, synced=False)
+        self.placed = PlacedPodCache(
+            nodes=nodes.all, namespace_labels=self._namespace_labels, synced=False, namespaces_synced=False
+        )
+        self._watch_namespaces()  # cycles wait for its first list too (wait_synced)
+        self._pending.forget_placed = self.placed.forget
         self._placed_task = asyncio.create_task(
             PlacedPodWatcher(
                 api=self._api,
@@ -438,14 +442,22 @@ class Runtime:
         return self.namespace_labels.labels(namespace) if self.namespace_labels is not None else None
 
     def _watch_namespaces(self) -> None:
-        """Start following namespace labels (once): a ResourceManager now has a namespaceSelector."""
+        """Start following namespace labels (once): from start, for the inter-pod rules' namespaceSelector
+        terms (placed pods count as synced once it listed), and for ResourceManagers' selectors."""
         if self._namespaces_task is not None:
             return
         pending = self.pending
+        placed = self.placed
+
+        def synced() -> None:
+            if placed is not None:
+                placed.mark_namespaces_synced()
+            pending.reoffer_all()
+
         labels = NamespaceLabels(
             api=self.api,
             on_change=pending.reoffer_all,
-            on_synced=pending.reoffer_all,
+            on_synced=synced,
             logger=self.logger,
             watch_seconds=self.options.watch_timeout,
         )

@@ -101,6 +101,7 @@ class UnconfirmedBinds:
         logger: Logger,
         on_released: Callable[[], None] = lambda: None,
         on_committed: Callable[[UnconfirmedBind], Awaitable[None]] | None = None,
+        on_not_bound: Callable[[str], None] = lambda uid: None,
         first_retry: float = 0.5,
         max_retry: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
@@ -110,6 +111,7 @@ class UnconfirmedBinds:
         self._logger = logger
         self._on_released = on_released
         self._on_committed = on_committed
+        self._on_not_bound = on_not_bound
         self._first_retry = first_retry
         self._max_retry = max_retry
         self._renew_delays: dict[str, float] = {}  # reservation id -> next wait after a failed renewal
@@ -324,6 +326,8 @@ class UnconfirmedBinds:
         """Commit or release, retrying the RM while the reservation lives; the first caller wins."""
         if self._pending.pop(bind.reservation_id, None) is None:
             return  # the watch or the read settled it already
+        if decided is not Settle.COMMIT:  # the pod's assumed copy (inter-pod rules) is not on the node
+            self._on_not_bound(bind.pod.uid)
         if decided is Settle.COMMIT:  # from now on no cycle may release it, even while committing
             self._committed[bind.reservation_id] = bind
             while len(self._committed) > REMEMBERED_COMMITS:

@@ -30,8 +30,11 @@ class PlacedPodCache:
         nodes: Callable[[], Sequence[NodeProjection]] = list,
         namespace_labels: Callable[[str], Mapping[str, str] | None] = lambda namespace: None,
         synced: bool = True,
+        namespaces_synced: bool = True,
     ) -> None:
-        """`synced` False: the cache waits for its watch's first list (`mark_synced`)."""
+        """`synced` False: the cache waits for its watch's first list (`mark_synced`);
+        `namespaces_synced` False: and for the namespace watch's (`mark_namespaces_synced`), since a
+        term with a namespaceSelector finds no namespace in scope while their labels are unknown."""
         self._pods: dict[str, PlacedPod] = {}
         self._by_namespace: dict[str, dict[str, PlacedPod]] = {}
         self._anti: dict[str, PlacedPod] = {}
@@ -46,15 +49,26 @@ class PlacedPodCache:
         self._synced = asyncio.Event()
         if synced:
             self._synced.set()
+        self._namespaces_synced = asyncio.Event()
+        if namespaces_synced:
+            self._namespaces_synced.set()
 
     # -- the port ---------------------------------------------------------------------------------
 
     async def wait_synced(self, seconds: float) -> bool:
-        if not self._synced.is_set():
+        if not self._is_synced():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(seconds):
                     await self._synced.wait()
-        return self._synced.is_set()
+                    await self._namespaces_synced.wait()
+        return self._is_synced()
+
+    def _is_synced(self) -> bool:
+        return self._synced.is_set() and self._namespaces_synced.is_set()
+
+    def mark_namespaces_synced(self) -> None:
+        """The namespace watch listed: namespaceSelector terms see every namespace's labels."""
+        self._namespaces_synced.set()
 
     def mark_synced(self) -> None:
         """Every scope of the watch listed: the cache holds every pod on a node."""

@@ -56,6 +56,7 @@ ANTI_AFFINITY = "pod anti-affinity"
 AFFINITY = "pod affinity"
 SPREAD = "topology spread"
 PORTS = "host ports"
+_HOSTNAME = "kubernetes.io/hostname"
 _SHOWN = 5  # node names listed in a message before "and N more"
 #: Values per requirement the contract carries (NodeSelectorRequirement.values, contract v1). A longer
 #: NotIn is split into several requirements on the same key (ANDed, so the same set of nodes).
@@ -191,8 +192,7 @@ def evaluate(
     if pod.rules.host_ports:
         conflicting = _port_conflicts(pod=pod, placed=placed)
         if conflicting:
-            fields = tuple({"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in conflicting)
-            effects.append(_effect(PORTS, nodes, fields=fields))
+            effects.append(_port_effect(conflicting, nodes))
     candidates = tuple(
         sorted(
             node.name
@@ -405,12 +405,21 @@ def _spread(
     summary = f"{short} spread (maxSkew {constraint.max_skew}) allows {short}s {', '.join(allowed[:_SHOWN])}"
     if len(allowed) > _SHOWN:
         summary += f" and {len(allowed) - _SHOWN} more"
-    if refused and len(refused) < len(allowed):
-        return [
-            {"key": key, "operator": "Exists"},
-            {"key": key, "operator": "NotIn", "values": refused},
-        ], summary
-    return [{"key": key, "operator": "In", "values": allowed}], summary
+    return _in(key, allowed, refused), summary
+
+
+def _port_effect(conflicting: Sequence[str], nodes: Sequence[NodeFacts]) -> RuleEffect:
+    """The nodes whose host ports are taken, excluded by hostname when every node carries its own
+    ``kubernetes.io/hostname``: a few chunked NotIn, where one ``metadata.name NotIn`` per node
+    (matchFields NotIn takes one value) runs past the contract's 64 requirements at 65 nodes."""
+    hostnames = [node.labels.get(_HOSTNAME) for node in nodes]
+    by_name = {node.name: node.labels.get(_HOSTNAME) for node in nodes}
+    unique = None not in hostnames and len(set(hostnames)) == len(hostnames)
+    if unique and all(name in by_name for name in conflicting):
+        values = sorted({by_name[name] or "" for name in conflicting})
+        return _effect(PORTS, nodes, expressions=_not_in(_HOSTNAME, values))
+    fields = tuple({"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in conflicting)
+    return _effect(PORTS, nodes, fields=fields)
 
 
 def _port_conflicts(*, pod: Incoming, placed: PlacedView) -> list[str]:

@@ -240,10 +240,13 @@ class PodPlacementRules:
                     "scheduler has no watch of placed pods to evaluate them; it is not placed without them"
                 )
             return Status.success()
-        if not await placed.wait_synced(SYNC_SECONDS) and pod.rules:
+        if not await placed.wait_synced(SYNC_SECONDS):
+            # Every pod waits, those without rules too: existing pods' anti-affinity toward it is
+            # only known once the placed pods are listed.
             return Status.error(
                 f"the watch of pods on nodes has not listed them within {SYNC_SECONDS:g} s of start, so "
-                "this pod's inter-pod rules cannot be evaluated yet; retrying"
+                "the inter-pod rules (this pod's, and existing pods' anti-affinity toward it) cannot be "
+                "evaluated yet; retrying"
             )
         cycle = placed.in_flight.begin(pod)
         await placed.in_flight.wait(
@@ -313,6 +316,8 @@ def member_node_terms(
         if any(member.rules for member in members):
             return None, "the members state inter-pod rules but no watch of placed pods is wired"
         return None, None
+    if (between := _rule_between_members(members, placed)) is not None:
+        return None, between
     terms: list[list[dict[str, Any]]] = []
     changed = False
     for member in members:
@@ -330,6 +335,48 @@ def member_node_terms(
         terms.append(combined)
         changed = True
     return (terms, None) if changed else (None, None)
+
+
+def _rule_between_members(members: Sequence[PodInfo], placed: PlacedPods) -> str | None:
+    """Why the group is refused when a member's required rule selects another member, or None.
+
+    The RM is sent each member's rules against the pods already on nodes only: the other members
+    have no node yet, so a rule between members would go unchecked (or, with NodeCheck Full, the
+    group would be reserved and released again and again). Not supported yet: refused up front.
+    """
+    for member in members:
+        rules = member.rules
+        for other in members:
+            if other.uid == member.uid:
+                continue
+            found = None
+            for name, terms in (("pod anti-affinity", rules.anti_affinity), ("pod affinity", rules.affinity)):
+                if any(
+                    term.matches(
+                        namespace=other.namespace,
+                        labels=other.labels,
+                        owner_namespace=member.namespace,
+                        namespace_labels=placed.namespace_labels,
+                    )
+                    for term in terms
+                ):
+                    found = name
+                    break
+            same_namespace = other.namespace == member.namespace
+            if (
+                found is None
+                and same_namespace
+                and any(c.selector.matches(other.labels) for c in rules.spread)
+            ):
+                found = "topology spread"
+            if found is not None:
+                return (
+                    f"member {member.key}'s required {found} selects member {other.key} of the same group; "
+                    "inter-pod rules between the members of a pod group are not supported yet (only "
+                    "rules toward pods already on nodes): drop the rule, or narrow its selector so it "
+                    "selects no member"
+                )
+    return None
 
 
 def _beyond_caps(terms: list[dict[str, Any]]) -> str | None:

@@ -35,11 +35,20 @@ from bindery.controller.rmstack import RMStack
 from bindery.rm.errors import RMError, RMGroupsUnsupported, RMUnschedulable
 from bindery.rm.models import Reservation, ReservationGroup
 from bindery.scheduling.cycle import CycleOutcome, PluginChain, plugin_chain
-from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDULABLE, Outcome, decide
+from bindery.scheduling.decisions import (
+    REASON_SCHEDULER_ERROR,
+    REASON_UNSCHEDULABLE,
+    Failure,
+    FailureKind,
+    Outcome,
+    Stage,
+    decide,
+)
 from bindery.scheduling.defaults import COMMIT_FAILED
 from bindery.scheduling.framework import CycleContext, Ports, Profile
 from bindery.scheduling.lease import lease_from_answer
-from bindery.scheduling.placementrules import PodPlacementRules, member_node_terms
+from bindery.scheduling.nodecheck import NodeCheckMode, check_rules
+from bindery.scheduling.placementrules import PodPlacementRules, member_node_terms, rules_verdict
 from bindery.scheduling.podgroups import PodGroupInfo, group_request, unsupported
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.points import run_bind, run_post_bind, run_pre_bind, run_unreserve
@@ -176,6 +185,10 @@ class Placement:
         for ctx in contexts:
             await _RULES.reserve(ctx=ctx)
         checks = await asyncio.gather(*(run_pre_bind(ctx=ctx, plugins=chain.pre_bind) for ctx in contexts))
+        checks = [
+            check if check is not None else _rules_recheck(ctx)
+            for ctx, check in zip(contexts, checks, strict=True)
+        ]
         failed = [
             (ctx, failure) for ctx, failure in zip(contexts, checks, strict=True) if failure is not None
         ]
@@ -305,3 +318,18 @@ def _in_order(group: ReservationGroup, members: Sequence[PodInfo]) -> list[Reser
     to be safe)."""
     by_uid = {r.pod_uid: r for r in group.members}
     return [by_uid[pod.uid] for pod in members]
+
+
+def _rules_recheck(ctx: CycleContext) -> Failure | None:
+    """The inter-pod rules again for a member on its node, every member assumed, whatever the
+    ``nodeCheck`` mode (``Full``: NodeCheck did it). Rules between members were never sent to the RM
+    (member_node_terms refuses the selecting ones; host ports between members remain), so without
+    this look a group is bound against them silently."""
+    placed = ctx.ports.placed
+    if placed is None or ctx.node is None or ctx.profile.node_check is NodeCheckMode.FULL:
+        return None
+    verdict = rules_verdict(ctx.pod, placed)
+    problem = None if verdict is None else check_rules(verdict, node_name=ctx.node, rm_name=ctx.profile.name)
+    if problem is None:
+        return None
+    return Failure(kind=FailureKind.NODE_CHECK, message=problem, stage=Stage.PRE_BIND, plugin=_RULES.name)
