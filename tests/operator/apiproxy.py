@@ -23,8 +23,10 @@ delivering its next event. Clearing it lets held lists through, and answers each
 resumes from a resourceVersion with what the apiserver says once that version is compacted away
 (an ERROR event, code 410), so the watchers list afresh and never see the events of the gap.
 
-`bound_pod_list_status`, when set, is the HTTP status every list of bound pods (a GET of a `pods`
-collection whose field selector has `spec.nodeName!=`, not a watch) is answered with, unforwarded.
+`bound_pod_list_status`, when set, is the HTTP status every list of a served name's bound pods (a
+GET of a `pods` collection whose field selector has `spec.nodeName!=` and `spec.schedulerName=`,
+not a watch) is answered with, unforwarded. The placed-pod watch of the inter-pod rules (every
+scheduler's pods, no scheduler name) is forwarded: no pod is scheduled before it has listed.
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
             raise asyncio.CancelledError
         pod_list = request.method == "GET" and _POD_LISTS.match(request.path) is not None
         failing = proxy.bound_pod_list_status
-        bound_list = "spec.nodeName!=" in request.query.get("fieldSelector", "")
+        selector = request.query.get("fieldSelector", "")
+        bound_list = "spec.nodeName!=" in selector and "spec.schedulerName=" in selector
         if pod_list and failing and bound_list and request.query.get("watch") not in ("true", "1"):
             proxy.failed_bound_pod_lists += 1
             message = {"kind": "Status", "status": "Failure", "message": "injected", "code": failing}
