@@ -117,9 +117,12 @@ class PendingPods:
             self._logger.warning(f"ignoring a pod event that does not parse: {exc}")
             return
         if event_type == "DELETED" or not pod.schedulable:
-            if not pod.node_name:
+            if not pod.node_name and not self._binder.bound_recently(pod.uid):
                 # Left unbound (deleted or terminating while pending): the placed-pod watch never sees
                 # it, so a copy a cycle assumed before an unanswered Binding would stay for good.
+                # A pod this process bound (or is binding) leaves the `spec.nodeName=` selector with
+                # the same DELETED and its last unbound state: its assumed copy stays until the
+                # placed-pod watch reports it bound, or its spread and anti-affinity go uncounted.
                 self.forget_placed(pod.uid)
             self._forget(pod)
             return
