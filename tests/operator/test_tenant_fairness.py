@@ -69,8 +69,12 @@ async def test_a_pod_of_another_namespace_binds_past_a_backlog_that_never_fits(
         assert await eventually(
             lambda: node_of(kube_api, namespace=other_namespace, name="b"), within=120, what="b bound"
         )
+        # The namespaces take turns: b goes at most one pod of A after the one in flight when it was
+        # queued. The served name's list routes A's 200 pods and b in one pass, and the first cycle
+        # may take a0 before b is queued; A's lane then already holds the next turn (a1), as in
+        # any round-robin. Ordered by age, as before issue 20, b came after all 200.
         tried_before_b = fake_rm.reserve_attempts.index("b")
-        assert tried_before_b <= 1, f"{tried_before_b} pods of namespace A were tried before b"
+        assert tried_before_b <= 2, f"{tried_before_b} pods of namespace A were tried before b"
 
         # Every pod of A refused once; then a new pod of B binds. On the old 0.2-0.5 s backoff timer
         # the refused pods came back meanwhile (all older than it); parked, they wait for an event.

@@ -3,6 +3,8 @@ NodeCheck against an RM that ignores the constraints, assume on success, forget 
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 from typing import Any
 
@@ -331,6 +333,24 @@ async def test_every_node_at_its_csi_attach_limit_is_unschedulable_naming_the_ru
     assert rig.rm.requests == []
     roomy = limits_rig(rm_node="n0", limit=2, full=("n0", "n1", "n2"))
     assert (await roomy.run(claim_pod("p"))).outcome is Outcome.BOUND
+
+
+async def test_every_node_the_pod_may_run_on_at_its_limit_is_unschedulable_whatever_other_nodes_exist() -> (
+    None
+):
+    """Nodes the pod's nodeSelector rules out do not keep it from being refused here: a cluster
+    with other pools sent the pod to the RM with every node of its own excluded, and the RM's answer
+    named node affinity, not the attach limit (seen in CI, with other tests' nodes in the cluster)."""
+    rig = limits_rig(rm_node="n0", limit=1, full=("n0", "n1", "n2"))
+    for node in rig.node_list:
+        node.labels["pool"] = "mine"
+    rig.node_list.append(NodeProjection(name="elsewhere", labels={HOST: "elsewhere", "pool": "other"}))
+    pod = claim_pod("p")
+    outcome = await rig.run(dataclasses.replace(pod, node_selector={"pool": "mine"}))
+    assert outcome.outcome is Outcome.UNSCHEDULABLE, outcome
+    assert outcome.failure is not None
+    assert "NodeVolumeLimits: node(s) exceed max volume count" in outcome.failure.message
+    assert rig.rm.requests == []
 
 
 def test_volume_limits_count_unique_volumes_per_driver_and_unbound_claims_by_their_class() -> None:

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from bindery.constraints import matches_required_affinity
+from bindery.constraints import matches_node_selector, matches_required_affinity
 from bindery.quantity import QuantityError, parse_quantity
 from bindery.rm.models import NodeSelectorTerm
 from bindery.scheduling.decisions import Failure, FailureKind, Stage
@@ -542,8 +542,16 @@ class VolumeBinding:
         excluded = over_volume_limits(new=new, csi_nodes=csi_nodes, attached=attached)
         if not excluded:
             return frozenset()
-        known = {node.name for node in placed.nodes()}
-        if known and known <= set(excluded):
+        # The nodes the pod may run on at all (its nodeSelector and required node affinity): nodes of
+        # other pools are no room for it, so they must not turn this refusal into the RM's.
+        pod = ctx.pod
+        candidates = {
+            node.name
+            for node in placed.nodes()
+            if matches_node_selector(node_selector=pod.node_selector, labels=node.labels)
+            and matches_required_affinity(terms=pod.affinity_terms, labels=node.labels, node_name=node.name)
+        }
+        if candidates and candidates <= set(excluded):
             return Status.unschedulable(
                 f"NodeVolumeLimits: node(s) exceed max volume count (the pod's CSI volumes would pass "
                 f"the attach limit of driver(s) {', '.join(sorted(drivers))} on every node)"
