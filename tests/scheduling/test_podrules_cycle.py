@@ -3,9 +3,8 @@ NodeCheck against an RM that ignores the constraints, assume on success, forget 
 
 from __future__ import annotations
 
-import dataclasses
-
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -342,8 +341,7 @@ async def test_every_node_the_pod_may_run_on_at_its_limit_is_unschedulable_whate
     with other pools sent the pod to the RM with every node of its own excluded, and the RM's answer
     named node affinity, not the attach limit (seen in CI, with other tests' nodes in the cluster)."""
     rig = limits_rig(rm_node="n0", limit=1, full=("n0", "n1", "n2"))
-    for node in rig.node_list:
-        node.labels["pool"] = "mine"
+    rig.node_list[:] = [dataclasses.replace(n, labels={**n.labels, "pool": "mine"}) for n in rig.node_list]
     rig.node_list.append(NodeProjection(name="elsewhere", labels={HOST: "elsewhere", "pool": "other"}))
     pod = claim_pod("p")
     outcome = await rig.run(dataclasses.replace(pod, node_selector={"pool": "mine"}))

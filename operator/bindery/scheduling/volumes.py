@@ -544,12 +544,14 @@ class VolumeBinding:
             return frozenset()
         # The nodes the pod may run on at all (its nodeSelector and required node affinity): nodes of
         # other pools are no room for it, so they must not turn this refusal into the RM's.
-        pod = ctx.pod
+        incoming = ctx.pod
         candidates = {
             node.name
             for node in placed.nodes()
-            if matches_node_selector(node_selector=pod.node_selector, labels=node.labels)
-            and matches_required_affinity(terms=pod.affinity_terms, labels=node.labels, node_name=node.name)
+            if matches_node_selector(node_selector=incoming.node_selector, labels=node.labels)
+            and matches_required_affinity(
+                terms=incoming.affinity_terms, labels=node.labels, node_name=node.name
+            )
         }
         if candidates and candidates <= set(excluded):
             return Status.unschedulable(
