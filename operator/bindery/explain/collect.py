@@ -48,6 +48,9 @@ class OperatorAddress:
 
     url: str | None = None
     service: tuple[str, str, str] | None = None
+    #: Bearer token sent to `url` (the operator checks it with the apiserver); the apiserver's proxy
+    #: forwards no caller credentials, so a Service is asked without one.
+    token: str | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def parse_service(cls, text: str) -> OperatorAddress:
@@ -230,11 +233,19 @@ async def operator_queue(
     pod_path = f"debug/queue/{urllib.parse.quote(namespace)}/{urllib.parse.quote(name)}"
     if address.url is not None:
         url = f"{address.url.rstrip('/')}/{pod_path}"
+        headers = {"Authorization": f"Bearer {address.token}"} if address.token else {}
         try:
             async with httpx.AsyncClient(timeout=OPERATOR_TIMEOUT) as http:
-                response = await http.get(url, params={"uid": uid})
+                response = await http.get(url, params={"uid": uid}, headers=headers)
         except httpx.HTTPError as exc:
             return None, f"the operator at {address.url} did not answer: {exc or type(exc).__name__}"
+        if response.status_code in (401, 403):  # the operator's own refusal says what to do
+            text = response.text.strip()
+            hint = "" if address.token else " (pass --operator-token-file)"
+            return (
+                None,
+                f"the operator at {address.url} refused us (HTTP {response.status_code}){hint}: {text}",
+            )
         return _queue_answer(response.status_code, response.content, where=address.url)
     if address.service is not None:
         services = [address.service]
@@ -312,6 +323,7 @@ def _queue_answer(status: int, body: bytes, *, where: str) -> tuple[dict[str, An
         return None, (
             f"{where} does not serve the queue views (HTTP 404: {text}): the operator serves them on "
             "loopback only, unless given --debug-addr; run `kubectl port-forward` to its debug port "
-            "(the chart's operator.debugAddress) and pass --operator-url http://127.0.0.1:9091"
+            "(the chart's operator.debugAddress) and pass --operator-url http://127.0.0.1:9091 "
+            "--operator-token-file FILE (a token allowed get on /debug/queue)"
         )
     return None, f"{where} answered HTTP {status}: {text}"
