@@ -80,6 +80,7 @@ def test_default_install_has_every_part(rendered: dict[str, list[dict[str, Any]]
     assert kinds == sorted(
         [
             ("ClusterRole", "rel-bindery"),
+            ("ClusterRole", "rel-bindery-debug-reader"),
             ("ClusterRole", "rel-bindery-rm"),
             ("ClusterRoleBinding", "rel-bindery"),
             ("ClusterRoleBinding", "rel-bindery-rm"),
