@@ -161,7 +161,7 @@ class PlacedPodCache:
         if pod.anti_affinity:
             local = all(not t.namespaces and t.namespace_selector is None for t in pod.anti_affinity)
             self._anti_toward.setdefault(pod.namespace if local else None, {})[pod.uid] = pod
-        if pod.scores_others:
+        if pod.affinity or pod.preferred_affinity or pod.preferred_anti_affinity:  # scores_others, inlined
             terms = (
                 *pod.affinity,
                 *(w.term for w in pod.preferred_affinity),
@@ -173,13 +173,10 @@ class PlacedPodCache:
     def _drop_toward(self, uid: str, old: PlacedPod | None) -> None:
         if old is None:
             return
-        for index, has in ((self._anti_toward, old.anti_affinity), (self._scoring_toward, old.scores_others)):
-            if not has:
-                continue
-            for key in (old.namespace, None):
-                bucket = index.get(key)
-                if bucket is not None and bucket.pop(uid, None) is not None and not bucket:
-                    del index[key]
+        if old.anti_affinity:
+            _drop_from(self._anti_toward, uid, old.namespace)
+        if old.affinity or old.preferred_affinity or old.preferred_anti_affinity:  # plain pods skip both
+            _drop_from(self._scoring_toward, uid, old.namespace)
 
     def _remove(self, uid: str) -> None:
         pod = self._pods.pop(uid, None)
@@ -193,3 +190,10 @@ class PlacedPodCache:
         self._anti.pop(uid, None)
         self._ports.pop(uid, None)
         self._drop_toward(uid, pod)
+
+
+def _drop_from(index: dict[str | None, dict[str, PlacedPod]], uid: str, namespace: str) -> None:
+    for key in (namespace, None):
+        bucket = index.get(key)
+        if bucket is not None and bucket.pop(uid, None) is not None and not bucket:
+            del index[key]

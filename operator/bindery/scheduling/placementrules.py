@@ -121,7 +121,11 @@ class InFlight:
 
     def earlier_related(self, cycle: _Cycle, *, namespace_labels: Any) -> list[_Cycle]:
         now = self._clock()
-        pool = self._cycles.values() if cycle.rules or cycle.claims or cycle.soft else self._anti.values()
+        pool = (
+            self._cycles.values()
+            if cycle.rules or cycle.claims or cycle.soft is not NO_SOFT
+            else self._anti.values()
+        )
         return [
             other
             for other in pool
@@ -183,7 +187,7 @@ def _prefers(me: _Cycle, other: _Cycle, namespace_labels: Any) -> bool:
     """Whether `me`'s soft rules count `other` (its preferred terms select it, or its spread does):
     without waiting, a burst of a Deployment's pods would all see the same counts and land together."""
     soft = me.soft
-    if not soft:
+    if soft is NO_SOFT:
         return False
     for weighted in (*soft.affinity, *soft.anti_affinity):
         if weighted.term.matches(
@@ -264,8 +268,10 @@ def rules_preferences(pod: PodInfo, placed: PlacedPods) -> Preferences | None:
     """The soft rules' weighted node terms for `pod` (within what the contract carries beside the
     pod's own preferred node affinity), or None when nothing can apply: no soft rules of its own and
     no placed pod with affinity or preferred terms toward its namespace (one lookup, for most pods)."""
-    if not pod.soft and not any(other.uid != pod.uid for other in placed.preferring_toward(pod.namespace)):
-        return None
+    if pod.soft is NO_SOFT:  # identity, not __bool__: this runs for every pod
+        toward = placed.preferring_toward(pod.namespace)
+        if not toward or all(other.uid == pod.uid for other in toward):
+            return None
     budget = max_items(Placement, "preferred_node_affinity") - len(pod.preferred_terms)
     return preferences(
         pod=Incoming(
