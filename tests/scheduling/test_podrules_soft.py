@@ -14,7 +14,7 @@ from typing import Any
 from bindery.kube.placed import PlacedPodCache
 from bindery.podrules.model import NO_SOFT
 from bindery.rm.models import Placement
-from bindery.scheduling.placementrules import rules_preferences
+from bindery.scheduling.placementrules import InFlight, rules_preferences
 from bindery.scheduling.podspec import PodInfo, max_items, reservation_request
 from bindery.scheduling.ports import NodeProjection
 
@@ -264,3 +264,31 @@ def test_a_plain_pod_gets_nothing_and_costs_one_lookup() -> None:
     plain = PodInfo.from_body(web("new"))
     assert plain.soft is NO_SOFT
     assert world.prefer(web("new")) is None
+
+
+def test_explain_names_the_preferred_domains_and_a_deleted_pod_stops_steering() -> None:
+    world = World([node("n1"), node("n2")])
+    loner = body(
+        "loner", labels={"app": "loner"}, spec={"affinity": preferred("podAntiAffinity", 80, HOST, app="web")}
+    )
+    world.put(loner, "n1")
+    found = rules_preferences(PodInfo.from_body(web("new")), world.cache)
+    assert found is not None
+    assert found.summary == "soft rules prefer hostname n2 (weight 100)"
+    world.cache.on_event("DELETED", loner)
+    assert not world.cache.preferring_toward("default")
+    assert world.prefer(web("new")) is None
+
+
+def test_a_deployments_pods_in_one_burst_wait_for_each_others_node_and_plain_pods_do_not() -> None:
+    """Without the wait, every pod of a burst scores the same empty domains and all go together."""
+    labels = {"app": "web", "pod-template-hash": "5d8f"}
+    flight = InFlight()
+    first = flight.begin(PodInfo.from_body(body("r1", labels=labels, owned=True)))
+    second = flight.begin(PodInfo.from_body(body("r2", labels=labels, owned=True)))
+    plain = flight.begin(PodInfo.from_body(body("p", labels=labels)))
+    related = flight.earlier_related(second, namespace_labels=lambda ns: None)
+    assert related == [first]
+    assert flight.earlier_related(plain, namespace_labels=lambda ns: None) == []
+    other = flight.begin(PodInfo.from_body(body("o", labels={"app": "other"}, owned=True)))
+    assert flight.earlier_related(other, namespace_labels=lambda ns: None) == []
