@@ -32,7 +32,6 @@ from bindery.devcluster.postgres import PostgresServer
 from bindery.quantity import parse_quantity
 from tests.chart import charttools as ct
 from tests.chart.test_chart_e2e import BINDERY, _container, _eventually, _process, _relocate, _sa_kubeconfig
-from tests.chart.valuesets import VALUE_SETS
 
 NAMESPACE = "bindery-system"
 URL = "postgresql://bindery_rm@db.example.com:5432/bindery?sslmode=verify-full&sslrootcert=/etc/bindery-rm/db-tls/ca.crt"
@@ -53,12 +52,6 @@ def postgres_render(
     helm: str, helm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> list[dict[str, Any]]:
     return ct.render(helm=helm, env=helm_env, tmp=tmp_path_factory.mktemp("pg"), values=POSTGRES)
-
-
-def test_the_postgres_value_set_is_linted_and_dry_run_applied() -> None:
-    # VALUE_SETS feed test_lint_strict, test_every_pod_is_hardened and the apiserver's dry-run.
-    assert VALUE_SETS["reference-rm-postgres"]["referenceRM"]["database"]["url"].startswith("postgresql://")
-    assert VALUE_SETS["reference-rm-postgres"]["referenceRM"]["replicas"] == 2
 
 
 def test_database_mode_passes_the_url_and_the_mounted_password_file(
