@@ -14,7 +14,7 @@ from typing import Any
 from bindery.kube.placed import PlacedPodCache
 from bindery.podrules.model import NO_SOFT
 from bindery.rm.models import Placement
-from bindery.scheduling.placementrules import InFlight, rules_preferences
+from bindery.scheduling.placementrules import InFlight, rules_preferences, rules_verdict
 from bindery.scheduling.podspec import PodInfo, max_items, reservation_request
 from bindery.scheduling.ports import NodeProjection
 
@@ -292,3 +292,25 @@ def test_a_deployments_pods_in_one_burst_wait_for_each_others_node_and_plain_pod
     assert flight.earlier_related(plain, namespace_labels=lambda ns: None) == []
     other = flight.begin(PodInfo.from_body(body("o", labels={"app": "other"}, owned=True)))
     assert flight.earlier_related(other, namespace_labels=lambda ns: None) == []
+
+
+def test_nodes_the_hard_rules_exclude_are_not_scored() -> None:
+    """kube-scheduler scores only the nodes its filters passed: with n1 excluded by the pod's own
+    required anti-affinity, n2 and n3 score the same and nothing is preferred (scored with n1, they
+    would have got a term that says nothing the hard rule does not)."""
+    labels = {"app": "web", "pod-template-hash": "5d8f"}
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "web"}}}
+            ]
+        }
+    }
+    world = World([node("n1", "a"), node("n2", "b"), node("n3", "c")])
+    world.put(body("w1", labels=labels, owned=True, spec={"affinity": anti}), "n1")
+    pod = PodInfo.from_body(body("new", labels=labels, owned=True, spec={"affinity": anti}))
+    verdict = rules_verdict(pod, world.cache)
+    assert verdict is not None
+    found = rules_preferences(pod, world.cache, verdict)
+    assert found is not None
+    assert found.terms == ()

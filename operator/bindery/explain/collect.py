@@ -195,7 +195,7 @@ async def placement_rules(*, api: ApiClient, pod: dict[str, Any]) -> tuple[list[
         lines.append(f"no node is left: {refusal}")
     if not (pod.get("spec") or {}).get("nodeName"):
         # The soft rules' preferences as the next cycle would send them (a bound pod's are history).
-        preferred = rules_preferences(info, cache)
+        preferred = rules_preferences(info, cache, verdict)
         if preferred is not None and preferred.summary:
             lines.append(preferred.summary)
     return lines, None

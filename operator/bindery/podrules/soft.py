@@ -95,10 +95,14 @@ def preferences(
     nodes: Sequence[NodeFacts],
     namespace_labels: NamespaceLabels,
     budget: int,
+    excluded: frozenset[str] = frozenset(),
 ) -> Preferences:
-    """Pure: the soft inter-pod rules' node preferences for `pod`, at most `budget` terms."""
+    """Pure: the soft inter-pod rules' node preferences for `pod`, at most `budget` terms.
+
+    ``excluded``: nodes the hard rules already rule out (kube-scheduler scores only the nodes its
+    filters passed, and normalises over them)."""
     soft = pod.soft
-    candidates = [node for node in nodes if _feasible(pod, node)]
+    candidates = [node for node in nodes if node.name not in excluded and _feasible(pod, node)]
     if not candidates or budget <= 0:
         return NONE
     totals: dict[str, int] = dict.fromkeys((n.name for n in candidates), 0)

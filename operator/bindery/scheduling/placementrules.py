@@ -264,7 +264,7 @@ def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     )
 
 
-def rules_preferences(pod: PodInfo, placed: PlacedPods) -> Preferences | None:
+def rules_preferences(pod: PodInfo, placed: PlacedPods, verdict: Verdict | None = None) -> Preferences | None:
     """The soft rules' weighted node terms for `pod` (within what the contract carries beside the
     pod's own preferred node affinity), or None when nothing can apply: no soft rules of its own and
     no placed pod with affinity or preferred terms toward its namespace (one lookup, for most pods)."""
@@ -288,6 +288,9 @@ def rules_preferences(pod: PodInfo, placed: PlacedPods) -> Preferences | None:
         nodes=placed.nodes(),
         namespace_labels=placed.namespace_labels,
         budget=budget,
+        excluded=frozenset(name for effect in verdict.effects for name in effect.excluded)
+        if verdict is not None
+        else frozenset(),
     )
 
 
@@ -346,7 +349,7 @@ class PodPlacementRules:
                 too_many = _beyond_caps(ctx.required_node_terms())
                 if too_many is not None:
                     return Status.unschedulable(too_many)
-        preferred = rules_preferences(pod, placed)
+        preferred = rules_preferences(pod, placed, verdict)
         if preferred is not None and preferred.terms:
             ctx.state[PREFERENCES] = preferred
             ctx.prefer_nodes(preferred.terms)
