@@ -24,7 +24,7 @@ from bindery.k8s.api import answer_of
 from bindery.kube.identity import ClusterIdentityError, cluster_identity
 from bindery.kube.placed import PlacedPodCache
 from bindery.rm.errors import RMError
-from bindery.scheduling.placementrules import rules_verdict
+from bindery.scheduling.placementrules import rules_preferences, rules_verdict
 from bindery.scheduling.podspec import PodInfo, PodSpecError, pod_claims
 from bindery.scheduling.ports import NodeProjection
 
@@ -178,7 +178,11 @@ async def placement_rules(*, api: ApiClient, pod: dict[str, Any]) -> tuple[list[
         nodes = [NodeProjection.from_body(n) for n in (await list_all(api, resources.NODES)).items]
         placed = (await list_all(api, resources.PODS, field_selector="spec.nodeName!=")).items
         labels: dict[str, dict[str, str]] = {}
-        if any(t.namespace_selector is not None for t in (*info.rules.affinity, *info.rules.anti_affinity)):
+        soft_terms = (w.term for w in (*info.soft.affinity, *info.soft.anti_affinity))
+        if any(
+            t.namespace_selector is not None
+            for t in (*info.rules.affinity, *info.rules.anti_affinity, *soft_terms)
+        ):
             for namespace in (await list_all(api, resources.NAMESPACES)).items:
                 metadata = namespace.get("metadata") or {}
                 labels[str(metadata.get("name"))] = dict(metadata.get("labels") or {})
@@ -188,12 +192,15 @@ async def placement_rules(*, api: ApiClient, pod: dict[str, Any]) -> tuple[list[
     for body in placed:
         cache.on_event("ADDED", body)
     verdict = rules_verdict(info, cache)
-    if verdict is None:
-        return [], None
-    lines = [effect.summary for effect in verdict.effects]
-    refusal = verdict.refusal()
+    lines = [] if verdict is None else [effect.summary for effect in verdict.effects]
+    refusal = None if verdict is None else verdict.refusal()
     if refusal is not None:
         lines.append(f"no node is left: {refusal}")
+    if not (pod.get("spec") or {}).get("nodeName"):
+        # The soft rules' preferences as the next cycle would send them (a bound pod's are history).
+        preferred = rules_preferences(info, cache, verdict)
+        if preferred is not None and preferred.summary:
+            lines.append(preferred.summary)
     return lines, None
 
 
