@@ -147,6 +147,13 @@ async def test_the_queue_views_answer_only_a_token_rbac_allows(
             anonymous_summary = await http.get(base)
             bad = await http.get(pod_url, headers={"Authorization": "Bearer not-a-kubernetes-token"})
             other = await http.get(pod_url, headers={"Authorization": f"Bearer {stranger}"})
+            before = dict(operator.runtime.access.reviews)
+            for _ in range(50):  # a poller: its reviews come from the cache (a figure, not asserted)
+                await http.get(pod_url, headers={"Authorization": f"Bearer {reader}"})
+            print(
+                f"\nreviews sent to the apiserver for 50 more authorized GETs: "
+                f"{dict(operator.runtime.access.reviews)} (before them: {before})"
+            )
     finally:
         await operator.stop()
 
