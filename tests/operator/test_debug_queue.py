@@ -19,7 +19,9 @@ from kubernetes_asyncio import client
 from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.metrics import debug_queue_placement, is_loopback
 from bindery.controller.options import OperatorOptions
+from bindery.devcluster.plane import ControlPlane
 from bindery.kube.access import AccessReviewer, bearer_token
+from tests.conftest import api_client_for
 from tests.operator.conftest import Stage, eventually
 
 
@@ -200,3 +202,23 @@ async def test_review_answers_are_cached_briefly_in_a_bounded_table(
     for n in range(5):
         await access.check(authorization=f"Bearer bogus-{n}", path="/debug/queue")
     assert access.cached() <= (2, 2)
+
+
+@pytest.mark.controlplane
+async def test_an_operator_that_may_not_review_tokens_says_so_and_caches_nothing(
+    *, controlplane: ControlPlane, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """An identity without create on tokenreviews (an old ClusterRole): 503 naming the missing
+    permission, never a 200, and the failure is not cached (it is asked again next time)."""
+    reader = await _token(client.CoreV1Api(kube_api), namespace=namespace, sa="reader")
+    api = await api_client_for(str(controlplane.mint_kubeconfig(user=f"no-reviews-{namespace}")))
+    try:
+        access = AccessReviewer(api=lambda: api)
+        first = await access.check(authorization=f"Bearer {reader}", path="/debug/queue")
+        second = await access.check(authorization=f"Bearer {reader}", path="/debug/queue")
+    finally:
+        await api.close()
+    assert first.status == second.status == 503
+    assert "needs create on tokenreviews.authentication.k8s.io" in first.message
+    assert access.reviews["TokenReview"] == 2
+    assert access.cached() == (0, 0)
