@@ -351,6 +351,36 @@ async def test_every_node_the_pod_may_run_on_at_its_limit_is_unschedulable_whate
     assert rig.rm.requests == []
 
 
+async def test_nodes_of_another_pool_at_their_limit_do_not_count_against_the_contracts_cap() -> None:
+    """70 nodes of another pool at the attach limit (more than the 64 matchFields a term carries):
+    a pod pinned to its own pool, which has room, is placed, not refused TooManyTerms."""
+    rig = limits_rig(rm_node="n0", limit=1, full=("n1",))
+    assert rig.volumes is not None
+    assert rig.cache is not None
+    rig.node_list[:] = [dataclasses.replace(n, labels={**n.labels, "pool": "mine"}) for n in rig.node_list]
+    for i in range(70):
+        name = f"other-{i}"
+        rig.node_list.append(NodeProjection(name=name, labels={HOST: name, "pool": "other"}))
+        rig.volumes.csi.append(csi_node(name, 1))
+        rig.volumes.claims[f"old-{name}"] = claim(f"old-{name}", volume=f"pv-{name}")
+        rig.volumes.pvs[f"pv-{name}"] = csi_pv(f"pv-{name}", f"h-{name}")
+        rig.cache.on_event(
+            "ADDED",
+            {
+                "metadata": {"uid": f"on-{name}", "namespace": "ns", "name": f"on-{name}"},
+                "spec": {
+                    "nodeName": name,
+                    "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": f"old-{name}"}}],
+                },
+            },
+        )
+    outcome = await rig.run(dataclasses.replace(claim_pod("p"), node_selector={"pool": "mine"}))
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+    sent = rig.rm.requests[-1].model_dump(mode="json", by_alias=True, exclude_none=True)
+    excluded = [f["values"][0] for t in sent["placement"]["requiredNodeAffinity"] for f in t["matchFields"]]
+    assert excluded == ["n1"]
+
+
 def test_volume_limits_count_unique_volumes_per_driver_and_unbound_claims_by_their_class() -> None:
     new = {(DRIVER, "h1")}
     nodes = [

@@ -87,7 +87,7 @@ async def v1_1(tmp_path: pathlib.Path) -> AsyncIterator[RunningServer]:
         yield server
 
 
-async def _schedule(url: str) -> tuple[Any, list[Placement]]:
+async def _schedule(url: str, *, learn: bool = False) -> tuple[Any, list[Placement]]:
     """Two web pods already run on a1 (zone a); a third with a ScheduleAnyway zone spread comes.
     Binpack alone picks a1 (equal nodes, first name)."""
     cache = PlacedPodCache(nodes=lambda: NODES)
@@ -107,6 +107,8 @@ async def _schedule(url: str) -> tuple[Any, list[Placement]]:
     )
     async with RecordingClient(base_url=url, token=TOKEN, allow_insecure_http=True, batching=False) as client:
         client.sent = []
+        if learn:  # as after an earlier pod: the client has read GET /v1/info
+            await client.contract_info()
         profile = Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=client)
         outcome = await schedule_one(pod=pod, profile=profile, ports=ports)
     return outcome, client.sent
@@ -135,3 +137,37 @@ async def test_a_v1_1_rm_is_sent_no_preferences_and_still_places_the_pod(v1_1: R
     [placement] = sent
     assert placement.preferred_node_affinity is None
     assert outcome.node == "a1"  # its policy alone: binpack's first node
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from bindery.scheduling import placementrules
+
+    calls: list[str] = []
+    real = placementrules.rules_preferences
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append("scored")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(placementrules, "rules_preferences", counted)
+    return calls
+
+
+async def test_soft_rules_are_not_scored_for_an_rm_known_to_take_no_preferences(
+    v1_1: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scoring costs milliseconds per pod on a large cluster, and a burst's pods wait for each other
+    on its account: for an RM whose GET /v1/info lacks node-preferences both bought nothing."""
+    calls = _counting(monkeypatch)
+    outcome, _ = await _schedule(v1_1.url, learn=True)
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+    assert calls == []
+
+
+async def test_soft_rules_are_scored_for_an_rm_that_takes_preferences(
+    v1_2: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _counting(monkeypatch)
+    outcome, _ = await _schedule(v1_2.url, learn=True)
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+    assert calls == ["scored"]

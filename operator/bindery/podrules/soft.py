@@ -102,17 +102,21 @@ def preferences(
     ``excluded``: nodes the hard rules already rule out (kube-scheduler scores only the nodes its
     filters passed, and normalises over them)."""
     soft = pod.soft
+    spread = _spread_constraints(pod)
+    # Only the placed pods whose terms select this one count (upstream's processExistingPod);
+    # filtered before any node is looked at, so a wide term elsewhere costs other pods nothing.
+    symmetric = selecting(pod, placed.preferring_toward(pod.namespace), namespace_labels)
+    if budget <= 0 or not (spread or soft.affinity or soft.anti_affinity or symmetric):
+        return NONE
     candidates = [node for node in nodes if node.name not in excluded and _feasible(pod, node)]
-    if not candidates or budget <= 0:
+    if not candidates:
         return NONE
     totals: dict[str, int] = dict.fromkeys((n.name for n in candidates), 0)
     keys: set[str] = set()
-    spread = _spread_constraints(pod)
     if spread:
         for name, score in _spread_scores(pod, spread, placed, nodes, candidates).items():
             totals[name] += score
         keys.update(c.topology_key for c in spread)
-    symmetric = [other for other in placed.preferring_toward(pod.namespace) if other.uid != pod.uid]
     if soft.affinity or soft.anti_affinity or symmetric:
         topo = _affinity_topology(pod, placed, nodes, namespace_labels, symmetric)
         if topo:
@@ -126,6 +130,33 @@ def preferences(
         name: max(1, round(MAX_SCORE * (t - low) / (high - low))) for name, t in totals.items() if t > low
     }
     return _terms(weights, candidates, keys, budget)
+
+
+def selecting(
+    pod: Incoming, others: Iterable[PlacedPod], namespace_labels: NamespaceLabels
+) -> list[PlacedPod]:
+    """Pure: the placed pods (not `pod` itself) whose required affinity or preferred terms select `pod`."""
+
+    def selects(term: AffinityTerm, owner: str) -> bool:
+        return term.matches(
+            namespace=pod.namespace,
+            labels=pod.labels,
+            owner_namespace=owner,
+            namespace_labels=namespace_labels,
+        )
+
+    return [
+        other
+        for other in others
+        if other.uid != pod.uid
+        and (
+            any(selects(term, other.namespace) for term in other.affinity)
+            or any(
+                selects(weighted.term, other.namespace)
+                for weighted in (*other.preferred_affinity, *other.preferred_anti_affinity)
+            )
+        )
+    ]
 
 
 def _feasible(pod: Incoming, node: NodeFacts) -> bool:
@@ -291,7 +322,8 @@ def _affinity_scores(
     low, high = min(raw.values()), max(raw.values())
     if high == low:
         return dict.fromkeys(raw, 0)
-    return {name: int(MAX_SCORE * (score - low) / (high - low)) for name, score in raw.items()}
+    # upstream: int64(MaxNodeScore * (float64(s-min) / float64(max-min))), the ratio first
+    return {name: int(MAX_SCORE * ((score - low) / (high - low))) for name, score in raw.items()}
 
 
 def _terms(
@@ -323,6 +355,10 @@ def _terms(
     return Preferences(terms=tuple((w, t) for w, t, _ in kept), summary=summary, dropped=dropped)
 
 
+#: Up to this many values an `In` list is kept even when its complement is shorter (it reads better).
+_IN_READABLE = 8
+
+
 def _express(
     names: set[str], candidates: Sequence[NodeFacts], order: Sequence[str], by_host: bool
 ) -> list[tuple[dict[str, Any], str]]:
@@ -336,8 +372,25 @@ def _express(
             continue
         values = {n.labels[key] for n in group}
         if all(n.name in names for n in candidates if n.labels.get(key) in values):
-            ordered = sorted(values)
             short = key.rsplit("/", 1)[-1]
+            others = {n.labels.get(key) for n in candidates if n.name not in names}
+            if None not in others and len(values) > _IN_READABLE and len(others) < len(values):
+                # The complement is shorter: `NotIn` it. It matches the same candidates (each has
+                # the key); nodes outside them are never chosen (the required terms rule them out).
+                # "Avoid 4 hosts of 2,000" is then 4 names, not 1,996 (27 KB per request).
+                rest = sorted(str(v) for v in others)
+                chunks = [rest[i : i + VALUES_CAP] for i in range(0, len(rest), VALUES_CAP)]
+                return [
+                    (
+                        {
+                            "matchExpressions": [
+                                {"key": key, "operator": "NotIn", "values": chunk} for chunk in chunks
+                            ]
+                        },
+                        f"{short} other than {', '.join(rest[:5])}{' …' if len(rest) > 5 else ''}",
+                    )
+                ]
+            ordered = sorted(values)
             return [
                 (
                     {"matchExpressions": [{"key": key, "operator": "In", "values": chunk}]},

@@ -568,6 +568,13 @@ class ResourceManagerClient:
         if sent_cluster and error.status == 400:
             self._info_until = float("-inf")
 
+    def takes_node_preferences(self) -> bool:
+        """Whether node preferences reach this RM, as far as known without a call: False once
+        ``GET /v1/info`` said it lacks ``node-preferences`` (the last answer, which
+        :meth:`negotiated_placement` refreshes), True while unknown. PodPlacementRules reads it to
+        skip scoring soft rules, and waiting for them, that the RM would never receive."""
+        return self._info is None or self._info.offers(Feature.NODE_PREFERENCES)
+
     async def negotiated_placement(self, placement: Placement, *, pod: str) -> tuple[Placement, bool]:
         """``placement`` as this RM may receive it, and whether it still carries a v1.2 field.
 

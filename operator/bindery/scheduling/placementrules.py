@@ -36,7 +36,7 @@ from typing import Any
 
 from bindery.podrules.filters import Incoming, Verdict, evaluate
 from bindery.podrules.model import NO_SOFT, PlacedPod, PodRules, SoftRules
-from bindery.podrules.soft import Preferences, preferences
+from bindery.podrules.soft import Preferences, preferences, selecting
 from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm, Placement
 from bindery.scheduling.framework import CycleContext, Status, and_terms
 from bindery.scheduling.podspec import PodInfo, max_items
@@ -95,7 +95,9 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._cycles)
 
-    def begin(self, pod: PodInfo) -> _Cycle:
+    def begin(self, pod: PodInfo, *, soft: bool = True) -> _Cycle:
+        """`soft` False: the pod's soft rules are not scored (its RM takes no preferences), so it
+        waits for nobody on their account."""
         cycle = _Cycle(
             uid=pod.uid,
             namespace=pod.namespace,
@@ -104,7 +106,7 @@ class InFlight:
             seq=next(self._seq),
             started=self._clock(),
             claims=frozenset(pod.claims),
-            soft=pod.soft,
+            soft=pod.soft if soft else NO_SOFT,
         )
         self.settle(pod.uid)  # a previous cycle of the same pod that never settled
         self._cycles[pod.uid] = cycle
@@ -272,6 +274,9 @@ def rules_preferences(pod: PodInfo, placed: PlacedPods, verdict: Verdict | None 
         toward = placed.preferring_toward(pod.namespace)
         if not toward or all(other.uid == pod.uid for other in toward):
             return None
+        incoming = Incoming(namespace=pod.namespace, labels=pod.labels, rules=pod.rules, uid=pod.uid)
+        if not selecting(incoming, toward, placed.namespace_labels):
+            return None  # terms elsewhere (a namespaceSelector reaches every namespace) select other pods
     budget = max_items(Placement, "preferred_node_affinity") - len(pod.preferred_terms)
     return preferences(
         pod=Incoming(
@@ -292,6 +297,13 @@ def rules_preferences(pod: PodInfo, placed: PlacedPods, verdict: Verdict | None 
         if verdict is not None
         else frozenset(),
     )
+
+
+def _takes_preferences(ctx: CycleContext) -> bool:
+    """Whether the profile's RM client may pass node preferences on (the real client knows from
+    ``GET /v1/info``; a client without the method is taken to pass them, as before)."""
+    known = getattr(ctx.profile.client, "takes_node_preferences", None)
+    return True if known is None else bool(known())
 
 
 class PodPlacementRules:
@@ -325,7 +337,10 @@ class PodPlacementRules:
                 "the inter-pod rules (this pod's, and existing pods' anti-affinity toward it) cannot be "
                 "evaluated yet; retrying"
             )
-        cycle = placed.in_flight.begin(pod)
+        # Soft rules only shape placement at an RM that takes node preferences; for any other the
+        # scoring (milliseconds on a large cluster) and the waits in a burst would buy nothing.
+        takes_preferences = _takes_preferences(ctx)
+        cycle = placed.in_flight.begin(pod, soft=takes_preferences)
         await placed.in_flight.wait(
             cycle, namespace_labels=placed.namespace_labels, seconds=self._wait_seconds
         )
@@ -349,7 +364,7 @@ class PodPlacementRules:
                 too_many = _beyond_caps(ctx.required_node_terms())
                 if too_many is not None:
                     return Status.unschedulable(too_many)
-        preferred = rules_preferences(pod, placed, verdict)
+        preferred = rules_preferences(pod, placed, verdict) if takes_preferences else None
         if preferred is not None and preferred.terms:
             ctx.state[PREFERENCES] = preferred
             ctx.prefer_nodes(preferred.terms)

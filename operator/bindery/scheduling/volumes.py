@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from bindery.constraints import matches_node_selector, matches_required_affinity
+from bindery.constraints import matches_node_selector, matches_required_affinity, untolerated_taints
 from bindery.quantity import QuantityError, parse_quantity
 from bindery.rm.models import NodeSelectorTerm
 from bindery.scheduling.decisions import Failure, FailureKind, Stage
@@ -552,7 +552,12 @@ class VolumeBinding:
             and matches_required_affinity(
                 terms=incoming.affinity_terms, labels=node.labels, node_name=node.name
             )
+            and not untolerated_taints(taints=node.taints, tolerations=incoming.tolerations)
         }
+        if candidates:  # only those need excluding: the others are no room for the pod anyway
+            excluded = [name for name in excluded if name in candidates]
+            if not excluded:
+                return frozenset()
         if candidates and candidates <= set(excluded):
             return Status.unschedulable(
                 f"NodeVolumeLimits: node(s) exceed max volume count (the pod's CSI volumes would pass "
