@@ -14,7 +14,8 @@ pending job stays in Slurm's queue, keyed by the request's ``idempotencyKey`` (t
 next reserve with the same key finds it instead of submitting another, and answers ``201`` once it
 runs. Slurm's priorities, fair share, QOS and partitions thus order the pods. A job whose pod stops
 asking (deleted, bound elsewhere) is cancelled ``hold_seconds`` after the last ask, pending or
-started; ``hold_seconds = 0`` cancels a pending job at once (no queueing: a plain RM's behaviour).
+started; ``hold_seconds = 0`` is a plain RM's behaviour, no queueing: a pod that fits no node by the
+adapter's count of free CPUs and memory is refused at once, and a job Slurm keeps pending is cancelled.
 
 **Commit** marks the job committed and lifts its time limit; **release** cancels it; **renew**
 moves the lease and the time limit. A reserved job's Slurm time limit is its lease plus a margin,
@@ -417,6 +418,7 @@ class SlurmRM:
         that still hold their CPUs while Slurm tears them down."""
         slurm_nodes = {node["name"]: node for node in await self.slurm.nodes()}
         by_kube = {node.name: node.slurm for node in self.nodes}
+        now = time.time()
         rooms: dict[str, _NodeRoom] = {}
         for node in self.nodes:
             info = slurm_nodes.get(node.slurm)
@@ -437,7 +439,9 @@ class SlurmRM:
                 room.queued += 1
                 room.cpus -= cpus
                 room.memory_mib -= memory
-            elif state in ("RUNNING", "CONFIGURING", "COMPLETING") and record.ended is not None:
+            elif state in ("RUNNING", "CONFIGURING", "COMPLETING") and (
+                record.ended is not None or state_of(job, record, now) is ReservationState.EXPIRED
+            ):  # ended by the adapter, or about to be (its lease ran out): its CPUs come back
                 room.cpus += cpus
                 room.memory_mib += memory
         return rooms
@@ -483,6 +487,20 @@ class SlurmRM:
         fitting = [(free, node) for free, node in candidates if free >= size.cpus]
         if fitting:
             return max(fitting, key=lambda pair: pair[0])[1]
+        if self.hold_seconds <= 0:
+            # Without queueing a job that does not fit by the count would only be cancelled after
+            # start_wait: answer at once (a batch of many such reserves would otherwise take
+            # start_wait each).
+            for _, node in candidates:
+                why = "Insufficient cpu" if rooms[node.slurm].cpus < size.cpus else "Insufficient memory"
+                reasons[why] = reasons.get(why, 0) + 1
+            return problem(
+                409,
+                ProblemType.UNSCHEDULABLE,
+                "no mapped Slurm node has room for this pod now",
+                reason=f"0/{len(self.nodes)} nodes are available: {_counted(reasons)}.",
+                retryAfterSeconds=self.retry_after,
+            )
         return min(candidates, key=lambda pair: rooms[pair[1].slurm].queued)[1]
 
     async def _submit(self, record: JobRecord, size: JobSize, node: MappedNode) -> int:
