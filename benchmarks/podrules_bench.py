@@ -12,6 +12,8 @@ spread over ``--nodes`` nodes in 3 zones, then:
   Deployment (400 pods in their namespace, each with that anti-affinity), and plain pods again
   with those 400 placed (their anti-affinity is checked against every plain pod: the symmetry),
   in milliseconds per pod;
+- soft pods: the same for ReplicaSet-owned pods of that Deployment without rules of their own
+  (kube-scheduler's default spreading, scored into weighted node preferences);
 - memory: tracemalloc of the cache's projections and of the watch cursor's entry, bytes per
   placed pod (measured first, each body freed after it was fed, as the watch does).
 
@@ -30,7 +32,7 @@ from typing import Any, cast
 from bindery.controller.watches.placed import remembered
 from bindery.k8s.watching import Cursor
 from bindery.kube.placed import PlacedPodCache
-from bindery.podrules.parse import pod_rules
+from bindery.podrules.parse import pod_rules, soft_rules
 from bindery.scheduling.framework import CycleContext, Ports, Profile
 from bindery.scheduling.placementrules import PodPlacementRules
 from bindery.scheduling.podspec import PodInfo
@@ -140,9 +142,14 @@ def main() -> None:
     for body in plain_bodies:
         pod_rules(body)
     parse = (time.process_time() - started) / args.pods
+    started = time.process_time()
+    for body in plain_bodies:
+        soft_rules(body)
+    soft_parse = (time.process_time() - started) / args.pods
     plain = [PodInfo.from_body(b) for b in plain_bodies]
     print(
         f"plain pods: pod_rules parse {parse * 1e6:.2f} us/pod; "
+        f"soft_rules parse {soft_parse * 1e6:.2f} us/pod; "
         f"PreFilter+Reserve {asyncio.run(per_pod(cache, plain)) * 1e6:.2f} us/pod"
     )
 
@@ -164,6 +171,17 @@ def main() -> None:
     print(
         f"rules pods (zone spread + hostname anti-affinity, {args.placed + 400} placed, {args.nodes} nodes): "
         f"PreFilter+Reserve {asyncio.run(per_pod(cache, rules)) * 1e3:.2f} ms/pod"
+    )
+    soft = []
+    for i in range(min(args.pods, 200)):
+        body = pod_body(i, namespace="ns-rules", node=None, rules=False, app="web")
+        body["metadata"]["ownerReferences"] = [
+            {"kind": "ReplicaSet", "name": "web", "uid": "rs", "controller": True}
+        ]
+        soft.append(PodInfo.from_body(body))
+    print(
+        f"soft pods (ReplicaSet-owned: default spreading over {args.nodes} hostnames and 3 zones, "
+        f"400 of its pods placed): PreFilter+Reserve {asyncio.run(per_pod(cache, soft)) * 1e3:.2f} ms/pod"
     )
 
 

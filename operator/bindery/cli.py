@@ -148,9 +148,15 @@ def run_command(argv: Sequence[str]) -> int:
         "--debug-addr",
         metavar="HOST:PORT",
         help="serve the read-only scheduling queues (/debug/queue, read by `bindery explain`) at "
-        "http://HOST:PORT, e.g. 127.0.0.1:9091 (reach it with kubectl port-forward); anyone who reaches "
-        "it may read them, so a non-loopback address must sit behind authentication (e.g. "
-        "kube-rbac-proxy). Default: beside /metrics if --metrics-addr is on loopback, else not served",
+        "http://HOST:PORT, e.g. 127.0.0.1:9091 (reach it with kubectl port-forward); each request needs "
+        "a bearer token whose user may get /debug/queue (TokenReview + SubjectAccessReview). Default: "
+        "beside /metrics if --metrics-addr is on loopback, else not served",
+    )
+    parser.add_argument(
+        "--metrics-auth",
+        action="store_true",
+        help="require the same of /metrics: a bearer token whose user may get /metrics (the scraper "
+        "needs one); default: /metrics is open",
     )
     parser.add_argument(
         "--leader-elect",
@@ -224,6 +230,7 @@ def run_command(argv: Sequence[str]) -> int:
         liveness_endpoint=args.liveness,
         metrics_address=args.metrics_addr,
         debug_address=args.debug_addr,
+        metrics_auth=args.metrics_auth,
         leader_election=args.leader_elect,
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name,

@@ -52,6 +52,9 @@ OPERATOR_WRITES = {
     # Volume binding: a claim's selected-node annotation, a static volume's claimRef.
     "patch persistentvolumeclaims",
     "patch persistentvolumes",
+    # /debug/queue: whose is the caller's bearer token, and may that user get the URL (issue 20).
+    "create tokenreviews.authentication.k8s.io",
+    "create subjectaccessreviews.authorization.k8s.io",
 }
 # Leader election: its one Lease (named after the release, shown as {release}-bindery), in the
 # release namespace only; create cannot be limited by name.

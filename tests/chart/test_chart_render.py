@@ -80,6 +80,7 @@ def test_default_install_has_every_part(rendered: dict[str, list[dict[str, Any]]
     assert kinds == sorted(
         [
             ("ClusterRole", "rel-bindery"),
+            ("ClusterRole", "rel-bindery-debug-reader"),
             ("ClusterRole", "rel-bindery-rm"),
             ("ClusterRoleBinding", "rel-bindery"),
             ("ClusterRoleBinding", "rel-bindery-rm"),
@@ -242,6 +243,12 @@ def test_rbac_is_exactly_what_the_operator_declares(rendered: dict[str, list[dic
     assert chart == declared, (
         f"chart grants {sorted(chart - declared)} beyond bindery.controller.rbac "
         f"and lacks {sorted(declared - chart)}"
+    )
+    # The queue views' reader role, bound by the user to whom they choose (the chart binds nobody).
+    reader = ct.one(objects, "ClusterRole", "rel-bindery-debug-reader")
+    assert reader["rules"] == rbac.DEBUG_READER_RULES
+    assert not any(
+        b["roleRef"]["name"] == "rel-bindery-debug-reader" for b in ct.by_kind(objects, "ClusterRoleBinding")
     )
     # Secrets: only through namespaced Roles, never cluster-wide.
     assert not any("secrets" in rule["resources"] for rule in cluster_rules)

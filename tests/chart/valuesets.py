@@ -77,4 +77,16 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "metricsOpen": True,
         },
     },
+    # The reference RM on an external PostgreSQL: two active replicas, a PodDisruptionBudget, spread.
+    "reference-rm-postgres": {
+        "referenceRM": {
+            "replicas": 2,
+            "database": {
+                "url": "postgresql://bindery_rm@db.example.com:5432/bindery?sslmode=verify-full"
+                "&sslrootcert=/etc/bindery-rm/db-tls/ca.crt",
+                "passwordSecret": {"name": "rm-db", "key": "password"},
+                "tlsSecret": "rm-db-ca",
+            },
+        },
+    },
 }

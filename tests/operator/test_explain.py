@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.controller.install import grant_debug_reader
 from bindery.devcluster.plane import ControlPlane
 from tests.operator.conftest import condition, create_pod, eventually, node_of, pod_body, read_pod
 from tests.realrm import scene
@@ -36,6 +37,22 @@ async def _answer(kubeconfig: pathlib.Path, namespace: str, name: str, *args: st
     assert status == 0, out + err
     answer: dict[str, Any] = json.loads(out)
     return answer
+
+
+async def _reader_token(kube_api: client.ApiClient, *, namespace: str) -> str:
+    """A ServiceAccount bound to the queue views' reader role (as the chart's debug-reader), its token."""
+    core = client.CoreV1Api(kube_api)
+    await core.create_namespaced_service_account(
+        namespace=namespace, body={"metadata": {"name": "explainer"}}
+    )
+    await grant_debug_reader(
+        api=kube_api, user=f"system:serviceaccount:{namespace}:explainer", name=f"{namespace}-debug-reader"
+    )
+    answer = await core.create_namespaced_service_account_token(
+        name="explainer", namespace=namespace, body={"spec": {"expirationSeconds": 3600}}
+    )
+    token: str = answer.status.token
+    return token
 
 
 async def test_explain_says_why_a_pod_is_pending_or_where_it_was_bound(
@@ -111,10 +128,17 @@ async def test_explain_says_why_a_pod_is_pending_or_where_it_was_bound(
         assert "the apiserver answered HTTP" in unseen, unseen
         # The operator's own queue (its metrics port; in a cluster, behind that proxy): parked as
         # unschedulable, with its failed attempts and when it is tried next.
+        # It answers only a bearer token whose user may get /debug/queue: without one, explain says so.
         operator_url = (await stage.operator.metrics_url()).removesuffix("/metrics")
+        refused = await _answer(admin, namespace, "big", "--operator-url", operator_url)
+        [unseen] = [u for u in refused["unseen"] if "next attempt" in u]
+        assert "refused us (HTTP 401) (pass --operator-token-file)" in unseen, unseen
+        token_file = tmp_path / "reader-token"
+        token_file.write_text(await _reader_token(kube_api, namespace=namespace))
+        operator_url_args = ("--operator-url", operator_url, "--operator-token-file", str(token_file))
 
         async def parked() -> dict[str, Any] | None:
-            answer = await _answer(admin, namespace, "big", "--operator-url", operator_url)
+            answer = await _answer(admin, namespace, "big", *operator_url_args)
             queue = answer["queue"] or {}
             return answer if queue.get("queue") == "unschedulable" else None
 
@@ -125,7 +149,7 @@ async def test_explain_says_why_a_pod_is_pending_or_where_it_was_bound(
         assert queued["queue"]["next_attempt_in_seconds"] is not None
         assert queued["next_attempt"].startswith("parked as unschedulable after ")
         assert not [u for u in queued["unseen"] if "next attempt" in u]
-        status, text, _ = await _explain(admin, "big", "-n", namespace, "--operator-url", operator_url)
+        status, text, _ = await _explain(admin, "big", "-n", namespace, *operator_url_args)
         assert status == 0
         assert "At the resource manager: no active reservation" in text
         assert "Operator queue:    parked as unschedulable after " in text
@@ -150,14 +174,14 @@ async def test_explain_says_why_a_pod_is_pending_or_where_it_was_bound(
         assert any(f"could not ask ResourceManager {stage.rm_name!r}" in u for u in later["unseen"]), later
 
         async def backing_off() -> dict[str, Any] | None:
-            answer = await _answer(admin, namespace, "later", "--operator-url", operator_url)
+            answer = await _answer(admin, namespace, "later", *operator_url_args)
             return answer if (answer["queue"] or {}).get("queue") == "backoff" else None
 
         later = await eventually(backing_off, within=60, what="the pod backing off in the operator's queue")
         assert later["next_attempt"].startswith("backing off after ")
         print(
             "--- bindery explain later (RM down) ---\n"
-            + (await _explain(admin, "later", "-n", namespace, "--operator-url", operator_url))[1]
+            + (await _explain(admin, "later", "-n", namespace, *operator_url_args))[1]
         )
         await stage.rm.restart()
         await eventually(

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from bindery.controller.rbac import cluster_role, cluster_role_binding
+from bindery.controller.rbac import DEBUG_READER_RULES, cluster_role, cluster_role_binding
 from bindery.k8s import (
     ApiClient,
     Conflict,
@@ -79,6 +79,16 @@ async def grant_operator(*, api: ApiClient, user: str, name: str = "bindery-oper
     """Bind exactly the operator's ClusterRole to `user` (idempotent)."""
     for resource, body in (
         (resources.CLUSTER_ROLES, cluster_role(name=name)),
+        (resources.CLUSTER_ROLE_BINDINGS, cluster_role_binding(name=name, user=user)),
+    ):
+        with contextlib.suppress(Conflict):  # AlreadyExists
+            await create(api, resource, body=body)
+
+
+async def grant_debug_reader(*, api: ApiClient, user: str, name: str = "bindery-debug-reader") -> None:
+    """Let `user` read the operator's queue views (rbac.DEBUG_READER_RULES; idempotent)."""
+    for resource, body in (
+        (resources.CLUSTER_ROLES, cluster_role(name=name, rules=DEBUG_READER_RULES)),
         (resources.CLUSTER_ROLE_BINDINGS, cluster_role_binding(name=name, user=user)),
     ):
         with contextlib.suppress(Conflict):  # AlreadyExists

@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 
 from bindery import tracing
 from bindery.controller.queueview import QueueView
+from bindery.kube.access import AccessReviewer
 from bindery.kube.counters import WriteCounter
 from bindery.rm.errors import (
     RMConflict,
@@ -434,6 +435,11 @@ class MetricsServer:
     """`GET /metrics` in the Prometheus text format, on the operator's event loop (aiohttp); with a
     `queue`, also its read-only JSON views (`/debug/queue`, bindery.controller.queueview).
 
+    The queue views name every pending pod of every tenant, so they answer only a caller whose
+    bearer token the apiserver accepts and whose user may `get` the URL (`access`, TokenReview and
+    SubjectAccessReview, as kube-scheduler serves its /debug paths); without `access` they are not
+    served at all. /metrics is open unless `protect_metrics` (`bindery run --metrics-auth`).
+
     `serve_metrics=False` makes it the queue views' own listener (`bindery run --debug-addr`): the
     runtime puts the views beside /metrics only when that listens on loopback, since anyone who
     reaches the port may ask them (see :func:`debug_queue_placement`).
@@ -447,21 +453,27 @@ class MetricsServer:
         port: int,
         queue: QueueView | None = None,
         serve_metrics: bool = True,
+        access: AccessReviewer | None = None,
+        protect_metrics: bool = False,
     ) -> None:
         self._metrics = metrics
-        self._queue = queue
+        self._queue = queue if access is not None else None
         self._host = host
         self._port = port
         self._serve_metrics = serve_metrics
+        self._access = access
+        self._protect_metrics = protect_metrics and access is not None
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         app = web.Application()
         if self._serve_metrics:
-            app.router.add_get("/metrics", self._serve)
+            app.router.add_get(
+                "/metrics", self._guarded(self._serve) if self._protect_metrics else self._serve
+            )
         if self._queue is not None:
-            app.router.add_get("/debug/queue", self._serve_queue)
-            app.router.add_get("/debug/queue/{namespace}/{name}", self._serve_pod)
+            app.router.add_get("/debug/queue", self._guarded(self._serve_queue))
+            app.router.add_get("/debug/queue/{namespace}/{name}", self._guarded(self._serve_pod))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host=self._host, port=self._port)
@@ -469,6 +481,24 @@ class MetricsServer:
         addresses = self._runner.addresses  # the bound (host, port, ...) of each listening socket
         if addresses:
             self._port = int(addresses[0][1])
+
+    def _guarded(
+        self, handler: Callable[[web.Request], Awaitable[web.Response]]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """`handler`, answered only once the apiserver authenticated the caller's bearer token and
+        authorized a `get` of the request's path; else 401/403/503 with what to do, as plain text."""
+
+        async def guarded(request: web.Request) -> web.Response:
+            assert self._access is not None
+            decision = await self._access.check(
+                authorization=request.headers.get("Authorization"), path=request.path
+            )
+            if decision.status != 200:
+                headers = {"WWW-Authenticate": 'Bearer realm="bindery"'} if decision.status == 401 else {}
+                return web.Response(status=decision.status, text=decision.message + "\n", headers=headers)
+            return await handler(request)
+
+        return guarded
 
     @property
     def port(self) -> int:
@@ -513,8 +543,8 @@ def debug_queue_placement(*, metrics_address: str | None, debug_address: str | N
     /metrics, which listens on loopback), or "none" (the metrics port is reachable from elsewhere).
 
     The view tells whoever asks which pods wait and when they are tried next: never on an address
-    reachable from other hosts unless the operator asked for it by name (and then behind
-    authentication, e.g. kube-rbac-proxy).
+    reachable from other hosts unless the operator asked for it by name; wherever served, it
+    answers only callers the apiserver authenticates and authorizes (MetricsServer's `access`).
     """
     if debug_address is not None:
         return "own"

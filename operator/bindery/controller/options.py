@@ -25,9 +25,13 @@ class OperatorOptions:
     #: port, see `Runtime.metrics_server.port`); None = no metrics endpoint.
     metrics_address: str | None = None
     #: `HOST:PORT` for the read-only queue views (`/debug/queue`) on a listener of their own. None:
-    #: they are served beside /metrics only if that listens on loopback, else not at all. Anyone who
-    #: reaches this address may read them: keep it on loopback, or behind authentication.
+    #: they are served beside /metrics only if that listens on loopback, else not at all. Wherever
+    #: served, they answer only a bearer token the apiserver accepts, of a user who may `get` the
+    #: URL (TokenReview + SubjectAccessReview, bindery.kube.access).
     debug_address: str | None = None
+    #: ask the same of `/metrics` scrapers (as controller-runtime's `WithAuthenticationAndAuthorization`
+    #: filter): a Prometheus then needs a token bound to get on /metrics. False: /metrics is open.
+    metrics_auth: bool = False
     #: seconds one watch request stays open before Kopf re-watches (each re-watch authenticates
     #: anew, so a rotated token is used from then on).
     watch_timeout: int = 300

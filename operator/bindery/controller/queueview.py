@@ -19,7 +19,8 @@ lookup by name scanned every remembered pod on the scheduling event loop. Now a 
 name no ResourceManager serves gets the same 404 as a pod that does not exist (`served`), a lookup
 by name goes through the pods' name index, and the view is served beside /metrics only when that
 listens on loopback; elsewhere only at an address the operator is given for it explicitly
-(`bindery run --debug-addr`), which must sit behind authentication (e.g. kube-rbac-proxy). See
+(`bindery run --debug-addr`). Wherever served, it answers only a bearer token the apiserver accepts
+of a user RBAC lets `get` the URL (bindery.kube.access). See
 :class:`bindery.controller.metrics.MetricsServer` and the runtime's start.
 """
 

@@ -21,6 +21,9 @@ need shows up as a failing test rather than in a user's cluster.
 - persistentvolumeclaims get/patch, persistentvolumes get/list/patch, storageclasses get: volume
   binding for pods with claims (bindery.scheduling.volumes): read the claims, their volumes and
   classes, set a claim's selected-node annotation, pre-bind a static volume (its claimRef).
+- tokenreviews create, subjectaccessreviews create: who asks for `/debug/queue` (and `/metrics`
+  with `--metrics-auth`), and whether they may (bindery.kube.access), as kube-scheduler's
+  delegated authentication and authorization (the `system:auth-delegator` ClusterRole's rules).
 Not needed: Kopf's peering objects (standalone), CRD listing (Kopf's scanning disabled), core
 events (Kopf's posting disabled), finalizers or pod patches (no change-detection handlers).
 """
@@ -47,6 +50,14 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["storage.k8s.io"], "resources": ["csinodes"], "verbs": ["list"]},
     {"apiGroups": ["scheduling.k8s.io"], "resources": ["podgroups"], "verbs": ["get"]},
     {"apiGroups": ["scheduling.k8s.io"], "resources": ["podgroups/status"], "verbs": ["patch"]},
+    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+    {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+]
+
+#: What a reader of the operator's queue views needs (`bindery explain`, curl): the chart's
+#: `RELEASE-bindery-debug-reader` ClusterRole; bind it to whoever may see every tenant's pending pods.
+DEBUG_READER_RULES: list[dict[str, Any]] = [
+    {"nonResourceURLs": ["/debug/queue", "/debug/queue/*"], "verbs": ["get"]},
 ]
 
 
@@ -67,12 +78,12 @@ def leader_election_rules(*, lease_name: str) -> list[dict[str, Any]]:
     ]
 
 
-def cluster_role(*, name: str) -> dict[str, Any]:
+def cluster_role(*, name: str, rules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": name},
-        "rules": OPERATOR_RULES,
+        "rules": OPERATOR_RULES if rules is None else rules,
     }
 
 

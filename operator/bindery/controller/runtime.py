@@ -70,6 +70,7 @@ from bindery.kube import (
     UnboundPods,
     WriteCounter,
 )
+from bindery.kube.access import AccessReviewer
 from bindery.kube.identity import cluster_identity
 from bindery.scheduling.framework import Ports
 from bindery.typedefs import Logger
@@ -107,6 +108,8 @@ class Runtime:
         self._clock_task: asyncio.Task[None] | None = None
         self.metrics_server: MetricsServer | None = None
         self.debug_server: MetricsServer | None = None  # /debug/queue on its own (options.debug_address)
+        #: Who may read /debug/queue (and /metrics with options.metrics_auth): the apiserver decides.
+        self.access = AccessReviewer(api=lambda: self._api)
         self._pending: PendingPods | None = None
         self.bodies: dict[str, Mapping[str, Any]] = {}
         self.supervisors: dict[str, ResourceManagerSupervisor] = {}
@@ -242,32 +245,42 @@ class Runtime:
         if options.metrics_address is not None:
             host, port = parse_address(options.metrics_address)
             self.metrics_server = MetricsServer(
-                metrics=self.metrics, host=host, port=port, queue=queue if placement == "metrics" else None
+                metrics=self.metrics,
+                host=host,
+                port=port,
+                queue=queue if placement == "metrics" else None,
+                access=self.access,
+                protect_metrics=options.metrics_auth,
             )
             await self.metrics_server.start()
             where = {
-                "metrics": "; the scheduling queues, read-only, at /debug/queue",
+                "metrics": "; the scheduling queues, read-only, at /debug/queue (bearer token required)",
                 "own": "",
                 "none": (
                     "; the scheduling queues (/debug/queue) are not served on this non-loopback address: "
                     "pass --debug-addr 127.0.0.1:PORT to read them locally or by kubectl port-forward"
                 ),
             }[placement]
+            guarded = " (bearer token required)" if options.metrics_auth else ""
             self.logger.info(
-                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics{where}"
+                f"serving Prometheus metrics at http://{host}:{self.metrics_server.port}/metrics{guarded}{where}"
             )
         if options.debug_address is not None:
             host, port = parse_address(options.debug_address, what="debug address")
             self.debug_server = MetricsServer(
-                metrics=self.metrics, host=host, port=port, queue=queue, serve_metrics=False
+                metrics=self.metrics,
+                host=host,
+                port=port,
+                queue=queue,
+                serve_metrics=False,
+                access=self.access,
             )
             await self.debug_server.start()
-            exposed = (
-                "" if is_loopback(host) else " (reachable from other hosts: keep it behind authentication)"
-            )
+            exposed = "" if is_loopback(host) else " (reachable from other hosts)"
             self.logger.info(
                 f"serving the scheduling queues, read-only, at http://{host}:{self.debug_server.port}"
-                f"/debug/queue{exposed}"
+                f"/debug/queue{exposed}, to bearer tokens allowed get on it (TokenReview, "
+                "SubjectAccessReview)"
             )
 
     async def connection_info(self) -> kopf.ConnectionInfo:

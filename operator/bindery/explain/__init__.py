@@ -48,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-operator", action="store_true", help="do not ask the operator for the pod's queue position"
     )
     parser.add_argument(
+        "--operator-token-file",
+        type=pathlib.Path,
+        metavar="PATH",
+        help="a bearer token for --operator-url (the operator answers /debug/queue only to a user who "
+        "may get it), e.g. from `kubectl create token SA -n NS > token`",
+    )
+    parser.add_argument(
         "--cluster-id",
         help="the cluster id the operator runs with (its --cluster-id); default: the UID of the kube-system "
         "namespace",
@@ -63,7 +70,7 @@ async def _explain(args: argparse.Namespace) -> Explanation:
     from bindery.explain.collect import OperatorAddress, explain_pod
     from bindery.k8s import client_for
 
-    operator: OperatorAddress | None = OperatorAddress(url=args.operator_url)
+    operator: OperatorAddress | None = OperatorAddress(url=args.operator_url, token=args.operator_token)
     if args.no_operator:
         operator = None
     elif args.operator_service:
@@ -87,6 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             OperatorAddress.parse_service(args.operator_service)
         except ValueError as exc:
             parser.error(str(exc))
+    args.operator_token = None
+    if args.operator_token_file is not None:
+        try:
+            args.operator_token = args.operator_token_file.read_text().strip() or None
+        except OSError as exc:
+            parser.error(f"--operator-token-file: {exc}")
     try:
         answer = asyncio.run(_explain(args))
     except PodNotFound as exc:

@@ -24,7 +24,7 @@ from bindery.k8s.api import answer_of
 from bindery.kube.identity import ClusterIdentityError, cluster_identity
 from bindery.kube.placed import PlacedPodCache
 from bindery.rm.errors import RMError
-from bindery.scheduling.placementrules import rules_verdict
+from bindery.scheduling.placementrules import rules_preferences, rules_verdict
 from bindery.scheduling.podspec import PodInfo, PodSpecError, pod_claims
 from bindery.scheduling.ports import NodeProjection
 
@@ -48,6 +48,9 @@ class OperatorAddress:
 
     url: str | None = None
     service: tuple[str, str, str] | None = None
+    #: Bearer token sent to `url` (the operator checks it with the apiserver); the apiserver's proxy
+    #: forwards no caller credentials, so a Service is asked without one.
+    token: str | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def parse_service(cls, text: str) -> OperatorAddress:
@@ -175,7 +178,11 @@ async def placement_rules(*, api: ApiClient, pod: dict[str, Any]) -> tuple[list[
         nodes = [NodeProjection.from_body(n) for n in (await list_all(api, resources.NODES)).items]
         placed = (await list_all(api, resources.PODS, field_selector="spec.nodeName!=")).items
         labels: dict[str, dict[str, str]] = {}
-        if any(t.namespace_selector is not None for t in (*info.rules.affinity, *info.rules.anti_affinity)):
+        soft_terms = (w.term for w in (*info.soft.affinity, *info.soft.anti_affinity))
+        if any(
+            t.namespace_selector is not None
+            for t in (*info.rules.affinity, *info.rules.anti_affinity, *soft_terms)
+        ):
             for namespace in (await list_all(api, resources.NAMESPACES)).items:
                 metadata = namespace.get("metadata") or {}
                 labels[str(metadata.get("name"))] = dict(metadata.get("labels") or {})
@@ -185,12 +192,15 @@ async def placement_rules(*, api: ApiClient, pod: dict[str, Any]) -> tuple[list[
     for body in placed:
         cache.on_event("ADDED", body)
     verdict = rules_verdict(info, cache)
-    if verdict is None:
-        return [], None
-    lines = [effect.summary for effect in verdict.effects]
-    refusal = verdict.refusal()
+    lines = [] if verdict is None else [effect.summary for effect in verdict.effects]
+    refusal = None if verdict is None else verdict.refusal()
     if refusal is not None:
         lines.append(f"no node is left: {refusal}")
+    if not (pod.get("spec") or {}).get("nodeName"):
+        # The soft rules' preferences as the next cycle would send them (a bound pod's are history).
+        preferred = rules_preferences(info, cache, verdict)
+        if preferred is not None and preferred.summary:
+            lines.append(preferred.summary)
     return lines, None
 
 
@@ -230,11 +240,19 @@ async def operator_queue(
     pod_path = f"debug/queue/{urllib.parse.quote(namespace)}/{urllib.parse.quote(name)}"
     if address.url is not None:
         url = f"{address.url.rstrip('/')}/{pod_path}"
+        headers = {"Authorization": f"Bearer {address.token}"} if address.token else {}
         try:
             async with httpx.AsyncClient(timeout=OPERATOR_TIMEOUT) as http:
-                response = await http.get(url, params={"uid": uid})
+                response = await http.get(url, params={"uid": uid}, headers=headers)
         except httpx.HTTPError as exc:
             return None, f"the operator at {address.url} did not answer: {exc or type(exc).__name__}"
+        if response.status_code in (401, 403):  # the operator's own refusal says what to do
+            text = response.text.strip()
+            hint = "" if address.token else " (pass --operator-token-file)"
+            return (
+                None,
+                f"the operator at {address.url} refused us (HTTP {response.status_code}){hint}: {text}",
+            )
         return _queue_answer(response.status_code, response.content, where=address.url)
     if address.service is not None:
         services = [address.service]
@@ -312,6 +330,7 @@ def _queue_answer(status: int, body: bytes, *, where: str) -> tuple[dict[str, An
         return None, (
             f"{where} does not serve the queue views (HTTP 404: {text}): the operator serves them on "
             "loopback only, unless given --debug-addr; run `kubectl port-forward` to its debug port "
-            "(the chart's operator.debugAddress) and pass --operator-url http://127.0.0.1:9091"
+            "(the chart's operator.debugAddress) and pass --operator-url http://127.0.0.1:9091 "
+            "--operator-token-file FILE (a token allowed get on /debug/queue)"
         )
     return None, f"{where} answered HTTP {status}: {text}"

@@ -3,8 +3,9 @@
 Fed by the placed-pod watch (bindery.controller.watches.placed: every pod with ``spec.nodeName``
 set, whoever bound it) and by the cycles' assume/forget. It keeps one frozen
 :class:`~bindery.podrules.model.PlacedPod` per pod (namespace, labels, node, host ports, required
-anti-affinity terms), indexed by namespace, plus the few pods with anti-affinity or host ports, so
-that a pod without rules costs one emptiness check. A pod that finished (Succeeded/Failed) or was
+anti-affinity terms, and the rarer affinity and preferred terms), indexed by namespace, plus the few
+pods with anti-affinity, affinity or preferred terms, or host ports, so that a pod without rules costs
+one emptiness check. A pod that finished (Succeeded/Failed) or was
 deleted leaves the cache; a pod assumed by a cycle is replaced by its watched copy once seen bound.
 """
 
@@ -41,6 +42,8 @@ class PlacedPodCache:
         #: pods with anti-affinity by the namespaces it reaches: their own (every term without
         #: namespaces or namespaceSelector), or any (``None``); the symmetry check reads only these
         self._anti_toward: dict[str | None, dict[str, PlacedPod]] = {}
+        #: the same for pods with affinity or preferred terms (InterPodAffinity's Score symmetry)
+        self._scoring_toward: dict[str | None, dict[str, PlacedPod]] = {}
         self._ports: dict[str, PlacedPod] = {}
         self._nodes = nodes
         self._namespace_labels = namespace_labels
@@ -92,6 +95,14 @@ class PlacedPodCache:
         """The pods whose anti-affinity may select a pod of `namespace` (superset)."""
         local = self._anti_toward.get(namespace)
         wide = self._anti_toward.get(None)
+        if not wide:
+            return local.values() if local else ()
+        return [*(local or {}).values(), *wide.values()]
+
+    def preferring_toward(self, namespace: str) -> Iterable[PlacedPod]:
+        """The pods whose affinity or preferred terms may select a pod of `namespace` (superset)."""
+        local = self._scoring_toward.get(namespace)
+        wide = self._scoring_toward.get(None)
         if not wide:
             return local.values() if local else ()
         return [*(local or {}).values(), *wide.values()]
@@ -150,14 +161,22 @@ class PlacedPodCache:
         if pod.anti_affinity:
             local = all(not t.namespaces and t.namespace_selector is None for t in pod.anti_affinity)
             self._anti_toward.setdefault(pod.namespace if local else None, {})[pod.uid] = pod
+        if pod.affinity or pod.preferred_affinity or pod.preferred_anti_affinity:  # scores_others, inlined
+            terms = (
+                *pod.affinity,
+                *(w.term for w in pod.preferred_affinity),
+                *(w.term for w in pod.preferred_anti_affinity),
+            )
+            local = all(not t.namespaces and t.namespace_selector is None for t in terms)
+            self._scoring_toward.setdefault(pod.namespace if local else None, {})[pod.uid] = pod
 
     def _drop_toward(self, uid: str, old: PlacedPod | None) -> None:
-        if old is None or not old.anti_affinity:
+        if old is None:
             return
-        for key in (old.namespace, None):
-            bucket = self._anti_toward.get(key)
-            if bucket is not None and bucket.pop(uid, None) is not None and not bucket:
-                del self._anti_toward[key]
+        if old.anti_affinity:
+            _drop_from(self._anti_toward, uid, old.namespace)
+        if old.affinity or old.preferred_affinity or old.preferred_anti_affinity:  # plain pods skip both
+            _drop_from(self._scoring_toward, uid, old.namespace)
 
     def _remove(self, uid: str) -> None:
         pod = self._pods.pop(uid, None)
@@ -171,3 +190,10 @@ class PlacedPodCache:
         self._anti.pop(uid, None)
         self._ports.pop(uid, None)
         self._drop_toward(uid, pod)
+
+
+def _drop_from(index: dict[str | None, dict[str, PlacedPod]], uid: str, namespace: str) -> None:
+    for key in (namespace, None):
+        bucket = index.get(key)
+        if bucket is not None and bucket.pop(uid, None) is not None and not bucket:
+            del index[key]

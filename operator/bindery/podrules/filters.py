@@ -42,11 +42,13 @@ from bindery.constraints import (
     untolerated_taints,
 )
 from bindery.podrules.model import (
+    NO_SOFT,
     AffinityTerm,
     NamespaceLabels,
     NodeFacts,
     PlacedPod,
     PodRules,
+    SoftRules,
     SpreadConstraint,
 )
 
@@ -92,6 +94,8 @@ class Incoming:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     #: Its own entry among the placed pods (assumed by an earlier cycle of it) is not counted.
     uid: str = ""
+    #: The rules it prefers (bindery.podrules.soft scores them); the filters ignore them.
+    soft: SoftRules = NO_SOFT
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,7 +21,9 @@ __all__ = [
     "PlacedPod",
     "PodRules",
     "Requirement",
+    "SoftRules",
     "SpreadConstraint",
+    "WeightedTerm",
 ]
 
 #: namespace name → its labels, or None while the namespace is unknown.
@@ -127,7 +129,8 @@ class AffinityTerm:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SpreadConstraint:
-    """A ``topologySpreadConstraints`` entry with ``whenUnsatisfiable: DoNotSchedule``."""
+    """A ``topologySpreadConstraints`` entry (in :class:`PodRules`: ``whenUnsatisfiable:
+    DoNotSchedule``; in :class:`SoftRules`: ``ScheduleAnyway``)."""
 
     max_skew: int
     topology_key: str
@@ -178,6 +181,36 @@ NO_RULES = PodRules()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class WeightedTerm:
+    """A ``preferredDuringSchedulingIgnoredDuringExecution`` pod (anti-)affinity term and its weight."""
+
+    weight: int
+    term: AffinityTerm
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SoftRules:
+    """The inter-pod rules an incoming pod prefers: kube-scheduler scores them, never filters on them.
+
+    ``default_spread``: the selector of kube-scheduler's default spreading (hostname maxSkew 3, zone
+    maxSkew 5, ScheduleAnyway), set only for a pod owned by a ReplicaSet, StatefulSet or
+    ReplicationController that states no ``topologySpreadConstraints`` of its own.
+    """
+
+    affinity: tuple[WeightedTerm, ...] = ()
+    anti_affinity: tuple[WeightedTerm, ...] = ()
+    #: ``whenUnsatisfiable: ScheduleAnyway`` constraints (their max_skew weighs the score).
+    spread: tuple[SpreadConstraint, ...] = ()
+    default_spread: LabelSelector | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.affinity or self.anti_affinity or self.spread or self.default_spread is not None)
+
+
+NO_SOFT = SoftRules()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class PlacedPod:
     """A pod bound (or assumed) to a node, as the rules of later pods see it."""
 
@@ -187,6 +220,11 @@ class PlacedPod:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     host_ports: tuple[HostPort, ...] = ()
     anti_affinity: tuple[AffinityTerm, ...] = ()
+    #: Its required pod affinity and its preferred (weighted) pod affinity and anti-affinity: what
+    #: InterPodAffinity's Score reads of an existing pod toward the incoming one (the symmetry).
+    affinity: tuple[AffinityTerm, ...] = ()
+    preferred_affinity: tuple[WeightedTerm, ...] = ()
+    preferred_anti_affinity: tuple[WeightedTerm, ...] = ()
     #: The PersistentVolumeClaims its volumes use (ephemeral ones as ``<pod>-<volume>``): a claim
     #: with ReadWriteOncePod access is refused to any other pod (VolumeRestrictions).
     claims: tuple[str, ...] = ()
@@ -194,3 +232,8 @@ class PlacedPod:
     terminating: bool = False
     #: Reserved by this process and not yet seen bound by the watch (kube-scheduler's assumed pod).
     assumed: bool = False
+
+    @property
+    def scores_others(self) -> bool:
+        """Whether its terms weigh where other pods go (InterPodAffinity's Score, the symmetry)."""
+        return bool(self.affinity or self.preferred_affinity or self.preferred_anti_affinity)

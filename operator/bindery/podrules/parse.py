@@ -16,6 +16,7 @@ from typing import Any
 
 from bindery.podrules.model import (
     NO_RULES,
+    NO_SOFT,
     NOTHING,
     AffinityTerm,
     HostPort,
@@ -23,12 +24,27 @@ from bindery.podrules.model import (
     PlacedPod,
     PodRules,
     Requirement,
+    SoftRules,
     SpreadConstraint,
+    WeightedTerm,
 )
 
-__all__ = ["host_ports", "label_selector", "placed_pod", "pod_rules"]
+__all__ = ["host_ports", "label_selector", "placed_pod", "pod_rules", "soft_rules"]
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+#: The owners whose pods kube-scheduler spreads by default (``helper.DefaultSelector`` reads the
+#: selectors of ReplicationControllers, ReplicaSets and StatefulSets; Services are not watched here).
+_SPREAD_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
+#: Labels a controller sets per pod or per revision, never in its selector: left out of the default
+#: spreading selector so that it selects the owner's other pods.
+_PER_POD_LABELS = frozenset(
+    {
+        "statefulset.kubernetes.io/pod-name",
+        "apps.kubernetes.io/pod-index",
+        "controller-revision-hash",
+    }
+)
 
 
 def label_selector(raw: Mapping[str, Any] | None, *, extra: Sequence[Requirement] = ()) -> LabelSelector:
@@ -84,6 +100,16 @@ def _affinity_terms(
     return tuple(terms)
 
 
+def _weighted_terms(
+    raw_terms: Sequence[Mapping[str, Any]], labels: Mapping[str, str]
+) -> tuple[WeightedTerm, ...]:
+    terms = _affinity_terms([item.get("podAffinityTerm") or {} for item in raw_terms], labels)
+    return tuple(
+        WeightedTerm(weight=int(item.get("weight") or 0), term=term)
+        for item, term in zip(raw_terms, terms, strict=True)
+    )
+
+
 def host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
     """The host ports of the pod's containers (NodePorts reads ``spec.containers`` only:
     ``nodeports/node_ports.go`` ``getContainerPorts``); a port without ``hostPort`` takes none."""
@@ -123,9 +149,20 @@ def pod_rules(body: Mapping[str, Any]) -> PodRules:
     if not (pod_affinity or pod_anti or raw_spread or ports):
         return NO_RULES
     labels = _labels(metadata)
+    return PodRules(
+        affinity=_affinity_terms(pod_affinity, labels),
+        anti_affinity=_affinity_terms(pod_anti, labels),
+        spread=_spread(raw_spread, labels, "DoNotSchedule"),
+        host_ports=ports,
+    )
+
+
+def _spread(
+    raw_spread: Sequence[Mapping[str, Any]], labels: Mapping[str, str], when: str
+) -> tuple[SpreadConstraint, ...]:
     spread = []
     for raw in raw_spread:
-        if raw.get("whenUnsatisfiable", "DoNotSchedule") != "DoNotSchedule":
+        if raw.get("whenUnsatisfiable", "DoNotSchedule") != when:
             continue
         selector_raw = raw.get("labelSelector")
         extra = _label_keys(raw.get("matchLabelKeys"), labels, "In")
@@ -139,12 +176,46 @@ def pod_rules(body: Mapping[str, Any]) -> PodRules:
                 honor_taints=raw.get("nodeTaintsPolicy", "Ignore") == "Honor",
             )
         )
-    return PodRules(
-        affinity=_affinity_terms(pod_affinity, labels),
-        anti_affinity=_affinity_terms(pod_anti, labels),
-        spread=tuple(spread),
-        host_ports=ports,
+    return tuple(spread)
+
+
+def soft_rules(body: Mapping[str, Any]) -> SoftRules:
+    """The inter-pod rules a pod prefers (``NO_SOFT`` for most pods): preferred pod (anti-)affinity,
+    ``ScheduleAnyway`` spread, and kube-scheduler's default spreading.
+
+    Default spreading (``podtopologyspread/common.go`` ``buildDefaultConstraints``, defaults of
+    ``pkg/scheduler/apis/config/v1``): a pod with no ``topologySpreadConstraints`` at all, whose
+    controller is a ReplicaSet, StatefulSet or ReplicationController, is spread with the selector of
+    that controller. Bindery does not watch controllers, so it uses the pod's own labels minus the
+    per-pod ones (:data:`_PER_POD_LABELS`): a controller's pods share its template's labels, which its
+    selector selects (a ReplicaSet's includes ``pod-template-hash``, kept here). Services selecting the
+    pod (upstream's fourth source) are not considered.
+    """
+    metadata: Mapping[str, Any] = body.get("metadata") or {}
+    spec: Mapping[str, Any] = body.get("spec") or {}
+    affinity: Mapping[str, Any] = spec.get("affinity") or {}
+    raw_spread = spec.get("topologySpreadConstraints") or ()
+    preferred = (affinity.get("podAffinity") or {}).get(_PREFERRED) or ()
+    preferred_anti = (affinity.get("podAntiAffinity") or {}).get(_PREFERRED) or ()
+    owned = not raw_spread and any(
+        owner.get("controller") and owner.get("kind") in _SPREAD_OWNERS
+        for owner in metadata.get("ownerReferences") or ()
     )
+    if not (preferred or preferred_anti or raw_spread or owned):
+        return NO_SOFT
+    labels = _labels(metadata)
+    default_spread = None
+    if owned:
+        selected = {k: v for k, v in labels.items() if k not in _PER_POD_LABELS}
+        if selected:
+            default_spread = label_selector({"matchLabels": selected})
+    soft = SoftRules(
+        affinity=_weighted_terms(preferred, labels),
+        anti_affinity=_weighted_terms(preferred_anti, labels),
+        spread=_spread(raw_spread, labels, "ScheduleAnyway"),
+        default_spread=default_spread,
+    )
+    return soft if soft else NO_SOFT  # only DoNotSchedule constraints: the shared empty value
 
 
 def placed_pod(body: Mapping[str, Any], *, node: str | None = None) -> PlacedPod | None:
@@ -156,7 +227,10 @@ def placed_pod(body: Mapping[str, Any], *, node: str | None = None) -> PlacedPod
     if not node_name or (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
     labels = _labels(metadata)
-    anti = ((spec.get("affinity") or {}).get("podAntiAffinity") or {}).get(_REQUIRED) or ()
+    affinity: Mapping[str, Any] = spec.get("affinity") or {}
+    pod_affinity: Mapping[str, Any] = affinity.get("podAffinity") or {}
+    pod_anti: Mapping[str, Any] = affinity.get("podAntiAffinity") or {}
+    anti = pod_anti.get(_REQUIRED) or ()
     return PlacedPod(
         uid=str(metadata.get("uid") or ""),
         namespace=str(metadata.get("namespace") or ""),
@@ -164,6 +238,9 @@ def placed_pod(body: Mapping[str, Any], *, node: str | None = None) -> PlacedPod
         labels=labels,
         host_ports=host_ports(spec),
         anti_affinity=_affinity_terms(anti, labels),
+        affinity=_affinity_terms(pod_affinity.get(_REQUIRED) or (), labels),
+        preferred_affinity=_weighted_terms(pod_affinity.get(_PREFERRED) or (), labels),
+        preferred_anti_affinity=_weighted_terms(pod_anti.get(_PREFERRED) or (), labels),
         claims=_claims(str(metadata.get("name") or ""), spec.get("volumes") or ()),
         terminating=metadata.get("deletionTimestamp") is not None,
         assumed=node is not None,

@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[p.value for p in Policy],
         default=Policy.BINPACK.value,
         help="among the nodes that fit: binpack favours the fullest, spread the emptiest (kube-scheduler's "
-        "default); pods' preferred node affinity and PreferNoSchedule taints weigh more than either "
+        "default); pods' preferred node affinity (with Bindery's soft inter-pod rules: ScheduleAnyway "
+        "and default spreading, preferred pod affinity) and PreferNoSchedule taints weigh more than either "
         "(default %(default)s; the chart's default is spread)",
     )
     serve.add_argument("--tls-cert", type=pathlib.Path, help="server certificate (PEM); enables HTTPS")

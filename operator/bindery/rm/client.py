@@ -598,7 +598,8 @@ class ResourceManagerClient:
                 _WARNED_UNPREFERRED.add(self.base_url)
                 log.warning(
                     "the RM at %s speaks contract %s without the node-preferences feature: pods' "
-                    "preferred node affinity and PreferNoSchedule taints are not sent to it and do not "
+                    "preferred node affinity, soft inter-pod rules (preferred pod affinity, ScheduleAnyway "
+                    "and default spreading) and PreferNoSchedule taints are not sent to it and do not "
                     "shape placement. Upgrade the RM to contract v1.2 (GET /v1/info lists "
                     "node-preferences) for kube-scheduler's soft placement",
                     self.base_url,

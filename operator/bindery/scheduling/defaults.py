@@ -160,6 +160,7 @@ class ResourceManagerReservation:
                 pod=ctx.pod,
                 ttl_seconds=ctx.profile.reservation_ttl_seconds,
                 required_node_affinity=ctx.required_node_terms(),
+                preferred_node_affinity=ctx.preferred_node_terms(),
             )
         except (ValueError, pydantic.ValidationError) as error:
             return Status.failed(

@@ -4,7 +4,8 @@ Bindery does not filter or score nodes (the resource manager places pods), so of
 framework only PreFilter and the binding-cycle extension points remain: PreFilter, Reserve/Unreserve,
 PreBind, Bind and PostBind. PreFilter runs before anything is reserved: it may find the pod
 unschedulable outright (a missing volume claim), and it may narrow the nodes the RM may pick
-(:meth:`CycleContext.require_nodes`, e.g. to where the pod's volumes are). The built-in steps are
+(:meth:`CycleContext.require_nodes`, e.g. to where the pod's volumes are), and weigh them
+(:meth:`CycleContext.prefer_nodes`, the soft inter-pod rules). The built-in steps are
 the default plugins of these points (see :mod:`bindery.scheduling.defaults` and
 :mod:`bindery.scheduling.volumes`); a ResourceManager can add PreBind and PostBind plugins, extra
 Reserve plugins, or replace the Bind plugin, by entry-point name (see
@@ -257,6 +258,9 @@ class CycleContext:
     #: Node constraints from PreFilter plugins, each a list of nodeSelectorTerms (ORed); all of them
     #: and the pod's own required node affinity must hold (see `required_node_terms`).
     node_constraints: list[tuple[Mapping[str, Any], ...]] = dataclasses.field(default_factory=list)
+    #: Weighted node preferences from PreFilter plugins, added to the pod's own preferred node
+    #: affinity (contract v1.2 ``placement.preferredNodeAffinity``; see `preferred_node_terms`).
+    node_preferences: list[tuple[int, Mapping[str, Any]]] = dataclasses.field(default_factory=list)
 
     def require_nodes(self, terms: Sequence[Mapping[str, Any]]) -> None:
         """Only nodes matching one of `terms` (nodeSelectorTerms) will do; the RM is told so."""
@@ -272,6 +276,15 @@ class CycleContext:
         for terms in self.node_constraints:
             combined = and_terms(combined, terms)
         return combined
+
+    def prefer_nodes(self, terms: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
+        """Nodes matching a term score its weight (1..100) with the RM; soft: the RM may ignore them,
+        and an RM without contract v1.2's ``node-preferences`` never receives them."""
+        self.node_preferences.extend(terms)
+
+    def preferred_node_terms(self) -> list[tuple[int, Mapping[str, Any]]]:
+        """The pod's own preferred node affinity, then every PreFilter preference."""
+        return [*self.pod.preferred_terms, *self.node_preferences]
 
     @property
     def node(self) -> str | None:

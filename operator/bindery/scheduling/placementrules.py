@@ -6,7 +6,11 @@ spread, host ports) turned into node constraints for the RM, and kept race-free 
   process assumed) and requires the result (:meth:`CycleContext.require_nodes`), ANDed into every
   term of the pod's own required node affinity. No node left: Unschedulable, with a reason naming the
   rule; more requirements than the contract carries: Unschedulable ``TooManyTerms``. Nothing is
-  reserved in either case.
+  reserved in either case. The soft rules (preferred pod affinity and anti-affinity, ScheduleAnyway
+  spread, kube-scheduler's default spreading of controller-owned pods) are scored
+  (:func:`bindery.podrules.soft.preferences`) and added as weighted node preferences
+  (:meth:`CycleContext.prefer_nodes`): contract v1.2 ``placement.preferredNodeAffinity``, which the
+  RM client leaves out for an RM without the ``node-preferences`` feature.
 * **Reserve** (after the RM's reservation) — assumes the pod on the RM's node, as kube-scheduler's
   assume cache does, so the next cycle counts it before the watch reports the Binding;
   **Unreserve** forgets it.
@@ -14,8 +18,10 @@ spread, host ports) turned into node constraints for the RM, and kept race-free 
   another in-flight pod that started earlier (its selectors match that pod, that pod's required
   anti-affinity matches it, or their host ports collide) waits, up to :data:`WAIT_SECONDS`, until
   that pod's reservation names a node or its cycle fails (:class:`InFlight`). The order is the
-  order cycles started, so two pods never wait for each other. A pod with no rules, and with no
-  earlier in-flight pod whose anti-affinity matches it, does not wait.
+  order cycles started, so two pods never wait for each other. Soft rules count too (a pod whose
+  spread or preferred terms select an earlier in-flight pod waits for it), or a burst of one
+  Deployment's pods would all score the same empty domains and land together. A pod with no rules,
+  and with no earlier in-flight pod whose anti-affinity matches it, does not wait.
 """
 
 from __future__ import annotations
@@ -29,13 +35,23 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bindery.podrules.filters import Incoming, Verdict, evaluate
-from bindery.podrules.model import PlacedPod, PodRules
-from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm
+from bindery.podrules.model import NO_SOFT, PlacedPod, PodRules, SoftRules
+from bindery.podrules.soft import Preferences, preferences
+from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm, Placement
 from bindery.scheduling.framework import CycleContext, Status, and_terms
 from bindery.scheduling.podspec import PodInfo, max_items
 from bindery.scheduling.ports import PlacedPods
 
-__all__ = ["VERDICT", "WAIT_SECONDS", "InFlight", "PodPlacementRules", "member_node_terms", "rules_verdict"]
+__all__ = [
+    "PREFERENCES",
+    "VERDICT",
+    "WAIT_SECONDS",
+    "InFlight",
+    "PodPlacementRules",
+    "member_node_terms",
+    "rules_preferences",
+    "rules_verdict",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +64,8 @@ STALE_SECONDS = 120.0
 SYNC_SECONDS = 10.0
 #: ctx.state key of the PreFilter verdict (NodeCheck and explain read it).
 VERDICT = "PodPlacementRules/verdict"
+#: ctx.state key of the soft rules' preferences (explain may read it).
+PREFERENCES = "PodPlacementRules/preferences"
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -59,6 +77,7 @@ class _Cycle:
     seq: int
     started: float
     claims: frozenset[str] = frozenset()
+    soft: SoftRules = NO_SOFT
     settled: asyncio.Event | None = None  # created by the first waiter
 
 
@@ -85,6 +104,7 @@ class InFlight:
             seq=next(self._seq),
             started=self._clock(),
             claims=frozenset(pod.claims),
+            soft=pod.soft,
         )
         self.settle(pod.uid)  # a previous cycle of the same pod that never settled
         self._cycles[pod.uid] = cycle
@@ -101,7 +121,11 @@ class InFlight:
 
     def earlier_related(self, cycle: _Cycle, *, namespace_labels: Any) -> list[_Cycle]:
         now = self._clock()
-        pool = self._cycles.values() if cycle.rules or cycle.claims else self._anti.values()
+        pool = (
+            self._cycles.values()
+            if cycle.rules or cycle.claims or cycle.soft is not NO_SOFT
+            else self._anti.values()
+        )
         return [
             other
             for other in pool
@@ -146,6 +170,8 @@ def _related(me: _Cycle, other: _Cycle, namespace_labels: Any) -> bool:
             return True
     if other.namespace == me.namespace and any(c.selector.matches(other.labels) for c in rules.spread):
         return True
+    if _prefers(me, other, namespace_labels):
+        return True
     for term in other.rules.anti_affinity:  # symmetry: its anti-affinity may refuse me
         if term.matches(
             namespace=me.namespace,
@@ -155,6 +181,27 @@ def _related(me: _Cycle, other: _Cycle, namespace_labels: Any) -> bool:
         ):
             return True
     return any(mine.conflicts(theirs) for mine in rules.host_ports for theirs in other.rules.host_ports)
+
+
+def _prefers(me: _Cycle, other: _Cycle, namespace_labels: Any) -> bool:
+    """Whether `me`'s soft rules count `other` (its preferred terms select it, or its spread does):
+    without waiting, a burst of a Deployment's pods would all see the same counts and land together."""
+    soft = me.soft
+    if soft is NO_SOFT:
+        return False
+    for weighted in (*soft.affinity, *soft.anti_affinity):
+        if weighted.term.matches(
+            namespace=other.namespace,
+            labels=other.labels,
+            owner_namespace=me.namespace,
+            namespace_labels=namespace_labels,
+        ):
+            return True
+    if other.namespace != me.namespace:
+        return False
+    if any(c.selector.matches(other.labels) for c in soft.spread):
+        return True
+    return not soft.spread and soft.default_spread is not None and soft.default_spread.matches(other.labels)
 
 
 #: ctx.state key: the pod's claims with ReadWriteOncePod access (set by VolumeBinding's PreFilter).
@@ -217,6 +264,36 @@ def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     )
 
 
+def rules_preferences(pod: PodInfo, placed: PlacedPods, verdict: Verdict | None = None) -> Preferences | None:
+    """The soft rules' weighted node terms for `pod` (within what the contract carries beside the
+    pod's own preferred node affinity), or None when nothing can apply: no soft rules of its own and
+    no placed pod with affinity or preferred terms toward its namespace (one lookup, for most pods)."""
+    if pod.soft is NO_SOFT:  # identity, not __bool__: this runs for every pod
+        toward = placed.preferring_toward(pod.namespace)
+        if not toward or all(other.uid == pod.uid for other in toward):
+            return None
+    budget = max_items(Placement, "preferred_node_affinity") - len(pod.preferred_terms)
+    return preferences(
+        pod=Incoming(
+            namespace=pod.namespace,
+            labels=pod.labels,
+            rules=pod.rules,
+            node_selector=pod.node_selector,
+            node_terms=pod.affinity_terms,
+            tolerations=pod.tolerations,
+            uid=pod.uid,
+            soft=pod.soft,
+        ),
+        placed=placed,
+        nodes=placed.nodes(),
+        namespace_labels=placed.namespace_labels,
+        budget=budget,
+        excluded=frozenset(name for effect in verdict.effects for name in effect.excluded)
+        if verdict is not None
+        else frozenset(),
+    )
+
+
 class PodPlacementRules:
     """PreFilter + Reserve: see the module docstring."""
 
@@ -261,18 +338,21 @@ class PodPlacementRules:
                 "ReadWriteOncePod access mode)"
             )
         verdict = rules_verdict(pod, placed)
-        if verdict is None:
-            return Status.success()
-        ctx.state[VERDICT] = verdict
-        refusal = verdict.refusal()
-        if refusal is not None:
-            return Status.unschedulable(refusal)
-        term = verdict.term()
-        if term is not None:
-            ctx.require_nodes([term])
-            too_many = _beyond_caps(ctx.required_node_terms())
-            if too_many is not None:
-                return Status.unschedulable(too_many)
+        if verdict is not None:
+            ctx.state[VERDICT] = verdict
+            refusal = verdict.refusal()
+            if refusal is not None:
+                return Status.unschedulable(refusal)
+            term = verdict.term()
+            if term is not None:
+                ctx.require_nodes([term])
+                too_many = _beyond_caps(ctx.required_node_terms())
+                if too_many is not None:
+                    return Status.unschedulable(too_many)
+        preferred = rules_preferences(pod, placed, verdict)
+        if preferred is not None and preferred.terms:
+            ctx.state[PREFERENCES] = preferred
+            ctx.prefer_nodes(preferred.terms)
         return Status.success()
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
@@ -288,6 +368,9 @@ class PodPlacementRules:
                 labels=pod.labels,
                 host_ports=pod.rules.host_ports,
                 anti_affinity=pod.rules.anti_affinity,
+                affinity=pod.rules.affinity,
+                preferred_affinity=pod.soft.affinity,
+                preferred_anti_affinity=pod.soft.anti_affinity,
                 claims=pod.claims,
                 assumed=True,
             )

@@ -27,8 +27,8 @@ import pydantic
 
 from bindery import podresources
 from bindery.podresources import POD_LEVEL_RESOURCES
-from bindery.podrules.model import NO_RULES, PodRules
-from bindery.podrules.parse import pod_rules
+from bindery.podrules.model import NO_RULES, NO_SOFT, PodRules, SoftRules
+from bindery.podrules.parse import pod_rules, soft_rules
 from bindery.quantity import format_quantity
 from bindery.rm.models import (
     NodeSelectorRequirement,
@@ -92,6 +92,9 @@ class PodInfo:
     #: Required pod (anti-)affinity, DoNotSchedule spread and host ports (bindery.podrules);
     #: ``NO_RULES`` for most pods.
     rules: PodRules = NO_RULES
+    #: Preferred pod (anti-)affinity, ScheduleAnyway spread and default spreading: weighted node
+    #: preferences (bindery.podrules.soft); ``NO_SOFT`` for most pods.
+    soft: SoftRules = NO_SOFT
     #: ``spec.preemptionPolicy`` (the apiserver defaults it): contract v1.2's ``preemptionPolicy``.
     preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
 
@@ -120,6 +123,7 @@ class PodInfo:
             repr(self.preferred_terms),
             self.gated,
             self.rules,
+            self.soft,
         )
 
     @classmethod
@@ -182,6 +186,7 @@ class PodInfo:
             if (group := (spec.get("schedulingGroup") or {}).get("podGroupName"))
             else None,
             rules=pod_rules(body),
+            soft=soft_rules(body),
         )
 
 
@@ -328,6 +333,7 @@ def reservation_request(
     pod: PodInfo,
     ttl_seconds: int,
     required_node_affinity: Sequence[Mapping[str, Any]] | None = None,
+    preferred_node_affinity: Sequence[tuple[int, Mapping[str, Any]]] | None = None,
 ) -> ReservationRequest:
     """The RM request that reserves room for ``pod``; the pod UID is the idempotency key.
 
@@ -335,6 +341,8 @@ def reservation_request(
     reservation back, while a recreated pod of the same name gets a new one.
     ``required_node_affinity``: the nodeSelectorTerms to send instead of the pod's own (the cycle
     ANDs PreFilter constraints such as volume topology into them).
+    ``preferred_node_affinity``: the ``(weight, nodeSelectorTerm)`` preferences to send instead of the
+    pod's own (the cycle adds the soft inter-pod rules' to them).
     """
     terms = pod.affinity_terms if required_node_affinity is None else required_node_affinity
     fields: dict[str, Any] = {
@@ -342,10 +350,11 @@ def reservation_request(
         "requiredNodeAffinity": [dict(term) for term in terms],
         "tolerations": [_contract_toleration(t) for t in pod.tolerations],
     }
-    if pod.preferred_terms:
+    preferred = pod.preferred_terms if preferred_node_affinity is None else preferred_node_affinity
+    if preferred:
         # Contract v1.2 (feature node-preferences): the client leaves it out for an RM without it.
         fields["preferredNodeAffinity"] = [
-            {"weight": weight, "preference": dict(term)} for weight, term in pod.preferred_terms
+            {"weight": weight, "preference": dict(term)} for weight, term in preferred
         ]
     placement = Placement.model_validate(fields)
     return ReservationRequest(

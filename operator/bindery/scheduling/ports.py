@@ -92,6 +92,10 @@ class PlacedPods(Protocol):
 
     def with_host_ports(self) -> Iterable[PlacedPod]: ...
 
+    def preferring_toward(self, namespace: str) -> Iterable[PlacedPod]:
+        """The pods whose affinity or preferred terms may select a pod of `namespace` (a superset)."""
+        ...
+
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         """The namespace's labels (for namespaceSelector), or None while unknown."""
         ...
