@@ -78,6 +78,8 @@ SLOW_TESTS = (
     "placement/test_rules_burst.py",
     # 23 s: slurmrestd tries a SIGKILLed slurmctld for ~9 s before it answers, then the restart
     "slurm/test_adapter.py::test_slurmctld_down_answers_unavailable_and_its_restart_keeps_the_reservations",
+    # 17 s: CI's 10 conformance checks against the adapter, a group filling the pool and a batch among them
+    "slurm/test_adapter.py::test_the_conformance_kit_passes_against_the_adapter",
     # 20 s, 38 s, 19 s, 31 s (runs with the cluster plane up): Deployments bound through a live
     # Slurm, the adapter or slurmctld SIGKILLed mid-burst, a pod queued behind site jobs
     "cluster/test_slurm_cluster.py",

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from bindery.conformance.kit import CHECKS, ConformanceConfig, run_checks
 from bindery.devcluster.slurm import API, SlurmBed
@@ -27,9 +28,10 @@ SHORT_CHECKS = (
     "unschedulable",
     "commit-pod-mismatch",
     "renew-refusals",
+    "group-all-or-nothing",
+    "batch-mixed",
 )
-# Reservation groups and /v1/batch are v1.1 features the adapter does not serve yet (404).
-NOT_SERVED = ("group", "batch")
+HOSTNAME = "kubernetes.io/hostname"
 
 
 def _kit(adapter: AdapterProcess, names: list[str]) -> list[str]:
@@ -41,6 +43,7 @@ def _kit(adapter: AdapterProcess, names: list[str]) -> list[str]:
         # One reserve takes ~0.5 s (Slurm starts the job, the adapter sees it RUNNING): the kit's
         # 2-second lease would run out while it fills the pool.
         ttl_seconds=10,
+        topology_key=HOSTNAME,  # the node map labels each node with its own name
     )
     results = asyncio.run(run_checks(config, names=names, contract_version="1.1"))
     return [f"{r.check.name}: {r.error}" for r in results if not r.passed]
@@ -51,15 +54,20 @@ def no_queue_adapter(slurm_bed: SlurmBed, slurm_adapter: AdapterProcess) -> Adap
     """The kit reserves past the pool on purpose; without queueing, no refused job lingers."""
     slurm_adapter.kill(signal.SIGTERM)
     slurm_adapter.options = ("--queue-hold-seconds", "0")
+    node_map = slurm_bed.workdir / "node-map.yaml"
+    node_map.write_text(
+        yaml.safe_dump({"nodes": [{"name": n.name, "labels": {HOSTNAME: n.name}} for n in slurm_bed.nodes]})
+    )
+    slurm_adapter.node_map = str(node_map)
     slurm_adapter.start()
     return slurm_adapter
 
 
 def test_the_conformance_kit_passes_against_the_adapter(no_queue_adapter: AdapterProcess) -> None:
-    """CI runs SHORT_CHECKS (~10 s); BINDERY_SLURM_KIT=full runs every check the adapter serves
-    (~70 s): `BINDERY_SLURM_KIT=full .venv/bin/pytest tests/slurm -k conformance`."""
+    """CI runs SHORT_CHECKS; BINDERY_SLURM_KIT=full runs every check of contract v1.1, which the
+    adapter serves: `BINDERY_SLURM_KIT=full .venv/bin/pytest tests/slurm -k conformance`."""
     if os.environ.get("BINDERY_SLURM_KIT") == "full":
-        names = [c.name for c in CHECKS if c.since != "1.2" and not c.name.startswith(NOT_SERVED)]
+        names = [c.name for c in CHECKS if c.since != "1.2"]
     else:
         names = list(SHORT_CHECKS)
     assert _kit(no_queue_adapter, names) == []
@@ -226,3 +234,59 @@ def test_a_job_of_another_slurm_user_is_never_taken_for_a_reservation(
         mine = client.post("/v1/reservations", json=_body("victim"))
         assert mine.status_code == 201, mine.text
         assert mine.json()["id"] != f"slurm-{job_id}"
+
+
+def _group(name: str, cpus: int, count: int) -> dict[str, Any]:
+    members = [
+        {
+            "pod": {
+                "uid": f"{name}-{i}",
+                "namespace": "ns",
+                "name": f"{name}-{i}",
+                "schedulerName": "slurm-test",
+            },
+            "resources": {"cpu": str(cpus), "memory": "64Mi"},
+        }
+        for i in range(count)
+    ]
+    group = {"namespace": "ns", "name": name, "schedulerName": "slurm-test"}
+    return {"group": group, "members": members, "idempotencyKey": name, "ttlSeconds": 60}
+
+
+def test_a_group_with_a_member_slurm_refuses_leaves_no_job_behind(
+    slurm_bed: SlurmBed, slurm_adapter: AdapterProcess
+) -> None:
+    """All or nothing against Slurm's own decision: slurm-1 is reserved for another user, which the
+    adapter's count of free CPUs does not see. The first member's job is submitted (on slurm-0) and
+    Slurm refuses the second's: the group is refused and the first job is cancelled too."""
+    slurm_bed.run_client(
+        "scontrol", "create", "reservation", "ReservationName=site-maintenance", "StartTime=now",
+        "Duration=60", "Nodes=slurm-1", "Users=nobody", "Flags=ignore_jobs",
+    )  # fmt: skip
+    with slurm_adapter.client() as client:
+        refused = client.post("/v1/reservation-groups", json=_group("gang", cpus=4, count=2))
+        assert refused.status_code == 409, refused.text
+        problem = refused.json()
+        assert problem["type"].endswith(":unschedulable")
+        assert "Slurm refused the job of member 1" in problem["reason"], problem["reason"]
+        assert "reserved" in problem["reason"], problem["reason"]
+        try:
+            _until(
+                lambda: not [r for r in slurm_bed.squeue() if r["name"].startswith("bindery:")],
+                30,
+                "no placeholder job of the refused group left in Slurm's queue",
+            )
+        except AssertionError:
+            raise AssertionError(slurm_bed.squeue()) from None
+        assert client.get("/v1/reservations", params={"schedulerName": "slurm-test"}).json()["items"] == []
+        slurm_bed.run_client("scontrol", "delete", "ReservationName=site-maintenance")
+        placed = client.post("/v1/reservation-groups", json=_group("gang", cpus=4, count=2))
+        assert placed.status_code == 201, placed.text
+        group = placed.json()
+        assert sorted(m["node"] for m in group["members"]) == ["slurm-0", "slurm-1"]
+        assert [m["groupId"] for m in group["members"]] == [group["id"]] * 2
+    running = [r for r in slurm_bed.squeue() if r["name"].startswith("bindery:ns/gang-")]
+    assert sorted((r["state"], r["nodes"]) for r in running) == [
+        ("RUNNING", "slurm-0"),
+        ("RUNNING", "slurm-1"),
+    ]

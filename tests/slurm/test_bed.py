@@ -3,13 +3,15 @@ cancelled, and survive a SIGKILLed slurmctld. The adapter's tests build on these
 
 from __future__ import annotations
 
+import pathlib
 import signal
 import time
 from typing import Any
 
 import httpx
+import pytest
 
-from bindery.devcluster.slurm import API, SlurmBed
+from bindery.devcluster.slurm import API, SlurmBed, SlurmNode
 
 
 def _rest(bed: SlurmBed) -> httpx.Client:
@@ -78,3 +80,27 @@ def test_slurmctld_sigkilled_and_restarted_keeps_the_running_job(slurm_bed: Slur
         _until(lambda: _job(client, job_id)["job_state"] == "RUNNING", 30, "job RUNNING after restart")
         job = _job(client, job_id)
     assert (job["nodes"], job["name"]) == ("slurm-1", "bed-survives")
+
+
+def test_a_bed_in_a_deep_work_directory_starts_its_jobs(
+    slurm_root: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The cluster-plane suite's beds live in pytest's tmp_path of long test names
+    (``…/pytest-341/test_a_deployment_is_bound_thr0/slurm``) with nodes named after kwok's. There
+    slurmstepd's socket, ``<SlurmdSpoolDir>/<node>_<job>.4294967291``, is longer than a unix
+    socket's 107 characters: every launch failed, slurmctld held the jobs (PENDING, JobHeldUser)."""
+    workdir = tmp_path_factory.mktemp("test_a_deployment_is_bound_thr") / "slurm"
+    bed = SlurmBed(workdir, [SlurmNode("kwok-1ac42b-0", cpus=2, memory_mib=1024)], root=slurm_root)
+    bed.start()
+    try:
+        with _rest(bed) as client:
+            job_id = _submit(client, "kwok-1ac42b-0", "deep")
+            deadline = time.monotonic() + 30
+            while (job := _job(client, job_id))["job_state"] != "RUNNING" and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert (job["job_state"], job["state_reason"]) == ("RUNNING", "None"), (
+            workdir,
+            job["state_description"],
+        )
+    finally:
+        bed.stop()

@@ -63,6 +63,10 @@ _DAEMONS = (
 )
 
 
+_SUN_PATH_MAX = 107  # a unix socket's path, without its terminating NUL
+_SHORT_TMP = "/tmp" if os.path.isdir("/tmp") else None  # not $TMPDIR, which may be long
+
+
 class SlurmUnavailable(RuntimeError):
     """Slurm cannot be set up on this machine; the message says why and what to do."""
 
@@ -192,9 +196,24 @@ class SlurmBed:
         self.partition = partition
         self.ctld_port = _free_port()
         self.node_ports = {node.name: _free_port() for node in self.nodes}
-        self.socket = workdir / "slurmrestd.sock"
+        # The unix sockets live in a short directory of their own, not in ``workdir``: sun_path
+        # holds 107 characters, and slurmstepd listens on <SlurmdSpoolDir>/<node>_<job>.<step>,
+        # the batch step's id being 4294967291. Under pytest's tmp_path of a long test name
+        # (~70 characters) that path is ~115 long, every launch fails and slurmctld requeues the
+        # job held: PENDING, reason JobHeldUser.
+        self.rundir = pathlib.Path(tempfile.mkdtemp(prefix="bslurm-", dir=_SHORT_TMP))
+        self.rundir.chmod(0o711)  # as munged's socket directory was: job steps of other users reach it
+        self.spool = self.rundir / "spool"
+        self.socket = self.rundir / "slurmrestd.sock"
         self.conf = workdir / "slurm.conf"
-        self.munge_socket = workdir / "munge" / "munge.sock"
+        self.munge_socket = self.rundir / "munge.sock"
+        for node in self.nodes:
+            longest = self.spool / node.name / f"{node.name}_{2**32 - 1}.{2**32 - 5}"
+            if len(str(longest)) > _SUN_PATH_MAX:
+                raise ValueError(
+                    f"Slurm node name {node.name!r} is too long for slurmstepd's socket path "
+                    f"({longest}: {len(str(longest))} > {_SUN_PATH_MAX} characters); use a shorter name"
+                )
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
     # --- environment -------------------------------------------------------------------
@@ -253,8 +272,10 @@ class SlurmBed:
     # --- configuration -----------------------------------------------------------------
     def _write_config(self) -> None:
         wd = self.workdir
-        for sub in ("munge", "state", "log", *(f"spool/{n.name}" for n in self.nodes)):
+        for sub in ("munge", "state", "log"):
             (wd / sub).mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            (self.spool / node.name).mkdir(parents=True, exist_ok=True)
         (wd / "munge").chmod(0o711)
         key = wd / "munge" / "munge.key"
         if not key.exists():
@@ -272,7 +293,7 @@ class SlurmBed:
             "SlurmUser=root",
             "SlurmdUser=root",
             f"StateSaveLocation={wd / 'state'}",
-            f"SlurmdSpoolDir={wd / 'spool' / '%n'}",
+            f"SlurmdSpoolDir={self.spool / '%n'}",
             f"SlurmctldPidFile={wd / 'slurmctld.pid'}",
             f"SlurmdPidFile={wd / 'slurmd-%n.pid'}",
             f"SlurmctldLogFile={wd / 'log' / 'slurmctld.log'}",
@@ -419,6 +440,7 @@ class SlurmBed:
                 pass
         for key in reversed(list(self._procs)):
             self.kill(key, signal.SIGTERM)
+        shutil.rmtree(self.rundir, ignore_errors=True)
 
     @staticmethod
     def _wait(check: Any, timeout: float, what: str) -> None:

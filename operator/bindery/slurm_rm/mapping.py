@@ -36,11 +36,14 @@ from typing import Any
 import yaml
 
 from bindery.constraints import matches_node_selector, matches_required_affinity, untolerated_taints
-from bindery.rm.models import ReservationRequest
+from bindery.rm.models import GroupMemberRequest, ReservationGroupRequest, ReservationRequest
 
 MIB = Decimal(2**20)
 IGNORED_RESOURCES = frozenset({"pods", "ephemeral-storage"})
 COMMENT_TAG = "bindery/v1"
+
+#: What a placeholder job is sized and matched from: a single reserve, or one member of a group.
+PodRequest = ReservationRequest | GroupMemberRequest
 
 
 class NodeMapError(ValueError):
@@ -111,7 +114,7 @@ class JobSize:
     memory_mib: int
 
 
-def job_size(request: ReservationRequest) -> tuple[JobSize, list[str]]:
+def job_size(request: PodRequest) -> tuple[JobSize, list[str]]:
     """The placeholder's size, and the resource names Slurm cannot provide (non-zero, unmapped)."""
     requested = request.requested()
     unmapped = sorted(
@@ -124,7 +127,7 @@ def job_size(request: ReservationRequest) -> tuple[JobSize, list[str]]:
     return JobSize(cpus, memory), unmapped
 
 
-def allowed(node: MappedNode, request: ReservationRequest) -> str | None:
+def allowed(node: MappedNode, request: PodRequest) -> str | None:
     """Why ``node`` is excluded by the request's constraints, or None when it is allowed."""
     placement = request.placement
     if not matches_node_selector(node_selector=placement.node_selector, labels=node.labels):
@@ -140,7 +143,7 @@ def allowed(node: MappedNode, request: ReservationRequest) -> str | None:
     return None
 
 
-def fingerprint(request: ReservationRequest) -> str:
+def fingerprint(request: ReservationRequest | ReservationGroupRequest) -> str:
     return hashlib.sha256(request.fingerprint().encode()).hexdigest()[:32]
 
 
@@ -168,6 +171,13 @@ class JobRecord:
     committed: bool = False
     expires_at: float | None = None
     ended: str | None = None  # "released" or "expired" when the adapter ended it
+    # A member of a reservation group (contract v1.1): the group's id, its idempotency key (a
+    # namespace apart from single reserves' keys), the member's place in the request, and the value
+    # of each topology key the group landed on. ``fingerprint`` is then the whole group request's.
+    group: str | None = None
+    group_key: str | None = None
+    index: int = 0
+    topology: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def encode(self) -> str:
         return json.dumps({"tag": COMMENT_TAG, **dataclasses.asdict(self)}, separators=(",", ":"))

@@ -14,7 +14,8 @@ pending job stays in Slurm's queue, keyed by the request's ``idempotencyKey`` (t
 next reserve with the same key finds it instead of submitting another, and answers ``201`` once it
 runs. Slurm's priorities, fair share, QOS and partitions thus order the pods. A job whose pod stops
 asking (deleted, bound elsewhere) is cancelled ``hold_seconds`` after the last ask, pending or
-started; ``hold_seconds = 0`` cancels a pending job at once (no queueing: a plain RM's behaviour).
+started; ``hold_seconds = 0`` is a plain RM's behaviour, no queueing: a pod that fits no node by the
+adapter's count of free CPUs and memory is refused at once, and a job Slurm keeps pending is cancelled.
 
 **Commit** marks the job committed and lifts its time limit; **release** cancels it; **renew**
 moves the lease and the time limit. A reserved job's Slurm time limit is its lease plus a margin,
@@ -24,20 +25,36 @@ adapter keeps nothing of its own and may be SIGKILLed and restarted at any point
 committed and ``expired`` otherwise; Slurm forgets ended jobs after ``MinJobAge``, and their ids
 then answer 404.
 
-Contract v1.1 without reservation groups and ``/v1/batch`` (both answer 404); ``podUid`` is
-checked on commit, release and renew.
+**A reservation group** (contract v1.1, all or nothing) is one placeholder job per member. Its
+members are placed by the adapter's own count of free CPUs and memory (Slurm's allocations, plus
+the adapter's pending placeholders, minus the ones it is ending), within one value of each
+topology key; when they do not all fit by that count, nothing is submitted and the answer is
+``409`` with the member that did not fit. Otherwise every member's job is submitted and the group
+waits up to ``start_wait`` for Slurm to start them all: all running, ``201``; any still pending
+(Slurm's priorities, a site job, a DOWN node), every job of the group is cancelled and the answer
+is ``409`` with Slurm's reason for that member. Groups never queue in Slurm: a half-started gang
+would hold nodes for nothing. The group's id, its key and the member's place are in each job's
+comment, so GET, renew and release read the group back from slurmctld like everything else.
+
+**A batch** (``POST /v1/batch``) carries out its operations one after the other, each exactly as
+its single call (the same code answers both), so a reserve later in a batch sees the effects of
+those before it.
+
+``podUid`` is checked on commit, release and renew (contract v1.1).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import hmac
 import json
 import logging
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -45,8 +62,24 @@ import pydantic
 from aiohttp import web
 
 from bindery.rm.errors import ProblemType
-from bindery.rm.models import RenewRequest, ReservationRequest, ReservationState
-from bindery.slurm_rm.mapping import JobRecord, MappedNode, allowed, fingerprint, job_size
+from bindery.rm.models import (
+    MAX_BATCH_OPERATIONS,
+    BatchOperation,
+    GroupRenewRequest,
+    RenewRequest,
+    ReservationGroupRequest,
+    ReservationRequest,
+    ReservationState,
+)
+from bindery.slurm_rm.mapping import (
+    JobRecord,
+    JobSize,
+    MappedNode,
+    PodRequest,
+    allowed,
+    fingerprint,
+    job_size,
+)
 from bindery.slurm_rm.slurmrest import SlurmError, SlurmRest, SlurmUnreachable
 
 log = logging.getLogger(__name__)
@@ -59,6 +92,9 @@ PLACEHOLDER_SCRIPT = (
     "exec sleep infinity\n"
 )
 MAX_BODY_BYTES = 64 * 1024
+#: As the reference RM's: a group carries up to 1000 members, a batch up to 500 operations.
+MAX_GROUP_BODY_BYTES = 2 * 1024 * 1024
+MAX_BATCH_BODY_BYTES = 4 * 1024 * 1024
 _PUBLIC = frozenset({"/healthz", "/readyz"})
 _LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "limit", "cursor"})
 _TITLES = {
@@ -123,7 +159,7 @@ def state_of(job: dict[str, Any], record: JobRecord, now: float) -> ReservationS
 
 
 def reservation_json(job: dict[str, Any], record: JobRecord, state: ReservationState) -> dict[str, Any]:
-    return {
+    answer = {
         "id": f"slurm-{job['job_id']}",
         "node": record.node,
         "state": state.value,
@@ -134,6 +170,27 @@ def reservation_json(job: dict[str, Any], record: JobRecord, state: ReservationS
         "name": record.name,
         "resources": record.resources,
         "createdAt": _iso(record.created),
+    }
+    if record.group is not None:
+        answer["groupId"] = record.group
+    return answer
+
+
+def group_json(
+    group_id: str, members: Sequence[tuple[dict[str, Any], JobRecord]], now: float
+) -> dict[str, Any]:
+    """A reservation group as the contract answers it: its members in the order asked."""
+    ordered = sorted(members, key=lambda pair: pair[1].index)
+    items = []
+    for job, record in ordered:
+        state = state_of(job, record, now) or ReservationState.RESERVED
+        items.append(reservation_json(job, record, state))
+    leases = [item["expiresAt"] for item in items if item["state"] == ReservationState.RESERVED.value]
+    return {
+        "id": group_id,
+        "members": items,
+        "expiresAt": min(leases) if leases else None,
+        "topologyValue": ordered[0][1].topology if ordered else {},
     }
 
 
@@ -205,8 +262,14 @@ class SlurmRM:
             return problem(500, ProblemType.INTERNAL, f"slurmrestd refused a call: {error}")
 
     def application(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._middleware])
+        # aiohttp's limit is the largest body of any path; each handler checks its own.
+        app = web.Application(client_max_size=MAX_BATCH_BODY_BYTES, middlewares=[self._middleware])
         app.router.add_post("/v1/reservations", self._reserve)
+        app.router.add_post("/v1/reservation-groups", self._reserve_group)
+        app.router.add_get("/v1/reservation-groups/{id}", self._get_group, allow_head=False)
+        app.router.add_delete("/v1/reservation-groups/{id}", self._release_group)
+        app.router.add_post("/v1/reservation-groups/{id}/renew", self._renew_group)
+        app.router.add_post("/v1/batch", self._batch)
         app.router.add_get("/v1/reservations", self._list, allow_head=False)
         app.router.add_get("/v1/reservations/{id}", self._get, allow_head=False)
         app.router.add_delete("/v1/reservations/{id}", self._release)
@@ -261,28 +324,27 @@ class SlurmRM:
     async def _reserve(self, request: web.Request) -> web.Response:
         if request.content_type != "application/json":
             return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
-        try:
-            body = ReservationRequest.model_validate_json(await request.read())
-        except pydantic.ValidationError as error:
-            errors = [
-                {"location": "/".join(str(p) for p in item["loc"]) or "body", "message": item["msg"]}
-                for item in error.errors(include_url=False, include_input=False)
-            ][:20]
-            detail = f"{errors[0]['location']}: {errors[0]['message']}"
-            return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
-        if body.cluster_id is not None:
+        raw = await request.read()
+        if len(raw) > MAX_BODY_BYTES:
             return problem(
-                400,
-                ProblemType.INVALID_REQUEST,
-                "clusterId: Extra inputs are not permitted (this RM speaks contract v1.1)",
-                errors=[{"location": "clusterId", "message": "Extra inputs are not permitted"}],
+                413, ProblemType.PAYLOAD_TOO_LARGE, f"a reserve's body is at most {MAX_BODY_BYTES} bytes"
             )
+        try:
+            body = ReservationRequest.model_validate_json(raw)
+        except pydantic.ValidationError as error:
+            return _invalid(error)
+        return await self.reserve(body)
+
+    async def reserve(self, body: ReservationRequest) -> web.Response:
+        """``POST /v1/reservations`` for a validated request, as its own call or in a batch."""
+        if body.cluster_id is not None:
+            return _cluster_id_refused()
         now = time.time()
         created = False
         async with self._lock:
             existing = None
             for job, record in await self._records():
-                if record.key != body.idempotency_key or record.ended is not None:
+                if record.group is not None or record.key != body.idempotency_key or record.ended is not None:
                     continue
                 if job.get("job_state") not in ("PENDING", "RUNNING", "CONFIGURING"):
                     continue
@@ -303,11 +365,27 @@ class SlurmRM:
                 choice = await self._choose(body)
                 if isinstance(choice, web.Response):
                     return choice
+                record = JobRecord(
+                    key=body.idempotency_key,
+                    pod_uid=body.pod.uid,
+                    scheduler=body.pod.scheduler_name,
+                    namespace=body.pod.namespace,
+                    name=body.pod.name,
+                    node=choice.name,
+                    fingerprint=fingerprint(body),
+                    resources=body.canonical_resources(),
+                    ttl=body.ttl_seconds,
+                    created=now,
+                    hold_until=now + max(self.hold_seconds, self.start_wait) + 5,
+                )
                 try:
-                    job_id = await self._submit(body, choice, now)
+                    job_id = await self._submit(record, job_size(body)[0], choice)
                 except SlurmUnreachable:
                     raise
                 except SlurmError as error:  # Slurm's own refusal: a limit, a QOS, a partition
+                    if error.job_id is not None:  # refused, yet queued: cancel it
+                        with contextlib.suppress(SlurmError):
+                            await self.slurm.cancel(error.job_id)
                     return problem(
                         409,
                         ProblemType.UNSCHEDULABLE,
@@ -316,83 +394,123 @@ class SlurmRM:
                         retryAfterSeconds=self.retry_after,
                     )
                 created = True
-        deadline = time.monotonic() + self.start_wait
-        while True:
-            polled = await self.slurm.job(job_id)
-            if polled is None or polled.get("job_state") != "PENDING" or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.1)
+        await self._await_start([job_id])
         async with self._lock:
             return await self._settle(job_id, created=created)
 
-    async def _choose(self, body: ReservationRequest) -> MappedNode | web.Response:
-        size, unmapped = job_size(body)
+    async def _await_start(self, job_ids: Sequence[int]) -> None:
+        """Until none of the jobs is PENDING any more, or ``start_wait`` has passed."""
+        deadline = time.monotonic() + self.start_wait
+        waiting = list(job_ids)
+        while waiting and time.monotonic() < deadline:
+            still = []
+            for job_id in waiting:
+                polled = await self.slurm.job(job_id)
+                if polled is not None and polled.get("job_state") == "PENDING":
+                    still.append(job_id)
+            waiting = still
+            if waiting:
+                await asyncio.sleep(0.1)
+
+    async def _view(self) -> dict[str, _NodeRoom]:
+        """What each mapped Slurm node has free by the adapter's count: Slurm's allocations, plus
+        its own pending placeholders (Slurm will start them there), minus the ones it has ended
+        that still hold their CPUs while Slurm tears them down."""
         slurm_nodes = {node["name"]: node for node in await self.slurm.nodes()}
-        pending: dict[str, int] = {}
-        queued: dict[str, int] = {}
+        by_kube = {node.name: node.slurm for node in self.nodes}
+        now = time.time()
+        rooms: dict[str, _NodeRoom] = {}
+        for node in self.nodes:
+            info = slurm_nodes.get(node.slurm)
+            if info is None:
+                continue
+            rooms[node.slurm] = _NodeRoom(
+                info=info,
+                cpus=int(info.get("cpus") or 0) - int(info.get("alloc_cpus") or 0),
+                memory_mib=int(info.get("real_memory") or 0) - int(info.get("alloc_memory") or 0),
+            )
         for job, record in await self._records():
-            if job.get("job_state") == "PENDING" and record.ended is None:
-                slurm_name = next((n.slurm for n in self.nodes if n.name == record.node), None)
-                if slurm_name is not None:
-                    queued[slurm_name] = queued.get(slurm_name, 0) + 1
-                    pending[slurm_name] = pending.get(slurm_name, 0) + int(job.get("cpus") or 0)
+            room = rooms.get(by_kube.get(record.node, ""))
+            if room is None:
+                continue
+            cpus, memory = int(job.get("cpus") or 0), _job_memory(job)
+            state = job.get("job_state")
+            if state == "PENDING" and record.ended is None:
+                room.queued += 1
+                room.cpus -= cpus
+                room.memory_mib -= memory
+            elif state in ("RUNNING", "CONFIGURING", "COMPLETING") and (
+                record.ended is not None or state_of(job, record, now) is ReservationState.EXPIRED
+            ):  # ended by the adapter, or about to be (its lease ran out): its CPUs come back
+                room.cpus += cpus
+                room.memory_mib += memory
+        return rooms
+
+    def _why_not(self, node: MappedNode, room: _NodeRoom | None, request: PodRequest) -> str | None:
+        """Why ``node`` can never hold ``request`` (its constraints, Slurm's state, its size), or None."""
+        size, unmapped = job_size(request)
+        why = allowed(node, request)
+        if why is not None:
+            return why
+        if room is None:
+            return "not known to Slurm"
+        if any(flag in str(room.info.get("state")).lower() for flag in _DOWN):
+            return f"Slurm node {node.slurm} is {room.info.get('state')}"
+        if unmapped:
+            return f"Insufficient {unmapped[0]}"
+        if int(room.info.get("cpus") or 0) < size.cpus:
+            return "Insufficient cpu"
+        if int(room.info.get("real_memory") or 0) < size.memory_mib:
+            return "Insufficient memory"
+        return None
+
+    async def _choose(self, body: ReservationRequest) -> MappedNode | web.Response:
+        size, _ = job_size(body)
+        rooms = await self._view()
         reasons: dict[str, int] = {}
         candidates: list[tuple[int, MappedNode]] = []
         for node in self.nodes:
-            info = slurm_nodes.get(node.slurm)
-            why = allowed(node, body)
-            if why is None and info is None:
-                why = "not known to Slurm"
-            elif why is None and info is not None and any(f in str(info.get("state")).lower() for f in _DOWN):
-                why = f"Slurm node {node.slurm} is {info.get('state')}"
-            elif why is None and unmapped:
-                why = f"Insufficient {unmapped[0]}"
-            elif why is None and info is not None and int(info.get("cpus") or 0) < size.cpus:
-                why = "Insufficient cpu"
-            elif why is None and info is not None and int(info.get("real_memory") or 0) < size.memory_mib:
-                why = "Insufficient memory"
+            room = rooms.get(node.slurm)
+            why = self._why_not(node, room, body)
             if why is not None:
                 reasons[why] = reasons.get(why, 0) + 1
                 continue
-            assert info is not None
-            free = int(info.get("cpus") or 0) - int(info.get("alloc_cpus") or 0) - pending.get(node.slurm, 0)
-            free_memory = int(info.get("real_memory") or 0) - int(info.get("alloc_memory") or 0)
-            candidates.append((free if free_memory >= size.memory_mib else -1, node))
+            assert room is not None
+            candidates.append((room.cpus if room.memory_mib >= size.memory_mib else -1, node))
         if not candidates:
-            parts = ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
             return problem(
                 409,
                 ProblemType.UNSCHEDULABLE,
                 "no mapped Slurm node can ever hold this pod",
-                reason=f"0/{len(self.nodes)} nodes are available: {parts}.",
+                reason=f"0/{len(self.nodes)} nodes are available: {_counted(reasons)}.",
             )
         fitting = [(free, node) for free, node in candidates if free >= size.cpus]
         if fitting:
             return max(fitting, key=lambda pair: pair[0])[1]
-        return min(candidates, key=lambda pair: queued.get(pair[1].slurm, 0))[1]
+        if self.hold_seconds <= 0:
+            # Without queueing a job that does not fit by the count would only be cancelled after
+            # start_wait: answer at once (a batch of many such reserves would otherwise take
+            # start_wait each).
+            for _, node in candidates:
+                why = "Insufficient cpu" if rooms[node.slurm].cpus < size.cpus else "Insufficient memory"
+                reasons[why] = reasons.get(why, 0) + 1
+            return problem(
+                409,
+                ProblemType.UNSCHEDULABLE,
+                "no mapped Slurm node has room for this pod now",
+                reason=f"0/{len(self.nodes)} nodes are available: {_counted(reasons)}.",
+                retryAfterSeconds=self.retry_after,
+            )
+        return min(candidates, key=lambda pair: rooms[pair[1].slurm].queued)[1]
 
-    async def _submit(self, body: ReservationRequest, node: MappedNode, now: float) -> int:
-        size, _ = job_size(body)
-        record = JobRecord(
-            key=body.idempotency_key,
-            pod_uid=body.pod.uid,
-            scheduler=body.pod.scheduler_name,
-            namespace=body.pod.namespace,
-            name=body.pod.name,
-            node=node.name,
-            fingerprint=fingerprint(body),
-            resources=body.canonical_resources(),
-            ttl=body.ttl_seconds,
-            created=now,
-            hold_until=now + max(self.hold_seconds, self.start_wait) + 5,
-        )
+    async def _submit(self, record: JobRecord, size: JobSize, node: MappedNode) -> int:
         job: dict[str, Any] = {
-            "name": f"bindery:{body.pod.namespace}/{body.pod.name}"[:200],
+            "name": f"bindery:{record.namespace}/{record.name}"[:200],
             "comment": record.encode(),
             "nodelist": node.slurm,
             "cpus_per_task": size.cpus,
             "memory_per_node": size.memory_mib,
-            "time_limit": _minutes(body.ttl_seconds + self.hold_seconds),
+            "time_limit": _minutes(record.ttl + self.hold_seconds),
             "requeue": False,
             "current_working_directory": "/tmp",
             "standard_output": "/dev/null",
@@ -402,8 +520,16 @@ class SlurmRM:
         if self.partition:
             job["partition"] = self.partition
         job_id = await self.slurm.submit(job, PLACEHOLDER_SCRIPT)
-        log.info("reserve %s: Slurm job %s on %s (%s)", body.idempotency_key, job_id, node.slurm, size)
+        what = record.key if record.group is None else f"group {record.group} member {record.index}"
+        log.info("reserve %s: Slurm job %s on %s (%s)", what, job_id, node.slurm, size)
         return job_id
+
+    async def _claim(self, job_id: int, job: dict[str, Any], record: JobRecord, now: float) -> None:
+        """The pod's first answer for a running job: its lease starts now."""
+        record.claimed = True
+        record.expires_at = now + record.ttl
+        started = float(job.get("start_time") or now)
+        await self._write(job_id, record, time_limit=_minutes(now - started + record.ttl))
 
     async def _settle(self, job_id: int, *, created: bool) -> web.Response:
         found = await self._record(job_id)
@@ -421,10 +547,7 @@ class SlurmRM:
         if state == "RUNNING":
             status = 200
             if not record.claimed:
-                record.claimed = True
-                record.expires_at = now + record.ttl
-                started = float(job.get("start_time") or now)
-                await self._write(job_id, record, time_limit=_minutes(now - started + record.ttl))
+                await self._claim(job_id, job, record, now)
                 status = 201
             elif created:
                 status = 201
@@ -456,8 +579,8 @@ class SlurmRM:
 
     # -- commit, release, renew, get, list ---------------------------------------------------------
 
-    async def _lookup(self, request: web.Request) -> tuple[int, dict[str, Any], JobRecord] | None:
-        job_id = _job_id(request.match_info["id"])
+    async def _lookup(self, reservation_id: str) -> tuple[int, dict[str, Any], JobRecord] | None:
+        job_id = _job_id(reservation_id)
         if job_id is None:
             return None
         found = await self._record(job_id)
@@ -466,35 +589,41 @@ class SlurmRM:
         return job_id, found[0], found[1]
 
     async def _commit(self, request: web.Request) -> web.Response:
+        return await self.commit(request.match_info["id"], request.rel_url.query.get("podUid"))
+
+    async def commit(self, reservation_id: str, pod_uid: str | None) -> web.Response:
+        """``POST /v1/reservations/{id}/commit[?podUid=]``, as its own call or in a batch."""
         async with self._lock:
-            found = await self._lookup(request)
+            found = await self._lookup(reservation_id)
             if found is None:
-                return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']}")
+                return problem(404, ProblemType.NOT_FOUND, f"no reservation {reservation_id}")
             job_id, job, record = found
-            pod_uid = request.rel_url.query.get("podUid")
             if pod_uid is not None and pod_uid != record.pod_uid:
-                return _mismatch(request.match_info["id"])
+                return _mismatch(reservation_id)
             state = state_of(job, record, time.time())
             if state is ReservationState.RESERVED:
                 record.committed, record.expires_at = True, None
                 await self._write(job_id, record, time_limit=INFINITE)
                 state = ReservationState.COMMITTED
             if state is not ReservationState.COMMITTED:
-                return _not_active(request.match_info["id"], state)
+                return _not_active(reservation_id, state)
             return web.json_response(reservation_json(job, record, state))
 
     async def _release(self, request: web.Request) -> web.Response:
+        return await self.release(request.match_info["id"], request.rel_url.query.get("podUid"))
+
+    async def release(self, reservation_id: str, pod_uid: str | None) -> web.Response:
+        """``DELETE /v1/reservations/{id}[?podUid=]``, as its own call or in a batch."""
         async with self._lock:
-            found = await self._lookup(request)
+            found = await self._lookup(reservation_id)
             if found is None:
                 return web.Response(status=204)
             job_id, job, record = found
             state = state_of(job, record, time.time())
             if state is None or not state.active:
                 return web.Response(status=204)
-            pod_uid = request.rel_url.query.get("podUid")
             if pod_uid is not None and pod_uid != record.pod_uid:
-                return _mismatch(request.match_info["id"])
+                return _mismatch(reservation_id)
             await self._end(job_id, record, "released")
             return web.Response(status=204)
 
@@ -509,7 +638,7 @@ class SlurmRM:
                 400, ProblemType.INVALID_REQUEST, f"{'/'.join(map(str, first['loc']))}: {first['msg']}"
             )
         async with self._lock:
-            found = await self._lookup(request)
+            found = await self._lookup(request.match_info["id"])
             if found is None:
                 return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']}")
             job_id, job, record = found
@@ -526,7 +655,7 @@ class SlurmRM:
             return web.json_response(reservation_json(job, record, state))
 
     async def _get(self, request: web.Request) -> web.Response:
-        found = await self._lookup(request)
+        found = await self._lookup(request.match_info["id"])
         if found is None:
             return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']}")
         _, job, record = found
@@ -553,8 +682,6 @@ class SlurmRM:
             if not query["cursor"].isdigit() or len(query["cursor"]) > 12:
                 return problem(400, ProblemType.INVALID_REQUEST, "cursor is not one this server issued")
             after = int(query["cursor"])
-        if "groupId" in query:  # no reservation groups here: no reservation has one
-            return web.json_response({"items": []})
         now = time.time()
         items: list[tuple[int, dict[str, Any]]] = []
         for job, record in await self._records():
@@ -563,6 +690,8 @@ class SlurmRM:
             if state is None or job_id <= after:
                 continue
             if query.get("schedulerName") not in (None, record.scheduler):
+                continue
+            if query.get("groupId") not in (None, record.group):
                 continue
             if query.get("podUid") not in (None, record.pod_uid) or wanted_state not in (None, state.value):
                 continue
@@ -582,6 +711,304 @@ class SlurmRM:
         except SlurmError as error:
             return problem(503, ProblemType.UNAVAILABLE, f"slurmrestd is not answering: {error}")
         return web.json_response({"status": "ready"})
+
+    # -- reservation groups (contract v1.1) ---------------------------------------------------------
+
+    async def _members(self, group_id: str) -> list[tuple[dict[str, Any], JobRecord]]:
+        """The claimed members of a group slurmctld still knows (it forgets ended jobs after MinJobAge)."""
+        return [
+            (job, record)
+            for job, record in await self._records()
+            if record.group == group_id and record.claimed
+        ]
+
+    async def _reserve_group(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/json":
+            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+        raw = await request.read()
+        if len(raw) > MAX_GROUP_BODY_BYTES:
+            return problem(
+                413, ProblemType.PAYLOAD_TOO_LARGE, f"a group's body is at most {MAX_GROUP_BODY_BYTES} bytes"
+            )
+        try:
+            body = ReservationGroupRequest.model_validate_json(raw)
+        except pydantic.ValidationError as error:
+            return _invalid(error)
+        if body.cluster_id is not None:
+            return _cluster_id_refused()
+        who = f"group {body.group.namespace}/{body.group.name}"
+        now = time.time()
+        async with self._lock:
+            mine = [
+                (job, record)
+                for job, record in await self._records()
+                if record.group_key == body.idempotency_key and record.ended is None
+            ]
+            active = [
+                pair for pair in mine if (state_of(pair[0], pair[1], now) or ReservationState.EXPIRED).active
+            ]
+            if active:
+                group_id = str(active[0][1].group)
+                if active[0][1].fingerprint != fingerprint(body):
+                    return problem(
+                        409,
+                        ProblemType.IDEMPOTENCY_KEY_REUSED,
+                        f"idempotency key {body.idempotency_key!r} already belongs to reservation group "
+                        f"{group_id} for a different request; release that group first or use a new key",
+                        groupId=group_id,
+                    )
+                return web.json_response(group_json(group_id, await self._members(group_id), now))
+            if any(
+                not record.claimed and job.get("job_state") in ("PENDING", "RUNNING") for job, record in mine
+            ):
+                return problem(
+                    409,
+                    ProblemType.UNSCHEDULABLE,
+                    f"{who} is being placed by an earlier call with the same key",
+                    reason=f"{who}: an earlier call with key {body.idempotency_key!r} is still waiting for "
+                    "Slurm to start its jobs",
+                    retryAfterSeconds=1,
+                )
+            placed = self._place_group(body, await self._view())
+            if isinstance(placed, str):
+                return problem(
+                    409, ProblemType.UNSCHEDULABLE, placed, reason=placed, retryAfterSeconds=self.retry_after
+                )
+            nodes, topology = placed
+            group_id = f"slurm-group-{uuid.uuid4().hex[:16]}"
+            submitted: list[tuple[int, JobRecord]] = []
+            try:
+                for index, (member, node) in enumerate(zip(body.members, nodes, strict=True)):
+                    record = JobRecord(
+                        key=body.idempotency_key,
+                        pod_uid=member.pod.uid,
+                        scheduler=member.pod.scheduler_name,
+                        namespace=member.pod.namespace,
+                        name=member.pod.name,
+                        node=node.name,
+                        fingerprint=fingerprint(body),
+                        resources=member.canonical_resources(),
+                        ttl=body.ttl_seconds,
+                        created=now,
+                        hold_until=now + self.start_wait + 30,
+                        group=group_id,
+                        group_key=body.idempotency_key,
+                        index=index,
+                        topology=topology,
+                    )
+                    submitted.append((await self._submit(record, job_size(member)[0], node), record))
+            except SlurmError as error:
+                await self._end_all(submitted, "abandoned")
+                if error.job_id is not None:  # refused, yet queued: cancel it too
+                    with contextlib.suppress(SlurmError):
+                        await self.slurm.cancel(error.job_id)
+                if isinstance(error, SlurmUnreachable):
+                    raise
+                reason = f"{who}: Slurm refused the job of member {len(submitted)}: {error}"
+                return problem(
+                    409, ProblemType.UNSCHEDULABLE, reason, reason=reason, retryAfterSeconds=self.retry_after
+                )
+        await self._await_start([job_id for job_id, _ in submitted])
+        async with self._lock:
+            now = time.time()
+            members: list[tuple[dict[str, Any], JobRecord]] = []
+            refusal = None
+            for job_id, _ in submitted:
+                found = await self._record(job_id)
+                if found is None or found[0].get("job_state") != "RUNNING":
+                    state = found[0].get("job_state") if found else "gone"
+                    why = found[0].get("state_reason") if found else "unknown to slurmctld"
+                    held = found[1] if found else None
+                    whose = f"{held.namespace}/{held.name}" if held else f"job {job_id}"
+                    refusal = (
+                        f"{who} needs {len(submitted)} pods started together; Slurm did not start member "
+                        f"{whose} within {self.start_wait:g} s (Slurm job {job_id} is {state}: {why}), so "
+                        "every job of the group was cancelled"
+                    )
+                    break
+                members.append(found)
+            if refusal is not None:
+                await self._end_all(submitted, "abandoned")
+                log.info("%s", refusal)
+                return problem(
+                    409,
+                    ProblemType.UNSCHEDULABLE,
+                    refusal,
+                    reason=refusal,
+                    retryAfterSeconds=self.retry_after,
+                )
+            for job, record in members:
+                await self._claim(int(job["job_id"]), job, record, now)
+            log.info(
+                "reserved %s as %s on %s", who, group_id, ", ".join(sorted({r.node for _, r in members}))
+            )
+            return web.json_response(
+                group_json(group_id, members, now),
+                status=201,
+                headers={"Location": f"/v1/reservation-groups/{group_id}"},
+            )
+
+    def _place_group(
+        self, body: ReservationGroupRequest, rooms: dict[str, _NodeRoom]
+    ) -> tuple[list[MappedNode], dict[str, str]] | str:
+        """A node for every member, by the adapter's count of free capacity, within one value of each
+        topology key; or why the group does not fit (the member that did not, and why)."""
+        who = f"group {body.group.namespace}/{body.group.name}"
+        keys = [constraint.key for constraint in body.topology]
+        domains: dict[tuple[str, ...], list[MappedNode]] = {}
+        unlabelled = 0
+        for node in self.nodes:
+            if all(key in node.labels for key in keys):
+                domains.setdefault(tuple(node.labels[key] for key in keys), []).append(node)
+            else:
+                unlabelled += 1
+        if not domains:
+            return f"{who} asks for one value of {', '.join(keys)}; no mapped node has that label"
+        best: tuple[int, str] = (-1, "")
+        # The domain with the most free CPUs first: the likeliest to hold the whole group.
+        for value, nodes in sorted(
+            domains.items(),
+            key=lambda item: -sum(max(rooms[n.slurm].cpus, 0) for n in item[1] if n.slurm in rooms),
+        ):
+            free = {
+                n.slurm: (rooms[n.slurm].cpus, rooms[n.slurm].memory_mib) for n in nodes if n.slurm in rooms
+            }
+            chosen: list[MappedNode] = []
+            for member in body.members:
+                size, _ = job_size(member)
+                reasons: dict[str, int] = {}
+                fitting: list[MappedNode] = []
+                for node in nodes:
+                    why = self._why_not(node, rooms.get(node.slurm), member)
+                    if why is None and (free[node.slurm][0] < size.cpus):
+                        why = "Insufficient cpu"
+                    elif why is None and free[node.slurm][1] < size.memory_mib:
+                        why = "Insufficient memory"
+                    if why is None:
+                        fitting.append(node)
+                    else:
+                        reasons[why] = reasons.get(why, 0) + 1
+                if not fitting:
+                    if len(chosen) > best[0]:
+                        where = (
+                            f" on {', '.join(f'{k}={v}' for k, v in zip(keys, value, strict=True))}"
+                            if keys
+                            else ""
+                        )
+                        best = (
+                            len(chosen),
+                            f"for member {member.pod.namespace}/{member.pod.name}{where}: "
+                            f"0/{len(nodes)} nodes are available: {_counted(reasons)}.",
+                        )
+                    break
+                node = max(fitting, key=lambda n: free[n.slurm][0])
+                cpus, memory = free[node.slurm]
+                free[node.slurm] = (cpus - size.cpus, memory - size.memory_mib)
+                chosen.append(node)
+            else:
+                return chosen, dict(zip(keys, value, strict=True))
+        within = f" on nodes sharing one value of {', '.join(keys)}" if keys else " together"
+        tried = f"; {len(domains)} values tried" if keys else ""
+        lacking = f" {unlabelled} node(s) lack the label and take no member." if keys and unlabelled else ""
+        return (
+            f"{who} needs {len(body.members)} pods reserved{within}; the RM could place only {best[0]} of "
+            f"them{tried}, {best[1]}{lacking}"
+        )
+
+    async def _end_all(self, submitted: Sequence[tuple[int, JobRecord]], why: str) -> None:
+        for job_id, record in submitted:
+            with contextlib.suppress(SlurmError):
+                await self._end(job_id, record, why)
+
+    async def _get_group(self, request: web.Request) -> web.Response:
+        group_id = request.match_info["id"]
+        members = await self._members(group_id)
+        if not members:
+            return problem(404, ProblemType.NOT_FOUND, f"no reservation group {group_id}")
+        return web.json_response(group_json(group_id, members, time.time()))
+
+    async def _release_group(self, request: web.Request) -> web.Response:
+        group_id = request.match_info["id"]
+        async with self._lock:
+            members = await self._members(group_id)
+            if not members:
+                return problem(404, ProblemType.NOT_FOUND, f"no reservation group {group_id}")
+            now = time.time()
+            for job, record in members:
+                if state_of(job, record, now) is ReservationState.RESERVED:  # committed ones stay
+                    await self._end(int(job["job_id"]), record, "released")
+            return web.Response(status=204)
+
+    async def _renew_group(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/json":
+            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+        try:
+            body = GroupRenewRequest.model_validate_json(await request.read())
+        except pydantic.ValidationError as error:
+            return _invalid(error)
+        group_id = request.match_info["id"]
+        async with self._lock:
+            members = await self._members(group_id)
+            if not members:
+                return problem(404, ProblemType.NOT_FOUND, f"no reservation group {group_id}")
+            now = time.time()
+            states = [state_of(job, record, now) for job, record in members]
+            if not any(state is not None and state.active for state in states):
+                return problem(
+                    409,
+                    ProblemType.RESERVATION_NOT_ACTIVE,
+                    f"reservation group {group_id} has no active member (all released or expired); "
+                    "reserve the group again",
+                )
+            for (job, record), state in zip(members, states, strict=True):
+                if state is ReservationState.RESERVED:
+                    record.expires_at = now + body.ttl_seconds
+                    started = float(job.get("start_time") or now)
+                    await self._write(
+                        int(job["job_id"]), record, time_limit=_minutes(now - started + body.ttl_seconds)
+                    )
+            return web.json_response(group_json(group_id, members, now))
+
+    # -- batches (contract v1.1) --------------------------------------------------------------------
+
+    async def _batch(self, request: web.Request) -> web.Response:
+        """``POST /v1/batch``: each operation carried out in order by the code of its single call."""
+        if request.content_type != "application/json":
+            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+        raw = await request.read()
+        try:
+            document = json.loads(raw)
+        except ValueError:
+            return problem(400, ProblemType.INVALID_REQUEST, "the body is not valid JSON")
+        if not isinstance(document, dict) or not isinstance(document.get("operations"), list):
+            return problem(400, ProblemType.INVALID_REQUEST, 'a batch is a JSON object {"operations": [...]}')
+        extra = sorted(set(document) - {"operations"})
+        if extra:
+            return problem(400, ProblemType.INVALID_REQUEST, f"{extra[0]}: Extra inputs are not permitted")
+        operations: list[Any] = document["operations"]
+        if not 1 <= len(operations) <= MAX_BATCH_OPERATIONS:
+            return problem(
+                400,
+                ProblemType.INVALID_REQUEST,
+                f"a batch carries 1 to {MAX_BATCH_OPERATIONS} operations, this one {len(operations)}; "
+                "split it into several batches",
+            )
+        results = []
+        for index, item in enumerate(operations):
+            try:
+                operation = BatchOperation.model_validate(item)
+            except pydantic.ValidationError as error:
+                results.append(_result(_invalid(error, at=("operations", index))))
+                continue
+            if operation.reserve is not None:
+                answer = await self.reserve(operation.reserve)
+            elif operation.commit is not None:
+                answer = await self.commit(operation.commit.reservation_id, operation.commit.pod_uid)
+            else:
+                assert operation.release is not None
+                answer = await self.release(operation.release.reservation_id, operation.release.pod_uid)
+            results.append(_result(answer))
+        return web.json_response({"results": results})
 
     # -- the sweeper --------------------------------------------------------------------------------
 
@@ -623,3 +1050,52 @@ def _not_active(reservation_id: str, state: ReservationState | None) -> web.Resp
         ProblemType.RESERVATION_NOT_ACTIVE,
         f"reservation {reservation_id} is {state.value if state else 'gone'}; reserve again",
     )
+
+
+@dataclasses.dataclass
+class _NodeRoom:
+    """One Slurm node as the adapter counts it: what slurmrestd says, and what is free."""
+
+    info: dict[str, Any]
+    cpus: int
+    memory_mib: int
+    queued: int = 0  # the adapter's own placeholders pending there
+
+
+def _job_memory(job: dict[str, Any]) -> int:
+    """The MiB a job asked for per node (slurmrestd v0.0.38 gives a plain number)."""
+    value = job.get("memory_per_node")
+    return value if isinstance(value, int) else 0
+
+
+def _counted(reasons: dict[str, int]) -> str:
+    return ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
+
+
+def _invalid(error: pydantic.ValidationError, *, at: tuple[str | int, ...] = ()) -> web.Response:
+    """The 400 of a body (or a batch's operation at ``at``) that failed validation."""
+    errors = [
+        {"location": "/".join(str(p) for p in (*at, *item["loc"])) or "body", "message": item["msg"]}
+        for item in error.errors(include_url=False, include_input=False)
+    ][:20]
+    if not errors:
+        errors = [{"location": "/".join(map(str, at)) or "body", "message": "invalid"}]
+    detail = f"{errors[0]['location']}: {errors[0]['message']}"
+    return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
+
+
+def _cluster_id_refused() -> web.Response:
+    return problem(
+        400,
+        ProblemType.INVALID_REQUEST,
+        "clusterId: Extra inputs are not permitted (this RM speaks contract v1.1)",
+        errors=[{"location": "clusterId", "message": "Extra inputs are not permitted"}],
+    )
+
+
+def _result(response: web.Response) -> dict[str, Any]:
+    """A single call's answer as one result of a batch: its status and its body."""
+    if response.status == 204 or not response.text:
+        return {"status": response.status}
+    body = json.loads(response.text)
+    return {"status": response.status, ("problem" if response.status >= 400 else "reservation"): body}

@@ -16,7 +16,16 @@ _CONTROLLER_DOWN = frozenset({-1, 1007, 1008, 5004, 5005})
 
 
 class SlurmError(RuntimeError):
-    """slurmrestd refused or failed a call; the message is Slurm's."""
+    """slurmrestd refused or failed a call; the message is Slurm's.
+
+    ``job_id`` is the job slurmctld made anyway: a submission to a node reserved for others answers
+    "Required node not available" AND leaves the job pending in the queue (seen on 22.05.8), so the
+    caller must cancel it or it may start later for nobody.
+    """
+
+    def __init__(self, message: str, *, job_id: int | None = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
 
 
 class SlurmUnreachable(SlurmError):
@@ -62,7 +71,10 @@ class SlurmRest:
             numbers = {e.get("error_number") for e in errors if isinstance(e, dict)}
             if response.status_code >= 500 and numbers & _CONTROLLER_DOWN:
                 raise SlurmUnreachable(f"{method} {path}: {words}")
-            raise SlurmError(f"{method} {path}: {words}")
+            made = document.get("job_id")
+            raise SlurmError(
+                f"{method} {path}: {words}", job_id=made if isinstance(made, int) and made else None
+            )
         return document
 
     async def submit(self, job: dict[str, Any], script: str) -> int:
