@@ -179,7 +179,12 @@ class Cluster:
         return items
 
     async def bound(self) -> int:
-        return sum(1 for pod in await self.pods() if (pod.get("spec") or {}).get("nodeName"))
+        return len(await self.bound_names())
+
+    async def bound_names(self) -> set[str]:
+        return {
+            pod["metadata"]["name"] for pod in await self.pods() if (pod.get("spec") or {}).get("nodeName")
+        }
 
     async def all_bound(self, count: int) -> bool:
         return await self.bound() == count
@@ -289,7 +294,8 @@ async def test_sigkill_of_the_leader_mid_burst_the_standby_binds_the_rest_once(
             loop = asyncio.get_running_loop()
             first.kill(signal.SIGKILL)
             killed_at = loop.time()
-            pending_at_kill = PODS - await pool.bound()
+            bound_at_kill = await pool.bound_names()
+            pending_at_kill = PODS - len(bound_at_kill)
             await pool.create_pods(names[30:])  # the burst goes on while nobody leads
             assert await binding_writes(standby_metrics) == 0
 
@@ -310,9 +316,16 @@ async def test_sigkill_of_the_leader_mid_burst_the_standby_binds_the_rest_once(
             )
             events = await pool.scheduled_events()
             assert all(count == 1 for count in events.values()), events
-            # A pod whose Binding landed just before the kill may miss its event (as with
-            # kube-scheduler); every other pod has exactly one.
-            assert PODS - len(events) <= 16, sorted(set(names) - set(events))
+            # A pod whose Binding the leader sent before the kill may miss its event (as with
+            # kube-scheduler): it was bound when the kill was read, or its Binding landed just after
+            # and the standby's first reconcile pass committed it. Every pod the standby bound has
+            # exactly one. (A count of at most 16 such pods held until a run where the kill caught
+            # 25 Bindings of one burst in flight.)
+            dead_leaders = bound_at_kill | set(
+                re.findall(r"of pod [^/\s]+/(\S+) \(.*commit was lost", second.log())
+            )
+            missing = set(names) - set(events)
+            assert missing <= dead_leaders, sorted(missing - dead_leaders)
             # The standby counts the lease from when it saw the last renewal (up to a retry period
             # after the leader wrote it) and looks every retry period: lease + 2 retry periods at
             # worst, plus its first cycle.
