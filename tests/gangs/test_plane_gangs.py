@@ -87,4 +87,8 @@ async def test_kube_scheduler_gangs_hold_8_where_7_fit_then_bind_all(
         result = await room_for_seven(stage)
     finally:
         await stage.cleanup()
-    assert "waiting for minCount pods from a gang" in result.notes[0], result.notes
+    # kube-scheduler explains a held gang either way, depending on which of its attempts wrote the
+    # condition last: the gang still gathering, or the whole group not fitting (CI saw both).
+    assert any(
+        reason in result.notes[0] for reason in ("waiting for minCount pods from a gang", "Insufficient cpu")
+    ), result.notes
