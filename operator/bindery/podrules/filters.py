@@ -369,8 +369,12 @@ def _affinity(
 
 def _eligible(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts) -> bool:
     """matchNodeInclusionPolicies, and every constraint's key present (nodeLabelsMatchSpreadConstraints)."""
-    if not all(c.topology_key in node.labels for c in pod.rules.spread):
-        return False
+    return all(c.topology_key in node.labels for c in pod.rules.spread) and included(pod, constraint, node)
+
+
+def included(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts) -> bool:
+    """matchNodeInclusionPolicies: nodeAffinityPolicy Honor, nodeTaintsPolicy Honor (the filter and
+    the ScheduleAnyway score both apply them)."""
     if constraint.honor_node_affinity and not (
         matches_node_selector(node_selector=pod.node_selector, labels=node.labels)
         and matches_required_affinity(terms=pod.node_terms, labels=node.labels, node_name=node.name)

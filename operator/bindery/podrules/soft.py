@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from bindery.constraints import matches_node_selector, matches_required_affinity, untolerated_taints
-from bindery.podrules.filters import Incoming
+from bindery.podrules.filters import Incoming, included
 from bindery.podrules.model import (
     AffinityTerm,
     LabelSelector,
@@ -213,7 +213,7 @@ def _spread_scores(
         if require_all and not all(c.topology_key in node.labels for c in constraints):
             continue
         for i, c in enumerate(constraints):
-            if c.topology_key == HOSTNAME or not _included(pod, c, node):
+            if c.topology_key == HOSTNAME or not included(pod, c, node):
                 continue
             value = node.labels.get(c.topology_key, "")
             if value in counts[i]:
@@ -241,18 +241,6 @@ def _spread_scores(
     for name, score in raw.items():
         scores[name] = MAX_SCORE if high == 0 else MAX_SCORE * (high + low - score) // high
     return scores
-
-
-def _included(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts) -> bool:
-    """matchNodeInclusionPolicies: nodeAffinityPolicy Honor, nodeTaintsPolicy Honor."""
-    if constraint.honor_node_affinity and not (
-        matches_node_selector(node_selector=pod.node_selector, labels=node.labels)
-        and matches_required_affinity(terms=pod.node_terms, labels=node.labels, node_name=node.name)
-    ):
-        return False
-    return not (
-        constraint.honor_taints and untolerated_taints(taints=node.taints, tolerations=pod.tolerations)
-    )
 
 
 def _affinity_topology(

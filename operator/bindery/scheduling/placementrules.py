@@ -235,6 +235,20 @@ def claim_in_use(pod: PodInfo, claims: Sequence[str], placed: PlacedPods) -> str
     return None
 
 
+def _incoming(pod: PodInfo) -> Incoming:
+    """The pod as the pure rules read it (the filters ignore its soft rules, the scores use them)."""
+    return Incoming(
+        namespace=pod.namespace,
+        labels=pod.labels,
+        rules=pod.rules,
+        node_selector=pod.node_selector,
+        node_terms=pod.affinity_terms,
+        tolerations=pod.tolerations,
+        uid=pod.uid,
+        soft=pod.soft,
+    )
+
+
 def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     """The rules' verdict for `pod` against the pods on nodes now (itself excluded); None when
     nothing can apply (no rules of its own, and no placed pod with anti-affinity)."""
@@ -251,15 +265,7 @@ def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     ):
         return None  # no rule of its own, and no placed pod's anti-affinity selects it
     return evaluate(
-        pod=Incoming(
-            namespace=pod.namespace,
-            labels=pod.labels,
-            rules=pod.rules,
-            node_selector=pod.node_selector,
-            node_terms=pod.affinity_terms,
-            tolerations=pod.tolerations,
-            uid=pod.uid,
-        ),
+        pod=_incoming(pod),
         placed=placed,
         nodes=placed.nodes(),
         namespace_labels=placed.namespace_labels,
@@ -272,23 +278,16 @@ def rules_preferences(pod: PodInfo, placed: PlacedPods, verdict: Verdict | None 
     no placed pod with affinity or preferred terms toward its namespace (one lookup, for most pods)."""
     if pod.soft is NO_SOFT:  # identity, not __bool__: this runs for every pod
         toward = placed.preferring_toward(pod.namespace)
-        if not toward or all(other.uid == pod.uid for other in toward):
+        if not toward:
             return None
-        incoming = Incoming(namespace=pod.namespace, labels=pod.labels, rules=pod.rules, uid=pod.uid)
+        incoming = _incoming(pod)
         if not selecting(incoming, toward, placed.namespace_labels):
             return None  # terms elsewhere (a namespaceSelector reaches every namespace) select other pods
+    else:
+        incoming = _incoming(pod)
     budget = max_items(Placement, "preferred_node_affinity") - len(pod.preferred_terms)
     return preferences(
-        pod=Incoming(
-            namespace=pod.namespace,
-            labels=pod.labels,
-            rules=pod.rules,
-            node_selector=pod.node_selector,
-            node_terms=pod.affinity_terms,
-            tolerations=pod.tolerations,
-            uid=pod.uid,
-            soft=pod.soft,
-        ),
+        pod=incoming,
         placed=placed,
         nodes=placed.nodes(),
         namespace_labels=placed.namespace_labels,

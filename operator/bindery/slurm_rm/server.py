@@ -56,7 +56,7 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 from aiohttp import web
@@ -322,17 +322,9 @@ class SlurmRM:
     # -- reserve ----------------------------------------------------------------------------------
 
     async def _reserve(self, request: web.Request) -> web.Response:
-        if request.content_type != "application/json":
-            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
-        raw = await request.read()
-        if len(raw) > MAX_BODY_BYTES:
-            return problem(
-                413, ProblemType.PAYLOAD_TOO_LARGE, f"a reserve's body is at most {MAX_BODY_BYTES} bytes"
-            )
-        try:
-            body = ReservationRequest.model_validate_json(raw)
-        except pydantic.ValidationError as error:
-            return _invalid(error)
+        body = await _json_body(request, ReservationRequest, limit=MAX_BODY_BYTES, what="a reserve's")
+        if isinstance(body, web.Response):
+            return body
         return await self.reserve(body)
 
     async def reserve(self, body: ReservationRequest) -> web.Response:
@@ -723,17 +715,11 @@ class SlurmRM:
         ]
 
     async def _reserve_group(self, request: web.Request) -> web.Response:
-        if request.content_type != "application/json":
-            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
-        raw = await request.read()
-        if len(raw) > MAX_GROUP_BODY_BYTES:
-            return problem(
-                413, ProblemType.PAYLOAD_TOO_LARGE, f"a group's body is at most {MAX_GROUP_BODY_BYTES} bytes"
-            )
-        try:
-            body = ReservationGroupRequest.model_validate_json(raw)
-        except pydantic.ValidationError as error:
-            return _invalid(error)
+        body = await _json_body(
+            request, ReservationGroupRequest, limit=MAX_GROUP_BODY_BYTES, what="a group's"
+        )
+        if isinstance(body, web.Response):
+            return body
         if body.cluster_id is not None:
             return _cluster_id_refused()
         who = f"group {body.group.namespace}/{body.group.name}"
@@ -940,12 +926,9 @@ class SlurmRM:
             return web.Response(status=204)
 
     async def _renew_group(self, request: web.Request) -> web.Response:
-        if request.content_type != "application/json":
-            return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
-        try:
-            body = GroupRenewRequest.model_validate_json(await request.read())
-        except pydantic.ValidationError as error:
-            return _invalid(error)
+        body = await _json_body(request, GroupRenewRequest)
+        if isinstance(body, web.Response):
+            return body
         group_id = request.match_info["id"]
         async with self._lock:
             members = await self._members(group_id)
@@ -1070,6 +1053,24 @@ def _job_memory(job: dict[str, Any]) -> int:
 
 def _counted(reasons: dict[str, int]) -> str:
     return ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
+
+
+_Body = TypeVar("_Body", bound=pydantic.BaseModel)
+
+
+async def _json_body(
+    request: web.Request, model: type[_Body], *, limit: int | None = None, what: str = "a request's"
+) -> _Body | web.Response:
+    """The request's JSON body as `model`, or the problem to answer (415, 413 past `limit`, 400)."""
+    if request.content_type != "application/json":
+        return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+    raw = await request.read()
+    if limit is not None and len(raw) > limit:
+        return problem(413, ProblemType.PAYLOAD_TOO_LARGE, f"{what} body is at most {limit} bytes")
+    try:
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError as error:
+        return _invalid(error)
 
 
 def _invalid(error: pydantic.ValidationError, *, at: tuple[str | int, ...] = ()) -> web.Response:
