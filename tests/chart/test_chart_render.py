@@ -759,3 +759,50 @@ def test_the_flow_schema_puts_the_operator_with_kube_scheduler(
     assert rule["subjects"] == [
         {"kind": "ServiceAccount", "serviceAccount": {"name": "rel-bindery", "namespace": NAMESPACE}}
     ]
+
+
+def test_reference_rm_tls_from_an_existing_secret_is_stable_across_renders(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    """Issue 20, item 6/10: `helm template` (GitOps) cannot look up the generated CA, so each render
+    made a new one and restarted the RM. With `referenceRM.tls.existingSecret` (e.g. cert-manager's
+    Certificate Secret: tls.crt, tls.key, ca.crt) nothing is generated: two renders are identical,
+    the RM mounts that Secret and the ResourceManager trusts its `ca.crt`."""
+    values = {
+        "referenceRM": {
+            "tls": {"enabled": True, "existingSecret": "rm-serving-cert"},
+            "token": {"existingSecret": "rm-token"},
+        }
+    }
+    renders = [ct.render(helm=helm, env=helm_env, tmp=tmp_path, values=values) for _ in range(2)]
+    assert renders[0] == renders[1], "two renders with an existing TLS Secret differ"
+    objects = renders[0]
+    assert not ct.by_kind(objects, "Secret"), (
+        "the chart must not generate a CA, certificate or token when given existing Secrets"
+    )
+    rm = ct.one(objects, "ResourceManager")
+    assert rm["spec"]["endpoint"] == f"https://rel-bindery-rm.{NAMESPACE}.svc:8080"
+    assert rm["spec"]["tls"]["caSecretRef"] == {
+        "namespace": NAMESPACE,
+        "name": "rm-serving-cert",
+        "key": "ca.crt",
+    }
+    pod = ct.one(objects, "Deployment", "rel-bindery-rm")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "rm-serving-cert"
+    args = pod["containers"][0]["args"]
+    assert "--tls-cert=/etc/bindery-rm/tls/tls.crt" in args
+    assert "--tls-key=/etc/bindery-rm/tls/tls.key" in args
+
+
+def test_reference_rm_tls_existing_secret_without_tls_is_refused(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    message = ct.render_error(
+        helm=helm,
+        env=helm_env,
+        tmp=tmp_path,
+        values={"referenceRM": {"tls": {"enabled": False, "existingSecret": "rm-serving-cert"}}},
+    )
+    assert "referenceRM.tls.existingSecret" in message
+    assert "tls.enabled" in message
