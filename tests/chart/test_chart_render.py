@@ -806,3 +806,52 @@ def test_reference_rm_tls_existing_secret_without_tls_is_refused(
     )
     assert "referenceRM.tls.existingSecret" in message
     assert "tls.enabled" in message
+
+
+def test_metrics_behind_the_apiservers_authentication(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    """Issue 20, item 8: `/metrics` can ask scrapers for a token RBAC lets `get` it (`--metrics-auth`),
+    as kube-scheduler's secure port does. The chart turns it on with one value, ships the reader
+    role (bound to nobody) and lets the ServiceMonitor send a token from a Secret."""
+    plain = ct.render(helm=helm, env=helm_env, tmp=tmp_path)
+    (container,) = ct.one(plain, "Deployment", "rel-bindery")["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-auth" not in container["args"]
+    values = {
+        "metrics": {
+            "auth": True,
+            "serviceMonitor": {
+                "enabled": True,
+                "bearerTokenSecret": {"name": "prometheus-token", "key": "token"},
+            },
+        }
+    }
+    objects = ct.render(
+        helm=helm,
+        env=helm_env,
+        tmp=tmp_path,
+        values=values,
+        extra=["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"],
+    )
+    (container,) = ct.one(objects, "Deployment", "rel-bindery")["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-auth" in container["args"]
+    reader = ct.one(objects, "ClusterRole", "rel-bindery-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert not [
+        b
+        for b in ct.by_kind(objects, "ClusterRoleBinding")
+        if b["roleRef"]["name"] == reader["metadata"]["name"]
+    ]
+    endpoint = ct.one(objects, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "prometheus-token", "key": "token"},
+    }
+    error = ct.render_error(
+        helm=helm,
+        env=helm_env,
+        tmp=tmp_path,
+        values={"metrics": {"auth": True, "serviceMonitor": {"enabled": True}}},
+        extra=["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"],
+    )
+    assert "metrics.serviceMonitor.bearerTokenSecret" in error
