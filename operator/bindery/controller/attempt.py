@@ -33,7 +33,7 @@ from bindery.kube.reads import read_pod
 from bindery.logcontext import log_context
 from bindery.rm.errors import RMError
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
-from bindery.scheduling.decisions import FailureKind, Outcome
+from bindery.scheduling.decisions import REASON_UNSCHEDULABLE, FailureKind, Outcome
 from bindery.scheduling.framework import Ports, Profile
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import ConditionWriter, EventSink, PodGone
@@ -85,6 +85,18 @@ class Attempts:
             events=_CheckedEvents(inner=ports.events, api=api, gone=self._gone),
             conditions=_NoticedConditions(inner=ports.conditions, gone=self._gone),
         )
+        if preemptions is not None:
+            preemptions.report = self._report_preemption
+
+    async def _report_preemption(self, pod: PodInfo, message: str) -> None:
+        """Why the pod's plan was not carried out, as kube-scheduler reports a failed PostFilter:
+        a FailedScheduling event (throttled like the cycle's) and PodScheduled=False."""
+        note = self._throttle.admit(uid=pod.uid, key="Preemption", message=message)
+        if note is not None:
+            await self.ports.events.failed_scheduling(
+                pod=pod, message=note, scheduler_name=pod.scheduler_name
+            )
+        await self.ports.conditions.pod_scheduled_false(pod=pod, reason=REASON_UNSCHEDULABLE, message=message)
 
     def forget(self, uid: str) -> None:
         """The pod left: drop what the attempts kept about it."""

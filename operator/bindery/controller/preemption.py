@@ -9,8 +9,15 @@ condition first, then the Eviction API (which enforces PodDisruptionBudgets, unl
 delete), then the ``Preempted`` event. The victims' deletion wakes the pod, whose next reserve
 lands on the held room and binds as any other.
 
-A PDB's ``429`` or any other failure cancels the plan and clears the nomination, so the room goes
-back and no further victim is evicted for nothing; the pod is tried again on the next event. A plan
+A plan is refused whole, before anything is evicted, when a victim's eviction would exceed a
+PodDisruptionBudget: when the RM says so (``violatedBudgets``), or when a dry run of every
+eviction (``dryRun=All``, which checks the budgets and changes nothing) is answered ``429``. Evicting
+the first victims and meeting the ``429`` on a later one would leave them evicted for nothing. The
+preemptor is told why (FailedScheduling, PodScheduled=False), naming the budget.
+
+A PDB's ``429`` on the real eviction (a budget changed since the dry run) or any other failure
+cancels the plan and clears the nomination, so the room goes back and no further victim is evicted
+for nothing; the pod is tried again on the next event. A plan
 is carried out once: the RM answers the same plan while its victims terminate, and this process
 remembers which plans it has already carried out.
 """
@@ -21,7 +28,7 @@ import collections
 import datetime
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from bindery.k8s import ApiClient, ApiError, answer_of, patch, resources
@@ -66,6 +73,9 @@ class Preemptions:
         self._logger = logger
         self._hostname = hostname or socket.gethostname()
         self._carried: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: Tells the preemptor why its plan was not carried out (FailedScheduling, PodScheduled=False);
+        #: set by the attempts, which own the pod's reporting.
+        self.report: Callable[[PodInfo, str], Awaitable[None]] | None = None
 
     async def carry_out(self, pod: PodInfo, plan: PreemptionPlan) -> bool:
         """Vet, confirm, nominate, evict; True when every victim was evicted (or already gone)."""
@@ -83,6 +93,12 @@ class Preemptions:
             await self._give_up(pod, plan, f"could not read the victims: {error}", nominated=False)
             return False
         refusal = vet(plan, preemptor=pod, victims=current)
+        if refusal is None:
+            try:
+                refusal = await self._dry_run(plan)
+            except ApiError as error:
+                await self._give_up(pod, plan, f"could not check the evictions: {error}", nominated=False)
+                return False
         if refusal is not None:
             self._count("refused")
             await self._give_up(pod, plan, refusal, nominated=False)
@@ -96,6 +112,7 @@ class Preemptions:
         self._count("confirmed")
         victims = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in plan.victims)
         self._logger.info(f"preempting {victims} on node {plan.node} for pod {pod.key} (plan {plan.plan_id})")
+        evicted = 0
         try:
             await self._nominate(pod, plan.node)
             for victim in plan.victims:
@@ -106,10 +123,12 @@ class Preemptions:
                         f"the eviction of {victim.pod.namespace}/{victim.pod.name} was refused by a "
                         "PodDisruptionBudget",
                         nominated=True,
+                        evicted=evicted,
                     )
                     return False
+                evicted += 1
         except ApiError as error:
-            await self._give_up(pod, plan, f"the apiserver failed: {error}", nominated=True)
+            await self._give_up(pod, plan, f"the apiserver failed: {error}", nominated=True, evicted=evicted)
             return False
         return True
 
@@ -118,9 +137,42 @@ class Preemptions:
         while len(self._carried) > REMEMBERED_PLANS:
             self._carried.popitem(last=False)
 
-    async def _give_up(self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool) -> None:
+    async def _dry_run(self, plan: PreemptionPlan) -> str | None:
+        """Why the Eviction API would refuse one of the victims (a PodDisruptionBudget the RM did not
+        know, or one that changed since), or None. Each victim alone: two victims under one budget
+        allowing one disruption both pass here, and the second is refused on the real eviction."""
+        for victim in plan.victims:
+            namespace, name = victim.pod.namespace, victim.pod.name
+            status, payload = await answer_of(
+                self._api,
+                "POST",
+                resources.PODS.path(namespace=namespace, name=name, subresource="eviction"),
+                query={"dryRun": "All"},
+                body=_eviction(namespace, name, victim.pod.uid),
+                request_timeout=_TIMEOUT,
+                what=f"checking the eviction of {namespace}/{name}",
+            )
+            if status == 429:
+                return f"evicting victim {namespace}/{name} on node {plan.node} is refused: {_why(payload)}"
+            if status >= 300 and status not in (404, 409):  # gone or recreated: the real eviction says
+                raise ApiError(
+                    payload.decode(errors="replace")[:500],
+                    status=status,
+                    what=f"checking the eviction of {namespace}/{name}",
+                )
+        return None
+
+    async def _give_up(
+        self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool, evicted: int = 0
+    ) -> None:
         """Cancel the plan (the room goes back) and clear the nomination; the pod waits for an event."""
         self._logger.warning(f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled")
+        if self.report is not None:
+            done = f"{evicted} victim(s) already evicted for it" if evicted else "nothing was evicted for it"
+            try:
+                await self.report(pod, f"Preemption on node {plan.node} is not possible: {why}; {done}.")
+            except Exception as error:  # reporting is best effort
+                self._logger.warning(f"could not tell pod {pod.key} why it preempts nothing: {error}")
         self._carried.pop(plan.plan_id, None)
         self._count("cancelled")
         try:
@@ -164,17 +216,11 @@ class Preemptions:
                 return True
             raise
         path = resources.PODS.path(namespace=namespace, name=name, subresource="eviction")
-        eviction = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-            "deleteOptions": {"preconditions": {"uid": uid}},
-        }
         status, payload = await answer_of(
             self._api,
             "POST",
             path,
-            body=eviction,
+            body=_eviction(namespace, name, uid),
             request_timeout=_TIMEOUT,
             what=f"evicting {namespace}/{name}",
         )
@@ -238,3 +284,27 @@ class Preemptions:
                 f"Preempted event of {namespace}/{name} not written (HTTP {status}): "
                 f"{json.dumps(payload.decode(errors='replace')[:200])}"
             )
+
+
+def _eviction(namespace: str, name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": {"preconditions": {"uid": uid}},
+    }
+
+
+def _why(payload: bytes) -> str:
+    """The budget's own words from a 429 Status (``details.causes``: "The disruption budget X needs
+    4 healthy pods and has 4 currently"), else its message."""
+    try:
+        status = json.loads(payload)
+    except ValueError:
+        return payload.decode(errors="replace")[:300]
+    causes = [
+        str(cause["message"])
+        for cause in (status.get("details") or {}).get("causes") or ()
+        if cause.get("message")
+    ]
+    return "; ".join(causes) or str(status.get("message") or "HTTP 429")[:300]
