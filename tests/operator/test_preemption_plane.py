@@ -9,9 +9,12 @@ has no kubelet, so an evicted pod with a grace period would stay Terminating for
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import pathlib
+import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -19,6 +22,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.controller.preemption import PREEMPTION_BACKOFF
 from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
@@ -35,6 +39,8 @@ from tests.realrm import RMProcess
 
 POOL = "bindery.dev/test-pool"
 LOW, HIGH = 10, 100_000
+#: How long the back-off test keeps nodes changing (it spans the first back-off, not the second).
+WINDOW_SECONDS = 25.0
 
 
 class Pool:
@@ -396,3 +402,56 @@ async def test_a_pdb_refusing_the_eviction_cancels_the_plan_and_evicts_nothing(p
         pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
         targets += [c for c in pod["status"].get("conditions") or () if c["type"] == "DisruptionTarget"]
     assert targets == []
+
+
+async def test_a_preemptor_blocked_by_a_pdb_backs_off_instead_of_looping(pool: Pool) -> None:
+    """Issue 21: "No loops: repeated failures back off." Every plan for the preemptor needs a
+    protected victim, so each is refused. A node changes every half second meanwhile (each change
+    retries parked pods, as a busy cluster does). The plans the RM proposes for the preemptor grow
+    like PREEMPTION_BACKOFF (at t0, t0+10 s, t0+30 s, ...), not with the events; the bound allows
+    one more plan than that schedule, for the time between a plan and this test seeing it."""
+    placed = await pool.fill()
+    for name in placed:
+        await client.CoreV1Api(pool.api).patch_namespaced_pod_status(
+            name=name,
+            namespace=pool.namespace,
+            body={"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+        )
+    await pool.budget("keep-low", selector={"tier": "low"}, min_available=4)
+    churn = f"pe-{pool.token}-churn"
+    await create_node(pool.api, name=churn, capacity={"cpu": "1", "pods": "10"}, labels={"churn": "0"})
+    try:
+        uid = (await pool.create("high", priority_class="high"))["metadata"]["uid"]
+
+        def plans() -> set[str]:
+            pattern = re.compile(rf"plan (pln-[0-9a-f]+) for pod {re.escape(uid)}:")
+            return set(pattern.findall(pool.rm.log_path.read_text(errors="replace")))
+
+        async def at_least(count: int) -> bool | None:
+            return len(plans()) >= count or None
+
+        await eventually(lambda: at_least(1), within=60, what="the first plan")
+        started = time.monotonic()
+        step = 0
+        while time.monotonic() - started < WINDOW_SECONDS:
+            step += 1
+            await client.CoreV1Api(pool.api).patch_node(
+                name=churn, body={"metadata": {"labels": {"churn": str(step)}}}
+            )
+            await asyncio.sleep(0.5)
+        elapsed = time.monotonic() - started
+        proposed = len(plans())
+        print(f"{proposed} plan(s) proposed for the preemptor in {elapsed:.1f} s of node events")
+        delays = [PREEMPTION_BACKOFF.delay(attempts=n) for n in range(1, 20)]
+        allowed = 1 + sum(1 for k in range(1, 20) if sum(delays[:k]) <= elapsed) + 1
+        assert proposed <= allowed, (
+            f"{proposed} plans proposed for the preemptor in {elapsed:.0f} s of node events; the "
+            f"back-off allows {allowed}"
+        )
+        # It is not given up either: a new plan comes once the first back-off ends.
+        await eventually(lambda: at_least(2), within=60, what="a plan after the back-off")
+        assert await pool.existing(list(placed)) == list(placed)
+        assert await pool.node_of("high") is None
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await client.CoreV1Api(pool.api).delete_node(name=churn)

@@ -101,6 +101,8 @@ class Attempts:
     def forget(self, uid: str) -> None:
         """The pod left: drop what the attempts kept about it."""
         self._throttle.forget(uid)
+        if self._preemptions is not None:
+            self._preemptions.forget(uid)
         self._gone.discard(uid)  # a gang member found gone has no cycle to drop it
 
     def sizes(self) -> dict[str, int]:
@@ -142,9 +144,17 @@ class Attempts:
     async def _in_context(self, pod: PodInfo) -> None:
         started = time.perf_counter()
         self._cycling.add(pod.uid)
+        asked = pod
+        if (
+            self._preemptions is not None
+            and pod.preemption_policy != "Never"
+            and self._preemptions.paused(pod.uid)
+        ):
+            # Backing off after a failed plan: this reserve asks the RM for no plan (no loops).
+            asked = dataclasses.replace(pod, preemption_policy="Never")
         try:
             result = await schedule_one(
-                pod=pod, profile=self._profile(), ports=self.ports, throttle=self._throttle
+                pod=asked, profile=self._profile(), ports=self.ports, throttle=self._throttle
             )
         except asyncio.CancelledError:  # paused or stopped: the cycle has unreserved; requeue
             self._queue.done(pod.uid, outcome=Outcome.ERROR)
@@ -181,6 +191,8 @@ class Attempts:
         if plan is not None and self._preemptions is not None:
             # After `done`: the victims' deletion is the event that wakes the pod for its reserve.
             await self._preemptions.carry_out(pod, plan)
+        if no_room and self._preemptions is not None and (pause := self._preemptions.paused(pod.uid)):
+            self._queue.retry_within(pod.uid, pause)  # it may preempt again then, event or not
         if result.outcome is Outcome.DROPPED:
             self._throttle.forget(pod.uid)
             self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it

@@ -20,6 +20,12 @@ cancels the plan and clears the nomination, so the room goes back and no further
 for nothing; the pod is tried again on the next event. A plan
 is carried out once: the RM answers the same plan while its victims terminate, and this process
 remembers which plans it has already carried out.
+
+No loops (volcano#377): a preemptor whose plan was refused or cancelled backs off, per pod, on
+:data:`PREEMPTION_BACKOFF` (10 s, doubled per failure, at most 5 minutes). Meanwhile its reserves
+ask for no plan (``preemptionPolicy: Never`` to the RM), so no victim is proposed, confirmed or
+marked for it; it may still be placed where room appears by itself, and it is tried again when
+the back-off ends. Its first plan carried out, or its leaving, forgets the back-off.
 """
 
 from __future__ import annotations
@@ -28,9 +34,11 @@ import collections
 import datetime
 import json
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from bindery.backoff import Backoff, BackoffPolicy
 from bindery.k8s import ApiClient, ApiError, answer_of, patch, resources
 from bindery.k8s.api import STRATEGIC_PATCH
 from bindery.kube.events import event_body
@@ -45,6 +53,11 @@ __all__ = ["PlanClient", "Preemptions"]
 
 #: Plans remembered as carried out (per runner); the oldest are forgotten past this.
 REMEMBERED_PLANS = 10_000
+#: After a plan refused or cancelled, how long the preemptor waits before it may preempt again:
+#: longer than the queue's (kube-scheduler's 1 s to 10 s), since each try may mark and evict pods.
+PREEMPTION_BACKOFF = BackoffPolicy(initial=10.0, maximum=300.0)
+#: Preemptors backing off, remembered at most (the oldest are forgotten past this).
+REMEMBERED_BACKOFFS = 10_000
 _TIMEOUT = 10.0
 
 
@@ -65,6 +78,7 @@ class Preemptions:
         logger: Logger,
         count: Callable[[str], None] = lambda outcome: None,
         hostname: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``count``: called with each outcome, for ``bindery_preemptions_total``."""
         self._count = count
@@ -73,6 +87,9 @@ class Preemptions:
         self._logger = logger
         self._hostname = hostname or socket.gethostname()
         self._carried: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._clock = clock
+        #: Preemptors whose last plan failed: their back-off and when they may preempt again.
+        self._backoffs: collections.OrderedDict[str, tuple[Backoff, float]] = collections.OrderedDict()
         #: Tells the preemptor why its plan was not carried out (FailedScheduling, PodScheduled=False);
         #: set by the attempts, which own the pod's reporting.
         self.report: Callable[[PodInfo, str], Awaitable[None]] | None = None
@@ -130,7 +147,25 @@ class Preemptions:
         except ApiError as error:
             await self._give_up(pod, plan, f"the apiserver failed: {error}", nominated=True, evicted=evicted)
             return False
+        self._backoffs.pop(pod.uid, None)
         return True
+
+    def paused(self, uid: str) -> float:
+        """Seconds until the pod may preempt again (0 when it may now)."""
+        entry = self._backoffs.get(uid)
+        return max(entry[1] - self._clock(), 0.0) if entry is not None else 0.0
+
+    def forget(self, uid: str) -> None:
+        """The pod was bound or left: its back-off ends with it."""
+        self._backoffs.pop(uid, None)
+
+    def _back_off(self, uid: str) -> float:
+        backoff = self._backoffs.pop(uid, (Backoff(PREEMPTION_BACKOFF), 0.0))[0]
+        delay = backoff.next()
+        self._backoffs[uid] = (backoff, self._clock() + delay)
+        while len(self._backoffs) > REMEMBERED_BACKOFFS:
+            self._backoffs.popitem(last=False)
+        return delay
 
     def _remember(self, plan_id: str) -> None:
         self._carried[plan_id] = None
@@ -166,11 +201,19 @@ class Preemptions:
         self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool, evicted: int = 0
     ) -> None:
         """Cancel the plan (the room goes back) and clear the nomination; the pod waits for an event."""
-        self._logger.warning(f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled")
+        delay = self._back_off(pod.uid)
+        self._logger.warning(
+            f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled, no new plan "
+            f"for {delay:g} s"
+        )
         if self.report is not None:
             done = f"{evicted} victim(s) already evicted for it" if evicted else "nothing was evicted for it"
             try:
-                await self.report(pod, f"Preemption on node {plan.node} is not possible: {why}; {done}.")
+                await self.report(
+                    pod,
+                    f"Preemption on node {plan.node} is not possible: {why}; {done}. Preemption is tried "
+                    f"again in {delay:g} s at the earliest.",
+                )
             except Exception as error:  # reporting is best effort
                 self._logger.warning(f"could not tell pod {pod.key} why it preempts nothing: {error}")
         self._carried.pop(plan.plan_id, None)
