@@ -10,7 +10,7 @@ from tests.scheduling.fakes import FakeClock, pod
 
 def test_a_parked_pod_is_tried_again_when_told_and_never_later_than_it_was_due() -> None:
     clock = FakeClock()
-    queue = SchedulingQueue(max_in_flight=10, clock=clock, max_parked_seconds=300.0)  # type: ignore[arg-type]
+    queue = SchedulingQueue(max_in_flight=10, clock=clock, max_parked_seconds=300.0)
     for name in ("a", "b"):
         queue.add(pod(name))
         assert queue.pop_nowait() is not None
