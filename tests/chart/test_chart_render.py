@@ -307,9 +307,11 @@ def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
         }
     ]
     rm_role = ct.one(objects, "ClusterRole", "rel-bindery-rm")
-    # Read-only: Nodes, and the pods bound to them (pods it did not place use capacity too).
+    # Read-only: Nodes, and the pods bound to them (pods it did not place use capacity too), and
+    # PodDisruptionBudgets (preemption spares the pods they protect).
     assert rm_role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},
     ]
 
 

@@ -9,10 +9,23 @@ condition first, then the Eviction API (which enforces PodDisruptionBudgets, unl
 delete), then the ``Preempted`` event. The victims' deletion wakes the pod, whose next reserve
 lands on the held room and binds as any other.
 
-A PDB's ``429`` or any other failure cancels the plan and clears the nomination, so the room goes
-back and no further victim is evicted for nothing; the pod is tried again on the next event. A plan
+A plan is refused whole, before anything is evicted, when a victim's eviction would exceed a
+PodDisruptionBudget: when the RM says so (``violatedBudgets``), or when a dry run of every
+eviction (``dryRun=All``, which checks the budgets and changes nothing) is answered ``429``. Evicting
+the first victims and meeting the ``429`` on a later one would leave them evicted for nothing. The
+preemptor is told why (FailedScheduling, PodScheduled=False), naming the budget.
+
+A PDB's ``429`` on the real eviction (a budget changed since the dry run) or any other failure
+cancels the plan and clears the nomination, so the room goes back and no further victim is evicted
+for nothing; the pod is tried again on the next event. A plan
 is carried out once: the RM answers the same plan while its victims terminate, and this process
 remembers which plans it has already carried out.
+
+No loops (volcano#377): a preemptor whose plan was refused or cancelled backs off, per pod, on
+:data:`PREEMPTION_BACKOFF` (10 s, doubled per failure, at most 5 minutes). Meanwhile its reserves
+ask for no plan (``preemptionPolicy: Never`` to the RM), so no victim is proposed, confirmed or
+marked for it; it may still be placed where room appears by itself, and it is tried again when
+the back-off ends. Its first plan carried out, or its leaving, forgets the back-off.
 """
 
 from __future__ import annotations
@@ -21,9 +34,11 @@ import collections
 import datetime
 import json
 import socket
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from bindery.backoff import Backoff, BackoffPolicy
 from bindery.k8s import ApiClient, ApiError, answer_of, patch, resources
 from bindery.k8s.api import STRATEGIC_PATCH
 from bindery.kube.events import event_body
@@ -38,6 +53,11 @@ __all__ = ["PlanClient", "Preemptions"]
 
 #: Plans remembered as carried out (per runner); the oldest are forgotten past this.
 REMEMBERED_PLANS = 10_000
+#: After a plan refused or cancelled, how long the preemptor waits before it may preempt again:
+#: longer than the queue's (kube-scheduler's 1 s to 10 s), since each try may mark and evict pods.
+PREEMPTION_BACKOFF = BackoffPolicy(initial=10.0, maximum=300.0)
+#: Preemptors backing off, remembered at most (the oldest are forgotten past this).
+REMEMBERED_BACKOFFS = 10_000
 _TIMEOUT = 10.0
 
 
@@ -58,6 +78,7 @@ class Preemptions:
         logger: Logger,
         count: Callable[[str], None] = lambda outcome: None,
         hostname: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``count``: called with each outcome, for ``bindery_preemptions_total``."""
         self._count = count
@@ -66,6 +87,12 @@ class Preemptions:
         self._logger = logger
         self._hostname = hostname or socket.gethostname()
         self._carried: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._clock = clock
+        #: Preemptors whose last plan failed: their back-off and when they may preempt again.
+        self._backoffs: collections.OrderedDict[str, tuple[Backoff, float]] = collections.OrderedDict()
+        #: Tells the preemptor why its plan was not carried out (FailedScheduling, PodScheduled=False);
+        #: set by the attempts, which own the pod's reporting.
+        self.report: Callable[[PodInfo, str], Awaitable[None]] | None = None
 
     async def carry_out(self, pod: PodInfo, plan: PreemptionPlan) -> bool:
         """Vet, confirm, nominate, evict; True when every victim was evicted (or already gone)."""
@@ -83,6 +110,12 @@ class Preemptions:
             await self._give_up(pod, plan, f"could not read the victims: {error}", nominated=False)
             return False
         refusal = vet(plan, preemptor=pod, victims=current)
+        if refusal is None:
+            try:
+                refusal = await self._dry_run(plan)
+            except ApiError as error:
+                await self._give_up(pod, plan, f"could not check the evictions: {error}", nominated=False)
+                return False
         if refusal is not None:
             self._count("refused")
             await self._give_up(pod, plan, refusal, nominated=False)
@@ -96,6 +129,7 @@ class Preemptions:
         self._count("confirmed")
         victims = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in plan.victims)
         self._logger.info(f"preempting {victims} on node {plan.node} for pod {pod.key} (plan {plan.plan_id})")
+        evicted = 0
         try:
             await self._nominate(pod, plan.node)
             for victim in plan.victims:
@@ -106,21 +140,82 @@ class Preemptions:
                         f"the eviction of {victim.pod.namespace}/{victim.pod.name} was refused by a "
                         "PodDisruptionBudget",
                         nominated=True,
+                        evicted=evicted,
                     )
                     return False
+                evicted += 1
         except ApiError as error:
-            await self._give_up(pod, plan, f"the apiserver failed: {error}", nominated=True)
+            await self._give_up(pod, plan, f"the apiserver failed: {error}", nominated=True, evicted=evicted)
             return False
+        self._backoffs.pop(pod.uid, None)
         return True
+
+    def paused(self, uid: str) -> float:
+        """Seconds until the pod may preempt again (0 when it may now)."""
+        entry = self._backoffs.get(uid)
+        return max(entry[1] - self._clock(), 0.0) if entry is not None else 0.0
+
+    def forget(self, uid: str) -> None:
+        """The pod was bound or left: its back-off ends with it."""
+        self._backoffs.pop(uid, None)
+
+    def _back_off(self, uid: str) -> float:
+        backoff = self._backoffs.pop(uid, (Backoff(PREEMPTION_BACKOFF), 0.0))[0]
+        delay = backoff.next()
+        self._backoffs[uid] = (backoff, self._clock() + delay)
+        while len(self._backoffs) > REMEMBERED_BACKOFFS:
+            self._backoffs.popitem(last=False)
+        return delay
 
     def _remember(self, plan_id: str) -> None:
         self._carried[plan_id] = None
         while len(self._carried) > REMEMBERED_PLANS:
             self._carried.popitem(last=False)
 
-    async def _give_up(self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool) -> None:
+    async def _dry_run(self, plan: PreemptionPlan) -> str | None:
+        """Why the Eviction API would refuse one of the victims (a PodDisruptionBudget the RM did not
+        know, or one that changed since), or None. Each victim alone: two victims under one budget
+        allowing one disruption both pass here, and the second is refused on the real eviction."""
+        for victim in plan.victims:
+            namespace, name = victim.pod.namespace, victim.pod.name
+            status, payload = await answer_of(
+                self._api,
+                "POST",
+                resources.PODS.path(namespace=namespace, name=name, subresource="eviction"),
+                query={"dryRun": "All"},
+                body=_eviction(namespace, name, victim.pod.uid),
+                request_timeout=_TIMEOUT,
+                what=f"checking the eviction of {namespace}/{name}",
+            )
+            if status == 429:
+                return f"evicting victim {namespace}/{name} on node {plan.node} is refused: {_why(payload)}"
+            if status >= 300 and status not in (404, 409):  # gone or recreated: the real eviction says
+                raise ApiError(
+                    payload.decode(errors="replace")[:500],
+                    status=status,
+                    what=f"checking the eviction of {namespace}/{name}",
+                )
+        return None
+
+    async def _give_up(
+        self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool, evicted: int = 0
+    ) -> None:
         """Cancel the plan (the room goes back) and clear the nomination; the pod waits for an event."""
-        self._logger.warning(f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled")
+        delay = self._back_off(pod.uid)
+        self._logger.warning(
+            f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled, no new plan "
+            f"for {delay:g} s"
+        )
+        if self.report is not None:
+            done = f"{evicted} victim(s) already evicted for it" if evicted else "nothing was evicted for it"
+            try:
+                await self.report(
+                    pod,
+                    f"Preemption on node {plan.node} is not possible: {why}; {done}. Preemption is tried "
+                    f"again in {delay:g} s at the earliest.",
+                )
+            except Exception as error:  # reporting is best effort
+                self._logger.warning(f"could not tell pod {pod.key} why it preempts nothing: {error}")
         self._carried.pop(plan.plan_id, None)
         self._count("cancelled")
         try:
@@ -164,17 +259,11 @@ class Preemptions:
                 return True
             raise
         path = resources.PODS.path(namespace=namespace, name=name, subresource="eviction")
-        eviction = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-            "deleteOptions": {"preconditions": {"uid": uid}},
-        }
         status, payload = await answer_of(
             self._api,
             "POST",
             path,
-            body=eviction,
+            body=_eviction(namespace, name, uid),
             request_timeout=_TIMEOUT,
             what=f"evicting {namespace}/{name}",
         )
@@ -238,3 +327,27 @@ class Preemptions:
                 f"Preempted event of {namespace}/{name} not written (HTTP {status}): "
                 f"{json.dumps(payload.decode(errors='replace')[:200])}"
             )
+
+
+def _eviction(namespace: str, name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": {"preconditions": {"uid": uid}},
+    }
+
+
+def _why(payload: bytes) -> str:
+    """The budget's own words from a 429 Status (``details.causes``: "The disruption budget X needs
+    4 healthy pods and has 4 currently"), else its message."""
+    try:
+        status = json.loads(payload)
+    except ValueError:
+        return payload.decode(errors="replace")[:300]
+    causes = [
+        str(cause["message"])
+        for cause in (status.get("details") or {}).get("causes") or ()
+        if cause.get("message")
+    ]
+    return "; ".join(causes) or str(status.get("message") or "HTTP 429")[:300]

@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mirror-nodes",
         action="store_true",
         help="mirror the cluster's Node objects, and count every pod bound to them (needs get/list/watch "
-        "on nodes and pods)",
+        "on nodes and pods; list/watch on policy poddisruptionbudgets lets preemption spare protected pods)",
     )
     serve.add_argument(
         "--node-selector", default="", help="label selector of the nodes to mirror, e.g. pool=gpu"
@@ -280,7 +280,7 @@ async def _serve(args: argparse.Namespace) -> None:
         )
         if args.mirror_nodes:
             from bindery.k8s.api import client_from
-            from bindery.reference_rm.mirror import MirrorGate, NodeMirror, PodMirror
+            from bindery.reference_rm.mirror import BudgetMirror, MirrorGate, NodeMirror, PodMirror
 
             kubeconfig = str(args.kubeconfig) if args.kubeconfig is not None else None
             api = await stack.enter_async_context(await client_from(kubeconfig=kubeconfig))
@@ -299,6 +299,12 @@ async def _serve(args: argparse.Namespace) -> None:
                 stack.callback(task.cancel)
                 # A mirror failing for too long leaves the RM placing on a stale snapshot: unready.
                 server.rm.add_readiness_check(mirror.health.stale_reason)
+            # PodDisruptionBudgets only steer preemption's choice of victims: no readiness check.
+            budgets = asyncio.create_task(
+                BudgetMirror(api=api, on_change=server.rm.set_budgets, stale_after=stale).run(),
+                name="budget-mirror",
+            )
+            stack.callback(budgets.cancel)
         print(f"{BANNER}{server.url}", flush=True)
         await stop.wait()
 

@@ -46,6 +46,7 @@ from bindery.reference_rm.accounting import BoundPod, ClusterPods
 from bindery.reference_rm.placement import InventoryNode, Policy
 from bindery.reference_rm.preemption import (
     DEFAULT_LEASE_SECONDS,
+    Budget,
     Plan,
     PlanBook,
     choose_victims,
@@ -527,6 +528,8 @@ class ReferenceRM:
         )
         # Mirror mode: the pods bound to nodes (reference_rm/accounting.py).
         self._pods: ClusterPods | None = None
+        # Mirror mode: the PodDisruptionBudgets, which preemption spares where it can.
+        self._budgets: tuple[Budget, ...] = ()
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="refrm-store")
         try:
             self._store: Store = self._writer.submit(
@@ -563,6 +566,10 @@ class ReferenceRM:
         :mod:`bindery.reference_rm.accounting`.
         """
         self._pods = pods
+
+    def set_budgets(self, budgets: Sequence[Budget]) -> None:
+        """Swap the PodDisruptionBudgets known (the budget mirror calls this on every change)."""
+        self._budgets = tuple(budgets)
 
     def add_readiness_check(self, check: ReadinessCheck) -> None:
         """``/readyz`` answers 503 with ``check()``'s reason whenever it returns one."""
@@ -801,7 +808,15 @@ class ReferenceRM:
             "plan %s for pod %s: evict %s on %s",
             plan.plan_id,
             request.pod.uid,
-            ", ".join(victim.key for victim in plan.victims),
+            ", ".join(
+                victim.key
+                + (
+                    f" (exceeds budget {', '.join(plan.violations[victim.uid])})"
+                    if victim.uid in plan.violations
+                    else ""
+                )
+                for victim in plan.victims
+            ),
             plan.node,
         )
 
@@ -838,11 +853,18 @@ class ReferenceRM:
             used_by_node=used,
             pods=pods,
             spoken_for=self._plans.spoken_for(),
+            budgets=self._budgets,
         )
         if found is None:
             return None
         chosen = next(n for n in self._inventory if n.name == found.node)
-        return self._plans.propose(pod_uid=pod.uid, node=chosen, requests=requests, victims=found.victims)
+        return self._plans.propose(
+            pod_uid=pod.uid,
+            node=chosen,
+            requests=requests,
+            victims=found.victims,
+            violations=found.violations,
+        )
 
     def _remember_placed(self, request: ReservationRequest, reservation: StoredReservation) -> None:
         if self._pods is not None or not self.preemption:

@@ -535,6 +535,10 @@ class PreemptionVictim(_Response):
     reservation_id: str | None = None
     pod: VictimPod
     frees: dict[str, str] = Field(default_factory=dict)
+    #: The PodDisruptionBudgets (in the victim's namespace) its eviction would exceed, as the RM
+    #: last saw them; empty when none or when the RM knows no budgets. The Eviction API would answer
+    #: 429, so a caller refuses such a plan before evicting anything.
+    violated_budgets: list[str] = Field(default_factory=list)
 
 
 class PlanState(enum.StrEnum):

@@ -29,7 +29,10 @@ def vet(
 ) -> str | None:
     """Why the plan must not be carried out, or None when it may.
 
-    ``victims``: each victim's current Pod by ``namespace/name`` (None when it is gone).
+    ``victims``: each victim's current Pod by ``namespace/name`` (None when it is gone). A plan
+    naming a victim a PodDisruptionBudget protects (``violatedBudgets``, from an RM that follows
+    budgets) is refused whole: Bindery evicts through the Eviction API, which would refuse that
+    victim, and evicting the others first would be evicting them for nothing.
     """
     if preemptor.preemption_policy == "Never":
         return f"pod {preemptor.key} has preemptionPolicy Never"
@@ -50,6 +53,16 @@ def vet(
             return (
                 f"victim {key} has priority {int(spec.get('priority') or 0)}, not lower than "
                 f"{preemptor.key}'s {preemptor.priority}"
+            )
+    for victim in plan.victims:
+        # Checked last, after every victim is known to be current: the Eviction API would answer
+        # 429 for this one, possibly after others were evicted for nothing.
+        if victim.violated_budgets:
+            budgets = ", ".join(f"{victim.pod.namespace}/{name}" for name in victim.violated_budgets)
+            plural = "s" if len(victim.violated_budgets) > 1 else ""
+            return (
+                f"evicting victim {victim.pod.namespace}/{victim.pod.name} on node {plan.node} would "
+                f"exceed PodDisruptionBudget{plural} {budgets}, and every node needs such a victim"
             )
     return None
 

@@ -357,6 +357,16 @@ class SchedulingQueue:
             log.debug("moved %d unschedulable pods back: %s", moved, reason)
         return moved
 
+    def retry_within(self, uid: str, seconds: float) -> None:
+        """An unschedulable pod parked for longer is tried again after ``seconds`` at the latest
+        (a preemption back-off ending: the pod may then preempt again, with no event to wake it)."""
+        entry = self._entries.get(uid)
+        if entry is None or entry.state is not _State.UNSCHEDULABLE:
+            return
+        at = self._clock.now() + seconds
+        if entry.ready_at > at:
+            self._park(entry, _State.UNSCHEDULABLE, ready_at=at)
+
     # -- consumers -----------------------------------------------------------------------------
 
     def pop_nowait(self) -> PodInfo | None:
