@@ -8,6 +8,10 @@ pins the crash between "plan confirmed and victims evicted" and "preemptor bound
 log line: the operator (``bindery run`` as its own process) is SIGKILLed once both victims carry
 their deletionTimestamp and ``Preempted`` event, and started again.
 
+A second test stops it earlier, between the RM's confirm and its answer (the RM-side proxy of
+``tests/rmproxy.py`` holds the answer while the test SIGKILLs the operator): nothing is nominated or
+evicted yet, the RM holds the room.
+
 Required afterwards: the restarted operator takes the plan up where the dead one left it (it does
 not evict the victims a second time, nor pick new ones); once the finalizers go, the preemptor is
 bound on the plan's node; no pod is bound twice, no node overcommitted, every reservation committed
@@ -16,6 +20,7 @@ to its pod's node or released (the harness's invariants and ``bindery audit``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pathlib
 import re
@@ -36,6 +41,7 @@ from tests.realrm import (
     operator_process,
     settled_invariants,
 )
+from tests.rmproxy import RMFaultProxy, rm_fault_proxy
 
 POOL = "bindery.dev/test-pool"
 HOLD = "bindery.dev/test-hold"  # keeps an evicted victim Terminating until the test lets it go
@@ -45,7 +51,10 @@ pytestmark = pytest.mark.timeout(300)
 
 
 class Stage:
-    def __init__(self, *, api: client.ApiClient, namespace: str, token: str, rm: RMProcess) -> None:
+    def __init__(
+        self, *, api: client.ApiClient, namespace: str, token: str, rm: RMProcess, proxy: RMFaultProxy
+    ) -> None:
+        self.proxy = proxy  # between the operator and the RM; faults off, used to hold one answer
         self.api = api
         self.namespace = namespace
         self.token = token
@@ -116,10 +125,15 @@ async def stage_of(
             await scheduling.create_priority_class(
                 body={"metadata": {"name": f"pc-{token}-{name}"}, "value": value}
             )
-        async with RMProcess(
-            kubeconfig=controlplane.kubeconfig, directory=directory / "rm", node_selector=f"{POOL}={token}"
-        ) as rm:
-            stage = Stage(api=api, namespace=namespace, token=token, rm=rm)
+        async with (
+            RMProcess(
+                kubeconfig=controlplane.kubeconfig,
+                directory=directory / "rm",
+                node_selector=f"{POOL}={token}",
+            ) as rm,
+            rm_fault_proxy(upstream=rm.url, seed=0, rate=0) as proxy,
+        ):
+            stage = Stage(api=api, namespace=namespace, token=token, rm=rm, proxy=proxy)
             for node in stage.nodes:
                 await create_node(
                     api,
@@ -139,7 +153,7 @@ async def stage_of(
                 api,
                 name=stage.rm_name,
                 scheduler_names=[stage.scheduler],
-                endpoint=rm.url,
+                endpoint=proxy.url,
                 auth={"tokenSecretRef": {"namespace": namespace, "name": secret}},
                 backoff={"initialSeconds": 0.2, "maxSeconds": 1},
             ):
@@ -153,6 +167,62 @@ async def stage_of(
         for name in classes:
             with contextlib.suppress(client.ApiException):
                 await scheduling.delete_priority_class(name=f"pc-{token}-{name}")
+
+
+LOW_PODS = [f"low-{i}" for i in range(4)]
+
+
+async def fill(stage: Stage) -> dict[str, str]:
+    """The four low pods (held by the finalizer once evicted), bound two per node: name -> node."""
+    for name in LOW_PODS:
+        await stage.create(name, priority="low", cpu="2", hold=True)
+
+    async def all_bound() -> dict[str, str] | None:
+        pods = await stage.pods()
+        nodes = {n: (pods.get(n, {}).get("spec") or {}).get("nodeName") for n in LOW_PODS}
+        return {n: str(v) for n, v in nodes.items() if v} if all(nodes.values()) else None
+
+    placed: dict[str, str] = await eventually(all_bound, within=60, what="the four low pods bound")
+    return placed
+
+
+async def terminating(stage: Stage) -> list[str]:
+    pods = await stage.pods()
+    return sorted(n for n in LOW_PODS if pods[n]["metadata"].get("deletionTimestamp"))
+
+
+async def finish(stage: Stage, *, controlplane: ControlPlane, node: str) -> list[str]:
+    """Let the victims go once the restarted operator has evicted (or taken up) what it must; then
+    the preemptor bound on ``node``, one ``Preempted`` event per victim, the invariants and the
+    audit clean. Returns the victims."""
+
+    async def victims_evicted() -> list[str] | None:
+        """The victims once each is Terminating and has its Preempted event."""
+        gone = await terminating(stage)
+        events = await stage.preempted_events()
+        return gone if len(gone) == 2 and all(events.get(n) for n in gone) else None
+
+    victims: list[str] = await eventually(victims_evicted, within=60, what="two victims evicted")
+    await stage.release(victims)
+    bound = await eventually(
+        lambda: _node_of(stage, "high"), within=60, what="the preemptor bound after the restart"
+    )
+    assert bound == node
+    await settled_invariants(
+        api=stage.api, rm=stage.rm, namespace=stage.namespace, scheduler_names=[stage.scheduler]
+    )
+    events = await stage.preempted_events()
+    assert events == dict.fromkeys(victims, 1), f"Preempted events per victim: {events}"
+    left = sorted((await stage.pods()).keys())
+    assert left == sorted({*LOW_PODS, "high"} - set(victims)), left
+    findings = await audit_findings(
+        kubeconfig=controlplane.kubeconfig,
+        namespace=stage.namespace,
+        rm_name=stage.rm_name,
+        nodes=stage.nodes,
+    )
+    assert not findings, findings
+    return victims
 
 
 async def test_operator_sigkilled_after_evicting_resumes_the_plan_and_binds_the_preemptor(
@@ -169,56 +239,72 @@ async def test_operator_sigkilled_after_evicting_resumes_the_plan_and_binds_the_
             kubeconfig=operator_kubeconfig, directory=tmp_path / "op", args=["--namespace", namespace]
         ) as operator,
     ):
-        low = [f"low-{i}" for i in range(4)]
-        for name in low:
-            await stage.create(name, priority="low", cpu="2", hold=True)
-
-        async def all_bound() -> dict[str, str] | None:
-            pods = await stage.pods()
-            nodes = {n: (pods.get(n, {}).get("spec") or {}).get("nodeName") for n in low}
-            return {n: str(v) for n, v in nodes.items() if v} if all(nodes.values()) else None
-
-        placed: dict[str, str] = await eventually(all_bound, within=60, what="the four low pods bound")
+        placed = await fill(stage)
         await stage.create("high", priority="high", cpu="4")
 
         async def victims_evicted() -> list[str] | None:
             """The victims once each is Terminating and has its Preempted event."""
-            pods = await stage.pods()
-            terminating = sorted(n for n in low if pods[n]["metadata"].get("deletionTimestamp"))
+            gone = await terminating(stage)
             events = await stage.preempted_events()
-            return terminating if len(terminating) == 2 and all(events.get(n) for n in terminating) else None
+            return gone if len(gone) == 2 and all(events.get(n) for n in gone) else None
 
         victims = await eventually(victims_evicted, within=60, what="two victims evicted")
-        plan_line = await operator.wait_for_log(r"\(plan (pln-[0-9a-f]+)\)")
-        plan_id = plan_line.group(1)
+        plan_id = (await operator.wait_for_log(r"\(plan (pln-[0-9a-f]+)\)")).group(1)
         operator.kill()
         await operator.wait()
         assert placed[victims[0]] == placed[victims[1]], (victims, placed)
-        node = placed[victims[0]]
-        assert not (await read_pod(stage.api, namespace=namespace, name="high"))["spec"].get("nodeName")
+        assert not await _node_of(stage, "high")
 
         await operator.start()
         # The restarted operator meets the plan again: the RM answers it to the preemptor's reserve
         # while the victims terminate. It must say it takes the plan up, then evict nobody.
         await operator.wait_for_log(re.escape(plan_id), within=60)
-        await stage.release(victims)
-        bound = await eventually(
-            lambda: _node_of(stage, "high"), within=60, what="the preemptor bound after the restart"
-        )
-        assert bound == node
-        await settled_invariants(
-            api=kube_api, rm=stage.rm, namespace=namespace, scheduler_names=[stage.scheduler]
-        )
-        events = await stage.preempted_events()
-        assert events == dict.fromkeys(victims, 1), f"Preempted events per victim: {events}"
-        left = sorted((await stage.pods()).keys())
-        assert left == sorted({*low, "high"} - set(victims)), left
+        assert await finish(stage, controlplane=controlplane, node=placed[victims[0]]) == victims
         evicting = [line for line in operator.log().splitlines() if "preempting" in line]
         assert not evicting, f"the restarted operator evicted again: {evicting}"
-        findings = await audit_findings(
-            kubeconfig=controlplane.kubeconfig, namespace=namespace, rm_name=stage.rm_name, nodes=stage.nodes
+
+
+async def test_operator_sigkilled_between_the_rms_confirm_and_its_answer_carries_out_the_plan_after_restart(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    operator_kubeconfig: pathlib.Path,
+    namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """The RM has confirmed (its room is held), the operator never heard it: nothing nominated,
+    nothing evicted. The proxy holds the confirm's answer while the test SIGKILLs the operator."""
+    confirmed = asyncio.Event()
+    answer = asyncio.Event()
+
+    async def hold_the_first_confirm(method: str, path: str) -> None:
+        if path.endswith(":confirm") and not confirmed.is_set():
+            confirmed.set()
+            await answer.wait()
+
+    async with (
+        stage_of(controlplane=controlplane, api=kube_api, namespace=namespace, directory=tmp_path) as stage,
+        operator_process(
+            kubeconfig=operator_kubeconfig, directory=tmp_path / "op", args=["--namespace", namespace]
+        ) as operator,
+    ):
+        stage.proxy.answered = hold_the_first_confirm
+        placed = await fill(stage)
+        await stage.create("high", priority="high", cpu="4")
+        try:
+            await asyncio.wait_for(confirmed.wait(), timeout=60)
+            operator.kill()
+            await operator.wait()
+        finally:
+            answer.set()  # to a dead connection
+        assert await terminating(stage) == [], "evicted before the confirm was answered"
+        plan = re.findall(
+            r"confirmed plan (pln-[0-9a-f]+) \(pod uid \S+, node (\S+)\)", stage.rm.log_path.read_text()
         )
-        assert not findings, findings
+        assert len(plan) == 1, plan
+        await operator.start()
+        victims = await finish(stage, controlplane=controlplane, node=plan[0][1])
+        assert {placed[v] for v in victims} == {plan[0][1]}
 
 
 async def _node_of(stage: Stage, name: str) -> str | None:
