@@ -121,3 +121,14 @@ def test_a_forgotten_parked_pod_leaves_the_wake_index() -> None:
     queue.forget("uid-a")
     assert queue.wake(Touch(namespace="ns")) == 0
     assert len(queue) == 0
+
+
+def test_relabelling_the_refused_pod_moves_it() -> None:
+    """An existing pod's anti-affinity may select it by a label it no longer has."""
+    queue, clock = make_queue()
+    refused(queue)
+    clock.advance(1.0)
+    queue.add(pod("a", labels={"app": "other"}))
+    popped = queue.pop_nowait()
+    assert popped is not None
+    assert popped.labels == {"app": "other"}
