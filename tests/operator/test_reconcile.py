@@ -662,6 +662,26 @@ async def test_a_revoked_reservation_gets_its_running_pod_evicted_with_the_rms_r
             logger=log,
         )
         report = await reconciler.run_once(reason="test")
+        # What a user sees first: the pod is being evicted, and its event says why.
+        evicted = await client.CoreV1Api(kube_api).read_namespaced_pod(name="revoked", namespace=namespace)
+        assert evicted.metadata.deletion_timestamp is not None  # no kubelet here: graceful deletion began
+        events = [
+            e
+            for e in await events_of(kube_api, namespace=namespace, pod_name="revoked")
+            if e["reason"] == "Revoked"
+        ]
+        assert len(events) == 1, events
+        assert events[0]["type"] == "Warning"
+        assert "rm-under-test" in events[0]["note"]
+        assert "cancelled by the site admin (revoked)" in events[0]["note"]
+        assert "evicted" in events[0]["note"]
+        kept = await client.CoreV1Api(kube_api).read_namespaced_pod(name="kept", namespace=namespace)
+        assert kept.metadata.deletion_timestamp is None
+        assert [
+            e
+            for e in await events_of(kube_api, namespace=namespace, pod_name="kept")
+            if e["reason"] == "Revoked"
+        ] == []
         assert report.evicted == (f"{namespace}/revoked",)
         assert set(report.revoked) == {held["revoked"].id, held["departed"].id}
         assert await rm.list_revoked_reservations(scheduler_name=scheduler) == []
@@ -671,23 +691,6 @@ async def test_a_revoked_reservation_gets_its_running_pod_evicted_with_the_rms_r
         again = await reconciler.run_once(reason="test")
         assert again.evicted == ()
         assert again.revoked == ()
-    evicted = await client.CoreV1Api(kube_api).read_namespaced_pod(name="revoked", namespace=namespace)
-    assert evicted.metadata.deletion_timestamp is not None  # no kubelet here: graceful deletion started
-    kept = await client.CoreV1Api(kube_api).read_namespaced_pod(name="kept", namespace=namespace)
-    assert kept.metadata.deletion_timestamp is None
-    events = [
-        e
-        for e in await events_of(kube_api, namespace=namespace, pod_name="revoked")
-        if e["reason"] == "Revoked"
-    ]
-    assert len(events) == 1, events
-    assert events[0]["type"] == "Warning"
-    assert "rm-under-test" in events[0]["note"]
-    assert "cancelled by the site admin (revoked)" in events[0]["note"]
-    assert "evicted" in events[0]["note"]
-    assert [
-        e for e in await events_of(kube_api, namespace=namespace, pod_name="kept") if e["reason"] == "Revoked"
-    ] == []
 
 
 async def test_on_revoked_warn_keeps_the_pod_and_says_why_once(
