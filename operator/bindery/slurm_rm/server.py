@@ -167,13 +167,12 @@ def visible(state: ReservationState) -> ReservationState:
 
 
 def revoked_because(job: dict[str, Any]) -> str:
-    """Slurm's own account of why a placeholder ended: its state, reason and exit code."""
+    """Slurm's own account of why a placeholder ended: its final state and reason. (Not its exit
+    code: slurmrestd 22.05 gives a scancelled job's signal, 15, where a reader expects a status.)"""
     parts = [f"Slurm job {job.get('job_id')} is {job.get('job_state')}"]
     reason = job.get("state_reason")
     if reason and reason != "None":
         parts.append(f"reason {reason}")
-    if job.get("exit_code") not in (None, 0):
-        parts.append(f"exit code {job.get('exit_code')}")
     return ", ".join(parts) + " (ended by Slurm, not by this adapter)"
 
 
