@@ -455,3 +455,46 @@ async def test_a_preemptor_blocked_by_a_pdb_backs_off_instead_of_looping(pool: P
     finally:
         with contextlib.suppress(client.ApiException):
             await client.CoreV1Api(pool.api).delete_node(name=churn)
+
+
+async def test_two_preemptors_racing_for_the_room_one_victim_makes(pool: Pool) -> None:
+    """Issue 21: two preemptors racing for one node. Node 0 holds one priority-10 pod and one of the
+    preemptors' own priority (not a victim); node 1 two of their priority. Evicting the one victim
+    makes room for one preemptor only. Both are created together: exactly one victim is evicted,
+    one preemptor is bound where it was, the other stays Pending saying why, and no node is
+    overcommitted (the room is held for the first: kubernetes/kubernetes#72124)."""
+    first, second = pool.nodes
+    layout = (
+        ("victim", first, "low"),
+        ("peer0", first, "high"),
+        ("peer1", second, "high"),
+        ("peer2", second, "high"),
+    )
+    for name, node, priority_class in layout:
+        await pool.place(name, node, priority_class=priority_class, labels={})
+    await asyncio.gather(*(pool.create(name, priority_class="high") for name in ("racer-a", "racer-b")))
+
+    async def one_bound() -> list[str] | None:
+        bound = [name for name in ("racer-a", "racer-b") if await pool.node_of(name) is not None]
+        return bound or None
+
+    (winner,) = await eventually(one_bound, within=60, what="one preemptor bound")
+    loser = "racer-b" if winner == "racer-a" else "racer-a"
+    assert await pool.node_of(winner) == first
+    assert await pool.existing([name for name, *_ in layout]) == ["peer0", "peer1", "peer2"]
+
+    async def told() -> dict[str, Any] | None:
+        condition = await pool.scheduled_condition(loser)
+        return condition if condition.get("status") == "False" and condition.get("message") else None
+
+    condition = await eventually(told, within=30, what=f"{loser} told why it is pending")
+    assert condition["reason"] == "Unschedulable", condition
+    assert await pool.node_of(loser) is None
+    assert pool.preemptions("victim_evicted") == 1
+    # No node overcommitted: every bound pod of the pool asks 2 CPU, every node has 4.
+    listed = await client.CoreV1Api(pool.api).list_namespaced_pod(namespace=pool.namespace)
+    per_node: dict[str, int] = {}
+    for pod in listed.items:
+        if pod.spec.node_name in (first, second) and pod.metadata.deletion_timestamp is None:
+            per_node[pod.spec.node_name] = per_node.get(pod.spec.node_name, 0) + 2
+    assert per_node == {first: 4, second: 4}, per_node
