@@ -74,6 +74,11 @@ SLOW_TESTS = (
     # 16 s to 25 s (call 11 s to 15 s; 25 s beside an e2e.test build): two schedulers' rounds on the
     # cluster plane, the reference RM and the operator as processes
     "placement/test_side_by_side.py",
+    # 30 s (16 s call): the issue-21 preemption scenario under kube-scheduler, then under Bindery
+    # (the reference RM and the operator as processes) on the cluster plane
+    "placement/test_preemption_side_by_side.py",
+    # 20 s and 16 s (call): the operator as a process SIGKILLed mid-preemption and restarted
+    "operator/test_preemption_crash.py",
     # 11-15 s and 11-17 s (call; 30-42 s for both with the cluster plane): 100 pods in 10 Deployments
     # with hard spread or anti-affinity at maxInFlight 256, the operator SIGKILLed mid-burst in the
     # second; the full 1,000-pod run is a command (the module's docstring)

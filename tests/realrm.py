@@ -75,15 +75,18 @@ class RMProcess:
         node_selector: str = "",
         options: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        db: str | None = None,
+        token: str | None = None,
     ) -> None:
         self.directory = directory
         self._env = {**os.environ, **env} if env else None  # e.g. OTEL_* for the tracing test
         directory.mkdir(parents=True, exist_ok=True)
-        self.token = uuid.uuid4().hex
+        self.token = token or uuid.uuid4().hex  # replicas on one database share theirs
         self.token_file = directory / "rm-token"
         self.token_file.write_text(self.token)
         self.log_path = directory / "rm.log"
-        self._db = directory / "rm.sqlite"
+        #: a PostgreSQL URL for replicas on one database; else a SQLite file of this process's own
+        self._db: pathlib.Path | str = db or directory / "rm.sqlite"
         self._options = [
             "--mirror-nodes",
             "--kubeconfig",

@@ -24,6 +24,7 @@ from kubernetes_asyncio import client
 from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
+from bindery.scheduling.queue import QueuePosition
 from tests.gangs.scenarios import pod_group
 from tests.operator.conftest import (
     Bindery,
@@ -270,6 +271,35 @@ async def test_five_pods_with_hostname_anti_affinity_four_bound_one_refused(pool
     cond = condition(pod)
     assert cond is not None
     assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+
+
+async def test_a_pod_refused_by_anti_affinity_is_woken_by_the_deletion_of_the_pod_in_its_way(
+    pool: Pool, bindery: Bindery
+) -> None:
+    """F4: the refused pod is parked until a placed pod that could lift the refusal changes (here:
+    one in its way is deleted), not retried on its backoff (at most 1 s here) whatever happens."""
+    names = [f"solo-{i}" for i in range(4)]
+    for name in names:
+        await pool.create(name, labels={"app": "solo"}, affinity=hostname_anti("solo"))
+    placed = await eventually(lambda: pool.all_bound(names), within=60, what="four pods bound")
+    late = await pool.create("solo-late", labels={"app": "solo"}, affinity=hostname_anti("solo"))
+    uid = late["metadata"]["uid"]
+    queue = bindery.runtime.runners[f"rm-{pool.token}"].queue
+
+    async def parked() -> QueuePosition | None:
+        position = queue.position(uid)
+        return position if position is not None and position.queue == "unschedulable" else None
+
+    position = await eventually(parked, within=30, what="solo-late refused and parked")
+    # Parked until an event (or the 5-minute flush), not until its backoff (maxSeconds 1) ends.
+    assert (position.ready_in or 0.0) > 10.0, position
+    moved = dict(queue.stats().moved).get("placed-pod", 0)
+    await client.CoreV1Api(pool.api).delete_namespaced_pod(
+        name="solo-0", namespace=pool.namespace, grace_period_seconds=0
+    )
+    bound = await eventually(lambda: pool.all_bound(["solo-late"]), within=60, what="solo-late bound")
+    assert bound["solo-late"] == placed["solo-0"]
+    assert dict(queue.stats().moved).get("placed-pod", 0) > moved, queue.stats()
 
 
 async def test_host_port_conflict_goes_to_another_node(pool: Pool) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import shlex
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,12 +26,14 @@ from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMUnsupported
 from bindery.rm.models import ReservationRequest
 
-from .conftest import TOKEN, small_inventory
+from .conftest import ADMIN_TOKEN, TOKEN, admin_revoke, small_inventory
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[check.name for check in CHECKS])
 async def test_reference_rm_conforms(refrm: RunningServer, check: Check) -> None:
-    config = ConformanceConfig(url=refrm.url, token=TOKEN, topology_key="zone")  # one zone per node
+    config = ConformanceConfig(
+        url=refrm.url, token=TOKEN, topology_key="zone", revoke=admin_revoke(refrm.url)
+    )  # one zone per node
     async with http_client(config) as http:
         result = await run_check(check, config, http)
     assert result.passed, result.error
@@ -70,16 +74,28 @@ def test_cli_against_a_served_reference_rm(
         "  - {name: b, allocatable: {cpu: '4', bindery.dev/conformance-slot: '2'},"
         " taints: [{key: k, value: v, effect: NoSchedule}]}\n"
     )
+    admin_file = tmp_path / "admin-token"
+    admin_file.write_text(ADMIN_TOKEN)
     server = subprocess.Popen(
         serve_command(
-            db=tmp_path / "rm.sqlite", token_file=token_file, options=["--inventory", str(inventory)]
+            db=tmp_path / "rm.sqlite",
+            token_file=token_file,
+            options=["--inventory", str(inventory), "--admin-token-file", str(admin_file)],
         ),
         stdout=subprocess.PIPE,
     )
     try:
         assert server.stdout is not None
         url = served_url(server.stdout.readline())
-        code = conformance_main(["--url", url, "--token-file", str(token_file), "--capacity", "5"])
+        revoke = shlex.join(
+            [
+                *(sys.executable, "-m", "bindery.reference_rm.cli", "revoke", "--url", url),
+                *("--admin-token-file", str(admin_file), "--reason", "{reason}", "{id}"),
+            ]
+        )
+        code = conformance_main(
+            ["--url", url, "--token-file", str(token_file), "--capacity", "5", "--revoke-command", revoke]
+        )
         output = capsys.readouterr().out
         assert code == 0, output
         assert f"{len(CHECKS)}/{len(CHECKS)} checks passed" in output
@@ -417,6 +433,7 @@ async def test_a_v1_1_run_never_sends_cluster_id_and_the_v1_2_checks_fail_a_v1_1
         "cluster-id-validated",
         "node-preferences",
         "preemption",
+        "revocation",
     }
     async with http_client(config) as http:
         for check in checks_for("1.1"):

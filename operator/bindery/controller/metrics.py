@@ -365,13 +365,24 @@ class _StateCollector(Collector):
             "scheduler_pending_pods).",
             labels=["resource_manager", "queue"],
         )
+        moved = CounterMetricFamily(
+            "bindery_queue_moved_pods",
+            "Pods moved out of the unschedulable pool by an event that could make them fit, by event: "
+            "placed-pod (a pod on a node added, changed or removed, for pods the placement rules "
+            "refused), node, released (a reservation), namespace (relabelled), other (kube-scheduler's "
+            'scheduler_queue_incoming_pods_total{queue="active"|"backoff"}, by event).',
+            labels=["resource_manager", "event"],
+        )
         for name, stats in sorted(self._queues().items()):
             for queue in ("active", "backoff", "unschedulable", "in_flight"):
                 depth.add_metric([name, queue], getattr(stats, queue))
             for queue in PENDING_QUEUES:
                 pending.add_metric([name, queue], getattr(stats, queue))
+            for event, count in stats.moved:
+                moved.add_metric([name, event], count)
         yield depth
         yield pending
+        yield moved
         breaker = GaugeMetricFamily(
             "bindery_rm_circuit_breaker_state",
             "1 for the state the RM client's circuit breaker is in (closed, open, half-open), "

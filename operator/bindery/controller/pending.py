@@ -39,8 +39,11 @@ from bindery.controller.runner import ProfileRunner
 from bindery.controller.watches.unbound import unbound_pods_selector
 from bindery.k8s import ApiClient, list_pages, resources
 from bindery.kube import KubeBinder, KubeConditionWriter, KubeEventSink, UnboundPods
+from bindery.podrules.model import PlacedPod
 from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDULABLE
+from bindery.scheduling.placementrules import touch_of
 from bindery.scheduling.podspec import PodInfo, PodSpecError, beyond_contract
+from bindery.scheduling.queue import Touch
 from bindery.scheduling.throttle import EventThrottle
 from bindery.typedefs import Logger
 
@@ -239,10 +242,22 @@ class PendingPods:
         except Exception as exc:  # reporting is best effort; the pod stays pending anyway
             self._logger.warning(f"could not report why pod {pod.key} is not scheduled ({key}): {exc}")
 
-    def retry_parked(self, reason: str, *, settle: float = 0.0) -> None:
+    def retry_parked(self, reason: str, *, settle: float = 0.0, event: str = "other") -> None:
         for runner in self._runners().values():
-            runner.queue.move_all_to_active(reason=reason, settle=settle)
+            runner.queue.move_all_to_active(reason=reason, settle=settle, event=event)
             runner.podgroups.retry()
+
+    def on_placed_change(self, pod: PlacedPod) -> None:
+        """A pod on a node arrived, changed or left (the placed-pod cache): wake the pods the
+        placement rules refused that it may concern."""
+        touch = touch_of(pod)
+        for runner in self._runners().values():
+            runner.queue.wake(touch, event="placed-pod")
+
+    def on_namespace_relabelled(self, namespace: str) -> None:
+        """A namespace's labels changed: the rules' namespaceSelector terms may see it now (or not)."""
+        for runner in self._runners().values():
+            runner.queue.wake(Touch(namespace=namespace), event="namespace")
 
     def on_node_event(self, *, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A Node added, or changed where placement looks (labels, taints, cordon, capacity,
@@ -257,7 +272,7 @@ class PendingPods:
         self._nodes[name] = digest
         if before != digest:
             what = "added" if before is None else "changed"
-            self.retry_parked(f"node {name} {what}", settle=NODE_EVENT_SETTLE_SECONDS)
+            self.retry_parked(f"node {name} {what}", settle=NODE_EVENT_SETTLE_SECONDS, event="node")
 
     def claimed(self) -> frozenset[str]:
         """The scheduler names some ResourceManager claims (served or contested): those followed."""

@@ -31,6 +31,7 @@ the back-off ends. Its first plan carried out, or its leaving, forgets the back-
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import json
 import socket
@@ -44,7 +45,7 @@ from bindery.k8s.api import STRATEGIC_PATCH
 from bindery.kube.events import event_body
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
-from bindery.rm.models import PreemptionPlan
+from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.preemption import disruption_condition, preempted_note, vet
 from bindery.typedefs import Logger
@@ -59,6 +60,30 @@ PREEMPTION_BACKOFF = BackoffPolicy(initial=10.0, maximum=300.0)
 #: Preemptors backing off, remembered at most (the oldest are forgotten past this).
 REMEMBERED_BACKOFFS = 10_000
 _TIMEOUT = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resumed:
+    gone: tuple[PreemptionVictim, ...] = ()
+    terminating: tuple[PreemptionVictim, ...] = ()
+
+
+def _resumed(plan: PreemptionPlan, current: dict[str, dict[str, Any] | None]) -> _Resumed:
+    """The victims a plan already confirmed has dealt with: this process (restarted after a
+    SIGKILL, or a new leader) meets the plan again in the RM's answer while its victims terminate.
+    Gone victims of a confirmed plan were evicted, not moved: the RM holds their room for this pod.
+    A victim with a deletionTimestamp is never evicted again, whoever deleted it (kube-scheduler
+    skips terminating victims too): a second eviction would post a second ``Preempted`` event."""
+    gone: list[PreemptionVictim] = []
+    terminating: list[PreemptionVictim] = []
+    for victim in plan.victims:
+        body = current.get(f"{victim.pod.namespace}/{victim.pod.name}")
+        if body is None or (body.get("metadata") or {}).get("uid") != victim.pod.uid:
+            if plan.state is PlanState.CONFIRMED and body is None:
+                gone.append(victim)
+        elif (body.get("metadata") or {}).get("deletionTimestamp"):
+            terminating.append(victim)
+    return _Resumed(gone=tuple(gone), terminating=tuple(terminating))
 
 
 class PlanClient(Protocol):
@@ -109,16 +134,33 @@ class Preemptions:
         except ApiError as error:
             await self._give_up(pod, plan, f"could not read the victims: {error}", nominated=False)
             return False
-        refusal = vet(plan, preemptor=pod, victims=current)
+        resumed = _resumed(plan, current)
+        refusal = vet(
+            plan.model_copy(update={"victims": [v for v in plan.victims if v not in resumed.gone]}),
+            preemptor=pod,
+            victims=current,
+        )
         if refusal is None:
             try:
-                refusal = await self._dry_run(plan)
+                # Only the victims still to evict: a gone one answers 404, a terminating one was
+                # already admitted by its budget.
+                refusal = await self._dry_run(
+                    plan.model_copy(
+                        update={
+                            "victims": [
+                                v
+                                for v in plan.victims
+                                if v not in resumed.gone and v not in resumed.terminating
+                            ]
+                        }
+                    )
+                )
             except ApiError as error:
                 await self._give_up(pod, plan, f"could not check the evictions: {error}", nominated=False)
                 return False
         if refusal is not None:
             self._count("refused")
-            await self._give_up(pod, plan, refusal, nominated=False)
+            await self._give_up(pod, plan, refusal, nominated=plan.state is PlanState.CONFIRMED)
             return False
         try:
             await self._rm.confirm_preemption(plan.plan_id)
@@ -127,12 +169,22 @@ class Preemptions:
             return False
         self._remember(plan.plan_id)
         self._count("confirmed")
-        victims = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in plan.victims)
-        self._logger.info(f"preempting {victims} on node {plan.node} for pod {pod.key} (plan {plan.plan_id})")
         evicted = 0
+        evict = [v for v in plan.victims if v not in resumed.gone and v not in resumed.terminating]
+        if resumed.gone or resumed.terminating:
+            done = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in (*resumed.gone, *resumed.terminating))
+            self._logger.info(
+                f"taking up confirmed plan {plan.plan_id} for pod {pod.key} on node {plan.node}: "
+                f"{done} already evicted or terminating"
+            )
+        if evict:
+            victims = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in evict)
+            self._logger.info(
+                f"preempting {victims} on node {plan.node} for pod {pod.key} (plan {plan.plan_id})"
+            )
         try:
             await self._nominate(pod, plan.node)
-            for victim in plan.victims:
+            for victim in evict:
                 if not await self._evict(pod, plan, victim.pod.namespace, victim.pod.name, victim.pod.uid):
                     await self._give_up(
                         pod,

@@ -178,6 +178,7 @@ class Runtime:
         self.placed = PlacedPodCache(
             nodes=nodes.all, namespace_labels=self._namespace_labels, synced=False, namespaces_synced=False
         )
+        self.placed.on_change = self._pending.on_placed_change
         self._watch_namespaces()  # cycles wait for its first list too (wait_synced)
         self._pending.forget_placed = self.placed.forget
         self._placed_task = asyncio.create_task(
@@ -209,7 +210,7 @@ class Runtime:
             probe_interval=self.options.probe_interval,
             state_dir=self._state_dir,
             reconciler=self._reconciler,
-            on_released=lambda: self.pending.retry_parked("a reservation was released"),
+            on_released=lambda: self.pending.retry_parked("a reservation was released", event="released"),
             on_dropped=self.pending.drop,
             on_runner=self.pending.reoffer_all,
             holds=self._leadership.holds if self._leadership is not None else lambda: True,
@@ -467,9 +468,13 @@ class Runtime:
                 placed.mark_namespaces_synced()
             pending.reoffer_all()
 
+        def relabelled(name: str) -> None:
+            pending.reoffer_all(name)
+            pending.on_namespace_relabelled(name)
+
         labels = NamespaceLabels(
             api=self.api,
-            on_change=pending.reoffer_all,
+            on_change=relabelled,
             on_synced=synced,
             logger=self.logger,
             watch_seconds=self.options.watch_timeout,
@@ -498,7 +503,7 @@ class Runtime:
             logger=self.logger,
             namespaces=self.options.namespaces,
             metrics=self.metrics,
-            on_released=lambda: self.pending.retry_parked("a reservation was released"),
+            on_released=lambda: self.pending.retry_parked("a reservation was released", event="released"),
             on_reported_unbound=runner.report_bound,
             events=self._events,  # counted with the operator's other writes
         )

@@ -7,12 +7,16 @@ anti-affinity terms, and the rarer affinity and preferred terms), indexed by nam
 pods with anti-affinity, affinity or preferred terms, or host ports, so that a pod without rules costs
 one emptiness check. A pod that finished (Succeeded/Failed) or was
 deleted leaves the cache; a pod assumed by a cycle is replaced by its watched copy once seen bound.
+Each pod that arrives, leaves or changes in a way the rules read is passed to :attr:`on_change`,
+which wakes the pods the rules refused (a status write or the watched copy replacing the assumed one
+is no change).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -49,6 +53,8 @@ class PlacedPodCache:
         self._namespace_labels = namespace_labels
         self._in_flight = InFlight()
         self.lists = 0  #: completed lists of the watch (tests wait on it)
+        #: called with each placed pod added, changed (its old and its new copy) or removed
+        self.on_change: Callable[[PlacedPod], None] | None = None
         self._synced = asyncio.Event()
         if synced:
             self._synced.set()
@@ -150,6 +156,12 @@ class PlacedPodCache:
         old = self._pods.get(pod.uid)
         if old is not None and old.namespace != pod.namespace:
             self._remove(pod.uid)
+            old = None
+        changed = old is None or dataclasses.replace(old, assumed=pod.assumed) != pod
+        if self.on_change is not None and changed:
+            if old is not None:
+                self.on_change(old)
+            self.on_change(pod)
         self._pods[pod.uid] = pod
         self._by_namespace.setdefault(pod.namespace, {})[pod.uid] = pod
         for index, has in ((self._anti, pod.anti_affinity), (self._ports, pod.host_ports)):
@@ -182,6 +194,8 @@ class PlacedPodCache:
         pod = self._pods.pop(uid, None)
         if pod is None:
             return
+        if self.on_change is not None:
+            self.on_change(pod)
         in_namespace = self._by_namespace.get(pod.namespace)
         if in_namespace is not None:
             in_namespace.pop(uid, None)

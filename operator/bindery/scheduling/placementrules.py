@@ -22,6 +22,11 @@ spread, host ports) turned into node constraints for the RM, and kept race-free 
   spread or preferred terms select an earlier in-flight pod waits for it), or a burst of one
   Deployment's pods would all score the same empty domains and land together. A pod with no rules,
   and with no earlier in-flight pod whose anti-affinity matches it, does not wait.
+* **Wake-up** — a pod this plugin refuses is parked until a placed pod that could lift the refusal
+  is added, changed or removed (:func:`wake_on`, :func:`touch_of`; the queue's
+  :meth:`~bindery.scheduling.queue.SchedulingQueue.wake`), as kube-scheduler's InterPodAffinity,
+  PodTopologySpread and NodePorts queueing hints move it (their ``EventsToRegister``: assigned pod
+  add/update/delete, node add/update), only coarser: any change in the rules' scope wakes it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm, Placeme
 from bindery.scheduling.framework import CycleContext, Status, and_terms
 from bindery.scheduling.podspec import PodInfo, max_items
 from bindery.scheduling.ports import PlacedPods
+from bindery.scheduling.queue import Touch, WakeOn
 
 __all__ = [
     "PREFERENCES",
@@ -51,6 +57,8 @@ __all__ = [
     "member_node_terms",
     "rules_preferences",
     "rules_verdict",
+    "touch_of",
+    "wake_on",
 ]
 
 log = logging.getLogger(__name__)
@@ -296,6 +304,47 @@ def rules_preferences(pod: PodInfo, placed: PlacedPods, verdict: Verdict | None 
         if verdict is not None
         else frozenset(),
     )
+
+
+#: Tags of placed pods that can lift a refusal from any namespace (see :func:`wake_on`).
+TAG_ANTI_AFFINITY = "anti-affinity"
+TAG_HOST_PORTS = "host-ports"
+TAG_CLAIMS = "claims"
+
+
+def wake_on(pod: PodInfo) -> WakeOn:
+    """The placed-pod changes that may lift this plugin's refusal of `pod` (a superset).
+
+    Its own affinity, anti-affinity and spread read the placed pods of its namespace, or of the
+    terms' namespaces (a namespaceSelector: any namespace); an existing pod's anti-affinity toward it
+    can sit in any namespace, and so can a pod holding its host ports or its ReadWriteOncePod claim.
+    Node changes move every parked pod anyway (`PendingPods.on_node_event`).
+    """
+    namespaces: set[str] | None = {pod.namespace}
+    for term in (*pod.rules.affinity, *pod.rules.anti_affinity):
+        if term.namespace_selector is not None:
+            namespaces = None
+            break
+        assert namespaces is not None
+        namespaces.update(term.namespaces)
+    tags = {TAG_ANTI_AFFINITY}
+    if pod.rules.host_ports:
+        tags.add(TAG_HOST_PORTS)
+    if pod.claims:
+        tags.add(TAG_CLAIMS)
+    return WakeOn(namespaces=None if namespaces is None else frozenset(namespaces), tags=frozenset(tags))
+
+
+def touch_of(pod: PlacedPod) -> Touch:
+    """What a placed pod's arrival, change or departure may concern (see :func:`wake_on`)."""
+    tags = []
+    if pod.anti_affinity:
+        tags.append(TAG_ANTI_AFFINITY)
+    if pod.host_ports:
+        tags.append(TAG_HOST_PORTS)
+    if pod.claims:
+        tags.append(TAG_CLAIMS)
+    return Touch(namespace=pod.namespace, tags=frozenset(tags))
 
 
 def _takes_preferences(ctx: CycleContext) -> bool:

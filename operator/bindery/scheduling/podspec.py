@@ -111,11 +111,13 @@ class PodInfo:
     def placement_inputs(self) -> tuple[object, ...]:
         """Everything that can change where (or whether) the pod fits.
 
-        An update that leaves this unchanged (a status write, a label the RM does not see) is no
-        reason to retry a pod that was found unschedulable; one that changes it is.
+        An update that leaves this unchanged (a status write, an annotation) is no reason to retry a
+        pod that was found unschedulable; one that changes it is.
         """
         return (
             self.priority,
+            # Labels: existing pods' anti-affinity and spread selectors read them (PodPlacementRules).
+            tuple(sorted(self.labels.items())),
             tuple(sorted(self.requests.items())),
             tuple(sorted(self.node_selector.items())),
             repr(self.affinity_terms),

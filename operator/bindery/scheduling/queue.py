@@ -21,6 +21,14 @@ where one tenant could starve another:
   backoff.  A move that happens while a pod is in flight is remembered (kube-scheduler's
   ``moveRequestCycle``), so a pod that fails right after capacity was freed is not parked past the
   event that could have made it fit.
+* **Refused by the placement rules.**  A pod the inter-pod rules refused (anti-affinity, spread,
+  host ports…) is parked in the same pool with a :class:`WakeOn`: the namespaces whose placed pods
+  its rules read, and tags for the placed pods that reach it from anywhere (existing pods'
+  anti-affinity, host ports, a ReadWriteOncePod claim). :meth:`SchedulingQueue.wake` moves it back
+  when such a placed pod is added, changed or removed (kube-scheduler's queueing hints, coarser:
+  any change in scope wakes it, not only one that lifts the refusal); node events move it as they
+  move every parked pod; :data:`MAX_PARKED_SECONDS` caps the wait.  Before, it was retried on its
+  backoff alone (1–10 s), forever, whether anything had changed or not.
 * **In-flight bound.**  At most ``max_in_flight`` pods of one ResourceManager are between
   :meth:`~SchedulingQueue.pop` and :meth:`~SchedulingQueue.done`, so a burst of pods cannot
   overwhelm the RM; waiting pods stay ordered meanwhile.  Optionally at most
@@ -38,6 +46,7 @@ pod's priority, then the turn they were last served at.  Time comes from an inje
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import enum
 import heapq
@@ -66,6 +75,8 @@ __all__ = [
     "QueuePosition",
     "QueueStats",
     "SchedulingQueue",
+    "Touch",
+    "WakeOn",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,6 +85,9 @@ log = logging.getLogger(__name__)
 #: how long an unschedulable pod stays parked when no event could make it fit (kube-scheduler's
 #: ``DefaultPodMaxInUnschedulablePodsDuration``, pkg/scheduler/backend/queue/scheduling_queue.go).
 MAX_PARKED_SECONDS = 300.0
+#: Placed-pod changes remembered for pods in flight (see ``SchedulingQueue.wake``); a pod that was in
+#: flight across more of them than this is backed off instead of parked, as if one had concerned it.
+TOUCHES_KEPT = 1024
 
 
 def _check_budget(max_in_flight: int, per_namespace: int | None) -> None:
@@ -115,11 +129,34 @@ class MonotonicClock:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class WakeOn:
+    """The placed-pod changes that can lift a refusal by the placement rules (:meth:`SchedulingQueue.wake`).
+
+    A change of a placed pod of one of ``namespaces`` (``None``: of any namespace, for terms with a
+    namespaceSelector or a namespace list beyond the pod's own), or of a placed pod that carries
+    one of ``tags`` (e.g. anti-affinity, which may reach the pod from any namespace).
+    """
+
+    namespaces: frozenset[str] | None = frozenset()
+    tags: frozenset[str] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Touch:
+    """A placed pod added, changed or removed: its namespace and its tags (see :class:`WakeOn`)."""
+
+    namespace: str
+    tags: frozenset[str] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class QueueStats:
     active: int
     backoff: int
     unschedulable: int
     in_flight: int
+    #: pods moved out of the unschedulable pool, by the event that moved them (since start)
+    moved: tuple[tuple[str, int], ...] = ()
 
     @property
     def pending(self) -> int:
@@ -163,6 +200,8 @@ class _Entry:
     forgotten: bool = False
     #: While parked: when it becomes active again (its timer).
     ready_at: float = 0.0
+    #: While parked unschedulable after a rules refusal: the placed-pod changes that wake it.
+    wake_on: WakeOn | None = None
 
 
 # (-priority, created, tiebreak, uid, generation)
@@ -225,6 +264,14 @@ class SchedulingQueue:
         self._wakeup = asyncio.Event()
         self._poppers = asyncio.Lock()  # see pop()
         self._closed = False
+        #: the rules-refused pods of the unschedulable pool, by what wakes them (see `wake`)
+        self._wake_namespace: dict[str, set[str]] = {}
+        self._wake_any: set[str] = set()
+        self._wake_tag: dict[str, set[str]] = {}
+        #: recent touches, (pop counter when touched, touch): a pod refused while in flight checks
+        #: whether one of them could have lifted its refusal (kube-scheduler's in-flight events)
+        self._touches: collections.deque[tuple[int, Touch]] = collections.deque(maxlen=TOUCHES_KEPT)
+        self._moved: collections.Counter[str] = collections.Counter()
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -253,6 +300,7 @@ class SchedulingQueue:
             backoff=self._counts[_State.BACKOFF],
             unschedulable=self._counts[_State.UNSCHEDULABLE],
             in_flight=self._counts[_State.IN_FLIGHT],
+            moved=tuple(sorted(self._moved.items())),
         )
 
     def __len__(self) -> int:
@@ -339,12 +387,13 @@ class SchedulingQueue:
             return
         self._remove(entry)
 
-    def move_all_to_active(self, *, reason: str, settle: float = 0.0) -> int:
+    def move_all_to_active(self, *, reason: str, settle: float = 0.0, event: str = "other") -> int:
         """An event could make parked pods fit: retry every unschedulable pod once its backoff allows.
 
         ``settle`` (seconds) holds them back a little longer: the RM learns of some events (a Node
         added or changed) through its own watch, and a pod retried before the RM saw the event would
-        be refused and parked again, for up to 5 minutes.  Returns how many pods left the pool.
+        be refused and parked again, for up to 5 minutes.  ``event`` labels the move in
+        :attr:`QueueStats.moved`.  Returns how many pods left the pool.
         """
         now = self._clock.now()
         moved = 0
@@ -354,6 +403,7 @@ class SchedulingQueue:
         self._last_move_cycle = self._pops
         self._settle_until = max(self._settle_until, now + settle)
         if moved:
+            self._moved[event] += moved
             log.debug("moved %d unschedulable pods back: %s", moved, reason)
         return moved
 
@@ -366,7 +416,29 @@ class SchedulingQueue:
             return
         at = max(self._clock.now() + seconds, entry.backoff_until)
         if entry.ready_at > at:
+            wake_on = entry.wake_on  # re-parking unindexes it: the placed-pod wake-up must survive
             self._park(entry, _State.UNSCHEDULABLE, ready_at=at)
+            if wake_on is not None:
+                self._index_wake(entry, wake_on)
+
+    def wake(self, touch: Touch, *, event: str = "placed-pod") -> int:
+        """A placed pod was added, changed or removed: move back the pods refused by the placement
+        rules whose :class:`WakeOn` covers it (through their remaining backoff).  Pods parked for
+        other reasons stay.  Returns how many moved."""
+        if self._counts[_State.IN_FLIGHT]:
+            self._touches.append((self._pops, touch))
+        uids = set(self._wake_any)
+        uids.update(self._wake_namespace.get(touch.namespace, ()))
+        for tag in touch.tags:
+            uids.update(self._wake_tag.get(tag, ()))
+        if not uids:
+            return 0
+        now = self._clock.now()
+        for uid in uids:
+            self._leave_unschedulable(self._entries[uid], now=now)
+        self._moved[event] += len(uids)
+        log.debug("moved %d rules-refused pods back: %s in %s", len(uids), event, touch.namespace)
+        return len(uids)
 
     # -- consumers -----------------------------------------------------------------------------
 
@@ -425,7 +497,13 @@ class SchedulingQueue:
                 await self._clock.wait(self._wakeup, delay=self._next_timer_delay())
 
     def done(
-        self, uid: str, *, outcome: Outcome, retry_after: float | None = None, until_event: bool = True
+        self,
+        uid: str,
+        *,
+        outcome: Outcome,
+        retry_after: float | None = None,
+        until_event: bool = True,
+        wake_on: WakeOn | None = None,
     ) -> None:
         """The cycle of a popped pod ended with ``outcome``; free its in-flight slot and route it.
 
@@ -433,6 +511,8 @@ class SchedulingQueue:
         ``until_event``: an unschedulable pod waits for an event that could make it fit (the RM had
         no room: releases, Nodes and pods are followed). False for refusals whose events Bindery does
         not follow (a plugin's, such as a claim not found yet): those come back on their backoff.
+        ``wake_on``: the placement rules refused the pod; it waits for a placed-pod change it covers
+        (:meth:`wake`), a node event or the flush, whatever ``until_event`` says.
         """
         entry = self._entries.get(uid)
         if entry is None or entry.state is not _State.IN_FLIGHT:
@@ -448,6 +528,13 @@ class SchedulingQueue:
         moved_meanwhile = self._last_move_cycle >= entry.popped_cycle or entry.changed_in_flight
         if outcome is Outcome.ERROR:
             self._park(entry, _State.BACKOFF, ready_at=max(entry.backoff_until, hinted))
+        elif outcome is Outcome.UNSCHEDULABLE and wake_on is not None and not retry_after:
+            if moved_meanwhile or self._touched_since(entry.popped_cycle, wake_on):
+                # The pods the rules read changed while the cycle ran: its verdict may be stale.
+                self._park(entry, _State.BACKOFF, ready_at=max(entry.backoff_until, self._settle_until))
+            else:
+                self._park(entry, _State.UNSCHEDULABLE, ready_at=now + self._max_parked)
+                self._index_wake(entry, wake_on)
         elif moved_meanwhile:
             # Capacity may have been freed (or the pod changed) after the RM answered: the RM's
             # "try again in N s" no longer holds, only the backoff does.
@@ -474,6 +561,7 @@ class SchedulingQueue:
             self._lane(entry.pod.namespace).live += 1
         if entry.state is _State.UNSCHEDULABLE:
             self._unschedulable.discard(entry.pod.uid)
+            self._unindex_wake(entry)
         if state is _State.UNSCHEDULABLE:
             self._unschedulable.add(entry.pod.uid)
         entry.state = state
@@ -481,6 +569,7 @@ class SchedulingQueue:
     def _remove(self, entry: _Entry) -> None:
         self._counts[entry.state] -= 1
         self._unschedulable.discard(entry.pod.uid)
+        self._unindex_wake(entry)
         del self._entries[entry.pod.uid]
         entry.generation = -1
         if entry.state is _State.IN_FLIGHT:
@@ -545,6 +634,8 @@ class SchedulingQueue:
             self._flying[namespace] = left
         else:
             self._flying.pop(namespace, None)
+        if not self._counts[_State.IN_FLIGHT]:
+            self._touches.clear()  # only pods in flight read them
         lane = self._lanes.get(namespace)
         if lane is not None and lane.key is None:
             self._schedule_lane(lane)
@@ -608,6 +699,44 @@ class SchedulingQueue:
             _, _, uid, generation = heapq.heappop(self._timers)
             if self._live(uid, generation, parked):
                 self._activate(self._entries[uid])
+
+    def _index_wake(self, entry: _Entry, wake_on: WakeOn) -> None:
+        uid = entry.pod.uid
+        entry.wake_on = wake_on
+        if wake_on.namespaces is None:
+            self._wake_any.add(uid)
+        else:
+            for namespace in wake_on.namespaces:
+                self._wake_namespace.setdefault(namespace, set()).add(uid)
+        for tag in wake_on.tags:
+            self._wake_tag.setdefault(tag, set()).add(uid)
+
+    def _unindex_wake(self, entry: _Entry) -> None:
+        wake_on, entry.wake_on = entry.wake_on, None
+        if wake_on is None:
+            return
+        uid = entry.pod.uid
+        self._wake_any.discard(uid)
+        for index, keys in ((self._wake_namespace, wake_on.namespaces or ()), (self._wake_tag, wake_on.tags)):
+            for key in keys:
+                bucket = index.get(key)
+                if bucket is not None:
+                    bucket.discard(uid)
+                    if not bucket:
+                        del index[key]
+
+    def _touched_since(self, popped_cycle: int, wake_on: WakeOn) -> bool:
+        """Whether a placed-pod change `wake_on` covers came after the pop at `popped_cycle`."""
+        touches = self._touches
+        if len(touches) == touches.maxlen and touches[0][0] >= popped_cycle:
+            return True  # older touches were dropped: one of them may have concerned the pod
+        for cycle, touch in reversed(touches):
+            if cycle < popped_cycle:
+                break
+            namespaces = wake_on.namespaces
+            if namespaces is None or touch.namespace in namespaces or touch.tags & wake_on.tags:
+                return True
+        return False
 
     def _next_timer_delay(self) -> float | None:
         parked = (_State.BACKOFF, _State.UNSCHEDULABLE)
