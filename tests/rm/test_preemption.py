@@ -400,3 +400,27 @@ def test_a_pod_groups_members_are_victims_together_or_not_at_all() -> None:
     spread.append(_member("g1", "b", group="ns/gang"))
     spread.append(_member("y", "b", group=None, priority=100))
     assert _choose(spread, []) is None
+
+
+async def test_the_conformance_check_fails_an_rm_whose_victims_name_budgets_badly(
+    rm: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bindery.conformance import CHECKS, ConformanceConfig
+    from bindery.conformance.kit import http_client, run_check
+    from bindery.reference_rm import preemption as preemption_module
+
+    original = preemption_module.Plan.to_json
+
+    def malformed(plan: Any) -> dict[str, Any]:
+        body = original(plan)
+        for victim in body["victims"]:
+            victim["violatedBudgets"] = "keep-low"  # a string, not a list of names
+        return body
+
+    monkeypatch.setattr(preemption_module.Plan, "to_json", malformed)
+    check = next(c for c in CHECKS if c.name == "preemption")
+    config = ConformanceConfig(url=rm.url, token=TOKEN, resource="cpu", capacity=8)
+    async with http_client(config) as http:
+        failed = await run_check(check, config, http)
+    assert not failed.passed
+    assert "violatedBudgets must be a list" in (failed.error or ""), failed.error
