@@ -125,11 +125,18 @@ class Pool:
         assert sorted(placed.values()).count(placed["low-0"]) == 2, placed
         return placed
 
-    async def place(self, name: str, node: str, *, priority_class: str, labels: dict[str, str]) -> None:
+    async def place(
+        self, name: str, node: str, *, priority_class: str, labels: dict[str, str], **spec: Any
+    ) -> None:
         """A 2-CPU pod bound to ``node`` by its spec (as another scheduler would), Running and Ready:
         the Eviction API checks budgets only for running pods, and there is no kubelet here."""
         await self.create(
-            name, priority_class=priority_class, labels=labels, nodeName=node, schedulerName="elsewhere"
+            name,
+            priority_class=priority_class,
+            labels=labels,
+            nodeName=node,
+            schedulerName="elsewhere",
+            **spec,
         )
         await client.CoreV1Api(self.api).patch_namespaced_pod_status(
             name=name,
@@ -462,7 +469,7 @@ async def test_two_preemptors_racing_for_the_room_one_victim_makes(pool: Pool) -
     preemptors' own priority (not a victim); node 1 two of their priority. Evicting the one victim
     makes room for one preemptor only. Both are created together: exactly one victim is evicted,
     one preemptor is bound where it was, the other stays Pending saying why, and no node is
-    overcommitted (the room is held for the first, kube-scheduler's #72124 race)."""
+    overcommitted (the room is held for the first: kubernetes/kubernetes#72124)."""
     first, second = pool.nodes
     layout = (
         ("victim", first, "low"),
@@ -491,10 +498,36 @@ async def test_two_preemptors_racing_for_the_room_one_victim_makes(pool: Pool) -
     assert condition["reason"] == "Unschedulable", condition
     assert await pool.node_of(loser) is None
     assert pool.preemptions("victim_evicted") == 1
-    # No node overcommitted: every bound pod of the pool, 2 CPU each, on 4-CPU nodes.
+    # No node overcommitted: every bound pod of the pool asks 2 CPU, every node has 4.
     listed = await client.CoreV1Api(pool.api).list_namespaced_pod(namespace=pool.namespace)
     per_node: dict[str, int] = {}
     for pod in listed.items:
         if pod.spec.node_name in (first, second) and pod.metadata.deletion_timestamp is None:
             per_node[pod.spec.node_name] = per_node.get(pod.spec.node_name, 0) + 2
     assert per_node == {first: 4, second: 4}, per_node
+
+
+@pytest.mark.parametrize("peers_on_the_other_node", [1, 2], ids=["a-single-pod-instead", "the-whole-gang"])
+async def test_a_gang_victim_is_evicted_whole_or_not_at_all(pool: Pool, peers_on_the_other_node: int) -> None:
+    """Issue 21: a gang victim. Node 0 holds a two-member pod group of priority 10. With a single
+    priority-10 pod on node 1, breaking the gang would need one victim either way; the gang is one
+    candidate of two, so the single pod is evicted and the gang keeps both members. With node 1
+    full of the preemptor's own priority, the whole gang goes, never one member."""
+    first, second = pool.nodes
+    gang = {"schedulingGroup": {"podGroupName": "gang"}}
+    await pool.place("g0", first, priority_class="low", labels={}, **gang)
+    await pool.place("g1", first, priority_class="low", labels={}, **gang)
+    await pool.place("peer0", second, priority_class="high", labels={})
+    if peers_on_the_other_node == 1:
+        await pool.place("single", second, priority_class="low", labels={})
+    else:
+        await pool.place("peer1", second, priority_class="high", labels={})
+    await pool.create("high", priority_class="high")
+    node = await eventually(lambda: pool.node_of("high"), within=60, what="the preemptor bound")
+    left = await pool.existing(["g0", "g1", "single"])
+    if peers_on_the_other_node == 1:
+        assert (node, left) == (second, ["g0", "g1"])
+        assert pool.preemptions("victim_evicted") == 1
+    else:
+        assert (node, left) == (first, [])
+        assert pool.preemptions("victim_evicted") == 2

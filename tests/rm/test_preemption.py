@@ -369,3 +369,58 @@ async def test_a_plan_whose_victim_a_budget_protects_says_so_over_http(rm: Runni
         plan = refused.value.plan
         assert plan is not None
         assert [v.violated_budgets for v in plan.victims] == [["keep-low"]]
+
+
+def _member(uid: str, node: str, *, group: str | None, priority: int = 10) -> BoundPod:
+    import dataclasses
+
+    return dataclasses.replace(_pod(uid, node, priority=priority), group=group)
+
+
+def test_a_pod_groups_members_are_victims_together_or_not_at_all() -> None:
+    """Issue 21: "a pod group's members all or none" (volcano#4607). Node `a` holds a two-member
+    gang, node `b` a single pod and one of the preemptor's priority: breaking the gang would free
+    room with one victim on `a` (the name breaks the tie), so `b`'s single pod is the victim. With
+    the peer gone from `b` too, the whole gang goes when `a` is the only node left. A gang with a
+    member on another node is no candidate at all."""
+    gang = [_member("g0", "a", group="ns/gang"), _member("g1", "a", group="ns/gang")]
+    single = [_member("s0", "b", group=None), _member("peer", "b", group=None, priority=100)]
+    assert [v.uid for v in _choose(gang + single, []).victims] == ["s0"]
+    only_a = choose_victims(
+        nodes=[InventoryNode(name="a", allocatable={"cpu": Decimal(4)})],
+        requests={"cpu": Decimal(2)},
+        priority=100,
+        placement=_NO_CONSTRAINTS,
+        used_by_node={"a": {"cpu": Decimal(4)}},
+        pods=ClusterPods.of(gang),
+    )
+    assert only_a is not None
+    assert sorted(v.uid for v in only_a.victims) == ["g0", "g1"]
+    spread = [_member("g0", "a", group="ns/gang"), _member("x", "a", group=None, priority=100)]
+    spread.append(_member("g1", "b", group="ns/gang"))
+    spread.append(_member("y", "b", group=None, priority=100))
+    assert _choose(spread, []) is None
+
+
+async def test_the_conformance_check_fails_an_rm_whose_victims_name_budgets_badly(
+    rm: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bindery.conformance import CHECKS, ConformanceConfig
+    from bindery.conformance.kit import http_client, run_check
+    from bindery.reference_rm import preemption as preemption_module
+
+    original = preemption_module.Plan.to_json
+
+    def malformed(plan: Any) -> dict[str, Any]:
+        body = original(plan)
+        for victim in body["victims"]:
+            victim["violatedBudgets"] = "keep-low"  # a string, not a list of names
+        return body
+
+    monkeypatch.setattr(preemption_module.Plan, "to_json", malformed)
+    check = next(c for c in CHECKS if c.name == "preemption")
+    config = ConformanceConfig(url=rm.url, token=TOKEN, resource="cpu", capacity=8)
+    async with http_client(config) as http:
+        failed = await run_check(check, config, http)
+    assert not failed.passed
+    assert "violatedBudgets must be a list" in (failed.error or ""), failed.error

@@ -202,9 +202,15 @@ class Attempts:
             wake_on=wake_on(pod) if refused_by_rules else None,
         )
         plan = result.failure.plan if no_room and result.failure is not None else None
-        if plan is not None and self._preemptions is not None:
-            # After `done`: the victims' deletion is the event that wakes the pod for its reserve.
-            await self._preemptions.carry_out(pod, plan)
+        # After `done`: the victims' deletion is the event that wakes the pod for its reserve. But
+        # victims another scheduler placed release no reservation when they go, and nothing else
+        # wakes the pod: it also polls on its backoff until the RM places it on the held room.
+        if (
+            plan is not None
+            and self._preemptions is not None
+            and await self._preemptions.carry_out(pod, plan)
+        ):
+            self._queue.retry_within(pod.uid, 0.0)
         if no_room and self._preemptions is not None and (pause := self._preemptions.paused(pod.uid)):
             self._queue.retry_within(pod.uid, pause)  # it may preempt again then, event or not
         if result.outcome is Outcome.DROPPED:

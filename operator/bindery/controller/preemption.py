@@ -40,14 +40,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.k8s import ApiClient, ApiError, answer_of, patch, resources
+from bindery.k8s import ApiClient, ApiError, answer_of, list_pages, patch, resources
 from bindery.k8s.api import STRATEGIC_PATCH
 from bindery.kube.events import event_body
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim
 from bindery.scheduling.podspec import PodInfo
-from bindery.scheduling.preemption import disruption_condition, preempted_note, vet
+from bindery.scheduling.preemption import disruption_condition, pod_group, preempted_note, vet
 from bindery.typedefs import Logger
 
 __all__ = ["PlanClient", "Preemptions"]
@@ -135,10 +135,18 @@ class Preemptions:
             await self._give_up(pod, plan, f"could not read the victims: {error}", nominated=False)
             return False
         resumed = _resumed(plan, current)
+        try:
+            members = await self._group_members(current)
+        except ApiError as error:
+            await self._give_up(
+                pod, plan, f"could not read the victims' pod groups: {error}", nominated=False
+            )
+            return False
         refusal = vet(
             plan.model_copy(update={"victims": [v for v in plan.victims if v not in resumed.gone]}),
             preemptor=pod,
             victims=current,
+            group_members=members,
         )
         if refusal is None:
             try:
@@ -223,6 +231,28 @@ class Preemptions:
         self._carried[plan_id] = None
         while len(self._carried) > REMEMBERED_PLANS:
             self._carried.popitem(last=False)
+
+    async def _group_members(self, current: dict[str, dict[str, Any] | None]) -> dict[str, set[str]]:
+        """For each pod group a victim belongs to, the UIDs of its members bound now and not
+        terminating (one LIST of the bound pods of each namespace concerned; plans without a
+        group member read nothing)."""
+        groups = {group for body in current.values() if body is not None and (group := pod_group(body))}
+        members: dict[str, set[str]] = {group: set() for group in groups}
+        for namespace in sorted({group.split("/", 1)[0] for group in groups}):
+            async for page in list_pages(
+                self._api,
+                resources.PODS,
+                namespace=namespace,
+                field_selector="spec.nodeName!=",
+                request_timeout=_TIMEOUT,
+            ):
+                for body in page.get("items") or ():
+                    group = pod_group(body)
+                    terminal = (body.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+                    leaving = (body.get("metadata") or {}).get("deletionTimestamp")
+                    if group in members and not terminal and not leaving:
+                        members[group].add(str(body["metadata"]["uid"]))
+        return members
 
     async def _dry_run(self, plan: PreemptionPlan) -> str | None:
         """Why the Eviction API would refuse one of the victims (a PodDisruptionBudget the RM did not

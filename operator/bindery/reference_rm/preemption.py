@@ -17,8 +17,8 @@ node the victims whose eviction a budget would refuse are given back first, and 
 one with the fewest such victims wins. A plan may still name a protected victim when no node can
 do without one; each such victim carries the budgets it would exceed (``violatedBudgets``), so the
 caller, who evicts through the Eviction API, can refuse the plan before evicting anything. Without
-the mirror the RM knows no budgets and names none. Not done yet: pod groups (a gang's members are
-not kept together as victims).
+the mirror the RM knows no budgets and names none. A pod group's members are victims together or
+not at all (see :func:`choose_victims`).
 
 Plans live in the server's memory: an RM restart forgets them, which releases every hold, as if
 each lease had ended; the caller then finds its confirm or reserve answered 404 or Unschedulable
@@ -108,6 +108,40 @@ def _violations(victims: Sequence[BoundPod], budgets: Sequence[Budget]) -> dict[
     return found
 
 
+def _units(
+    members: Iterable[BoundPod],
+    *,
+    node: str,
+    priority: int,
+    spoken_for: frozenset[str],
+    pods: ClusterPods,
+    groups: dict[str, list[BoundPod]],
+) -> list[tuple[BoundPod, ...]]:
+    """The eviction candidates on ``node``, lowest priority first: single pods, and whole pod groups
+    (see :func:`choose_victims`). ``groups`` caches every group's bound members, built on first use."""
+    units: list[tuple[BoundPod, ...]] = []
+    seen: set[str] = set()
+    for pod in members:
+        if pod.priority >= priority or pod.uid in spoken_for:
+            continue
+        if pod.group is None:
+            units.append((pod,))
+            continue
+        if pod.group in seen:
+            continue
+        seen.add(pod.group)
+        if not groups:
+            for entry in pods.nodes.values():
+                for member in entry.members:
+                    if member.group is not None:
+                        groups.setdefault(member.group, []).append(member)
+        group = groups.get(pod.group, [pod])
+        if all(m.node == node and m.priority < priority and m.uid not in spoken_for for m in group):
+            units.append(tuple(sorted(group, key=lambda m: (m.priority, m.uid))))
+    units.sort(key=lambda unit: (max(m.priority for m in unit), unit[0].uid))
+    return units
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One node where evicting ``victims`` makes room; ordered as kube-scheduler orders them.
@@ -146,11 +180,18 @@ def choose_victims(
     it did not place, the rooms held for other plans); ``spoken_for`` are the pod UIDs that other
     plans already evict (they are not victims twice).
 
+    A pod group's members (``spec.schedulingGroup``) are one candidate: all of them are evicted or
+    none (volcano#4607: gang-blind victims break many jobs). A group is a candidate on a node only
+    when every member bound anywhere is on that node, of lower priority and not spoken for;
+    otherwise none of its members is (a plan frees room on one node, and evicting members elsewhere
+    too is not proposed yet).
+
     ``budgets``: the PodDisruptionBudgets known. The candidates a budget protects (counted highest
     priority first, as upstream) are given back before the others, so they are victims only when
     the pod cannot fit without them.
     """
     best: Candidate | None = None
+    groups: dict[str, list[BoundPod]] = {}  # filled on the first group member met
     for node in nodes:
         if static_failure(node=node, **placement) is not None:
             continue
@@ -161,27 +202,29 @@ def choose_victims(
         used = dict(used_by_node.get(node.name, {}))
         if fits(node, usage, used):
             continue  # room without evicting (held for another plan, or freed since): not a plan
-        lower = sorted(
-            (pod for pod in entry.members if pod.priority < priority and pod.uid not in spoken_for),
-            key=lambda pod: (pod.priority, pod.uid),
+        units = _units(
+            entry.members, node=node.name, priority=priority, spoken_for=spoken_for, pods=pods, groups=groups
         )
-        if not lower:
+        if not units:
             continue
-        for pod in lower:
-            _plus(used, pod.usage, -1)
+        for unit in units:
+            for pod in unit:
+                _plus(used, pod.usage, -1)
         if not fits(node, usage, used):
             continue
-        highest_first = lower[::-1]
-        protected = _violations(highest_first, budgets) if budgets else {}
-        victims = []
-        # Reprieve the protected candidates first, then the others; highest priorities first in each.
-        for pod in [p for p in highest_first if p.uid in protected] + [
-            p for p in highest_first if p.uid not in protected
+        highest_first = units[::-1]
+        protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
+        victims: list[BoundPod] = []
+        # Reprieve the protected units first, then the others; highest priorities first in each.
+        for unit in [u for u in highest_first if any(p.uid in protected for p in u)] + [
+            u for u in highest_first if not any(p.uid in protected for p in u)
         ]:
-            _plus(used, pod.usage)
+            for pod in unit:
+                _plus(used, pod.usage)
             if not fits(node, usage, used):
-                _plus(used, pod.usage, -1)
-                victims.append(pod)
+                for pod in unit:
+                    _plus(used, pod.usage, -1)
+                victims.extend(unit)
         victims.sort(key=lambda pod: (pod.priority, pod.uid))
         chosen = _violations(victims[::-1], budgets) if protected else {}
         found = Candidate(node=node.name, victims=tuple(victims), violations=chosen)

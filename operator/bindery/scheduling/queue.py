@@ -408,12 +408,13 @@ class SchedulingQueue:
         return moved
 
     def retry_within(self, uid: str, seconds: float) -> None:
-        """An unschedulable pod parked for longer is tried again after ``seconds`` at the latest
-        (a preemption back-off ending: the pod may then preempt again, with no event to wake it)."""
+        """An unschedulable pod parked for longer is tried again after ``seconds`` (never before its
+        backoff ends), with no event to wake it: a preemption back-off ending, or victims that
+        another scheduler placed, whose deletion releases nothing this process follows."""
         entry = self._entries.get(uid)
         if entry is None or entry.state is not _State.UNSCHEDULABLE:
             return
-        at = self._clock.now() + seconds
+        at = max(self._clock.now() + seconds, entry.backoff_until)
         if entry.ready_at > at:
             wake_on = entry.wake_on  # re-parking unindexes it: the placed-pod wake-up must survive
             self._park(entry, _State.UNSCHEDULABLE, ready_at=at)
