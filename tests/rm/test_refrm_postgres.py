@@ -24,7 +24,7 @@ from bindery.conformance.cli import main as conformance_main
 from bindery.devcluster.postgres import PostgresServer
 from bindery.quantity import parse_quantity
 from bindery.reference_rm.cli import serve_command, served_url
-from tests.rrproxy import round_robin_proxy
+from bindery.devcluster.rrproxy import round_robin_proxy
 
 from .conftest import TOKEN
 

@@ -1,5 +1,8 @@
 """A round-robin TCP proxy in front of several reference RM replicas, that can drop connections.
 
+For tests and benchmarks (the chaos suite on PostgreSQL, ``benchmarks/rm_bench.py``,
+``benchmarks/ceiling.py --rm-postgres``), not for deployments: a Service does this job there.
+
 Why TCP and not HTTP: a Service or a layer-4 load balancer in front of the RM's replicas spreads
 *connections*, not requests; a client's keep-alive connection stays with one replica until it is
 closed. Forwarding bytes (no parsing) keeps that behaviour, and cutting a socket here is what a
