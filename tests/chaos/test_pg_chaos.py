@@ -46,11 +46,11 @@ from kubernetes_asyncio import client
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.devcluster.postgres import PostgresServer
+from bindery.devcluster.rrproxy import RoundRobinProxy, round_robin_proxy
 from tests.chaos.harness import chaos_seed
 from tests.operator.conftest import delete_rm, pod_body
 from tests.pgcheck import active_rows, independent_violations
 from tests.realrm import RMProcess, audit_findings, operator_process, serve_with
-from bindery.devcluster.rrproxy import RoundRobinProxy, round_robin_proxy
 
 FULL = os.environ.get("BINDERY_PG_CHAOS", "") == "full"
 SCENARIOS = ("replica-kill", "postgres-restart", "proxy-drop") if FULL else ("replica-kill",)
