@@ -24,9 +24,9 @@ import pytest
 from bindery.conformance import CHECKS
 from bindery.conformance.cli import main as conformance_main
 from bindery.devcluster.postgres import PostgresServer
+from bindery.devcluster.rrproxy import round_robin_proxy
 from bindery.quantity import parse_quantity
 from bindery.reference_rm.cli import serve_command, served_url
-from tests.rrproxy import round_robin_proxy
 
 from .conftest import ADMIN_TOKEN, TOKEN
 
