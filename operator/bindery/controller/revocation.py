@@ -65,6 +65,9 @@ class RevocationReport:
     acknowledged: tuple[str, ...] = ()  # reservation ids released at the RM
     blocked: tuple[str, ...] = ()  # namespace/name whose eviction a PDB refused
     failed: tuple[str, ...] = ()  # reservation ids
+    #: UIDs of every pod with a revoked reservation in this pass, acted on or not yet (a PDB, a
+    #: back-off): told Revoked, so reconciliation does not call them ReservationMissing as well.
+    pods: tuple[str, ...] = ()
 
 
 class Revocations:
@@ -106,6 +109,7 @@ class Revocations:
         acknowledged: list[str] = []
         blocked: list[str] = []
         failed: list[str] = []
+        revoked = list(revoked)
         for reservation in revoked:
             backoff = self._blocked.get(reservation.id)
             if backoff is not None and self._clock() < backoff.next_at:
@@ -159,6 +163,7 @@ class Revocations:
             acknowledged=tuple(acknowledged),
             blocked=tuple(blocked),
             failed=tuple(failed),
+            pods=tuple(r.pod_uid for r in revoked),
         )
 
     async def _evict(self, pod: Mapping[str, Any], reservation: Reservation) -> bool:
