@@ -803,3 +803,68 @@ async def test_a_revoked_pods_eviction_refused_by_a_pdb_is_said_once_and_retried
         assert await rm.list_revoked_reservations(scheduler_name=scheduler) == []
     events = await events_of(kube_api, namespace=namespace, pod_name="guarded")
     assert [e["reason"] for e in events if e["reason"] == "Revoked"] == ["Revoked"]  # said once in all
+
+
+class _ForgetsAcknowledgements:
+    """An RM that shows a revocation again after it was acknowledged (the Slurm adapter after a
+    restart: it keeps acknowledgements in memory, since Slurm refuses to change a finished job)."""
+
+    def __init__(self, inner: ResourceManagerClient) -> None:
+        self.inner = inner
+        self.shown: dict[str, Reservation] = {}
+
+    async def list_reservations(self, **filters: Any) -> list[Reservation]:
+        return await self.inner.list_reservations(**filters)
+
+    async def list_unscoped_reservations(self, **filters: Any) -> list[Reservation]:
+        return await self.inner.list_unscoped_reservations(**filters)
+
+    async def list_revoked_reservations(self, **filters: Any) -> list[Reservation]:
+        for reservation in await self.inner.list_revoked_reservations(**filters):
+            self.shown[reservation.id] = reservation
+        return list(self.shown.values())
+
+    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
+        return await self.inner.commit(reservation_id, pod_uid=pod_uid)
+
+    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
+        await self.inner.release(reservation_id, pod_uid=pod_uid)
+
+
+async def test_a_revocation_shown_again_after_its_acknowledgement_is_not_acted_on_twice(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """spec.onRevoked: Warn against an RM that forgets acknowledgements: one Revoked event in all,
+    and the repeated revocation is only acknowledged again."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    async with process.client() as rm:
+        held = await _revoked_setup(
+            kube_api,
+            rm,
+            process,
+            namespace=namespace,
+            node=node,
+            scheduler=scheduler,
+            names=("twice", "other"),
+        )
+        forgetful = _ForgetsAcknowledgements(rm)
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: forgetful,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            on_revoked=lambda: OnRevoked.WARN,
+        )
+        first = await reconciler.run_once(reason="test")
+        second = await reconciler.run_once(reason="test")
+    assert first.revoked == (held["twice"].id,)
+    assert second.revoked == (held["twice"].id,)  # acknowledged again, nothing else
+    events = await events_of(kube_api, namespace=namespace, pod_name="twice")
+    assert [e["reason"] for e in events if e["type"] == "Warning"] == ["Revoked"], events
