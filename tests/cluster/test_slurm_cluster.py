@@ -29,7 +29,7 @@ from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.slurm import SlurmBed, SlurmNode
 from tests.realrm import operator_process
 from tests.slurm.conftest import AdapterProcess, slurm_root
-from tests.workloads import POOL, Cluster, deployment, eventually, kwok_pool
+from tests.workloads import POOL, Cluster, deployment, eventually, job, kwok_pool
 
 pytestmark = pytest.mark.controlplane
 __all__ = ["slurm_root"]  # the fixture, imported so that pytest finds it here
@@ -355,3 +355,47 @@ async def test_a_job_cancelled_by_hand_gets_its_pod_evicted_with_slurms_reason(
         )
         jobs = [row for row in bed.squeue() if row["name"].startswith("bindery:")]
         print("squeue:\n" + "\n".join(f"{r['id']} {r['name']} {r['state']} {r['nodes']}" for r in jobs))
+
+
+async def test_a_pod_that_ends_releases_its_job(
+    *,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    slurm_root: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue 23 item 2, last sentence: a Job's pods bound through Slurm run to completion (kwok
+    ends them Succeeded); each one's placeholder job is cancelled, none stays RUNNING."""
+    async with slurm_stage(
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        root=slurm_root,
+        tmp=tmp_path,
+    ) as stage:
+        view, bed = stage.view, stage.bed
+        await view.batch.create_namespaced_job(
+            cluster_namespace,
+            job("batch", completions=3, parallelism=3, cpu="1", scheduler=stage.scheduler, pool=stage.pool),
+        )
+
+        async def complete() -> bool:
+            status = (await view.batch.read_namespaced_job_status("batch", cluster_namespace)).status
+            return (status.succeeded or 0) == 3
+
+        await eventually(complete, within=120, what="the Job's 3 pods Succeeded")
+        finished = await view.pods("job=batch")
+        assert len(finished) == 3
+        assert all(p["spec"]["nodeName"] for p in finished)  # each was bound (through Slurm)
+        names = {f"bindery:{cluster_namespace}/{p['metadata']['name']}" for p in finished}
+
+        async def no_job_left() -> bool:
+            return not [r for r in bed.squeue() if r["name"] in names and r["state"] == "RUNNING"]
+
+        await eventually(no_job_left, within=60, what="no RUNNING placeholder job for a finished pod")
+        # They were placeholders of these pods, now released (slurmctld keeps them for MinJobAge).
+        with stage.adapter.client() as http:
+            items = http.get("/v1/reservations", params={"schedulerName": stage.scheduler}).json()["items"]
+        states = {i["podUid"]: i["state"] for i in items}
+        assert states == {p["metadata"]["uid"]: "released" for p in finished}, states
