@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import pathlib
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -322,6 +323,7 @@ async def test_a_job_cancelled_by_hand_gets_its_pod_evicted_with_slurms_reason(
 
         victim = (await eventually(committed, within=60, what="both reservations committed"))[0]
         job_id = victim["id"].removeprefix("slurm-")
+        cancelled_at = time.monotonic()
         bed.run_client("scancel", job_id)  # the site administrator, not Bindery
 
         async def revoked_event() -> list[dict[str, Any]]:
@@ -336,7 +338,7 @@ async def test_a_job_cancelled_by_hand_gets_its_pod_evicted_with_slurms_reason(
             ]
 
         events = await eventually(revoked_event, within=90, what="a Revoked event on the cancelled job's pod")
-        print(f"\nRevoked event: {events[0]['note']}")
+        print(f"\nRevoked event {time.monotonic() - cancelled_at:.1f} s after scancel: {events[0]['note']}")
         assert events[0]["type"] == "Warning"
         assert f"Slurm job {job_id} is CANCELLED" in events[0]["note"]
 
