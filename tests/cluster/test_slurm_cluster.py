@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import pathlib
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,7 +30,7 @@ from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.slurm import SlurmBed, SlurmNode
 from tests.realrm import operator_process
 from tests.slurm.conftest import AdapterProcess, slurm_root
-from tests.workloads import POOL, Cluster, deployment, eventually, kwok_pool
+from tests.workloads import POOL, Cluster, deployment, eventually, job, kwok_pool
 
 pytestmark = pytest.mark.controlplane
 __all__ = ["slurm_root"]  # the fixture, imported so that pytest finds it here
@@ -322,6 +323,7 @@ async def test_a_job_cancelled_by_hand_gets_its_pod_evicted_with_slurms_reason(
 
         victim = (await eventually(committed, within=60, what="both reservations committed"))[0]
         job_id = victim["id"].removeprefix("slurm-")
+        cancelled_at = time.monotonic()
         bed.run_client("scancel", job_id)  # the site administrator, not Bindery
 
         async def revoked_event() -> list[dict[str, Any]]:
@@ -336,7 +338,7 @@ async def test_a_job_cancelled_by_hand_gets_its_pod_evicted_with_slurms_reason(
             ]
 
         events = await eventually(revoked_event, within=90, what="a Revoked event on the cancelled job's pod")
-        print(f"\nRevoked event: {events[0]['note']}")
+        print(f"\nRevoked event {time.monotonic() - cancelled_at:.1f} s after scancel: {events[0]['note']}")
         assert events[0]["type"] == "Warning"
         assert f"Slurm job {job_id} is CANCELLED" in events[0]["note"]
 
@@ -355,3 +357,47 @@ async def test_a_job_cancelled_by_hand_gets_its_pod_evicted_with_slurms_reason(
         )
         jobs = [row for row in bed.squeue() if row["name"].startswith("bindery:")]
         print("squeue:\n" + "\n".join(f"{r['id']} {r['name']} {r['state']} {r['nodes']}" for r in jobs))
+
+
+async def test_a_pod_that_ends_releases_its_job(
+    *,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    slurm_root: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue 23 item 2, last sentence: a Job's pods bound through Slurm run to completion (kwok
+    ends them Succeeded); each one's placeholder job is cancelled, none stays RUNNING."""
+    async with slurm_stage(
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        root=slurm_root,
+        tmp=tmp_path,
+    ) as stage:
+        view, bed = stage.view, stage.bed
+        await view.batch.create_namespaced_job(
+            cluster_namespace,
+            job("batch", completions=3, parallelism=3, cpu="1", scheduler=stage.scheduler, pool=stage.pool),
+        )
+
+        async def complete() -> bool:
+            status = (await view.batch.read_namespaced_job_status("batch", cluster_namespace)).status
+            return (status.succeeded or 0) == 3
+
+        await eventually(complete, within=120, what="the Job's 3 pods Succeeded")
+        finished = await view.pods("job=batch")
+        assert len(finished) == 3
+        assert all(p["spec"]["nodeName"] for p in finished)  # each was bound (through Slurm)
+        names = {f"bindery:{cluster_namespace}/{p['metadata']['name']}" for p in finished}
+
+        async def no_job_left() -> bool:
+            return not [r for r in bed.squeue() if r["name"] in names and r["state"] == "RUNNING"]
+
+        await eventually(no_job_left, within=60, what="no RUNNING placeholder job for a finished pod")
+        # They were placeholders of these pods, now released (slurmctld keeps them for MinJobAge).
+        with stage.adapter.client() as http:
+            items = http.get("/v1/reservations", params={"schedulerName": stage.scheduler}).json()["items"]
+        states = {i["podUid"]: i["state"] for i in items}
+        assert states == {p["metadata"]["uid"]: "released" for p in finished}, states

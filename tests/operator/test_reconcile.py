@@ -736,3 +736,135 @@ async def test_on_revoked_warn_keeps_the_pod_and_says_why_once(
     assert [e["reason"] for e in events if e["type"] == "Warning"] == ["Revoked"], events
     assert "cancelled by the site admin (warned)" in events[0]["note"]
     assert "keeps running" in events[0]["note"]
+
+
+async def test_a_revoked_pods_eviction_refused_by_a_pdb_is_said_once_and_retried_never_deleted(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """A PodDisruptionBudget refuses the eviction of a Running pod (429; on this plane no disruption
+    controller computes its status, so it refuses every such eviction): the pod is not deleted, one
+    Warning event RevokedEvictionBlocked says so (and no ReservationMissing), the revocation stays
+    unacknowledged, and a pass soon after (inside the back-off) neither evicts nor says it again.
+    Once the budget is gone, a later pass evicts."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    policy = client.PolicyV1Api(kube_api)
+    await policy.create_namespaced_pod_disruption_budget(
+        namespace=namespace,
+        body={"metadata": {"name": "keep-one"}, "spec": {"minAvailable": 1, "selector": {}}},
+    )
+    async with process.client() as rm:
+        held = await _revoked_setup(
+            kube_api,
+            rm,
+            process,
+            namespace=namespace,
+            node=node,
+            scheduler=scheduler,
+            names=("guarded", "other"),
+        )
+        # The Eviction API ignores budgets for Pending pods, and no kubelet runs this one: say it runs.
+        await client.CoreV1Api(kube_api).patch_namespaced_pod_status(
+            name="guarded", namespace=namespace, body={"status": {"phase": "Running"}}
+        )
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+        )
+        first = await reconciler.run_once(reason="test")
+        second = await reconciler.run_once(reason="test")
+        pod = await client.CoreV1Api(kube_api).read_namespaced_pod(name="guarded", namespace=namespace)
+        assert pod.metadata.deletion_timestamp is None
+        assert first.evicted == ()
+        assert second.evicted == ()
+        assert [r.id for r in await rm.list_revoked_reservations(scheduler_name=scheduler)] == [
+            held["guarded"].id
+        ]
+        events = await events_of(kube_api, namespace=namespace, pod_name="guarded")
+        assert sorted(e["reason"] for e in events if e["type"] == "Warning") == [
+            "Revoked",
+            "RevokedEvictionBlocked",
+        ]
+        await policy.delete_namespaced_pod_disruption_budget(name="keep-one", namespace=namespace)
+
+        async def evicted() -> bool:
+            report = await reconciler.run_once(reason="test")
+            return report.evicted == (f"{namespace}/guarded",)
+
+        await eventually(evicted, within=30, interval=1.0, what="the eviction once the budget is gone")
+        assert await rm.list_revoked_reservations(scheduler_name=scheduler) == []
+    events = await events_of(kube_api, namespace=namespace, pod_name="guarded")
+    assert [e["reason"] for e in events if e["reason"] == "Revoked"] == ["Revoked"]  # said once in all
+
+
+class _ForgetsAcknowledgements:
+    """An RM that shows a revocation again after it was acknowledged (the Slurm adapter after a
+    restart: it keeps acknowledgements in memory, since Slurm refuses to change a finished job)."""
+
+    def __init__(self, inner: ResourceManagerClient) -> None:
+        self.inner = inner
+        self.shown: dict[str, Reservation] = {}
+
+    async def list_reservations(self, **filters: Any) -> list[Reservation]:
+        return await self.inner.list_reservations(**filters)
+
+    async def list_unscoped_reservations(self, **filters: Any) -> list[Reservation]:
+        return await self.inner.list_unscoped_reservations(**filters)
+
+    async def list_revoked_reservations(self, **filters: Any) -> list[Reservation]:
+        for reservation in await self.inner.list_revoked_reservations(**filters):
+            self.shown[reservation.id] = reservation
+        return list(self.shown.values())
+
+    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
+        return await self.inner.commit(reservation_id, pod_uid=pod_uid)
+
+    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
+        await self.inner.release(reservation_id, pod_uid=pod_uid)
+
+
+async def test_a_revocation_shown_again_after_its_acknowledgement_is_not_acted_on_twice(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """spec.onRevoked: Warn against an RM that forgets acknowledgements: one Revoked event in all,
+    and the repeated revocation is only acknowledged again."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    async with process.client() as rm:
+        held = await _revoked_setup(
+            kube_api,
+            rm,
+            process,
+            namespace=namespace,
+            node=node,
+            scheduler=scheduler,
+            names=("twice", "other"),
+        )
+        forgetful = _ForgetsAcknowledgements(rm)
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: forgetful,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            on_revoked=lambda: OnRevoked.WARN,
+        )
+        first = await reconciler.run_once(reason="test")
+        second = await reconciler.run_once(reason="test")
+    assert first.revoked == (held["twice"].id,)
+    assert second.revoked == (held["twice"].id,)  # acknowledged again, nothing else
+    events = await events_of(kube_api, namespace=namespace, pod_name="twice")
+    assert [e["reason"] for e in events if e["type"] == "Warning"] == ["Revoked"], events

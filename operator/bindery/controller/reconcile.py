@@ -416,7 +416,7 @@ class Reconciler:
             self._remember(self._warned, uid)
         missing = await self._report_missing(
             served_pods=served_pods.values(),
-            active_pod_uids={r.pod_uid for r in (*reservations, *unscoped)},
+            active_pod_uids={r.pod_uid for r in (*reservations, *unscoped)} | set(revoked.pods),
             rm=rm,
         )
         return ReconcileReport(

@@ -65,6 +65,9 @@ class RevocationReport:
     acknowledged: tuple[str, ...] = ()  # reservation ids released at the RM
     blocked: tuple[str, ...] = ()  # namespace/name whose eviction a PDB refused
     failed: tuple[str, ...] = ()  # reservation ids
+    #: UIDs of every pod with a revoked reservation in this pass, acted on or not yet (a PDB, a
+    #: back-off): told Revoked, so reconciliation does not call them ReservationMissing as well.
+    pods: tuple[str, ...] = ()
 
 
 class Revocations:
@@ -89,6 +92,10 @@ class Revocations:
         self._metrics = metrics or Metrics()
         self._clock = clock
         self._blocked: collections.OrderedDict[str, _Blocked] = collections.OrderedDict()
+        #: Revocations this process acted on and acknowledged. An RM that cannot record the
+        #: acknowledgement durably (the Slurm adapter keeps it in memory: Slurm refuses to change a
+        #: finished job) shows them again after a restart; they are then only acknowledged again.
+        self._handled: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     async def handle(
         self,
@@ -106,6 +113,7 @@ class Revocations:
         acknowledged: list[str] = []
         blocked: list[str] = []
         failed: list[str] = []
+        revoked = list(revoked)
         for reservation in revoked:
             backoff = self._blocked.get(reservation.id)
             if backoff is not None and self._clock() < backoff.next_at:
@@ -115,6 +123,8 @@ class Revocations:
                 if pod is None and reservation.namespace and reservation.name:
                     pod = await read(reservation)
                 action = revoked_action(reservation=reservation, pod=pod, policy=policy)
+                if reservation.id in self._handled:
+                    action = RevokedAction.ACKNOWLEDGE  # told and evicted before: not twice
                 who = f"{reservation.namespace}/{reservation.name}"
                 if action is not RevokedAction.ACKNOWLEDGE:
                     assert pod is not None
@@ -147,6 +157,9 @@ class Revocations:
                 )
                 continue
             self._blocked.pop(reservation.id, None)
+            self._handled[reservation.id] = None
+            while len(self._handled) > _REMEMBERED:
+                self._handled.popitem(last=False)
             acknowledged.append(reservation.id)
             self._metrics.revocation(resource_manager=self.resource_manager, action=action.value)
             if action is RevokedAction.EVICT:
@@ -159,6 +172,7 @@ class Revocations:
             acknowledged=tuple(acknowledged),
             blocked=tuple(blocked),
             failed=tuple(failed),
+            pods=tuple(r.pod_uid for r in revoked),
         )
 
     async def _evict(self, pod: Mapping[str, Any], reservation: Reservation) -> bool:
