@@ -15,12 +15,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bindery.clock import DEFAULT_TOLERANCE_SECONDS
 from bindery.controller.entry import EmbeddedOperator
-from bindery.controller.metrics import parse_address, rm_outcome_label
+from bindery.controller.metrics import _StateCollector, parse_address, rm_outcome_label
 from bindery.controller.options import OperatorOptions
 from bindery.devcluster.nodes import node_status
 from bindery.devcluster.plane import ControlPlane
+from bindery.kube.counters import WriteCounter
 from bindery.rm.errors import RMConflict, RMUnavailable, RMUnschedulable
+from bindery.scheduling.decisions import Outcome
+from bindery.scheduling.queue import SchedulingQueue, Touch, WakeOn
 from tests.operator.conftest import eventually, real_stage_of
+from tests.scheduling.fakes import pod
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -359,3 +363,19 @@ async def test_the_apiserver_and_rm_clocks_are_compared_and_exported(
         assert abs(present(samples, "bindery_clock_skew_seconds", peer="apiserver")) < limit
         assert abs(present(samples, "bindery_clock_skew_seconds", peer=f"rm/{stage.rm_name}")) < limit
         assert not measured.runtime.apiserver_clock.off
+
+
+def test_queue_moves_are_served_as_a_counter_by_event() -> None:
+    """A pod the placement rules refused, woken by a placed pod: one ``placed-pod`` move."""
+    queue = SchedulingQueue()
+    queue.add(pod("a"))
+    popped = queue.pop_nowait()
+    assert popped is not None
+    wake_on = WakeOn(namespaces=frozenset({"ns"}))
+    queue.done(popped.uid, outcome=Outcome.UNSCHEDULABLE, until_event=False, wake_on=wake_on)
+    queue.wake(Touch(namespace="ns"))
+    collector = _StateCollector(writes=WriteCounter(), queues=lambda: {"rm-a": queue.stats()})
+    (moved,) = [f for f in collector.collect() if f.name == "bindery_queue_moved_pods"]
+    assert [(s.name, s.labels, s.value) for s in moved.samples] == [
+        ("bindery_queue_moved_pods_total", {"resource_manager": "rm-a", "event": "placed-pod"}, 1.0)
+    ]

@@ -10,7 +10,8 @@ their deletionTimestamp and ``Preempted`` event, and started again.
 
 A second test stops it earlier, between the RM's confirm and its answer (the RM-side proxy of
 ``tests/rmproxy.py`` holds the answer while the test SIGKILLs the operator): nothing is nominated or
-evicted yet, the RM holds the room.
+evicted yet, the RM holds the room. A third kills the leader of two replicas under leader
+election after evicting: the standby, once leader, must take the plan up as a restart does.
 
 Required afterwards: the restarted operator takes the plan up where the dead one left it (it does
 not evict the victims a second time, nor pick new ones); once the finalizers go, the preemptor is
@@ -25,7 +26,7 @@ import contextlib
 import pathlib
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from tests.operator.conftest import create_pod, eventually, pod_body, read_pod, resource_manager
+from tests.operator.test_leader_processes import _leader, grant_lease, replica
 from tests.realrm import (
     RMProcess,
     audit_findings,
@@ -196,13 +198,9 @@ async def finish(stage: Stage, *, controlplane: ControlPlane, node: str) -> list
     the preemptor bound on ``node``, one ``Preempted`` event per victim, the invariants and the
     audit clean. Returns the victims."""
 
-    async def victims_evicted() -> list[str] | None:
-        """The victims once each is Terminating and has its Preempted event."""
-        gone = await terminating(stage)
-        events = await stage.preempted_events()
-        return gone if len(gone) == 2 and all(events.get(n) for n in gone) else None
-
-    victims: list[str] = await eventually(victims_evicted, within=60, what="two victims evicted")
+    victims: list[str] = await eventually(
+        lambda: _evicted_with_events(stage), within=60, what="two victims evicted"
+    )
     await stage.release(victims)
     bound = await eventually(
         lambda: _node_of(stage, "high"), within=60, what="the preemptor bound after the restart"
@@ -242,13 +240,7 @@ async def test_operator_sigkilled_after_evicting_resumes_the_plan_and_binds_the_
         placed = await fill(stage)
         await stage.create("high", priority="high", cpu="4")
 
-        async def victims_evicted() -> list[str] | None:
-            """The victims once each is Terminating and has its Preempted event."""
-            gone = await terminating(stage)
-            events = await stage.preempted_events()
-            return gone if len(gone) == 2 and all(events.get(n) for n in gone) else None
-
-        victims = await eventually(victims_evicted, within=60, what="two victims evicted")
+        victims = await eventually(lambda: _evicted_with_events(stage), within=60, what="two victims evicted")
         plan_id = (await operator.wait_for_log(r"\(plan (pln-[0-9a-f]+)\)")).group(1)
         operator.kill()
         await operator.wait()
@@ -305,6 +297,56 @@ async def test_operator_sigkilled_between_the_rms_confirm_and_its_answer_carries
         await operator.start()
         victims = await finish(stage, controlplane=controlplane, node=plan[0][1])
         assert {placed[v] for v in victims} == {plan[0][1]}
+
+
+async def test_leader_sigkilled_after_evicting_the_standby_takes_up_the_plan(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    operator_kubeconfig: pathlib.Path,
+    namespace: str,
+    uniq: Callable[[str], str],
+    tmp_path: pathlib.Path,
+) -> None:
+    """The same crash with two replicas under leader election: the standby, leader after the
+    lease, meets the plan the dead leader confirmed and evicts nobody again."""
+    lease = uniq("lease")
+    await grant_lease(kube_api, namespace=namespace, lease_name=lease)
+    async with (
+        stage_of(controlplane=controlplane, api=kube_api, namespace=namespace, directory=tmp_path) as stage,
+        replica(
+            kubeconfig=operator_kubeconfig, directory=tmp_path, name="first", namespace=namespace, lease=lease
+        ) as first,
+        replica(
+            kubeconfig=operator_kubeconfig,
+            directory=tmp_path,
+            name="second",
+            namespace=namespace,
+            lease=lease,
+        ) as second,
+    ):
+        leader = await _leader(first, second)
+        standby = second if leader is first else first
+        placed = await fill(stage)
+        await stage.create("high", priority="high", cpu="4")
+        plan_id = (await leader.wait_for_log(r"\(plan (pln-[0-9a-f]+)\)")).group(1)
+        victims = await eventually(
+            lambda: _evicted_with_events(stage), within=60, what="two victims evicted by the leader"
+        )
+        leader.kill()
+        await leader.wait()
+        await standby.wait_for_log("became the leader", within=60)
+        await standby.wait_for_log(re.escape(plan_id), within=60)
+        assert await finish(stage, controlplane=controlplane, node=placed[victims[0]]) == victims
+        evicting = [line for line in standby.log().splitlines() if "preempting" in line]
+        assert not evicting, f"the new leader evicted again: {evicting}"
+
+
+async def _evicted_with_events(stage: Stage) -> list[str] | None:
+    """The victims once both are Terminating and have their Preempted event."""
+    gone = await terminating(stage)
+    events = await stage.preempted_events()
+    return gone if len(gone) == 2 and all(events.get(n) for n in gone) else None
 
 
 async def _node_of(stage: Stage, name: str) -> str | None:

@@ -555,3 +555,60 @@ async def test_kit_never_sends_preferences_to_an_rm_without_the_feature(preferen
     async with http_client(config) as http:
         result = await run_check(check, config, http)
     assert result.passed, result.error
+
+
+@pytest.fixture
+async def revoked_to_everyone_rm(refrm: RunningServer) -> AsyncIterator[str]:
+    """An RM that shows state revoked to every caller, whether it asked or not (a v1.1 client would
+    meet a state it does not know)."""
+    async with httpx.AsyncClient(base_url=refrm.url) as upstream:
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            headers = {
+                k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")
+            }
+            headers["Bindery-Features"] = "revocation"
+            answer = await upstream.request(
+                request.method,
+                request.path,
+                params=dict(request.query),
+                content=await request.read(),
+                headers=headers,
+            )
+            return web.Response(
+                status=answer.status_code,
+                body=answer.content,
+                headers={"Content-Type": answer.headers.get("content-type", "application/octet-stream")},
+            )
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
+
+
+async def test_the_revocation_check_fails_an_rm_that_shows_revoked_to_callers_that_did_not_ask(
+    revoked_to_everyone_rm: str, refrm: RunningServer
+) -> None:
+    config = ConformanceConfig(url=revoked_to_everyone_rm, token=TOKEN, revoke=admin_revoke(refrm.url))
+    check = next(c for c in CHECKS if c.name == "revocation")
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert not result.passed
+    assert "must read a revoked reservation as released" in (result.error or ""), result.error
+
+
+async def test_the_revocation_check_needs_a_way_to_revoke(refrm: RunningServer) -> None:
+    """An RM listing the feature cannot pass by the kit having no hook: the check says what to give."""
+    config = ConformanceConfig(url=refrm.url, token=TOKEN)
+    check = next(c for c in CHECKS if c.name == "revocation")
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert not result.passed
+    assert "--revoke-command" in (result.error or ""), result.error

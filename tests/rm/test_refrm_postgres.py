@@ -8,8 +8,10 @@ import contextlib
 import json
 import os
 import pathlib
+import shlex
 import signal
 import subprocess
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from decimal import Decimal
@@ -22,11 +24,11 @@ import pytest
 from bindery.conformance import CHECKS
 from bindery.conformance.cli import main as conformance_main
 from bindery.devcluster.postgres import PostgresServer
+from bindery.devcluster.rrproxy import round_robin_proxy
 from bindery.quantity import parse_quantity
 from bindery.reference_rm.cli import serve_command, served_url
-from tests.rrproxy import round_robin_proxy
 
-from .conftest import TOKEN
+from .conftest import ADMIN_TOKEN, TOKEN
 
 SLOT = "bindery.dev/conformance-slot"
 INVENTORY = (
@@ -64,7 +66,12 @@ def replicas(
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(nodes)
     env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
-    options = ["--inventory", str(inventory), "--db-password-file", str(postgres.password_file)]
+    admin_file = tmp_path / "admin-token"
+    admin_file.write_text(ADMIN_TOKEN)
+    options = [
+        *("--inventory", str(inventory), "--db-password-file", str(postgres.password_file)),
+        *("--admin-token-file", str(admin_file)),
+    ]
     servers: list[subprocess.Popen[bytes]] = [] if processes is None else processes
     try:
         urls = []
@@ -94,7 +101,16 @@ def test_conformance_kit_against_a_reference_rm_process_on_postgres(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with replicas(1, db=postgres_db, postgres=postgres, tmp_path=tmp_path, token_file=token_file) as (url,):
-        code = conformance_main(["--url", url, "--token-file", str(token_file), "--capacity", "5"])
+        # The reference RM lists `revocation`: the kit revokes through its admin path.
+        revoke = shlex.join(
+            [
+                *(sys.executable, "-m", "bindery.reference_rm.cli", "revoke", "--url", url),
+                *("--admin-token-file", str(tmp_path / "admin-token"), "--reason", "{reason}", "{id}"),
+            ]
+        )
+        code = conformance_main(
+            ["--url", url, "--token-file", str(token_file), "--capacity", "5", "--revoke-command", revoke]
+        )
         output = capsys.readouterr().out
         assert code == 0, output
         assert f"{len(CHECKS)}/{len(CHECKS)} checks passed" in output

@@ -87,15 +87,18 @@ async def v1_1(tmp_path: pathlib.Path) -> AsyncIterator[RunningServer]:
         yield server
 
 
-async def _schedule(url: str, *, learn: bool = False) -> tuple[Any, list[Placement]]:
-    """Two web pods already run on a1 (zone a); a third with a ScheduleAnyway zone spread comes.
-    Binpack alone picks a1 (equal nodes, first name)."""
-    cache = PlacedPodCache(nodes=lambda: NODES)
+async def _schedule(
+    url: str, *, learn: bool = False, spread: bool = True, services: tuple[dict[str, str], ...] = ()
+) -> tuple[Any, list[Placement]]:
+    """Two web pods already run on a1 (zone a); a third with a ScheduleAnyway zone spread comes
+    (`spread`; else a bare pod, selected by `services` if any). Binpack alone picks a1 (equal nodes,
+    first name)."""
+    cache = PlacedPodCache(nodes=lambda: NODES, service_selectors=lambda namespace: services)
     for name in ("w1", "w2"):
         cache.on_event("ADDED", web(name, node="a1"))
     calls = Calls()
     pods = FakePods(calls)
-    pod = PodInfo.from_body(web("new", spread=True))
+    pod = PodInfo.from_body(web("new", spread=spread))
     pods.pods[pod.uid] = pod
     ports = Ports(
         nodes=FakeNodes(calls, {n.name: n for n in NODES}),
@@ -128,6 +131,25 @@ async def test_an_rm_with_node_preferences_is_sent_the_soft_spread_and_avoids_th
         )
     ], preferred
     assert outcome.node in ("b1", "c1"), outcome.node
+
+
+async def test_a_bare_pod_a_service_selects_is_spread_as_kube_scheduler_spreads_it(
+    v1_2: RunningServer,
+) -> None:
+    """kube-scheduler's default spreading (hostname maxSkew 3, zone maxSkew 5) with the Service's
+    selector, for a pod with no owner and no constraints of its own."""
+    outcome, sent = await _schedule(v1_2.url, spread=False, services=({"app": "db"}, {"app": "web"}))
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+    [placement] = sent
+    assert placement.preference_dicts(), "no preferences sent for a pod a Service selects"
+    assert outcome.node in ("b1", "c1"), outcome.node
+
+
+async def test_a_bare_pod_no_service_selects_gets_no_default_spreading(v1_2: RunningServer) -> None:
+    outcome, sent = await _schedule(v1_2.url, spread=False, services=({"app": "db"}, {}))
+    assert outcome.outcome is Outcome.BOUND, outcome.failure
+    assert [p.preference_dicts() for p in sent] == [[]]
+    assert outcome.node == "a1"
 
 
 async def test_a_v1_1_rm_is_sent_no_preferences_and_still_places_the_pod(v1_1: RunningServer) -> None:

@@ -71,15 +71,17 @@ class _Resumed:
 def _resumed(plan: PreemptionPlan, current: dict[str, dict[str, Any] | None]) -> _Resumed:
     """The victims a plan already confirmed has dealt with: this process (restarted after a
     SIGKILL, or a new leader) meets the plan again in the RM's answer while its victims terminate.
-    Gone victims of a confirmed plan were evicted, not moved: the RM holds their room for this pod.
-    A victim with a deletionTimestamp is never evicted again, whoever deleted it (kube-scheduler
-    skips terminating victims too): a second eviction would post a second ``Preempted`` event."""
+    Gone victims of a confirmed plan (deleted, or recreated under the same name by a StatefulSet)
+    were evicted, not moved: the RM holds their room for this pod.
+    A victim with a deletionTimestamp is never evicted again, whoever deleted it: a second eviction
+    would post a second ``Preempted`` event (kube-scheduler, likewise, does not preempt again while
+    a lower-priority pod terminates on the nominated node)."""
     gone: list[PreemptionVictim] = []
     terminating: list[PreemptionVictim] = []
     for victim in plan.victims:
         body = current.get(f"{victim.pod.namespace}/{victim.pod.name}")
         if body is None or (body.get("metadata") or {}).get("uid") != victim.pod.uid:
-            if plan.state is PlanState.CONFIRMED and body is None:
+            if plan.state is PlanState.CONFIRMED:  # deleted, or recreated by its controller
                 gone.append(victim)
         elif (body.get("metadata") or {}).get("deletionTimestamp"):
             terminating.append(victim)

@@ -11,6 +11,8 @@ need shows up as a failing test rather than in a user's cluster.
 - pods/eviction create: evicting a preemption plan's victims (the Eviction API enforces PDBs).
 - events (events.k8s.io) create/patch: Scheduled and FailedScheduling events, as kube-scheduler.
 - nodes list/watch: the node index for pre-bind checks.
+- services list/watch: their selectors, for kube-scheduler's default spreading of the pods a Service
+  selects (bindery.controller.watches.services).
 - namespaces list/watch: their labels, for ResourceManagers' spec.namespaceSelector (watched only
   once one has a selector; bindery.controller.watches.namespaces).
 - resourcemanagers list/watch, resourcemanagers/status patch: configuration and its status.
@@ -39,6 +41,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
     {"apiGroups": ["bindery.dev"], "resources": ["resourcemanagers"], "verbs": ["list", "watch"]},
     {"apiGroups": ["bindery.dev"], "resources": ["resourcemanagers/status"], "verbs": ["patch"]},

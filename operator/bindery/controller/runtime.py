@@ -56,6 +56,7 @@ from bindery.controller.supervisor import (
 )
 from bindery.controller.watches.namespaces import NamespaceLabels
 from bindery.controller.watches.placed import PlacedPodWatcher
+from bindery.controller.watches.services import ServiceSelectors
 from bindery.controller.watches.unbound import UnboundPodWatcher
 from bindery.k8s import ApiClient, ApiError, client_for
 from bindery.k8s.api import response as k8s_response
@@ -146,6 +147,8 @@ class Runtime:
         #: pods on nodes, for the inter-pod rules (bindery.scheduling.placementrules)
         self.placed: PlacedPodCache | None = None
         self._placed_task: asyncio.Task[None] | None = None
+        self._services_task: asyncio.Task[None] | None = None
+        self.services: ServiceSelectors | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -175,8 +178,19 @@ class Runtime:
             namespaces=self.options.namespaces,
         )
         nodes = IndexNodeLookup(index=node_index)
+        self.services = ServiceSelectors(
+            api=self._api,
+            logger=self.logger,
+            namespaces=self.options.namespaces,
+            watch_seconds=self.options.watch_timeout,
+        )
+        self._services_task = asyncio.create_task(self.services.run(), name="bindery service selectors")
         self.placed = PlacedPodCache(
-            nodes=nodes.all, namespace_labels=self._namespace_labels, synced=False, namespaces_synced=False
+            nodes=nodes.all,
+            namespace_labels=self._namespace_labels,
+            service_selectors=self.services.selectors,
+            synced=False,
+            namespaces_synced=False,
         )
         self.placed.on_change = self._pending.on_placed_change
         self._watch_namespaces()  # cycles wait for its first list too (wait_synced)
@@ -297,6 +311,7 @@ class Runtime:
             self._sweep_task,
             self._namespaces_task,
             self._placed_task,
+            self._services_task,
             self._clock_task,
         ):
             if task is not None:
@@ -429,14 +444,15 @@ class Runtime:
     def connection_pool(self, configs: Iterable[ResourceManagerConfig]) -> ConnectionPool:
         """What the apiserver connection pool is for now: per scope (all namespaces, or each of
         the operator's), a watch of unbound pods per claimed name and of bound pods per served name,
-        the namespace-label watch, the placed-pod watch (inter-pod rules), and the cycles every
-        ResourceManager may have in flight."""
+        the namespace-label watch, the placed-pod and Service watches (inter-pod rules), and the
+        cycles every ResourceManager may have in flight."""
         pending = self.pending
         scopes = max(len(self.options.namespaces), 1)
         return ConnectionPool(
             watches=scopes * (len(pending.claimed()) + len(pending.routing.served))
             + (1 if self._namespaces_task is not None else 0)
-            + (scopes if self._placed_task is not None else 0),
+            + (scopes if self._placed_task is not None else 0)
+            + (scopes if self._services_task is not None else 0),
             in_flight=sum(config.max_in_flight for config in configs),
         )
 
@@ -506,6 +522,7 @@ class Runtime:
             on_released=lambda: self.pending.retry_parked("a reservation was released", event="released"),
             on_reported_unbound=runner.report_bound,
             events=self._events,  # counted with the operator's other writes
+            on_revoked=lambda: runner.config.on_revoked,
         )
 
     def _fenced_binder(self, binder: KubeBinder) -> FencedBinder:

@@ -34,6 +34,7 @@ class PlacedPodCache:
         *,
         nodes: Callable[[], Sequence[NodeProjection]] = list,
         namespace_labels: Callable[[str], Mapping[str, str] | None] = lambda namespace: None,
+        service_selectors: Callable[[str], Iterable[Mapping[str, str]]] = lambda namespace: (),
         synced: bool = True,
         namespaces_synced: bool = True,
     ) -> None:
@@ -51,6 +52,7 @@ class PlacedPodCache:
         self._ports: dict[str, PlacedPod] = {}
         self._nodes = nodes
         self._namespace_labels = namespace_labels
+        self._service_selectors = service_selectors
         self._in_flight = InFlight()
         self.lists = 0  #: completed lists of the watch (tests wait on it)
         #: called with each placed pod added, changed (its old and its new copy) or removed
@@ -118,6 +120,9 @@ class PlacedPodCache:
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         return self._namespace_labels(namespace)
+
+    def service_selectors(self, namespace: str) -> Iterable[Mapping[str, str]]:
+        return self._service_selectors(namespace)
 
     def nodes(self) -> Sequence[NodeProjection]:
         return self._nodes()

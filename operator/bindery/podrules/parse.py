@@ -11,7 +11,8 @@ requirement, which selects the same pods.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from bindery.podrules.model import (
@@ -29,7 +30,7 @@ from bindery.podrules.model import (
     WeightedTerm,
 )
 
-__all__ = ["host_ports", "label_selector", "placed_pod", "pod_rules", "soft_rules"]
+__all__ = ["host_ports", "label_selector", "placed_pod", "pod_rules", "soft_rules", "with_service_spread"]
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 _PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
@@ -189,7 +190,8 @@ def soft_rules(body: Mapping[str, Any]) -> SoftRules:
     that controller. Bindery does not watch controllers, so it uses the pod's own labels minus the
     per-pod ones (:data:`_PER_POD_LABELS`): a controller's pods share its template's labels, which its
     selector selects (a ReplicaSet's includes ``pod-template-hash``, kept here). Services selecting the
-    pod (upstream's fourth source) are not considered.
+    pod (upstream's fourth source) are added at cycle time (:func:`with_service_spread`), since they
+    change apart from the pod.
     """
     metadata: Mapping[str, Any] = body.get("metadata") or {}
     spec: Mapping[str, Any] = body.get("spec") or {}
@@ -257,3 +259,25 @@ def _claims(pod_name: str, volumes: Any) -> tuple[str, ...]:
         elif volume.get("ephemeral"):
             found.append(f"{pod_name}-{volume.get('name')}")
     return tuple(found)
+
+
+def with_service_spread(
+    soft: SoftRules, *, spread: bool, labels: Mapping[str, str], services: Iterable[Mapping[str, str]]
+) -> SoftRules:
+    """`soft` with the selectors of the Services selecting the pod ANDed into its default spreading
+    (``helper.DefaultSelector``: the selectors of every Service selecting the pod, merged, then the
+    owner's). `spread`: the pod states topology spread constraints (hard or soft): then, as
+    upstream, no default spreading. Unchanged (the same object) when no Service selects the pod.
+    """
+    if spread or soft.spread:
+        return soft
+    merged: dict[str, str] = {}
+    for service in services:
+        if service and all(labels.get(key) == value for key, value in service.items()):
+            merged.update(service)
+    if not merged:
+        return soft
+    selector = label_selector({"matchLabels": merged})
+    if soft.default_spread is not None:
+        selector = LabelSelector(requirements=(*soft.default_spread.requirements, *selector.requirements))
+    return dataclasses.replace(soft, default_spread=selector)

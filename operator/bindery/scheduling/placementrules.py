@@ -41,6 +41,7 @@ from typing import Any
 
 from bindery.podrules.filters import Incoming, Verdict, evaluate
 from bindery.podrules.model import NO_SOFT, PlacedPod, PodRules, SoftRules
+from bindery.podrules.parse import with_service_spread
 from bindery.podrules.soft import Preferences, preferences, selecting
 from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm, Placement
 from bindery.scheduling.framework import CycleContext, Status, and_terms
@@ -347,6 +348,17 @@ def touch_of(pod: PlacedPod) -> Touch:
     return Touch(namespace=pod.namespace, tags=frozenset(tags))
 
 
+def _with_services(pod: PodInfo, placed: PlacedPods) -> PodInfo:
+    """`pod` with the Services that select it in its default spreading (the same object if none)."""
+    soft = with_service_spread(
+        pod.soft,
+        spread=bool(pod.rules.spread),
+        labels=pod.labels,
+        services=placed.service_selectors(pod.namespace),
+    )
+    return pod if soft is pod.soft else dataclasses.replace(pod, soft=soft)
+
+
 def _takes_preferences(ctx: CycleContext) -> bool:
     """Whether the profile's RM client may pass node preferences on (the real client knows from
     ``GET /v1/info``; a client without the method is taken to pass them, as before)."""
@@ -388,6 +400,8 @@ class PodPlacementRules:
         # Soft rules only shape placement at an RM that takes node preferences; for any other the
         # scoring (milliseconds on a large cluster) and the waits in a burst would buy nothing.
         takes_preferences = _takes_preferences(ctx)
+        if takes_preferences:
+            pod = _with_services(pod, placed)
         cycle = placed.in_flight.begin(pod, soft=takes_preferences)
         await placed.in_flight.wait(
             cycle, namespace_labels=placed.namespace_labels, seconds=self._wait_seconds

@@ -100,6 +100,10 @@ class PlacedPods(Protocol):
         """The namespace's labels (for namespaceSelector), or None while unknown."""
         ...
 
+    def service_selectors(self, namespace: str) -> Iterable[Mapping[str, str]]:
+        """The selectors of the namespace's Services (for default spreading); none while unknown."""
+        ...
+
     def nodes(self) -> Sequence[NodeProjection]:
         """Every node the node watch knows."""
         ...

@@ -1,5 +1,8 @@
 """A round-robin TCP proxy in front of several reference RM replicas, that can drop connections.
 
+For tests and benchmarks (the chaos suite on PostgreSQL, ``benchmarks/rm_bench.py``,
+``benchmarks/ceiling.py --rm-postgres``), not for deployments: a Service does this job there.
+
 Why TCP and not HTTP: a Service or a layer-4 load balancer in front of the RM's replicas spreads
 *connections*, not requests; a client's keep-alive connection stays with one replica until it is
 closed. Forwarding bytes (no parsing) keeps that behaviour, and cutting a socket here is what a
@@ -152,3 +155,29 @@ async def round_robin_proxy(
         server.close()
         proxy._abort_all()
         await server.wait_closed()
+
+
+async def _serve_forever(upstreams: Sequence[str]) -> None:
+    async with round_robin_proxy(upstreams=upstreams, seed=0) as proxy:
+        print(f"{BANNER} {proxy.url}", flush=True)
+        await asyncio.Event().wait()
+
+
+#: The first line ``python -m bindery.devcluster.rrproxy`` prints, followed by its URL.
+BANNER = "round-robin proxy at"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m bindery.devcluster.rrproxy URL URL…``: the proxy as its own process (benchmarks
+    run it apart, so its CPU is neither the clients' nor the replicas')."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m bindery.devcluster.rrproxy", description=main.__doc__)
+    parser.add_argument("upstreams", nargs="+", metavar="URL")
+    args = parser.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_forever(args.upstreams))
+
+
+if __name__ == "__main__":
+    main()
