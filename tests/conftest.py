@@ -49,7 +49,7 @@ SLOW_FIXTURES = ("image",)
 SLOW_TESTS = (
     # 29 s, 16 s and 15 s: a leader and a standby as processes, SIGKILLed and SIGSTOPped
     "operator/test_leader_processes.py",
-    # 38 s: 25 s of node events while a PDB-blocked preemptor backs off, then its second plan
+    # 26 s (call): 25 s of node events while a PDB-blocked preemptor backs off
     "operator/test_preemption_plane.py::test_a_preemptor_blocked_by_a_pdb_backs_off_instead_of_looping",
     # 83 s
     "operator/test_ghosts.py::test_five_thousand_pods_come_and_go_and_leave_no_per_pod_memory",

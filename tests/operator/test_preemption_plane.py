@@ -373,6 +373,53 @@ async def test_when_every_plan_needs_a_protected_victim_nothing_is_evicted_and_t
     assert await pool.node_of("high") is None
 
 
+async def test_a_budget_the_rm_thinks_allows_it_is_checked_by_a_dry_run_before_any_eviction(
+    pool: Pool,
+) -> None:
+    """The RM's view of a budget may be stale. Here the budget's status says one disruption is
+    allowed but is older than its spec (observedGeneration 0), which the Eviction API answers 429
+    ("still being processed"). The RM sees no violation on node 0 and proposes its unprotected
+    priority-10 pod and a protected priority-50 one; evicting them in order would evict the first for
+    nothing. The dry run of every eviction refuses the plan first: nothing is evicted."""
+    first, second = pool.nodes
+    layout = (
+        ("free", first, "low", "no"),
+        ("m0", first, "mid", "yes"),
+        ("m1", second, "mid", "yes"),
+        ("m2", second, "mid", "yes"),
+    )
+    for name, node, priority_class, kept in layout:
+        await pool.place(name, node, priority_class=priority_class, labels={"kept": kept})
+    await pool.budget("stale", selector={"kept": "yes"}, min_available=2)
+    await client.PolicyV1Api(pool.api).patch_namespaced_pod_disruption_budget_status(
+        name="stale",
+        namespace=pool.namespace,
+        body={
+            "status": {
+                "observedGeneration": 0,
+                "disruptionsAllowed": 1,
+                "currentHealthy": 3,
+                "desiredHealthy": 2,
+                "expectedPods": 3,
+            }
+        },
+    )
+    await pool.create("high", priority_class="high", cpu="4")
+
+    async def told() -> dict[str, Any] | None:
+        condition = await pool.scheduled_condition("high")
+        return condition if "stale" in str(condition.get("message")) else None
+
+    condition = await eventually(told, within=60, what="the preemptor told about the budget")
+    # The dry run's refusal (the RM named no budget): the Eviction API's own words.
+    assert "evicting victim" in condition["message"], condition
+    assert "is refused" in condition["message"], condition
+    assert "nothing was evicted" in condition["message"], condition
+    assert await pool.existing([name for name, *_ in layout]) == [name for name, *_ in layout]
+    assert pool.preemptions("victim_evicted") == 0
+    assert pool.preemptions("confirmed") == 0
+
+
 async def test_a_pdb_refusing_the_eviction_cancels_the_plan_and_evicts_nothing(pool: Pool) -> None:
     """Every low pod, Running, is covered by a PodDisruptionBudget: the Eviction API would answer 429
     (here because no disruption controller has computed its status; in a full cluster because it

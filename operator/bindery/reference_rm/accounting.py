@@ -24,6 +24,7 @@ hands it to the store's single writer, which resolves the claims against its res
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -95,7 +96,13 @@ def bound_pod(obj: Mapping[str, Any]) -> BoundPod | None:
         usage=usage,
         reservation_id=str(claim) if claim else None,
         priority=int(spec.get("priority") or 0),
-        labels=tuple(sorted((str(k), str(v)) for k, v in (metadata.get("labels") or {}).items())),
+        # Interned: the pods of one workload share their label keys and values (``app``, the
+        # template hash), so the mirror keeps one copy of each instead of one per pod.
+        labels=tuple(
+            sorted(
+                (sys.intern(str(k)), sys.intern(str(v))) for k, v in (metadata.get("labels") or {}).items()
+            )
+        ),
         group=f"{metadata.get('namespace', '')}/{group}"
         if (group := (spec.get("schedulingGroup") or {}).get("podGroupName"))
         else None,
