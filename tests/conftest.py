@@ -77,7 +77,8 @@ SLOW_TESTS = (
     # 30 s (16 s call): the issue-21 preemption scenario under kube-scheduler, then under Bindery
     # (the reference RM and the operator as processes) on the cluster plane
     "placement/test_preemption_side_by_side.py",
-    # 15-20 s each (call): the operator (or the leader of two) as a process SIGKILLed mid-preemption
+    # 15-20 s each (call): the operator (or the leader of two) as a process SIGKILLed mid-preemption,
+    # or restarted on a pod nominated by the dead one
     "operator/test_preemption_crash.py",
     # 11-15 s and 11-17 s (call; 30-42 s for both with the cluster plane): 100 pods in 10 Deployments
     # with hard spread or anti-affinity at maxInFlight 256, the operator SIGKILLed mid-burst in the

@@ -11,7 +11,9 @@ their deletionTimestamp and ``Preempted`` event, and started again.
 A second test stops it earlier, between the RM's confirm and its answer (the RM-side proxy of
 ``tests/rmproxy.py`` holds the answer while the test SIGKILLs the operator): nothing is nominated or
 evicted yet, the RM holds the room. A third kills the leader of two replicas under leader
-election after evicting: the standby, once leader, must take the plan up as a restart does.
+election after evicting: the standby, once leader, must take the plan up as a restart does. A
+fourth restarts the operator on a pod the dead one had nominated, whose plan is gone and for which
+the RM finds no victims: the nomination must be cleared.
 
 Required afterwards: the restarted operator takes the plan up where the dead one left it (it does
 not evict the victims a second time, nor pick new ones); once the finalizers go, the preemptor is
@@ -38,6 +40,7 @@ from bindery.devcluster.plane import ControlPlane
 from tests.operator.conftest import create_pod, eventually, pod_body, read_pod, resource_manager
 from tests.operator.test_leader_processes import _leader, grant_lease, replica
 from tests.realrm import (
+    OperatorProcess,
     RMProcess,
     audit_findings,
     operator_process,
@@ -340,6 +343,51 @@ async def test_leader_sigkilled_after_evicting_the_standby_takes_up_the_plan(
         assert await finish(stage, controlplane=controlplane, node=placed[victims[0]]) == victims
         evicting = [line for line in standby.log().splitlines() if "preempting" in line]
         assert not evicting, f"the new leader evicted again: {evicting}"
+
+
+async def test_a_nomination_left_by_a_dead_operator_is_cleared_when_no_plan_comes(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    operator_kubeconfig: pathlib.Path,
+    namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """The dead process nominated a node for a pod, then its plan ended (its lease ran out while
+    nobody ran): the restarted operator finds no room and the RM no victims. The nomination must
+    go, as kube-scheduler clears it when preemption finds nothing, or ``bindery explain`` and
+    every tool reading it say forever that lower-priority pods are being preempted there."""
+    async with stage_of(
+        controlplane=controlplane, api=kube_api, namespace=namespace, directory=tmp_path
+    ) as stage:
+        operator = OperatorProcess(
+            kubeconfig=operator_kubeconfig, directory=tmp_path / "op", args=["--namespace", namespace]
+        )
+        async with operator:
+            placed = await fill(stage)
+        # The operator is down. A pod of the same priority as every bound one: nothing to preempt.
+        created = await stage.create("same", priority="low", cpu="2")
+        await client.CoreV1Api(kube_api).patch_namespaced_pod_status(
+            name="same", namespace=namespace, body={"status": {"nominatedNodeName": placed["low-0"]}}
+        )
+        async with operator:
+            uid = created["metadata"]["uid"]
+            await eventually(
+                lambda: _said(stage.rm.log_path, f"(uid {uid}) unschedulable"),
+                within=60,
+                what="the RM answered the pod after the restart",
+            )
+
+            async def cleared() -> bool:
+                pod = await read_pod(stage.api, namespace=namespace, name="same")
+                return not (pod.get("status") or {}).get("nominatedNodeName")
+
+            await eventually(cleared, within=30, what="the stale nominatedNodeName cleared")
+            assert not await _node_of(stage, "same")
+
+
+async def _said(path: pathlib.Path, text: str) -> bool:
+    return text in await asyncio.to_thread(path.read_text, errors="replace")
 
 
 async def _evicted_with_events(stage: Stage) -> list[str] | None:

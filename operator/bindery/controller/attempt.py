@@ -211,6 +211,10 @@ class Attempts:
             and await self._preemptions.carry_out(pod, plan)
         ):
             self._queue.retry_within(pod.uid, 0.0)
+        if plan is None and no_room and pod.nominated_node and self._preemptions is not None:
+            # Nominated, yet no plan behind it: the process that nominated died and the plan ended
+            # with it, or the RM holds nothing for the pod any more. Nothing is being preempted.
+            await self._preemptions.clear_nomination(pod)
         if no_room and self._preemptions is not None and (pause := self._preemptions.paused(pod.uid)):
             self._queue.retry_within(pod.uid, pause)  # it may preempt again then, event or not
         if result.outcome is Outcome.DROPPED:

@@ -312,6 +312,18 @@ class Preemptions:
             except ApiError as error:
                 self._logger.warning(f"clearing the nominated node of pod {pod.key} failed: {error}")
 
+    async def clear_nomination(self, pod: PodInfo) -> None:
+        """Clear ``status.nominatedNodeName`` that no plan stands behind any more, as kube-scheduler
+        clears it when preemption finds nothing: tools reading it must not see a preemption forever."""
+        self._logger.info(
+            f"clearing nominated node {pod.nominated_node} of pod {pod.key}: no preemption plan holds "
+            "room for it there any more"
+        )
+        try:
+            await self._nominate(pod, None)
+        except ApiError as error:  # tried again at the pod's next unschedulable answer
+            self._logger.warning(f"clearing the nominated node of pod {pod.key} failed: {error}")
+
     async def _nominate(self, pod: PodInfo, node: str | None) -> None:
         await patch(
             self._api,

@@ -97,6 +97,9 @@ class PodInfo:
     soft: SoftRules = NO_SOFT
     #: ``spec.preemptionPolicy`` (the apiserver defaults it): contract v1.2's ``preemptionPolicy``.
     preemption_policy: Literal["PreemptLowerPriority", "Never"] = "PreemptLowerPriority"
+    #: ``status.nominatedNodeName``: where a preemption plan holds room for the pod (not a
+    #: placement input: a status write is no reason to retry).
+    nominated_node: str | None = None
 
     @property
     def key(self) -> str:
@@ -181,6 +184,7 @@ class PodInfo:
             labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
             preemption_policy="Never" if spec.get("preemptionPolicy") == "Never" else "PreemptLowerPriority",
             unschedulable_condition=_unschedulable_condition(status),
+            nominated_node=str(status.get("nominatedNodeName") or "") or None,
             resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
             generation=int(metadata["generation"]) if metadata.get("generation") else None,
             claims=pod_claims(name=str(metadata.get("name") or ""), volumes=spec.get("volumes") or ()),
