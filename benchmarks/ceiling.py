@@ -6,8 +6,9 @@ Run:  .venv/bin/python benchmarks/ceiling.py [--nodes 500] [--pods 5000] [--out 
 One dev control plane (bindery.devcluster's ControlPlane: the launcher the tests and the demo use),
 ``--nodes`` Nodes (plain Node objects, or ``--kwok`` nodes), and contenders run one at a time:
 
-* ``bindery``: the reference RM (``bindery rm serve --mirror-nodes``, a fresh SQLite file per run)
-  and the operator (``bindery run``), each its own process, as deployed;
+* ``bindery``: the reference RM (``bindery rm serve --mirror-nodes``, a fresh SQLite file per run;
+  with ``--rm-postgres N``, N replicas on a fresh database of a PostgreSQL of its own, behind a
+  round-robin proxy when N > 1) and the operator (``bindery run``), each its own process, as deployed;
 * ``kube-scheduler``: the binary the repository builds, its default client QPS (50, burst 100);
 * ``kube-scheduler qps 5000``: the same with ``--kube-api-qps=5000 --kube-api-burst=5000``;
 * ``ceiling``: a minimal binder (this script, ``--ceiling-binder``, its own process) that lists the
@@ -443,10 +444,15 @@ async def wait_for_line(
 class Plane:
     """What every contender needs of the plane: its binaries, kubeconfigs, a work directory."""
 
-    def __init__(self, plane: Any, workdir: pathlib.Path, api: Api) -> None:
+    def __init__(
+        self, plane: Any, workdir: pathlib.Path, api: Api, *, postgres: Any = None, rm_replicas: int = 1
+    ) -> None:
         self.plane = plane
         self.workdir = workdir
         self.api = api
+        #: a bindery.devcluster.postgres.PostgresServer for the reference RM's replicas, or None: SQLite
+        self.postgres = postgres
+        self.rm_replicas = rm_replicas
         self.operator_kubeconfig = plane.mint_kubeconfig(user=OPERATOR_USER)
         self.kube_scheduler_kubeconfig = plane.mint_kubeconfig(user=KUBE_SCHEDULER_USER)
         self.runs = itertools.count(1)
@@ -509,33 +515,48 @@ class Plane:
         max_in_flight: int = 16,
         profiler: list[str] | None = None,
     ) -> AsyncIterator[Serving]:
-        """A fresh reference RM (own SQLite), a delay proxy if asked, the ResourceManager, the operator."""
+        """A fresh reference RM (own SQLite, or replicas on a fresh PostgreSQL database behind a
+        round-robin proxy), a delay proxy if asked, the ResourceManager, the operator."""
         from bindery.reference_rm.cli import serve_command, served_url
 
         run = next(self.runs)
         token = secrets.token_urlsafe(24)
         token_file = self.workdir / f"rm-token-{run}"
         token_file.write_text(token)
-        rm_log = self.workdir / f"rm-{run}.log"
-        rm_argv = serve_command(
-            db=self.workdir / f"rm-{run}.sqlite",
-            token_file=token_file,
-            options=[
-                "--mirror-nodes",
-                "--node-selector",
-                f"{POOL_LABEL}={POOL}",
-                "--kubeconfig",
-                str(self.plane.kubeconfig),
-                "--log-level",
-                "WARNING",
-            ],
-        )
+        options = [
+            "--mirror-nodes",
+            "--node-selector",
+            f"{POOL_LABEL}={POOL}",
+            "--kubeconfig",
+            str(self.plane.kubeconfig),
+            "--log-level",
+            "WARNING",
+        ]
+        db: pathlib.Path | str = self.workdir / f"rm-{run}.sqlite"
+        if self.postgres is not None:
+            db = await asyncio.to_thread(self.postgres.create_database, f"ceiling_{run}")
+            options += ["--db-password-file", str(self.postgres.password_file)]
         processes: list[asyncio.subprocess.Process] = []
         try:
-            rm = await spawn(rm_argv, log=rm_log)
-            processes.append(rm)
-            url = served_url((await wait_for_line(rm_log, "http://", rm, within=60)).encode())
-            pids = {"reference RM": rm.pid}
+            pids: dict[str, int] = {}
+            urls = []
+            for replica in range(1, self.rm_replicas + 1):
+                rm_log = self.workdir / f"rm-{run}-{replica}.log"
+                rm = await spawn(serve_command(db=db, token_file=token_file, options=options), log=rm_log)
+                processes.append(rm)
+                urls.append(served_url((await wait_for_line(rm_log, "http://", rm, within=60)).encode()))
+                pids["reference RM" if self.rm_replicas == 1 else f"reference RM {replica}"] = rm.pid
+            url = urls[0]
+            if len(urls) > 1:
+                from bindery.devcluster.rrproxy import BANNER
+
+                proxy_log = self.workdir / f"rr-proxy-{run}.log"
+                proxy = await spawn(
+                    [sys.executable, "-m", "bindery.devcluster.rrproxy", *urls], log=proxy_log
+                )
+                processes.append(proxy)
+                url = (await wait_for_line(proxy_log, BANNER, proxy, within=30)).rsplit(" ", 1)[-1]
+                pids["round-robin proxy"] = proxy.pid
             if latency_ms:
                 proxy_log = self.workdir / f"delay-proxy-{run}.log"
                 proxy = await spawn(
@@ -1065,6 +1086,7 @@ class Args:
     pending_pods: int
     out: pathlib.Path
     py_spy: pathlib.Path | None
+    rm_postgres: int
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -1118,6 +1140,14 @@ def parse_args(argv: list[str]) -> Args:
         help="profile the operator of Bindery's backlog run with `py-spy record` (.svg flamegraph, "
         ".json speedscope, else collapsed stacks)",
     )
+    parser.add_argument(
+        "--rm-postgres",
+        type=int,
+        default=0,
+        metavar="REPLICAS",
+        help="Bindery's reference RM as this many replicas on a PostgreSQL of its own (fsync on), "
+        "behind a round-robin proxy when more than one (default 0: one RM on SQLite)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes for CI (overrides the sizes above)")
     a = parser.parse_args(argv)
     if a.smoke:
@@ -1140,6 +1170,7 @@ def parse_args(argv: list[str]) -> Args:
         pending_pods=a.pending_pods,
         out=a.out,
         py_spy=a.py_spy,
+        rm_postgres=a.rm_postgres,
     )
 
 
@@ -1165,6 +1196,13 @@ async def make_nodes(api: Api, *, count: int, kwok: bool) -> list[str]:
 
 async def run(args: Args, plane: Any, workdir: pathlib.Path) -> dict[str, Any]:
     report: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "kwok": args.kwok}
+    with contextlib.ExitStack() as stack:
+        return await _run(args, plane, workdir, report, stack)
+
+
+async def _run(
+    args: Args, plane: Any, workdir: pathlib.Path, report: dict[str, Any], stack: contextlib.ExitStack
+) -> dict[str, Any]:
     async with Api(plane.kubeconfig) as api:
         started = time.monotonic()
         nodes = await make_nodes(api, count=args.nodes, kwok=args.kwok)
@@ -1172,7 +1210,17 @@ async def run(args: Args, plane: Any, workdir: pathlib.Path) -> dict[str, Any]:
         await install_bindery(plane)
         await create_namespace(api, "bindery-system")
         PLANE_PROCESSES.update(plane_processes(plane.workdir))
-        bench = Plane(plane, workdir, api)
+        postgres = None
+        if args.rm_postgres:
+            from bindery.devcluster.postgres import PostgresServer
+
+            postgres = await asyncio.to_thread(PostgresServer.start, durable=True)
+            stack.callback(postgres.stop)
+            report["rm_backend"] = f"PostgreSQL x {args.rm_postgres}"
+            say(f"Bindery's reference RM: {args.rm_postgres} replica(s) on PostgreSQL (fsync on)")
+        else:
+            report["rm_backend"] = "SQLite"
+        bench = Plane(plane, workdir, api, postgres=postgres, rm_replicas=max(1, args.rm_postgres))
         everyone = contenders(
             bench, names=args.contenders, max_in_flight=args.max_in_flight, concurrency=args.concurrency
         )

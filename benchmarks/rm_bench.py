@@ -1,16 +1,18 @@
-"""Reserve latency and throughput of the reference RM, measured through Bindery's real client.
+"""Reserve and commit latency and throughput of the reference RM, through Bindery's real client.
 
 Run:  .venv/bin/python benchmarks/rm_bench.py [--requests 2000] [--concurrency 32] [--nodes 50]
       [--postgres REPLICAS]
 
 The RM runs as its own process (``python -m bindery.reference_rm.cli serve``, as in a deployment) on
 loopback with a fresh SQLite file; this process drives ``--requests`` reserve calls from
-``--concurrency`` concurrent clients (one ResourceManagerClient each) and prints latency
-percentiles and throughput.  Every reservation is durable (SQLite synchronous=FULL) before the RM
-answers, so the figures include an fsync per reserve.  ``--in-process`` runs the RM in this
+``--concurrency`` concurrent clients (one ResourceManagerClient each), then commits every placed
+reservation the same way, and prints latency percentiles and throughput of each phase.  Every
+reservation is durable (SQLite synchronous=FULL) before the RM answers, so the figures include an
+fsync per reserve and per commit.  ``--in-process`` runs the RM in this
 process's event loop instead (no separate process; both compete for one core).  ``--postgres N``
 starts a PostgreSQL of its own (bindery.devcluster.postgres, fsync on) and N RM processes on one
-database; the clients are spread over the replicas round robin.
+database; with two or more, the clients reach them through a round-robin TCP proxy
+(``python -m bindery.devcluster.rrproxy``, its own process, as a Service would spread connections).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ async def rm_process(
 async def rm_replicas_on_postgres(
     workdir: pathlib.Path, nodes: int, policy: str, replicas: int
 ) -> AsyncIterator[list[str]]:
+    """N replicas on one database; their URL, or the round-robin proxy's in front of two or more."""
     from bindery.devcluster.postgres import PostgresServer
 
     server = PostgresServer.start(durable=True)
@@ -87,9 +90,24 @@ async def rm_replicas_on_postgres(
                 await stack.enter_async_context(rm_process(workdir, nodes, policy, db=db, extra=extra))
                 for _ in range(replicas)
             ]
+            if replicas > 1:
+                urls = [await stack.enter_async_context(round_robin_process(urls))]
             yield urls
     finally:
         server.stop()
+
+
+@contextlib.asynccontextmanager
+async def round_robin_process(upstreams: Sequence[str]) -> AsyncIterator[str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bindery.devcluster.rrproxy", *upstreams, stdout=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        yield served_url(await asyncio.wait_for(process.stdout.readline(), timeout=60))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await process.wait()
 
 
 @contextlib.asynccontextmanager
@@ -122,30 +140,56 @@ def make_request(rng: random.Random, index: int) -> ReservationRequest:
 
 async def drive(
     urls: Sequence[str], requests: list[ReservationRequest], concurrency: int
-) -> tuple[list[float], int, float]:
-    queue: asyncio.Queue[ReservationRequest] = asyncio.Queue()
-    for request in requests:
-        queue.put_nowait(request)
-    latencies: list[float] = []
+) -> tuple[list[float], list[float], int, float, float]:
+    """Reserve every request, then commit every placed reservation, each phase from `concurrency`
+    clients; latencies of both phases, refusals, and each phase's wall time."""
+    reserve_ms: list[float] = []
+    commit_ms: list[float] = []
+    placed: list[tuple[str, str]] = []
     unschedulable = 0
-
-    async def worker(index: int) -> None:
-        nonlocal unschedulable
-        async with ResourceManagerClient(
+    clients = [
+        ResourceManagerClient(
             base_url=urls[index % len(urls)], token=TOKEN, allow_insecure_http=True, read_timeout=30.0
-        ) as client:
-            while not queue.empty():
-                request = queue.get_nowait()
+        )
+        for index in range(concurrency)
+    ]
+    async with contextlib.AsyncExitStack() as stack:
+        for rm in clients:
+            await stack.enter_async_context(rm)
+        reserving: asyncio.Queue[ReservationRequest] = asyncio.Queue()
+        for request in requests:
+            reserving.put_nowait(request)
+
+        async def reserver(rm: ResourceManagerClient) -> None:
+            nonlocal unschedulable
+            while not reserving.empty():
+                request = reserving.get_nowait()
                 started = time.perf_counter()
                 try:
-                    await client.reserve(request)
+                    reservation = await rm.reserve(request)
+                    placed.append((reservation.id, request.pod.uid))
                 except RMUnschedulable:
                     unschedulable += 1
-                latencies.append(time.perf_counter() - started)
+                reserve_ms.append(time.perf_counter() - started)
 
-    started = time.perf_counter()
-    await asyncio.gather(*(worker(index) for index in range(concurrency)))
-    return latencies, unschedulable, time.perf_counter() - started
+        started = time.perf_counter()
+        await asyncio.gather(*(reserver(rm) for rm in clients))
+        reserve_seconds = time.perf_counter() - started
+        committing: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        for item in placed:
+            committing.put_nowait(item)
+
+        async def committer(rm: ResourceManagerClient) -> None:
+            while not committing.empty():
+                reservation_id, uid = committing.get_nowait()
+                started = time.perf_counter()
+                await rm.commit(reservation_id, pod_uid=uid)
+                commit_ms.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(committer(rm) for rm in clients))
+        commit_seconds = time.perf_counter() - started
+    return reserve_ms, commit_ms, unschedulable, reserve_seconds, commit_seconds
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:
@@ -180,27 +224,30 @@ async def main() -> None:
             await drive(
                 urls, [make_request(rng, 10**9 + i) for i in range(args.concurrency)], args.concurrency
             )
-            latencies, unschedulable, elapsed = await drive(urls, requests, args.concurrency)
-    latencies.sort()
-    ms = [value * 1000 for value in latencies]
+            reserves, commits, unschedulable, reserve_s, commit_s = await drive(
+                urls, requests, args.concurrency
+            )
     print(
-        f"reference RM reserve ({'in-process' if args.in_process else 'separate process'}, "
+        f"reference RM ({'in-process' if args.in_process else 'separate process'}, "
         f"policy {args.policy}, {args.nodes} nodes, "
         + (
-            f"PostgreSQL fsync=on, {args.postgres} replica(s))"
+            f"PostgreSQL fsync=on, {args.postgres} replica(s)"
+            + (" behind a round-robin proxy)" if args.postgres > 1 else ")")
             if args.postgres
             else "SQLite synchronous=FULL)"
         )
     )
     print(
-        f"  requests     {len(latencies)} from {args.concurrency} concurrent clients "
+        f"  requests     {len(reserves)} from {args.concurrency} concurrent clients "
         f"({unschedulable} unschedulable)"
     )
-    print(
-        f"  latency ms   p50 {percentile(ms, 0.50):.2f}  p90 {percentile(ms, 0.90):.2f}  "
-        f"p99 {percentile(ms, 0.99):.2f}  max {ms[-1]:.2f}  mean {statistics.fmean(ms):.2f}"
-    )
-    print(f"  throughput   {len(latencies) / elapsed:.0f} reserves/s over {elapsed:.2f}s")
+    for phase, latencies, elapsed in (("reserve", reserves, reserve_s), ("commit", commits, commit_s)):
+        ms = sorted(value * 1000 for value in latencies)
+        print(
+            f"  {phase:<8} ms  p50 {percentile(ms, 0.50):.2f}  p90 {percentile(ms, 0.90):.2f}  "
+            f"p99 {percentile(ms, 0.99):.2f}  max {ms[-1]:.2f}  mean {statistics.fmean(ms):.2f}   "
+            f"{len(ms) / elapsed:.0f} {phase}s/s over {elapsed:.2f}s"
+        )
     print(f"  machine      {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
 
 

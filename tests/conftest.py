@@ -49,6 +49,8 @@ SLOW_FIXTURES = ("image",)
 SLOW_TESTS = (
     # 29 s, 16 s and 15 s: a leader and a standby as processes, SIGKILLed and SIGSTOPped
     "operator/test_leader_processes.py",
+    # 38 s: 25 s of node events while a PDB-blocked preemptor backs off, then its second plan
+    "operator/test_preemption_plane.py::test_a_preemptor_blocked_by_a_pdb_backs_off_instead_of_looping",
     # 83 s
     "operator/test_ghosts.py::test_five_thousand_pods_come_and_go_and_leave_no_per_pod_memory",
     # 16 s: 300 pods of 37 KB created, then listed under tracemalloc
@@ -72,6 +74,11 @@ SLOW_TESTS = (
     # 16 s to 25 s (call 11 s to 15 s; 25 s beside an e2e.test build): two schedulers' rounds on the
     # cluster plane, the reference RM and the operator as processes
     "placement/test_side_by_side.py",
+    # 30 s (16 s call): the issue-21 preemption scenario under kube-scheduler, then under Bindery
+    # (the reference RM and the operator as processes) on the cluster plane
+    "placement/test_preemption_side_by_side.py",
+    # 15-20 s each (call): the operator (or the leader of two) as a process SIGKILLed mid-preemption
+    "operator/test_preemption_crash.py",
     # 11-15 s and 11-17 s (call; 30-42 s for both with the cluster plane): 100 pods in 10 Deployments
     # with hard spread or anti-affinity at maxInFlight 256, the operator SIGKILLed mid-burst in the
     # second; the full 1,000-pod run is a command (the module's docstring)

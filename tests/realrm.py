@@ -75,20 +75,28 @@ class RMProcess:
         node_selector: str = "",
         options: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        db: str | None = None,
+        token: str | None = None,
     ) -> None:
         self.directory = directory
         self._env = {**os.environ, **env} if env else None  # e.g. OTEL_* for the tracing test
         directory.mkdir(parents=True, exist_ok=True)
-        self.token = uuid.uuid4().hex
+        self.token = token or uuid.uuid4().hex  # replicas on one database share theirs
         self.token_file = directory / "rm-token"
         self.token_file.write_text(self.token)
+        #: The operator's token of `bindery rm serve --admin-token-file`: what :meth:`revoke` uses.
+        self.admin_token_file = directory / "rm-admin-token"
+        self.admin_token_file.write_text(uuid.uuid4().hex)
         self.log_path = directory / "rm.log"
-        self._db = directory / "rm.sqlite"
+        #: a PostgreSQL URL for replicas on one database; else a SQLite file of this process's own
+        self._db: pathlib.Path | str = db or directory / "rm.sqlite"
         self._options = [
             "--mirror-nodes",
             "--kubeconfig",
             str(kubeconfig),
             *(["--node-selector", node_selector] if node_selector else []),
+            "--admin-token-file",
+            str(self.admin_token_file),
             *options,
         ]
         self._listen = "127.0.0.1:0"
@@ -151,6 +159,17 @@ class RMProcess:
         return ResourceManagerClient(
             base_url=self.url, token_file=self.token_file, allow_insecure_http=True, **options
         )
+
+    async def revoke(self, reservation_id: str, *, reason: str) -> None:
+        """Take a reservation back as the RM's operator would (`bindery rm revoke`, its own process)."""
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "bindery.reference_rm.cli", "revoke", "--url", self.url),
+            *("--admin-token-file", str(self.admin_token_file), "--reason", reason, reservation_id),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+        assert process.returncode == 0, output.decode()
 
     async def reservations(self, *, active: bool = True) -> list[Reservation]:
         """What the RM holds (by default only reserved and committed reservations)."""

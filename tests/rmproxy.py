@@ -16,6 +16,10 @@ Fault kinds (`KINDS`):
 - ``lost_answer``: the request is forwarded and applied at the RM, then the connection is closed
   instead of the answer: the client cannot tell it from ``drop``, which is the hard case.
 
+``answered``, when set, is awaited with each request's (method, path) after the RM has applied it
+and before the client gets the answer: a test holds a request there to act at that exact moment
+(the preemption crash test SIGKILLs the operator between the RM's confirm and its answer).
+
 The first faults cycle through every kind once (in a seeded order), so even a short run injects
 each kind; after that kinds are drawn at random. A test about one fault narrows `kinds` to it,
 `applies` to the requests it concerns (the others are forwarded untouched and draw nothing), and
@@ -30,7 +34,7 @@ import contextlib
 import random
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -65,6 +69,8 @@ class RMFaultProxy:
         self.delay = delay
         #: (method, path) → whether the request may draw a fault; None: every request may
         self.applies = applies
+        #: awaited after the RM applied a request, before its answer (see the module docstring)
+        self.answered: Callable[[str, str], Awaitable[None]] | None = None
         self._kinds = tuple(kinds)
         self._rng = random.Random(seed)
         self._order = list(self._kinds)
@@ -140,6 +146,8 @@ async def rm_fault_proxy(
         except (aiohttp.ClientError, TimeoutError):
             _cut(request, reset=False)  # the RM is down: the client sees a dropped connection
             return web.Response(status=502)
+        if proxy.answered is not None:
+            await proxy.answered(request.method, request.path)
         if kind == "lost_answer":
             _cut(request, reset=False)
             return web.Response(status=499)

@@ -38,6 +38,7 @@ commands:
   serve        run the reference resource manager (bindery rm serve --help)
   conformance  check a resource manager against the REST contract (bindery rm conformance --help)
   slurm        serve the contract in front of Slurm's slurmrestd (bindery rm slurm --help)
+  revoke       take a reference RM's reservation back, with a reason (bindery rm revoke --help)
 """
 
 
@@ -67,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if rest else 2
     if command == "rm" and rest and rest[0] == "serve":
         return _delegate("bindery.reference_rm.cli", rest[1:])
+    if command == "rm" and rest and rest[0] == "revoke":
+        return _delegate("bindery.reference_rm.cli", rest)
     if command == "rm" and rest and rest[0] == "conformance":
         return _delegate("bindery.conformance.cli", rest[1:])
     if command == "rm" and rest and rest[0] == "slurm":

@@ -31,6 +31,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from bindery.devcluster.nodes import create_node
+from bindery.devcluster.pki import CertificateAuthority
 from bindery.devcluster.plane import ControlPlane, free_port
 from tests.chart import charttools as ct
 
@@ -63,6 +64,11 @@ def _container(plane: ControlPlane, *, namespace: str, deployment: str) -> dict[
     containers: list[dict[str, Any]] = dep["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
     return containers[0]
+
+
+def _volumes(plane: ControlPlane, *, namespace: str, deployment: str) -> dict[str, Any]:
+    out = plane.kubectl("get", "deployment", deployment, "-n", namespace, "-o", "json").stdout
+    return {v["name"]: v for v in json.loads(out)["spec"]["template"]["spec"]["volumes"]}
 
 
 def _relocate(args: Sequence[str], moves: dict[str, str]) -> list[str]:
@@ -207,6 +213,78 @@ async def test_operator_schedules_a_pod_under_the_charts_rbac(
         await core.delete_node(name=node)
 
 
+async def test_operator_trusts_the_rm_certificate_of_an_existing_tls_secret(
+    controlplane: ControlPlane, helm: str, namespace: str, kube_api: client.ApiClient, tmp_path: pathlib.Path
+) -> None:
+    """Issue 20, item 6/10: with `referenceRM.tls.existingSecret` (a cert-manager Certificate's
+    Secret in practice) the chart generates no CA; the RM serves that certificate and the operator,
+    through the installed ResourceManager's caSecretRef, trusts that Secret's `ca.crt`."""
+    tag = uuid.uuid4().hex[:6]
+    release, scheduler, pool = f"e2e-{tag}", f"chart-e2e-{tag}", f"pool-{tag}"
+    rm_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    full, secret_name = f"{release}-bindery", f"rm-cert-{tag}"
+    ca = CertificateAuthority.create(common_name=f"issuer-{tag}")
+    serving = ca.issue_server(hosts=["localhost"], ips=["127.0.0.1"])
+    core = client.CoreV1Api(kube_api)
+    await core.create_namespaced_secret(
+        namespace=namespace,
+        body={
+            "metadata": {"name": secret_name, "labels": {"bindery.dev/credentials": "true"}},
+            "type": "kubernetes.io/tls",
+            "data": {
+                key: base64.b64encode(value).decode()
+                for key, value in (
+                    ("ca.crt", ca.cert_pem),
+                    ("tls.crt", serving.cert_pem),
+                    ("tls.key", serving.key_pem),
+                )
+            },
+        },
+    )
+    ct.run(
+        [
+            helm,
+            "install",
+            release,
+            str(ct.CHART),
+            "--namespace",
+            namespace,
+            "--set",
+            f"referenceRM.schedulerNames={{{scheduler}}}",
+            "--set",
+            f"referenceRM.mirrorNodeSelector=bindery.dev/pool={pool}",
+            "--set",
+            f"referenceRM.resourceManagerSpec.endpoint=https://localhost:{rm_port}",
+            "--set",
+            f"referenceRM.tls.existingSecret={secret_name}",
+        ],
+        env=controlplane.env,
+    )
+    installed = json.loads(controlplane.kubectl("get", "secrets", "-n", namespace, "-o", "json").stdout)[
+        "items"
+    ]
+    assert f"{full}-rm-tls" not in {s["metadata"]["name"] for s in installed}
+    node = f"e2e-node-{tag}"
+    await create_node(kube_api, name=node, labels={"bindery.dev/pool": pool})
+    try:
+        await _schedule_through_the_chart(
+            controlplane,
+            namespace=namespace,
+            full=full,
+            scheduler=scheduler,
+            node=node,
+            rm_port=rm_port,
+            health_port=health_port,
+            metrics_port=metrics_port,
+            tmp=tmp_path,
+            core=core,
+            tls_secret=secret_name,
+        )
+    finally:
+        ct.run([helm, "uninstall", release, "--namespace", namespace], env=controlplane.env)
+        await core.delete_node(name=node)
+
+
 async def _schedule_through_the_chart(
     plane: ControlPlane,
     *,
@@ -219,14 +297,19 @@ async def _schedule_through_the_chart(
     metrics_port: int,
     tmp: pathlib.Path,
     core: client.CoreV1Api,
+    tls_secret: str | None = None,
 ) -> None:
     secret = json.loads(
         plane.kubectl("get", "secret", f"{full}-rm-token", "-n", namespace, "-o", "json").stdout
     )
     token_file = tmp / "token"
     token_file.write_bytes(base64.b64decode(secret["data"]["token"]))
-    # The RM's certificate and key, as the Deployment mounts them from <full>-rm-tls.
-    tls = json.loads(plane.kubectl("get", "secret", f"{full}-rm-tls", "-n", namespace, "-o", "json").stdout)
+    # The RM's certificate and key, as the Deployment mounts them (from <full>-rm-tls unless the
+    # release names an existing Secret).
+    tls_secret = tls_secret or f"{full}-rm-tls"
+    rm_volumes = _volumes(plane, namespace=namespace, deployment=f"{full}-rm")
+    assert rm_volumes["tls"]["secret"]["secretName"] == tls_secret
+    tls = json.loads(plane.kubectl("get", "secret", tls_secret, "-n", namespace, "-o", "json").stdout)
     for key in ("tls.crt", "tls.key"):
         (tmp / key).write_bytes(base64.b64decode(tls["data"][key]))
     rm_kubeconfig = _sa_kubeconfig(plane, namespace=namespace, sa=f"{full}-rm", path=tmp / "rm.kubeconfig")

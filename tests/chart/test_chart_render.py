@@ -307,9 +307,11 @@ def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
         }
     ]
     rm_role = ct.one(objects, "ClusterRole", "rel-bindery-rm")
-    # Read-only: Nodes, and the pods bound to them (pods it did not place use capacity too).
+    # Read-only: Nodes, and the pods bound to them (pods it did not place use capacity too), and
+    # PodDisruptionBudgets (preemption spares the pods they protect).
     assert rm_role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},
     ]
 
 
@@ -759,3 +761,99 @@ def test_the_flow_schema_puts_the_operator_with_kube_scheduler(
     assert rule["subjects"] == [
         {"kind": "ServiceAccount", "serviceAccount": {"name": "rel-bindery", "namespace": NAMESPACE}}
     ]
+
+
+def test_reference_rm_tls_from_an_existing_secret_is_stable_across_renders(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    """Issue 20, item 6/10: `helm template` (GitOps) cannot look up the generated CA, so each render
+    made a new one and restarted the RM. With `referenceRM.tls.existingSecret` (e.g. cert-manager's
+    Certificate Secret: tls.crt, tls.key, ca.crt) nothing is generated: two renders are identical,
+    the RM mounts that Secret and the ResourceManager trusts its `ca.crt`."""
+    values = {
+        "referenceRM": {
+            "tls": {"enabled": True, "existingSecret": "rm-serving-cert"},
+            "token": {"existingSecret": "rm-token"},
+        }
+    }
+    renders = [ct.render(helm=helm, env=helm_env, tmp=tmp_path, values=values) for _ in range(2)]
+    assert renders[0] == renders[1], "two renders with an existing TLS Secret differ"
+    objects = renders[0]
+    assert not ct.by_kind(objects, "Secret"), (
+        "the chart must not generate a CA, certificate or token when given existing Secrets"
+    )
+    rm = ct.one(objects, "ResourceManager")
+    assert rm["spec"]["endpoint"] == f"https://rel-bindery-rm.{NAMESPACE}.svc:8080"
+    assert rm["spec"]["tls"]["caSecretRef"] == {
+        "namespace": NAMESPACE,
+        "name": "rm-serving-cert",
+        "key": "ca.crt",
+    }
+    pod = ct.one(objects, "Deployment", "rel-bindery-rm")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "rm-serving-cert"
+    args = pod["containers"][0]["args"]
+    assert "--tls-cert=/etc/bindery-rm/tls/tls.crt" in args
+    assert "--tls-key=/etc/bindery-rm/tls/tls.key" in args
+
+
+def test_reference_rm_tls_existing_secret_without_tls_is_refused(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    message = ct.render_error(
+        helm=helm,
+        env=helm_env,
+        tmp=tmp_path,
+        values={"referenceRM": {"tls": {"enabled": False, "existingSecret": "rm-serving-cert"}}},
+    )
+    assert "referenceRM.tls.existingSecret" in message
+    assert "tls.enabled" in message
+
+
+def test_metrics_behind_the_apiservers_authentication(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    """Issue 20, item 8: `/metrics` can ask scrapers for a token RBAC lets `get` it (`--metrics-auth`),
+    as kube-scheduler's secure port does. The chart turns it on with one value, ships the reader
+    role (bound to nobody) and lets the ServiceMonitor send a token from a Secret."""
+    plain = ct.render(helm=helm, env=helm_env, tmp=tmp_path)
+    (container,) = ct.one(plain, "Deployment", "rel-bindery")["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-auth" not in container["args"]
+    values = {
+        "metrics": {
+            "auth": True,
+            "serviceMonitor": {
+                "enabled": True,
+                "bearerTokenSecret": {"name": "prometheus-token", "key": "token"},
+            },
+        }
+    }
+    objects = ct.render(
+        helm=helm,
+        env=helm_env,
+        tmp=tmp_path,
+        values=values,
+        extra=["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"],
+    )
+    (container,) = ct.one(objects, "Deployment", "rel-bindery")["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-auth" in container["args"]
+    reader = ct.one(objects, "ClusterRole", "rel-bindery-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert not [
+        b
+        for b in ct.by_kind(objects, "ClusterRoleBinding")
+        if b["roleRef"]["name"] == reader["metadata"]["name"]
+    ]
+    endpoint = ct.one(objects, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "prometheus-token", "key": "token"},
+    }
+    error = ct.render_error(
+        helm=helm,
+        env=helm_env,
+        tmp=tmp_path,
+        values={"metrics": {"auth": True, "serviceMonitor": {"enabled": True}}},
+        extra=["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"],
+    )
+    assert "metrics.serviceMonitor.bearerTokenSecret" in error

@@ -45,7 +45,13 @@ class Stage:
 
 
 async def _serve(
-    api: client.ApiClient, *, adapter: AdapterProcess, name: str, scheduler: str, ns: str
+    api: client.ApiClient,
+    *,
+    adapter: AdapterProcess,
+    name: str,
+    scheduler: str,
+    ns: str,
+    spec: dict[str, Any] | None = None,
 ) -> None:
     await client.CoreV1Api(api).create_namespaced_secret(
         namespace=ns,
@@ -67,6 +73,7 @@ async def _serve(
                 "endpoint": adapter.url,
                 "allowInsecureHTTP": True,
                 "auth": {"tokenSecretRef": {"namespace": ns, "name": f"{name}-token"}},
+                **(spec or {}),
             },
         },
     )
@@ -80,6 +87,7 @@ async def slurm_stage(
     namespace: str,
     root: pathlib.Path,
     tmp: pathlib.Path,
+    spec: dict[str, Any] | None = None,
 ) -> AsyncIterator[Stage]:
     pool = uuid.uuid4().hex[:6]
     scheduler, rm_name = f"slurm-{pool}", f"rm-slurm-{pool}"
@@ -99,7 +107,7 @@ async def slurm_stage(
     try:
         adapter.start()
         async with operator_process(kubeconfig=operator_kubeconfig, directory=tmp):
-            await _serve(api, adapter=adapter, name=rm_name, scheduler=scheduler, ns=namespace)
+            await _serve(api, adapter=adapter, name=rm_name, scheduler=scheduler, ns=namespace, spec=spec)
             yield Stage(bed, adapter, Cluster(api=api, namespace=namespace), scheduler, pool)
     finally:
         with contextlib.suppress(client.ApiException):
@@ -277,3 +285,73 @@ def _site_job(bed: SlurmBed, node: str, cpus: int) -> int:
 async def _all_running(bed: SlurmBed, jobs: list[int]) -> bool:
     states = {row["id"]: row["state"] for row in bed.squeue()}
     return all(states.get(str(job)) == "RUNNING" for job in jobs)
+
+
+async def test_a_job_cancelled_by_hand_gets_its_pod_evicted_with_slurms_reason(
+    *,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    slurm_root: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    """Issue 23's test: an administrator scancels one pod's placeholder job; Bindery evicts that pod
+    (spec.onRevoked defaults to Evict) with a Warning event Revoked carrying Slurm's state, kwok
+    deletes it, the ReplicaSet's new pod gets a new job; then every running pod has exactly one
+    RUNNING job on its node and no job runs without its pod."""
+    async with slurm_stage(
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        root=slurm_root,
+        tmp=tmp_path,
+        spec={"reconcileIntervalSeconds": 5},
+    ) as stage:
+        view, bed, scheduler = stage.view, stage.bed, stage.scheduler
+        await view.apps.create_namespaced_deployment(
+            cluster_namespace, deployment("api", replicas=2, cpu="1", scheduler=scheduler, pool=stage.pool)
+        )
+        await eventually(lambda: view.running("app=api", 2), within=120, what="2 pods bound and Running")
+
+        async def committed() -> list[dict[str, Any]]:
+            with stage.adapter.client() as http:
+                items: list[dict[str, Any]] = http.get(
+                    "/v1/reservations", params={"schedulerName": scheduler, "state": "committed"}
+                ).json()["items"]
+            return items if len(items) == 2 else []
+
+        victim = (await eventually(committed, within=60, what="both reservations committed"))[0]
+        job_id = victim["id"].removeprefix("slurm-")
+        bed.run_client("scancel", job_id)  # the site administrator, not Bindery
+
+        async def revoked_event() -> list[dict[str, Any]]:
+            answer = await client.EventsV1Api(cluster_api).list_namespaced_event(
+                cluster_namespace, _preload_content=False
+            )
+            items: list[dict[str, Any]] = (await answer.json())["items"]
+            return [
+                e
+                for e in items
+                if e.get("reason") == "Revoked" and (e.get("regarding") or {}).get("uid") == victim["podUid"]
+            ]
+
+        events = await eventually(revoked_event, within=90, what="a Revoked event on the cancelled job's pod")
+        print(f"\nRevoked event: {events[0]['note']}")
+        assert events[0]["type"] == "Warning"
+        assert f"Slurm job {job_id} is CANCELLED" in events[0]["note"]
+
+        async def replaced() -> bool:
+            pods = await view.pods("app=api")
+            uids = {p["metadata"]["uid"] for p in pods}
+            return victim["podUid"] not in uids and await view.running("app=api", 2)
+
+        await eventually(replaced, within=120, what="the evicted pod gone and a replacement Running")
+
+        async def one_job_each() -> bool:
+            return not await one_running_job_per_pod(stage, "app=api")
+
+        await eventually(
+            one_job_each, within=60, what="exactly one RUNNING job per running pod, none without"
+        )
+        jobs = [row for row in bed.squeue() if row["name"].startswith("bindery:")]
+        print("squeue:\n" + "\n".join(f"{r['id']} {r['name']} {r['state']} {r['nodes']}" for r in jobs))

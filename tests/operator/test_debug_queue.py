@@ -9,6 +9,7 @@ the apiserver accepts (TokenReview) of a user RBAC lets get the URL (SubjectAcce
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 from collections.abc import AsyncIterator, Callable
 
@@ -202,6 +203,29 @@ async def test_review_answers_are_cached_briefly_in_a_bounded_table(
     for n in range(5):
         await access.check(authorization=f"Bearer bogus-{n}", path="/debug/queue")
     assert access.cached() <= (2, 2)
+
+
+@pytest.mark.controlplane
+async def test_concurrent_first_requests_with_one_token_share_one_review(
+    *, operator_api: client.ApiClient, kube_api: client.ApiClient, namespace: str, uniq: Callable[[str], str]
+) -> None:
+    """A dashboard opening 20 panels at once, or a caller retrying in parallel, sent 20 TokenReviews
+    and 20 SubjectAccessReviews before the first answer was cached; the apiserver's cost must not
+    grow with the requests in flight for one token."""
+    core = client.CoreV1Api(kube_api)
+    reader = await _token(core, namespace=namespace, sa="parallel")
+    await _bind_reader(kube_api, role=uniq("debug-reader"), namespace=namespace, sa="parallel")
+    access = AccessReviewer(api=lambda: operator_api)
+    decisions = await asyncio.gather(
+        *(access.check(authorization=f"Bearer {reader}", path="/debug/queue") for _ in range(20))
+    )
+    assert [d.status for d in decisions] == [200] * 20
+    assert access.reviews == {"TokenReview": 1, "SubjectAccessReview": 1}
+    refusals = await asyncio.gather(
+        *(access.check(authorization="Bearer made-up", path="/debug/queue") for _ in range(10))
+    )
+    assert {d.status for d in refusals} == {401}
+    assert access.reviews["TokenReview"] == 2
 
 
 @pytest.mark.controlplane

@@ -9,9 +9,12 @@ has no kubelet, so an evicted pod with a grace period would stay Terminating for
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import pathlib
+import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -19,6 +22,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.controller.preemption import PREEMPTION_BACKOFF
 from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
@@ -35,6 +39,8 @@ from tests.realrm import RMProcess
 
 POOL = "bindery.dev/test-pool"
 LOW, HIGH = 10, 100_000
+#: How long the back-off test keeps nodes changing (it spans the first back-off, not the second).
+WINDOW_SECONDS = 25.0
 
 
 class Pool:
@@ -57,12 +63,24 @@ class Pool:
     def priority_class(self, name: str) -> str:
         return f"pc-{self.token}-{name}"
 
-    async def create(self, name: str, *, priority_class: str, **spec: Any) -> dict[str, Any]:
+    @property
+    def nodes(self) -> list[str]:
+        return [f"pe-{self.token}-{i}" for i in range(2)]
+
+    async def create(
+        self,
+        name: str,
+        *,
+        priority_class: str,
+        cpu: str = "2",
+        labels: dict[str, str] | None = None,
+        **spec: Any,
+    ) -> dict[str, Any]:
         body = pod_body(
             name=name,
-            labels={"tier": priority_class},
+            labels={"tier": priority_class, **(labels or {})},
             scheduler_name=self.scheduler,
-            cpu="2",
+            cpu=cpu,
             nodeSelector={POOL: self.token},
             priorityClassName=self.priority_class(priority_class),
             terminationGracePeriodSeconds=0,
@@ -107,6 +125,41 @@ class Pool:
         assert sorted(placed.values()).count(placed["low-0"]) == 2, placed
         return placed
 
+    async def place(
+        self, name: str, node: str, *, priority_class: str, labels: dict[str, str], **spec: Any
+    ) -> None:
+        """A 2-CPU pod bound to ``node`` by its spec (as another scheduler would), Running and Ready:
+        the Eviction API checks budgets only for running pods, and there is no kubelet here."""
+        await self.create(
+            name,
+            priority_class=priority_class,
+            labels=labels,
+            nodeName=node,
+            schedulerName="elsewhere",
+            **spec,
+        )
+        await client.CoreV1Api(self.api).patch_namespaced_pod_status(
+            name=name,
+            namespace=self.namespace,
+            body={"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+        )
+
+    async def budget(self, name: str, *, selector: dict[str, str], min_available: int) -> None:
+        """A PodDisruptionBudget; with no disruption controller on this plane its status stays
+        ``disruptionsAllowed: 0``, so it refuses every eviction of the pods it selects."""
+        await client.PolicyV1Api(self.api).create_namespaced_pod_disruption_budget(
+            namespace=self.namespace,
+            body={
+                "metadata": {"name": name},
+                "spec": {"minAvailable": min_available, "selector": {"matchLabels": selector}},
+            },
+        )
+
+    async def scheduled_condition(self, name: str) -> dict[str, Any]:
+        pod = await read_pod(self.api, namespace=self.namespace, name=name)
+        found = [c for c in pod["status"].get("conditions") or () if c["type"] == "PodScheduled"]
+        return dict(found[0]) if found else {}
+
     def preemptions(self, outcome: str) -> int:
         """``bindery_preemptions_total`` of this pool's ResourceManager for ``outcome``."""
         assert self.operator is not None
@@ -134,6 +187,7 @@ async def pool_of(
     scheduling = client.SchedulingV1Api(api)
     classes = {
         "low": (LOW, "PreemptLowerPriority"),
+        "mid": (50, "PreemptLowerPriority"),
         "high": (HIGH, "PreemptLowerPriority"),
         "never": (HIGH, "Never"),
     }
@@ -259,10 +313,71 @@ async def test_an_rm_without_the_feature_gets_no_preemption_policy_and_evicts_no
         assert await old.node_of("high") is None
 
 
+async def test_the_victim_no_pdb_protects_is_chosen(pool: Pool) -> None:
+    """Issue 21: "victims no PDB protects preferred". Node 0 holds two protected pods, node 1 one
+    protected and one not; every other rule ties (one priority-10 victim either way), and the node
+    names would pick node 0. The unprotected pod is the victim and the preemptor binds on node 1."""
+    first, second = pool.nodes
+    for name, node, kept in (
+        ("p0", first, "yes"),
+        ("p1", first, "yes"),
+        ("p2", second, "yes"),
+        ("u3", second, "no"),
+    ):
+        await pool.place(name, node, priority_class="low", labels={"kept": kept})
+    await pool.budget("keep", selector={"kept": "yes"}, min_available=3)
+    await pool.create("high", priority_class="high")
+    node = await eventually(lambda: pool.node_of("high"), within=60, what="the preemptor bound")
+    assert node == second
+    assert await pool.existing(["p0", "p1", "p2", "u3"]) == ["p0", "p1", "p2"]
+    assert pool.preemptions("victim_evicted") == 1
+
+
+async def test_when_every_plan_needs_a_protected_victim_nothing_is_evicted_and_the_preemptor_is_told(
+    pool: Pool,
+) -> None:
+    """A 4-CPU preemptor needs a whole node. Node 0: an unprotected priority-10 pod and a protected
+    priority-50 one; node 1: two protected priority-50 pods. Every plan needs a protected victim,
+    and node 0's would evict the unprotected pod first, then meet the budget's 429: that pod would
+    be evicted for nothing. Nothing at all is evicted, and the preemptor's PodScheduled condition
+    and FailedScheduling event name the budget."""
+    first, second = pool.nodes
+    layout = (
+        ("free", first, "low", "no"),
+        ("m0", first, "mid", "yes"),
+        ("m1", second, "mid", "yes"),
+        ("m2", second, "mid", "yes"),
+    )
+    for name, node, priority_class, kept in layout:
+        await pool.place(name, node, priority_class=priority_class, labels={"kept": kept})
+    await pool.budget("keep-mid", selector={"kept": "yes"}, min_available=3)
+    await pool.create("high", priority_class="high", cpu="4")
+
+    async def told() -> dict[str, Any] | None:
+        condition = await pool.scheduled_condition("high")
+        return condition if "keep-mid" in str(condition.get("message")) else None
+
+    condition = await eventually(told, within=60, what="the preemptor told about the budget")
+    assert (condition["status"], condition["reason"]) == ("False", "Unschedulable"), condition
+    assert "nothing was evicted" in condition["message"], condition
+    events = await events_of(pool.api, namespace=pool.namespace, pod_name="high")
+    assert any("keep-mid" in str(e.get("note")) for e in events if e.get("reason") == "FailedScheduling"), (
+        events
+    )
+    assert await pool.existing([name for name, *_ in layout]) == [name for name, *_ in layout]
+    assert pool.preemptions("victim_evicted") == 0
+    assert pool.preemptions("confirmed") == 0
+    for name, *_ in layout:  # refused before anything: no pod was ever made a disruption target
+        pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
+        assert not [c for c in pod["status"].get("conditions") or () if c["type"] == "DisruptionTarget"], pod
+    assert await pool.node_of("high") is None
+
+
 async def test_a_pdb_refusing_the_eviction_cancels_the_plan_and_evicts_nothing(pool: Pool) -> None:
-    """Every low pod, Running, is covered by a PodDisruptionBudget: the Eviction API answers 429
+    """Every low pod, Running, is covered by a PodDisruptionBudget: the Eviction API would answer 429
     (here because no disruption controller has computed its status; in a full cluster because it
-    allows no disruption)."""
+    allows no disruption). The RM, following budgets, names it in the plan, and Bindery refuses the
+    plan before marking or evicting anyone."""
     placed = await pool.fill()
     # The Eviction API ignores PDBs for Pending pods, and with no kubelet here every pod is Pending.
     for name in placed:
@@ -288,9 +403,131 @@ async def test_a_pdb_refusing_the_eviction_cancels_the_plan_and_evicts_nothing(p
     assert await pool.node_of("high") is None
     assert pool.preemptions("cancelled") >= 1
     assert pool.preemptions("victim_evicted") == 0
+    assert pool.preemptions("confirmed") == 0
     targets = []
-    for name in placed:  # the victim was marked, then unmarked: no pod is left a disruption target
+    for name in placed:  # refused before anything: no pod was marked a disruption target
         pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
         targets += [c for c in pod["status"].get("conditions") or () if c["type"] == "DisruptionTarget"]
-    assert targets, "the victim never got the DisruptionTarget condition"
-    assert all(c["status"] == "False" and c["reason"] == "PreemptionByScheduler" for c in targets), targets
+    assert targets == []
+
+
+async def test_a_preemptor_blocked_by_a_pdb_backs_off_instead_of_looping(pool: Pool) -> None:
+    """Issue 21: "No loops: repeated failures back off." Every plan for the preemptor needs a
+    protected victim, so each is refused. A node changes every half second meanwhile (each change
+    retries parked pods, as a busy cluster does). The plans the RM proposes for the preemptor grow
+    like PREEMPTION_BACKOFF (at t0, t0+10 s, t0+30 s, ...), not with the events; the bound allows
+    one more plan than that schedule, for the time between a plan and this test seeing it."""
+    placed = await pool.fill()
+    for name in placed:
+        await client.CoreV1Api(pool.api).patch_namespaced_pod_status(
+            name=name,
+            namespace=pool.namespace,
+            body={"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+        )
+    await pool.budget("keep-low", selector={"tier": "low"}, min_available=4)
+    churn = f"pe-{pool.token}-churn"
+    await create_node(pool.api, name=churn, capacity={"cpu": "1", "pods": "10"}, labels={"churn": "0"})
+    try:
+        uid = (await pool.create("high", priority_class="high"))["metadata"]["uid"]
+
+        def plans() -> set[str]:
+            pattern = re.compile(rf"plan (pln-[0-9a-f]+) for pod {re.escape(uid)}:")
+            return set(pattern.findall(pool.rm.log_path.read_text(errors="replace")))
+
+        async def at_least(count: int) -> bool | None:
+            return len(plans()) >= count or None
+
+        await eventually(lambda: at_least(1), within=60, what="the first plan")
+        started = time.monotonic()
+        step = 0
+        while time.monotonic() - started < WINDOW_SECONDS:
+            step += 1
+            await client.CoreV1Api(pool.api).patch_node(
+                name=churn, body={"metadata": {"labels": {"churn": str(step)}}}
+            )
+            await asyncio.sleep(0.5)
+        elapsed = time.monotonic() - started
+        proposed = len(plans())
+        print(f"{proposed} plan(s) proposed for the preemptor in {elapsed:.1f} s of node events")
+        delays = [PREEMPTION_BACKOFF.delay(attempts=n) for n in range(1, 20)]
+        allowed = 1 + sum(1 for k in range(1, 20) if sum(delays[:k]) <= elapsed) + 1
+        assert proposed <= allowed, (
+            f"{proposed} plans proposed for the preemptor in {elapsed:.0f} s of node events; the "
+            f"back-off allows {allowed}"
+        )
+        # It is not given up either: a new plan comes once the first back-off ends.
+        await eventually(lambda: at_least(2), within=60, what="a plan after the back-off")
+        assert await pool.existing(list(placed)) == list(placed)
+        assert await pool.node_of("high") is None
+    finally:
+        with contextlib.suppress(client.ApiException):
+            await client.CoreV1Api(pool.api).delete_node(name=churn)
+
+
+async def test_two_preemptors_racing_for_the_room_one_victim_makes(pool: Pool) -> None:
+    """Issue 21: two preemptors racing for one node. Node 0 holds one priority-10 pod and one of the
+    preemptors' own priority (not a victim); node 1 two of their priority. Evicting the one victim
+    makes room for one preemptor only. Both are created together: exactly one victim is evicted,
+    one preemptor is bound where it was, the other stays Pending saying why, and no node is
+    overcommitted (the room is held for the first: kubernetes/kubernetes#72124)."""
+    first, second = pool.nodes
+    layout = (
+        ("victim", first, "low"),
+        ("peer0", first, "high"),
+        ("peer1", second, "high"),
+        ("peer2", second, "high"),
+    )
+    for name, node, priority_class in layout:
+        await pool.place(name, node, priority_class=priority_class, labels={})
+    await asyncio.gather(*(pool.create(name, priority_class="high") for name in ("racer-a", "racer-b")))
+
+    async def one_bound() -> list[str] | None:
+        bound = [name for name in ("racer-a", "racer-b") if await pool.node_of(name) is not None]
+        return bound or None
+
+    (winner,) = await eventually(one_bound, within=60, what="one preemptor bound")
+    loser = "racer-b" if winner == "racer-a" else "racer-a"
+    assert await pool.node_of(winner) == first
+    assert await pool.existing([name for name, *_ in layout]) == ["peer0", "peer1", "peer2"]
+
+    async def told() -> dict[str, Any] | None:
+        condition = await pool.scheduled_condition(loser)
+        return condition if condition.get("status") == "False" and condition.get("message") else None
+
+    condition = await eventually(told, within=30, what=f"{loser} told why it is pending")
+    assert condition["reason"] == "Unschedulable", condition
+    assert await pool.node_of(loser) is None
+    assert pool.preemptions("victim_evicted") == 1
+    # No node overcommitted: every bound pod of the pool asks 2 CPU, every node has 4.
+    listed = await client.CoreV1Api(pool.api).list_namespaced_pod(namespace=pool.namespace)
+    per_node: dict[str, int] = {}
+    for pod in listed.items:
+        if pod.spec.node_name in (first, second) and pod.metadata.deletion_timestamp is None:
+            per_node[pod.spec.node_name] = per_node.get(pod.spec.node_name, 0) + 2
+    assert per_node == {first: 4, second: 4}, per_node
+
+
+@pytest.mark.parametrize("peers_on_the_other_node", [1, 2], ids=["a-single-pod-instead", "the-whole-gang"])
+async def test_a_gang_victim_is_evicted_whole_or_not_at_all(pool: Pool, peers_on_the_other_node: int) -> None:
+    """Issue 21: a gang victim. Node 0 holds a two-member pod group of priority 10. With a single
+    priority-10 pod on node 1, breaking the gang would need one victim either way; the gang is one
+    candidate of two, so the single pod is evicted and the gang keeps both members. With node 1
+    full of the preemptor's own priority, the whole gang goes, never one member."""
+    first, second = pool.nodes
+    gang = {"schedulingGroup": {"podGroupName": "gang"}}
+    await pool.place("g0", first, priority_class="low", labels={}, **gang)
+    await pool.place("g1", first, priority_class="low", labels={}, **gang)
+    await pool.place("peer0", second, priority_class="high", labels={})
+    if peers_on_the_other_node == 1:
+        await pool.place("single", second, priority_class="low", labels={})
+    else:
+        await pool.place("peer1", second, priority_class="high", labels={})
+    await pool.create("high", priority_class="high")
+    node = await eventually(lambda: pool.node_of("high"), within=60, what="the preemptor bound")
+    left = await pool.existing(["g0", "g1", "single"])
+    if peers_on_the_other_node == 1:
+        assert (node, left) == (second, ["g0", "g1"])
+        assert pool.preemptions("victim_evicted") == 1
+    else:
+        assert (node, left) == (first, [])
+        assert pool.preemptions("victim_evicted") == 2

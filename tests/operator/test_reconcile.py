@@ -25,6 +25,7 @@ from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable, RMUnschedulable
 from bindery.rm.models import PodIdentity, Reservation, ReservationRequest
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
+from bindery.scheduling.revocation import OnRevoked
 from tests.conftest import OPERATOR_USER, api_client_for
 from tests.operator.apiproxy import serve_api_proxy
 from tests.operator.conftest import (
@@ -151,6 +152,10 @@ class _Anonymous:
 
     async def list_unscoped_reservations(self, **filters: Any) -> list[Reservation]:
         found = await self.inner.list_unscoped_reservations(**filters)
+        return [r.model_copy(update={"namespace": None, "name": None}) for r in found]
+
+    async def list_revoked_reservations(self, **filters: Any) -> list[Reservation]:
+        found = await self.inner.list_revoked_reservations(**filters)
         return [r.model_copy(update={"namespace": None, "name": None}) for r in found]
 
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
@@ -589,3 +594,145 @@ async def test_a_scheduler_name_moved_to_another_resource_manager_leaks_nothing_
         finally:
             await delete_rm(kube_api, name=first)
             await delete_rm(kube_api, name=second)
+
+
+async def _revoked_setup(
+    kube_api: client.ApiClient,
+    rm: ResourceManagerClient,
+    process: RMProcess,
+    *,
+    namespace: str,
+    node: str,
+    scheduler: str,
+    names: tuple[str, ...],
+) -> dict[str, Reservation]:
+    """Pods `names` bound to `node` on committed reservations; the reservations of all but the last
+    revoked by the RM's operator with a reason naming the pod."""
+    held: dict[str, Reservation] = {}
+    for name in names:
+        pod = await create_pod(
+            kube_api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler)
+        )
+        held[name] = await _reserve(rm, pod=pod, scheduler=scheduler)
+        await bind_pod(
+            kube_api,
+            namespace=namespace,
+            name=name,
+            node=node,
+            annotations={RESERVATION_ANNOTATION: held[name].id},
+        )
+        await rm.commit(held[name].id, pod_uid=held[name].pod_uid)
+    for name in names[:-1]:
+        await process.revoke(held[name].id, reason=f"cancelled by the site admin ({name})")
+    return held
+
+
+async def test_a_revoked_reservation_gets_its_running_pod_evicted_with_the_rms_reason(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """spec.onRevoked: Evict (the default): the pod is evicted (Eviction API: deletionTimestamp set),
+    a Warning event Revoked names the ResourceManager and the RM's reason, the revocation is
+    acknowledged (no longer listed), a pod that was already gone is only acknowledged, and a pod whose
+    reservation was not revoked is left alone."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    async with process.client() as rm:
+        held = await _revoked_setup(
+            kube_api,
+            rm,
+            process,
+            namespace=namespace,
+            node=node,
+            scheduler=scheduler,
+            names=("revoked", "departed", "kept"),
+        )
+        await client.CoreV1Api(kube_api).delete_namespaced_pod(
+            name="departed", namespace=namespace, grace_period_seconds=0
+        )
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+        )
+        report = await reconciler.run_once(reason="test")
+        # What a user sees first: the pod is being evicted, and its event says why.
+        evicted = await client.CoreV1Api(kube_api).read_namespaced_pod(name="revoked", namespace=namespace)
+        assert evicted.metadata.deletion_timestamp is not None  # no kubelet here: graceful deletion began
+        events = [
+            e
+            for e in await events_of(kube_api, namespace=namespace, pod_name="revoked")
+            if e["reason"] == "Revoked"
+        ]
+        assert len(events) == 1, events
+        assert events[0]["type"] == "Warning"
+        assert "rm-under-test" in events[0]["note"]
+        assert "cancelled by the site admin (revoked)" in events[0]["note"]
+        assert "evicted" in events[0]["note"]
+        kept = await client.CoreV1Api(kube_api).read_namespaced_pod(name="kept", namespace=namespace)
+        assert kept.metadata.deletion_timestamp is None
+        assert [
+            e
+            for e in await events_of(kube_api, namespace=namespace, pod_name="kept")
+            if e["reason"] == "Revoked"
+        ] == []
+        assert report.evicted == (f"{namespace}/revoked",)
+        assert set(report.revoked) == {held["revoked"].id, held["departed"].id}
+        assert await rm.list_revoked_reservations(scheduler_name=scheduler) == []
+        assert [r.id for r in await rm.list_reservations(scheduler_name=scheduler, state="committed")] == [
+            held["kept"].id
+        ]
+        again = await reconciler.run_once(reason="test")
+        assert again.evicted == ()
+        assert again.revoked == ()
+
+
+async def test_on_revoked_warn_keeps_the_pod_and_says_why_once(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """spec.onRevoked: Warn: the pod keeps running, one Warning event Revoked with the RM's reason,
+    the revocation acknowledged, and no ReservationMissing on top in later passes."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    async with process.client() as rm:
+        held = await _revoked_setup(
+            kube_api,
+            rm,
+            process,
+            namespace=namespace,
+            node=node,
+            scheduler=scheduler,
+            names=("warned", "other"),
+        )
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            on_revoked=lambda: OnRevoked.WARN,
+        )
+        first = await reconciler.run_once(reason="test")
+        second = await reconciler.run_once(reason="test")
+        assert first.revoked == (held["warned"].id,)
+        assert first.evicted == ()
+        assert second.revoked == ()
+        assert second.missing == ()
+        assert await rm.list_revoked_reservations(scheduler_name=scheduler) == []
+    pod = await client.CoreV1Api(kube_api).read_namespaced_pod(name="warned", namespace=namespace)
+    assert pod.metadata.deletion_timestamp is None
+    events = await events_of(kube_api, namespace=namespace, pod_name="warned")
+    assert [e["reason"] for e in events if e["type"] == "Warning"] == ["Revoked"], events
+    assert "cancelled by the site admin (warned)" in events[0]["note"]
+    assert "keeps running" in events[0]["note"]

@@ -12,8 +12,10 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import pytest
 
+from bindery.conformance.harness import RevokeHook
 from bindery.conformance.kit import DEFAULT_RESOURCE
 from bindery.quantity import parse_quantity
 from bindery.reference_rm import InventoryNode, RunningServer, serve_reference_rm
@@ -21,6 +23,8 @@ from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS
 from bindery.reference_rm.stores import Store, open_store
 
 TOKEN = "test-token-for-the-reference-rm"
+#: The reference RM's operator token (bindery rm serve --admin-token-file): revokes reservations.
+ADMIN_TOKEN = "test-admin-token-of-the-reference-rm"
 
 
 def _node(
@@ -79,9 +83,24 @@ def token_file(tmp_path: pathlib.Path) -> pathlib.Path:
 @pytest.fixture
 async def refrm(tmp_path: pathlib.Path) -> AsyncIterator[RunningServer]:
     async with serve_reference_rm(
-        db_path=tmp_path / "rm.sqlite", inventory=small_inventory(), token=TOKEN
+        db_path=tmp_path / "rm.sqlite", inventory=small_inventory(), token=TOKEN, admin_token=ADMIN_TOKEN
     ) as server:
         yield server
+
+
+def admin_revoke(url: str) -> RevokeHook:
+    """The conformance kit's revoke hook for a reference RM served with ``ADMIN_TOKEN``."""
+
+    async def revoke(reservation_id: str, reason: str) -> None:
+        async with httpx.AsyncClient(base_url=url) as http:
+            answer = await http.post(
+                f"/admin/v1/reservations/{reservation_id}/revoke",
+                json={"reason": reason},
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            )
+        assert answer.status_code == 200, answer.text
+
+    return revoke
 
 
 class StoreFactory:

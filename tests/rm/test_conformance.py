@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import shlex
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,12 +26,14 @@ from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMUnsupported
 from bindery.rm.models import ReservationRequest
 
-from .conftest import TOKEN, small_inventory
+from .conftest import ADMIN_TOKEN, TOKEN, admin_revoke, small_inventory
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[check.name for check in CHECKS])
 async def test_reference_rm_conforms(refrm: RunningServer, check: Check) -> None:
-    config = ConformanceConfig(url=refrm.url, token=TOKEN, topology_key="zone")  # one zone per node
+    config = ConformanceConfig(
+        url=refrm.url, token=TOKEN, topology_key="zone", revoke=admin_revoke(refrm.url)
+    )  # one zone per node
     async with http_client(config) as http:
         result = await run_check(check, config, http)
     assert result.passed, result.error
@@ -70,16 +74,28 @@ def test_cli_against_a_served_reference_rm(
         "  - {name: b, allocatable: {cpu: '4', bindery.dev/conformance-slot: '2'},"
         " taints: [{key: k, value: v, effect: NoSchedule}]}\n"
     )
+    admin_file = tmp_path / "admin-token"
+    admin_file.write_text(ADMIN_TOKEN)
     server = subprocess.Popen(
         serve_command(
-            db=tmp_path / "rm.sqlite", token_file=token_file, options=["--inventory", str(inventory)]
+            db=tmp_path / "rm.sqlite",
+            token_file=token_file,
+            options=["--inventory", str(inventory), "--admin-token-file", str(admin_file)],
         ),
         stdout=subprocess.PIPE,
     )
     try:
         assert server.stdout is not None
         url = served_url(server.stdout.readline())
-        code = conformance_main(["--url", url, "--token-file", str(token_file), "--capacity", "5"])
+        revoke = shlex.join(
+            [
+                *(sys.executable, "-m", "bindery.reference_rm.cli", "revoke", "--url", url),
+                *("--admin-token-file", str(admin_file), "--reason", "{reason}", "{id}"),
+            ]
+        )
+        code = conformance_main(
+            ["--url", url, "--token-file", str(token_file), "--capacity", "5", "--revoke-command", revoke]
+        )
         output = capsys.readouterr().out
         assert code == 0, output
         assert f"{len(CHECKS)}/{len(CHECKS)} checks passed" in output
@@ -417,6 +433,7 @@ async def test_a_v1_1_run_never_sends_cluster_id_and_the_v1_2_checks_fail_a_v1_1
         "cluster-id-validated",
         "node-preferences",
         "preemption",
+        "revocation",
     }
     async with http_client(config) as http:
         for check in checks_for("1.1"):
@@ -538,3 +555,60 @@ async def test_kit_never_sends_preferences_to_an_rm_without_the_feature(preferen
     async with http_client(config) as http:
         result = await run_check(check, config, http)
     assert result.passed, result.error
+
+
+@pytest.fixture
+async def revoked_to_everyone_rm(refrm: RunningServer) -> AsyncIterator[str]:
+    """An RM that shows state revoked to every caller, whether it asked or not (a v1.1 client would
+    meet a state it does not know)."""
+    async with httpx.AsyncClient(base_url=refrm.url) as upstream:
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            headers = {
+                k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")
+            }
+            headers["Bindery-Features"] = "revocation"
+            answer = await upstream.request(
+                request.method,
+                request.path,
+                params=dict(request.query),
+                content=await request.read(),
+                headers=headers,
+            )
+            return web.Response(
+                status=answer.status_code,
+                body=answer.content,
+                headers={"Content-Type": answer.headers.get("content-type", "application/octet-stream")},
+            )
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
+
+
+async def test_the_revocation_check_fails_an_rm_that_shows_revoked_to_callers_that_did_not_ask(
+    revoked_to_everyone_rm: str, refrm: RunningServer
+) -> None:
+    config = ConformanceConfig(url=revoked_to_everyone_rm, token=TOKEN, revoke=admin_revoke(refrm.url))
+    check = next(c for c in CHECKS if c.name == "revocation")
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert not result.passed
+    assert "must read a revoked reservation as released" in (result.error or ""), result.error
+
+
+async def test_the_revocation_check_needs_a_way_to_revoke(refrm: RunningServer) -> None:
+    """An RM listing the feature cannot pass by the kit having no hook: the check says what to give."""
+    config = ConformanceConfig(url=refrm.url, token=TOKEN)
+    check = next(c for c in CHECKS if c.name == "revocation")
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert not result.passed
+    assert "--revoke-command" in (result.error or ""), result.error

@@ -18,7 +18,7 @@ import pytest
 from bindery.reference_rm import RunningServer, serve_reference_rm
 from bindery.reference_rm.accounting import BoundPod, ClusterPods, bound_pod
 from bindery.reference_rm.placement import InventoryNode, Policy
-from bindery.reference_rm.preemption import choose_victims
+from bindery.reference_rm.preemption import Budget, budget_from, choose_victims
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMConflict, RMUnschedulable
 from bindery.rm.models import PlanState, PodIdentity, ReservationRequest
@@ -272,3 +272,155 @@ async def test_a_batched_reserve_gets_the_plan_its_single_call_would(rm: Running
     assert result["status"] == 409
     assert result["problem"]["preemption"]["podUid"] == "high"
     assert len(result["problem"]["preemption"]["victims"]) == 1
+
+
+def _labelled(uid: str, node: str, *, priority: int, labels: dict[str, str]) -> BoundPod:
+    import dataclasses
+
+    return dataclasses.replace(_pod(uid, node, priority=priority), labels=tuple(sorted(labels.items())))
+
+
+def _budget(name: str, *, app: str, allowed: int = 0) -> Budget:
+    return budget_from(
+        {
+            "metadata": {"namespace": "ns", "name": name},
+            "spec": {"selector": {"matchLabels": {"app": app}}},
+            "status": {"disruptionsAllowed": allowed},
+        }
+    )
+
+
+def _choose(pods: list[BoundPod], budgets: list[Budget]) -> Any:
+    nodes = [InventoryNode(name=name, allocatable={"cpu": Decimal(4)}) for name in ("a", "b")]
+    used = {node: {"cpu": sum((p.usage["cpu"] for p in pods if p.node == node), Decimal(0))} for node in "ab"}
+    return choose_victims(
+        nodes=nodes,
+        requests={"cpu": Decimal(2)},
+        priority=100,
+        placement=_NO_CONSTRAINTS,
+        used_by_node=used,
+        pods=ClusterPods.of(pods),
+        budgets=budgets,
+    )
+
+
+def test_the_node_whose_victims_no_budget_protects_wins() -> None:
+    """Issue 21: "victims no PDB protects preferred". Nodes `a` and `b` tie on every other rule
+    (one 2-CPU victim of priority 10 each); `a`'s pods are protected (0 disruptions allowed), so the
+    victim is on `b`, as kube-scheduler's first criterion (fewest PDB violations) picks."""
+    pods = [
+        _labelled("a1", "a", priority=10, labels={"app": "kept"}),
+        _labelled("a2", "a", priority=10, labels={"app": "kept"}),
+        _labelled("b1", "b", priority=10, labels={"app": "free"}),
+        _labelled("b2", "b", priority=10, labels={"app": "free"}),
+    ]
+    assert _choose(pods, []).node == "a"  # without budgets, the name breaks the tie
+    found = _choose(pods, [_budget("keep", app="kept")])
+    assert (found.node, len(found.victims), dict(found.violations)) == ("b", 1, {})
+
+
+def test_on_one_node_the_unprotected_pod_is_the_victim_even_at_a_higher_priority() -> None:
+    """Within a node, protected candidates are reprieved first (upstream's SelectVictimsOnNode):
+    the priority-5 pod is protected, so the priority-7 one is evicted instead."""
+    pods = [
+        _labelled("p5", "a", priority=5, labels={"app": "kept"}),
+        _labelled("p7", "a", priority=7, labels={"app": "free"}),
+        _labelled("b1", "b", priority=200, labels={}),
+        _labelled("b2", "b", priority=200, labels={}),
+    ]
+    assert [v.uid for v in _choose(pods, []).victims] == ["p5"]
+    found = _choose(pods, [_budget("keep", app="kept")])
+    assert ([v.uid for v in found.victims], dict(found.violations)) == (["p7"], {})
+
+
+def test_when_every_candidate_is_protected_the_victim_names_its_budget() -> None:
+    """No node can do without a protected victim: the plan still names one (the caller decides; the
+    Eviction API would refuse it) and says which budget it would exceed. A budget allowing one
+    disruption covers one victim, not two; an empty selector protects nothing (as upstream)."""
+    pods = [
+        _labelled(uid, node, priority=10, labels={"app": "kept"})
+        for uid, node in (("a1", "a"), ("a2", "a"), ("b1", "b"), ("b2", "b"))
+    ]
+    found = _choose(pods, [_budget("keep", app="kept")])
+    assert dict(found.violations) == {found.victims[0].uid: ("keep",)}
+    assert dict(_choose(pods, [_budget("keep", app="kept", allowed=1)]).violations) == {}
+    everything = budget_from({"metadata": {"namespace": "ns", "name": "all"}, "spec": {"selector": {}}})
+    assert dict(_choose(pods, [everything]).violations) == {}
+
+
+async def test_a_plan_whose_victim_a_budget_protects_says_so_over_http(rm: RunningServer) -> None:
+    async with _client(rm.url) as client:
+        pods = await _fill(rm, client)
+        rm.rm.set_budgets(
+            [
+                budget_from(
+                    {
+                        "metadata": {"namespace": "ns", "name": "keep-low"},
+                        "spec": {"selector": {"matchExpressions": [{"key": "tier", "operator": "Exists"}]}},
+                    }
+                )
+            ]
+        )
+        import dataclasses
+
+        rm.rm.set_bound_pods(ClusterPods.of(dataclasses.replace(p, labels=(("tier", "low"),)) for p in pods))
+        with pytest.raises(RMUnschedulable) as refused:
+            await client.reserve(_request("high", priority=100_000))
+        plan = refused.value.plan
+        assert plan is not None
+        assert [v.violated_budgets for v in plan.victims] == [["keep-low"]]
+
+
+def _member(uid: str, node: str, *, group: str | None, priority: int = 10) -> BoundPod:
+    import dataclasses
+
+    return dataclasses.replace(_pod(uid, node, priority=priority), group=group)
+
+
+def test_a_pod_groups_members_are_victims_together_or_not_at_all() -> None:
+    """Issue 21: "a pod group's members all or none" (volcano#4607). Node `a` holds a two-member
+    gang, node `b` a single pod and one of the preemptor's priority: breaking the gang would free
+    room with one victim on `a` (the name breaks the tie), so `b`'s single pod is the victim. With
+    the peer gone from `b` too, the whole gang goes when `a` is the only node left. A gang with a
+    member on another node is no candidate at all."""
+    gang = [_member("g0", "a", group="ns/gang"), _member("g1", "a", group="ns/gang")]
+    single = [_member("s0", "b", group=None), _member("peer", "b", group=None, priority=100)]
+    assert [v.uid for v in _choose(gang + single, []).victims] == ["s0"]
+    only_a = choose_victims(
+        nodes=[InventoryNode(name="a", allocatable={"cpu": Decimal(4)})],
+        requests={"cpu": Decimal(2)},
+        priority=100,
+        placement=_NO_CONSTRAINTS,
+        used_by_node={"a": {"cpu": Decimal(4)}},
+        pods=ClusterPods.of(gang),
+    )
+    assert only_a is not None
+    assert sorted(v.uid for v in only_a.victims) == ["g0", "g1"]
+    spread = [_member("g0", "a", group="ns/gang"), _member("x", "a", group=None, priority=100)]
+    spread.append(_member("g1", "b", group="ns/gang"))
+    spread.append(_member("y", "b", group=None, priority=100))
+    assert _choose(spread, []) is None
+
+
+async def test_the_conformance_check_fails_an_rm_whose_victims_name_budgets_badly(
+    rm: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bindery.conformance import CHECKS, ConformanceConfig
+    from bindery.conformance.kit import http_client, run_check
+    from bindery.reference_rm import preemption as preemption_module
+
+    original = preemption_module.Plan.to_json
+
+    def malformed(plan: Any) -> dict[str, Any]:
+        body = original(plan)
+        for victim in body["victims"]:
+            victim["violatedBudgets"] = "keep-low"  # a string, not a list of names
+        return body
+
+    monkeypatch.setattr(preemption_module.Plan, "to_json", malformed)
+    check = next(c for c in CHECKS if c.name == "preemption")
+    config = ConformanceConfig(url=rm.url, token=TOKEN, resource="cpu", capacity=8)
+    async with http_client(config) as http:
+        failed = await run_check(check, config, http)
+    assert not failed.passed
+    assert "violatedBudgets must be a list" in (failed.error or ""), failed.error

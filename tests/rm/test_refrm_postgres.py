@@ -8,8 +8,10 @@ import contextlib
 import json
 import os
 import pathlib
+import shlex
 import signal
 import subprocess
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from decimal import Decimal
@@ -22,10 +24,11 @@ import pytest
 from bindery.conformance import CHECKS
 from bindery.conformance.cli import main as conformance_main
 from bindery.devcluster.postgres import PostgresServer
+from bindery.devcluster.rrproxy import round_robin_proxy
 from bindery.quantity import parse_quantity
 from bindery.reference_rm.cli import serve_command, served_url
 
-from .conftest import TOKEN
+from .conftest import ADMIN_TOKEN, TOKEN
 
 SLOT = "bindery.dev/conformance-slot"
 INVENTORY = (
@@ -63,7 +66,12 @@ def replicas(
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(nodes)
     env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
-    options = ["--inventory", str(inventory), "--db-password-file", str(postgres.password_file)]
+    admin_file = tmp_path / "admin-token"
+    admin_file.write_text(ADMIN_TOKEN)
+    options = [
+        *("--inventory", str(inventory), "--db-password-file", str(postgres.password_file)),
+        *("--admin-token-file", str(admin_file)),
+    ]
     servers: list[subprocess.Popen[bytes]] = [] if processes is None else processes
     try:
         urls = []
@@ -93,7 +101,16 @@ def test_conformance_kit_against_a_reference_rm_process_on_postgres(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with replicas(1, db=postgres_db, postgres=postgres, tmp_path=tmp_path, token_file=token_file) as (url,):
-        code = conformance_main(["--url", url, "--token-file", str(token_file), "--capacity", "5"])
+        # The reference RM lists `revocation`: the kit revokes through its admin path.
+        revoke = shlex.join(
+            [
+                *(sys.executable, "-m", "bindery.reference_rm.cli", "revoke", "--url", url),
+                *("--admin-token-file", str(tmp_path / "admin-token"), "--reason", "{reason}", "{id}"),
+            ]
+        )
+        code = conformance_main(
+            ["--url", url, "--token-file", str(token_file), "--capacity", "5", "--revoke-command", revoke]
+        )
         output = capsys.readouterr().out
         assert code == 0, output
         assert f"{len(CHECKS)}/{len(CHECKS)} checks passed" in output
@@ -415,3 +432,64 @@ async def test_postgres_restarted_mid_burst_loses_and_doubles_nothing(
     by_key = {key: id_ for id_, key, _, _ in rows}
     assert final == {key: by_key.get(key) for key in final}
     print(f"calls answered 503 while PostgreSQL was away: {refused}")
+
+
+@pytest.mark.parametrize("count", [2, 3])
+async def test_replicas_behind_a_round_robin_proxy_that_drops_connections_never_overcommit(
+    count: int,
+    postgres: PostgresServer,
+    postgres_db: str,
+    tmp_path: pathlib.Path,
+    token_file: pathlib.Path,
+) -> None:
+    """The deployment's shape: one address (a round-robin TCP proxy, as a Service) in front of the
+    replicas. 50 clients send each of 100 keys twice, for 60 slots, while the proxy refuses one
+    connection in five or cuts it after the replica applied the call (the answer is lost); a client
+    whose call fails sends the same key again, as Bindery's client does. Every replica serves, no node
+    is past its allocatable, one active reservation per key, and each key's last answer names it."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    final: dict[str, list[str | None]] = defaultdict(list)
+    failed = 0
+    with replicas(
+        count, db=postgres_db, postgres=postgres, tmp_path=tmp_path, token_file=token_file, nodes=HA_INVENTORY
+    ) as urls:
+        async with (
+            round_robin_proxy(upstreams=urls, seed=count, drop_rate=0.2) as proxy,
+            httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=60) as http,
+        ):
+
+            async def send(key: str) -> None:
+                nonlocal failed
+                for _ in range(20):
+                    try:
+                        response = await http.post("/v1/reservations", json=body(key))
+                    except httpx.TransportError:
+                        failed += 1
+                        continue
+                    assert response.status_code in (200, 201, 409), response.text
+                    final[key].append(str(response.json()["id"]) if response.status_code != 409 else None)
+                    return
+                raise AssertionError(f"{key}: 20 attempts through the proxy failed")
+
+            async def client(index: int) -> None:
+                for n in range(2):
+                    key = f"c{index}-k{n}"
+                    await asyncio.gather(send(key), send(key))
+
+            await asyncio.gather(*(client(index) for index in range(50)))
+    print(f"connections per replica {dict(proxy.connections)}, faults {dict(proxy.faults)}, failed {failed}")
+    assert sorted(proxy.connections) == list(range(count)), proxy.connections  # every replica served
+    assert proxy.faults["refuse"], proxy.faults
+    assert proxy.faults["lost_answer"], proxy.faults
+    assert len(final) == 100
+    rows = active_rows(postgres_db)
+    used: Counter[str] = Counter()
+    for _, _, node, resources in rows:
+        used[node] += int(parse_quantity(json.loads(resources)[SLOT]))
+    assert all(used[node] <= HA_CAPACITY[node] for node in used), used
+    assert sum(used.values()) == sum(HA_CAPACITY.values())
+    keys = Counter(key for _, key, _, _ in rows)
+    assert all(n == 1 for n in keys.values()), keys
+    by_key = {key: id_ for id_, key, _, _ in rows}
+    for key, ids in final.items():
+        assert ids == [by_key.get(key)] * 2, (key, ids)

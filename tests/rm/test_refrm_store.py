@@ -101,3 +101,45 @@ def test_a_refusal_while_pods_it_did_not_place_hold_room_says_when_to_ask_again(
     alone = store.reserve(request("c", "3"), nodes=NODES, policy=Policy.BINPACK, pods=ClusterPods())
     assert isinstance(alone, Unschedulable)
     assert alone.retry_after is None
+
+
+def test_a_revoked_reservation_frees_its_capacity_and_is_acknowledged_by_its_release(
+    make_store: StoreFactory,
+) -> None:
+    """Contract v1.2 revocation: the RM takes a committed reservation back; the capacity returns at
+    once, the row reads revoked (with why and when) across a reopen until its pod's release
+    acknowledges it, and a release naming another pod acknowledges nothing."""
+    now = [1000.0]
+    store = make_store(clock=lambda: now[0])
+    placed = store.reserve(request("a", "2"), nodes=NODES, policy=Policy.BINPACK)
+    assert isinstance(placed, Placed)
+    rid = placed.reservation.id
+    assert isinstance(store.commit(rid), StoredReservation)
+    assert isinstance(store.revoke("nope", reason="x"), NotFound)
+    now[0] = 1005.0
+    revoked = store.revoke(rid, reason="scancel by root")
+    assert isinstance(revoked, StoredReservation)
+    assert (revoked.state, revoked.revoked_reason, revoked.revoked_at) == (
+        ReservationState.REVOKED,
+        "scancel by root",
+        1005.0,
+    )
+    assert store.usage()["n1"]["cpu"] == 0
+    assert store.revoke(rid, reason="again") == revoked  # idempotent: the first reason stays
+    assert isinstance(store.commit(rid), NotActive)
+    assert isinstance(store.reserve(request("b", "2"), nodes=NODES, policy=Policy.BINPACK), Placed)
+    store.close()
+    reopened = make_store(clock=lambda: now[0])
+    items, _ = reopened.list(state=ReservationState.REVOKED, limit=10)
+    assert [item.id for item in items] == [rid]
+    assert reopened.release(rid, pod_uid="someone-else") is None
+    assert [item.id for item in reopened.list(state=ReservationState.REVOKED, limit=10)[0]] == [rid]
+    assert reopened.release(rid, pod_uid="a") is None  # nothing held: 204 either way
+    assert reopened.list(state=ReservationState.REVOKED, limit=10)[0] == []
+    acknowledged = reopened.get(rid)
+    assert acknowledged is not None
+    assert (acknowledged.state, acknowledged.revoked_reason) == (ReservationState.RELEASED, "scancel by root")
+    both, _ = reopened.list(state=(ReservationState.RELEASED, ReservationState.REVOKED), limit=10)
+    assert [item.id for item in both] == [rid]
+    assert isinstance(reopened.revoke(rid, reason="late"), NotActive)
+    reopened.close()

@@ -76,3 +76,27 @@ def test_what_the_victims_are_told_is_what_kube_scheduler_tells_them() -> None:
     assert condition["status"] == "True"
     assert condition["lastTransitionTime"] == "2026-01-02T03:04:05Z"
     assert preempted_note(preemptor=PREEMPTOR, node="a") == "Preempted by pod u-high on node a"
+
+
+def test_a_plan_naming_a_victim_a_budget_protects_is_refused_whole() -> None:
+    plan = PLAN.model_copy(
+        update={"victims": [PLAN.victims[0].model_copy(update={"violated_budgets": ["keep-low"]})]}
+    )
+    why = vet(plan, preemptor=PREEMPTOR, victims={"ns/low": _victim()})
+    assert why is not None
+    assert "PodDisruptionBudget ns/keep-low" in why
+
+
+def test_a_plan_evicting_part_of_a_pod_group_is_refused() -> None:
+    """Issue 21: Bindery refuses victim sets that would break a gang; a whole group may go."""
+    member = _victim(schedulingGroup={"podGroupName": "gang"})
+    member["metadata"]["namespace"] = "ns"
+    part = vet(
+        PLAN, preemptor=PREEMPTOR, victims={"ns/low": member}, group_members={"ns/gang": {"u-low", "u-2"}}
+    )
+    assert part is not None
+    assert "part of pod group ns/gang" in part
+    assert (
+        vet(PLAN, preemptor=PREEMPTOR, victims={"ns/low": member}, group_members={"ns/gang": {"u-low"}})
+        is None
+    )

@@ -132,3 +132,16 @@ def test_relabelling_the_refused_pod_moves_it() -> None:
     popped = queue.pop_nowait()
     assert popped is not None
     assert popped.labels == {"app": "other"}
+
+
+def test_a_deadline_set_on_a_rules_refused_pod_keeps_its_wake_up() -> None:
+    """A preemption back-off (`retry_within`) re-parks the pod: the placed-pod change that lifts its
+    rules must still wake it before that deadline (both arrived in one merge)."""
+    queue, clock = make_queue()
+    refused(queue)
+    queue.retry_within("uid-a", 60.0)
+    assert queue.wake(Touch(namespace="ns")) == 1
+    clock.advance(1.0)
+    popped = queue.pop_nowait()
+    assert popped is not None
+    assert popped.name == "a"

@@ -290,3 +290,72 @@ def test_a_group_with_a_member_slurm_refuses_leaves_no_job_behind(
         ("RUNNING", "slurm-0"),
         ("RUNNING", "slurm-1"),
     ]
+
+
+def test_the_revocation_check_passes_with_scancel_as_the_hook(no_queue_adapter: AdapterProcess) -> None:
+    """Contract v1.2 revocation, as a Slurm site causes it: the kit's hook runs ``scancel``."""
+    bed = no_queue_adapter.bed
+
+    async def scancel(reservation_id: str, reason: str) -> None:
+        del reason  # Slurm keeps its own: the job's state (CANCELLED) is the reason reported
+        await asyncio.to_thread(bed.run_client, "scancel", reservation_id.removeprefix("slurm-"))
+
+    config = ConformanceConfig(
+        url=no_queue_adapter.url,
+        token=no_queue_adapter.token_file.read_text().strip(),
+        resource="cpu",
+        capacity=sum(node.cpus for node in bed.nodes),
+        ttl_seconds=10,
+        revoke=scancel,
+    )
+    check = next(c for c in CHECKS if c.name == "revocation")
+    results = asyncio.run(run_checks(config, names=[check.name]))
+    assert [f"{r.check.name}: {r.error}" for r in results if not r.passed] == []
+
+
+def test_a_placeholder_cancelled_by_hand_is_revoked_with_slurms_state_one_released_by_the_adapter_is_not(
+    slurm_bed: SlurmBed, slurm_adapter: AdapterProcess
+) -> None:
+    """A committed placeholder Slurm ended (here an administrator's scancel) reads revoked, with
+    Slurm's state, to a caller sending Bindery-Features: revocation, and released to any other; one
+    the adapter itself cancelled (a release) never reads revoked."""
+    shown = {"Bindery-Features": "revocation"}
+    with slurm_adapter.client() as client:
+        made = {uid: client.post("/v1/reservations", json=_body(uid)) for uid in ("by-admin", "by-adapter")}
+        assert {uid: answer.status_code for uid, answer in made.items()} == {
+            "by-admin": 201,
+            "by-adapter": 201,
+        }
+        ids = {uid: answer.json()["id"] for uid, answer in made.items()}
+        for reservation_id in ids.values():
+            assert client.post(f"/v1/reservations/{reservation_id}/commit").status_code == 200
+        assert client.delete(f"/v1/reservations/{ids['by-adapter']}").status_code == 204
+        slurm_bed.run_client("scancel", ids["by-admin"].removeprefix("slurm-"))
+        revoked = _until(
+            lambda: (
+                (a := client.get(f"/v1/reservations/{ids['by-admin']}", headers=shown).json())["state"]
+                == "revoked"
+                and a
+            ),
+            30,
+            "the cancelled placeholder reads revoked",
+        )
+        assert "CANCELLED" in revoked["revokedReason"], revoked
+        assert revoked["revokedAt"]
+        plain = client.get(f"/v1/reservations/{ids['by-admin']}").json()
+        assert (plain["state"], plain.get("revokedReason")) == ("released", None)
+        listed = client.get("/v1/reservations", params={"state": "revoked"}, headers=shown).json()["items"]
+        assert [item["id"] for item in listed] == [ids["by-admin"]]
+        by_adapter = client.get(f"/v1/reservations/{ids['by-adapter']}", headers=shown).json()
+        assert by_adapter["state"] == "released"
+        # The caller's release acknowledges it: no longer listed as revoked.
+        assert (
+            client.delete(f"/v1/reservations/{ids['by-admin']}", params={"podUid": "by-admin"}).status_code
+            == 204
+        )
+        assert (
+            client.get("/v1/reservations", params={"state": "revoked"}, headers=shown).json()["items"] == []
+        )
+        info = client.get("/v1/info").json()
+        assert "revocation" in info["features"]
+        assert "cluster-id" not in info["features"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from bindery.config.selector import NamespaceSelector, SelectorError, parse_namespace_selector
 from bindery.scheduling.queue import DEFAULT_MAX_IN_FLIGHT
+from bindery.scheduling.revocation import OnRevoked
 
 NODE_CHECK_VALUES = ("Full", "Basic", "Off")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -66,6 +67,8 @@ class ResourceManagerConfig:
     volume_bind_timeout_seconds: float = 600.0
     #: Which namespaces' pods this RM serves (spec.namespaceSelector); None = every namespace.
     namespace_selector: NamespaceSelector | None = None
+    #: What a reconcile pass does with a running pod whose reservation the RM revoked (spec.onRevoked).
+    on_revoked: OnRevoked = OnRevoked.EVICT
 
     def connection_key(self) -> tuple[object, ...]:
         """The fields that require a new RM client when they change (others apply in place)."""
@@ -110,6 +113,12 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
     interval = _number(spec.get("reconcileIntervalSeconds", 30), "spec.reconcileIntervalSeconds", low=5)
     node_check = str(spec.get("nodeCheck", "Full"))
     try:
+        on_revoked = OnRevoked(str(spec.get("onRevoked", OnRevoked.EVICT.value)))
+    except ValueError:
+        raise ConfigError(
+            f"spec.onRevoked is {spec.get('onRevoked')!r}; use one of {', '.join(v.value for v in OnRevoked)}"
+        ) from None
+    try:
         namespace_selector = parse_namespace_selector(spec.get("namespaceSelector"))
     except SelectorError as exc:
         raise ConfigError(str(exc)) from exc
@@ -148,6 +157,7 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
             spec.get("volumeBindTimeoutSeconds", 600), "spec.volumeBindTimeoutSeconds", low=1
         ),
         namespace_selector=namespace_selector,
+        on_revoked=on_revoked,
     )
 
 

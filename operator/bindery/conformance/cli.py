@@ -9,10 +9,12 @@ import argparse
 import asyncio
 import os
 import pathlib
+import shlex
 import sys
 from collections.abc import Sequence
 
 from bindery.conformance.kit import CHECKS, CONTRACT_VERSIONS, DEFAULT_RESOURCE, ConformanceConfig, run_checks
+from bindery.conformance.revocation import command_hook
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--topology-key",
         help="a node label whose value differs on every node of the pool (e.g. kubernetes.io/hostname), "
         "for the reservation-group topology check",
+    )
+    parser.add_argument(
+        "--revoke-command",
+        help="for an RM listing the revocation feature: a command that takes a reservation back, with "
+        "{id} and {reason} substituted (e.g. 'bindery rm revoke --url URL --admin-token-file F "
+        "--reason {reason} {id}')",
     )
     parser.add_argument("--ca-file", help="CA bundle to verify the server's certificate")
     parser.add_argument("--client-cert", nargs=2, metavar=("CERT", "KEY"), help="client certificate and key")
@@ -73,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ca_file=args.ca_file,
         client_cert=tuple(args.client_cert) if args.client_cert else None,
         topology_key=args.topology_key,
+        revoke=command_hook(shlex.split(args.revoke_command)) if args.revoke_command else None,
     )
     results = asyncio.run(run_checks(config, names=args.check, contract_version=args.contract_version))
     for result in results:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ __all__ = [
     "ConformanceConfig",
     "ConformanceFailure",
     "Harness",
+    "RevokeHook",
     "expect_problem",
     "expect_reservation",
     "expect_status",
@@ -34,6 +35,11 @@ __all__ = [
 DEFAULT_RESOURCE = "bindery.dev/conformance-slot"
 #: The minor versions of contract v1 the kit knows, oldest first.
 CONTRACT_VERSIONS = ("1.0", "1.1", "1.2")
+
+
+#: Takes a reservation back as the RM's operator would (contract v1.2 ``revocation``): called with the
+#: reservation id and a reason; returns once the RM was told (it may show the state a little later).
+RevokeHook = Callable[[str, str], Awaitable[None]]
 
 
 class ConformanceFailure(AssertionError):
@@ -53,6 +59,8 @@ class ConformanceConfig:
     #: v1.1 groups: a node label key whose value differs on every node of the pool (for example
     #: ``kubernetes.io/hostname``); without one the topology check tests only a key no node has.
     topology_key: str | None = None
+    #: v1.2 ``revocation``: how to make the RM revoke a reservation (see :mod:`.revocation`).
+    revoke: RevokeHook | None = None
 
 
 @dataclass

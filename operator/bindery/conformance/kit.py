@@ -70,6 +70,7 @@ from bindery.conformance.harness import (
 )
 from bindery.conformance.preemption import check_preemption
 from bindery.conformance.preferences import check_node_preferences
+from bindery.conformance.revocation import check_revocation
 from bindery.rm.errors import ProblemType
 
 __all__ = [
@@ -532,6 +533,7 @@ CHECKS: tuple[Check, ...] = (
     Check("cluster-id-validated", check_cluster_id_validated, since="1.2"),
     Check("node-preferences", check_node_preferences, since="1.2"),
     Check("preemption", check_preemption, since="1.2"),
+    Check("revocation", check_revocation, since="1.2"),
 )
 
 

@@ -62,6 +62,11 @@ async def check_preemption(h: Harness) -> None:
             victim.get("reservationId") in ours,
             f"victim {victim} is not one of the priority-1 pods the kit placed",
         )
+        budgets = victim.get("violatedBudgets", [])
+        require(
+            isinstance(budgets, list) and all(isinstance(b, str) and b for b in budgets),
+            f"victim {victim}: violatedBudgets must be a list of PodDisruptionBudget names",
+        )
     again = expect_problem(await h.reserve(preemptor), 409, ProblemType.UNSCHEDULABLE, "reserve again")
     require(
         (again.get("preemption") or {}).get("planId") == plan["planId"],

@@ -33,7 +33,7 @@ from bindery.kube.reads import read_pod
 from bindery.logcontext import log_context
 from bindery.rm.errors import RMError
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
-from bindery.scheduling.decisions import FailureKind, Outcome
+from bindery.scheduling.decisions import REASON_UNSCHEDULABLE, FailureKind, Outcome
 from bindery.scheduling.framework import Ports, Profile
 from bindery.scheduling.placementrules import PodPlacementRules, wake_on
 from bindery.scheduling.podspec import PodInfo
@@ -86,10 +86,24 @@ class Attempts:
             events=_CheckedEvents(inner=ports.events, api=api, gone=self._gone),
             conditions=_NoticedConditions(inner=ports.conditions, gone=self._gone),
         )
+        if preemptions is not None:
+            preemptions.report = self._report_preemption
+
+    async def _report_preemption(self, pod: PodInfo, message: str) -> None:
+        """Why the pod's plan was not carried out, as kube-scheduler reports a failed PostFilter:
+        a FailedScheduling event (throttled like the cycle's) and PodScheduled=False."""
+        note = self._throttle.admit(uid=pod.uid, key="Preemption", message=message)
+        if note is not None:
+            await self.ports.events.failed_scheduling(
+                pod=pod, message=note, scheduler_name=pod.scheduler_name
+            )
+        await self.ports.conditions.pod_scheduled_false(pod=pod, reason=REASON_UNSCHEDULABLE, message=message)
 
     def forget(self, uid: str) -> None:
         """The pod left: drop what the attempts kept about it."""
         self._throttle.forget(uid)
+        if self._preemptions is not None:
+            self._preemptions.forget(uid)
         self._gone.discard(uid)  # a gang member found gone has no cycle to drop it
 
     def sizes(self) -> dict[str, int]:
@@ -131,9 +145,17 @@ class Attempts:
     async def _in_context(self, pod: PodInfo) -> None:
         started = time.perf_counter()
         self._cycling.add(pod.uid)
+        asked = pod
+        if (
+            self._preemptions is not None
+            and pod.preemption_policy != "Never"
+            and self._preemptions.paused(pod.uid)
+        ):
+            # Backing off after a failed plan: this reserve asks the RM for no plan (no loops).
+            asked = dataclasses.replace(pod, preemption_policy="Never")
         try:
             result = await schedule_one(
-                pod=pod, profile=self._profile(), ports=self.ports, throttle=self._throttle
+                pod=asked, profile=self._profile(), ports=self.ports, throttle=self._throttle
             )
         except asyncio.CancelledError:  # paused or stopped: the cycle has unreserved; requeue
             self._queue.done(pod.uid, outcome=Outcome.ERROR)
@@ -180,9 +202,17 @@ class Attempts:
             wake_on=wake_on(pod) if refused_by_rules else None,
         )
         plan = result.failure.plan if no_room and result.failure is not None else None
-        if plan is not None and self._preemptions is not None:
-            # After `done`: the victims' deletion is the event that wakes the pod for its reserve.
-            await self._preemptions.carry_out(pod, plan)
+        # After `done`: the victims' deletion is the event that wakes the pod for its reserve. But
+        # victims another scheduler placed release no reservation when they go, and nothing else
+        # wakes the pod: it also polls on its backoff until the RM places it on the held room.
+        if (
+            plan is not None
+            and self._preemptions is not None
+            and await self._preemptions.carry_out(pod, plan)
+        ):
+            self._queue.retry_within(pod.uid, 0.0)
+        if no_room and self._preemptions is not None and (pause := self._preemptions.paused(pod.uid)):
+            self._queue.retry_within(pod.uid, pause)  # it may preempt again then, event or not
         if result.outcome is Outcome.DROPPED:
             self._throttle.forget(pod.uid)
             self._on_dropped(pod.uid)  # gone or bound elsewhere, even if the watch missed it

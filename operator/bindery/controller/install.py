@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import pathlib
 from importlib import resources as package_resources
 from typing import Any
@@ -76,20 +75,35 @@ async def _served(api: ApiClient) -> bool:
 
 
 async def grant_operator(*, api: ApiClient, user: str, name: str = "bindery-operator") -> None:
-    """Bind exactly the operator's ClusterRole to `user` (idempotent)."""
-    for resource, body in (
-        (resources.CLUSTER_ROLES, cluster_role(name=name)),
-        (resources.CLUSTER_ROLE_BINDINGS, cluster_role_binding(name=name, user=user)),
-    ):
-        with contextlib.suppress(Conflict):  # AlreadyExists
-            await create(api, resource, body=body)
+    """Bind exactly the operator's ClusterRole to `user` (idempotent).
+
+    An existing role is brought up to date: one left by an earlier version (a kept demo plane) lacks
+    the verbs newer code needs, and the operator would fail with 403s far from their cause."""
+    await _apply_grant(
+        api=api, role=cluster_role(name=name), binding=cluster_role_binding(name=name, user=user)
+    )
 
 
 async def grant_debug_reader(*, api: ApiClient, user: str, name: str = "bindery-debug-reader") -> None:
     """Let `user` read the operator's queue views (rbac.DEBUG_READER_RULES; idempotent)."""
-    for resource, body in (
-        (resources.CLUSTER_ROLES, cluster_role(name=name, rules=DEBUG_READER_RULES)),
-        (resources.CLUSTER_ROLE_BINDINGS, cluster_role_binding(name=name, user=user)),
+    await _apply_grant(
+        api=api,
+        role=cluster_role(name=name, rules=DEBUG_READER_RULES),
+        binding=cluster_role_binding(name=name, user=user),
+    )
+
+
+async def _apply_grant(*, api: ApiClient, role: dict[str, Any], binding: dict[str, Any]) -> None:
+    """Create the role and its binding, or replace what differs (RBAC objects take a PUT without
+    resourceVersion; a binding's roleRef is immutable, and both name the same role here)."""
+    for resource, body, field in (
+        (resources.CLUSTER_ROLES, role, "rules"),
+        (resources.CLUSTER_ROLE_BINDINGS, binding, "subjects"),
     ):
-        with contextlib.suppress(Conflict):  # AlreadyExists
+        name = body["metadata"]["name"]
+        try:
             await create(api, resource, body=body)
+        except Conflict:  # AlreadyExists
+            current = await get(api, resource, name=name)
+            if current.get(field) != body[field]:
+                await replace(api, resource, name=name, body=body)

@@ -199,6 +199,14 @@ class Metrics:
             ["resource_manager", "action"],
             registry=self.registry,
         )
+        self.revocations = Counter(
+            "bindery_revocations",
+            "Reservations the RM revoked (contract v1.2), by what Bindery did: evict (the pod's eviction "
+            "was accepted), warn (spec.onRevoked: Warn), acknowledge (no running pod used it), "
+            "eviction_blocked (a PodDisruptionBudget refused; retried), failed (retried).",
+            ["resource_manager", "action"],
+            registry=self.registry,
+        )
         self.reconcile_passes = Counter(
             "bindery_reconcile_passes",
             "Reconcile passes by outcome: ok, or error (the RM or the apiserver could not be read).",
@@ -263,6 +271,9 @@ class Metrics:
 
     def reconcile_action(self, *, resource_manager: str, action: str, count: int = 1) -> None:
         self.reconcile_actions.labels(resource_manager, action).inc(count)
+
+    def revocation(self, *, resource_manager: str, action: str) -> None:
+        self.revocations.labels(resource_manager, action).inc()
 
     def reconcile_pass(self, *, resource_manager: str, outcome: str) -> None:
         self.reconcile_passes.labels(resource_manager, outcome).inc()

@@ -9,36 +9,83 @@ condition first, then the Eviction API (which enforces PodDisruptionBudgets, unl
 delete), then the ``Preempted`` event. The victims' deletion wakes the pod, whose next reserve
 lands on the held room and binds as any other.
 
-A PDB's ``429`` or any other failure cancels the plan and clears the nomination, so the room goes
-back and no further victim is evicted for nothing; the pod is tried again on the next event. A plan
+A plan is refused whole, before anything is evicted, when a victim's eviction would exceed a
+PodDisruptionBudget: when the RM says so (``violatedBudgets``), or when a dry run of every
+eviction (``dryRun=All``, which checks the budgets and changes nothing) is answered ``429``. Evicting
+the first victims and meeting the ``429`` on a later one would leave them evicted for nothing. The
+preemptor is told why (FailedScheduling, PodScheduled=False), naming the budget.
+
+A PDB's ``429`` on the real eviction (a budget changed since the dry run) or any other failure
+cancels the plan and clears the nomination, so the room goes back and no further victim is evicted
+for nothing; the pod is tried again on the next event. A plan
 is carried out once: the RM answers the same plan while its victims terminate, and this process
 remembers which plans it has already carried out.
+
+No loops (volcano#377): a preemptor whose plan was refused or cancelled backs off, per pod, on
+:data:`PREEMPTION_BACKOFF` (10 s, doubled per failure, at most 5 minutes). Meanwhile its reserves
+ask for no plan (``preemptionPolicy: Never`` to the RM), so no victim is proposed, confirmed or
+marked for it; it may still be placed where room appears by itself, and it is tried again when
+the back-off ends. Its first plan carried out, or its leaving, forgets the back-off.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import json
 import socket
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from bindery.k8s import ApiClient, ApiError, answer_of, patch, resources
+from bindery.backoff import Backoff, BackoffPolicy
+from bindery.k8s import ApiClient, ApiError, answer_of, list_pages, patch, resources
 from bindery.k8s.api import STRATEGIC_PATCH
 from bindery.kube.events import event_body
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
-from bindery.rm.models import PreemptionPlan
+from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim
 from bindery.scheduling.podspec import PodInfo
-from bindery.scheduling.preemption import disruption_condition, preempted_note, vet
+from bindery.scheduling.preemption import disruption_condition, pod_group, preempted_note, vet
 from bindery.typedefs import Logger
 
 __all__ = ["PlanClient", "Preemptions"]
 
 #: Plans remembered as carried out (per runner); the oldest are forgotten past this.
 REMEMBERED_PLANS = 10_000
+#: After a plan refused or cancelled, how long the preemptor waits before it may preempt again:
+#: longer than the queue's (kube-scheduler's 1 s to 10 s), since each try may mark and evict pods.
+PREEMPTION_BACKOFF = BackoffPolicy(initial=10.0, maximum=300.0)
+#: Preemptors backing off, remembered at most (the oldest are forgotten past this).
+REMEMBERED_BACKOFFS = 10_000
 _TIMEOUT = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resumed:
+    gone: tuple[PreemptionVictim, ...] = ()
+    terminating: tuple[PreemptionVictim, ...] = ()
+
+
+def _resumed(plan: PreemptionPlan, current: dict[str, dict[str, Any] | None]) -> _Resumed:
+    """The victims a plan already confirmed has dealt with: this process (restarted after a
+    SIGKILL, or a new leader) meets the plan again in the RM's answer while its victims terminate.
+    Gone victims of a confirmed plan (deleted, or recreated under the same name by a StatefulSet)
+    were evicted, not moved: the RM holds their room for this pod.
+    A victim with a deletionTimestamp is never evicted again, whoever deleted it: a second eviction
+    would post a second ``Preempted`` event (kube-scheduler, likewise, does not preempt again while
+    a lower-priority pod terminates on the nominated node)."""
+    gone: list[PreemptionVictim] = []
+    terminating: list[PreemptionVictim] = []
+    for victim in plan.victims:
+        body = current.get(f"{victim.pod.namespace}/{victim.pod.name}")
+        if body is None or (body.get("metadata") or {}).get("uid") != victim.pod.uid:
+            if plan.state is PlanState.CONFIRMED:  # deleted, or recreated by its controller
+                gone.append(victim)
+        elif (body.get("metadata") or {}).get("deletionTimestamp"):
+            terminating.append(victim)
+    return _Resumed(gone=tuple(gone), terminating=tuple(terminating))
 
 
 class PlanClient(Protocol):
@@ -58,6 +105,7 @@ class Preemptions:
         logger: Logger,
         count: Callable[[str], None] = lambda outcome: None,
         hostname: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``count``: called with each outcome, for ``bindery_preemptions_total``."""
         self._count = count
@@ -66,6 +114,12 @@ class Preemptions:
         self._logger = logger
         self._hostname = hostname or socket.gethostname()
         self._carried: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._clock = clock
+        #: Preemptors whose last plan failed: their back-off and when they may preempt again.
+        self._backoffs: collections.OrderedDict[str, tuple[Backoff, float]] = collections.OrderedDict()
+        #: Tells the preemptor why its plan was not carried out (FailedScheduling, PodScheduled=False);
+        #: set by the attempts, which own the pod's reporting.
+        self.report: Callable[[PodInfo, str], Awaitable[None]] | None = None
 
     async def carry_out(self, pod: PodInfo, plan: PreemptionPlan) -> bool:
         """Vet, confirm, nominate, evict; True when every victim was evicted (or already gone)."""
@@ -82,10 +136,41 @@ class Preemptions:
         except ApiError as error:
             await self._give_up(pod, plan, f"could not read the victims: {error}", nominated=False)
             return False
-        refusal = vet(plan, preemptor=pod, victims=current)
+        resumed = _resumed(plan, current)
+        try:
+            members = await self._group_members(current)
+        except ApiError as error:
+            await self._give_up(
+                pod, plan, f"could not read the victims' pod groups: {error}", nominated=False
+            )
+            return False
+        refusal = vet(
+            plan.model_copy(update={"victims": [v for v in plan.victims if v not in resumed.gone]}),
+            preemptor=pod,
+            victims=current,
+            group_members=members,
+        )
+        if refusal is None:
+            try:
+                # Only the victims still to evict: a gone one answers 404, a terminating one was
+                # already admitted by its budget.
+                refusal = await self._dry_run(
+                    plan.model_copy(
+                        update={
+                            "victims": [
+                                v
+                                for v in plan.victims
+                                if v not in resumed.gone and v not in resumed.terminating
+                            ]
+                        }
+                    )
+                )
+            except ApiError as error:
+                await self._give_up(pod, plan, f"could not check the evictions: {error}", nominated=False)
+                return False
         if refusal is not None:
             self._count("refused")
-            await self._give_up(pod, plan, refusal, nominated=False)
+            await self._give_up(pod, plan, refusal, nominated=plan.state is PlanState.CONFIRMED)
             return False
         try:
             await self._rm.confirm_preemption(plan.plan_id)
@@ -94,11 +179,22 @@ class Preemptions:
             return False
         self._remember(plan.plan_id)
         self._count("confirmed")
-        victims = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in plan.victims)
-        self._logger.info(f"preempting {victims} on node {plan.node} for pod {pod.key} (plan {plan.plan_id})")
+        evicted = 0
+        evict = [v for v in plan.victims if v not in resumed.gone and v not in resumed.terminating]
+        if resumed.gone or resumed.terminating:
+            done = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in (*resumed.gone, *resumed.terminating))
+            self._logger.info(
+                f"taking up confirmed plan {plan.plan_id} for pod {pod.key} on node {plan.node}: "
+                f"{done} already evicted or terminating"
+            )
+        if evict:
+            victims = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in evict)
+            self._logger.info(
+                f"preempting {victims} on node {plan.node} for pod {pod.key} (plan {plan.plan_id})"
+            )
         try:
             await self._nominate(pod, plan.node)
-            for victim in plan.victims:
+            for victim in evict:
                 if not await self._evict(pod, plan, victim.pod.namespace, victim.pod.name, victim.pod.uid):
                     await self._give_up(
                         pod,
@@ -106,21 +202,104 @@ class Preemptions:
                         f"the eviction of {victim.pod.namespace}/{victim.pod.name} was refused by a "
                         "PodDisruptionBudget",
                         nominated=True,
+                        evicted=evicted,
                     )
                     return False
+                evicted += 1
         except ApiError as error:
-            await self._give_up(pod, plan, f"the apiserver failed: {error}", nominated=True)
+            await self._give_up(pod, plan, f"the apiserver failed: {error}", nominated=True, evicted=evicted)
             return False
+        self._backoffs.pop(pod.uid, None)
         return True
+
+    def paused(self, uid: str) -> float:
+        """Seconds until the pod may preempt again (0 when it may now)."""
+        entry = self._backoffs.get(uid)
+        return max(entry[1] - self._clock(), 0.0) if entry is not None else 0.0
+
+    def forget(self, uid: str) -> None:
+        """The pod was bound or left: its back-off ends with it."""
+        self._backoffs.pop(uid, None)
+
+    def _back_off(self, uid: str) -> float:
+        backoff = self._backoffs.pop(uid, (Backoff(PREEMPTION_BACKOFF), 0.0))[0]
+        delay = backoff.next()
+        self._backoffs[uid] = (backoff, self._clock() + delay)
+        while len(self._backoffs) > REMEMBERED_BACKOFFS:
+            self._backoffs.popitem(last=False)
+        return delay
 
     def _remember(self, plan_id: str) -> None:
         self._carried[plan_id] = None
         while len(self._carried) > REMEMBERED_PLANS:
             self._carried.popitem(last=False)
 
-    async def _give_up(self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool) -> None:
+    async def _group_members(self, current: dict[str, dict[str, Any] | None]) -> dict[str, set[str]]:
+        """For each pod group a victim belongs to, the UIDs of its members bound now and not
+        terminating (one LIST of the bound pods of each namespace concerned; plans without a
+        group member read nothing)."""
+        groups = {group for body in current.values() if body is not None and (group := pod_group(body))}
+        members: dict[str, set[str]] = {group: set() for group in groups}
+        for namespace in sorted({group.split("/", 1)[0] for group in groups}):
+            async for page in list_pages(
+                self._api,
+                resources.PODS,
+                namespace=namespace,
+                field_selector="spec.nodeName!=",
+                request_timeout=_TIMEOUT,
+            ):
+                for body in page.get("items") or ():
+                    group = pod_group(body)
+                    terminal = (body.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+                    leaving = (body.get("metadata") or {}).get("deletionTimestamp")
+                    if group in members and not terminal and not leaving:
+                        members[group].add(str(body["metadata"]["uid"]))
+        return members
+
+    async def _dry_run(self, plan: PreemptionPlan) -> str | None:
+        """Why the Eviction API would refuse one of the victims (a PodDisruptionBudget the RM did not
+        know, or one that changed since), or None. Each victim alone: two victims under one budget
+        allowing one disruption both pass here, and the second is refused on the real eviction."""
+        for victim in plan.victims:
+            namespace, name = victim.pod.namespace, victim.pod.name
+            status, payload = await answer_of(
+                self._api,
+                "POST",
+                resources.PODS.path(namespace=namespace, name=name, subresource="eviction"),
+                query={"dryRun": "All"},
+                body=_eviction(namespace, name, victim.pod.uid),
+                request_timeout=_TIMEOUT,
+                what=f"checking the eviction of {namespace}/{name}",
+            )
+            if status == 429:
+                return f"evicting victim {namespace}/{name} on node {plan.node} is refused: {_why(payload)}"
+            if status >= 300 and status not in (404, 409):  # gone or recreated: the real eviction says
+                raise ApiError(
+                    payload.decode(errors="replace")[:500],
+                    status=status,
+                    what=f"checking the eviction of {namespace}/{name}",
+                )
+        return None
+
+    async def _give_up(
+        self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool, evicted: int = 0
+    ) -> None:
         """Cancel the plan (the room goes back) and clear the nomination; the pod waits for an event."""
-        self._logger.warning(f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled")
+        delay = self._back_off(pod.uid)
+        self._logger.warning(
+            f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled, no new plan "
+            f"for {delay:g} s"
+        )
+        if self.report is not None:
+            done = f"{evicted} victim(s) already evicted for it" if evicted else "nothing was evicted for it"
+            try:
+                await self.report(
+                    pod,
+                    f"Preemption on node {plan.node} is not possible: {why}; {done}. Preemption is tried "
+                    f"again in {delay:g} s at the earliest.",
+                )
+            except Exception as error:  # reporting is best effort
+                self._logger.warning(f"could not tell pod {pod.key} why it preempts nothing: {error}")
         self._carried.pop(plan.plan_id, None)
         self._count("cancelled")
         try:
@@ -164,17 +343,11 @@ class Preemptions:
                 return True
             raise
         path = resources.PODS.path(namespace=namespace, name=name, subresource="eviction")
-        eviction = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-            "deleteOptions": {"preconditions": {"uid": uid}},
-        }
         status, payload = await answer_of(
             self._api,
             "POST",
             path,
-            body=eviction,
+            body=_eviction(namespace, name, uid),
             request_timeout=_TIMEOUT,
             what=f"evicting {namespace}/{name}",
         )
@@ -238,3 +411,27 @@ class Preemptions:
                 f"Preempted event of {namespace}/{name} not written (HTTP {status}): "
                 f"{json.dumps(payload.decode(errors='replace')[:200])}"
             )
+
+
+def _eviction(namespace: str, name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": {"preconditions": {"uid": uid}},
+    }
+
+
+def _why(payload: bytes) -> str:
+    """The budget's own words from a 429 Status (``details.causes``: "The disruption budget X needs
+    4 healthy pods and has 4 currently"), else its message."""
+    try:
+        status = json.loads(payload)
+    except ValueError:
+        return payload.decode(errors="replace")[:300]
+    causes = [
+        str(cause["message"])
+        for cause in (status.get("details") or {}).get("causes") or ()
+        if cause.get("message")
+    ]
+    return "; ".join(causes) or str(status.get("message") or "HTTP 429")[:300]

@@ -62,6 +62,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from bindery.controller.metrics import Metrics
+from bindery.controller.revocation import RevocationReport, Revocations
 from bindery.controller.watches.bound import TERMINAL_PHASES, list_bound_pods
 from bindery.k8s import ApiClient
 from bindery.kube.events import KubeEventSink
@@ -70,6 +71,7 @@ from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation, ReservationState
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.revocation import OnRevoked
 from bindery.typedefs import Logger
 
 #: Pods warned about a missing reservation (so each gets one event), and unscoped reservations whose
@@ -236,6 +238,8 @@ class ReconcilingRM(Protocol):
         self, *, scheduler_name: str | None = None, state: str | None = None
     ) -> list[Reservation]: ...
 
+    async def list_revoked_reservations(self, *, scheduler_name: str | None = None) -> list[Reservation]: ...
+
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation: ...
 
     async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None: ...
@@ -251,6 +255,8 @@ class ReconcileReport:
     failed: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()  # namespace/name of pods warned about in this pass
     kept: int = 0  # active reservations left alone (pending pod, or committed to its running pod)
+    evicted: tuple[str, ...] = ()  # namespace/name of pods evicted because the RM revoked theirs
+    revoked: tuple[str, ...] = ()  # revoked reservation ids acted on and acknowledged
 
     @property
     def actions(self) -> dict[str, Settle]:
@@ -290,6 +296,7 @@ class Reconciler:
         warn_missing: bool = True,
         hostname: str | None = None,
         events: KubeEventSink | None = None,
+        on_revoked: Callable[[], OnRevoked] = lambda: OnRevoked.EVICT,
     ) -> None:
         self.resource_manager = resource_manager
         self.passes = 0  # finished passes (successful or not): tests wait on it
@@ -308,6 +315,14 @@ class Reconciler:
         #: ids of unscoped reservations whose pod an earlier pass found here (see unscoped_action)
         self._seen_here: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = asyncio.Lock()
+        self._revocations = Revocations(
+            resource_manager=resource_manager,
+            api=api,
+            logger=logger,
+            policy=on_revoked,
+            events=self._events,
+            metrics=self._metrics,
+        )
 
     async def run_once(self, *, reason: str) -> ReconcileReport:
         """One pass; `reason` (start, leadership, relist, periodic, ...) is logged with it.
@@ -330,11 +345,12 @@ class Reconciler:
             finally:
                 self.passes += 1
         self._metrics.reconcile_pass(resource_manager=self.resource_manager, outcome="ok")
-        if report.committed or report.released or report.failed or report.missing:
+        if report.committed or report.released or report.failed or report.missing or report.revoked:
             self._logger.info(
                 f"reconcile pass of ResourceManager {self.resource_manager!r} ({reason}): "
                 f"{len(report.committed)} committed, {len(report.released)} released, "
                 f"{len(report.failed)} failed, {len(report.missing)} pods without a reservation, "
+                f"{len(report.revoked)} revoked ({len(report.evicted)} pods evicted), "
                 f"{report.kept} left alone"
             )
         return report
@@ -390,11 +406,14 @@ class Reconciler:
             await self._settle(rm, reservation, action, pod, reason=reason, done=done, extra=extra)
             if reservation.id in done.released:
                 self._seen_here.pop(reservation.id, None)
+        revoked = await self._revoked(rm, names, pods)
         if done.released:
             self._metrics.release(
                 resource_manager=self.resource_manager, reason="reconcile", count=len(done.released)
             )
             self._on_released()
+        for uid in revoked.warned:  # told Revoked already: no ReservationMissing on top
+            self._remember(self._warned, uid)
         missing = await self._report_missing(
             served_pods=served_pods.values(),
             active_pod_uids={r.pod_uid for r in (*reservations, *unscoped)},
@@ -407,7 +426,23 @@ class Reconciler:
             failed=tuple(done.failed),
             missing=tuple(missing),
             kept=done.kept,
+            evicted=revoked.evicted,
+            revoked=revoked.acknowledged,
         )
+
+    async def _revoked(
+        self, rm: ReconcilingRM, names: Collection[str], pods: Mapping[str, Mapping[str, Any]]
+    ) -> RevocationReport:
+        """The revoked reservations of `names` (an RM without the feature has none): act, acknowledge."""
+        revoked = [
+            reservation
+            for name in sorted(names)
+            for reservation in await rm.list_revoked_reservations(scheduler_name=name)
+            if in_scope(reservation=reservation, namespaces=self._namespaces)
+        ]
+        if not revoked:
+            return RevocationReport()
+        return await self._revocations.handle(rm, revoked, pods=pods, read=self._read)
 
     async def _settle(
         self,

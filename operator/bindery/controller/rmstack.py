@@ -144,6 +144,12 @@ class RMStack:
             lambda: client.list_unscoped_reservations(scheduler_name=scheduler_name, state=state),
         )
 
+    async def list_revoked_reservations(self, *, scheduler_name: str | None = None) -> list[Reservation]:
+        client = self._client
+        return await self._measured.measure(
+            "list", lambda: client.list_revoked_reservations(scheduler_name=scheduler_name)
+        )
+
     # -- groups (contract v1.1) and readiness -----------------------------------------------------
 
     async def reserve_group(self, request: ReservationGroupRequest, /) -> ReservationGroup:

@@ -522,6 +522,7 @@ class Runtime:
             on_released=lambda: self.pending.retry_parked("a reservation was released", event="released"),
             on_reported_unbound=runner.report_bound,
             events=self._events,  # counted with the operator's other writes
+            on_revoked=lambda: runner.config.on_revoked,
         )
 
     def _fenced_binder(self, binder: KubeBinder) -> FencedBinder:

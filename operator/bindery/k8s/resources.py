@@ -26,6 +26,7 @@ __all__ = [
     "NODES",
     "PODGROUPS",
     "PODS",
+    "POD_DISRUPTION_BUDGETS",
     "POD_PAGE_SIZE",
     "PVCS",
     "PVS",
@@ -98,6 +99,7 @@ CSI_NODES = Resource("storage.k8s.io", "v1", "csinodes", False, "CSINode")
 DAEMON_SETS = Resource("apps", "v1", "daemonsets", True, "DaemonSet")
 DEPLOYMENTS = Resource("apps", "v1", "deployments", True, "Deployment")
 JOBS = Resource("batch", "v1", "jobs", True, "Job")
+POD_DISRUPTION_BUDGETS = Resource("policy", "v1", "poddisruptionbudgets", True, "PodDisruptionBudget")
 CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", False, "ClusterRole")
 CLUSTER_ROLE_BINDINGS = Resource(
     "rbac.authorization.k8s.io", "v1", "clusterrolebindings", False, "ClusterRoleBinding"

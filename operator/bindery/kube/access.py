@@ -14,11 +14,12 @@ ten seconds, not per request, and a flood of made-up tokens cannot grow memory. 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bindery.k8s import ApiClient, ApiError, request
@@ -51,11 +52,38 @@ class _User:
 
 
 class _TTLCache:
-    """A bounded table of answers, each valid for `ttl` seconds (the oldest entry is dropped first)."""
+    """A bounded table of answers, each valid for `ttl` seconds (the oldest entry is dropped first).
+
+    `answer` asks at most once per key at a time: callers that arrive while the first one waits for
+    the apiserver share its answer (or its error, which is not kept), so twenty parallel requests
+    with a new token cost one review, not twenty."""
 
     def __init__(self, *, ttl: float, size: int, clock: Callable[[], float]) -> None:
         self._ttl, self._size, self._clock = ttl, size, clock
         self._entries: collections.OrderedDict[Any, tuple[float, Any]] = collections.OrderedDict()
+        self._asking: dict[Any, asyncio.Future[Any]] = {}
+
+    async def answer(self, key: Any, ask: Callable[[], Awaitable[Any]]) -> Any:
+        known, value = self.get(key)
+        if known:
+            return value
+        pending = self._asking.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._asking[key] = future
+        try:
+            value = await ask()
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved here: a failure nobody else awaited is not logged as lost
+            raise
+        else:
+            self.put(key, value)
+            future.set_result(value)
+            return value
+        finally:
+            del self._asking[key]
 
     def get(self, key: Any) -> tuple[bool, Any]:
         entry = self._entries.get(key)
@@ -130,13 +158,10 @@ class AccessReviewer:
         if api is None:
             return Decision(503, "the operator is starting and cannot check tokens yet: try again shortly")
         key = hashlib.sha256(token.encode()).hexdigest()  # never keep the token itself
-        known, user = self._users.get(key)
-        if not known:
-            try:
-                user = await self._authenticate(api, token)
-            except ApiError as exc:
-                return Decision(503, _review_failed("TokenReview", "tokenreviews.authentication.k8s.io", exc))
-            self._users.put(key, user)
+        try:
+            user = await self._users.answer(key, lambda: self._authenticate(api, token))
+        except ApiError as exc:
+            return Decision(503, _review_failed("TokenReview", "tokenreviews.authentication.k8s.io", exc))
         if user is None:
             return Decision(
                 401,
@@ -145,16 +170,15 @@ class AccessReviewer:
             )
         assert isinstance(user, _User)
         verdict_key = (user, path, verb)
-        known, verdict = self._verdicts.get(verdict_key)
-        if not known:
-            try:
-                verdict = await self._authorize(api, user, path=path, verb=verb)
-            except ApiError as exc:
-                return Decision(
-                    503,
-                    _review_failed("SubjectAccessReview", "subjectaccessreviews.authorization.k8s.io", exc),
-                )
-            self._verdicts.put(verdict_key, verdict)
+        try:
+            verdict = await self._verdicts.answer(
+                verdict_key, lambda: self._authorize(api, user, path=path, verb=verb)
+            )
+        except ApiError as exc:
+            return Decision(
+                503,
+                _review_failed("SubjectAccessReview", "subjectaccessreviews.authorization.k8s.io", exc),
+            )
         allowed, reason = verdict
         if not allowed:
             return Decision(

@@ -61,6 +61,11 @@ class BoundPod:
     usage: Mapping[str, Decimal]  # effective requests plus one ``pods`` slot
     reservation_id: str | None = None
     priority: int = 0  # spec.priority: what preemption (contract v1.2) compares
+    #: metadata.labels, sorted: what a PodDisruptionBudget's selector matches when choosing victims.
+    labels: tuple[tuple[str, str], ...] = ()
+    #: ``namespace/podGroupName`` of a pod group member (``spec.schedulingGroup``): preemption
+    #: evicts a group whole or not at all.
+    group: str | None = None
 
 
 def bound_pod(obj: Mapping[str, Any]) -> BoundPod | None:
@@ -90,6 +95,10 @@ def bound_pod(obj: Mapping[str, Any]) -> BoundPod | None:
         usage=usage,
         reservation_id=str(claim) if claim else None,
         priority=int(spec.get("priority") or 0),
+        labels=tuple(sorted((str(k), str(v)) for k, v in (metadata.get("labels") or {}).items())),
+        group=f"{metadata.get('namespace', '')}/{group}"
+        if (group := (spec.get("schedulingGroup") or {}).get("podGroupName"))
+        else None,
     )
 
 

@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mirror-nodes",
         action="store_true",
         help="mirror the cluster's Node objects, and count every pod bound to them (needs get/list/watch "
-        "on nodes and pods)",
+        "on nodes and pods; list/watch on policy poddisruptionbudgets lets preemption spare protected pods)",
     )
     serve.add_argument(
         "--node-selector", default="", help="label selector of the nodes to mirror, e.g. pool=gpu"
@@ -185,7 +185,27 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve contract v1.2 without the preemption feature: no plans, preemptionPolicy refused (400)",
     )
+    serve.add_argument(
+        "--admin-token-file",
+        type=pathlib.Path,
+        help="enable the operator's path POST /admin/v1/reservations/{id}/revoke (bindery rm revoke), "
+        "guarded by the token in this file (not the callers' token)",
+    )
     serve.add_argument("--log-level", default="INFO")
+    revoke = commands.add_parser(
+        "revoke",
+        help="take a reservation back, as a batch system cancelling a job would (contract v1.2 revocation)",
+    )
+    revoke.add_argument("--url", required=True, help="the RM's base URL, e.g. https://rm:8443")
+    revoke.add_argument(
+        "--admin-token-file",
+        type=pathlib.Path,
+        required=True,
+        help="the file given to serve --admin-token-file",
+    )
+    revoke.add_argument("--ca-file", help="CA bundle to verify the RM's certificate")
+    revoke.add_argument("--reason", required=True, help="why: shown to the caller and in the pod's event")
+    revoke.add_argument("id", help="the reservation id")
     return parser
 
 
@@ -251,11 +271,16 @@ async def _serve(args: argparse.Namespace) -> None:
                 max_released_rows=args.max_released_rows,
                 cluster_ids=not args.no_cluster_id,
                 preemption=not args.no_preemption,
+                admin_token=(
+                    args.admin_token_file.read_text(encoding="utf-8").strip()
+                    if args.admin_token_file is not None
+                    else None
+                ),
             )
         )
         if args.mirror_nodes:
             from bindery.k8s.api import client_from
-            from bindery.reference_rm.mirror import MirrorGate, NodeMirror, PodMirror
+            from bindery.reference_rm.mirror import BudgetMirror, MirrorGate, NodeMirror, PodMirror
 
             kubeconfig = str(args.kubeconfig) if args.kubeconfig is not None else None
             api = await stack.enter_async_context(await client_from(kubeconfig=kubeconfig))
@@ -274,6 +299,12 @@ async def _serve(args: argparse.Namespace) -> None:
                 stack.callback(task.cancel)
                 # A mirror failing for too long leaves the RM placing on a stale snapshot: unready.
                 server.rm.add_readiness_check(mirror.health.stale_reason)
+            # PodDisruptionBudgets only steer preemption's choice of victims: no readiness check.
+            budgets = asyncio.create_task(
+                BudgetMirror(api=api, on_change=server.rm.set_budgets, stale_after=stale).run(),
+                name="budget-mirror",
+            )
+            stack.callback(budgets.cancel)
         print(f"{BANNER}{server.url}", flush=True)
         await stop.wait()
 
@@ -291,6 +322,30 @@ _REPORTED: tuple[type[Exception], ...] = (
 )
 
 
+def revoke_reservation(args: argparse.Namespace) -> int:
+    """``bindery rm revoke``: 0 revoked (the reservation printed), 1 refused (the RM's problem
+    printed), 2 the RM could not be reached."""
+    import httpx
+
+    token = args.admin_token_file.read_text(encoding="utf-8").strip()
+    try:
+        response = httpx.post(
+            f"{args.url.rstrip('/')}/admin/v1/reservations/{args.id}/revoke",
+            json={"reason": args.reason},
+            headers={"Authorization": f"Bearer {token}"},
+            verify=args.ca_file or True,
+            timeout=10.0,
+        )
+    except httpx.HTTPError as error:
+        print(f"bindery rm revoke: could not reach the RM at {args.url}: {error}", file=sys.stderr)
+        return 2
+    if response.status_code != 200:
+        print(f"bindery rm revoke: HTTP {response.status_code}: {response.text}", file=sys.stderr)
+        return 1
+    print(response.text)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status.
 
@@ -299,6 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``["--help"]`` and must print the serve options, not the one-line list of sub-commands.
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["revoke"]:
+        return revoke_reservation(build_parser().parse_args(arguments))
     if arguments[:1] != ["serve"]:
         arguments.insert(0, "serve")
     args = build_parser().parse_args(arguments)

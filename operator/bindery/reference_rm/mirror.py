@@ -44,8 +44,9 @@ from bindery.podresources import PodResourcesError
 from bindery.reference_rm.accounting import BoundPod, ClusterPods, bound_pod
 from bindery.reference_rm.inventory import node_from_object
 from bindery.reference_rm.placement import InventoryNode
+from bindery.reference_rm.preemption import Budget, budget_from
 
-__all__ = ["DEFAULT_STALE_AFTER", "MirrorGate", "MirrorHealth", "NodeMirror", "PodMirror"]
+__all__ = ["DEFAULT_STALE_AFTER", "BudgetMirror", "MirrorGate", "MirrorHealth", "NodeMirror", "PodMirror"]
 
 log = logging.getLogger(__name__)
 
@@ -348,6 +349,60 @@ class PodMirror(_ListWatch):
                 self._by_node.pop(node, None)
             self._snapshot = self._snapshot.with_node(node, members.values())
         self._on_change(self._snapshot)
+
+
+class BudgetMirror(_ListWatch):
+    """Keeps ``on_change`` fed with the cluster's PodDisruptionBudgets (policy/v1), slim.
+
+    Preemption alone reads them, to spare protected pods where it can (see
+    :mod:`bindery.reference_rm.preemption`); placement does not. So they do not gate readiness: an
+    RM whose service account may not list them (a chart older than this mirror) places as before,
+    logs which permission it lacks, and chooses victims as if no budget existed.
+    """
+
+    what = "poddisruptionbudget"
+    resource = resources.POD_DISRUPTION_BUDGETS
+
+    def __init__(
+        self,
+        *,
+        api: ApiClient,
+        on_change: Callable[[Sequence[Budget]], None],
+        watch_timeout_seconds: int = 300,
+        max_backoff: float = 10.0,
+        stale_after: float = DEFAULT_STALE_AFTER,
+    ) -> None:
+        super().__init__(
+            api=api,
+            watch_timeout_seconds=watch_timeout_seconds,
+            max_backoff=max_backoff,
+            stale_after=stale_after,
+        )
+        self._on_change = on_change
+        self._budgets: dict[str, Budget] = {}  # by namespace/name
+
+    def _selectors(self) -> dict[str, str]:
+        return {}
+
+    def _listed(self, raw: Mapping[str, Any]) -> Budget:
+        return budget_from(raw)
+
+    def _replace(self, listed: Mapping[str, Any]) -> None:
+        budgets: list[Budget] = list(listed.values())
+        self._budgets = {f"{b.namespace}/{b.name}": b for b in budgets}
+        self._on_change(list(self._budgets.values()))
+
+    def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
+        budget = budget_from(raw)
+        key = f"{budget.namespace}/{budget.name}"
+        if kind == "DELETED":
+            if self._budgets.pop(key, None) is None:
+                return
+        elif self._budgets.get(key) == budget:
+            return
+        else:
+            self._budgets[key] = budget
+        self._on_change(list(self._budgets.values()))
 
 
 class MirrorGate:

@@ -90,7 +90,7 @@ from bindery.rm.models import (
 __all__ = ["SCHEMA_VERSION", "PostgresReservationStore"]
 
 #: The schema version this code writes and reads; one migration per version in ``_MIGRATIONS``.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Created before any migration, idempotently, by whichever replica comes first.
 _BOOTSTRAP = (
     "CREATE TABLE IF NOT EXISTS bindery_schema (id INT PRIMARY KEY, version INT NOT NULL)",
@@ -188,12 +188,17 @@ _MIGRATIONS: dict[int, tuple[str, ...] | Callable[[Conn], None]] = {
     # Per node, how many transactions changed its active reservations: what lets a replica keep
     # the foreign usage it resolved for a node until another replica changes that node (_foreign).
     3: ("CREATE TABLE IF NOT EXISTS node_changes (node TEXT PRIMARY KEY, changes BIGINT NOT NULL)",),
+    # Contract v1.2 revocation: why and when the RM took a reservation back (state revoked).
+    4: (
+        "ALTER TABLE reservations ADD COLUMN IF NOT EXISTS revoked_reason TEXT",
+        "ALTER TABLE reservations ADD COLUMN IF NOT EXISTS revoked_at DOUBLE PRECISION",
+    ),
 }
 _PROBE_BYTES = 64 * 1024
 _ACTIVE = [ReservationState.RESERVED.value, ReservationState.COMMITTED.value]
 _COLUMNS = (
     "seq, id, idempotency_key, fingerprint, pod_uid, namespace, name, scheduler_name, node, resources, "
-    "state, created_at, expires_at, group_id, cluster_id"
+    "state, created_at, expires_at, group_id, cluster_id, revoked_reason, revoked_at"
 )
 _GROUP_ROW = (
     "id, idempotency_key, fingerprint, namespace, name, uid, scheduler_name, topology_value, created_at"
@@ -618,6 +623,13 @@ class PostgresReservationStore:
         self, conn: Conn, now: float, usage: Usage | None, reservation_id: str, pod_uid: str | None
     ) -> ReleaseOutcome:
         current = self._get(conn, reservation_id, lock=True)
+        if current is not None and current.state is ReservationState.REVOKED:
+            if pod_uid is None or pod_uid == current.pod_uid:  # acknowledged: no longer listed as revoked
+                conn.execute(
+                    "UPDATE reservations SET state = %s, updated_at = %s WHERE id = %s",
+                    (ReservationState.RELEASED.value, now, reservation_id),
+                )
+            return None
         if current is None or not current.state.active:
             return None
         if (mismatch := _mismatch(current, pod_uid)) is not None:
@@ -631,6 +643,26 @@ class PostgresReservationStore:
         self._count(current.node, current.usage(), -1)
         self._ended_since_gc += 1
         return current
+
+    def revoke(self, reservation_id: str, *, reason: str) -> StoredReservation | NotFound | NotActive:
+        """As :meth:`ReservationStore.revoke`: the capacity returns at once, the row reads revoked."""
+        with self._tx() as (conn, now):
+            current = self._get(conn, reservation_id, lock=True)
+            if current is None:
+                return NotFound()
+            if current.state is ReservationState.REVOKED:
+                return current
+            if not current.state.active:
+                return NotActive(current)
+            row = conn.execute(
+                "UPDATE reservations SET state = %s, expires_at = NULL, updated_at = %s, "
+                f"revoked_reason = %s, revoked_at = %s WHERE id = %s RETURNING {_COLUMNS}",
+                (ReservationState.REVOKED.value, now, reason, now, reservation_id),
+            ).fetchone()
+            assert row is not None
+            self._count(current.node, current.usage(), -1)
+            self._ended_since_gc += 1
+            return StoredReservation.from_row(row)
 
     def renew(
         self, reservation_id: str, *, pod_uid: str, ttl_seconds: int
@@ -686,7 +718,7 @@ class PostgresReservationStore:
         self,
         *,
         scheduler_name: str | None = None,
-        state: ReservationState | None = None,
+        state: ReservationState | tuple[ReservationState, ...] | None = None,
         pod_uid: str | None = None,
         group_id: str | None = None,
         cluster_id: str | None = None,
@@ -696,6 +728,10 @@ class PostgresReservationStore:
         """One page in creation order, and the sequence number to continue after (None at the end)."""
         clauses: list[str] = ["seq > %s"]
         args: list[object] = [after]
+        if isinstance(state, tuple):
+            clauses.append("state = ANY(%s)")
+            args.append([s.value for s in state])
+            state = None
         filters = (
             ("scheduler_name", scheduler_name),
             ("state", None if state is None else ReservationState(state).value),

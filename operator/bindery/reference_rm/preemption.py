@@ -9,9 +9,16 @@ left (kubernetes/kubernetes#72124).
 
 The candidates are the bound pods the pod mirror sees (``--mirror-nodes``), whoever placed them:
 Bindery's pods and those of kube-scheduler alike, as kube-scheduler counts every pod. Without the
-mirror the RM does not know its pods' priorities and proposes nothing. Not done yet: PodDisruption-
-Budgets (the caller's eviction is refused with 429 and it cancels the plan) and pod groups (a
-gang's members are not kept together as victims).
+mirror the RM does not know its pods' priorities and proposes nothing.
+
+PodDisruptionBudgets, which the mirror also follows, are respected as kube-scheduler's
+DefaultPreemption respects them (``SelectVictimsOnNode``, ``pickOneNodeForPreemption``): on each
+node the victims whose eviction a budget would refuse are given back first, and among nodes the
+one with the fewest such victims wins. A plan may still name a protected victim when no node can
+do without one; each such victim carries the budgets it would exceed (``violatedBudgets``), so the
+caller, who evicts through the Eviction API, can refuse the plan before evicting anything. Without
+the mirror the RM knows no budgets and names none. A pod group's members are victims together or
+not at all (see :func:`choose_victims`).
 
 Plans live in the server's memory: an RM restart forgets them, which releases every hold, as if
 each lease had ended; the caller then finds its confirm or reserve answered 404 or Unschedulable
@@ -29,12 +36,14 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from bindery.podrules.model import LabelSelector
+from bindery.podrules.parse import label_selector
 from bindery.quantity import format_quantity
 from bindery.reference_rm.accounting import BoundPod, ClusterPods
 from bindery.reference_rm.placement import InventoryNode, effective_usage, fits, static_failure
 from bindery.rm.models import PlanState
 
-__all__ = ["Candidate", "Plan", "PlanBook", "choose_victims", "without_held"]
+__all__ = ["Budget", "Candidate", "Plan", "PlanBook", "budget_from", "choose_victims", "without_held"]
 
 #: How long a proposed plan waits for its confirm, and a confirmed one holds its room (seconds).
 DEFAULT_LEASE_SECONDS = 60
@@ -45,17 +54,110 @@ def _plus(into: dict[str, Decimal], usage: Mapping[str, Decimal], sign: int = 1)
         into[name] = into.get(name, Decimal(0)) + sign * amount
 
 
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The slim projection of a PodDisruptionBudget (policy/v1) the mirror keeps."""
+
+    namespace: str
+    name: str
+    selector: LabelSelector
+    #: ``status.disruptionsAllowed``: 0 until the disruption controller computed it, as the
+    #: Eviction API reads it.
+    disruptions_allowed: int
+    #: ``status.disruptedPods``: pods whose eviction the controller already counted (by name).
+    disrupted: frozenset[str] = frozenset()
+
+    def covers(self, pod: BoundPod) -> bool:
+        """Upstream's preemption skips a budget whose selector is empty or absent (it selects no pod
+        there) and a pod the budget already counts as disrupted."""
+        namespace, _, name = pod.key.partition("/")
+        if namespace != self.namespace or self.selector.nothing or self.selector.empty:
+            return False
+        return name not in self.disrupted and self.selector.matches(dict(pod.labels))
+
+
+def budget_from(raw: Mapping[str, Any]) -> Budget:
+    """A PodDisruptionBudget (Kubernetes JSON shape) as the mirror keeps it."""
+    metadata = raw.get("metadata") or {}
+    spec = raw.get("spec") or {}
+    status = raw.get("status") or {}
+    return Budget(
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        selector=label_selector(spec.get("selector")),
+        disruptions_allowed=int(status.get("disruptionsAllowed") or 0),
+        disrupted=frozenset(str(name) for name in status.get("disruptedPods") or {}),
+    )
+
+
+def _violations(victims: Sequence[BoundPod], budgets: Sequence[Budget]) -> dict[str, tuple[str, ...]]:
+    """Per victim UID, the budgets its eviction would exceed when ``victims`` are evicted in this
+    order (each eviction spends one of every covering budget's allowed disruptions), as upstream's
+    ``filterPodsWithPDBViolation``; victims no budget refuses are absent."""
+    allowed = [budget.disruptions_allowed for budget in budgets]
+    found: dict[str, tuple[str, ...]] = {}
+    for victim in victims:
+        exceeded = []
+        for index, budget in enumerate(budgets):
+            if budget.covers(victim):
+                allowed[index] -= 1
+                if allowed[index] < 0:
+                    exceeded.append(budget.name)
+        if exceeded:
+            found[victim.uid] = tuple(exceeded)
+    return found
+
+
+def _units(
+    members: Iterable[BoundPod],
+    *,
+    node: str,
+    priority: int,
+    spoken_for: frozenset[str],
+    pods: ClusterPods,
+    groups: dict[str, list[BoundPod]],
+) -> list[tuple[BoundPod, ...]]:
+    """The eviction candidates on ``node``, lowest priority first: single pods, and whole pod groups
+    (see :func:`choose_victims`). ``groups`` caches every group's bound members, built on first use."""
+    units: list[tuple[BoundPod, ...]] = []
+    seen: set[str] = set()
+    for pod in members:
+        if pod.priority >= priority or pod.uid in spoken_for:
+            continue
+        if pod.group is None:
+            units.append((pod,))
+            continue
+        if pod.group in seen:
+            continue
+        seen.add(pod.group)
+        if not groups:
+            for entry in pods.nodes.values():
+                for member in entry.members:
+                    if member.group is not None:
+                        groups.setdefault(member.group, []).append(member)
+        group = groups.get(pod.group, [pod])
+        if all(m.node == node and m.priority < priority and m.uid not in spoken_for for m in group):
+            units.append(tuple(sorted(group, key=lambda m: (m.priority, m.uid))))
+    units.sort(key=lambda unit: (max(m.priority for m in unit), unit[0].uid))
+    return units
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One node where evicting ``victims`` makes room; ordered as kube-scheduler orders them."""
+    """One node where evicting ``victims`` makes room; ordered as kube-scheduler orders them.
+
+    ``violations``: per victim UID, the PodDisruptionBudgets its eviction would exceed.
+    """
 
     node: str
     victims: tuple[BoundPod, ...]
+    violations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
-    def rank(self) -> tuple[int, int, int, str]:
-        """Fewest victims, then the lowest highest victim priority, then the lowest sum, then name."""
+    def rank(self) -> tuple[int, int, int, int, str]:
+        """Fewest victims a budget protects (kube-scheduler's first criterion), then fewest
+        victims, then the lowest highest victim priority, then the lowest sum, then the name."""
         priorities = [victim.priority for victim in self.victims]
-        return (len(priorities), max(priorities), sum(priorities), self.node)
+        return (len(self.violations), len(priorities), max(priorities), sum(priorities), self.node)
 
 
 def choose_victims(
@@ -67,6 +169,7 @@ def choose_victims(
     used_by_node: Mapping[str, Mapping[str, Decimal]],
     pods: ClusterPods,
     spoken_for: frozenset[str] = frozenset(),
+    budgets: Sequence[Budget] = (),
 ) -> Candidate | None:
     """The node and the smallest set of lower-priority pods to evict there so the pod fits, or None.
 
@@ -76,8 +179,19 @@ def choose_victims(
     priorities first. ``used_by_node`` is what the RM counts in use now (its reservations, the pods
     it did not place, the rooms held for other plans); ``spoken_for`` are the pod UIDs that other
     plans already evict (they are not victims twice).
+
+    A pod group's members (``spec.schedulingGroup``) are one candidate: all of them are evicted or
+    none (volcano#4607: gang-blind victims break many jobs). A group is a candidate on a node only
+    when every member bound anywhere is on that node, of lower priority and not spoken for;
+    otherwise none of its members is (a plan frees room on one node, and evicting members elsewhere
+    too is not proposed yet).
+
+    ``budgets``: the PodDisruptionBudgets known. The candidates a budget protects (counted highest
+    priority first, as upstream) are given back before the others, so they are victims only when
+    the pod cannot fit without them.
     """
     best: Candidate | None = None
+    groups: dict[str, list[BoundPod]] = {}  # filled on the first group member met
     for node in nodes:
         if static_failure(node=node, **placement) is not None:
             continue
@@ -88,24 +202,32 @@ def choose_victims(
         used = dict(used_by_node.get(node.name, {}))
         if fits(node, usage, used):
             continue  # room without evicting (held for another plan, or freed since): not a plan
-        lower = sorted(
-            (pod for pod in entry.members if pod.priority < priority and pod.uid not in spoken_for),
-            key=lambda pod: (pod.priority, pod.uid),
+        units = _units(
+            entry.members, node=node.name, priority=priority, spoken_for=spoken_for, pods=pods, groups=groups
         )
-        if not lower:
+        if not units:
             continue
-        for pod in lower:
-            _plus(used, pod.usage, -1)
+        for unit in units:
+            for pod in unit:
+                _plus(used, pod.usage, -1)
         if not fits(node, usage, used):
             continue
-        victims = []
-        for pod in reversed(lower):  # reprieve the highest priorities first
-            _plus(used, pod.usage)
+        highest_first = units[::-1]
+        protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
+        victims: list[BoundPod] = []
+        # Reprieve the protected units first, then the others; highest priorities first in each.
+        for unit in [u for u in highest_first if any(p.uid in protected for p in u)] + [
+            u for u in highest_first if not any(p.uid in protected for p in u)
+        ]:
+            for pod in unit:
+                _plus(used, pod.usage)
             if not fits(node, usage, used):
-                _plus(used, pod.usage, -1)
-                victims.append(pod)
-        victims.reverse()
-        found = Candidate(node=node.name, victims=tuple(victims))
+                for pod in unit:
+                    _plus(used, pod.usage, -1)
+                victims.extend(unit)
+        victims.sort(key=lambda pod: (pod.priority, pod.uid))
+        chosen = _violations(victims[::-1], budgets) if protected else {}
+        found = Candidate(node=node.name, victims=tuple(victims), violations=chosen)
         if best is None or found.rank() < best.rank():
             best = found
     return best
@@ -123,6 +245,8 @@ class Plan:
     lease_seconds: int
     expires_at: float
     state: PlanState = PlanState.PROPOSED
+    #: Per victim UID, the PodDisruptionBudgets its eviction would exceed (``violatedBudgets``).
+    violations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def active(self) -> bool:
@@ -139,6 +263,11 @@ class Plan:
                     "pod": dict(zip(("namespace", "name"), victim.key.split("/", 1), strict=True))
                     | {"uid": victim.uid},
                     "frees": {name: format_quantity(amount) for name, amount in sorted(victim.usage.items())},
+                    **(
+                        {"violatedBudgets": list(self.violations[victim.uid])}
+                        if victim.uid in self.violations
+                        else {}
+                    ),
                 }
                 for victim in self.victims
             ],
@@ -198,6 +327,7 @@ class PlanBook:
         node: InventoryNode,
         requests: Mapping[str, Decimal],
         victims: Iterable[BoundPod],
+        violations: Mapping[str, tuple[str, ...]] | None = None,
     ) -> Plan:
         plan = Plan(
             plan_id=f"pln-{uuid.uuid4().hex}",
@@ -207,6 +337,7 @@ class PlanBook:
             hold=effective_usage(requests, node),
             lease_seconds=self.lease_seconds,
             expires_at=self._clock() + self.lease_seconds,
+            violations=dict(violations or {}),
         )
         self._plans[plan.plan_id] = plan
         return plan

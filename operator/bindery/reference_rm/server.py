@@ -46,6 +46,7 @@ from bindery.reference_rm.accounting import BoundPod, ClusterPods
 from bindery.reference_rm.placement import InventoryNode, Policy
 from bindery.reference_rm.preemption import (
     DEFAULT_LEASE_SECONDS,
+    Budget,
     Plan,
     PlanBook,
     choose_victims,
@@ -67,12 +68,14 @@ from bindery.reference_rm.store import (
     StoredGroup,
     StoredReservation,
     Unschedulable,
+    revocation_shown,
 )
 from bindery.reference_rm.stores import UNREACHABLE, Store, open_store
 from bindery.rm.contract import openapi_text
 from bindery.rm.errors import ProblemType
 from bindery.rm.models import (
     CONTRACT_VERSION,
+    FEATURES_HEADER,
     MAX_BATCH_OPERATIONS,
     BatchOperation,
     ContractInfo,
@@ -113,6 +116,8 @@ _BATCH = "/v1/batch"
 _EXTRA = "Extra inputs are not permitted"
 #: Reservations whose pod and priority are remembered for preemption without the mirror.
 _REMEMBERED_PLACED = 100_000
+#: The operator's paths (reference RM only, not contract v1), guarded by their own token.
+_ADMIN = "/admin/v1"
 _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.yaml", "/openapi.json"})
 _LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "limit", "cursor"})
 _TITLES = {
@@ -388,12 +393,13 @@ def _pod_mismatch(outcome: PodMismatch, what: str) -> Answer:
 
 
 def _not_active(reservation: StoredReservation, what: str) -> Answer:
+    state = reservation.to_model().state.value  # a v1.1 caller reads a revoked one as released
     return Answer.refusal(
         409,
         ProblemType.RESERVATION_NOT_ACTIVE,
-        f"reservation {reservation.id} is {reservation.state.value} and cannot be {what}; reserve again",
+        f"reservation {reservation.id} is {state} and cannot be {what}; reserve again",
         title="Reservation not active",
-        state=reservation.state.value,
+        state=state,
     )
 
 
@@ -489,6 +495,7 @@ class ReferenceRM:
         db_password_file: pathlib.Path | None = None,
         preemption: bool = True,
         plan_lease_seconds: int = DEFAULT_LEASE_SECONDS,
+        admin_token: str | None = None,
     ) -> None:
         """``db_path`` is a SQLite file or a ``postgresql://`` URL
         (:func:`~bindery.reference_rm.stores.open_store`; ``db_password_file`` goes with the URL).
@@ -505,6 +512,9 @@ class ReferenceRM:
         self.batch = batch
         self.cluster_ids = cluster_ids
         self.preemption = preemption and cluster_ids
+        #: The operator's token for ``POST /admin/v1/reservations/{id}/revoke`` (None: no admin path).
+        #: Not the callers' token: whoever schedules pods must not be able to take capacity back.
+        self.admin_token = admin_token
         self._plans = PlanBook(lease_seconds=plan_lease_seconds, clock=clock or time.time)
         #: Without the pod mirror: the pod and priority of each reservation this process placed, the
         #: candidates of a preemption plan (in memory: after a restart, the older ones are none).
@@ -518,6 +528,8 @@ class ReferenceRM:
         )
         # Mirror mode: the pods bound to nodes (reference_rm/accounting.py).
         self._pods: ClusterPods | None = None
+        # Mirror mode: the PodDisruptionBudgets, which preemption spares where it can.
+        self._budgets: tuple[Budget, ...] = ()
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="refrm-store")
         try:
             self._store: Store = self._writer.submit(
@@ -554,6 +566,10 @@ class ReferenceRM:
         :mod:`bindery.reference_rm.accounting`.
         """
         self._pods = pods
+
+    def set_budgets(self, budgets: Sequence[Budget]) -> None:
+        """Swap the PodDisruptionBudgets known (the budget mirror calls this on every change)."""
+        self._budgets = tuple(budgets)
 
     def add_readiness_check(self, check: ReadinessCheck) -> None:
         """``/readyz`` answers 503 with ``check()``'s reason whenever it returns one."""
@@ -621,7 +637,23 @@ class ReferenceRM:
     async def _auth(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        if request.path.startswith(_ADMIN):
+            expected = f"Bearer {self.admin_token}".encode()
+            given = (request.headers.get("Authorization") or "").encode()
+            if self.admin_token is None or not hmac.compare_digest(given, expected):
+                return problem(
+                    401,
+                    ProblemType.UNAUTHORIZED,
+                    "the admin paths take the RM's admin token (bindery rm serve --admin-token-file), "
+                    "not the callers' token",
+                    headers={"WWW-Authenticate": 'Bearer realm="bindery-rm-admin"'},
+                )
+            return await handler(request)
         needs_token = self._tokens is not None and request.path not in _PUBLIC_PATHS
+        if self.cluster_ids:
+            # v1.2 revocation: a caller that names the feature sees state revoked; others see released.
+            asked = request.headers.get(FEATURES_HEADER, "")
+            revocation_shown.set(Feature.REVOCATION.value in {f.strip() for f in asked.split(",")})
         if needs_token and not (self._tokens and self._tokens.accepts(request.headers.get("Authorization"))):
             return problem(
                 401,
@@ -662,6 +694,8 @@ class ReferenceRM:
             app.router.add_post(_BATCH, self._batch)
         else:
             app.router.add_route("*", _BATCH, self._no_batch)
+        if self.admin_token is not None:
+            app.router.add_post(_ADMIN + "/reservations/{id}/revoke", self._revoke)
         app.router.add_get("/healthz", self._healthz, allow_head=False)
         app.router.add_get("/readyz", self._readyz, allow_head=False)
         app.router.add_get("/openapi.yaml", self._openapi_yaml, allow_head=False)
@@ -691,6 +725,7 @@ class ReferenceRM:
         features.append(Feature.TOLERATION_COMPARISONS)
         if self.preemption:
             features.append(Feature.PREEMPTION)
+        features.append(Feature.REVOCATION)
         info = ContractInfo(contract_version=CONTRACT_VERSION, features=frozenset(f.value for f in features))
         return web.json_response(
             {"contractVersion": info.contract_version, "features": sorted(info.features)}
@@ -773,7 +808,15 @@ class ReferenceRM:
             "plan %s for pod %s: evict %s on %s",
             plan.plan_id,
             request.pod.uid,
-            ", ".join(victim.key for victim in plan.victims),
+            ", ".join(
+                victim.key
+                + (
+                    f" (exceeds budget {', '.join(plan.violations[victim.uid])})"
+                    if victim.uid in plan.violations
+                    else ""
+                )
+                for victim in plan.victims
+            ),
             plan.node,
         )
 
@@ -810,11 +853,18 @@ class ReferenceRM:
             used_by_node=used,
             pods=pods,
             spoken_for=self._plans.spoken_for(),
+            budgets=self._budgets,
         )
         if found is None:
             return None
         chosen = next(n for n in self._inventory if n.name == found.node)
-        return self._plans.propose(pod_uid=pod.uid, node=chosen, requests=requests, victims=found.victims)
+        return self._plans.propose(
+            pod_uid=pod.uid,
+            node=chosen,
+            requests=requests,
+            victims=found.victims,
+            violations=found.violations,
+        )
 
     def _remember_placed(self, request: ReservationRequest, reservation: StoredReservation) -> None:
         if self._pods is not None or not self.preemption:
@@ -1136,13 +1186,20 @@ class ReferenceRM:
                 raise ValueError
         except ValueError:
             return problem(400, ProblemType.INVALID_REQUEST, "limit must be an integer from 1 to 500")
-        state: ReservationState | None = None
+        state: ReservationState | tuple[ReservationState, ...] | None = None
         if "state" in query:
+            known = [s for s in ReservationState if self.cluster_ids or s is not ReservationState.REVOKED]
             try:
                 state = ReservationState(query["state"])
+                if state not in known:
+                    raise ValueError
             except ValueError:
-                allowed = ", ".join(s.value for s in ReservationState)
+                allowed = ", ".join(s.value for s in known)
                 return problem(400, ProblemType.INVALID_REQUEST, f"state must be one of {allowed}")
+            if state is ReservationState.REVOKED:
+                revocation_shown.set(True)  # only a caller that knows the state can ask for it
+            elif state is ReservationState.RELEASED and not revocation_shown.get():
+                state = (ReservationState.RELEASED, ReservationState.REVOKED)  # what it reads as released
         after = 0
         if "cursor" in query:
             cursor = query["cursor"]
@@ -1167,6 +1224,38 @@ class ReferenceRM:
             "nextCursor": f"s{next_seq}" if next_seq is not None else None,
         }
         return web.json_response(page)
+
+    async def _revoke(self, request: web.Request) -> web.Response:
+        """``POST /admin/v1/reservations/{id}/revoke`` ``{"reason": "..."}``: an operator takes an
+        active reservation back (not part of the contract: how the reference RM lets a test, or an
+        administrator, cause what a batch system does by itself when it cancels or preempts a job).
+        Answers the reservation as revoked (``200``), ``404`` unknown, ``409`` no longer active."""
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except ValueError:
+            return problem(400, ProblemType.INVALID_REQUEST, "the body is not valid JSON")
+        reason = body.get("reason") if isinstance(body, dict) else None
+        if not isinstance(reason, str) or not 1 <= len(reason) <= 1024 or set(body) != {"reason"}:
+            return problem(
+                400, ProblemType.INVALID_REQUEST, 'send {"reason": "..."}: 1 to 1024 characters saying why'
+            )
+        reservation_id = request.match_info["id"]
+        outcome = await self._run(self._store.revoke, reservation_id, reason=reason)
+        if isinstance(outcome, NotFound):
+            return problem(404, ProblemType.NOT_FOUND, f"no reservation {reservation_id!r}")
+        if isinstance(outcome, NotActive):
+            return _not_active(outcome.reservation, "revoked").response()
+        log.warning(
+            "revoked %s of pod %s/%s (%s) on node %s: %s",
+            outcome.id,
+            outcome.namespace,
+            outcome.name,
+            outcome.pod_uid,
+            outcome.node,
+            reason,
+        )
+        revocation_shown.set(True)
+        return web.json_response(text=outcome.to_model().model_dump_json(by_alias=True))
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -1235,6 +1324,7 @@ async def serve_reference_rm(
     cluster_ids: bool = True,
     db_password_file: pathlib.Path | None = None,
     preemption: bool = True,
+    admin_token: str | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -1263,6 +1353,7 @@ async def serve_reference_rm(
         cluster_ids=cluster_ids,
         db_password_file=db_password_file,
         preemption=preemption,
+        admin_token=admin_token,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()

@@ -38,6 +38,7 @@ deletes them runs every minute and also as soon as a tenth of the cap was ended 
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import pathlib
@@ -87,6 +88,7 @@ __all__ = [
     "StoredGroup",
     "StoredReservation",
     "Unschedulable",
+    "revocation_shown",
 ]
 
 _SCHEMA = """
@@ -149,10 +151,12 @@ FOREIGN_RETRY_SECONDS = 30.0
 DEFAULT_MAX_RELEASED_ROWS = 100_000
 _DIGEST = "sha256:"
 _CLUSTER_COLUMNS = {"cluster_id": "TEXT"}
+#: v1.2 revocation: why and when the RM took a reservation back (state ``revoked``).
+_REVOKED_COLUMNS = {"revoked_reason": "TEXT", "revoked_at": "REAL"}
 _ACTIVE = (ReservationState.RESERVED.value, ReservationState.COMMITTED.value)
 _COLUMNS = (
     "seq, id, idempotency_key, fingerprint, pod_uid, namespace, name, scheduler_name, node, resources, "
-    "state, created_at, expires_at, group_id, cluster_id"
+    "state, created_at, expires_at, group_id, cluster_id, revoked_reason, revoked_at"
 )
 _GROUP_ROW = (
     "id, idempotency_key, fingerprint, namespace, name, uid, scheduler_name, topology_value, created_at"
@@ -176,6 +180,8 @@ class StoredReservation:
     expires_at: float | None
     group_id: str | None = None
     cluster_id: str | None = None  # v1.2: the cluster the reservation was made for
+    revoked_reason: str | None = None  # v1.2 revocation: why the RM took it back
+    revoked_at: float | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[object]) -> StoredReservation:
@@ -195,6 +201,8 @@ class StoredReservation:
             expires,
             group,
             cluster,
+            revoked_reason,
+            revoked_at,
         ) = row
         return cls(
             seq=int(str(seq)),
@@ -212,16 +220,23 @@ class StoredReservation:
             expires_at=None if expires is None else float(str(expires)),
             group_id=None if group is None else str(group),
             cluster_id=None if cluster is None else str(cluster),
+            revoked_reason=None if revoked_reason is None else str(revoked_reason),
+            revoked_at=None if revoked_at is None else float(str(revoked_at)),
         )
 
     def usage(self) -> dict[str, Decimal]:
         return {name: parse_quantity(amount) for name, amount in self.resources.items()}
 
     def to_model(self) -> Reservation:
+        """The contract's view; a revoked reservation reads ``released`` (without its reason) unless
+        the request being answered asked for revocations (:data:`revocation_shown`)."""
+        state, shown = self.state, revocation_shown.get()
+        if self.revoked_at is not None and not shown:
+            state = ReservationState.RELEASED  # acknowledged or not, a v1.1 caller sees it gone
         return Reservation(
             id=self.id,
             node=self.node,
-            state=self.state,
+            state=state,
             expires_at=_timestamp(self.expires_at) if self.state is ReservationState.RESERVED else None,
             pod_uid=self.pod_uid,
             scheduler_name=self.scheduler_name,
@@ -231,7 +246,15 @@ class StoredReservation:
             created_at=_timestamp(self.created_at),
             group_id=self.group_id,
             cluster_id=self.cluster_id,
+            revoked_reason=self.revoked_reason if shown else None,
+            revoked_at=_timestamp(self.revoked_at) if shown else None,
         )
+
+
+#: Whether the answer being built may show state ``revoked`` (contract v1.2 feature ``revocation``):
+#: set per request by the server from the ``Bindery-Features`` header, so every path that returns a
+#: reservation (GET, list, commit, renew, groups, batches) hides it alike from a v1.1 caller.
+revocation_shown: contextvars.ContextVar[bool] = contextvars.ContextVar("revocation_shown", default=False)
 
 
 @dataclass(frozen=True)
@@ -390,7 +413,7 @@ class ReservationStore:
         """Add the v1.1 group and v1.2 cluster columns to a table an older RM created (its rows are
         in no group and of no cluster: listed only when a list names no cluster)."""
         present = {str(row[1]) for row in self._db.execute("PRAGMA table_info(reservations)")}
-        for column, kind in (_GROUP_COLUMNS | _CLUSTER_COLUMNS).items():
+        for column, kind in (_GROUP_COLUMNS | _CLUSTER_COLUMNS | _REVOKED_COLUMNS).items():
             if column not in present:
                 self._db.execute(f"ALTER TABLE reservations ADD COLUMN {column} {kind}")
         self._db.execute(
@@ -641,6 +664,13 @@ class ReservationStore:
         another pod is a mismatch.
         """
         current = self.get(reservation_id)
+        if current is not None and current.state is ReservationState.REVOKED:
+            if pod_uid is None or pod_uid == current.pod_uid:  # acknowledged: no longer listed as revoked
+                self._db.execute(
+                    "UPDATE reservations SET state = ?, updated_at = ? WHERE id = ?",
+                    (ReservationState.RELEASED.value, self._clock(), reservation_id),
+                )
+            return None
         if current is None or not current.state.active:
             return None
         if (mismatch := _mismatch(current, pod_uid)) is not None:
@@ -652,6 +682,31 @@ class ReservationStore:
         subtract_usage(self._usage, current.node, current.usage())
         self._ended_since_gc += 1
         return current
+
+    def revoke(self, reservation_id: str, *, reason: str) -> StoredReservation | NotFound | NotActive:
+        """Take an active reservation back (an administrator's call; contract v1.2 ``revocation``).
+
+        Its capacity returns to the pool at once; it stays listed as ``revoked`` until its caller
+        releases it (the acknowledgement) or the retention ends. Revoking it again answers it
+        unchanged; a released or expired one is ``NotActive``.
+        """
+        self._expire()
+        current = self.get(reservation_id)
+        if current is None:
+            return NotFound()
+        if current.state is ReservationState.REVOKED:
+            return current
+        if not current.state.active:
+            return NotActive(current)
+        now = self._clock()
+        row = self._db.execute(
+            "UPDATE reservations SET state = ?, expires_at = NULL, updated_at = ?, revoked_reason = ?, "
+            f"revoked_at = ? WHERE id = ? RETURNING {_COLUMNS}",
+            (ReservationState.REVOKED.value, now, reason, now, reservation_id),
+        ).fetchone()
+        subtract_usage(self._usage, current.node, current.usage())
+        self._ended_since_gc += 1
+        return StoredReservation.from_row(row)
 
     def renew(
         self, reservation_id: str, *, pod_uid: str, ttl_seconds: int
@@ -729,17 +784,23 @@ class ReservationStore:
         self,
         *,
         scheduler_name: str | None = None,
-        state: ReservationState | None = None,
+        state: ReservationState | tuple[ReservationState, ...] | None = None,
         pod_uid: str | None = None,
         group_id: str | None = None,
         cluster_id: str | None = None,
         after: int = 0,
         limit: int = 100,
     ) -> tuple[list[StoredReservation], int | None]:
-        """One page in creation order, and the sequence number to continue after (None at the end)."""
+        """One page in creation order, and the sequence number to continue after (None at the end).
+
+        ``state`` may name several states (a v1.1 caller's ``released`` also means revoked)."""
         self._expire()
         clauses: list[str] = ["seq > ?"]
         args: list[object] = [after]
+        if isinstance(state, tuple):
+            clauses.append(f"state IN ({', '.join('?' * len(state))})")
+            args.extend(s.value for s in state)
+            state = None
         filters = (
             ("scheduler_name", scheduler_name),
             ("state", state),

@@ -81,6 +81,8 @@ class Store(Protocol):
         self, reservation_id: str, *, pod_uid: str, ttl_seconds: int
     ) -> StoredReservation | NotFound | NotActive | PodMismatch: ...
 
+    def revoke(self, reservation_id: str, *, reason: str) -> StoredReservation | NotFound | NotActive: ...
+
     def batch(
         self,
         operations: Sequence[BatchOperation],
@@ -94,7 +96,7 @@ class Store(Protocol):
         self,
         *,
         scheduler_name: str | None = None,
-        state: ReservationState | None = None,
+        state: ReservationState | tuple[ReservationState, ...] | None = None,
         pod_uid: str | None = None,
         group_id: str | None = None,
         cluster_id: str | None = None,

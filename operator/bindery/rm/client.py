@@ -69,6 +69,7 @@ from bindery.rm.errors import (
     RMUnsupported,
 )
 from bindery.rm.models import (
+    FEATURES_HEADER,
     MAX_BATCH_OPERATIONS,
     BatchOperationResult,
     BatchResult,
@@ -856,6 +857,7 @@ class ResourceManagerClient:
         pod_uid: str | None = None,
         group_id: str | None = None,
         all_clusters: bool = False,
+        features: str | None = None,
     ) -> list[Reservation]:
         """Every matching reservation, following pagination to the end.
 
@@ -876,7 +878,7 @@ class ResourceManagerClient:
         items: list[Reservation] = []
         seen: set[str] = set()
         for _ in range(_MAX_PAGES):
-            answer = await self._call("GET", "/v1/reservations", params=query)
+            answer = await self._call("GET", "/v1/reservations", params=query, features=features)
             if answer.status != 200:
                 error = self._error(answer, "list reservations")
                 if isinstance(error, RMRejected):
@@ -894,6 +896,33 @@ class ResourceManagerClient:
             seen.add(page.next_cursor)
             query["cursor"] = page.next_cursor
         raise RMProtocolError(f"the RM returned more than {_MAX_PAGES} pages of reservations; giving up")
+
+    async def list_revoked_reservations(self, *, scheduler_name: str | None = None) -> list[Reservation]:
+        """The reservations the RM took back and nobody acknowledged yet (contract v1.2 feature
+        ``revocation``), this cluster's and those made without a cluster id; ``[]`` from an RM
+        without the feature (it never revokes, as far as the contract can tell).
+
+        Acknowledge one by releasing it (with its pod's UID) once its pod was dealt with.
+        """
+        if not (await self.contract_info()).offers(Feature.REVOCATION):
+            return []
+        found = await self.list_reservations(
+            scheduler_name=scheduler_name,
+            state=ReservationState.REVOKED.value,
+            features=Feature.REVOCATION.value,
+        )
+        if await self.scoped_cluster() is not None:
+            found += [
+                reservation
+                for reservation in await self.list_reservations(
+                    scheduler_name=scheduler_name,
+                    state=ReservationState.REVOKED.value,
+                    all_clusters=True,
+                    features=Feature.REVOCATION.value,
+                )
+                if reservation.cluster_id is None
+            ]
+        return found
 
     async def list_unscoped_reservations(
         self, *, scheduler_name: str | None = None, state: str | None = None
@@ -1080,6 +1109,7 @@ class ResourceManagerClient:
         params: Mapping[str, str] | None = None,
         authenticated: bool = True,
         started_at: float | None = None,
+        features: str | None = None,
     ) -> _Answer:
         """One logical call with retries; returns the final non-retryable answer.
 
@@ -1109,6 +1139,7 @@ class ResourceManagerClient:
                         params=params,
                         authenticated=authenticated,
                         ends_at=ends_at,
+                        features=features,
                     )
         except _Retryable as final:
             if attempts < self._max_attempts:
@@ -1136,6 +1167,7 @@ class ResourceManagerClient:
         params: Mapping[str, str] | None,
         authenticated: bool,
         ends_at: float,
+        features: str | None = None,
     ) -> _Answer:
         probe = self.breaker.before_call()
         send = functools.partial(
@@ -1146,6 +1178,7 @@ class ResourceManagerClient:
             params=params,
             authenticated=authenticated,
             ends_at=ends_at,
+            features=features,
         )
         try:
             sent = self._tokens.current() if authenticated else None  # what send() puts in the header
@@ -1174,8 +1207,11 @@ class ResourceManagerClient:
         params: Mapping[str, str] | None,
         authenticated: bool,
         ends_at: float,
+        features: str | None = None,
     ) -> _Answer:
         headers: dict[str, str] = {}
+        if features:
+            headers[FEATURES_HEADER] = features  # v1.2: answers the caller reads (revocation)
         token = self._tokens.current() if authenticated else None
         if token:
             headers["Authorization"] = f"Bearer {token}"

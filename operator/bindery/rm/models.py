@@ -36,6 +36,7 @@ from bindery.quantity import QuantityError, format_quantity, parse_nonnegative_q
 
 __all__ = [
     "CONTRACT_VERSION",
+    "FEATURES_HEADER",
     "MAX_BATCH_OPERATIONS",
     "MAX_GROUP_MEMBERS",
     "BatchOperation",
@@ -68,7 +69,7 @@ __all__ = [
 ]
 
 #: The contract version these models implement (``info.version`` of the OpenAPI document).
-CONTRACT_VERSION = "1.2.2"
+CONTRACT_VERSION = "1.2.3"
 #: The most members one reservation group may have (contract v1.1).
 MAX_GROUP_MEMBERS = 1000
 #: The most operations one ``POST /v1/batch`` may carry (contract v1.1).
@@ -133,6 +134,16 @@ class Feature(enum.StrEnum):
     #: v1.2: ``preemptionPolicy`` on reserve, a preemption plan on an Unschedulable answer, and
     #: ``POST /v1/preemptions/{planId}:confirm`` / ``:cancel``.
     PREEMPTION = "preemption"
+    #: v1.2: state ``revoked`` (with ``revokedReason``, ``revokedAt``): the RM took a committed or
+    #: reserved reservation back. Shown only to a request carrying ``Bindery-Features: revocation``
+    #: (:data:`FEATURES_HEADER`); any other caller sees such a reservation as ``released``.
+    REVOCATION = "revocation"
+
+
+#: The request header by which a client names the v1.2 features whose answers it understands
+#: (comma-separated). Only ``revocation`` changes answers today: without it a revoked reservation
+#: reads ``released``, so a v1.1 caller never meets a state it does not know.
+FEATURES_HEADER = "Bindery-Features"
 
 
 class _Request(BaseModel):
@@ -442,6 +453,9 @@ class ReservationState(enum.StrEnum):
     COMMITTED = "committed"
     RELEASED = "released"
     EXPIRED = "expired"
+    #: v1.2 feature ``revocation``: the RM took the capacity back (an administrator, its own
+    #: preemption, a node lost); shown only to callers that asked for it (:data:`FEATURES_HEADER`).
+    REVOKED = "revoked"
 
     @property
     def active(self) -> bool:
@@ -464,6 +478,8 @@ class Reservation(_Response):
     created_at: datetime | None = None
     group_id: str | None = None  # v1.1: the reservation group this one is a member of
     cluster_id: str | None = None  # v1.2: the cluster it was made for (None: made without one)
+    revoked_reason: str | None = None  # v1.2 revocation: why the RM took it back (state revoked)
+    revoked_at: datetime | None = None  # v1.2 revocation: when
 
 
 class ReservationGroup(_Response):
@@ -519,6 +535,10 @@ class PreemptionVictim(_Response):
     reservation_id: str | None = None
     pod: VictimPod
     frees: dict[str, str] = Field(default_factory=dict)
+    #: The PodDisruptionBudgets (in the victim's namespace) its eviction would exceed, as the RM
+    #: last saw them; empty when none or when the RM knows no budgets. The Eviction API would answer
+    #: 429, so a caller refuses such a plan before evicting anything.
+    violated_budgets: list[str] = Field(default_factory=list)
 
 
 class PlanState(enum.StrEnum):

@@ -12,24 +12,40 @@ keep working. The I/O is :mod:`bindery.controller.preemption`.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from bindery.rm.models import PreemptionPlan
 from bindery.scheduling.podspec import PodInfo
 
-__all__ = ["DISRUPTION_TARGET", "disruption_condition", "preempted_note", "vet"]
+__all__ = ["DISRUPTION_TARGET", "disruption_condition", "pod_group", "preempted_note", "vet"]
 
 DISRUPTION_TARGET = "DisruptionTarget"
 REASON_PREEMPTED = "PreemptionByScheduler"
 
 
+def pod_group(body: Mapping[str, Any]) -> str | None:
+    """``namespace/podGroupName`` of a pod group member (``spec.schedulingGroup``), else None."""
+    name = ((body.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+    return f"{(body.get('metadata') or {}).get('namespace', '')}/{name}" if name else None
+
+
 def vet(
-    plan: PreemptionPlan, *, preemptor: PodInfo, victims: Mapping[str, Mapping[str, Any] | None]
+    plan: PreemptionPlan,
+    *,
+    preemptor: PodInfo,
+    victims: Mapping[str, Mapping[str, Any] | None],
+    group_members: Mapping[str, Collection[str]] | None = None,
 ) -> str | None:
     """Why the plan must not be carried out, or None when it may.
 
     ``victims``: each victim's current Pod by ``namespace/name`` (None when it is gone).
+    ``group_members``: for each pod group a victim belongs to, the UIDs of its members bound now
+    and not terminating; a plan that evicts some of them and not the others would break the gang
+    (a gang with one member gone is of no use: its job waits or fails), so it is refused. A plan
+    naming a victim a PodDisruptionBudget protects (``violatedBudgets``, from an RM that follows
+    budgets) is refused whole: Bindery evicts through the Eviction API, which would refuse that
+    victim, and evicting the others first would be evicting them for nothing.
     """
     if preemptor.preemption_policy == "Never":
         return f"pod {preemptor.key} has preemptionPolicy Never"
@@ -50,6 +66,24 @@ def vet(
             return (
                 f"victim {key} has priority {int(spec.get('priority') or 0)}, not lower than "
                 f"{preemptor.key}'s {preemptor.priority}"
+            )
+    planned = {victim.pod.uid for victim in plan.victims}
+    for group, members in sorted((group_members or {}).items()):
+        kept = sorted(set(members) - planned)
+        if kept and set(members) & planned:
+            return (
+                f"the plan evicts part of pod group {group} only ({len(kept)} bound member(s) would stay), "
+                "which would break the gang; a group is evicted whole or not at all"
+            )
+    for victim in plan.victims:
+        # Checked last, after every victim is known to be current: the Eviction API would answer
+        # 429 for this one, possibly after others were evicted for nothing.
+        if victim.violated_budgets:
+            budgets = ", ".join(f"{victim.pod.namespace}/{name}" for name in victim.violated_budgets)
+            plural = "s" if len(victim.violated_budgets) > 1 else ""
+            return (
+                f"evicting victim {victim.pod.namespace}/{victim.pod.name} on node {plan.node} would "
+                f"exceed PodDisruptionBudget{plural} {budgets}, and every node needs such a victim"
             )
     return None
 

@@ -407,6 +407,20 @@ class SchedulingQueue:
             log.debug("moved %d unschedulable pods back: %s", moved, reason)
         return moved
 
+    def retry_within(self, uid: str, seconds: float) -> None:
+        """An unschedulable pod parked for longer is tried again after ``seconds`` (never before its
+        backoff ends), with no event to wake it: a preemption back-off ending, or victims that
+        another scheduler placed, whose deletion releases nothing this process follows."""
+        entry = self._entries.get(uid)
+        if entry is None or entry.state is not _State.UNSCHEDULABLE:
+            return
+        at = max(self._clock.now() + seconds, entry.backoff_until)
+        if entry.ready_at > at:
+            wake_on = entry.wake_on  # re-parking unindexes it: the placed-pod wake-up must survive
+            self._park(entry, _State.UNSCHEDULABLE, ready_at=at)
+            if wake_on is not None:
+                self._index_wake(entry, wake_on)
+
     def wake(self, touch: Touch, *, event: str = "placed-pod") -> int:
         """A placed pod was added, changed or removed: move back the pods refused by the placement
         rules whose :class:`WakeOn` covers it (through their remaining backoff).  Pods parked for

@@ -21,9 +21,14 @@ adapter's count of free CPUs and memory is refused at once, and a job Slurm keep
 moves the lease and the time limit. A reserved job's Slurm time limit is its lease plus a margin,
 so Slurm itself ends a placeholder the adapter forgot. All state is in the job's comment: the
 adapter keeps nothing of its own and may be SIGKILLed and restarted at any point. A job Slurm ended
-(``scancel`` by hand, the time limit, a DOWN node, preemption) lists as ``released`` when it was
-committed and ``expired`` otherwise; Slurm forgets ended jobs after ``MinJobAge``, and their ids
-then answer 404.
+(``scancel`` by hand, the time limit, a DOWN node, preemption) lists as ``expired`` when it was
+only reserved; a committed one is **revoked** (contract v1.2 ``revocation``, advertised in ``GET
+/v1/info``) with Slurm's final state and reason, once it is no longer ``COMPLETING``. The adapter
+tells it from one it ended itself by the comment it writes before every ``scancel`` of its own
+(``ended``). A caller that does not send ``Bindery-Features: revocation`` reads it ``released``. A
+release acknowledges it; Slurm refuses to change a finished job's comment, so the acknowledgement
+is kept in memory (after an adapter restart the revocation shows again until Slurm forgets the job,
+after ``MinJobAge``, and its id then answers 404).
 
 **A reservation group** (contract v1.1, all or nothing) is one placeholder job per member. Its
 members are placed by the adapter's own count of free CPUs and memory (Slurm's allocations, plus
@@ -46,7 +51,9 @@ those before it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import contextvars
 import dataclasses
 import datetime
 import hmac
@@ -55,7 +62,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 from typing import Any, TypeVar
 
 import pydantic
@@ -63,8 +70,11 @@ from aiohttp import web
 
 from bindery.rm.errors import ProblemType
 from bindery.rm.models import (
+    CONTRACT_VERSION,
+    FEATURES_HEADER,
     MAX_BATCH_OPERATIONS,
     BatchOperation,
+    Feature,
     GroupRenewRequest,
     RenewRequest,
     ReservationGroupRequest,
@@ -118,6 +128,8 @@ _KINDS = {
     415: ProblemType.UNSUPPORTED_MEDIA_TYPE,
 }
 _DOWN = ("down", "drain", "fail", "future", "maint", "reboot")
+#: Acknowledged revocations remembered (job ids); Slurm forgets ended jobs after MinJobAge.
+ACKNOWLEDGED_KEPT = 100_000
 
 
 def problem(status: int, kind: str, detail: str, **extensions: Any) -> web.Response:
@@ -140,8 +152,38 @@ def _minutes(seconds: float) -> int:
     return math.ceil(seconds / 60) + 1
 
 
-def state_of(job: dict[str, Any], record: JobRecord, now: float) -> ReservationState | None:
-    """The contract state of a placeholder job, or None while it is not a reservation yet."""
+#: Whether the answer being built may show state ``revoked`` (contract v1.2 ``revocation``): set per
+#: request from the ``Bindery-Features`` header (or ``?state=revoked``); other callers read released.
+revocation_shown: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "slurm_revocation_shown", default=False
+)
+
+
+def visible(state: ReservationState) -> ReservationState:
+    """The state as the caller of the current request may see it (a v1.1 caller never sees revoked)."""
+    if state is ReservationState.REVOKED and not revocation_shown.get():
+        return ReservationState.RELEASED
+    return state
+
+
+def revoked_because(job: dict[str, Any]) -> str:
+    """Slurm's own account of why a placeholder ended: its final state and reason. (Not its exit
+    code: slurmrestd 22.05 gives a scancelled job's signal, 15, where a reader expects a status.)"""
+    parts = [f"Slurm job {job.get('job_id')} is {job.get('job_state')}"]
+    reason = job.get("state_reason")
+    if reason and reason != "None":
+        parts.append(f"reason {reason}")
+    return ", ".join(parts) + " (ended by Slurm, not by this adapter)"
+
+
+def state_of(
+    job: dict[str, Any], record: JobRecord, now: float, acknowledged: Container[int] = ()
+) -> ReservationState | None:
+    """The contract state of a placeholder job, or None while it is not a reservation yet.
+
+    A committed job Slurm ended by itself is ``revoked`` (contract v1.2) until a release
+    acknowledges it (``acknowledged``: job ids; kept in memory, since Slurm refuses to change a
+    finished job's comment), then ``released``."""
     if not record.claimed:
         return None
     if job.get("job_state") == "RUNNING" and record.ended is None:
@@ -155,14 +197,21 @@ def state_of(job: dict[str, Any], record: JobRecord, now: float) -> ReservationS
     if record.ended == "expired":
         return ReservationState.EXPIRED
     # Ended by Slurm: an administrator's scancel, the time limit, a DOWN node, preemption.
-    return ReservationState.RELEASED if record.committed else ReservationState.EXPIRED
+    if record.committed and record.ended is None and job.get("job_state") == "COMPLETING":
+        # Still ending: Slurm holds the allocation and its final state (CANCELLED, TIMEOUT,
+        # NODE_FAIL, PREEMPTED…), the reason worth reporting, is not known yet.
+        return ReservationState.COMMITTED
+    if not record.committed:
+        return ReservationState.EXPIRED
+    return ReservationState.RELEASED if int(job["job_id"]) in acknowledged else ReservationState.REVOKED
 
 
 def reservation_json(job: dict[str, Any], record: JobRecord, state: ReservationState) -> dict[str, Any]:
+    shown = visible(state)
     answer = {
         "id": f"slurm-{job['job_id']}",
         "node": record.node,
-        "state": state.value,
+        "state": shown.value,
         "expiresAt": _iso(record.expires_at) if state is ReservationState.RESERVED else None,
         "podUid": record.pod_uid,
         "schedulerName": record.scheduler,
@@ -173,17 +222,23 @@ def reservation_json(job: dict[str, Any], record: JobRecord, state: ReservationS
     }
     if record.group is not None:
         answer["groupId"] = record.group
+    if shown is ReservationState.REVOKED:
+        answer["revokedReason"] = revoked_because(job)
+        answer["revokedAt"] = _iso(float(job["end_time"])) if job.get("end_time") else _iso(time.time())
     return answer
 
 
 def group_json(
-    group_id: str, members: Sequence[tuple[dict[str, Any], JobRecord]], now: float
+    group_id: str,
+    members: Sequence[tuple[dict[str, Any], JobRecord]],
+    now: float,
+    acknowledged: Container[int] = (),
 ) -> dict[str, Any]:
     """A reservation group as the contract answers it: its members in the order asked."""
     ordered = sorted(members, key=lambda pair: pair[1].index)
     items = []
     for job, record in ordered:
-        state = state_of(job, record, now) or ReservationState.RESERVED
+        state = state_of(job, record, now, acknowledged) or ReservationState.RESERVED
         items.append(reservation_json(job, record, state))
     leases = [item["expiresAt"] for item in items if item["state"] == ReservationState.RESERVED.value]
     return {
@@ -231,6 +286,18 @@ class SlurmRM:
         # Every read-decide-write of a job's comment happens under this lock (one adapter process).
         self._lock = asyncio.Lock()
         self._sweeper: asyncio.Task[None] | None = None
+        #: Job ids of revoked reservations a release acknowledged (contract v1.2 revocation), oldest
+        #: first, bounded: Slurm forgets ended jobs after MinJobAge anyway. Lost on restart, so a
+        #: revocation may be shown again until then (Bindery acts on a pod once; see its docs).
+        self._acknowledged: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+    def _state_of(self, job: dict[str, Any], record: JobRecord, now: float) -> ReservationState | None:
+        return state_of(job, record, now, self._acknowledged)
+
+    def _acknowledge(self, job_id: int) -> None:
+        self._acknowledged[job_id] = None
+        while len(self._acknowledged) > ACKNOWLEDGED_KEPT:
+            self._acknowledged.popitem(last=False)
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -238,6 +305,11 @@ class SlurmRM:
     async def _middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        asked = request.headers.get(FEATURES_HEADER, "")
+        revocation_shown.set(
+            Feature.REVOCATION.value in {f.strip() for f in asked.split(",")}
+            or request.rel_url.query.get("state") == ReservationState.REVOKED.value
+        )
         if request.path not in _PUBLIC:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
@@ -264,6 +336,7 @@ class SlurmRM:
     def application(self) -> web.Application:
         # aiohttp's limit is the largest body of any path; each handler checks its own.
         app = web.Application(client_max_size=MAX_BATCH_BODY_BYTES, middlewares=[self._middleware])
+        app.router.add_get("/v1/info", self._info, allow_head=False)
         app.router.add_post("/v1/reservations", self._reserve)
         app.router.add_post("/v1/reservation-groups", self._reserve_group)
         app.router.add_get("/v1/reservation-groups/{id}", self._get_group, allow_head=False)
@@ -340,7 +413,7 @@ class SlurmRM:
                     continue
                 if job.get("job_state") not in ("PENDING", "RUNNING", "CONFIGURING"):
                     continue
-                if state_of(job, record, now) is ReservationState.EXPIRED:
+                if self._state_of(job, record, now) is ReservationState.EXPIRED:
                     continue
                 existing = (job, record)
             if existing is not None:
@@ -432,7 +505,7 @@ class SlurmRM:
                 room.cpus -= cpus
                 room.memory_mib -= memory
             elif state in ("RUNNING", "CONFIGURING", "COMPLETING") and (
-                record.ended is not None or state_of(job, record, now) is ReservationState.EXPIRED
+                record.ended is not None or self._state_of(job, record, now) is ReservationState.EXPIRED
             ):  # ended by the adapter, or about to be (its lease ran out): its CPUs come back
                 room.cpus += cpus
                 room.memory_mib += memory
@@ -543,7 +616,9 @@ class SlurmRM:
                 status = 201
             elif created:
                 status = 201
-            answer = reservation_json(job, record, state_of(job, record, now) or ReservationState.RESERVED)
+            answer = reservation_json(
+                job, record, self._state_of(job, record, now) or ReservationState.RESERVED
+            )
             return web.json_response(
                 answer, status=status, headers={"Location": f"/v1/reservations/slurm-{job_id}"}
             )
@@ -592,7 +667,7 @@ class SlurmRM:
             job_id, job, record = found
             if pod_uid is not None and pod_uid != record.pod_uid:
                 return _mismatch(reservation_id)
-            state = state_of(job, record, time.time())
+            state = self._state_of(job, record, time.time())
             if state is ReservationState.RESERVED:
                 record.committed, record.expires_at = True, None
                 await self._write(job_id, record, time_limit=INFINITE)
@@ -611,7 +686,9 @@ class SlurmRM:
             if found is None:
                 return web.Response(status=204)
             job_id, job, record = found
-            state = state_of(job, record, time.time())
+            state = self._state_of(job, record, time.time())
+            if state is ReservationState.REVOKED and pod_uid in (None, record.pod_uid):
+                self._acknowledge(job_id)  # the caller dealt with the pod: no longer listed as revoked
             if state is None or not state.active:
                 return web.Response(status=204)
             if pod_uid is not None and pod_uid != record.pod_uid:
@@ -637,7 +714,7 @@ class SlurmRM:
             if body.pod_uid != record.pod_uid:
                 return _mismatch(request.match_info["id"])
             now = time.time()
-            state = state_of(job, record, now)
+            state = self._state_of(job, record, now)
             if state is ReservationState.RESERVED:
                 record.expires_at = now + body.ttl_seconds
                 started = float(job.get("start_time") or now)
@@ -651,7 +728,7 @@ class SlurmRM:
         if found is None:
             return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']}")
         _, job, record = found
-        state = state_of(job, record, time.time())
+        state = self._state_of(job, record, time.time())
         assert state is not None  # _lookup returns claimed records only
         return web.json_response(reservation_json(job, record, state))
 
@@ -677,7 +754,7 @@ class SlurmRM:
         now = time.time()
         items: list[tuple[int, dict[str, Any]]] = []
         for job, record in await self._records():
-            state = state_of(job, record, now)
+            state = self._state_of(job, record, now)
             job_id = int(job["job_id"])
             if state is None or job_id <= after:
                 continue
@@ -685,7 +762,10 @@ class SlurmRM:
                 continue
             if query.get("groupId") not in (None, record.group):
                 continue
-            if query.get("podUid") not in (None, record.pod_uid) or wanted_state not in (None, state.value):
+            if query.get("podUid") not in (None, record.pod_uid) or wanted_state not in (
+                None,
+                visible(state).value,
+            ):
                 continue
             items.append((job_id, reservation_json(job, record, state)))
         items.sort(key=lambda pair: pair[0])
@@ -693,6 +773,15 @@ class SlurmRM:
         if len(items) > limit:
             page["nextCursor"] = str(items[limit - 1][0])
         return web.json_response(page)
+
+    async def _info(self, _: web.Request) -> web.Response:
+        """``GET /v1/info`` (contract v1.2): only what this adapter does. Not ``cluster-id`` (a job
+        carries no cluster), nor ``node-preferences``, ``toleration-comparisons`` or ``preemption``:
+        Bindery then sends none of their fields, as to a v1.1 RM."""
+        features = sorted(f.value for f in (Feature.RENEW, Feature.RESERVATION_GROUPS, Feature.BATCH))
+        return web.json_response(
+            {"contractVersion": CONTRACT_VERSION, "features": sorted([*features, Feature.REVOCATION.value])}
+        )
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -731,7 +820,9 @@ class SlurmRM:
                 if record.group_key == body.idempotency_key and record.ended is None
             ]
             active = [
-                pair for pair in mine if (state_of(pair[0], pair[1], now) or ReservationState.EXPIRED).active
+                pair
+                for pair in mine
+                if (self._state_of(pair[0], pair[1], now) or ReservationState.EXPIRED).active
             ]
             if active:
                 group_id = str(active[0][1].group)
@@ -743,7 +834,8 @@ class SlurmRM:
                         f"{group_id} for a different request; release that group first or use a new key",
                         groupId=group_id,
                     )
-                return web.json_response(group_json(group_id, await self._members(group_id), now))
+                replayed = await self._members(group_id)
+                return web.json_response(group_json(group_id, replayed, now, self._acknowledged))
             if any(
                 not record.claimed and job.get("job_state") in ("PENDING", "RUNNING") for job, record in mine
             ):
@@ -829,7 +921,7 @@ class SlurmRM:
                 "reserved %s as %s on %s", who, group_id, ", ".join(sorted({r.node for _, r in members}))
             )
             return web.json_response(
-                group_json(group_id, members, now),
+                group_json(group_id, members, now, self._acknowledged),
                 status=201,
                 headers={"Location": f"/v1/reservation-groups/{group_id}"},
             )
@@ -911,7 +1003,7 @@ class SlurmRM:
         members = await self._members(group_id)
         if not members:
             return problem(404, ProblemType.NOT_FOUND, f"no reservation group {group_id}")
-        return web.json_response(group_json(group_id, members, time.time()))
+        return web.json_response(group_json(group_id, members, time.time(), self._acknowledged))
 
     async def _release_group(self, request: web.Request) -> web.Response:
         group_id = request.match_info["id"]
@@ -921,7 +1013,7 @@ class SlurmRM:
                 return problem(404, ProblemType.NOT_FOUND, f"no reservation group {group_id}")
             now = time.time()
             for job, record in members:
-                if state_of(job, record, now) is ReservationState.RESERVED:  # committed ones stay
+                if self._state_of(job, record, now) is ReservationState.RESERVED:  # committed ones stay
                     await self._end(int(job["job_id"]), record, "released")
             return web.Response(status=204)
 
@@ -935,7 +1027,7 @@ class SlurmRM:
             if not members:
                 return problem(404, ProblemType.NOT_FOUND, f"no reservation group {group_id}")
             now = time.time()
-            states = [state_of(job, record, now) for job, record in members]
+            states = [self._state_of(job, record, now) for job, record in members]
             if not any(state is not None and state.active for state in states):
                 return problem(
                     409,
@@ -950,7 +1042,7 @@ class SlurmRM:
                     await self._write(
                         int(job["job_id"]), record, time_limit=_minutes(now - started + body.ttl_seconds)
                     )
-            return web.json_response(group_json(group_id, members, now))
+            return web.json_response(group_json(group_id, members, now, self._acknowledged))
 
     # -- batches (contract v1.1) --------------------------------------------------------------------
 
@@ -1014,7 +1106,7 @@ class SlurmRM:
                 if not record.claimed and record.hold_until < now:
                     log.info("Slurm job %s: nobody asked for it since its hold; cancelling", job_id)
                     await self._end(job_id, record, "abandoned")
-                elif state_of(job, record, now) is ReservationState.EXPIRED:
+                elif self._state_of(job, record, now) is ReservationState.EXPIRED:
                     log.info("Slurm job %s: the reservation's lease ran out; cancelling", job_id)
                     await self._end(job_id, record, "expired")
 
@@ -1031,7 +1123,7 @@ def _not_active(reservation_id: str, state: ReservationState | None) -> web.Resp
     return problem(
         409,
         ProblemType.RESERVATION_NOT_ACTIVE,
-        f"reservation {reservation_id} is {state.value if state else 'gone'}; reserve again",
+        f"reservation {reservation_id} is {visible(state).value if state else 'gone'}; reserve again",
     )
 
 

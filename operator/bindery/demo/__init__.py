@@ -14,6 +14,9 @@ demo ends with where each pod went, what each node holds, pods bound per second,
 writes per bound pod as the operator counted them (and the Bindings as the apiserver's own
 `apiserver_request_total` saw them: only Bindery binds while its pods are placed).
 
+With `--rm slurm` a real Slurm is the resource manager instead (bindery.demo.slurm): the demo
+ends with `squeue`'s placeholder jobs beside the pods they hold room for.
+
 The operator runs under its own minted client-certificate identity bound to exactly the ClusterRole
 the Helm chart grants (bindery.controller.rbac), so the demo also proves those permissions suffice.
 """
@@ -64,17 +67,28 @@ class DemoArgs:
     cpu_per_node: int
     max_in_flight: int
     gang_pods: int = 6
+    rm: str = "reference"
 
 
 def parse_args(argv: Sequence[str]) -> DemoArgs:
     parser = argparse.ArgumentParser(prog="bindery demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--pods", type=int, default=48, help="replicas of Bindery's Deployment (default 48)")
-    parser.add_argument("--job-pods", type=int, default=12, help="completions of Bindery's Job (default 12)")
+    parser.add_argument(
+        "--rm",
+        choices=("reference", "slurm"),
+        default="reference",
+        help="the resource manager: the reference RM (default), or a real Slurm on loopback behind "
+        "the adapter `bindery rm slurm` (needs root; fetches Debian's Slurm once)",
+    )
+    parser.add_argument(
+        "--pods", type=int, help="replicas of Bindery's Deployment (default 48; with --rm slurm 12)"
+    )
+    parser.add_argument(
+        "--job-pods", type=int, help="completions of Bindery's Job (default 12; with --rm slurm 6)"
+    )
     parser.add_argument(
         "--gang-pods",
         type=int,
-        default=6,
-        help="pods of the gang (an Indexed Job forming a PodGroup; 0: none)",
+        help="pods of the gang (an Indexed Job forming a PodGroup; 0: none; default 6, with --rm slurm 4)",
     )
     parser.add_argument("--nodes", type=int, default=4, help="kwok nodes in the pool (default 4)")
     parser.add_argument("--cpu-per-node", type=int, default=8, help="allocatable CPUs per node (default 8)")
@@ -82,19 +96,32 @@ def parse_args(argv: Sequence[str]) -> DemoArgs:
         "--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT, help="the ResourceManager's maxInFlight"
     )
     args = parser.parse_args(list(argv))
+    # Slurm gives every placeholder job whole CPUs and takes about a second to start one: fewer pods.
+    pods, job_pods, gang_pods = (12, 6, 4) if args.rm == "slurm" else (48, 12, 6)
     return DemoArgs(
-        pods=args.pods,
-        job_pods=args.job_pods,
+        pods=pods if args.pods is None else args.pods,
+        job_pods=job_pods if args.job_pods is None else args.job_pods,
         nodes=args.nodes,
-        gang_pods=args.gang_pods,
+        gang_pods=gang_pods if args.gang_pods is None else args.gang_pods,
         cpu_per_node=args.cpu_per_node,
         max_in_flight=args.max_in_flight,
+        rm=args.rm,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from bindery.devcluster.plane import ControlPlane  # the demo is the only product code using it
+
+    slurm_root: pathlib.Path | None = None
+    if args.rm == "slurm":
+        from bindery.demo.slurm import SlurmDemoUnavailable, prepare
+
+        try:
+            slurm_root = prepare(say=say)
+        except SlurmDemoUnavailable as exc:
+            print(f"bindery demo: {exc}", file=sys.stderr)
+            return 2
 
     say(
         "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok on 127.0.0.1 "
@@ -105,18 +132,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"cluster ready in {time.monotonic() - started:.1f}s at {plane.server}")
         say(f"  to look around meanwhile: export KUBECONFIG={plane.kubeconfig} PATH={plane.bin_dir}:$PATH")
         operator_kubeconfig = plane.mint_kubeconfig(user=OPERATOR_USER)
-        return asyncio.run(_demo(args=args, admin=plane.kubeconfig, operator_kubeconfig=operator_kubeconfig))
+        return asyncio.run(
+            _demo(
+                args=args,
+                admin=plane.kubeconfig,
+                operator_kubeconfig=operator_kubeconfig,
+                slurm_root=slurm_root,
+            )
+        )
 
 
 def say(message: str) -> None:
     print(message, flush=True)
 
 
-async def _demo(*, args: DemoArgs, admin: pathlib.Path, operator_kubeconfig: pathlib.Path) -> int:
-    from bindery.reference_rm.mirror import MirrorGate, NodeMirror, PodMirror
-    from bindery.reference_rm.placement import Policy
-    from bindery.reference_rm.server import serve_reference_rm
-
+async def _demo(
+    *,
+    args: DemoArgs,
+    admin: pathlib.Path,
+    operator_kubeconfig: pathlib.Path,
+    slurm_root: pathlib.Path | None = None,
+) -> int:
     api = await _api_client(admin)
     async with api, contextlib.AsyncExitStack() as stack:
         await apply_crd(api=api)
@@ -124,38 +160,119 @@ async def _demo(*, args: DemoArgs, admin: pathlib.Path, operator_kubeconfig: pat
         await _namespaces(api)
         nodes = await _nodes(api, args=args)
         say(f"kwok reports {len(nodes)} nodes Ready, labelled {POOL_LABEL}={POOL}: {', '.join(nodes)}")
-        await _default_workloads(api, args=args)
-
         workdir = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bindery-demo-")))
-        token = secrets.token_urlsafe(24)
-        server = await stack.enter_async_context(
-            # The chart's default policy: a Deployment spreads as kube-scheduler spreads it.
-            serve_reference_rm(db_path=workdir / "rm.sqlite", token=token, policy=Policy.SPREAD)
-        )
-        # Count every pod on the pool, as `bindery rm serve --mirror-nodes` does: kube-scheduler's too.
-        gate = MirrorGate(set_inventory=server.rm.set_inventory, set_bound_pods=server.rm.set_bound_pods)
-        for mirror in (
-            NodeMirror(api=api, label_selector=f"{POOL_LABEL}={POOL}", on_change=gate.nodes),
-            PodMirror(api=api, on_change=gate.pods),
-        ):
-            task = asyncio.create_task(mirror.run(), name=type(mirror).__name__)
-            stack.callback(task.cancel)
-        say(
-            f"reference RM (SQLite, mirroring {POOL_LABEL}={POOL} and every pod on it, policy spread) "
-            f"at {server.url}"
+        if slurm_root is not None:
+            return await _slurm_demo(
+                api, stack=stack, args=args, nodes=nodes, root=slurm_root, workdir=workdir,
+                operator_kubeconfig=operator_kubeconfig,
+            )  # fmt: skip
+        await _default_workloads(api, args=args)
+        return await _reference_demo(
+            api, stack=stack, args=args, nodes=nodes, workdir=workdir, operator_kubeconfig=operator_kubeconfig
         )
 
-        options = OperatorOptions(kubeconfig=operator_kubeconfig, probe_interval=2.0, state_dir=workdir)
-        operator = EmbeddedOperator(options=options)
-        await operator.start()
-        stack.push_async_callback(operator.stop)
-        await create_reference_resource_manager(
-            api, url=server.url, token=token, max_in_flight=args.max_in_flight
-        )
-        await _wait_ready(api)
-        say(f'ResourceManager "reference" is Ready; operator runs as user "{OPERATOR_USER}"')
 
-        return await _bindery_workloads(api, args=args, runtime=operator.runtime, nodes=nodes)
+async def _reference_demo(
+    api: ApiClient,
+    *,
+    stack: contextlib.AsyncExitStack,
+    args: DemoArgs,
+    nodes: Sequence[str],
+    workdir: pathlib.Path,
+    operator_kubeconfig: pathlib.Path,
+) -> int:
+    from bindery.reference_rm.mirror import MirrorGate, NodeMirror, PodMirror
+    from bindery.reference_rm.placement import Policy
+    from bindery.reference_rm.server import serve_reference_rm
+
+    token = secrets.token_urlsafe(24)
+    server = await stack.enter_async_context(
+        # The chart's default policy: a Deployment spreads as kube-scheduler spreads it.
+        serve_reference_rm(db_path=workdir / "rm.sqlite", token=token, policy=Policy.SPREAD)
+    )
+    # Count every pod on the pool, as `bindery rm serve --mirror-nodes` does: kube-scheduler's too.
+    gate = MirrorGate(set_inventory=server.rm.set_inventory, set_bound_pods=server.rm.set_bound_pods)
+    for mirror in (
+        NodeMirror(api=api, label_selector=f"{POOL_LABEL}={POOL}", on_change=gate.nodes),
+        PodMirror(api=api, on_change=gate.pods),
+    ):
+        task = asyncio.create_task(mirror.run(), name=type(mirror).__name__)
+        stack.callback(task.cancel)
+    say(
+        f"reference RM (SQLite, mirroring {POOL_LABEL}={POOL} and every pod on it, policy spread) "
+        f"at {server.url}"
+    )
+
+    runtime = await _start_operator(stack, kubeconfig=operator_kubeconfig, workdir=workdir)
+    await create_reference_resource_manager(
+        api, url=server.url, token=token, max_in_flight=args.max_in_flight
+    )
+    await _wait_ready(api, name="reference")
+    say(f'ResourceManager "reference" is Ready; operator runs as user "{OPERATOR_USER}"')
+
+    return await _bindery_workloads(api, args=args, runtime=runtime, nodes=nodes)
+
+
+async def _slurm_demo(
+    api: ApiClient,
+    *,
+    stack: contextlib.AsyncExitStack,
+    args: DemoArgs,
+    nodes: Sequence[str],
+    root: pathlib.Path,
+    workdir: pathlib.Path,
+    operator_kubeconfig: pathlib.Path,
+) -> int:
+    from bindery.demo.slurm import RESOURCE_MANAGER, slurm_stage, squeue_table
+
+    say(
+        f"starting Slurm on loopback: munged, slurmctld, {len(nodes)} slurmd named as the pool's nodes "
+        f"({args.cpu_per_node} CPUs each), slurmrestd, and the adapter `bindery rm slurm` ..."
+    )
+    stage = stack.enter_context(
+        slurm_stage(
+            root=root, workdir=workdir, nodes=nodes, cpus=args.cpu_per_node, labels={POOL_LABEL: POOL}
+        )
+    )
+    say(
+        f"Slurm is up (logs in {stage.bed.workdir / 'log'}); its adapter serves the RM contract "
+        f"at {stage.url}"
+    )
+    say("  Slurm owns these nodes: kube-scheduler places nothing on them in this demo")
+    runtime = await _start_operator(stack, kubeconfig=operator_kubeconfig, workdir=workdir)
+    await _create_resource_manager(
+        api, name=RESOURCE_MANAGER, url=stage.url, token=stage.token, max_in_flight=args.max_in_flight
+    )
+    await _wait_ready(api, name=RESOURCE_MANAGER)
+    say(f'ResourceManager "{RESOURCE_MANAGER}" is Ready; operator runs as user "{OPERATOR_USER}"')
+    status = await _bindery_workloads(api, args=args, runtime=runtime, nodes=nodes)
+    # A finished Job pod's reservation is released when the operator sees it finish, and Slurm then
+    # ends its job: give that a moment, so the table shows the steady state, not the hand-over.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        running = {
+            f"bindery:{NAMESPACE}/{p['metadata']['name']}"
+            for p in (await k8s.list_all(api, resources.PODS, namespace=NAMESPACE)).items
+            if (p.get("status") or {}).get("phase") == "Running"
+        }
+        jobs = {r["name"] for r in await asyncio.to_thread(stage.bed.squeue) if r["state"] == "RUNNING"}
+        if jobs <= running:
+            break
+        await asyncio.sleep(0.5)
+    say("\nsqueue (each running pod holds its room as a placeholder job; finished pods released theirs):")
+    for line in await asyncio.to_thread(squeue_table, stage.bed):
+        say(f"  {line}")
+    return status
+
+
+async def _start_operator(
+    stack: contextlib.AsyncExitStack, *, kubeconfig: pathlib.Path, workdir: pathlib.Path
+) -> Runtime:
+    options = OperatorOptions(kubeconfig=kubeconfig, probe_interval=2.0, state_dir=workdir)
+    operator = EmbeddedOperator(options=options)
+    await operator.start()
+    stack.push_async_callback(operator.stop)
+    return operator.runtime
 
 
 async def _api_client(kubeconfig: pathlib.Path) -> ApiClient:
@@ -261,12 +378,19 @@ async def create_reference_resource_manager(
 
     `SYSTEM_NAMESPACE` must exist. Shared by the demo and the kube-scheduler comparison benchmark.
     """
+    await _create_resource_manager(api, name="reference", url=url, token=token, max_in_flight=max_in_flight)
+
+
+async def _create_resource_manager(
+    api: ApiClient, *, name: str, url: str, token: str, max_in_flight: int
+) -> None:
+    secret = f"{name}-rm-token"
     await k8s.create(
         api,
         resources.SECRETS,
         namespace=SYSTEM_NAMESPACE,
         body={
-            "metadata": {"name": "reference-rm-token", "labels": {CREDENTIALS_LABEL: "true"}},
+            "metadata": {"name": secret, "labels": {CREDENTIALS_LABEL: "true"}},
             "stringData": {"token": token},
         },
     )
@@ -276,30 +400,30 @@ async def create_reference_resource_manager(
         body={
             "apiVersion": resources.RESOURCE_MANAGERS.api_version,
             "kind": "ResourceManager",
-            "metadata": {"name": "reference"},
+            "metadata": {"name": name},
             "spec": {
                 "schedulerNames": [SCHEDULER],
                 "endpoint": url,
                 "allowInsecureHTTP": True,  # loopback only
-                "auth": {"tokenSecretRef": {"namespace": SYSTEM_NAMESPACE, "name": "reference-rm-token"}},
+                "auth": {"tokenSecretRef": {"namespace": SYSTEM_NAMESPACE, "name": secret}},
                 "maxInFlight": max_in_flight,
             },
         },
     )
 
 
-async def _wait_ready(api: ApiClient, *, within: float = 60.0) -> None:
+async def _wait_ready(api: ApiClient, *, name: str, within: float = 60.0) -> None:
     deadline = time.monotonic() + within
     message = "no status yet"
     while time.monotonic() < deadline:
-        rm = await k8s.get(api, resources.RESOURCE_MANAGERS, name="reference")
+        rm = await k8s.get(api, resources.RESOURCE_MANAGERS, name=name)
         for cond in (rm.get("status") or {}).get("conditions") or ():
             if cond["type"] == "Ready":
                 if cond["status"] == "True":
                     return
                 message = f"{cond.get('reason')}: {cond.get('message')}"
         await asyncio.sleep(0.5)
-    raise RuntimeError(f'ResourceManager "reference" did not become Ready within {within:g}s ({message})')
+    raise RuntimeError(f'ResourceManager "{name}" did not become Ready within {within:g}s ({message})')
 
 
 @dataclasses.dataclass
@@ -414,7 +538,7 @@ async def _follow(
     if pending:
         say(
             f"{len(pending)} pods stayed Pending: the pool has no room for them "
-            "(see `kubectl describe pod`: FailedScheduling from the reference RM)"
+            "(see `kubectl describe pod`: FailedScheduling says why the RM refused them)"
         )
 
 

@@ -1,0 +1,73 @@
+"""What Bindery does when an RM takes a reservation back (contract v1.2 feature ``revocation``).
+
+Pure decisions only; :mod:`bindery.controller.revocation` reads the pods and acts. A batch system
+ends allocations by itself (an administrator's ``scancel``, preemption by a higher QOS, a time
+limit, a node lost). The pod bound on such a reservation may still run, on capacity the RM now
+hands to others: by the ResourceManager's ``spec.onRevoked`` Bindery evicts it (the default: the
+workload's controller makes a new pod, which is scheduled through the RM again) or only warns
+(the site drains such pods its own way). A pod that is gone, finished, being deleted, replaced
+under its name or bound elsewhere needs nothing: the revocation is only acknowledged.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from bindery.rm.models import Reservation
+
+__all__ = ["OnRevoked", "RevokedAction", "revoked_action", "revoked_note"]
+
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+class OnRevoked(enum.StrEnum):
+    """``spec.onRevoked`` of a ResourceManager."""
+
+    EVICT = "Evict"
+    WARN = "Warn"
+
+
+class RevokedAction(enum.StrEnum):
+    EVICT = "evict"  # the Eviction API, a Warning event, then acknowledge
+    WARN = "warn"  # a Warning event, then acknowledge; the pod keeps running
+    ACKNOWLEDGE = "acknowledge"  # no running pod uses it: only release it at the RM
+
+
+def revoked_action(
+    *, reservation: Reservation, pod: Mapping[str, Any] | None, policy: OnRevoked
+) -> RevokedAction:
+    """Pure: what to do about one revoked reservation, given its pod's current body (None: none).
+
+    Only the pod the reservation was made for (same UID), bound to the reservation's node and
+    neither finished nor being deleted, still uses it; anything else is acknowledged silently.
+    """
+    if pod is None:
+        return RevokedAction.ACKNOWLEDGE
+    metadata = pod.get("metadata") or {}
+    if metadata.get("uid") != reservation.pod_uid or metadata.get("deletionTimestamp"):
+        return RevokedAction.ACKNOWLEDGE
+    if (pod.get("spec") or {}).get("nodeName") != reservation.node:
+        return RevokedAction.ACKNOWLEDGE
+    if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+        return RevokedAction.ACKNOWLEDGE
+    return RevokedAction.EVICT if policy is OnRevoked.EVICT else RevokedAction.WARN
+
+
+def revoked_note(*, reservation: Reservation, resource_manager: str, action: RevokedAction) -> str:
+    """Pure: the Warning event's text: what happened, the RM's own reason, and what follows."""
+    reason = reservation.revoked_reason or "no reason given"
+    when = f" at {reservation.revoked_at.isoformat()}" if reservation.revoked_at else ""
+    head = (
+        f"ResourceManager {resource_manager} revoked reservation {reservation.id} on node "
+        f"{reservation.node}{when}: {reason}."
+    )
+    if action is RevokedAction.EVICT:
+        return (
+            head + " The pod is evicted (spec.onRevoked: Evict); its controller, if any, creates a new one."
+        )
+    return head + (
+        " The pod keeps running (spec.onRevoked: Warn) on capacity the resource manager no longer "
+        "counts for it, so other pods may be placed on it: drain or delete the pod."
+    )
