@@ -1,5 +1,6 @@
 """Issue 19 item 3 on the cluster plane: a ScheduleAnyway zone spread reaches a binpacking RM as node
-preferences, and six pods created at once spread over three zones as kube-scheduler spreads them.
+preferences, and six pods created at once spread over three zones as kube-scheduler spreads them;
+so do six bare pods that a Service selects (kube-scheduler's default spreading).
 
 Before, the soft spread was dropped and the reference RM (its own process, ``--mirror-nodes``, policy
 binpack, as the chart can install it) put all six on the first node. kube-scheduler schedules the
@@ -30,8 +31,9 @@ ZONES = ("a", "b", "c")
 PODS = 6
 
 
-def spread_pod(name: str, *, scheduler: str, pool: str) -> dict[str, Any]:
-    return {
+def spread_pod(name: str, *, scheduler: str, pool: str, constraints: bool = True) -> dict[str, Any]:
+    """`constraints` False: no spread of its own; a Service selecting it brings default spreading."""
+    body: dict[str, Any] = {
         "metadata": {"name": name, "labels": {"app": "soft"}},
         "spec": {
             "schedulerName": scheduler,
@@ -54,6 +56,12 @@ def spread_pod(name: str, *, scheduler: str, pool: str) -> dict[str, Any]:
             ],
         },
     }
+    if not constraints:
+        del body["spec"]["topologySpreadConstraints"]
+    return body
+
+
+SERVICE = {"metadata": {"name": "soft"}, "spec": {"selector": {"app": "soft"}, "ports": [{"port": 80}]}}
 
 
 async def zones_of(api: client.ApiClient, namespace: str, zone_of: dict[str, str]) -> Counter[str] | None:
@@ -67,6 +75,44 @@ async def zones_of(api: client.ApiClient, namespace: str, zone_of: dict[str, str
 
 
 async def test_six_pods_with_a_schedule_anyway_zone_spread_spread_over_three_zones_under_binpack(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    await _side_by_side(
+        "schedule-anyway",
+        cluster=cluster,
+        cluster_api=cluster_api,
+        cluster_operator_kubeconfig=cluster_operator_kubeconfig,
+        cluster_namespace=cluster_namespace,
+        tmp_path=tmp_path,
+    )
+
+
+async def test_six_bare_pods_a_service_selects_spread_over_three_zones_under_binpack(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    tmp_path: pathlib.Path,
+) -> None:
+    """kube-scheduler's default spreading with a Service's selector (before: Bindery 6/0/0)."""
+    await _side_by_side(
+        "service",
+        cluster=cluster,
+        cluster_api=cluster_api,
+        cluster_operator_kubeconfig=cluster_operator_kubeconfig,
+        cluster_namespace=cluster_namespace,
+        tmp_path=tmp_path,
+    )
+
+
+async def _side_by_side(
+    source: str,
     *,
     cluster: ControlPlane,
     cluster_api: client.ApiClient,
@@ -106,11 +152,16 @@ async def test_six_pods_with_a_schedule_anyway_zone_spread_spread_over_three_zon
             pool=pool,
             directory=tmp_path,
         ) as stage:
+            constraints = source == "schedule-anyway"
+            if not constraints:  # bare pods behind a Service: kube-scheduler's default spreading
+                for namespace in (cluster_namespace, ks_namespace):
+                    await core.create_namespaced_service(namespace, SERVICE)
             # Both schedulers' pods at once, as a Deployment's ReplicaSet creates them.
             await asyncio.gather(
                 *(
                     core.create_namespaced_pod(
-                        namespace, spread_pod(f"soft-{i}", scheduler=scheduler, pool=pool)
+                        namespace,
+                        spread_pod(f"soft-{i}", scheduler=scheduler, pool=pool, constraints=constraints),
                     )
                     for namespace, scheduler in (
                         (cluster_namespace, stage.scheduler),
