@@ -736,3 +736,42 @@ async def test_on_revoked_warn_keeps_the_pod_and_says_why_once(
     assert [e["reason"] for e in events if e["type"] == "Warning"] == ["Revoked"], events
     assert "cancelled by the site admin (warned)" in events[0]["note"]
     assert "keeps running" in events[0]["note"]
+
+
+async def test_a_revocation_acknowledged_retries_the_parked_pods(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """The RM returned a revoked reservation's capacity when it revoked it, and Bindery learns of it
+    only in this pass: pods parked for want of room must be retried now (as after a release), not on
+    their 5-minute flush. With spec.onRevoked: Warn no pod leaves, so nothing else would wake them."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    woken: list[str] = []
+    async with process.client() as rm:
+        held = await _revoked_setup(
+            kube_api,
+            rm,
+            process,
+            namespace=namespace,
+            node=node,
+            scheduler=scheduler,
+            names=("warned", "other"),
+        )
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            on_revoked=lambda: OnRevoked.WARN,
+            on_released=lambda: woken.append("pass"),
+        )
+        report = await reconciler.run_once(reason="test")
+        assert report.revoked == (held["warned"].id,)
+        assert report.released == ()
+        assert woken == ["pass"]

@@ -411,6 +411,9 @@ class Reconciler:
             self._metrics.release(
                 resource_manager=self.resource_manager, reason="reconcile", count=len(done.released)
             )
+        if done.released or revoked.acknowledged:
+            # A revoked reservation's room went back to the RM when it was revoked; this pass is the
+            # first Bindery hears of it, and with onRevoked: Warn no pod leaves to wake the parked.
             self._on_released()
         for uid in revoked.warned:  # told Revoked already: no ReservationMissing on top
             self._remember(self._warned, uid)
