@@ -384,7 +384,9 @@ class Preemptions:
                 request_timeout=_TIMEOUT,
             )
             return False
-        if status >= 300 and status not in (404, 409):  # 409: the uid precondition, a recreated pod
+        if status in (404, 409):  # gone, or recreated (the uid precondition): not evicted by this plan
+            return True
+        if status >= 300:
             raise ApiError(
                 payload.decode(errors="replace")[:500], status=status, what=f"evicting {namespace}/{name}"
             )
