@@ -775,3 +775,52 @@ async def test_a_revocation_acknowledged_retries_the_parked_pods(
         assert report.revoked == (held["warned"].id,)
         assert report.released == ()
         assert woken == ["pass"]
+
+
+class _RevokedListFails:
+    """The RM, except that its list of revoked reservations fails (unreachable for that call)."""
+
+    def __init__(self, inner: ResourceManagerClient) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def list_revoked_reservations(self, **filters: Any) -> list[Reservation]:
+        raise RMUnavailable("the RM stopped answering")
+
+
+async def test_releases_made_before_a_failed_revocation_list_still_retry_the_parked_pods(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """The revoked reservations are listed after the pass released what it had to: when that list
+    fails the pass fails, but the releases it made stand, and the pods parked for want of room must
+    be retried for them (the next pass has nothing left to release, so nothing would wake them)."""
+    process, _ = pool_rm
+    scheduler = uniq("sched")
+    woken: list[str] = []
+    pod = await create_pod(
+        kube_api, namespace=namespace, body=pod_body(name="gone", scheduler_name=scheduler)
+    )
+    async with process.client() as rm:
+        held = await _reserve(rm, pod=pod, scheduler=scheduler)
+        await client.CoreV1Api(kube_api).delete_namespaced_pod(
+            name="gone", namespace=namespace, grace_period_seconds=0
+        )
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: _RevokedListFails(rm),
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            on_released=lambda: woken.append("pass"),
+        )
+        with pytest.raises(RMUnavailable):
+            await reconciler.run_once(reason="test")
+        assert await _states(rm, scheduler=scheduler) == {"gone": "released"}
+        assert woken == ["pass"], f"reservation {held.id} was released and nothing retried the parked pods"
