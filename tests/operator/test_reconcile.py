@@ -824,3 +824,47 @@ async def test_releases_made_before_a_failed_revocation_list_still_retry_the_par
             await reconciler.run_once(reason="test")
         assert await _states(rm, scheduler=scheduler) == {"gone": "released"}
         assert woken == ["pass"], f"reservation {held.id} was released and nothing retried the parked pods"
+
+
+async def test_a_reservation_revoked_before_its_pod_is_bound_gets_the_pod_evicted_once_bound(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """The RM revokes a reservation while its pod is still pending (a cycle between reserve and
+    bind, a pod group waiting for its members) and a pass runs then: the revocation must wait, not
+    be acknowledged, so that once the Binding lands on it the next pass evicts the pod. Acknowledged
+    at once, the pod ran on capacity the RM had taken back, and nothing evicted it."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    pod = await create_pod(
+        kube_api, namespace=namespace, body=pod_body(name="late", scheduler_name=scheduler)
+    )
+    async with process.client() as rm:
+        held = await _reserve(rm, pod=pod, scheduler=scheduler)
+        await process.revoke(held.id, reason="cancelled by the site admin (late)")
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+        )
+        pending = await reconciler.run_once(reason="test")
+        assert pending.revoked == ()
+        assert [r.id for r in await rm.list_revoked_reservations(scheduler_name=scheduler)] == [held.id]
+        await bind_pod(
+            kube_api,
+            namespace=namespace,
+            name="late",
+            node=node,
+            annotations={RESERVATION_ANNOTATION: held.id},
+        )
+        bound = await reconciler.run_once(reason="test")
+        assert bound.evicted == (f"{namespace}/late",)
+        assert bound.revoked == (held.id,)
+    late = await client.CoreV1Api(kube_api).read_namespaced_pod(name="late", namespace=namespace)
+    assert late.metadata.deletion_timestamp is not None
