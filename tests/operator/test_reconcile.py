@@ -868,3 +868,135 @@ async def test_a_revocation_shown_again_after_its_acknowledgement_is_not_acted_o
     assert second.revoked == (held["twice"].id,)  # acknowledged again, nothing else
     events = await events_of(kube_api, namespace=namespace, pod_name="twice")
     assert [e["reason"] for e in events if e["type"] == "Warning"] == ["Revoked"], events
+
+
+async def test_a_revocation_acknowledged_retries_the_parked_pods(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """The RM returned a revoked reservation's capacity when it revoked it, and Bindery learns of it
+    only in this pass: pods parked for want of room must be retried now (as after a release), not on
+    their 5-minute flush. With spec.onRevoked: Warn no pod leaves, so nothing else would wake them."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    woken: list[str] = []
+    async with process.client() as rm:
+        held = await _revoked_setup(
+            kube_api,
+            rm,
+            process,
+            namespace=namespace,
+            node=node,
+            scheduler=scheduler,
+            names=("warned", "other"),
+        )
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            on_revoked=lambda: OnRevoked.WARN,
+            on_released=lambda: woken.append("pass"),
+        )
+        report = await reconciler.run_once(reason="test")
+        assert report.revoked == (held["warned"].id,)
+        assert report.released == ()
+        assert woken == ["pass"]
+
+
+class _RevokedListFails:
+    """The RM, except that its list of revoked reservations fails (unreachable for that call)."""
+
+    def __init__(self, inner: ResourceManagerClient) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def list_revoked_reservations(self, **filters: Any) -> list[Reservation]:
+        raise RMUnavailable("the RM stopped answering")
+
+
+async def test_releases_made_before_a_failed_revocation_list_still_retry_the_parked_pods(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """The revoked reservations are listed after the pass released what it had to: when that list
+    fails the pass fails, but the releases it made stand, and the pods parked for want of room must
+    be retried for them (the next pass has nothing left to release, so nothing would wake them)."""
+    process, _ = pool_rm
+    scheduler = uniq("sched")
+    woken: list[str] = []
+    pod = await create_pod(
+        kube_api, namespace=namespace, body=pod_body(name="gone", scheduler_name=scheduler)
+    )
+    async with process.client() as rm:
+        held = await _reserve(rm, pod=pod, scheduler=scheduler)
+        await client.CoreV1Api(kube_api).delete_namespaced_pod(
+            name="gone", namespace=namespace, grace_period_seconds=0
+        )
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: _RevokedListFails(rm),
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            on_released=lambda: woken.append("pass"),
+        )
+        with pytest.raises(RMUnavailable):
+            await reconciler.run_once(reason="test")
+        assert await _states(rm, scheduler=scheduler) == {"gone": "released"}
+        assert woken == ["pass"], f"reservation {held.id} was released and nothing retried the parked pods"
+
+
+async def test_a_reservation_revoked_before_its_pod_is_bound_gets_the_pod_evicted_once_bound(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """The RM revokes a reservation while its pod is still pending (a cycle between reserve and
+    bind, a pod group waiting for its members) and a pass runs then: the revocation must wait, not
+    be acknowledged, so that once the Binding lands on it the next pass evicts the pod. Acknowledged
+    at once, the pod ran on capacity the RM had taken back, and nothing evicted it."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    pod = await create_pod(
+        kube_api, namespace=namespace, body=pod_body(name="late", scheduler_name=scheduler)
+    )
+    async with process.client() as rm:
+        held = await _reserve(rm, pod=pod, scheduler=scheduler)
+        await process.revoke(held.id, reason="cancelled by the site admin (late)")
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+        )
+        pending = await reconciler.run_once(reason="test")
+        assert pending.revoked == ()
+        assert [r.id for r in await rm.list_revoked_reservations(scheduler_name=scheduler)] == [held.id]
+        await bind_pod(
+            kube_api,
+            namespace=namespace,
+            name="late",
+            node=node,
+            annotations={RESERVATION_ANNOTATION: held.id},
+        )
+        bound = await reconciler.run_once(reason="test")
+        assert bound.evicted == (f"{namespace}/late",)
+        assert bound.revoked == (held.id,)
+    late = await client.CoreV1Api(kube_api).read_namespaced_pod(name="late", namespace=namespace)
+    assert late.metadata.deletion_timestamp is not None

@@ -9,6 +9,7 @@ import pytest
 
 from bindery.config.resourcemanager import ConfigError, parse_resource_manager
 from bindery.rm.models import Reservation, ReservationState
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.revocation import OnRevoked, RevokedAction, revoked_action, revoked_note
 
 REVOKED = Reservation(
@@ -77,3 +78,22 @@ def test_on_revoked_defaults_to_evict_and_refuses_other_values() -> None:
     assert parse_resource_manager(body=_rm(onRevoked="Warn")).on_revoked is OnRevoked.WARN
     with pytest.raises(ConfigError, match=r"spec\.onRevoked"):
         parse_resource_manager(body=_rm(onRevoked="Delete"))
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # Not bound yet: a Binding may still land on the reservation (a cycle between reserve and
+        # bind, a pod group waiting for its members); acknowledging now would leave that pod
+        # running on capacity the RM took back, with nothing left to evict it.
+        (pod(spec__nodeName=""), RevokedAction.WAIT),
+        # Bound on the same node with another reservation (its next cycle reserved again): this
+        # revoked one is not what it runs on.
+        (pod(metadata__annotations={RESERVATION_ANNOTATION: "rsv-2"}), RevokedAction.ACKNOWLEDGE),
+        (pod(metadata__annotations={RESERVATION_ANNOTATION: "rsv-1"}), RevokedAction.EVICT),
+    ],
+)
+def test_a_pod_not_bound_yet_keeps_the_revocation_for_later_and_another_reservation_is_not_it(
+    body: dict[str, Any], expected: RevokedAction
+) -> None:
+    assert revoked_action(reservation=REVOKED, pod=body, policy=OnRevoked.EVICT) is expected

@@ -19,7 +19,8 @@ A PDB's ``429`` on the real eviction (a budget changed since the dry run) or any
 cancels the plan and clears the nomination, so the room goes back and no further victim is evicted
 for nothing; the pod is tried again on the next event. A plan
 is carried out once: the RM answers the same plan while its victims terminate, and this process
-remembers which plans it has already carried out.
+remembers which plans it has carried out or is carrying out (the preemptor, parked meanwhile, may
+be woken and meet its plan again before the first worker is done with it).
 
 No loops (volcano#377): a preemptor whose plan was refused or cancelled backs off, per pod, on
 :data:`PREEMPTION_BACKOFF` (10 s, doubled per failure, at most 5 minutes). Meanwhile its reserves
@@ -114,6 +115,8 @@ class Preemptions:
         self._logger = logger
         self._hostname = hostname or socket.gethostname()
         self._carried: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: Plans a worker is carrying out now (at most one per preemptor: the RM answers its plan).
+        self._carrying: set[str] = set()
         self._clock = clock
         #: Preemptors whose last plan failed: their back-off and when they may preempt again.
         self._backoffs: collections.OrderedDict[str, tuple[Backoff, float]] = collections.OrderedDict()
@@ -122,9 +125,22 @@ class Preemptions:
         self.report: Callable[[PodInfo, str], Awaitable[None]] | None = None
 
     async def carry_out(self, pod: PodInfo, plan: PreemptionPlan) -> bool:
-        """Vet, confirm, nominate, evict; True when every victim was evicted (or already gone)."""
-        if plan.plan_id in self._carried:
+        """Vet, confirm, nominate, evict; True when every victim was evicted (or already gone), or
+        when the plan is being carried out already.
+
+        The pod is parked before its plan is carried out, so a release or node event can wake it
+        meanwhile, and the RM answers its next reserve with the same plan: that cycle must not carry
+        it out a second time (a second confirm, eviction and ``Preempted`` event per victim; or a
+        dry run the first eviction made refuse, whose cancel gave the room away mid-eviction)."""
+        if plan.plan_id in self._carried or plan.plan_id in self._carrying:
             return True  # the RM answered the plan again while its victims terminate
+        self._carrying.add(plan.plan_id)
+        try:
+            return await self._carry_out(pod, plan)
+        finally:
+            self._carrying.discard(plan.plan_id)
+
+    async def _carry_out(self, pod: PodInfo, plan: PreemptionPlan) -> bool:
         self._count("proposed")
         try:
             current = {
@@ -380,7 +396,9 @@ class Preemptions:
                 request_timeout=_TIMEOUT,
             )
             return False
-        if status >= 300 and status not in (404, 409):  # 409: the uid precondition, a recreated pod
+        if status in (404, 409):  # gone, or recreated (the uid precondition): not evicted by this plan
+            return True
+        if status >= 300:
             raise ApiError(
                 payload.decode(errors="replace")[:500], status=status, what=f"evicting {namespace}/{name}"
             )

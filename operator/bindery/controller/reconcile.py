@@ -406,11 +406,15 @@ class Reconciler:
             await self._settle(rm, reservation, action, pod, reason=reason, done=done, extra=extra)
             if reservation.id in done.released:
                 self._seen_here.pop(reservation.id, None)
-        revoked = await self._revoked(rm, names, pods)
-        if done.released:
+        if done.released:  # before anything below may raise: these releases stand either way
             self._metrics.release(
                 resource_manager=self.resource_manager, reason="reconcile", count=len(done.released)
             )
+            self._on_released()
+        revoked = await self._revoked(rm, names, pods)
+        if revoked.acknowledged and not done.released:
+            # A revoked reservation's room went back to the RM when it was revoked; this pass is the
+            # first Bindery hears of it, and with onRevoked: Warn no pod leaves to wake the parked.
             self._on_released()
         for uid in revoked.warned:  # told Revoked already: no ReservationMissing on top
             self._remember(self._warned, uid)

@@ -9,8 +9,10 @@ hands them here with the pods it already read. Per reservation, :func:`revoked_a
   tried again by a later pass after a growing delay (5 s doubling up to 5 min), said once in a
   Warning event ``RevokedEvictionBlocked``.
 - **Warn**: the event and the log line; the pod keeps running.
-- a pod that no longer uses the reservation (gone, finished, being deleted, replaced, elsewhere):
-  nothing to tell anyone.
+- a pod that no longer uses the reservation (gone, finished, being deleted, replaced, elsewhere,
+  bound with another reservation): nothing to tell anyone.
+- a pod not bound yet: left for a later pass, since a Binding may still land on the reservation
+  (its cycle's release acknowledges the revocation if it does not).
 
 Then the reservation is released with its pod's UID, which acknowledges it at the RM (it leaves
 ``?state=revoked``), so the next pass does not act again and ``bindery audit`` finds nothing held.
@@ -123,6 +125,8 @@ class Revocations:
                 if pod is None and reservation.namespace and reservation.name:
                     pod = await read(reservation)
                 action = revoked_action(reservation=reservation, pod=pod, policy=policy)
+                if action is RevokedAction.WAIT:
+                    continue  # not bound yet: a later pass evicts it once bound, or its cycle releases
                 if reservation.id in self._handled:
                     action = RevokedAction.ACKNOWLEDGE  # told and evicted before: not twice
                 who = f"{reservation.namespace}/{reservation.name}"

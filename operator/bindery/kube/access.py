@@ -56,7 +56,7 @@ class _TTLCache:
 
     `answer` asks at most once per key at a time: callers that arrive while the first one waits for
     the apiserver share its answer (or its error, which is not kept), so twenty parallel requests
-    with a new token cost one review, not twenty."""
+    with a new token cost one review, not twenty. If the first one is cancelled, they ask again."""
 
     def __init__(self, *, ttl: float, size: int, clock: Callable[[], float]) -> None:
         self._ttl, self._size, self._clock = ttl, size, clock
@@ -64,16 +64,27 @@ class _TTLCache:
         self._asking: dict[Any, asyncio.Future[Any]] = {}
 
     async def answer(self, key: Any, ask: Callable[[], Awaitable[Any]]) -> Any:
-        known, value = self.get(key)
-        if known:
-            return value
-        pending = self._asking.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
+        while True:
+            known, value = self.get(key)
+            if known:
+                return value
+            pending = self._asking.get(key)
+            if pending is None:
+                break
+            try:
+                return await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not pending.cancelled() or (task is not None and task.cancelling()):
+                    raise  # this request was cancelled, not the one it waited for
+                # The request that asked went away (cancelled): this one still needs an answer.
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._asking[key] = future
         try:
             value = await ask()
+        except asyncio.CancelledError:
+            future.cancel()  # the callers sharing it ask again (above) instead of being cancelled
+            raise
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved here: a failure nobody else awaited is not logged as lost

@@ -163,10 +163,6 @@ class PlacedPodCache:
             self._remove(pod.uid)
             old = None
         changed = old is None or dataclasses.replace(old, assumed=pod.assumed) != pod
-        if self.on_change is not None and changed:
-            if old is not None:
-                self.on_change(old)
-            self.on_change(pod)
         self._pods[pod.uid] = pod
         self._by_namespace.setdefault(pod.namespace, {})[pod.uid] = pod
         for index, has in ((self._anti, pod.anti_affinity), (self._ports, pod.host_ports)):
@@ -186,6 +182,11 @@ class PlacedPodCache:
             )
             local = all(not t.namespaces and t.namespace_selector is None for t in terms)
             self._scoring_toward.setdefault(pod.namespace if local else None, {})[pod.uid] = pod
+        # Last, once the cache is whole: a listener that fails must not leave it half changed.
+        if self.on_change is not None and changed:
+            if old is not None:
+                self.on_change(old)
+            self.on_change(pod)
 
     def _drop_toward(self, uid: str, old: PlacedPod | None) -> None:
         if old is None:
@@ -199,8 +200,6 @@ class PlacedPodCache:
         pod = self._pods.pop(uid, None)
         if pod is None:
             return
-        if self.on_change is not None:
-            self.on_change(pod)
         in_namespace = self._by_namespace.get(pod.namespace)
         if in_namespace is not None:
             in_namespace.pop(uid, None)
@@ -209,6 +208,8 @@ class PlacedPodCache:
         self._anti.pop(uid, None)
         self._ports.pop(uid, None)
         self._drop_toward(uid, pod)
+        if self.on_change is not None:  # last, as in _put
+            self.on_change(pod)
 
 
 def _drop_from(index: dict[str | None, dict[str, PlacedPod]], uid: str, namespace: str) -> None:

@@ -6,7 +6,10 @@ limit, a node lost). The pod bound on such a reservation may still run, on capac
 hands to others: by the ResourceManager's ``spec.onRevoked`` Bindery evicts it (the default: the
 workload's controller makes a new pod, which is scheduled through the RM again) or only warns
 (the site drains such pods its own way). A pod that is gone, finished, being deleted, replaced
-under its name or bound elsewhere needs nothing: the revocation is only acknowledged.
+under its name, bound elsewhere or bound with another reservation needs nothing: the revocation is
+only acknowledged. A pod not bound yet may still be bound on the reservation (a cycle between reserve
+and bind, a pod group waiting for its members), as reconciliation assumes of any pending pod: the
+revocation waits for a later pass (the cycle's own release acknowledges it if it is not bound).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bindery.rm.models import Reservation
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
 
 __all__ = ["OnRevoked", "RevokedAction", "revoked_action", "revoked_note"]
 
@@ -33,6 +37,7 @@ class RevokedAction(enum.StrEnum):
     EVICT = "evict"  # the Eviction API, a Warning event, then acknowledge
     WARN = "warn"  # a Warning event, then acknowledge; the pod keeps running
     ACKNOWLEDGE = "acknowledge"  # no running pod uses it: only release it at the RM
+    WAIT = "wait"  # its pod is not bound yet and may still be bound on it: decide in a later pass
 
 
 def revoked_action(
@@ -40,17 +45,22 @@ def revoked_action(
 ) -> RevokedAction:
     """Pure: what to do about one revoked reservation, given its pod's current body (None: none).
 
-    Only the pod the reservation was made for (same UID), bound to the reservation's node and
-    neither finished nor being deleted, still uses it; anything else is acknowledged silently.
+    Only the pod the reservation was made for (same UID), bound to the reservation's node (with
+    this reservation, when its annotation names one) and neither finished nor being deleted, still
+    uses it; that pod not bound yet may still be (WAIT); anything else is acknowledged silently.
     """
     if pod is None:
         return RevokedAction.ACKNOWLEDGE
     metadata = pod.get("metadata") or {}
     if metadata.get("uid") != reservation.pod_uid or metadata.get("deletionTimestamp"):
         return RevokedAction.ACKNOWLEDGE
-    if (pod.get("spec") or {}).get("nodeName") != reservation.node:
-        return RevokedAction.ACKNOWLEDGE
     if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+        return RevokedAction.ACKNOWLEDGE
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return RevokedAction.WAIT
+    bound_with = (metadata.get("annotations") or {}).get(RESERVATION_ANNOTATION)
+    if node != reservation.node or (bound_with and bound_with != reservation.id):
         return RevokedAction.ACKNOWLEDGE
     return RevokedAction.EVICT if policy is OnRevoked.EVICT else RevokedAction.WARN
 
