@@ -114,3 +114,38 @@ def test_gpus_are_not_overcommitted_the_third_pod_waits_in_slurms_queue(gpu_adap
     job_id = waited["id"].removeprefix("slurm-")
     assert _state(bed, job_id) == "RUNNING"
     assert _gpus_allocated(bed, job_id) == ["gpu:1(IDX:0)"]
+
+
+def _gpu_group(name: str, count: int) -> dict[str, Any]:
+    members = [
+        {
+            "pod": {
+                "uid": f"{name}-{i}",
+                "namespace": "ns",
+                "name": f"{name}-{i}",
+                "schedulerName": "slurm-gres",
+            },
+            "resources": {"cpu": "1", "memory": "64Mi", "nvidia.com/gpu": "1"},
+        }
+        for i in range(count)
+    ]
+    group = {"namespace": "ns", "name": name, "schedulerName": "slurm-gres"}
+    return {"group": group, "members": members, "idempotencyKey": name, "ttlSeconds": 60}
+
+
+def test_a_group_is_placed_by_free_gpus_all_or_nothing(gpu_adapter: AdapterProcess) -> None:
+    """Groups never queue, so the adapter's own count of free GPUs decides: 3 one-GPU members do
+    not fit 2 one-GPU nodes (refused before any job is submitted, though CPUs are plenty); 2 do."""
+    bed = gpu_adapter.bed
+    with gpu_adapter.client() as client:
+        refused = client.post("/v1/reservation-groups", json=_gpu_group("gang3", 3))
+        assert refused.status_code == 409, refused.text
+        reason = refused.json()["reason"]
+        assert "could place only 2 of them" in reason and "Insufficient nvidia.com/gpu" in reason, reason
+        assert bed.squeue() == []
+        placed = client.post("/v1/reservation-groups", json=_gpu_group("gang2", 2))
+        assert placed.status_code == 201, placed.text
+        assert sorted(m["node"] for m in placed.json()["members"]) == ["slurm-0", "slurm-1"]
+    for row in bed.squeue():
+        assert row["state"] == "RUNNING"
+        assert _gpus_allocated(bed, row["id"]) == ["gpu:1(IDX:0)"]
