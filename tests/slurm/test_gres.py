@@ -141,7 +141,8 @@ def test_a_group_is_placed_by_free_gpus_all_or_nothing(gpu_adapter: AdapterProce
         refused = client.post("/v1/reservation-groups", json=_gpu_group("gang3", 3))
         assert refused.status_code == 409, refused.text
         reason = refused.json()["reason"]
-        assert "could place only 2 of them" in reason and "Insufficient nvidia.com/gpu" in reason, reason
+        assert "could place only 2 of them" in reason, reason
+        assert "Insufficient nvidia.com/gpu" in reason, reason
         assert bed.squeue() == []
         placed = client.post("/v1/reservation-groups", json=_gpu_group("gang2", 2))
         assert placed.status_code == 201, placed.text
