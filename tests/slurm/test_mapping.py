@@ -7,6 +7,7 @@ import pathlib
 import pytest
 
 from bindery.rm.models import ReservationRequest
+from bindery.slurm_rm import cli
 from bindery.slurm_rm.mapping import (
     GresMapError,
     JobRecord,
@@ -106,3 +107,15 @@ def test_the_comment_round_trips_and_ignores_other_jobs() -> None:
     assert JobRecord.decode(record.encode()) == record
     assert JobRecord.decode("a user's own comment") is None
     assert JobRecord.decode('{"tag": "something else"}') is None
+
+
+def test_the_adapter_refuses_a_malformed_gres_map_before_serving(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    argv = ["--slurmrestd", "unix:/nonexistent", "--node-map", "k0=s0", "--token-file", str(token)]
+    assert cli.main([*argv, "--gres-map", "nvidia.com/gpu"]) == 2
+    assert (
+        "--gres-map entry 'nvidia.com/gpu' is not KUBERNETES_RESOURCE=SLURM_GRES" in capsys.readouterr().err
+    )

@@ -511,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--cpus", type=int, default=4)
     parser.add_argument("--memory-mib", type=int, default=8192)
+    parser.add_argument("--gpus", type=int, default=0, help="counted GPUs (GRES gpu) per node")
     parser.add_argument("--workdir", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)
     try:
@@ -519,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     workdir = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="bindery-slurm-"))
-    nodes = [SlurmNode(f"slurm-{i}", args.cpus, args.memory_mib) for i in range(args.nodes)]
+    nodes = [SlurmNode(f"slurm-{i}", args.cpus, args.memory_mib, args.gpus) for i in range(args.nodes)]
     bed = SlurmBed(workdir, nodes, root=root)
     with bed:
         env: Mapping[str, str] = bed.env()
