@@ -61,7 +61,9 @@ def test_mapped_extended_resources_become_a_gres_spec_in_whole_units() -> None:
     assert refusals == ["nvidia.com/gpu 500m is not a whole number (Slurm counts GRES gpu in units)"]
 
 
-@pytest.mark.parametrize("text", ["gpu", "nvidia.com/gpu", "gpu=gpu", "nvidia.com/gpu=gpu:1", "a/b=x,a/b=y"])
+@pytest.mark.parametrize(
+    "text", ["gpu", "nvidia.com/gpu", "gpu=gpu", "nvidia.com/gpu=gpu:1", "a/b=x,a/b=y", "a/b=x,c/d=x"]
+)
 def test_a_malformed_gres_map_is_refused_naming_the_entry(text: str) -> None:
     with pytest.raises(GresMapError, match="--gres-map"):
         parse_gres_map(text)

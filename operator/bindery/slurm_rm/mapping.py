@@ -137,6 +137,9 @@ def parse_gres_map(text: str) -> dict[str, str]:
             )
         if resource in mapping:
             raise GresMapError(f"--gres-map maps {resource} twice")
+        if gres in mapping.values():
+            # Two resources counted apart in Kubernetes but from one pool in Slurm would overcommit.
+            raise GresMapError(f"--gres-map maps two resources to GRES {gres}; the mapping is one to one")
         mapping[resource] = gres
     return mapping
 
