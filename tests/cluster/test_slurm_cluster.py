@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import pathlib
 import signal
 import time
@@ -89,11 +90,15 @@ async def slurm_stage(
     root: pathlib.Path,
     tmp: pathlib.Path,
     spec: dict[str, Any] | None = None,
+    gpus: int = 0,
 ) -> AsyncIterator[Stage]:
     pool = uuid.uuid4().hex[:6]
     scheduler, rm_name = f"slurm-{pool}", f"rm-slurm-{pool}"
-    nodes = await kwok_pool(api, pool=pool, count=2, capacity={"cpu": "4", "memory": "8Gi", "pods": "20"})
-    bed = SlurmBed(tmp / "slurm", [SlurmNode(node, cpus=4, memory_mib=8192) for node in nodes], root=root)
+    capacity = {"cpu": "4", "memory": "8Gi", "pods": "20"} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})
+    nodes = await kwok_pool(api, pool=pool, count=2, capacity=capacity)
+    bed = SlurmBed(
+        tmp / "slurm", [SlurmNode(node, cpus=4, memory_mib=8192, gpus=gpus) for node in nodes], root=root
+    )
     bed.start()
     token_file = tmp / "token"
     token_file.write_text(uuid.uuid4().hex)
@@ -401,3 +406,71 @@ async def test_a_pod_that_ends_releases_its_job(
             items = http.get("/v1/reservations", params={"schedulerName": stage.scheduler}).json()["items"]
         states = {i["podUid"]: i["state"] for i in items}
         assert states == {p["metadata"]["uid"]: "released" for p in finished}, states
+
+
+async def test_gpu_pods_get_one_slurm_gpu_each_and_the_third_waits_for_one(
+    *,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    slurm_root: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    """2 nodes with 1 GPU each, in Kubernetes and in Slurm; 3 pods asking nvidia.com/gpu: 1 and a
+    CPU each (CPUs to spare): two bind, each on the node where Slurm allocated its job the GPU,
+    the third waits with Slurm's reason.
+
+    About 50 s, so CI leaves it to tests/slurm/test_gres.py (the adapter on a GPU bed, ~22 s); run it
+    with `BINDERY_SLURM_KIT=full .venv/bin/pytest tests/cluster/test_slurm_cluster.py -k gpu`."""
+    if os.environ.get("BINDERY_SLURM_KIT") != "full":
+        pytest.skip("the GPU Deployment through Slurm runs with BINDERY_SLURM_KIT=full (about 50 s)")
+    async with slurm_stage(
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        root=slurm_root,
+        tmp=tmp_path,
+        gpus=1,
+    ) as stage:
+        view, bed = stage.view, stage.bed
+        gpu_deployment = deployment("gpu", replicas=3, cpu="1", scheduler=stage.scheduler, pool=stage.pool)
+        gpu = {"nvidia.com/gpu": "1"}
+        gpu_deployment["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+            "requests": {"cpu": "1", **gpu},
+            "limits": gpu,  # extended resources are not overcommitted: limits equal requests
+        }
+        await view.apps.create_namespaced_deployment(cluster_namespace, gpu_deployment)
+
+        async def two_running() -> bool:
+            pods = await view.pods("app=gpu")
+            phases = [str((p.get("status") or {}).get("phase")) for p in pods]
+            return phases.count("Running") == 2
+
+        await eventually(two_running, within=120, what="2 of the 3 GPU pods bound and Running")
+
+        async def slurms_reason() -> str | None:
+            for pod in await view.pods("app=gpu"):
+                for condition in (pod.get("status") or {}).get("conditions") or []:
+                    message = condition.get("message") or ""
+                    if condition["type"] == "PodScheduled" and "PENDING" in message:
+                        return str(message)
+            return None
+
+        reason = await eventually(slurms_reason, within=60, what="Slurm's reason on the third GPU pod")
+        print(f"\nthe third GPU pod says: {reason}")
+        assert "Resources" in reason
+        assert await one_running_job_per_pod(stage, "app=gpu") == []
+        bound = [p for p in await view.pods("app=gpu") if p["spec"].get("nodeName")]
+        assert sorted(p["spec"]["nodeName"] for p in bound) == sorted(n.name for n in bed.nodes)
+        running = [r for r in bed.squeue() if r["name"].startswith("bindery:") and r["state"] == "RUNNING"]
+        for row in running:
+            detail = bed.run_client("scontrol", "-d", "show", "job", row["id"])
+            assert "GRES=gpu:1(IDX:0)" in detail, detail
+        await view.apps.patch_namespaced_deployment_scale("gpu", cluster_namespace, {"spec": {"replicas": 0}})
+
+        async def settled_empty() -> bool:
+            return not await view.pods("app=gpu") and not [
+                r for r in bed.squeue() if r["name"].startswith("bindery:") and r["state"] == "RUNNING"
+            ]
+
+        await eventually(settled_empty, within=90, what="no placeholder job left after scaling to 0")

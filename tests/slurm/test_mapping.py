@@ -7,7 +7,17 @@ import pathlib
 import pytest
 
 from bindery.rm.models import ReservationRequest
-from bindery.slurm_rm.mapping import JobRecord, NodeMapError, allowed, job_size, parse_node_map
+from bindery.slurm_rm import cli
+from bindery.slurm_rm.mapping import (
+    GresMapError,
+    JobRecord,
+    NodeMapError,
+    allowed,
+    job_size,
+    parse_gres,
+    parse_gres_map,
+    parse_node_map,
+)
 
 
 def _request(resources: dict[str, str], **placement: object) -> ReservationRequest:
@@ -29,9 +39,42 @@ def test_a_job_asks_for_whole_cpus_and_mebibytes_never_zero() -> None:
     assert (size.cpus, size.memory_mib) == (1, 1)  # no memory request would get the whole node
 
 
-def test_an_extended_resource_is_reported_as_unmapped() -> None:
-    _, unmapped = job_size(_request({"cpu": "1", "nvidia.com/gpu": "1", "example.com/zero": "0"}))
-    assert unmapped == ["nvidia.com/gpu"]
+def test_an_extended_resource_without_a_gres_is_refused_never_dropped() -> None:
+    size, refusals = job_size(_request({"cpu": "1", "example.com/fpga": "1", "example.com/zero": "0"}))
+    assert refusals == [
+        "Insufficient example.com/fpga (mapped to no Slurm GRES; see the adapter's --gres-map)"
+    ]
+    assert size.gres == ()
+    # The default map has nvidia.com/gpu; an empty one maps nothing.
+    _, refusals = job_size(_request({"cpu": "1", "nvidia.com/gpu": "1"}), {})
+    assert [r.split(" (")[0] for r in refusals] == ["Insufficient nvidia.com/gpu"]
+
+
+def test_mapped_extended_resources_become_a_gres_spec_in_whole_units() -> None:
+    gres_map = parse_gres_map("nvidia.com/gpu=gpu, example.com/fpga=fpga")
+    size, refusals = job_size(
+        _request({"cpu": "1", "nvidia.com/gpu": "2", "example.com/fpga": "1"}), gres_map
+    )
+    assert (refusals, size.gres_spec(), size.gres_counts()) == ([], "fpga:1,gpu:2", {"fpga": 1, "gpu": 2})
+    assert job_size(_request({"cpu": "1", "nvidia.com/gpu": "1"}))[0].gres_spec() == "gpu:1"  # default map
+    _, refusals = job_size(_request({"cpu": "1", "nvidia.com/gpu": "500m"}))
+    assert refusals == ["nvidia.com/gpu 500m is not a whole number (Slurm counts GRES gpu in units)"]
+
+
+@pytest.mark.parametrize(
+    "text", ["gpu", "nvidia.com/gpu", "gpu=gpu", "nvidia.com/gpu=gpu:1", "a/b=x,a/b=y", "a/b=x,c/d=x"]
+)
+def test_a_malformed_gres_map_is_refused_naming_the_entry(text: str) -> None:
+    with pytest.raises(GresMapError, match="--gres-map"):
+        parse_gres_map(text)
+    assert parse_gres_map("") == {}
+
+
+def test_gres_counts_are_read_from_slurmrestds_words() -> None:
+    assert parse_gres("gpu:2") == {"gpu": 2}
+    assert parse_gres("gpu:a100:1(IDX:0,2),gpu:v100:1(S:0-1),fpga:3") == {"gpu": 2, "fpga": 3}
+    assert parse_gres("gres:gpu:1,gres:fpga:2") == {"gpu": 1, "fpga": 2}  # a job's tres_per_node
+    assert parse_gres("(null)") == parse_gres("") == parse_gres(None) == {}
 
 
 def test_node_map_from_pairs_and_from_a_file(tmp_path: pathlib.Path) -> None:
@@ -66,3 +109,15 @@ def test_the_comment_round_trips_and_ignores_other_jobs() -> None:
     assert JobRecord.decode(record.encode()) == record
     assert JobRecord.decode("a user's own comment") is None
     assert JobRecord.decode('{"tag": "something else"}') is None
+
+
+def test_the_adapter_refuses_a_malformed_gres_map_before_serving(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    argv = ["--slurmrestd", "unix:/nonexistent", "--node-map", "k0=s0", "--token-file", str(token)]
+    assert cli.main([*argv, "--gres-map", "nvidia.com/gpu"]) == 2
+    assert (
+        "--gres-map entry 'nvidia.com/gpu' is not KUBERNETES_RESOURCE=SLURM_GRES" in capsys.readouterr().err
+    )

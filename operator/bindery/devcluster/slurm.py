@@ -166,6 +166,7 @@ class SlurmNode:
     name: str
     cpus: int = 4
     memory_mib: int = 8192
+    gpus: int = 0  # GRES ``gpu``, counted only: no device files (see ``_write_config``)
 
 
 def _free_port() -> int:
@@ -315,16 +316,50 @@ class SlurmBed:
             # throughput); a placeholder job is a pod waiting to bind, so start it at once.
             "SchedulerParameters=batch_sched_delay=0",
         ]
+        if any(node.gpus for node in self.nodes):
+            lines.append("GresTypes=gpu")
         for node in self.nodes:
+            gres = f" Gres=gpu:{node.gpus}" if node.gpus else ""
             lines.append(
                 f"NodeName={node.name} NodeHostname={host} NodeAddr=127.0.0.1 "
                 f"Port={self.node_ports[node.name]} CPUs={node.cpus}"
-                f" RealMemory={node.memory_mib} State=UNKNOWN"
+                f" RealMemory={node.memory_mib}{gres} State=UNKNOWN"
             )
         lines.append(f"PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
+        # GPUs here are counted, not real. slurmd 22.05 drops a GPU without File= ("Removing
+        # file-less GPU"), then slurmctld drains the node (count reported lower than configured),
+        # so each GPU is an empty file standing in for /dev/nvidiaN: with task/none no device is
+        # bound, but Slurm allocates and accounts the count. AutoDetect=off: a build with NVML
+        # would otherwise probe this host. slurmd reads gres.conf from slurm.conf's directory.
+        gres_lines = ["AutoDetect=off"]
+        for node in self.nodes:
+            if node.gpus:
+                devices = self.rundir / "dev" / node.name
+                devices.mkdir(parents=True, exist_ok=True)
+                for index in range(node.gpus):
+                    (devices / f"gpu{index}").touch()
+                gres_lines.append(
+                    f"NodeName={node.name} Name=gpu Count={node.gpus} File={devices}/gpu[0-{node.gpus - 1}]"
+                )
+        (self.conf.parent / "gres.conf").write_text("\n".join(gres_lines) + "\n")
 
     # --- daemons -----------------------------------------------------------------------
+    def _daemon(self, name: str) -> pathlib.Path:
+        """``name`` (slurmctld, slurmd, slurmstepd) as a link to Debian's ``<name>-wlm`` binary.
+
+        Slurm decides some things by its program's name (``run_in_daemon``): a ``slurmctld-wlm``
+        or ``slurmd-wlm`` is "not a daemon", and skips reading the nodes' ``Gres=`` from
+        slurm.conf, so every node had no GRES and a job asking for ``gpu:1`` was refused
+        "Requested node configuration is not available" (2014). Debian's own packages run them
+        through ``/usr/sbin/<name>`` alternatives links, as this does.
+        """
+        link = self.rundir / "bin" / name
+        if not link.exists():
+            link.parent.mkdir(exist_ok=True)
+            link.symlink_to(self.root / "usr/sbin" / f"{name}-wlm")
+        return link
+
     def _spawn(self, key: str, argv: Sequence[str]) -> None:
         log = open(self.workdir / "log" / f"{key}.out", "ab")  # noqa: SIM115 - the child owns it
         with log:
@@ -352,14 +387,14 @@ class SlurmBed:
 
     def start_slurmctld(self) -> None:
         """Start slurmctld; it recovers its jobs from StateSaveLocation, as after a crash."""
-        self._spawn("slurmctld", [str(self.root / "usr/sbin/slurmctld-wlm"), "-D", "-f", str(self.conf)])
+        self._spawn("slurmctld", [str(self._daemon("slurmctld")), "-D", "-f", str(self.conf)])
 
     def start_slurmd(self, name: str) -> None:
         self._spawn(
             f"slurmd-{name}",
             [
-                str(self.root / "usr/sbin/slurmd-wlm"), "-D", "-N", name, "-f", str(self.conf),
-                "-d", str(self.root / "usr/sbin/slurmstepd-wlm"),
+                str(self._daemon("slurmd")), "-D", "-N", name, "-f", str(self.conf),
+                "-d", str(self._daemon("slurmstepd")),
             ],
         )  # fmt: skip
 
@@ -476,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--cpus", type=int, default=4)
     parser.add_argument("--memory-mib", type=int, default=8192)
+    parser.add_argument("--gpus", type=int, default=0, help="counted GPUs (GRES gpu) per node")
     parser.add_argument("--workdir", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)
     try:
@@ -484,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     workdir = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="bindery-slurm-"))
-    nodes = [SlurmNode(f"slurm-{i}", args.cpus, args.memory_mib) for i in range(args.nodes)]
+    nodes = [SlurmNode(f"slurm-{i}", args.cpus, args.memory_mib, args.gpus) for i in range(args.nodes)]
     bed = SlurmBed(workdir, nodes, root=root)
     with bed:
         env: Mapping[str, str] = bed.env()

@@ -18,7 +18,13 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from bindery.slurm_rm.mapping import NodeMapError, parse_node_map
+from bindery.slurm_rm.mapping import (
+    DEFAULT_GRES_MAP,
+    GresMapError,
+    NodeMapError,
+    parse_gres_map,
+    parse_node_map,
+)
 from bindery.slurm_rm.server import SlurmRM
 from bindery.slurm_rm.slurmrest import SlurmRest
 
@@ -42,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--node-map",
         required=True,
         help="KUBERNETES_NODE=SLURM_NODE,… or a YAML file (nodes: [{name, slurm, labels, taints}])",
+    )
+    parser.add_argument(
+        "--gres-map",
+        default=",".join(f"{k}={v}" for k, v in DEFAULT_GRES_MAP.items()),
+        help="KUBERNETES_RESOURCE=SLURM_GRES,… : extended resources asked of Slurm as GRES "
+        '(default %(default)s; "" maps none). A pod asking for an unmapped one fits no node',
     )
     parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (port 0: a free one)")
     parser.add_argument("--token-file", type=pathlib.Path, help=f"bearer token file (or set {TOKEN_ENV})")
@@ -80,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         nodes = parse_node_map(args.node_map)
-    except (NodeMapError, OSError) as error:
+        gres_map = parse_gres_map(args.gres_map)
+    except (NodeMapError, GresMapError, OSError) as error:
         print(f"bindery rm slurm: {error}", file=sys.stderr)
         return 2
     host, _, port = args.listen.rpartition(":")
@@ -95,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_wait=args.start_wait,
         retry_after=args.retry_after,
         hold_seconds=args.queue_hold_seconds,
+        gres_map=gres_map,
     )
     return asyncio.run(_serve(rm, host or "127.0.0.1", int(port)))
 

@@ -15,8 +15,16 @@ never reads the apiserver: like any third-party RM it speaks only the contract):
 **Sizes.** A placeholder job asks for ``ceil(cpu)`` CPUs (Slurm allocates whole cores) and
 ``ceil(memory / MiB)`` MiB, at least 1 of each: a job without a memory request would get the whole
 node under ``CR_Core_Memory``. ``pods`` and ``ephemeral-storage`` are not Slurm's to count and
-are ignored. Any other resource (GRES such as ``nvidia.com/gpu``) is not mapped yet: a request for
-a non-zero amount of it fits no node, as the contract says of a resource an RM does not know.
+are ignored.
+
+**GRES.** An extended resource is asked of Slurm as a GRES (``--gres``, per node) by a mapping
+from Kubernetes resource names to GRES names: ``--gres-map nvidia.com/gpu=gpu,example.com/fpga=fpga``
+(default ``nvidia.com/gpu=gpu``; ``--gres-map ""`` maps nothing). Counts are whole numbers, as the
+apiserver requires of extended resources. A node's GRES and what is in use come from slurmctld;
+the adapter's map only names them. A resource with no mapping is never dropped: a pod asking for a
+non-zero amount of it fits no node (``409`` "Insufficient example.com/fpga", saying it is not
+mapped), as the contract says of a resource an RM does not know, so a pod asking for a GPU never
+lands where Slurm allocated it none.
 
 **State.** Everything the adapter knows about a reservation is in its job's ``comment`` (JSON), so
 a restarted adapter, or another replica, reads it back from slurmctld.
@@ -29,6 +37,7 @@ import hashlib
 import json
 import math
 import pathlib
+import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -41,6 +50,10 @@ from bindery.rm.models import GroupMemberRequest, ReservationGroupRequest, Reser
 MIB = Decimal(2**20)
 IGNORED_RESOURCES = frozenset({"pods", "ephemeral-storage"})
 COMMENT_TAG = "bindery/v1"
+#: Kubernetes extended resource name -> Slurm GRES name, unless ``--gres-map`` says otherwise.
+DEFAULT_GRES_MAP: Mapping[str, str] = {"nvidia.com/gpu": "gpu"}
+_GRES_NAME = re.compile(r"[A-Za-z0-9_]+")
+_PARENTHESES = re.compile(r"\([^)]*\)")
 
 #: What a placeholder job is sized and matched from: a single reserve, or one member of a group.
 PodRequest = ReservationRequest | GroupMemberRequest
@@ -108,23 +121,93 @@ def _checked(nodes: Sequence[MappedNode], where: str) -> tuple[MappedNode, ...]:
     return tuple(nodes)
 
 
+class GresMapError(ValueError):
+    """``--gres-map`` is malformed; the message says which entry."""
+
+
+def parse_gres_map(text: str) -> dict[str, str]:
+    """``RESOURCE=GRES,…`` (e.g. ``nvidia.com/gpu=gpu``); an empty text maps nothing."""
+    mapping: dict[str, str] = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        resource, sep, gres = pair.partition("=")
+        if not sep or "/" not in resource or not _GRES_NAME.fullmatch(gres):
+            raise GresMapError(
+                f"--gres-map entry {pair!r} is not KUBERNETES_RESOURCE=SLURM_GRES "
+                "(an extended resource such as nvidia.com/gpu, and a GRES name such as gpu)"
+            )
+        if resource in mapping:
+            raise GresMapError(f"--gres-map maps {resource} twice")
+        if gres in mapping.values():
+            # Two resources counted apart in Kubernetes but from one pool in Slurm would overcommit.
+            raise GresMapError(f"--gres-map maps two resources to GRES {gres}; the mapping is one to one")
+        mapping[resource] = gres
+    return mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class GresAsk:
+    resource: str  # the Kubernetes name, as refusals say it
+    gres: str  # the Slurm GRES name
+    count: int
+
+
 @dataclasses.dataclass(frozen=True)
 class JobSize:
     cpus: int
     memory_mib: int
+    gres: tuple[GresAsk, ...] = ()
+
+    def gres_spec(self) -> str:
+        """The job's ``gres`` (per node): ``gpu:1,fpga:2``."""
+        return ",".join(f"{ask.gres}:{ask.count}" for ask in self.gres)
+
+    def gres_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for ask in self.gres:
+            counts[ask.gres] = counts.get(ask.gres, 0) + ask.count
+        return counts
 
 
-def job_size(request: PodRequest) -> tuple[JobSize, list[str]]:
-    """The placeholder's size, and the resource names Slurm cannot provide (non-zero, unmapped)."""
+def job_size(
+    request: PodRequest, gres_map: Mapping[str, str] = DEFAULT_GRES_MAP
+) -> tuple[JobSize, list[str]]:
+    """The placeholder's size, and why Slurm cannot provide some request: a reason per
+    non-zero resource that maps to no GRES, or is not a whole number of one."""
     requested = request.requested()
-    unmapped = sorted(
-        name
-        for name, value in requested.items()
-        if value > 0 and name not in ("cpu", "memory") and name not in IGNORED_RESOURCES
-    )
+    refusals: list[str] = []
+    asks: list[GresAsk] = []
+    for name, value in sorted(requested.items()):
+        if value <= 0 or name in ("cpu", "memory") or name in IGNORED_RESOURCES:
+            continue
+        gres = gres_map.get(name)
+        if gres is None:
+            refusals.append(f"Insufficient {name} (mapped to no Slurm GRES; see the adapter's --gres-map)")
+        elif value != value.to_integral_value():
+            refusals.append(
+                f"{name} {request.resources[name]} is not a whole number (Slurm counts GRES {gres} in units)"
+            )
+        else:
+            asks.append(GresAsk(name, gres, int(value)))
     cpus = max(1, math.ceil(requested.get("cpu", Decimal(0))))
     memory = max(1, math.ceil(requested.get("memory", Decimal(0)) / MIB))
-    return JobSize(cpus, memory), unmapped
+    return JobSize(cpus, memory, tuple(asks)), refusals
+
+
+def parse_gres(text: object) -> dict[str, int]:
+    """GRES counts by name from slurmrestd's words: a node's ``gres`` / ``gres_used``
+    (``gpu:2``, ``gpu:a100:1(IDX:0)``, ``gpu:1(S:0-1),fpga:2``) or a job's ``tres_per_node``
+    (``gres:gpu:1``). Typed GRES count under their name; ``(null)`` and ``N/A`` are none."""
+    counts: dict[str, int] = {}
+    if not isinstance(text, str):
+        return counts
+    for token in _PARENTHESES.sub("", text).split(","):
+        parts = token.strip().split(":")
+        if parts and parts[0] == "gres":
+            parts = parts[1:]
+        if len(parts) < 2 or not parts[-1].isdigit():
+            continue  # "(null)", "N/A", or a name without a count
+        counts[parts[0]] = counts.get(parts[0], 0) + int(parts[-1])
+    return counts
 
 
 def allowed(node: MappedNode, request: PodRequest) -> str | None:

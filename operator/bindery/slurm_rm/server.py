@@ -62,7 +62,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Container, Sequence
+from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pydantic
@@ -82,6 +82,7 @@ from bindery.rm.models import (
     ReservationState,
 )
 from bindery.slurm_rm.mapping import (
+    DEFAULT_GRES_MAP,
     JobRecord,
     JobSize,
     MappedNode,
@@ -89,6 +90,7 @@ from bindery.slurm_rm.mapping import (
     allowed,
     fingerprint,
     job_size,
+    parse_gres,
 )
 from bindery.slurm_rm.slurmrest import SlurmError, SlurmRest, SlurmUnreachable
 
@@ -271,6 +273,7 @@ class SlurmRM:
         retry_after: int = 5,
         hold_seconds: float = 30.0,
         sweep_interval: float = 0.5,
+        gres_map: Mapping[str, str] = DEFAULT_GRES_MAP,
     ) -> None:
         self.slurm = slurm
         self.nodes = tuple(nodes)
@@ -283,6 +286,8 @@ class SlurmRM:
         self.retry_after = retry_after
         self.hold_seconds = hold_seconds
         self.sweep_interval = sweep_interval
+        #: Kubernetes extended resource -> Slurm GRES (see mapping.py's "GRES").
+        self.gres_map = dict(gres_map)
         # Every read-decide-write of a job's comment happens under this lock (one adapter process).
         self._lock = asyncio.Lock()
         self._sweeper: asyncio.Task[None] | None = None
@@ -444,7 +449,7 @@ class SlurmRM:
                     hold_until=now + max(self.hold_seconds, self.start_wait) + 5,
                 )
                 try:
-                    job_id = await self._submit(record, job_size(body)[0], choice)
+                    job_id = await self._submit(record, self._size(body)[0], choice)
                 except SlurmUnreachable:
                     raise
                 except SlurmError as error:  # Slurm's own refusal: a limit, a QOS, a partition
@@ -489,31 +494,36 @@ class SlurmRM:
             info = slurm_nodes.get(node.slurm)
             if info is None:
                 continue
+            total, used = parse_gres(info.get("gres")), parse_gres(info.get("gres_used"))
             rooms[node.slurm] = _NodeRoom(
                 info=info,
                 cpus=int(info.get("cpus") or 0) - int(info.get("alloc_cpus") or 0),
                 memory_mib=int(info.get("real_memory") or 0) - int(info.get("alloc_memory") or 0),
+                gres={name: count - used.get(name, 0) for name, count in total.items()},
+                gres_total=total,
             )
         for job, record in await self._records():
             room = rooms.get(by_kube.get(record.node, ""))
             if room is None:
                 continue
             cpus, memory = int(job.get("cpus") or 0), _job_memory(job)
+            gres = parse_gres(job.get("tres_per_node"))
             state = job.get("job_state")
             if state == "PENDING" and record.ended is None:
                 room.queued += 1
-                room.cpus -= cpus
-                room.memory_mib -= memory
+                room.take(cpus, memory, gres, sign=1)
             elif state in ("RUNNING", "CONFIGURING", "COMPLETING") and (
                 record.ended is not None or self._state_of(job, record, now) is ReservationState.EXPIRED
             ):  # ended by the adapter, or about to be (its lease ran out): its CPUs come back
-                room.cpus += cpus
-                room.memory_mib += memory
+                room.take(cpus, memory, gres, sign=-1)
         return rooms
+
+    def _size(self, request: PodRequest) -> tuple[JobSize, list[str]]:
+        return job_size(request, self.gres_map)
 
     def _why_not(self, node: MappedNode, room: _NodeRoom | None, request: PodRequest) -> str | None:
         """Why ``node`` can never hold ``request`` (its constraints, Slurm's state, its size), or None."""
-        size, unmapped = job_size(request)
+        size, unmapped = self._size(request)
         why = allowed(node, request)
         if why is not None:
             return why
@@ -522,15 +532,18 @@ class SlurmRM:
         if any(flag in str(room.info.get("state")).lower() for flag in _DOWN):
             return f"Slurm node {node.slurm} is {room.info.get('state')}"
         if unmapped:
-            return f"Insufficient {unmapped[0]}"
+            return unmapped[0]
         if int(room.info.get("cpus") or 0) < size.cpus:
             return "Insufficient cpu"
         if int(room.info.get("real_memory") or 0) < size.memory_mib:
             return "Insufficient memory"
+        for ask in size.gres:
+            if room.gres_total.get(ask.gres, 0) < ask.count:
+                return f"Insufficient {ask.resource}"
         return None
 
     async def _choose(self, body: ReservationRequest) -> MappedNode | web.Response:
-        size, _ = job_size(body)
+        size, _ = self._size(body)
         rooms = await self._view()
         reasons: dict[str, int] = {}
         candidates: list[tuple[int, MappedNode]] = []
@@ -541,7 +554,8 @@ class SlurmRM:
                 reasons[why] = reasons.get(why, 0) + 1
                 continue
             assert room is not None
-            candidates.append((room.cpus if room.memory_mib >= size.memory_mib else -1, node))
+            has_room = room.memory_mib >= size.memory_mib and room.lacks(size) is None
+            candidates.append((room.cpus if has_room else -1, node))
         if not candidates:
             return problem(
                 409,
@@ -557,7 +571,10 @@ class SlurmRM:
             # start_wait: answer at once (a batch of many such reserves would otherwise take
             # start_wait each).
             for _, node in candidates:
-                why = "Insufficient cpu" if rooms[node.slurm].cpus < size.cpus else "Insufficient memory"
+                room = rooms[node.slurm]
+                why = "Insufficient cpu" if room.cpus < size.cpus else "Insufficient memory"
+                if room.cpus >= size.cpus and room.memory_mib >= size.memory_mib:
+                    why = f"Insufficient {room.lacks(size)}"
                 reasons[why] = reasons.get(why, 0) + 1
             return problem(
                 409,
@@ -582,6 +599,10 @@ class SlurmRM:
             "standard_error": "/dev/null",
             "environment": {"PATH": "/usr/bin:/bin"},
         }
+        if size.gres:
+            # Per node, and the job has one node: exactly the pod's count ("gres" is sbatch's
+            # --gres; slurmctld stores it as tres_per_node "gres:gpu:1").
+            job["gres"] = size.gres_spec()
         if self.partition:
             job["partition"] = self.partition
         job_id = await self.slurm.submit(job, PLACEHOLDER_SCRIPT)
@@ -874,7 +895,7 @@ class SlurmRM:
                         index=index,
                         topology=topology,
                     )
-                    submitted.append((await self._submit(record, job_size(member)[0], node), record))
+                    submitted.append((await self._submit(record, self._size(member)[0], node), record))
             except SlurmError as error:
                 await self._end_all(submitted, "abandoned")
                 if error.job_id is not None:  # refused, yet queued: cancel it too
@@ -949,19 +970,23 @@ class SlurmRM:
             key=lambda item: -sum(max(rooms[n.slurm].cpus, 0) for n in item[1] if n.slurm in rooms),
         ):
             free = {
-                n.slurm: (rooms[n.slurm].cpus, rooms[n.slurm].memory_mib) for n in nodes if n.slurm in rooms
+                n.slurm: dataclasses.replace(rooms[n.slurm], gres=dict(rooms[n.slurm].gres))
+                for n in nodes
+                if n.slurm in rooms
             }
             chosen: list[MappedNode] = []
             for member in body.members:
-                size, _ = job_size(member)
+                size, _ = self._size(member)
                 reasons: dict[str, int] = {}
                 fitting: list[MappedNode] = []
                 for node in nodes:
                     why = self._why_not(node, rooms.get(node.slurm), member)
-                    if why is None and (free[node.slurm][0] < size.cpus):
+                    if why is None and (free[node.slurm].cpus < size.cpus):
                         why = "Insufficient cpu"
-                    elif why is None and free[node.slurm][1] < size.memory_mib:
+                    elif why is None and free[node.slurm].memory_mib < size.memory_mib:
                         why = "Insufficient memory"
+                    elif why is None and free[node.slurm].lacks(size) is not None:
+                        why = f"Insufficient {free[node.slurm].lacks(size)}"
                     if why is None:
                         fitting.append(node)
                     else:
@@ -979,9 +1004,8 @@ class SlurmRM:
                             f"0/{len(nodes)} nodes are available: {_counted(reasons)}.",
                         )
                     break
-                node = max(fitting, key=lambda n: free[n.slurm][0])
-                cpus, memory = free[node.slurm]
-                free[node.slurm] = (cpus - size.cpus, memory - size.memory_mib)
+                node = max(fitting, key=lambda n: free[n.slurm].cpus)
+                free[node.slurm].take(size.cpus, size.memory_mib, size.gres_counts(), sign=1)
                 chosen.append(node)
             else:
                 return chosen, dict(zip(keys, value, strict=True))
@@ -1135,6 +1159,19 @@ class _NodeRoom:
     cpus: int
     memory_mib: int
     queued: int = 0  # the adapter's own placeholders pending there
+    gres: dict[str, int] = dataclasses.field(default_factory=dict)  # free, by GRES name
+    gres_total: dict[str, int] = dataclasses.field(default_factory=dict)  # configured
+
+    def take(self, cpus: int, memory_mib: int, gres: Mapping[str, int], *, sign: int) -> None:
+        """Count a job's share as used (``sign=1``) or as coming back (``sign=-1``)."""
+        self.cpus -= sign * cpus
+        self.memory_mib -= sign * memory_mib
+        for name, count in gres.items():
+            self.gres[name] = self.gres.get(name, 0) - sign * count
+
+    def lacks(self, size: JobSize) -> str | None:
+        """The first Kubernetes resource whose GRES is not free enough here now, or None."""
+        return next((a.resource for a in size.gres if self.gres.get(a.gres, 0) < a.count), None)
 
 
 def _job_memory(job: dict[str, Any]) -> int:
