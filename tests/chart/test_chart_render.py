@@ -797,6 +797,22 @@ def test_reference_rm_tls_from_an_existing_secret_is_stable_across_renders(
     assert "--tls-key=/etc/bindery-rm/tls/tls.key" in args
 
 
+def test_the_operator_can_trust_a_ca_secret_without_the_rms_key(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    """With only existingSecret the operator reads ca.crt from the Secret that also holds the RM's
+    key; caSecret points it at a Secret with the CA alone."""
+    values = {"referenceRM": {"tls": {"existingSecret": "rm-serving-cert", "caSecret": "rm-ca-only"}}}
+    objects = ct.render(helm=helm, env=helm_env, tmp=tmp_path, values=values)
+    assert ct.one(objects, "ResourceManager")["spec"]["tls"]["caSecretRef"]["name"] == "rm-ca-only"
+    pod = ct.one(objects, "Deployment", "rel-bindery-rm")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["tls"]["secret"]["secretName"] == "rm-serving-cert"
+    error = ct.render_error(
+        helm=helm, env=helm_env, tmp=tmp_path, values={"referenceRM": {"tls": {"caSecret": "rm-ca-only"}}}
+    )
+    assert "referenceRM.tls.caSecret" in error
+
+
 def test_reference_rm_tls_existing_secret_without_tls_is_refused(
     helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
 ) -> None:

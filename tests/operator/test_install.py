@@ -40,6 +40,10 @@ async def test_granting_again_brings_an_older_cluster_role_up_to_date(
         await grant_operator(api=kube_api, user=f"user-{name}", name=name)
         again = await get(kube_api, resources.CLUSTER_ROLES, name=name)
         assert again["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
+        # Granting a second user adds it; the first keeps its grant.
+        await grant_operator(api=kube_api, user=f"second-{name}", name=name)
+        binding = await get(kube_api, resources.CLUSTER_ROLE_BINDINGS, name=name)
+        assert [s["name"] for s in binding["subjects"]] == [f"user-{name}", f"second-{name}"]
     finally:
         for role in (name, reader):
             await delete(kube_api, resources.CLUSTER_ROLES, name=role)

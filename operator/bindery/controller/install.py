@@ -94,8 +94,9 @@ async def grant_debug_reader(*, api: ApiClient, user: str, name: str = "bindery-
 
 
 async def _apply_grant(*, api: ApiClient, role: dict[str, Any], binding: dict[str, Any]) -> None:
-    """Create the role and its binding, or replace what differs (RBAC objects take a PUT without
-    resourceVersion; a binding's roleRef is immutable, and both name the same role here)."""
+    """Create the role and its binding, or bring them up to date: the role's rules are replaced, the
+    user is added to the binding's subjects (others stay). RBAC objects take a PUT without
+    resourceVersion; a binding's roleRef is immutable, and both name the same role here."""
     for resource, body, field in (
         (resources.CLUSTER_ROLES, role, "rules"),
         (resources.CLUSTER_ROLE_BINDINGS, binding, "subjects"),
@@ -105,5 +106,9 @@ async def _apply_grant(*, api: ApiClient, role: dict[str, Any], binding: dict[st
             await create(api, resource, body=body)
         except Conflict:  # AlreadyExists
             current = await get(api, resource, name=name)
-            if current.get(field) != body[field]:
-                await replace(api, resource, name=name, body=body)
+            wanted = dict(body)
+            if field == "subjects":  # add the user; never drop whoever else the binding grants
+                kept = list(current.get("subjects") or [])
+                wanted["subjects"] = kept + [s for s in body["subjects"] if s not in kept]
+            if current.get(field) != wanted[field]:
+                await replace(api, resource, name=name, body=wanted)

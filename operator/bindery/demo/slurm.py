@@ -19,6 +19,7 @@ import dataclasses
 import os
 import pathlib
 import secrets
+import selectors
 import signal
 import subprocess
 import sys
@@ -31,6 +32,8 @@ from bindery.devcluster.slurm import SlurmBed, SlurmNode, SlurmUnavailable, ensu
 #: The adapter prints this, then its URL, once it serves (bindery.slurm_rm.cli.BANNER).
 _BANNER = "Slurm RM serving contract v1 at "
 RESOURCE_MANAGER = "slurm"
+#: How long the adapter may take to print its banner (it reaches slurmrestd first).
+BANNER_WAIT_SECONDS = 60.0
 #: Memory each Slurm node advertises (the kwok nodes' 32Gi); slurmd's config_overrides lets a
 #: loopback bed advertise more than the host has.
 NODE_MEMORY_MIB = 32 * 1024
@@ -94,9 +97,15 @@ def slurm_stage(
                 text=True,
             )  # fmt: skip
         assert adapter.stdout is not None
-        line = adapter.stdout.readline()
+        # The banner, or nothing within the wait: an adapter stuck before serving must not hang the demo.
+        with selectors.DefaultSelector() as ready:
+            ready.register(adapter.stdout, selectors.EVENT_READ)
+            line = adapter.stdout.readline() if ready.select(timeout=BANNER_WAIT_SECONDS) else ""
         if not line.startswith(_BANNER):
-            raise RuntimeError(f"the Slurm adapter did not start (see {bed.workdir / 'log' / 'adapter.log'})")
+            raise RuntimeError(
+                f"the Slurm adapter did not start serving within {BANNER_WAIT_SECONDS:g}s "
+                f"(see {bed.workdir / 'log' / 'adapter.log'})"
+            )
         yield SlurmStage(bed=bed, url=line.removeprefix(_BANNER).strip(), token=token)
     finally:
         if adapter is not None and adapter.poll() is None:
