@@ -35,8 +35,8 @@ BANNER = "Slurm RM serving contract v1 at "
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bindery rm slurm",
-        description="Serve Bindery's RM contract (v1.1: reserve, commit, release, renew, list, "
-        "reservation groups, batches) in front "
+        description="Serve Bindery's RM contract (v1.2: reserve, commit, release, renew, list, "
+        "reservation groups, batches, cluster-id, revocation) in front "
         "of Slurm's slurmrestd: each reservation is a placeholder job on the pod's node.",
     )
     parser.add_argument(

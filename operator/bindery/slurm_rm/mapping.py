@@ -261,6 +261,9 @@ class JobRecord:
     group_key: str | None = None
     index: int = 0
     topology: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Contract v1.2 ``clusterId``: the cluster the reservation was made for (None: made without one).
+    # Lists filter by it, so two clusters sharing one Slurm never settle each other's placeholders.
+    cluster: str | None = None
 
     def encode(self) -> str:
         return json.dumps({"tag": COMMENT_TAG, **dataclasses.asdict(self)}, separators=(",", ":"))

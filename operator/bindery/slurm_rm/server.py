@@ -108,7 +108,7 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_GROUP_BODY_BYTES = 2 * 1024 * 1024
 MAX_BATCH_BODY_BYTES = 4 * 1024 * 1024
 _PUBLIC = frozenset({"/healthz", "/readyz"})
-_LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "limit", "cursor"})
+_LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "clusterId", "limit", "cursor"})
 _TITLES = {
     400: "Bad Request",
     401: "Unauthorized",
@@ -224,6 +224,8 @@ def reservation_json(job: dict[str, Any], record: JobRecord, state: ReservationS
     }
     if record.group is not None:
         answer["groupId"] = record.group
+    if record.cluster is not None:
+        answer["clusterId"] = record.cluster
     if shown is ReservationState.REVOKED:
         answer["revokedReason"] = revoked_because(job)
         answer["revokedAt"] = _iso(float(job["end_time"])) if job.get("end_time") else _iso(time.time())
@@ -407,8 +409,6 @@ class SlurmRM:
 
     async def reserve(self, body: ReservationRequest) -> web.Response:
         """``POST /v1/reservations`` for a validated request, as its own call or in a batch."""
-        if body.cluster_id is not None:
-            return _cluster_id_refused()
         now = time.time()
         created = False
         async with self._lock:
@@ -447,6 +447,7 @@ class SlurmRM:
                     ttl=body.ttl_seconds,
                     created=now,
                     hold_until=now + max(self.hold_seconds, self.start_wait) + 5,
+                    cluster=body.cluster_id,
                 )
                 try:
                     job_id = await self._submit(record, self._size(body)[0], choice)
@@ -772,6 +773,9 @@ class SlurmRM:
             if not query["cursor"].isdigit() or len(query["cursor"]) > 12:
                 return problem(400, ProblemType.INVALID_REQUEST, "cursor is not one this server issued")
             after = int(query["cursor"])
+        for name in ("schedulerName", "podUid", "groupId", "clusterId"):
+            if name in query and not 1 <= len(query[name]) <= 253:
+                return problem(400, ProblemType.INVALID_REQUEST, f"{name} must be 1 to 253 characters long")
         now = time.time()
         items: list[tuple[int, dict[str, Any]]] = []
         for job, record in await self._records():
@@ -782,6 +786,8 @@ class SlurmRM:
             if query.get("schedulerName") not in (None, record.scheduler):
                 continue
             if query.get("groupId") not in (None, record.group):
+                continue
+            if query.get("clusterId") not in (None, record.cluster):
                 continue
             if query.get("podUid") not in (None, record.pod_uid) or wanted_state not in (
                 None,
@@ -796,10 +802,12 @@ class SlurmRM:
         return web.json_response(page)
 
     async def _info(self, _: web.Request) -> web.Response:
-        """``GET /v1/info`` (contract v1.2): only what this adapter does. Not ``cluster-id`` (a job
-        carries no cluster), nor ``node-preferences``, ``toleration-comparisons`` or ``preemption``:
-        Bindery then sends none of their fields, as to a v1.1 RM."""
-        features = sorted(f.value for f in (Feature.RENEW, Feature.RESERVATION_GROUPS, Feature.BATCH))
+        """``GET /v1/info`` (contract v1.2): only what this adapter does: ``cluster-id`` (the cluster
+        rides in the job's comment record), not ``node-preferences``, ``toleration-comparisons`` or
+        ``preemption``, whose fields Bindery then never sends it."""
+        features = sorted(
+            f.value for f in (Feature.RENEW, Feature.RESERVATION_GROUPS, Feature.BATCH, Feature.CLUSTER_ID)
+        )
         return web.json_response(
             {"contractVersion": CONTRACT_VERSION, "features": sorted([*features, Feature.REVOCATION.value])}
         )
@@ -830,8 +838,6 @@ class SlurmRM:
         )
         if isinstance(body, web.Response):
             return body
-        if body.cluster_id is not None:
-            return _cluster_id_refused()
         who = f"group {body.group.namespace}/{body.group.name}"
         now = time.time()
         async with self._lock:
@@ -894,6 +900,7 @@ class SlurmRM:
                         group_key=body.idempotency_key,
                         index=index,
                         topology=topology,
+                        cluster=body.cluster_id,
                     )
                     submitted.append((await self._submit(record, self._size(member)[0], node), record))
             except SlurmError as error:
@@ -1212,15 +1219,6 @@ def _invalid(error: pydantic.ValidationError, *, at: tuple[str | int, ...] = ())
         errors = [{"location": "/".join(map(str, at)) or "body", "message": "invalid"}]
     detail = f"{errors[0]['location']}: {errors[0]['message']}"
     return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
-
-
-def _cluster_id_refused() -> web.Response:
-    return problem(
-        400,
-        ProblemType.INVALID_REQUEST,
-        "clusterId: Extra inputs are not permitted (this RM speaks contract v1.1)",
-        errors=[{"location": "clusterId", "message": "Extra inputs are not permitted"}],
-    )
 
 
 def _result(response: web.Response) -> dict[str, Any]:
