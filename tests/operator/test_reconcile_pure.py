@@ -179,3 +179,20 @@ def test_surplus_keeps_the_reservation_the_pod_was_bound_with() -> None:
     committed_stale = _reservation("committed", id="r-old", createdAt=old)
     found = surplus([committed_stale, bound_with], pods)
     assert {extra: kept.id for extra, kept in found.items()} == {"r-old": "r-new"}
+
+
+def test_one_reservation_listed_twice_is_never_its_own_surplus() -> None:
+    """A pass lists reserved reservations, then committed ones. A pod's PostBind commit landing
+    between the two lists shows its one reservation in both, once reserved and once committed.
+    Taken as two reservations, the committed copy was kept and the reserved copy released: the same
+    id, so the running pod's only reservation was released (chaos apiserver-restart, rehearsal 2:
+    `release reserved reservation rsv-78fd… (surplus: the pod runs on committed reservation
+    rsv-78fd…)`, then `bound … but … holds no active reservation`)."""
+    pods = {"u-1": _pod(reservation="r1")}
+    as_reserved = _reservation("reserved", id="r1")
+    as_committed = _reservation("committed", id="r1")
+    assert surplus([as_reserved, as_committed], pods) == {}
+    assert surplus([as_committed, as_reserved], pods) == {}
+    # A real second reservation is still surplus, whichever copies of the first are listed.
+    other = _reservation("reserved", id="r2")
+    assert {k: v.id for k, v in surplus([as_reserved, other, as_committed], pods).items()} == {"r2": "r1"}

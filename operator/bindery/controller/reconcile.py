@@ -160,8 +160,14 @@ def surplus(
     The annotation only chooses among the pod's own reservations on its node, so editing it frees
     nothing the pod does not hold twice. `pods` maps pod UID → body, of the pods known to this pass.
     """
-    by_uid: dict[str, list[Reservation]] = collections.defaultdict(list)
+    # One reservation may be listed twice (reserved, then committed, when its commit landed between
+    # a pass's two lists): it is one reservation, never its own surplus; its committed copy counts.
+    unique: dict[str, Reservation] = {}
     for reservation in reservations:
+        if reservation.id not in unique or reservation.state is ReservationState.COMMITTED:
+            unique[reservation.id] = reservation
+    by_uid: dict[str, list[Reservation]] = collections.defaultdict(list)
+    for reservation in unique.values():
         pod = pods.get(reservation.pod_uid)
         if (
             pod is None
@@ -363,21 +369,28 @@ class Reconciler:
         # before the reservations were read, so its reservation (made before its Binding) is listed.
         served_pods = await self._bound_pods(served)
         names = served | self._served_before
-        reservations = [
-            reservation
-            for name in sorted(names)
-            for state in (ReservationState.RESERVED, ReservationState.COMMITTED)
-            for reservation in await rm.list_reservations(scheduler_name=name, state=state.value)
-            if in_scope(reservation=reservation, namespaces=self._namespaces)
-        ]
+        # Listed reserved, then committed: a commit landing in between lists one reservation twice.
+        # Keyed by id, the later (committed) copy wins, so each reservation is settled once.
+        reservations = list(
+            {
+                reservation.id: reservation
+                for name in sorted(names)
+                for state in (ReservationState.RESERVED, ReservationState.COMMITTED)
+                for reservation in await rm.list_reservations(scheduler_name=name, state=state.value)
+                if in_scope(reservation=reservation, namespaces=self._namespaces)
+            }.values()
+        )
         listed = {reservation.id for reservation in reservations}
-        unscoped = [
-            reservation
-            for name in sorted(names)
-            for state in (ReservationState.RESERVED, ReservationState.COMMITTED)
-            for reservation in await rm.list_unscoped_reservations(scheduler_name=name, state=state.value)
-            if in_scope(reservation=reservation, namespaces=self._namespaces) and reservation.id not in listed
-        ]
+        unscoped = list(
+            {
+                reservation.id: reservation
+                for name in sorted(names)
+                for state in (ReservationState.RESERVED, ReservationState.COMMITTED)
+                for reservation in await rm.list_unscoped_reservations(scheduler_name=name, state=state.value)
+                if in_scope(reservation=reservation, namespaces=self._namespaces)
+                and reservation.id not in listed
+            }.values()
+        )
         pods = dict(served_pods)
         pods |= await self._bound_pods(
             frozenset(r.scheduler_name for r in (*reservations, *unscoped)) - served
