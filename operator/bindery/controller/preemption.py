@@ -44,6 +44,7 @@ from bindery.backoff import Backoff, BackoffPolicy
 from bindery.k8s import ApiClient, ApiError, answer_of, list_pages, patch, resources
 from bindery.k8s.api import STRATEGIC_PATCH
 from bindery.kube.events import event_body
+from bindery.kube.eviction import eviction
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim
@@ -283,7 +284,7 @@ class Preemptions:
                 "POST",
                 resources.PODS.path(namespace=namespace, name=name, subresource="eviction"),
                 query={"dryRun": "All"},
-                body=_eviction(namespace, name, victim.pod.uid),
+                body=eviction(namespace, name, victim.pod.uid),
                 request_timeout=_TIMEOUT,
                 what=f"checking the eviction of {namespace}/{name}",
             )
@@ -375,7 +376,7 @@ class Preemptions:
             self._api,
             "POST",
             path,
-            body=_eviction(namespace, name, uid),
+            body=eviction(namespace, name, uid),
             request_timeout=_TIMEOUT,
             what=f"evicting {namespace}/{name}",
         )
@@ -441,15 +442,6 @@ class Preemptions:
                 f"Preempted event of {namespace}/{name} not written (HTTP {status}): "
                 f"{json.dumps(payload.decode(errors='replace')[:200])}"
             )
-
-
-def _eviction(namespace: str, name: str, uid: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": name, "namespace": namespace},
-        "deleteOptions": {"preconditions": {"uid": uid}},
-    }
 
 
 def _why(payload: bytes) -> str:

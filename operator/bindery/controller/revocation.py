@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from bindery.controller.metrics import Metrics
 from bindery.k8s import ApiClient, ApiError, answer_of, resources
 from bindery.kube.events import KubeEventSink
+from bindery.kube.eviction import eviction
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
 from bindery.scheduling.podspec import PodInfo
@@ -184,18 +185,12 @@ class Revocations:
         PodDisruptionBudget refuses (429). Gone already (404) or replaced (409) counts as done."""
         namespace, name = str(reservation.namespace), str(reservation.name)
         path = resources.PODS.path(namespace=namespace, name=name, subresource="eviction")
-        eviction = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-            "deleteOptions": {"preconditions": {"uid": reservation.pod_uid}},
-        }
         async with asyncio.timeout(_TIMEOUT):
             status, payload = await answer_of(
                 self._api,
                 "POST",
                 path,
-                body=eviction,
+                body=eviction(namespace, name, reservation.pod_uid),
                 request_timeout=_TIMEOUT,
                 what=f"evicting {namespace}/{name}",
             )
