@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -370,3 +371,52 @@ def test_a_placeholder_cancelled_by_hand_is_revoked_with_slurms_state_one_releas
         info = client.get("/v1/info").json()
         assert "revocation" in info["features"]
         assert "cluster-id" in info["features"]
+
+
+def test_a_group_placed_on_room_slurm_is_still_tearing_down_waits_for_it(
+    slurm_bed: SlurmBed, slurm_adapter: AdapterProcess
+) -> None:
+    """The adapter counts a placeholder it cancelled as free while Slurm tears it down, so a group
+    placed on that room must wait for the teardown, not be cancelled whole after ``start_wait``.
+    CI once saw exactly that (the kit's group-all-or-nothing on a loaded host). Here slurm-0's
+    slurmd is frozen, so a released placeholder stays COMPLETING until it is thawed, 3 s later."""
+    slurm_adapter.kill(signal.SIGTERM)
+    slurm_adapter.options = ("--queue-hold-seconds", "0", "--start-wait", "1")
+    slurm_adapter.start()
+    cpus = sum(node.cpus for node in slurm_bed.nodes)
+
+    def group(name: str) -> dict[str, Any]:
+        return {
+            "group": {"namespace": "ns", "name": name, "uid": f"{name}-uid", "schedulerName": "slurm-test"},
+            "members": [
+                {
+                    "pod": {
+                        "uid": f"{name}-{i}",
+                        "namespace": "ns",
+                        "name": f"{name}-{i}",
+                        "schedulerName": "slurm-test",
+                    },
+                    "resources": {"cpu": "1", "memory": "64Mi"},
+                }
+                for i in range(cpus)
+            ],
+            "idempotencyKey": name,
+            "ttlSeconds": 60,
+        }
+
+    with slurm_adapter.client() as client:
+        first = client.post("/v1/reservation-groups", json=group("first"))
+        assert first.status_code == 201, first.text
+        slurm_bed.signal("slurmd-slurm-0", signal.SIGSTOP)
+        thaw = threading.Timer(3, slurm_bed.signal, ("slurmd-slurm-0", signal.SIGCONT))
+        thaw.start()
+        try:
+            assert client.delete(f"/v1/reservation-groups/{first.json()['id']}").status_code == 204
+            second = client.post("/v1/reservation-groups", json=group("second"))
+        finally:
+            thaw.join()
+            slurm_bed.signal("slurmd-slurm-0", signal.SIGCONT)
+    assert second.status_code == 201, second.text
+    assert sorted(m["node"] for m in second.json()["members"]) == sorted(
+        node.name for node in slurm_bed.nodes for _ in range(node.cpus)
+    )

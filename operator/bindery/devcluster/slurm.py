@@ -420,6 +420,10 @@ class SlurmBed:
             proc.kill()
             proc.wait(timeout=10)
 
+    def signal(self, key: str, sig: signal.Signals) -> None:
+        """Send ``sig`` to one daemon and leave it be: SIGSTOP and SIGCONT freeze and thaw it."""
+        self._procs[key].send_signal(sig)
+
     def running(self, key: str) -> bool:
         proc = self._procs.get(key)
         return proc is not None and proc.poll() is None

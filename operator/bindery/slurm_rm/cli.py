@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--start-wait", type=float, default=3.0, help="seconds a reserve waits for Slurm to start its job"
     )
     parser.add_argument(
+        "--teardown-wait",
+        type=float,
+        default=15.0,
+        help="seconds more a reserve waits while Slurm tears down placeholders the adapter ended",
+    )
+    parser.add_argument(
         "--retry-after",
         type=int,
         default=5,
@@ -106,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         slurm_user=args.slurm_user or pwd.getpwuid(os.getuid()).pw_name,
         partition=args.partition,
         start_wait=args.start_wait,
+        teardown_wait=args.teardown_wait,
         retry_after=args.retry_after,
         hold_seconds=args.queue_hold_seconds,
         gres_map=gres_map,

@@ -9,13 +9,15 @@ placeholders; when none has room, the one with the fewest of them, where the job
 **A synchronous reserve meets an asynchronous allocation** like this: reserve waits up to
 ``start_wait`` seconds for slurmctld to start the job. Running: ``201`` with the node. Still
 pending: ``409 unschedulable`` with Slurm's reason (``Priority``, ``Resources``, …) in ``reason``,
-so the pod's ``FailedScheduling`` says why, and ``retryAfterSeconds``, so Bindery asks again. The
-pending job stays in Slurm's queue, keyed by the request's ``idempotencyKey`` (the pod UID): the
-next reserve with the same key finds it instead of submitting another, and answers ``201`` once it
-runs. Slurm's priorities, fair share, QOS and partitions thus order the pods. A job whose pod stops
-asking (deleted, bound elsewhere) is cancelled ``hold_seconds`` after the last ask, pending or
-started; ``hold_seconds = 0`` is a plain RM's behaviour, no queueing: a pod that fits no node by the
-adapter's count of free CPUs and memory is refused at once, and a job Slurm keeps pending is cancelled.
+so the pod's ``FailedScheduling`` says why, and ``retryAfterSeconds``, so Bindery asks again. A job
+placed on room the adapter's own ended placeholders still hold while Slurm tears them down waits
+for that teardown too (up to ``teardown_wait`` more). The pending job stays in Slurm's queue, keyed
+by the request's ``idempotencyKey`` (the pod UID): the next reserve with the same key finds it
+instead of submitting another, and answers ``201`` once it runs. Slurm's priorities, fair share,
+QOS and partitions thus order the pods. A job whose pod stops asking (deleted, bound elsewhere) is
+cancelled ``hold_seconds`` after the last ask, pending or started; ``hold_seconds = 0`` is a plain
+RM's behaviour, no queueing: a pod that fits no node by the adapter's count of free CPUs and memory
+is refused at once, and a job Slurm keeps pending is cancelled.
 
 **Commit** marks the job committed and lifts its time limit; **release** cancels it; **renew**
 moves the lease and the time limit. A reserved job's Slurm time limit is its lease plus a margin,
@@ -272,6 +274,7 @@ class SlurmRM:
         slurm_user: str,
         partition: str | None = None,
         start_wait: float = 3.0,
+        teardown_wait: float = 15.0,
         retry_after: int = 5,
         hold_seconds: float = 30.0,
         sweep_interval: float = 0.5,
@@ -285,6 +288,7 @@ class SlurmRM:
         self.slurm_user = slurm_user
         self.partition = partition
         self.start_wait = start_wait
+        self.teardown_wait = teardown_wait
         self.retry_after = retry_after
         self.hold_seconds = hold_seconds
         self.sweep_interval = sweep_interval
@@ -446,7 +450,7 @@ class SlurmRM:
                     resources=body.canonical_resources(),
                     ttl=body.ttl_seconds,
                     created=now,
-                    hold_until=now + max(self.hold_seconds, self.start_wait) + 5,
+                    hold_until=now + max(self.hold_seconds, self.start_wait + self.teardown_wait) + 5,
                     cluster=body.cluster_id,
                 )
                 try:
@@ -470,10 +474,23 @@ class SlurmRM:
             return await self._settle(job_id, created=created)
 
     async def _await_start(self, job_ids: Sequence[int]) -> None:
-        """Until none of the jobs is PENDING any more, or ``start_wait`` has passed."""
-        deadline = time.monotonic() + self.start_wait
+        """Until none of the jobs is PENDING any more, or ``start_wait`` has passed.
+
+        The adapter places a job on room its own ended placeholders still hold while Slurm tears
+        them down (see ``_view``): Slurm starts the job only once that teardown is over, which a
+        slow slurmd or a loaded host can stretch past ``start_wait``. So while any of those
+        teardowns lasts, the wait is extended (to ``start_wait`` after the last one seen), up to
+        ``teardown_wait`` more in all: refusing would break the adapter's own promise of room,
+        and a group would be cancelled whole for it."""
+        start = time.monotonic()
+        deadline, limit = start + self.start_wait, start + self.start_wait + self.teardown_wait
         waiting = list(job_ids)
-        while waiting and time.monotonic() < deadline:
+        while waiting:
+            now = time.monotonic()
+            if now >= deadline:
+                if now >= limit or not await self._tearing_down():
+                    return
+                deadline = min(limit, now + self.start_wait)
             still = []
             for job_id in waiting:
                 polled = await self.slurm.job(job_id)
@@ -483,10 +500,17 @@ class SlurmRM:
             if waiting:
                 await asyncio.sleep(0.1)
 
+    async def _tearing_down(self) -> bool:
+        """Whether a placeholder the adapter ended still holds its allocation in Slurm."""
+        return any(
+            record.ended is not None and job.get("job_state") in ("RUNNING", "CONFIGURING", "COMPLETING")
+            for job, record in await self._records()
+        )
+
     async def _view(self) -> dict[str, _NodeRoom]:
         """What each mapped Slurm node has free by the adapter's count: Slurm's allocations, plus
-        its own pending placeholders (Slurm will start them there), minus the ones it has ended
-        that still hold their CPUs while Slurm tears them down."""
+        its own pending placeholders (Slurm will start them there), minus the running ones it has
+        ended (or whose lease ran out) that Slurm has not processed the cancel of yet."""
         slurm_nodes = {node["name"]: node for node in await self.slurm.nodes()}
         by_kube = {node.name: node.slurm for node in self.nodes}
         now = time.time()
@@ -513,9 +537,12 @@ class SlurmRM:
             if state == "PENDING" and record.ended is None:
                 room.queued += 1
                 room.take(cpus, memory, gres, sign=1)
-            elif state in ("RUNNING", "CONFIGURING", "COMPLETING") and (
+            elif state in ("RUNNING", "CONFIGURING") and (
                 record.ended is not None or self._state_of(job, record, now) is ReservationState.EXPIRED
-            ):  # ended by the adapter, or about to be (its lease ran out): its CPUs come back
+            ):  # ended by the adapter, or about to be (its lease ran out): its CPUs come back.
+                # Not COMPLETING ones: Slurm 22.05 already leaves those out of alloc_cpus (the
+                # node reads idle while slurmd tears the job down); a job placed there starts
+                # after the teardown, which _await_start waits for.
                 room.take(cpus, memory, gres, sign=-1)
         return rooms
 
@@ -895,7 +922,7 @@ class SlurmRM:
                         resources=member.canonical_resources(),
                         ttl=body.ttl_seconds,
                         created=now,
-                        hold_until=now + self.start_wait + 30,
+                        hold_until=now + self.start_wait + self.teardown_wait + 30,
                         group=group_id,
                         group_key=body.idempotency_key,
                         index=index,
