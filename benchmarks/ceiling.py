@@ -71,6 +71,10 @@ KUBE_SCHEDULER_USER = "system:kube-scheduler"
 POOL_LABEL = "bindery.dev/pool"
 POOL = "bench"
 BIG_NODE = {"cpu": "64", "memory": "256Gi", "pods": "110"}
+ZONE_LABEL = "topology.kubernetes.io/zone"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+ZONES = 3  # node i is in zone-(i % 3): what the rules shape spreads over
+PLAIN, RULES = "plain", "rules"
 CREATE_CONCURRENCY = 32
 #: The plane's own processes (name → pid), measured beside every contender's (set by `run`).
 PLANE_PROCESSES: dict[str, int] = {}
@@ -254,8 +258,18 @@ def write_delta(before: dict[str, int], after: dict[str, int], *, ignore: tuple[
 
 
 def pod_body(
-    *, name: str, scheduler_name: str, index: int, node: str | None = None, cpu: str | None = None
+    *,
+    name: str,
+    scheduler_name: str,
+    index: int,
+    node: str | None = None,
+    cpu: str | None = None,
+    shape: str = PLAIN,
+    groups: int = 1,
 ) -> dict[str, Any]:
+    """One benchmark pod; ``shape`` RULES adds the inter-pod rules of scheduler_perf's
+    TopologySpreading and SchedulingPodAntiAffinity: a hard zone spread (maxSkew 1) and a required
+    hostname anti-affinity, both over the pod's group (``app: g<index % groups>``)."""
     spec: dict[str, Any] = {
         "schedulerName": scheduler_name,
         "containers": [
@@ -271,9 +285,36 @@ def pod_body(
             }
         ],
     }
+    metadata: dict[str, Any] = {"name": name}
+    if shape == RULES:
+        group = f"g{index % groups}"
+        metadata["labels"] = {"app": group}
+        selector = {"matchLabels": {"app": group}}
+        spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": ZONE_LABEL,
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": selector,
+            }
+        ]
+        spec["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": selector, "topologyKey": HOSTNAME_LABEL}
+                ]
+            }
+        }
+    elif shape != PLAIN:
+        raise ValueError(f"unknown pod shape {shape!r}: {PLAIN} or {RULES}")
     if node is not None:
         spec["nodeName"] = node
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def rule_groups(*, pods: int, nodes: int) -> int:
+    """Groups of at most half the nodes each, so one pod per node and an even zone spread both fit."""
+    return max(1, math.ceil(pods / max(1, nodes // 2)))
 
 
 async def create_pods(api: Api, *, namespace: str, bodies: list[dict[str, Any]]) -> float:
@@ -675,10 +716,22 @@ class Backlog:
 
 
 async def backlog(
-    api: Api, *, label: str, start: Starter, scheduler_name: str, pods: int, namespace: str, within: float
+    api: Api,
+    *,
+    label: str,
+    start: Starter,
+    scheduler_name: str,
+    pods: int,
+    namespace: str,
+    within: float,
+    shape: str = PLAIN,
+    groups: int = 1,
 ) -> Backlog:
     await create_namespace(api, namespace)
-    bodies = [pod_body(name=f"p-{i:05d}", scheduler_name=scheduler_name, index=i) for i in range(pods)]
+    bodies = [
+        pod_body(name=f"p-{i:05d}", scheduler_name=scheduler_name, index=i, shape=shape, groups=groups)
+        for i in range(pods)
+    ]
     create_seconds = await create_pods(api, namespace=namespace, bodies=bodies)
     before = await writes(api)
     cpu_at_first: dict[str, float] = {}
@@ -729,8 +782,31 @@ async def backlog(
         rss_mb=rss,
         timeline=[t - times[0] for t in times],
     )
+    if shape == RULES:
+        result.extra["rule_violations"] = await rule_violations(api, namespace=namespace)
     await delete_pods(api, namespace=namespace)
     return result
+
+
+async def rule_violations(api: Api, *, namespace: str) -> int:
+    """Bound pods breaking their group's rules, counted from the pods and nodes alone: two of a group
+    on one node (anti-affinity), and zones of a group more than 1 apart (spread)."""
+    nodes, _ = await api.list_all("/api/v1/nodes")
+    zone = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(ZONE_LABEL) for n in nodes}
+    pods, _ = await api.list_all(f"/api/v1/namespaces/{namespace}/pods")
+    per_node: dict[tuple[str, str], int] = {}
+    per_zone: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        if not node:
+            continue
+        group = (pod["metadata"].get("labels") or {}).get("app", "")
+        per_node[group, node] = per_node.get((group, node), 0) + 1
+        zones = per_zone.setdefault(group, {f"zone-{z}": 0 for z in range(ZONES)})
+        zones[zone.get(node) or ""] = zones.get(zone.get(node) or "", 0) + 1
+    crowded = sum(count - 1 for count in per_node.values() if count > 1)
+    skewed = sum(1 for zones in per_zone.values() if max(zones.values()) - min(zones.values()) > 1)
+    return crowded + skewed
 
 
 # -- steady rate -----------------------------------------------------------------------------------
@@ -1003,6 +1079,85 @@ async def memory_sweep(api: Api, plane: Plane, args: Args, nodes: list[str]) -> 
     return out
 
 
+async def steady_rss(pids: dict[str, int], *, within: float = 60.0) -> dict[str, float]:
+    """RSS of each process once three samples 2 s apart agree within 1 MB (or after `within` s)."""
+    deadline = time.monotonic() + within
+    samples: list[dict[str, float]] = []
+    while True:
+        samples.append({name: rss_mb(pid) for name, pid in pids.items()})
+        recent = samples[-3:]
+        if len(recent) == 3 and all(
+            max(s[name] for s in recent) - min(s[name] for s in recent) <= 1.0 for name in pids
+        ):
+            return recent[-1]
+        if time.monotonic() >= deadline:
+            return recent[-1]
+        await asyncio.sleep(2.0)
+
+
+async def bind_both(api: Api, *, namespace: str, count: int, scheduler_names: list[str]) -> None:
+    """`count` pods for each scheduler name, and wait until every one is bound: both are serving
+    and have read the cluster up to this point."""
+    await create_namespace(api, namespace)
+    watch = BindWatch(api, namespace=namespace, on_first=lambda: None)
+    await watch.start()
+    try:
+        bodies = [
+            pod_body(name=f"w{n}-{i:04d}", scheduler_name=name, index=i)
+            for n, name in enumerate(scheduler_names)
+            for i in range(count)
+        ]
+        await create_pods(api, namespace=namespace, bodies=bodies)
+        if not await watch.wait(len(bodies), within=120 + len(bodies) / 10):
+            raise RuntimeError(f"only {len(watch.bound_at)}/{len(bodies)} pods bound in {namespace}")
+    finally:
+        await watch.stop()
+
+
+async def side_by_side_memory(api: Api, plane: Plane, args: Args, nodes: list[str]) -> dict[str, Any]:
+    """Issue 19's memory budget: Bindery (operator + reference RM) and kube-scheduler serving at
+    once, each RSS before and after `--side-by-side-pods` bound pods appear in the cluster.
+
+    Both are warmed first (a small backlog each, so what a first bind allocates is in the "before"),
+    and after the pods exist each binds another small backlog, so both have read them; RSS is taken
+    once it holds still. The bound pods are another scheduler's (`nodeName` set at creation): both
+    keep every bound pod, since each pod's rules may concern any of them.
+    """
+    count = args.side_by_side_pods
+    warm = max(10, min(args.memory_backlog, 200))
+    names = ["default-scheduler", "bindery-side"]
+    async with (
+        plane.kube_scheduler("default-scheduler", qps=5000) as kube,
+        plane.bindery("bindery-side", max_in_flight=args.max_in_flight) as bindery,
+    ):
+        pids = {**kube.processes, **bindery.processes}
+        await bind_both(api, namespace="side-warm", count=warm, scheduler_names=names)
+        before = await steady_rss(pids)
+        say("  side by side, before: " + ", ".join(f"{k} {v:.1f} MB" for k, v in before.items()))
+        await create_namespace(api, "side-bound")
+        bodies = [
+            pod_body(name=f"b-{i:06d}", scheduler_name="someone-else", index=i, node=nodes[i % len(nodes)])
+            for i in range(count)
+        ]
+        took = await create_pods(api, namespace="side-bound", bodies=bodies)
+        say(f"  side by side: {count} bound pods created in {took:.1f}s")
+        await bind_both(api, namespace="side-after", count=warm, scheduler_names=names)
+        after = await steady_rss(pids)
+        peak = {name: rss_mb(pid, "VmHWM") for name, pid in pids.items()}
+        say("  side by side, after: " + ", ".join(f"{k} {v:.1f} MB" for k, v in after.items()))
+    for namespace in ("side-warm", "side-bound", "side-after"):
+        await delete_pods(api, namespace=namespace)
+    growth = {name: after[name] - before[name] for name in pids}
+    return {
+        "pods": count,
+        "warm_backlog": warm,
+        "before_mb": before,
+        "after_mb": after,
+        "peak_mb": peak,
+        "growth_mb": growth,
+    }
+
+
 # -- output ----------------------------------------------------------------------------------------
 
 
@@ -1013,10 +1168,12 @@ def fmt(value: float, spec: str = "{:.1f}") -> str:
 def print_backlog_table(results: list[Backlog]) -> None:
     names = [r.contender for r in results]
     ceiling = next((r for r in results if r.contender == CEILING), None)
+    fast = next((r for r in results if r.contender == KUBE_FAST), None)
     rows: list[tuple[str, Callable[[Backlog], str]]] = [
         ("pods bound", lambda r: f"{r.bound}/{r.pods}"),
         ("pods/s (first → last Scheduled)", lambda r: fmt(r.rate)),
         ("× ceiling", lambda r: fmt(r.rate / ceiling.rate, "{:.2f}") if ceiling else "-"),
+        ("× kube-scheduler qps 5000", lambda r: fmt(r.rate / fast.rate, "{:.2f}") if fast else "-"),
         ("start → first bind s", lambda r: fmt(r.startup_seconds, "{:.2f}")),
         ("apiserver writes per pod", lambda r: fmt(r.writes_per_pod, "{:.2f}")),
     ]
@@ -1030,6 +1187,8 @@ def print_backlog_table(results: list[Backlog]) -> None:
         )
     for process in dict.fromkeys(p for r in results for p in r.rss_mb):
         rows.append((f"RSS MB: {process}", lambda r, p=process: fmt(r.rss_mb.get(p, float("nan")))))
+    if any("rule_violations" in r.extra for r in results):
+        rows.append(("rule violations (checked here)", lambda r: str(r.extra.get("rule_violations", "-"))))
     say("| backlog | " + " | ".join(names) + " |")
     say("|---|" + "---:|" * len(names))
     for label, cell in rows:
@@ -1087,6 +1246,8 @@ class Args:
     out: pathlib.Path
     py_spy: pathlib.Path | None
     rm_postgres: int
+    shape: str
+    side_by_side_pods: int
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -1148,11 +1309,27 @@ def parse_args(argv: list[str]) -> Args:
         help="Bindery's reference RM as this many replicas on a PostgreSQL of its own (fsync on), "
         "behind a round-robin proxy when more than one (default 0: one RM on SQLite)",
     )
+    parser.add_argument(
+        "--shape",
+        choices=[PLAIN, RULES],
+        default=PLAIN,
+        help=f"backlog pods: {PLAIN} (default) or {RULES}: each with a hard zone spread and a required "
+        "hostname anti-affinity over its group (scheduler_perf's TopologySpreading and "
+        "SchedulingPodAntiAffinity shapes); the RM-latency sweep and steady mode stay plain",
+    )
+    parser.add_argument(
+        "--side-by-side-pods",
+        type=int,
+        default=0,
+        help="memory: Bindery and kube-scheduler serving at once, RSS of each before and after this "
+        "many bound pods are created (0 = skip)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes for CI (overrides the sizes above)")
     a = parser.parse_args(argv)
     if a.smoke:
         a.nodes, a.pods, a.rate, a.steady_seconds, a.sweep_pods = 4, 30, 10.0, 1.0, 20
         a.rm_latency, a.memory_backlog, a.unrelated_pods, a.pending_pods = "0,10", 10, 40, 10
+        a.side_by_side_pods = 40
     return Args(
         nodes=a.nodes,
         pods=a.pods,
@@ -1171,6 +1348,8 @@ def parse_args(argv: list[str]) -> Args:
         out=a.out,
         py_spy=a.py_spy,
         rm_postgres=a.rm_postgres,
+        shape=a.shape,
+        side_by_side_pods=a.side_by_side_pods,
     )
 
 
@@ -1186,11 +1365,12 @@ async def make_nodes(api: Api, *, count: int, kwok: bool) -> list[str]:
         make = create_kwok_node if kwok else create_node
         gate = asyncio.Semaphore(16)
 
-        async def one(name: str) -> None:
+        async def one(index: int, name: str) -> None:
+            labels = {POOL_LABEL: POOL, ZONE_LABEL: f"zone-{index % ZONES}"}
             async with gate:
-                await make(kube, name=name, capacity=BIG_NODE, labels={POOL_LABEL: POOL})
+                await make(kube, name=name, capacity=BIG_NODE, labels=labels)
 
-        await asyncio.gather(*(one(n) for n in names))
+        await asyncio.gather(*(one(i, n) for i, n in enumerate(names)))
     return names
 
 
@@ -1226,7 +1406,10 @@ async def _run(
         )
         within = 120 + args.pods / 25
         results: list[Backlog] = []
-        say(f"\nbacklog: {args.pods} pods waiting on {args.nodes} nodes, then the contender starts")
+        groups = rule_groups(pods=args.pods, nodes=args.nodes)
+        report["shape"] = args.shape
+        shaped = "" if args.shape == PLAIN else f" with rules ({groups} groups, each spread and anti-affine)"
+        say(f"\nbacklog: {args.pods} pods{shaped} waiting on {args.nodes} nodes, then the contender starts")
         for number, contender in enumerate(everyone, 1):
             start = contender.start
             if contender.label == BINDERY and args.py_spy is not None:
@@ -1239,6 +1422,8 @@ async def _run(
                 pods=args.pods,
                 namespace=f"backlog-{number}",
                 within=within,
+                shape=args.shape,
+                groups=groups,
             )
             results.append(result)
             cpu = ", ".join(f"{k} {v:.2f}" for k, v in result.cpu_ms_per_pod.items())
@@ -1297,6 +1482,9 @@ async def _run(
         if args.memory_backlog and BINDERY in args.contenders:
             say("\nmemory")
             report["memory"] = await memory_sweep(api, bench, args, nodes)
+        if args.side_by_side_pods:
+            say(f"\nmemory, side by side: Bindery and kube-scheduler, {args.side_by_side_pods} bound pods")
+            report["side_by_side"] = await side_by_side_memory(api, bench, args, nodes)
     report["_results"] = results
     report["_steady"] = steadies
     return report
@@ -1372,6 +1560,19 @@ def summary(report: dict[str, Any], args: Args) -> None:
                     f"| + {row['pods']} {label} | {fmt(row['rss_mb']['bindery operator'])} | "
                     f"{row['operator_growth_mb']:+.1f} |"
                 )
+    side = report.get("side_by_side")
+    if side:
+        say(f"\n| RSS MB, {side['pods']} bound pods appear | before | after | growth | peak |")
+        say("|---|---:|---:|---:|---:|")
+        for name in side["growth_mb"]:
+            say(
+                f"| {name} | {fmt(side['before_mb'][name])} | {fmt(side['after_mb'][name])} | "
+                f"{side['growth_mb'][name]:+.1f} | {fmt(side['peak_mb'][name])} |"
+            )
+        kube = side["growth_mb"].get("kube-scheduler", float("nan"))
+        operator = side["growth_mb"].get("bindery operator", float("nan"))
+        if kube and not math.isnan(kube):
+            say(f"operator growth / kube-scheduler growth: {operator / kube:.2f}")
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     commit = subprocess.run(

@@ -51,6 +51,11 @@ def test_smoke_run_binds_every_pod_and_reports(tmp_path: pathlib.Path) -> None:
     memory = report["memory"]
     assert memory["pending"]["tried"] == memory["pending"]["pods"]
     assert "operator_growth_mb" in memory["unrelated"]
+    side = report["side_by_side"]
+    assert side["pods"] == 40
+    assert set(side["growth_mb"]) == {"kube-scheduler", "reference RM", "bindery operator"}
+    assert all(math.isfinite(v) for v in side["growth_mb"].values())
+    assert "operator growth / kube-scheduler growth" in run.stdout or side["growth_mb"]["kube-scheduler"] == 0
     assert "| pods/s (first → last Scheduled) |" in run.stdout
     if importlib.util.find_spec("matplotlib") is not None:  # the plot is optional (extra "bench")
         assert (tmp_path / "ceiling.png").stat().st_size > 0
