@@ -30,8 +30,9 @@ Sweeps: Bindery with a delay proxy (this script, ``--delay-proxy``) in front of 
 ``--unrelated-pods`` bound pods of another scheduler in the cluster, and with ``--pending-pods`` of
 its own pods that cannot fit (each tried once, then parked).
 
-Output: a table on stdout, ``OUT/ceiling.json``, and ``OUT/ceiling.png`` (bound pods over time per
-contender; needs matplotlib: ``pip install -e .[bench]``). Exit status 1 if any pod stayed unbound.
+Output: a table on stdout, ``OUT/ceiling.json``, ``OUT/ceiling.png`` (bound pods over time per
+contender; needs matplotlib: ``pip install -e .[bench]``) and every contender's log in ``OUT/logs``.
+Exit status 1 if any pod stayed unbound.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import math
 import os
 import pathlib
 import secrets
+import shutil
 import signal
 import ssl
 import subprocess
@@ -1114,6 +1116,19 @@ async def bind_both(api: Api, *, namespace: str, count: int, scheduler_names: li
         await watch.stop()
 
 
+async def all_running(api: Api, *, namespace: str, within: float) -> bool:
+    """Poll (one pod a page) until no pod of the namespace is outside phase Running."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        page = await api.call(
+            "GET", f"/api/v1/namespaces/{namespace}/pods?limit=1&fieldSelector=status.phase!%3DRunning"
+        )
+        if not page["items"]:
+            return True
+        await asyncio.sleep(5.0)
+    return False
+
+
 async def side_by_side_memory(api: Api, plane: Plane, args: Args, nodes: list[str]) -> dict[str, Any]:
     """Issue 19's memory budget: Bindery (operator + reference RM) and kube-scheduler serving at
     once, each RSS before and after `--side-by-side-pods` bound pods appear in the cluster.
@@ -1141,6 +1156,9 @@ async def side_by_side_memory(api: Api, plane: Plane, args: Args, nodes: list[st
         ]
         took = await create_pods(api, namespace="side-bound", bodies=bodies)
         say(f"  side by side: {count} bound pods created in {took:.1f}s")
+        if args.kwok:  # kwok runs them: both read each pod again with its status
+            running = await all_running(api, namespace="side-bound", within=120 + count / 50)
+            say(f"  side by side: kwok reports them Running: {running}")
         await bind_both(api, namespace="side-after", count=warm, scheduler_names=names)
         after = await steady_rss(pids)
         peak = {name: rss_mb(pid, "VmHWM") for name, pid in pids.items()}
@@ -1617,8 +1635,14 @@ def main(argv: list[str]) -> int:
         tempfile.TemporaryDirectory(prefix="ceiling-") as directory,
         ControlPlane.start(kwok=args.kwok) as plane,
     ):
-        report = asyncio.run(run(args, plane, pathlib.Path(directory)))
-        summary(report, args)
+        try:
+            report = asyncio.run(run(args, plane, pathlib.Path(directory)))
+            summary(report, args)
+        finally:  # the contenders' logs outlive the run: why a pod was retried is in them
+            logs = args.out / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            for log in pathlib.Path(directory).glob("*.log"):
+                shutil.copy(log, logs / log.name)
     backlog_ok = all(r["bound"] == r["pods"] for r in report.get("backlog", []))
     steady_ok = all(s["bound"] == s["pods"] for s in report.get("steady", []))
     sweep_ok = all(s["bound"] == s["pods"] for s in report.get("rm_latency", []))
