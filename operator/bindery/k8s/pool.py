@@ -8,9 +8,9 @@ every Binding, event and status write waited for a watch to end; with a large ``
 cycles queued for connections behind each other whatever the RM's speed.
 
 :class:`ConnectionPool` says what the pool is for: the watches, one connection per cycle that may
-be in flight (``maxInFlight`` of every ResourceManager summed), and headroom for the rest (reads,
-leases, events, reconcile lists). The runtime computes it whenever the ResourceManagers change and
-:meth:`ConnectionPool.apply` resizes the live connector.
+be in flight (``maxInFlight`` of every ResourceManager summed) up to :data:`CYCLE_CONNECTIONS`, and
+headroom for the rest (reads, leases, events, reconcile lists). The runtime computes it whenever
+the ResourceManagers change and :meth:`ConnectionPool.apply` resizes the live connector.
 """
 
 from __future__ import annotations
@@ -19,11 +19,20 @@ import dataclasses
 
 from bindery.k8s.api import ApiClient
 
-__all__ = ["HEADROOM", "ConnectionPool"]
+__all__ = ["CYCLE_CONNECTIONS", "HEADROOM", "ConnectionPool"]
 
 #: Connections beyond the watches and the cycles: leader lease renewals, reconcile lists, pod reads,
 #: events and conditions written outside a cycle, the namespace and sweep lists.
 HEADROOM = 16
+
+#: Connections the cycles' writes (Bindings, events, conditions) share, however many cycles are in
+#: flight. More do not bind faster: the apiserver serves a user's requests a few dozen at a time
+#: (priority and fairness seats) and answers 429 to what waits too long in its queues. With one
+#: connection per cycle (maxInFlight 256) a 3,000-pod backlog on the dev plane lost 5-10 % of its
+#: Bindings and events to 429 and bound 20-40 % slower (benchmarks/README.md, issue 19's budgets);
+#: with the 100 connections kubernetes_asyncio had before, none. A cycle waiting here for a
+#: connection waits in the operator, where nothing times it out.
+CYCLE_CONNECTIONS = 64
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,7 +41,7 @@ class ConnectionPool:
 
     #: long-lived watch connections (each holds one for up to its timeout, then reconnects)
     watches: int = 0
-    #: scheduling cycles that may be in flight at once, each needing a connection for its writes
+    #: scheduling cycles that may be in flight at once; their writes share up to CYCLE_CONNECTIONS
     in_flight: int = 0
     headroom: int = HEADROOM
 
@@ -42,7 +51,7 @@ class ConnectionPool:
 
     @property
     def size(self) -> int:
-        return self.watches + self.in_flight + max(self.headroom, 1)
+        return self.watches + min(self.in_flight, CYCLE_CONNECTIONS) + max(self.headroom, 1)
 
     def apply(self, api: ApiClient) -> int:
         """Resize `api`'s connector to ``size`` now; returns the limit it had.
