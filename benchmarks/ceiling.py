@@ -1547,7 +1547,8 @@ def summary(report: dict[str, Any], args: Args) -> None:
     say(
         f"\n== {args.pods} pods on {args.nodes} {'kwok ' if args.kwok else ''}nodes, {os.cpu_count()} CPUs =="
     )
-    print_backlog_table(results)
+    if results:
+        print_backlog_table(results)
     if steadies:
         say(f"\n| steady {args.rate:g} pods/s | bound | p50 ms | p90 ms | p99 ms | max ms |")
         say("|---|---:|---:|---:|---:|---:|")
