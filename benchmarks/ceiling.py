@@ -1544,9 +1544,8 @@ async def install_bindery(plane: Any) -> None:
 def summary(report: dict[str, Any], args: Args) -> None:
     results: list[Backlog] = report.pop("_results")
     steadies: list[Steady] = report.pop("_steady")
-    say(
-        f"\n== {args.pods} pods on {args.nodes} {'kwok ' if args.kwok else ''}nodes, {os.cpu_count()} CPUs =="
-    )
+    backlog_pods = f"{args.pods} pods on " if results else ""
+    say(f"\n== {backlog_pods}{args.nodes} {'kwok ' if args.kwok else ''}nodes, {os.cpu_count()} CPUs ==")
     if results:
         print_backlog_table(results)
     if steadies:
@@ -1600,7 +1599,7 @@ def summary(report: dict[str, Any], args: Args) -> None:
     report.update({"when": stamp, "commit": commit, "cpus": os.cpu_count(), "python": sys.version.split()[0]})
     (args.out / "ceiling.json").write_text(json.dumps(report, indent=1, default=str))
     title = f"backlog of {args.pods} pods, {args.nodes} nodes ({commit}, {stamp})"
-    plotted = plot(results, args.out / "ceiling.png", title=title)
+    plotted = bool(results) and plot(results, args.out / "ceiling.png", title=title)
     say(f"\n{args.out / 'ceiling.json'}" + (f", {args.out / 'ceiling.png'}" if plotted else ""))
     say(f"commit {commit}, {stamp}, {os.cpu_count()} CPUs, Python {report['python']}")
 
