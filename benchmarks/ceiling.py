@@ -30,6 +30,12 @@ Sweeps: Bindery with a delay proxy (this script, ``--delay-proxy``) in front of 
 ``--unrelated-pods`` bound pods of another scheduler in the cluster, and with ``--pending-pods`` of
 its own pods that cannot fit (each tried once, then parked).
 
+Issue 19's budgets: ``--shape rules`` gives every backlog pod a hard zone spread and a required
+hostname anti-affinity over its group (scheduler_perf's TopologySpreading and
+SchedulingPodAntiAffinity) and counts the placements that break them; ``--side-by-side-pods N``
+reads the RSS of Bindery's processes and kube-scheduler's, both serving, before and after N bound
+pods appear.
+
 Output: a table on stdout, ``OUT/ceiling.json``, ``OUT/ceiling.png`` (bound pods over time per
 contender; needs matplotlib: ``pip install -e .[bench]``) and every contender's log in ``OUT/logs``.
 Exit status 1 if any pod stayed unbound.
