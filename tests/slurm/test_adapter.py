@@ -269,8 +269,8 @@ def test_a_group_with_a_member_slurm_refuses_leaves_no_job_behind(
     slurm_bed: SlurmBed, slurm_adapter: AdapterProcess
 ) -> None:
     """All or nothing against Slurm's own decision: slurm-1 is reserved for another user, which the
-    adapter's count of free CPUs does not see. The first member's job is submitted (on slurm-0) and
-    Slurm refuses the second's: the group is refused and the first job is cancelled too."""
+    adapter's count of free CPUs does not see. Slurm refuses the group's heterogeneous job (one
+    component on each node) whole: the group is refused and nothing is left in Slurm's queue."""
     slurm_bed.run_client(
         "scontrol", "create", "reservation", "ReservationName=site-maintenance", "StartTime=now",
         "Duration=60", "Nodes=slurm-1", "Users=nobody", "Flags=ignore_jobs",
@@ -280,7 +280,8 @@ def test_a_group_with_a_member_slurm_refuses_leaves_no_job_behind(
         assert refused.status_code == 409, refused.text
         problem = refused.json()
         assert problem["type"].endswith(":unschedulable")
-        assert "Slurm refused the job of member 1" in problem["reason"], problem["reason"]
+        # One heterogeneous job for the whole group: Slurm refuses it whole.
+        assert "Slurm refused the group's job" in problem["reason"], problem["reason"]
         assert "reserved" in problem["reason"], problem["reason"]
         try:
             _until(
@@ -297,7 +298,7 @@ def test_a_group_with_a_member_slurm_refuses_leaves_no_job_behind(
         group = placed.json()
         assert sorted(m["node"] for m in group["members"]) == ["slurm-0", "slurm-1"]
         assert [m["groupId"] for m in group["members"]] == [group["id"]] * 2
-    running = [r for r in slurm_bed.squeue() if r["name"].startswith("bindery:ns/gang-")]
+    running = [r for r in slurm_bed.squeue() if r["name"] == "bindery:ns/gang"]  # the group's hetjob
     assert sorted((r["state"], r["nodes"]) for r in running) == [
         ("RUNNING", "slurm-0"),
         ("RUNNING", "slurm-1"),
