@@ -63,9 +63,13 @@ def _kit(adapter: AdapterProcess, names: list[str]) -> list[str]:
 
 @pytest.fixture
 def no_queue_adapter(slurm_bed: SlurmBed, slurm_adapter: AdapterProcess) -> AdapterProcess:
-    """The kit reserves past the pool on purpose; without queueing, no refused job lingers."""
+    """The kit reserves past the pool on purpose; without queueing, no refused job lingers.
+
+    A group is a hetjob, which Slurm 22.05 starts from its backfill scheduler only, and hetjobs
+    sharing nodes about one per backfill cycle (each plans whole nodes for the ones after it): the
+    bed's cycle is 1 s and the kit races four groups, so the wait is 8 s, not the default 3."""
     slurm_adapter.kill(signal.SIGTERM)
-    slurm_adapter.options = ("--queue-hold-seconds", "0")
+    slurm_adapter.options = ("--queue-hold-seconds", "0", "--start-wait", "8")
     node_map = slurm_bed.workdir / "node-map.yaml"
     node_map.write_text(
         yaml.safe_dump({"nodes": [{"name": n.name, "labels": {HOSTNAME: n.name}} for n in slurm_bed.nodes]})

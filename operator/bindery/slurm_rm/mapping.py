@@ -28,8 +28,8 @@ lands where Slurm allocated it none.
 
 **State.** Everything the adapter knows about a reservation is in its job's ``comment`` (JSON), so
 a restarted adapter, or another replica, reads it back from slurmctld. A group's heterogeneous job
-has one component per node; its comment holds every member on that node in a compact form
-(:func:`encode_component`), since slurmctld keeps at most 1024 characters of a comment.
+has one component per member, whose comment is written compactly (:func:`encode_component`, which
+could hold several members), since slurmctld keeps at most 1024 characters of a comment.
 """
 
 from __future__ import annotations

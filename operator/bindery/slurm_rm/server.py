@@ -32,16 +32,63 @@ release acknowledges it; Slurm refuses to change a finished job's comment, so th
 is kept in memory (after an adapter restart the revocation shows again until Slurm forgets the job,
 after ``MinJobAge``, and its id then answers 404).
 
-**A reservation group** (contract v1.1, all or nothing) is one placeholder job per member. Its
-members are placed by the adapter's own count of free CPUs and memory (Slurm's allocations, plus
-the adapter's pending placeholders, minus the ones it is ending), within one value of each
-topology key; when they do not all fit by that count, nothing is submitted and the answer is
-``409`` with the member that did not fit. Otherwise every member's job is submitted and the group
-waits up to ``start_wait`` for Slurm to start them all: all running, ``201``; any still pending
-(Slurm's priorities, a site job, a DOWN node), every job of the group is cancelled and the answer
-is ``409`` with Slurm's reason for that member. Groups never queue in Slurm: a half-started gang
-would hold nodes for nothing. The group's id, its key and the member's place are in each job's
-comment, so GET, renew and release read the group back from slurmctld like everything else.
+**A reservation group** (contract v1.1, all or nothing) is ONE Slurm heterogeneous job (hetjob)
+across the members' nodes when the members are on distinct nodes, so Slurm itself starts all of
+it or none. Its members are placed by the adapter's own count of free CPUs and memory (as above),
+within one value of each topology key, the node with the most free CPUs first (which spreads
+them); the hetjob has one component per member, pinned to its node (``nodelist``, that node
+only) and sized from it (CPUs, memory, GRES). Running: ``201`` with every member's node. Not
+started within ``start_wait``: ``409`` with Slurm's reason, and the hetjob keeps its place in
+Slurm's queue, keyed by the group's ``idempotencyKey`` (Bindery's key for a group is stable
+across its retries): the next reserve with that key finds it and answers ``201`` once Slurm
+starts it. A group that fits the nodes' capacity, a member per node, but not their free room now
+is submitted too and waits the same way; one that fits no node even empty is refused at once.
+``hold_seconds = 0`` (no queueing) refuses without submitting when the count says no room, and
+cancels a hetjob Slurm did not start. Nothing of a group ever runs half-started.
+
+**Members that share a node** (more members than nodes, or the count packs two on one node) make
+a job per member instead, as before hetjobs: all started by Slurm within ``start_wait`` or all
+cancelled, and such a group never queues in Slurm (a half-started gang would hold nodes for
+nothing). Slurm 22.05 cannot hold them in one hetjob, as found below.
+
+What slurmctld 22.05 / slurmrestd v0.0.38 allow, checked on the bed, and what follows from it:
+
+- ``POST /job/submit`` takes ``jobs`` (one entry per component) with a script run on component
+  0. ``GET /jobs`` lists each component as its own job (``job_id``, ``het_job_id`` = the
+  leader's id, ``het_job_offset``); ``GET /job/{leader}`` answers every component.
+- Components cannot share a node. Pinned with ``nodelist``, slurmctld adds each component's
+  required nodes to the others' excluded nodes ("avoid scheduling deadlock") and refuses two on
+  one node (``Invalid node name specified``). Pinned by ``exclude_nodes`` instead, the submit is
+  taken but the hetjob never starts (``PENDING: Resources`` on empty nodes): backfill plans whole
+  nodes for the component it will start, so the second component on that node plans later, and
+  a hetjob starts only when every component can start now. Hence the job per member above. (A
+  component holding several members would not do either: Slurm cannot shrink a running job's
+  CPUs, so a released member's share would stay allocated, which the contract forbids.)
+- Hetjobs are started by the backfill scheduler alone, every ``bf_interval`` (default 30 s; the
+  bed sets 1 s): on a site with the default a group may wait that long, in Slurm's queue. And,
+  for the same whole-node planning, hetjobs sharing nodes start about one per cycle: on the bed,
+  four pairs submitted at once started 0.8, 1.9, 2.8 and 3.8 s later, with or without
+  ``bf_hetjob_immediate`` and ``bf_min_prio_reserve``. With queueing they wait; without it
+  (``hold_seconds = 0``) ``start_wait`` must cover a burst of groups.
+- Each component has its own ``comment``, at most 1024 characters (on submit and on update).
+- ``POST /job/{leader}`` updates EVERY component (a comment too: it would overwrite the
+  others'). One component is ``{leader}+{offset}``, which slurmrestd takes URL-encoded only:
+  ``POST /job/{leader}%2B{offset}``. Claim, commit, renew and release write one component.
+- ``DELETE /job/{id}`` of a running non-leader component cancels that component alone; of the
+  leader (or ``leader%2B0``) the whole hetjob; a pending hetjob is cancelled only whole. So a
+  member's release marks it ``released`` in its component's comment and cancels the component,
+  except component 0, which lives until every member of the group has ended and is then
+  cancelled with the whole job: the share of the member in component 0 (index 0) stays
+  allocated in Slurm, and counted as used, until the group's last member ends.
+- A component's time limit is its own, but component 0 ending ends the whole hetjob: committing
+  any member lifts component 0's time limit too, and a renew never lowers a time limit below a
+  committed member's need.
+- Revocation works per component: an administrator's ``scancel <leader>+<offset>`` revokes that
+  member only; ``scancel <leader>`` revokes every member.
+
+A member's reservation id is ``slurm-<job>-<index>`` (the hetjob's leader, or the member's own
+job); the group's id, key and each member's place are in the comments, so GET, renew and release
+read the group back from slurmctld.
 
 **A batch** (``POST /v1/batch``) carries out its operations one after the other, each exactly as
 its single call (the same code answers both), so a reserve later in a batch sees the effects of
@@ -412,10 +459,10 @@ class SlurmRM:
         return [(job, record) for job, records in await self._placeholders() for record in records]
 
     async def _record(self, job_id: int) -> tuple[dict[str, Any], JobRecord] | None:
-        """A single pod's placeholder job and its record."""
+        """A placeholder job of one pod (alone, or a member of a group that is a job per member)."""
         job = await self.slurm.job(job_id)
         records = self._decode(job)
-        if job is None or len(records) != 1 or records[0].group is not None:
+        if job is None or len(records) != 1 or job.get("het_job_id"):
             return None
         return job, records[0]
 
@@ -423,8 +470,9 @@ class SlurmRM:
         """Write ``record`` (and ``changes``) into its job's comment. A group member's is its
         component's, shared with the members on its node: written as a whole, to that component only."""
         job_id = int(job["job_id"])
-        if record.group is None:
+        if record.group is None or not job.get("het_job_id"):  # one pod's own job
             await self.slurm.update(job_id, {"comment": record.encode(), **changes})
+            job["comment"] = record.encode()
             return
         members = [record if r.index == record.index else r for r in decode_records(job.get("comment"))]
         if changes.get("time_limit") not in (None, INFINITE) and any(
@@ -457,7 +505,7 @@ class SlurmRM:
         with contextlib.suppress(SlurmError):  # a job that ended meanwhile takes no comment
             await self._write(job, record)
         job_id = int(job["job_id"])
-        if record.group is None:
+        if record.group is None or not job.get("het_job_id"):
             await self.slurm.cancel(job_id)
             return
         leader, offset = int(job.get("het_job_id") or job_id), int(job.get("het_job_offset") or 0)
@@ -791,7 +839,7 @@ class SlurmRM:
                 (
                     (job, record)
                     for job, record in await self._component_records(job_id)
-                    if record.index == index and int(job.get("het_job_id") or 0) == job_id
+                    if record.index == index and int(job.get("het_job_id") or job["job_id"]) == job_id
                 ),
                 None,
             )
@@ -815,7 +863,7 @@ class SlurmRM:
             if state is ReservationState.RESERVED:
                 record.committed, record.expires_at = True, None
                 await self._write(job, record, time_limit=INFINITE)
-                if record.group is not None and int(job.get("het_job_offset") or 0) != 0:
+                if job.get("het_job_id") and int(job.get("het_job_offset") or 0) != 0:
                     # Component 0's time limit would end the whole hetjob, this member with it.
                     await self.slurm.update_component(int(job["het_job_id"]), 0, {"time_limit": INFINITE})
                 state = ReservationState.COMMITTED
@@ -994,6 +1042,15 @@ class SlurmRM:
                 for job, record in mine
                 if not record.claimed and job.get("job_state") in ("PENDING", "RUNNING", "CONFIGURING")
             ]
+            if queued and not queued[0][0].get("het_job_id"):  # a job per member, being started
+                return problem(
+                    409,
+                    ProblemType.UNSCHEDULABLE,
+                    f"{who} is being placed by an earlier call with the same key",
+                    reason=f"{who}: an earlier call with key {body.idempotency_key!r} is still waiting for "
+                    "Slurm to start its jobs",
+                    retryAfterSeconds=1,
+                )
             if queued:  # the group's hetjob, waiting in Slurm's queue: keyed by the idempotency key
                 job, record = queued[0]
                 if record.fingerprint != fingerprint(body):
@@ -1003,26 +1060,70 @@ class SlurmRM:
                         f"idempotency key {body.idempotency_key!r} already holds Slurm job "
                         f"{job['het_job_id']} for a different group; use a new key for a new request",
                     )
-                leader = int(job["het_job_id"])
+                leader: int | list[tuple[int, JobRecord]] = int(job["het_job_id"])
             else:
                 submitted = await self._submit_group(body, who, now)
                 if isinstance(submitted, web.Response):
                     return submitted
                 leader = submitted
+        if isinstance(leader, list):  # a job per member (members share a node)
+            return await self._start_members(leader, who)
         await self._await_start([leader])  # Slurm starts every component at once, or none
         async with self._lock:
             return await self._settle_group(leader, who)
 
-    async def _submit_group(self, body: ReservationGroupRequest, who: str, now: float) -> int | web.Response:
-        """Place the group by the adapter's count and submit it as ONE heterogeneous job: a
-        component per node, holding the members placed there. Its leader's id, or the refusal."""
+    async def _start_members(self, submitted: list[tuple[int, JobRecord]], who: str) -> web.Response:
+        """A group submitted as a job per member: all started within the wait, or all cancelled."""
+        await self._await_start([job_id for job_id, _ in submitted])
+        async with self._lock:
+            now = time.time()
+            members: list[tuple[dict[str, Any], JobRecord]] = []
+            for job_id, record in submitted:
+                found = await self._record(job_id)
+                if found is None or found[0].get("job_state") != "RUNNING":
+                    state = found[0].get("job_state") if found else "gone"
+                    why = found[0].get("state_reason") if found else "unknown to slurmctld"
+                    refusal = (
+                        f"{who} needs {len(submitted)} pods started together; Slurm did not start member "
+                        f"{record.namespace}/{record.name} within {self.start_wait:g} s (Slurm job {job_id} "
+                        f"is {state}: {why}), so every job of the group was cancelled"
+                    )
+                    for other_id, _ in submitted:
+                        with contextlib.suppress(SlurmError):
+                            await self.slurm.cancel(other_id)
+                    log.info("%s", refusal)
+                    return problem(
+                        409,
+                        ProblemType.UNSCHEDULABLE,
+                        refusal,
+                        reason=refusal,
+                        retryAfterSeconds=self.retry_after,
+                    )
+                members.append(found)
+            for job, record in members:
+                await self._claim(job, record, now)
+            group_id = str(members[0][1].group)
+            log.info("reserved %s as %s, a job per member", who, group_id)
+            return web.json_response(
+                group_json(group_id, members, now, self._acknowledged),
+                status=201,
+                headers={"Location": f"/v1/reservation-groups/{group_id}"},
+            )
+
+    async def _submit_group(
+        self, body: ReservationGroupRequest, who: str, now: float
+    ) -> int | list[tuple[int, JobRecord]] | web.Response:
+        """Place the group by the adapter's count and submit it: as ONE heterogeneous job, a
+        component per member, when its members are on distinct nodes (the leader's id); as a job
+        per member when some share a node (their ids), which Slurm 22.05 cannot hold in one hetjob;
+        or the refusal."""
         rooms = await self._view()
         placed = self._place_group(body, rooms)
         if isinstance(placed, str):
-            # No room now. Queueing: a group that fits the nodes' capacity waits in Slurm's queue,
-            # on nodes picked by capacity, as a single pod does. Otherwise refused at once.
+            # No room now. Queueing: a group that fits the nodes' capacity, a member per node,
+            # waits in Slurm's queue as one hetjob, as a single pod does. Otherwise refused at once.
             queued = self._place_group(body, _capacity(rooms)) if self.hold_seconds > 0 else placed
-            if isinstance(queued, str):
+            if isinstance(queued, str) or len({node.name for node in queued[0]}) < len(queued[0]):
                 return problem(
                     409, ProblemType.UNSCHEDULABLE, placed, reason=placed, retryAfterSeconds=self.retry_after
                 )
@@ -1053,6 +1154,24 @@ class SlurmRM:
                     cluster=body.cluster_id,
                 )
             )
+        if len(by_node) < len(records):
+            submitted: list[tuple[int, JobRecord]] = []
+            try:
+                for record, member, node in zip(records, body.members, nodes, strict=True):
+                    record.hold_until = now + self.start_wait + self.teardown_wait + 30
+                    submitted.append((await self._submit(record, self._size(member)[0], node), record))
+            except SlurmError as error:
+                made = [job_id for job_id, _ in submitted]
+                for job_id in made if error.job_id is None else [*made, error.job_id]:
+                    with contextlib.suppress(SlurmError):
+                        await self.slurm.cancel(job_id)
+                if isinstance(error, SlurmUnreachable):
+                    raise
+                reason = f"{who}: Slurm refused the job of member {len(submitted)}: {error}"
+                return problem(
+                    409, ProblemType.UNSCHEDULABLE, reason, reason=reason, retryAfterSeconds=self.retry_after
+                )
+            return submitted
         specs = []
         for slurm_name, indices in by_node.items():
             sizes = [self._size(body.members[i])[0] for i in indices]
@@ -1327,13 +1446,15 @@ class SlurmRM:
                     if record.group is None:
                         log.info("Slurm job %s: nobody asked for it since its hold; cancelling", job_id)
                         await self._end(job, record, "abandoned")
-                    elif int(job["het_job_id"]) not in abandoned:
+                    elif int(job.get("het_job_id") or job_id) not in abandoned:
                         # A group's hetjob is claimed whole: cancelled whole (Slurm cancels a pending
                         # one only whole anyway).
-                        abandoned.add(int(job["het_job_id"]))
-                        log.info("Slurm hetjob %s: nobody asked for its group since its hold; cancelling",
-                                 job["het_job_id"])  # fmt: skip
-                        await self.slurm.cancel(int(job["het_job_id"]))
+                        leader = int(job.get("het_job_id") or job_id)
+                        abandoned.add(leader)
+                        log.info(
+                            "Slurm job %s: nobody asked for its group since its hold; cancelling", leader
+                        )
+                        await self.slurm.cancel(leader)
                 elif self._state_of(job, record, now) is ReservationState.EXPIRED:
                     log.info("%s: the reservation's lease ran out; cancelling", placeholder_id(job, record))
                     await self._end(job, record, "expired")
