@@ -307,10 +307,10 @@ def test_plan_leases_are_stamped_and_judged_by_the_database_clock(
     store.close()
 
 
-def test_a_group_reserve_is_placed_in_a_room_a_proposed_plan_names_but_not_in_a_confirmed_one(
+def test_a_room_a_plan_only_proposed_names_is_not_held(
     make_store: StoreFactory,
 ) -> None:
-    """Today's semantic kept: only a confirmed plan holds (a proposed one's victims still run)."""
+    """PlanBook's semantic kept: only a confirmed plan holds (a proposed one's victims still run)."""
     now = [1000.0]
     a = make_store(clock=lambda: now[0])
     low = fill(a)
