@@ -310,7 +310,7 @@ def test_plan_leases_are_stamped_and_judged_by_the_database_clock(
 def test_a_room_a_plan_only_proposed_names_is_not_held(
     make_store: StoreFactory,
 ) -> None:
-    """PlanBook's semantic kept: only a confirmed plan holds (a proposed one's victims still run)."""
+    """As when plans were in memory: only a confirmed plan holds (a proposed one's victims still run)."""
     now = [1000.0]
     a = make_store(clock=lambda: now[0])
     low = fill(a)
