@@ -578,3 +578,49 @@ async def test_a_gang_victim_is_evicted_whole_or_not_at_all(pool: Pool, peers_on
     else:
         assert (node, left) == (first, [])
         assert pool.preemptions("victim_evicted") == 2
+
+
+async def test_a_plan_evicting_the_pod_a_required_affinity_needs_is_refused_and_evicts_nothing(
+    pool: Pool,
+) -> None:
+    """The preemptor's required pod affinity (hostname) needs the ``anchor`` pod, on node 0. Node 0
+    is full: the anchor (priority 10) and a priority-50 pod; node 1 holds two pods of the
+    preemptor's priority. The RM chooses victims by what they free, so its plan on node 0 gives the
+    priority-50 pod back first and evicts the anchor: the preemptor's affinity would then exclude
+    node 0, the room made for nothing. kube-scheduler runs its filters with the victims removed
+    and preempts nothing here; so does Bindery: the plan is refused before anything is confirmed
+    or evicted, and the preemptor is told why."""
+    first, second = pool.nodes
+    layout: tuple[tuple[str, str, str, dict[str, str]], ...] = (
+        ("anchor", first, "low", {"app": "anchor"}),
+        ("filler", first, "mid", {}),
+        ("peer0", second, "high", {}),
+        ("peer1", second, "high", {}),
+    )
+    for name, node, priority_class, labels in layout:
+        await pool.place(name, node, priority_class=priority_class, labels=labels)
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "anchor"}}}
+    await pool.create(
+        "high",
+        priority_class="high",
+        affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+    )
+
+    async def told() -> dict[str, Any] | None:
+        condition = await pool.scheduled_condition("high")
+        if "the plan's victims gone" in str(condition.get("message")):
+            return condition
+        left = await pool.existing([name for name, *_ in layout])
+        assert "anchor" in left, f"the anchor was evicted; pods left {left}; the preemptor's {condition}"
+        return None
+
+    condition = await eventually(told, within=60, what="the preemptor told its plan breaks its affinity")
+    assert (condition["status"], condition["reason"]) == ("False", "Unschedulable"), condition
+    assert "pod affinity" in condition["message"], condition
+    assert "nothing was evicted" in condition["message"], condition
+    assert await pool.existing([name for name, *_ in layout]) == [name for name, *_ in layout]
+    assert pool.preemptions("confirmed") == 0
+    assert pool.preemptions("victim_evicted") == 0
+    anchor = await read_pod(pool.api, namespace=pool.namespace, name="anchor")
+    assert not [c for c in anchor["status"].get("conditions") or () if c["type"] == "DisruptionTarget"]
+    assert await pool.node_of("high") is None

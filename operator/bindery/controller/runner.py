@@ -132,6 +132,7 @@ class ProfileRunner:
                 count=lambda outcome: self.metrics.preemptions.labels(
                     resource_manager=config.name, outcome=outcome
                 ).inc(),
+                placed=ports.placed,
             ),
         )
         self._ports = self.attempts.ports
