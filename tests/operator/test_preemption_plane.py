@@ -23,9 +23,11 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.controller.preemption import PREEMPTION_BACKOFF
+from bindery.controller.queueview import QueueView
 from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
+from bindery.explain.facts import preemption_backoff
 from tests.operator.conftest import (
     Bindery,
     create_pod,
@@ -371,6 +373,24 @@ async def test_when_every_plan_needs_a_protected_victim_nothing_is_evicted_and_t
         pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
         assert not [c for c in pod["status"].get("conditions") or () if c["type"] == "DisruptionTarget"], pod
     assert await pool.node_of("high") is None
+    # `bindery explain` shows the back-off: the operator's queue view (what /debug/queue serves)
+    # carries it, and explain says until when and why. Each refused plan starts a back-off again.
+    assert pool.operator is not None
+    runtime = pool.operator.runtime
+    view = QueueView(
+        runners=lambda: runtime.runners, pods=runtime.pods, leading=lambda: True, served=lambda _: True
+    )
+
+    async def backed_off() -> dict[str, Any] | None:
+        status, served = view.pod(namespace=pool.namespace, name="high")
+        return served if status == 200 and "preemption_backoff" in served else None
+
+    served = await eventually(backed_off, within=60, what="the preemption back-off in the queue view")
+    assert "keep-mid" in served["preemption_backoff"]["reason"], served
+    said = preemption_backoff(served)
+    assert said is not None
+    assert said.startswith("backed off until "), said
+    assert "because evicting victim" in said, said
 
 
 async def test_a_budget_the_rm_thinks_allows_it_is_checked_by_a_dry_run_before_any_eviction(

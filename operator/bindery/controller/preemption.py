@@ -131,8 +131,8 @@ class Preemptions:
         #: Plans a worker is carrying out now (at most one per preemptor: the RM answers its plan).
         self._carrying: set[str] = set()
         self._clock = clock
-        #: Preemptors whose last plan failed: their back-off and when they may preempt again.
-        self._backoffs: collections.OrderedDict[str, tuple[Backoff, float]] = collections.OrderedDict()
+        #: Preemptors whose last plan failed: their back-off, when they may preempt again, and why.
+        self._backoffs: collections.OrderedDict[str, tuple[Backoff, float, str]] = collections.OrderedDict()
         #: Tells the preemptor why its plan was not carried out (FailedScheduling, PodScheduled=False);
         #: set by the attempts, which own the pod's reporting.
         self.report: Callable[[PodInfo, str], Awaitable[None]] | None = None
@@ -254,14 +254,22 @@ class Preemptions:
         entry = self._backoffs.get(uid)
         return max(entry[1] - self._clock(), 0.0) if entry is not None else 0.0
 
+    def backed_off(self, uid: str) -> tuple[float, str] | None:
+        """Seconds until the pod may preempt again and why its last plan failed; None when it may
+        preempt now (``bindery explain`` shows it: the back-off lives only in this memory)."""
+        entry = self._backoffs.get(uid)
+        if entry is None or (left := entry[1] - self._clock()) <= 0:
+            return None
+        return left, entry[2]
+
     def forget(self, uid: str) -> None:
         """The pod was bound or left: its back-off ends with it."""
         self._backoffs.pop(uid, None)
 
-    def _back_off(self, uid: str) -> float:
-        backoff = self._backoffs.pop(uid, (Backoff(PREEMPTION_BACKOFF), 0.0))[0]
+    def _back_off(self, uid: str, why: str) -> float:
+        backoff = self._backoffs.pop(uid, (Backoff(PREEMPTION_BACKOFF), 0.0, ""))[0]
         delay = backoff.next()
-        self._backoffs[uid] = (backoff, self._clock() + delay)
+        self._backoffs[uid] = (backoff, self._clock() + delay, why)
         while len(self._backoffs) > REMEMBERED_BACKOFFS:
             self._backoffs.popitem(last=False)
         return delay
@@ -322,7 +330,7 @@ class Preemptions:
         self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool, evicted: int = 0
     ) -> None:
         """Cancel the plan (the room goes back) and clear the nomination; the pod waits for an event."""
-        delay = self._back_off(pod.uid)
+        delay = self._back_off(pod.uid, why)
         self._logger.warning(
             f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled, no new plan "
             f"for {delay:g} s"

@@ -308,6 +308,10 @@ class ProfileRunner:
         self.podgroups.withdraw(uid)
         self.attempts.forget(uid)
 
+    def preemption_backoff(self, uid: str) -> tuple[float, str] | None:
+        """For the queue view: the pod's preemption back-off (seconds left, why), or None."""
+        return self.attempts.preemption_backoff(uid)
+
     def per_pod_sizes(self) -> dict[str, int]:
         """Entries held per pod, by structure (empty once every pod left; tests and soaks read it)."""
         return {
