@@ -3,11 +3,12 @@ Slurm itself starts every component at once or none, so a group may wait in Slur
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from bindery.devcluster.slurm import SlurmBed
 from tests.slurm.conftest import AdapterProcess
-from tests.slurm.test_adapter import _blocker, _until
+from tests.slurm.test_adapter import _blocker, _body, _until
 
 SHOWN = {"Bindery-Features": "revocation"}
 
@@ -169,3 +170,32 @@ def test_an_administrator_cancelling_one_component_revokes_only_the_members_on_i
     }
     assert "CANCELLED" in seen[victim["id"]]["revokedReason"]
     assert [row["state"] for row in _running(slurm_bed, "split")] == ["RUNNING"]
+
+
+def test_component_0_keeps_its_released_members_share_until_the_group_ends_and_the_count_says_so(
+    slurm_bed: SlurmBed, slurm_adapter: AdapterProcess
+) -> None:
+    """Slurm ends component 0 only with the whole hetjob: after its member's release its CPUs stay
+    allocated while another member lives, so the adapter must not promise them to another pod."""
+    slurm_adapter.kill(signal.SIGTERM)
+    slurm_adapter.options = ("--queue-hold-seconds", "0")
+    slurm_adapter.start()
+    with slurm_adapter.client() as client:
+        placed = client.post("/v1/reservation-groups", json=_group("kept", [3, 3]))
+        assert placed.status_code == 201, placed.text
+        first = placed.json()["members"][0]
+        assert (
+            client.delete(f"/v1/reservations/{first['id']}", params={"podUid": first["podUid"]}).status_code
+            == 204
+        )
+        refused = client.post("/v1/reservations", json=_body("after-release", cpu="3"))
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["detail"] == "no mapped Slurm node has room for this pod now", refused.text
+        assert not [r for r in slurm_bed.squeue() if r["name"] == "bindery:ns/after-release"]
+        rows = _rows(slurm_bed, "kept")
+        assert sorted((r["id"].partition("+")[2], r["state"]) for r in rows) == [
+            ("0", "RUNNING"),
+            ("1", "RUNNING"),
+        ]
+        assert client.delete(f"/v1/reservation-groups/{placed.json()['id']}").status_code == 204
+    _until(lambda: not _running(slurm_bed, "kept"), 30, "the whole hetjob ends with its last member")

@@ -623,11 +623,33 @@ class SlurmRM:
 
     async def _tearing_down(self) -> bool:
         """Whether a placeholder the adapter ended still holds its allocation in Slurm."""
+        placeholders = await self._placeholders()
+        kept = self._kept_leaders(placeholders, time.time())
         return any(
             all(record.ended is not None for record in records)
             and job.get("job_state") in ("RUNNING", "CONFIGURING", "COMPLETING")
-            for job, records in await self._placeholders()
+            and not _kept(job, kept)
+            for job, records in placeholders
         )
+
+    def _kept_leaders(
+        self, placeholders: Sequence[tuple[dict[str, Any], list[JobRecord]]], now: float
+    ) -> set[int]:
+        """The hetjobs whose component 0 Slurm keeps running for a member still live in another
+        component: component 0 ends only with the whole job, so its ended member's share stays."""
+        kept = set()
+        for job, records in placeholders:
+            if (
+                job.get("het_job_id")
+                and int(job.get("het_job_offset") or 0) != 0
+                and job.get("job_state") in ("PENDING", "RUNNING", "CONFIGURING")
+                and any(
+                    r.ended is None and self._state_of(job, r, now) is not ReservationState.EXPIRED
+                    for r in records
+                )
+            ):
+                kept.add(int(job["het_job_id"]))
+        return kept
 
     async def _view(self) -> dict[str, _NodeRoom]:
         """What each mapped Slurm node has free by the adapter's count: Slurm's allocations, plus
@@ -649,9 +671,10 @@ class SlurmRM:
                 gres={name: count - used.get(name, 0) for name, count in total.items()},
                 gres_total=total,
             )
-        for job, records in await self._placeholders():
-            # One job per pod, or a group's component holding every member on its node (counted
-            # once: Slurm allocates it whole, and frees it only when the last member ends).
+        placeholders = await self._placeholders()
+        kept = self._kept_leaders(placeholders, now)
+        for job, records in placeholders:
+            # One job per pod, or a group's hetjob component (its comment could hold several).
             room = rooms.get(by_kube.get(records[0].node, ""))
             if room is None:
                 continue
@@ -661,9 +684,13 @@ class SlurmRM:
             if state == "PENDING" and any(record.ended is None for record in records):
                 room.queued += 1
                 room.take(cpus, memory, gres, sign=1)
-            elif state in ("RUNNING", "CONFIGURING") and all(
-                record.ended is not None or self._state_of(job, record, now) is ReservationState.EXPIRED
-                for record in records
+            elif (
+                state in ("RUNNING", "CONFIGURING")
+                and not _kept(job, kept)
+                and all(
+                    record.ended is not None or self._state_of(job, record, now) is ReservationState.EXPIRED
+                    for record in records
+                )
             ):  # ended by the adapter, or about to be (its lease ran out): its CPUs come back.
                 # Not COMPLETING ones: Slurm 22.05 already leaves those out of alloc_cpus (the
                 # node reads idle while slurmd tears the job down); a job placed there starts
@@ -1497,6 +1524,11 @@ class _NodeRoom:
     def lacks(self, size: JobSize) -> str | None:
         """The first Kubernetes resource whose GRES is not free enough here now, or None."""
         return next((a.resource for a in size.gres if self.gres.get(a.gres, 0) < a.count), None)
+
+
+def _kept(job: dict[str, Any], kept_leaders: set[int]) -> bool:
+    """Whether ``job`` is a component 0 Slurm keeps for the rest of its hetjob (see _kept_leaders)."""
+    return int(job.get("het_job_offset") or 0) == 0 and int(job.get("het_job_id") or 0) in kept_leaders
 
 
 def _capacity(rooms: Mapping[str, _NodeRoom]) -> dict[str, _NodeRoom]:
