@@ -105,6 +105,35 @@ def test_the_operators_queue_says_when_the_next_attempt_is_due() -> None:
     assert gone.next_attempt == "in no queue of the operator: the operator holds no unbound pod"
 
 
+def test_a_preemption_back_off_is_said_with_until_when_and_why() -> None:
+    served = {
+        "pod": "ns/p",
+        "uid": "u1",
+        "leading": True,
+        "resource_manager": "pool",
+        "queue": "unschedulable",
+        "attempts": 2,
+        "next_attempt_in_seconds": 9.5,
+        "next_attempt_at": "2026-01-01T00:00:10+00:00",
+        "waits_for_capacity": True,
+        "preemption_backoff": {
+            "seconds": 9.5,
+            "until": "2026-01-01T00:00:10+00:00",
+            "reason": "evicting victim ns/low on node a would exceed PodDisruptionBudget ns/keep",
+        },
+    }
+    answer = explain(pod=pod(), resource_manager="pool", events=[], reservations=[], queue=served)
+    assert answer.preemption == (
+        "backed off until 2026-01-01T00:00:10+00:00 (in 9.5 s): no victims are asked for it before "
+        "then, because evicting victim ns/low on node a would exceed PodDisruptionBudget ns/keep"
+    )
+    assert "Preemption:        backed off until 2026-01-01T00:00:10+00:00" in render(answer)
+    del served["preemption_backoff"]
+    plain = explain(pod=pod(), resource_manager="pool", events=[], reservations=[], queue=served)
+    assert plain.preemption is None
+    assert "Preemption:" not in render(plain)
+
+
 def test_an_unreachable_operator_is_said_with_what_could_not_be_seen() -> None:
     answer = explain(
         pod=pod(),

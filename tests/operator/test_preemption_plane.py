@@ -23,9 +23,11 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.controller.preemption import PREEMPTION_BACKOFF
+from bindery.controller.queueview import QueueView
 from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
+from bindery.explain.facts import preemption_backoff
 from tests.operator.conftest import (
     Bindery,
     create_pod,
@@ -371,6 +373,24 @@ async def test_when_every_plan_needs_a_protected_victim_nothing_is_evicted_and_t
         pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
         assert not [c for c in pod["status"].get("conditions") or () if c["type"] == "DisruptionTarget"], pod
     assert await pool.node_of("high") is None
+    # `bindery explain` shows the back-off: the operator's queue view (what /debug/queue serves)
+    # carries it, and explain says until when and why. Each refused plan starts a back-off again.
+    assert pool.operator is not None
+    runtime = pool.operator.runtime
+    view = QueueView(
+        runners=lambda: runtime.runners, pods=runtime.pods, leading=lambda: True, served=lambda _: True
+    )
+
+    async def backed_off() -> dict[str, Any] | None:
+        status, served = view.pod(namespace=pool.namespace, name="high")
+        return served if status == 200 and "preemption_backoff" in served else None
+
+    served = await eventually(backed_off, within=60, what="the preemption back-off in the queue view")
+    assert "keep-mid" in served["preemption_backoff"]["reason"], served
+    said = preemption_backoff(served)
+    assert said is not None
+    assert said.startswith("backed off until "), said
+    assert "because evicting victim" in said, said
 
 
 async def test_a_budget_the_rm_thinks_allows_it_is_checked_by_a_dry_run_before_any_eviction(
@@ -578,3 +598,49 @@ async def test_a_gang_victim_is_evicted_whole_or_not_at_all(pool: Pool, peers_on
     else:
         assert (node, left) == (first, [])
         assert pool.preemptions("victim_evicted") == 2
+
+
+async def test_a_plan_evicting_the_pod_a_required_affinity_needs_is_refused_and_evicts_nothing(
+    pool: Pool,
+) -> None:
+    """The preemptor's required pod affinity (hostname) needs the ``anchor`` pod, on node 0. Node 0
+    is full: the anchor (priority 10) and a priority-50 pod; node 1 holds two pods of the
+    preemptor's priority. The RM chooses victims by what they free, so its plan on node 0 gives the
+    priority-50 pod back first and evicts the anchor: the preemptor's affinity would then exclude
+    node 0, the room made for nothing. kube-scheduler runs its filters with the victims removed
+    and preempts nothing here; so does Bindery: the plan is refused before anything is confirmed
+    or evicted, and the preemptor is told why."""
+    first, second = pool.nodes
+    layout: tuple[tuple[str, str, str, dict[str, str]], ...] = (
+        ("anchor", first, "low", {"app": "anchor"}),
+        ("filler", first, "mid", {}),
+        ("peer0", second, "high", {}),
+        ("peer1", second, "high", {}),
+    )
+    for name, node, priority_class, labels in layout:
+        await pool.place(name, node, priority_class=priority_class, labels=labels)
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "anchor"}}}
+    await pool.create(
+        "high",
+        priority_class="high",
+        affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+    )
+
+    async def told() -> dict[str, Any] | None:
+        condition = await pool.scheduled_condition("high")
+        if "the plan's victims gone" in str(condition.get("message")):
+            return condition
+        left = await pool.existing([name for name, *_ in layout])
+        assert "anchor" in left, f"the anchor was evicted; pods left {left}; the preemptor's {condition}"
+        return None
+
+    condition = await eventually(told, within=60, what="the preemptor told its plan breaks its affinity")
+    assert (condition["status"], condition["reason"]) == ("False", "Unschedulable"), condition
+    assert "pod affinity" in condition["message"], condition
+    assert "nothing was evicted" in condition["message"], condition
+    assert await pool.existing([name for name, *_ in layout]) == [name for name, *_ in layout]
+    assert pool.preemptions("confirmed") == 0
+    assert pool.preemptions("victim_evicted") == 0
+    anchor = await read_pod(pool.api, namespace=pool.namespace, name="anchor")
+    assert not [c for c in anchor["status"].get("conditions") or () if c["type"] == "DisruptionTarget"]
+    assert await pool.node_of("high") is None

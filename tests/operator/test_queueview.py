@@ -15,6 +15,11 @@ from tests.scheduling.fakes import FakeClock, pod
 @dataclasses.dataclass
 class Runner:
     queue: SchedulingQueue
+    #: uid → (seconds left, why): preemptors backing off after a failed plan.
+    backoffs: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
+
+    def preemption_backoff(self, uid: str) -> tuple[float, str] | None:
+        return self.backoffs.get(uid)
 
 
 class Pods(dict[str, PodInfo]):
@@ -92,3 +97,31 @@ def test_a_pod_of_a_scheduler_name_nobody_serves_is_not_disclosed() -> None:
         assert body["message"] == unknown["message"]
         assert theirs.scheduler_name not in str(body)
     assert view.pod(namespace="ns", name="theirs")[1]["uid"] is None
+
+
+def test_a_preemptor_backing_off_after_a_failed_plan_says_until_when_and_why() -> None:
+    """The back-off lives only in the operator's memory: the view serves it beside the queue."""
+    clock = FakeClock(start=100.0)
+    queue = SchedulingQueue(clock=clock, backoff=BackoffPolicy(initial=2.0, maximum=10.0))
+    high = pod("high")
+    why = "evicting victim ns/low on node a would exceed PodDisruptionBudget ns/keep"
+    runner = Runner(queue, backoffs={high.uid: (7.5, why)})
+    view = QueueView(
+        runners=lambda: {"pool": runner},
+        pods=Pods({high.uid: high}),
+        leading=lambda: True,
+        served=lambda name: True,
+        wall_clock=lambda: 1_767_225_600.0,  # 2026-01-01T00:00:00Z
+    )
+    queue.add(high)
+    queue.pop_nowait()
+    queue.done(high.uid, outcome=Outcome.UNSCHEDULABLE, retry_after=2.0)
+    status, answer = view.pod(namespace=high.namespace, name="high")
+    assert status == 200
+    assert answer["preemption_backoff"] == {
+        "seconds": 7.5,
+        "until": "2026-01-01T00:00:07+00:00",
+        "reason": why,
+    }
+    runner.backoffs.clear()  # it may preempt again: nothing said
+    assert "preemption_backoff" not in view.pod(namespace=high.namespace, name="high")[1]

@@ -57,7 +57,9 @@ from tests.workloads import eventually
 #: spread into node constraints counting the pods there now, so the node whose low-priority pods
 #: would have to go is excluded before the RM looks for victims, and no plan comes (timed out after
 #: 120 s, the medium pod "1 Insufficient example.com/fakePTSRes, 2 node(s) didn't match Pod's node
-#: affinity/selector").
+#: affinity/selector"). Widening the constraints would not pass it under contract v1.2: the RM
+#: chooses victims by what they free (one low pod here), the spread needs two gone, and only Bindery
+#: knows the labels that say which (contract/v1/README.md, preemption, "Inter-pod rules").
 FOCUS = r"\[sig-scheduling\] SchedulerPredicates|\[sig-scheduling\] SchedulerPriorities .*PodAntiAffinity"
 #: Left out, for reasons of the plane rather than of a scheduler:
 #: - local ephemeral storage needs a kubelet's imagefs/rootfs accounting, which kwok does not fake;

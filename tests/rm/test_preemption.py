@@ -8,6 +8,7 @@ without the feature, which must never receive `preemptionPolicy`.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -247,14 +248,15 @@ async def test_the_conformance_check_passes_the_reference_rm_and_fails_one_that_
     with holds broken (no room taken out of other reserves), the kit's intruder gets the room."""
     from bindery.conformance import CHECKS, ConformanceConfig
     from bindery.conformance.kit import http_client, run_check
-    from bindery.reference_rm import server as server_module
+    from bindery.reference_rm import store as store_module
 
     check = next(c for c in CHECKS if c.name == "preemption")
     config = ConformanceConfig(url=rm.url, token=TOKEN, resource="cpu", capacity=8)
     async with http_client(config) as http:
         passed = await run_check(check, config, http)
         assert passed.passed, passed.error
-        monkeypatch.setattr(server_module, "without_held", lambda nodes, held: nodes)
+        # The stores take the held rooms out of the nodes they place on (reference_rm/store.py).
+        monkeypatch.setattr(store_module, "without_held", lambda nodes, held: nodes)
         failed = await run_check(check, config, http)
     assert not failed.passed
     assert "holds the freed room" in (failed.error or ""), failed.error
@@ -424,3 +426,48 @@ async def test_the_conformance_check_fails_an_rm_whose_victims_name_budgets_badl
         failed = await run_check(check, config, http)
     assert not failed.passed
     assert "violatedBudgets must be a list" in (failed.error or ""), failed.error
+
+
+async def test_two_replicas_on_one_database_answer_each_others_plans_and_hold_their_rooms(
+    postgres_db: str,
+) -> None:
+    """Issue 22: any replica answers any call. The issue's scenario with the plan proposed by
+    replica A and everything after it sent to replica B: B confirms it, keeps the freed room from an
+    intruder, places the preemptor there, and A then sees the plan used. (When plans lived in A's
+    memory, B answered the confirm 404 and gave the room to the intruder.)"""
+    async with contextlib.AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                serve_reference_rm(
+                    db_path=postgres_db, inventory=_inventory(), token=TOKEN, policy=Policy.BINPACK
+                )
+            )
+            for _ in range(2)
+        ]
+        async with _client(a.url) as on_a, _client(b.url) as on_b:
+            pods = await _fill(a, on_a)
+            b.rm.set_bound_pods(ClusterPods.of(pods))  # both mirror the same pods
+            with pytest.raises(RMUnschedulable) as refused:
+                await on_a.reserve(_request("high", priority=100_000))
+            plan = refused.value.plan
+            assert plan is not None, refused.value.reason
+            with pytest.raises(RMUnschedulable) as again:  # asked again on B: the same plan
+                await on_b.reserve(_request("high", priority=100_000))
+            assert again.value.plan is not None
+            assert again.value.plan.plan_id == plan.plan_id
+            confirmed = await on_b.confirm_preemption(plan.plan_id)
+            assert confirmed.state is PlanState.CONFIRMED
+            victim = next(pod for pod in pods if pod.uid == plan.victims[0].pod.uid)
+            assert victim.reservation_id is not None
+            await on_b.release(victim.reservation_id, pod_uid=victim.uid)
+            left = ClusterPods.of(pod for pod in pods if pod is not victim)
+            a.rm.set_bound_pods(left)
+            b.rm.set_bound_pods(left)
+            for client in (on_a, on_b):
+                with pytest.raises(RMUnschedulable) as intruder:
+                    await client.reserve(_request(f"intruder-{id(client)}", priority=0, policy=None))
+                assert intruder.value.plan is None
+            placed = await on_b.reserve(_request("high", priority=100_000))
+            assert placed.node == plan.node
+            with pytest.raises(RMConflict):  # used, as A reads it too
+                await on_a.confirm_preemption(plan.plan_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import pytest
@@ -9,10 +10,13 @@ import pytest
 from bindery.rm.models import ReservationRequest
 from bindery.slurm_rm import cli
 from bindery.slurm_rm.mapping import (
+    CommentTooLong,
     GresMapError,
     JobRecord,
     NodeMapError,
     allowed,
+    decode_records,
+    encode_component,
     job_size,
     parse_gres,
     parse_gres_map,
@@ -121,3 +125,27 @@ def test_the_adapter_refuses_a_malformed_gres_map_before_serving(
     assert (
         "--gres-map entry 'nvidia.com/gpu' is not KUBERNETES_RESOURCE=SLURM_GRES" in capsys.readouterr().err
     )
+
+
+def test_a_hetjob_components_comment_round_trips_and_stays_within_slurms_1024_characters() -> None:
+    base = JobRecord(
+        key="gang-key", pod_uid="uid-0", scheduler="bindery", namespace="ns", name="gang-0", node="worker-0",
+        fingerprint="f" * 32, resources={"cpu": "1", "memory": "64Mi"}, ttl=30, created=1.0, hold_until=2.0,
+        group="slurm-group-1", group_key="gang-key", topology={"zone": "a"}, cluster="c1", expires_at=3.5,
+    )  # fmt: skip
+    members = [
+        dataclasses.replace(base, index=0),
+        dataclasses.replace(
+            base, index=1, pod_uid="uid-1", name="gang-1", resources={"cpu": "2"}, committed=True
+        ),
+        dataclasses.replace(
+            base, index=2, pod_uid="uid-2", name="gang-2", namespace="other", ended="released"
+        ),
+    ]
+    comment = encode_component(members)
+    assert decode_records(comment) == members
+    assert decode_records(base.encode()) == [base]  # a single pod's job: one record
+    assert decode_records("a site's own comment") == []
+    many = [dataclasses.replace(base, index=i, pod_uid=f"{i:036d}") for i in range(20)]
+    with pytest.raises(CommentTooLong, match="slurmctld keeps at most 1024"):
+        encode_component(many)

@@ -106,6 +106,10 @@ class Attempts:
             self._preemptions.forget(uid)
         self._gone.discard(uid)  # a gang member found gone has no cycle to drop it
 
+    def preemption_backoff(self, uid: str) -> tuple[float, str] | None:
+        """Seconds until the pod may preempt again and why its last plan failed, or None."""
+        return self._preemptions.backed_off(uid) if self._preemptions is not None else None
+
     def sizes(self) -> dict[str, int]:
         """Entries held per pod, by structure (see ProfileRunner.per_pod_sizes)."""
         return {"event_throttle": len(self._throttle), "gone": len(self._gone)}

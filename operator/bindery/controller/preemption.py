@@ -9,11 +9,18 @@ condition first, then the Eviction API (which enforces PodDisruptionBudgets, unl
 delete), then the ``Preempted`` event. The victims' deletion wakes the pod, whose next reserve
 lands on the held room and binds as any other.
 
-A plan is refused whole, before anything is evicted, when a victim's eviction would exceed a
-PodDisruptionBudget: when the RM says so (``violatedBudgets``), or when a dry run of every
-eviction (``dryRun=All``, which checks the budgets and changes nothing) is answered ``429``. Evicting
-the first victims and meeting the ``429`` on a later one would leave them evicted for nothing. The
-preemptor is told why (FailedScheduling, PodScheduled=False), naming the budget.
+A plan is refused whole, before anything is evicted:
+
+* when the preemptor's inter-pod rules (pod affinity and anti-affinity, topology spread, host ports)
+  would still exclude the plan's node once exactly its victims are gone
+  (:func:`bindery.scheduling.placementrules.broken_after_preemption`): the RM chooses victims by
+  what they free and may evict the very pod a required pod affinity needs there;
+* when a victim's eviction would exceed a PodDisruptionBudget: when the RM says so
+  (``violatedBudgets``), or when a dry run of every eviction (``dryRun=All``, which checks the
+  budgets and changes nothing) is answered ``429``. Evicting the first victims and meeting the
+  ``429`` on a later one would leave them evicted for nothing.
+
+The preemptor is told why (FailedScheduling, PodScheduled=False), naming the rule or the budget.
 
 A PDB's ``429`` on the real eviction (a budget changed since the dry run) or any other failure
 cancels the plan and clears the nomination, so the room goes back and no further victim is evicted
@@ -48,7 +55,9 @@ from bindery.kube.eviction import eviction
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim
+from bindery.scheduling.placementrules import broken_after_preemption
 from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import PlacedPods
 from bindery.scheduling.preemption import disruption_condition, pod_group, preempted_note, vet
 from bindery.typedefs import Logger
 
@@ -108,9 +117,12 @@ class Preemptions:
         count: Callable[[str], None] = lambda outcome: None,
         hostname: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        placed: PlacedPods | None = None,
     ) -> None:
-        """``count``: called with each outcome, for ``bindery_preemptions_total``."""
+        """``count``: called with each outcome, for ``bindery_preemptions_total``. ``placed``: the
+        pods on nodes, to check the preemptor's inter-pod rules with the victims gone."""
         self._count = count
+        self._placed = placed
         self._api = api
         self._rm = rm
         self._logger = logger
@@ -119,8 +131,8 @@ class Preemptions:
         #: Plans a worker is carrying out now (at most one per preemptor: the RM answers its plan).
         self._carrying: set[str] = set()
         self._clock = clock
-        #: Preemptors whose last plan failed: their back-off and when they may preempt again.
-        self._backoffs: collections.OrderedDict[str, tuple[Backoff, float]] = collections.OrderedDict()
+        #: Preemptors whose last plan failed: their back-off, when they may preempt again, and why.
+        self._backoffs: collections.OrderedDict[str, tuple[Backoff, float, str]] = collections.OrderedDict()
         #: Tells the preemptor why its plan was not carried out (FailedScheduling, PodScheduled=False);
         #: set by the attempts, which own the pod's reporting.
         self.report: Callable[[PodInfo, str], Awaitable[None]] | None = None
@@ -167,6 +179,14 @@ class Preemptions:
             victims=current,
             group_members=members,
         )
+        if refusal is None and self._placed is not None:
+            refusal = broken_after_preemption(
+                pod,
+                self._placed,
+                node=plan.node,
+                victims=[v.pod.uid for v in plan.victims],
+                names=[f"{v.pod.namespace}/{v.pod.name}" for v in plan.victims],
+            )
         if refusal is None:
             try:
                 # Only the victims still to evict: a gone one answers 404, a terminating one was
@@ -234,14 +254,22 @@ class Preemptions:
         entry = self._backoffs.get(uid)
         return max(entry[1] - self._clock(), 0.0) if entry is not None else 0.0
 
+    def backed_off(self, uid: str) -> tuple[float, str] | None:
+        """Seconds until the pod may preempt again and why its last plan failed; None when it may
+        preempt now (``bindery explain`` shows it: the back-off lives only in this memory)."""
+        entry = self._backoffs.get(uid)
+        if entry is None or (left := entry[1] - self._clock()) <= 0:
+            return None
+        return left, entry[2]
+
     def forget(self, uid: str) -> None:
         """The pod was bound or left: its back-off ends with it."""
         self._backoffs.pop(uid, None)
 
-    def _back_off(self, uid: str) -> float:
-        backoff = self._backoffs.pop(uid, (Backoff(PREEMPTION_BACKOFF), 0.0))[0]
+    def _back_off(self, uid: str, why: str) -> float:
+        backoff = self._backoffs.pop(uid, (Backoff(PREEMPTION_BACKOFF), 0.0, ""))[0]
         delay = backoff.next()
-        self._backoffs[uid] = (backoff, self._clock() + delay)
+        self._backoffs[uid] = (backoff, self._clock() + delay, why)
         while len(self._backoffs) > REMEMBERED_BACKOFFS:
             self._backoffs.popitem(last=False)
         return delay
@@ -302,7 +330,7 @@ class Preemptions:
         self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool, evicted: int = 0
     ) -> None:
         """Cancel the plan (the room goes back) and clear the nomination; the pod waits for an event."""
-        delay = self._back_off(pod.uid)
+        delay = self._back_off(pod.uid, why)
         self._logger.warning(
             f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled, no new plan "
             f"for {delay:g} s"

@@ -5,7 +5,9 @@ backoff), so the operator serves it as JSON on the metrics port:
 
 * `GET /debug/queue`: whether this replica leads, and each ResourceManager's queue depths;
 * `GET /debug/queue/{namespace}/{name}[?uid=UID]`: where that pod waits, after how many failed
-  attempts, and when it is tried next (404 with a JSON reason when no queue holds it).
+  attempts, and when it is tried next (404 with a JSON reason when no queue holds it); for a
+  preemptor whose last plan failed, until when it asks for no plan and why
+  (``preemption_backoff``).
 
 `bindery explain` reaches it through the apiserver's service proxy, as `kubectl get --raw
 /api/v1/namespaces/NS/services/NAME:metrics/proxy/debug/queue` does, or at `--operator-url`. A
@@ -40,6 +42,10 @@ __all__ = ["QueueView"]
 class _HasQueue(Protocol):
     @property
     def queue(self) -> SchedulingQueue: ...
+
+    def preemption_backoff(self, uid: str) -> tuple[float, str] | None:
+        """Seconds until the pod may preempt again, and why its last plan failed; None if it may."""
+        ...
 
 
 class _Pods(Protocol):
@@ -113,6 +119,15 @@ class QueueView:
                 next_attempt_at=due.isoformat(timespec="seconds") if due is not None else None,
                 waits_for_capacity=position.waits_for_capacity,
             )
+            backoff = runner.preemption_backoff(known.uid)
+            if backoff is not None:
+                left, why = backoff
+                until = datetime.datetime.fromtimestamp(self._wall_clock() + left, datetime.UTC)
+                answer["preemption_backoff"] = {
+                    "seconds": round(left, 3),
+                    "until": until.isoformat(timespec="seconds"),
+                    "reason": why,
+                }
             return 200, answer
         if known.scheduling_group:
             answer["message"] = (

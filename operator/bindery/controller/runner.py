@@ -132,6 +132,7 @@ class ProfileRunner:
                 count=lambda outcome: self.metrics.preemptions.labels(
                     resource_manager=config.name, outcome=outcome
                 ).inc(),
+                placed=ports.placed,
             ),
         )
         self._ports = self.attempts.ports
@@ -306,6 +307,10 @@ class ProfileRunner:
         self.queue.forget(uid)
         self.podgroups.withdraw(uid)
         self.attempts.forget(uid)
+
+    def preemption_backoff(self, uid: str) -> tuple[float, str] | None:
+        """For the queue view: the pod's preemption back-off (seconds left, why), or None."""
+        return self.attempts.preemption_backoff(uid)
 
     def per_pod_sizes(self) -> dict[str, int]:
         """Entries held per pod, by structure (empty once every pod left; tests and soaks read it)."""

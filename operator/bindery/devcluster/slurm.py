@@ -313,8 +313,10 @@ class SlurmBed:
             "InactiveLimit=0",
             "MinJobAge=60",
             # slurmctld starts a batch job up to 3 s after its submission by default (batched for
-            # throughput); a placeholder job is a pod waiting to bind, so start it at once.
-            "SchedulerParameters=batch_sched_delay=0",
+            # throughput); a placeholder job is a pod waiting to bind, so start it at once. A pod
+            # group's heterogeneous job is started by the backfill scheduler alone (its main loop
+            # cannot start components together), every bf_interval (default 30 s): every second here.
+            "SchedulerParameters=batch_sched_delay=0,bf_interval=1",
         ]
         if any(node.gpus for node in self.nodes):
             lines.append("GresTypes=gpu")

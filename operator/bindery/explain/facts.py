@@ -91,6 +91,8 @@ class Explanation:
     placement_rules: list[str] = dataclasses.field(default_factory=list)
     #: ``status.nominatedNodeName``: Bindery is preempting pods on that node for this one.
     nominated_node: str | None = None
+    #: The pod's last preemption plan failed: until when it asks for none, and why, in words.
+    preemption: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -236,6 +238,7 @@ def explain(
     if queue is not None:
         answer.queue = dict(queue)
         answer.next_attempt = next_attempt(queue)
+        answer.preemption = preemption_backoff(queue)
     else:
         answer.unseen.append(
             f"the operator's queue: {queue_problem or 'not asked'}; so {QUEUE_UNSEEN}"
@@ -244,6 +247,20 @@ def explain(
         )
     answer.verdict = _pending_verdict(answer, metadata, spec)
     return answer
+
+
+def preemption_backoff(queue: Mapping[str, Any]) -> str | None:
+    """Pure: the operator's back-off after a failed preemption plan, in words, or None without one.
+
+    Meanwhile the pod's reserves ask the RM for no plan (so nothing is evicted for it), and it is
+    still placed if room appears by itself; without this line a user sees only "Unschedulable"."""
+    backoff = queue.get("preemption_backoff")
+    if not isinstance(backoff, Mapping):
+        return None
+    return (
+        f"backed off until {backoff.get('until')} (in {float(backoff.get('seconds') or 0):.1f} s): no "
+        f"victims are asked for it before then, because {backoff.get('reason') or 'no reason given'}"
+    )
 
 
 def next_attempt(queue: Mapping[str, Any]) -> str:
@@ -388,5 +405,7 @@ def render(answer: Explanation) -> str:
         )
     if answer.next_attempt:
         lines.append(f"Operator queue:    {answer.next_attempt}")
+    if answer.preemption:
+        lines.append(f"Preemption:        {answer.preemption}")
     lines += [f"Not seen:          {u}" for u in answer.unseen]
     return "\n".join(lines)

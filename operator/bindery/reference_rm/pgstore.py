@@ -21,6 +21,11 @@ Concurrency (issue 22, "active-active"), chosen and why:
 * **Everything else takes row locks only.** A commit, release or renew locks its reservation row
   (``FOR UPDATE``) and decides on the row as locked; releases and expiries only free capacity, so a
   placement that ran beside them counted too much, never too little.
+* **Preemption plans** (contract v1.2) are rows too, so a confirm may reach any replica. A plan is
+  proposed under the placement lock (it reads usage, the other plans' holds and victims), every
+  placement reads the confirmed plans' holds after taking the lock, and a confirm or cancel locks
+  the plan's row only: a confirm and the preemptor's reserve (which ends the plan) are ordered on
+  that row. A plan's lease is judged by the database's clock, like a reservation's.
 * **All or nothing** is the transaction: a group's members, a batch's operations.
 * **Idempotency** holds across replicas through the lock row, and a partial unique index on the
   active keys makes a second active row for a key impossible whatever the code does.
@@ -59,14 +64,25 @@ from bindery.reference_rm.placement import (
     effective_usage,
     subtract_usage,
 )
+from bindery.reference_rm.preemption import (
+    ACTIVE_PLAN_STATES,
+    Chooser,
+    Plan,
+    as_of,
+    hold_column,
+    victim_uids,
+    victims_column,
+)
 from bindery.reference_rm.store import (
     DEFAULT_MAX_RELEASED_ROWS,
     FOREIGN_RETRY_SECONDS,
+    PLAN_COLUMNS,
     BatchOutcome,
     CommitOutcome,
     Conflict,
     GroupConflict,
     GroupPlaced,
+    LivePlans,
     NotActive,
     NotFound,
     Placed,
@@ -78,6 +94,7 @@ from bindery.reference_rm.store import (
     Unschedulable,
     _digest,
     _mismatch,
+    plan_row,
 )
 from bindery.reference_rm.storeerrors import SchemaTooNew
 from bindery.rm.models import (
@@ -90,7 +107,7 @@ from bindery.rm.models import (
 __all__ = ["SCHEMA_VERSION", "PostgresReservationStore"]
 
 #: The schema version this code writes and reads; one migration per version in ``_MIGRATIONS``.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Created before any migration, idempotently, by whichever replica comes first.
 _BOOTSTRAP = (
     "CREATE TABLE IF NOT EXISTS bindery_schema (id INT PRIMARY KEY, version INT NOT NULL)",
@@ -192,6 +209,27 @@ _MIGRATIONS: dict[int, tuple[str, ...] | Callable[[Conn], None]] = {
     4: (
         "ALTER TABLE reservations ADD COLUMN IF NOT EXISTS revoked_reason TEXT",
         "ALTER TABLE reservations ADD COLUMN IF NOT EXISTS revoked_at DOUBLE PRECISION",
+    ),
+    # Contract v1.2 preemption plans, shared by the replicas: a confirm may reach any of them, and
+    # each placement takes out the rooms confirmed plans hold (issue 22). One active plan per
+    # preemptor, whichever replica proposes it.
+    5: (
+        """CREATE TABLE IF NOT EXISTS preemption_plans (
+            seq BIGSERIAL PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            pod_uid TEXT NOT NULL,
+            node TEXT NOT NULL,
+            victims TEXT NOT NULL,
+            hold TEXT NOT NULL,
+            lease_seconds INT NOT NULL,
+            state TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE UNIQUE INDEX IF NOT EXISTS preemption_plans_active_pod ON preemption_plans (pod_uid) "
+        "WHERE state IN ('proposed', 'confirmed')",
+        "CREATE INDEX IF NOT EXISTS preemption_plans_state ON preemption_plans (state, expires_at)",
     ),
 }
 _PROBE_BYTES = 64 * 1024
@@ -520,10 +558,23 @@ class PostgresReservationStore:
         policy: Policy,
         pods: ClusterPods | None = None,
     ) -> ReserveOutcome:
+        """Place under the placement lock, next to the rooms confirmed plans hold for other pods as
+        every replica left them; the preemptor's own reserve ends its plan in the same transaction."""
         with self._tx(place=True) as (conn, now):
-            return self._reserve(
-                conn, now, self._active_usage(conn), request, nodes=nodes, policy=policy, pods=pods
+            live = self._live_plans(conn, now)
+            uid = request.pod.uid
+            outcome = self._reserve(
+                conn,
+                now,
+                self._active_usage(conn),
+                request,
+                nodes=live.nodes(nodes, except_pods=frozenset({uid})),
+                policy=policy,
+                pods=pods,
             )
+            if isinstance(outcome, Placed) and live.of(uid):
+                self._use_plan(conn, now, uid)
+            return outcome
 
     def _reserve(
         self,
@@ -697,14 +748,18 @@ class PostgresReservationStore:
         its single call would; an error of the database undoes all of them (nothing is in memory)."""
         with self._tx(place=True) as (conn, now):
             usage = self._active_usage(conn)
+            live = self._live_plans(conn, now)
+            reserving = frozenset(operation.reserve.pod.uid for operation in operations if operation.reserve)
+            held = live.nodes(nodes, except_pods=reserving)
             outcomes: list[BatchOutcome] = []
             for operation in operations:
                 if operation.reserve is not None:
-                    outcomes.append(
-                        self._reserve(
-                            conn, now, usage, operation.reserve, nodes=nodes, policy=policy, pods=pods
-                        )
+                    placed = self._reserve(
+                        conn, now, usage, operation.reserve, nodes=held, policy=policy, pods=pods
                     )
+                    if isinstance(placed, Placed) and live.of(operation.reserve.pod.uid):
+                        self._use_plan(conn, now, operation.reserve.pod.uid)
+                    outcomes.append(placed)
                 elif operation.commit is not None:
                     ref = operation.commit
                     outcomes.append(self._commit(conn, now, ref.reservation_id, ref.pod_uid))
@@ -814,6 +869,7 @@ class PostgresReservationStore:
                 for member in request.members
             ]
             foreign = None if pods is None else self._foreign(conn, pods)
+            nodes = self._live_plans(conn, now).nodes(nodes, except_pods=frozenset())
             decision = place_group(
                 group=f"{request.group.namespace}/{request.group.name}",
                 members=asks,
@@ -915,6 +971,130 @@ class PostgresReservationStore:
             renewed = self._get_group(conn, group_id)
             assert renewed is not None
             return renewed
+
+    # -- preemption plans (contract v1.2) -------------------------------------------------------
+    #
+    # Shared by the replicas. A plan is proposed under the placement lock (so two replicas never
+    # name one victim twice nor both miss a hold), read by every placement under that lock, and
+    # confirmed or cancelled under its row lock alone. Leases are judged by the database's clock.
+
+    def _live_plans(self, conn: Conn, now: float) -> LivePlans:
+        rows = conn.execute(
+            "SELECT pod_uid, node, hold, state FROM preemption_plans "
+            "WHERE state = ANY(%s) AND expires_at > %s",
+            (list(ACTIVE_PLAN_STATES), now),
+        ).fetchall()
+        return LivePlans(
+            rows=[(str(uid), str(node), str(hold), str(state)) for uid, node, hold, state in rows]
+        )
+
+    def _use_plan(self, conn: Conn, now: float, pod_uid: str) -> None:
+        conn.execute(
+            "UPDATE preemption_plans SET state = 'used', updated_at = %s "
+            "WHERE pod_uid = %s AND state = ANY(%s) AND expires_at > %s",
+            (now, pod_uid, list(ACTIVE_PLAN_STATES), now),
+        )
+
+    def _plan_now(self, conn: Conn, plan_id: str, now: float, *, lock: bool = False) -> Plan | None:
+        row = conn.execute(
+            f"SELECT {PLAN_COLUMNS} FROM preemption_plans WHERE id = %s{' FOR UPDATE' if lock else ''}",
+            (plan_id,),
+        ).fetchone()
+        return None if row is None else as_of(plan_row(row), now)
+
+    def get_plan(self, plan_id: str) -> Plan | None:
+        with self._tx(expire=False) as (conn, now):
+            return self._plan_now(conn, plan_id, now)
+
+    def _active_plan(self, conn: Conn, now: float, pod_uid: str) -> Plan | None:
+        row = conn.execute(
+            f"SELECT {PLAN_COLUMNS} FROM preemption_plans "
+            "WHERE pod_uid = %s AND state = ANY(%s) AND expires_at > %s",
+            (pod_uid, list(ACTIVE_PLAN_STATES), now),
+        ).fetchone()
+        return None if row is None else plan_row(row)
+
+    def active_plan(self, pod_uid: str) -> Plan | None:
+        with self._tx(expire=False) as (conn, now):
+            return self._active_plan(conn, now, pod_uid)
+
+    def propose_plan(self, pod_uid: str, choose: Chooser, *, lease_seconds: int) -> Plan | None:
+        """As :meth:`ReservationStore.propose_plan`, under the placement lock."""
+        with self._tx(place=True) as (conn, now):
+            conn.execute(
+                "UPDATE preemption_plans SET state = 'expired', updated_at = %s "
+                "WHERE state = ANY(%s) AND expires_at <= %s",
+                (now, list(ACTIVE_PLAN_STATES), now),
+            )
+            conn.execute(
+                "DELETE FROM preemption_plans "
+                "WHERE NOT (state = ANY(%s)) AND expires_at + lease_seconds <= %s",
+                (list(ACTIVE_PLAN_STATES), now),
+            )
+            existing = self._active_plan(conn, now, pod_uid)
+            if existing is not None:
+                return existing
+            live = self._live_plans(conn, now)
+            used = self._active_usage(conn)
+            for node, held in live.held(except_pods=frozenset({pod_uid})).items():
+                add_usage(used, node, held)
+            spoken_for = frozenset(
+                uid
+                for (victims,) in conn.execute(
+                    "SELECT victims FROM preemption_plans WHERE state = ANY(%s) AND expires_at > %s",
+                    (list(ACTIVE_PLAN_STATES), now),
+                ).fetchall()
+                for uid in victim_uids(str(victims))
+            )
+            proposal = choose(used, spoken_for)
+            if proposal is None:
+                return None
+            row = conn.execute(
+                "INSERT INTO preemption_plans (id, pod_uid, node, victims, hold, lease_seconds, state, "
+                "created_at, expires_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, 'proposed', %s, %s, %s) "
+                f"RETURNING {PLAN_COLUMNS}",
+                (
+                    f"pln-{uuid.uuid4().hex}",
+                    pod_uid,
+                    proposal.node,
+                    victims_column(proposal.victims, proposal.violations),
+                    hold_column(proposal.hold),
+                    lease_seconds,
+                    now,
+                    now + lease_seconds,
+                    now,
+                ),
+            ).fetchone()
+            assert row is not None
+            return plan_row(row)
+
+    def confirm_plan(self, plan_id: str) -> Plan | None:
+        """As :meth:`ReservationStore.confirm_plan`, under the plan's row lock: a concurrent reserve
+        of the preemptor (which ends the plan) and this confirm are ordered, never both applied."""
+        with self._tx(expire=False) as (conn, now):
+            plan = self._plan_now(conn, plan_id, now, lock=True)
+            if plan is None or not plan.active:
+                return plan
+            row = conn.execute(
+                "UPDATE preemption_plans SET state = 'confirmed', expires_at = %s, updated_at = %s "
+                f"WHERE id = %s RETURNING {PLAN_COLUMNS}",
+                (now + plan.lease_seconds, now, plan_id),
+            ).fetchone()
+            assert row is not None
+            return plan_row(row)
+
+    def cancel_plan(self, plan_id: str) -> Plan | None:
+        with self._tx(expire=False) as (conn, now):
+            plan = self._plan_now(conn, plan_id, now, lock=True)
+            if plan is None or not plan.active:
+                return plan
+            row = conn.execute(
+                "UPDATE preemption_plans SET state = 'cancelled', updated_at = %s WHERE id = %s "
+                f"RETURNING {PLAN_COLUMNS}",
+                (now, plan_id),
+            ).fetchone()
+            assert row is not None
+            return plan_row(row)
 
 
 def read_password_file(path: pathlib.Path) -> str:

@@ -20,16 +20,18 @@ caller, who evicts through the Eviction API, can refuse the plan before evicting
 the mirror the RM knows no budgets and names none. A pod group's members are victims together or
 not at all (see :func:`choose_victims`).
 
-Plans live in the server's memory: an RM restart forgets them, which releases every hold, as if
-each lease had ended; the caller then finds its confirm or reserve answered 404 or Unschedulable
-and starts again.
+Plans live in the store (``preemption_plans`` in SQLite and PostgreSQL), not in a server's memory:
+with several replicas on one PostgreSQL a plan's confirm may reach any of them (a Service spreads
+connections, not calls), and the room a confirmed plan holds must be out of every replica's reach.
+So a store proposes a plan under its placement lock (two replicas never name one victim twice),
+and each placement reads the held rooms inside its own transaction
+(:class:`bindery.reference_rm.store.LivePlans`). A restart keeps them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-import uuid
+import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,12 +40,28 @@ from typing import Any
 
 from bindery.podrules.model import LabelSelector
 from bindery.podrules.parse import label_selector
-from bindery.quantity import format_quantity
+from bindery.quantity import format_quantity, parse_quantity
 from bindery.reference_rm.accounting import BoundPod, ClusterPods
 from bindery.reference_rm.placement import InventoryNode, effective_usage, fits, static_failure
 from bindery.rm.models import PlanState
 
-__all__ = ["Budget", "Candidate", "Plan", "PlanBook", "budget_from", "choose_victims", "without_held"]
+__all__ = [
+    "ACTIVE_PLAN_STATES",
+    "Budget",
+    "Candidate",
+    "Chooser",
+    "Plan",
+    "Proposal",
+    "as_of",
+    "budget_from",
+    "choose_victims",
+    "held_by_node",
+    "hold_column",
+    "plan_from_row",
+    "victim_uids",
+    "victims_column",
+    "without_held",
+]
 
 #: How long a proposed plan waits for its confirm, and a confirmed one holds its room (seconds).
 DEFAULT_LEASE_SECONDS = 60
@@ -277,93 +295,121 @@ class Plan:
         }
 
 
-class PlanBook:
-    """The RM's plans, by id and by preemptor; used from the server's event loop only."""
+@dataclass(frozen=True)
+class Proposal:
+    """What a chooser found: the node, its victims, and the room the preemptor needs there."""
 
-    def __init__(
-        self, *, lease_seconds: int = DEFAULT_LEASE_SECONDS, clock: Callable[[], float] = time.time
-    ) -> None:
-        self.lease_seconds = lease_seconds
-        self._clock = clock
-        self._plans: dict[str, Plan] = {}
+    node: str
+    victims: tuple[BoundPod, ...]
+    hold: Mapping[str, Decimal]
+    violations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
-    def _expire(self) -> None:
-        now = self._clock()
-        for plan_id, plan in list(self._plans.items()):
-            if plan.active and plan.expires_at <= now:
-                plan.state = PlanState.EXPIRED
-            if not plan.active and plan.expires_at + self.lease_seconds <= now:
-                del self._plans[plan_id]  # remembered one more lease, so a late confirm gets 409
 
-    def get(self, plan_id: str) -> Plan | None:
-        self._expire()
-        return self._plans.get(plan_id)
+#: Called by a store's ``propose_plan`` inside its placement transaction with the capacity in use
+#: per node (the holds of other preemptors' confirmed plans included) and the pod UIDs that active
+#: plans already evict; returns the plan to store, or None when no eviction makes room.
+Chooser = Callable[[Mapping[str, Mapping[str, Decimal]], frozenset[str]], Proposal | None]
 
-    def active_for(self, pod_uid: str) -> Plan | None:
-        """The preemptor's plan still proposed or confirmed: asked again, the RM answers it again
-        instead of proposing more victims while the first ones terminate."""
-        self._expire()
-        return next((p for p in self._plans.values() if p.pod_uid == pod_uid and p.active), None)
+#: A plan's states that still hold (confirmed) or reserve victims (proposed and confirmed).
+ACTIVE_PLAN_STATES = (PlanState.PROPOSED.value, PlanState.CONFIRMED.value)
 
-    def spoken_for(self) -> frozenset[str]:
-        self._expire()
-        return frozenset(
-            victim.uid for plan in self._plans.values() if plan.active for victim in plan.victims
-        )
 
-    def held(self, *, except_pods: Collection[str] = ()) -> dict[str, dict[str, Decimal]]:
-        """Per node, the room confirmed plans hold for preemptors other than ``except_pods``."""
-        self._expire()
-        held: dict[str, dict[str, Decimal]] = {}
-        for plan in self._plans.values():
-            if plan.state is PlanState.CONFIRMED and plan.pod_uid not in except_pods:
-                _plus(held.setdefault(plan.node, {}), plan.hold)
-        return held
+def _quantities(usage: Mapping[str, Decimal]) -> dict[str, str]:
+    return {name: format_quantity(amount) for name, amount in sorted(usage.items())}
 
-    def propose(
-        self,
-        *,
-        pod_uid: str,
-        node: InventoryNode,
-        requests: Mapping[str, Decimal],
-        victims: Iterable[BoundPod],
-        violations: Mapping[str, tuple[str, ...]] | None = None,
-    ) -> Plan:
-        plan = Plan(
-            plan_id=f"pln-{uuid.uuid4().hex}",
-            node=node.name,
-            pod_uid=pod_uid,
-            victims=tuple(victims),
-            hold=effective_usage(requests, node),
-            lease_seconds=self.lease_seconds,
-            expires_at=self._clock() + self.lease_seconds,
-            violations=dict(violations or {}),
-        )
-        self._plans[plan.plan_id] = plan
-        return plan
 
-    def confirm(self, plan_id: str) -> Plan | None:
-        """Confirm (idempotent): the lease restarts from now. None when unknown; the plan in its
-        state otherwise (the caller answers 409 unless it is confirmed)."""
-        plan = self.get(plan_id)
-        if plan is None or not plan.active:
-            return plan
-        plan.state = PlanState.CONFIRMED
-        plan.expires_at = self._clock() + plan.lease_seconds
-        return plan
+def _amounts(text: Mapping[str, str]) -> dict[str, Decimal]:
+    return {str(name): parse_quantity(str(amount)) for name, amount in text.items()}
 
-    def cancel(self, plan_id: str) -> Plan | None:
-        """Cancel (idempotent): an active plan stops holding; others keep their final state."""
-        plan = self.get(plan_id)
-        if plan is not None and plan.active:
-            plan.state = PlanState.CANCELLED
-        return plan
 
-    def used_by(self, pod_uid: str) -> None:
-        """The preemptor reserved: its plan's room is now its reservation."""
-        for plan in self._plans.values():
-            if plan.pod_uid == pod_uid and plan.active:
-                plan.state = PlanState.USED
+def victims_column(victims: Iterable[BoundPod], violations: Mapping[str, tuple[str, ...]]) -> str:
+    """A plan's victims as a store keeps them (JSON): what its answer names and what marks them
+    spoken for, not the labels and group that chose them."""
+    return json.dumps(
+        [
+            {
+                "uid": victim.uid,
+                "key": victim.key,
+                "node": victim.node,
+                "usage": _quantities(victim.usage),
+                "reservationId": victim.reservation_id,
+                "priority": victim.priority,
+                **({"violatedBudgets": list(violations[victim.uid])} if victim.uid in violations else {}),
+            }
+            for victim in victims
+        ]
+    )
+
+
+def hold_column(hold: Mapping[str, Decimal]) -> str:
+    return json.dumps(_quantities(hold))
+
+
+def plan_from_row(
+    *,
+    plan_id: str,
+    pod_uid: str,
+    node: str,
+    victims: str,
+    hold: str,
+    lease_seconds: int,
+    state: str,
+    expires_at: float,
+) -> Plan:
+    """A plan as a store row holds it (see :func:`victims_column`)."""
+    stored = json.loads(victims)
+    return Plan(
+        plan_id=plan_id,
+        node=node,
+        pod_uid=pod_uid,
+        victims=tuple(
+            BoundPod(
+                uid=str(item["uid"]),
+                key=str(item["key"]),
+                node=str(item["node"]),
+                usage=_amounts(item["usage"]),
+                reservation_id=None if item.get("reservationId") is None else str(item["reservationId"]),
+                priority=int(item.get("priority") or 0),
+            )
+            for item in stored
+        ),
+        hold=_amounts(json.loads(hold)),
+        lease_seconds=int(lease_seconds),
+        expires_at=float(expires_at),
+        state=PlanState(state),
+        violations={
+            str(item["uid"]): tuple(str(name) for name in item["violatedBudgets"])
+            for item in stored
+            if item.get("violatedBudgets")
+        },
+    )
+
+
+def as_of(plan: Plan, now: float) -> Plan | None:
+    """``plan`` as its lease says at ``now``: an active plan whose lease ran out is expired; an
+    ended one is remembered one lease more (a late confirm gets 409, not 404), then is gone."""
+    if plan.active and plan.expires_at <= now:
+        plan = dataclasses.replace(plan, state=PlanState.EXPIRED)
+    if not plan.active and plan.expires_at + plan.lease_seconds <= now:
+        return None
+    return plan
+
+
+def held_by_node(
+    plans: Iterable[tuple[str, str, str]], *, except_pods: Collection[str] = ()
+) -> dict[str, dict[str, Decimal]]:
+    """Per node, the room confirmed plans hold for preemptors other than ``except_pods``;
+    ``plans`` are the live confirmed plans as (preemptor pod UID, node, hold column)."""
+    held: dict[str, dict[str, Decimal]] = {}
+    for pod_uid, node, hold in plans:
+        if pod_uid not in except_pods:
+            _plus(held.setdefault(node, {}), _amounts(json.loads(hold)))
+    return held
+
+
+def victim_uids(victims: str) -> list[str]:
+    """The pod UIDs of a victims column: spoken for while the plan is active."""
+    return [str(item["uid"]) for item in json.loads(victims)]
 
 
 def without_held(

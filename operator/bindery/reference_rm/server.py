@@ -32,7 +32,7 @@ import pathlib
 import sqlite3
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, ParamSpec, TypeVar, cast
@@ -43,14 +43,13 @@ from aiohttp import web
 
 from bindery import tracing
 from bindery.reference_rm.accounting import BoundPod, ClusterPods
-from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.placement import InventoryNode, Policy, effective_usage
 from bindery.reference_rm.preemption import (
     DEFAULT_LEASE_SECONDS,
     Budget,
     Plan,
-    PlanBook,
+    Proposal,
     choose_victims,
-    without_held,
 )
 from bindery.reference_rm.store import (
     DEFAULT_MAX_RELEASED_ROWS,
@@ -515,7 +514,9 @@ class ReferenceRM:
         #: The operator's token for ``POST /admin/v1/reservations/{id}/revoke`` (None: no admin path).
         #: Not the callers' token: whoever schedules pods must not be able to take capacity back.
         self.admin_token = admin_token
-        self._plans = PlanBook(lease_seconds=plan_lease_seconds, clock=clock or time.time)
+        #: How long a proposed plan waits for its confirm, and a confirmed one holds its room. Plans
+        #: are in the store, so every replica on one database answers any plan's confirm or cancel.
+        self._plan_lease_seconds = plan_lease_seconds
         #: Without the pod mirror: the pod and priority of each reservation this process placed, the
         #: candidates of a preemption plan (in memory: after a restart, the older ones are none).
         self._placed: collections.OrderedDict[str, BoundPod] = collections.OrderedDict()
@@ -778,13 +779,12 @@ class ReferenceRM:
         if busy is not None:
             return busy
         assert self._inventory is not None
-        pod_uid = reservation_request.pod.uid
         self._pending += 1
         try:
             outcome = await self._run(
                 self._store.reserve,
                 reservation_request,
-                nodes=without_held(self._inventory, self._plans.held(except_pods=(pod_uid,))),
+                nodes=self._inventory,  # the store takes out the rooms held for preemptors
                 policy=self.policy,
                 pods=self._pods,
             )
@@ -792,7 +792,6 @@ class ReferenceRM:
             self._pending -= 1
         answer = reserve_answer(reservation_request, outcome)
         if isinstance(outcome, Placed):
-            self._plans.used_by(pod_uid)
             self._remember_placed(reservation_request, outcome.reservation)
         elif isinstance(outcome, Unschedulable):
             await self._attach_plan(reservation_request, answer)
@@ -826,44 +825,49 @@ class ReferenceRM:
         if request.preemption_policy != "PreemptLowerPriority" or self._inventory is None:
             return None
         pod = request.pod
-        plan = self._plans.active_for(pod.uid)
-        if plan is not None:
-            return plan
+        if self._pods is None and (plan := await self._run(self._store.active_plan, pod.uid)) is not None:
+            return plan  # without the mirror, finding the candidates costs a listing: skip it
         pods = self._pods if self._pods is not None else await self._placed_pods()
-        used = await self._run(self._store.usage)
-        for name_of_node, entry in pods.nodes.items():  # the pods no reservation accounts for
-            bucket = used.setdefault(name_of_node, {})
-            for name, amount in entry.unclaimed.usage.items():
-                bucket[name] = bucket.get(name, Decimal(0)) + amount
-        for name_of_node, held in self._plans.held(except_pods=(pod.uid,)).items():
-            bucket = used.setdefault(name_of_node, {})
-            for name, amount in held.items():
-                bucket[name] = bucket.get(name, Decimal(0)) + amount
+        inventory = self._inventory
         placement = request.placement
         requests = request.requested()
-        found = choose_victims(
-            nodes=self._inventory,
-            requests=requests,
-            priority=pod.priority,
-            placement={
-                "node_selector": placement.node_selector,
-                "affinity_terms": placement.affinity_terms(),
-                "tolerations": placement.toleration_dicts(),
-            },
-            used_by_node=used,
-            pods=pods,
-            spoken_for=self._plans.spoken_for(),
-            budgets=self._budgets,
-        )
-        if found is None:
-            return None
-        chosen = next(n for n in self._inventory if n.name == found.node)
-        return self._plans.propose(
-            pod_uid=pod.uid,
-            node=chosen,
-            requests=requests,
-            victims=found.victims,
-            violations=found.violations,
+        budgets = self._budgets
+
+        def choose(
+            used_by_node: Mapping[str, Mapping[str, Decimal]], spoken_for: frozenset[str]
+        ) -> Proposal | None:
+            """Run by the store inside its placement transaction, beside every replica's plans."""
+            used = {node: dict(bucket) for node, bucket in used_by_node.items()}
+            for name_of_node, entry in pods.nodes.items():  # the pods no reservation accounts for
+                bucket = used.setdefault(name_of_node, {})
+                for name, amount in entry.unclaimed.usage.items():
+                    bucket[name] = bucket.get(name, Decimal(0)) + amount
+            found = choose_victims(
+                nodes=inventory,
+                requests=requests,
+                priority=pod.priority,
+                placement={
+                    "node_selector": placement.node_selector,
+                    "affinity_terms": placement.affinity_terms(),
+                    "tolerations": placement.toleration_dicts(),
+                },
+                used_by_node=used,
+                pods=pods,
+                spoken_for=spoken_for,
+                budgets=budgets,
+            )
+            if found is None:
+                return None
+            chosen = next(n for n in inventory if n.name == found.node)
+            return Proposal(
+                node=found.node,
+                victims=found.victims,
+                hold=effective_usage(requests, chosen),
+                violations=found.violations,
+            )
+
+        return await self._run(
+            self._store.propose_plan, pod.uid, choose, lease_seconds=self._plan_lease_seconds
         )
 
     def _remember_placed(self, request: ReservationRequest, reservation: StoredReservation) -> None:
@@ -899,7 +903,9 @@ class ReferenceRM:
         plan_id, _, verb = request.match_info["action"].rpartition(":")
         if verb not in ("confirm", "cancel") or not plan_id:
             return problem(404, ProblemType.NOT_FOUND, f"there is no {request.path} in contract v1")
-        plan = self._plans.confirm(plan_id) if verb == "confirm" else self._plans.cancel(plan_id)
+        plan = await self._run(
+            self._store.confirm_plan if verb == "confirm" else self._store.cancel_plan, plan_id
+        )
         if plan is None:
             return problem(404, ProblemType.NOT_FOUND, f"no preemption plan {plan_id!r}")
         if verb == "confirm" and plan.state is not PlanState.CONFIRMED:
@@ -1020,15 +1026,12 @@ class ReferenceRM:
         if valid:  # all invalid: nothing for the store to do
             self._pending += 1
             try:
-                reserving = {operation.reserve.pod.uid for operation in valid if operation.reserve}
-                # Rooms held for preemptors (contract v1.2) are out of reach of every other pod.
-                nodes = without_held(self._inventory or (), self._plans.held(except_pods=reserving))
+                # Rooms held for preemptors (contract v1.2) the store takes out for every other pod.
                 done = await self._run(
-                    self._store.batch, valid, nodes=nodes, policy=self.policy, pods=self._pods
+                    self._store.batch, valid, nodes=self._inventory or (), policy=self.policy, pods=self._pods
                 )
                 for operation, outcome in zip(valid, done, strict=True):
                     if operation.reserve is not None and isinstance(outcome, Placed):
-                        self._plans.used_by(operation.reserve.pod.uid)
                         self._remember_placed(operation.reserve, outcome.reservation)
             finally:
                 self._pending -= 1
@@ -1095,7 +1098,7 @@ class ReferenceRM:
             outcome = await self._run(
                 self._store.reserve_group,
                 group_request,
-                nodes=without_held(self._inventory, self._plans.held()),
+                nodes=self._inventory,
                 policy=self.policy,
                 pods=self._pods,
             )

@@ -23,6 +23,11 @@ of those before it (two reserves of one batch never share capacity).  The memory
 changed as each operation goes, as for a single call, and rebuilt from the table if the transaction
 rolls back, so it never counts what is not on disk.
 
+Since contract v1.2 preemption plans are rows of ``preemption_plans`` (see
+:mod:`bindery.reference_rm.preemption`): every placement takes the rooms confirmed plans hold out
+of the nodes it places on, reading them in the same transaction, and the preemptor's own reserve
+ends its plan in the transaction that creates its reservation.
+
 Expiry is lazy: every operation first marks reservations whose lease ran out as ``expired``, so the
 answer never depends on a background timer having run.  Released and expired rows are kept for
 ``retention`` seconds so late releases, lists and commits get a precise answer, then deleted.
@@ -61,6 +66,18 @@ from bindery.reference_rm.placement import (
     effective_usage,
     subtract_usage,
 )
+from bindery.reference_rm.preemption import (
+    ACTIVE_PLAN_STATES,
+    Chooser,
+    Plan,
+    as_of,
+    held_by_node,
+    hold_column,
+    plan_from_row,
+    victim_uids,
+    victims_column,
+    without_held,
+)
 from bindery.reference_rm.writerlock import WriterLock
 from bindery.rm.models import (
     BatchOperation,
@@ -73,11 +90,13 @@ from bindery.rm.models import (
 
 __all__ = [
     "DEFAULT_MAX_RELEASED_ROWS",
+    "PLAN_COLUMNS",
     "BatchOutcome",
     "CommitOutcome",
     "Conflict",
     "GroupConflict",
     "GroupPlaced",
+    "LivePlans",
     "NotActive",
     "NotFound",
     "Placed",
@@ -88,6 +107,7 @@ __all__ = [
     "StoredGroup",
     "StoredReservation",
     "Unschedulable",
+    "plan_row",
     "revocation_shown",
 ]
 
@@ -131,6 +151,22 @@ CREATE TRIGGER IF NOT EXISTS reservations_deactivated AFTER UPDATE OF state ON r
 CREATE TRIGGER IF NOT EXISTS reservations_deleted_active AFTER DELETE ON reservations
     WHEN OLD.state IN ('reserved', 'committed')
     BEGIN UPDATE deactivations SET count = count + 1 WHERE id = 0; END;
+CREATE TABLE IF NOT EXISTS preemption_plans (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    pod_uid TEXT NOT NULL,
+    node TEXT NOT NULL,
+    victims TEXT NOT NULL,
+    hold TEXT NOT NULL,
+    lease_seconds INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS preemption_plans_active_pod ON preemption_plans (pod_uid)
+    WHERE state IN ('proposed', 'confirmed');
+CREATE INDEX IF NOT EXISTS preemption_plans_state ON preemption_plans (state, expires_at);
 """
 #: Columns added by contract v1.1 groups and v1.2 cluster ids; a database of an older RM gains them
 #: when it is opened (its rows are in no group and of no cluster).
@@ -161,6 +197,8 @@ _COLUMNS = (
 _GROUP_ROW = (
     "id, idempotency_key, fingerprint, namespace, name, uid, scheduler_name, topology_value, created_at"
 )
+#: A preemption plan's row, in :func:`plan_row`'s order.
+PLAN_COLUMNS = "id, pod_uid, node, victims, hold, lease_seconds, state, expires_at"
 
 
 @dataclass(frozen=True)
@@ -360,6 +398,48 @@ def _mismatch(current: StoredReservation, pod_uid: str | None) -> PodMismatch | 
     if pod_uid is None or current.pod_uid == pod_uid:
         return None
     return PodMismatch(current, pod_uid)
+
+
+def plan_row(row: Sequence[object]) -> Plan:
+    """A plan from a row of :data:`PLAN_COLUMNS`."""
+    plan_id, pod_uid, node, victims, hold, lease_seconds, state, expires_at = row
+    return plan_from_row(
+        plan_id=str(plan_id),
+        pod_uid=str(pod_uid),
+        node=str(node),
+        victims=str(victims),
+        hold=str(hold),
+        lease_seconds=int(str(lease_seconds)),
+        state=str(state),
+        expires_at=float(str(expires_at)),
+    )
+
+
+@dataclass(frozen=True)
+class LivePlans:
+    """The preemption plans whose lease runs at one moment, as a placement sees them.
+
+    Both stores read them inside the transaction that places, so two replicas never give a room a
+    confirmed plan holds to another pod: the hold is read where the usage is."""
+
+    #: (preemptor pod UID, node, hold column, state) of each active plan not yet past its lease.
+    rows: Sequence[tuple[str, str, str, str]]
+
+    def held(self, *, except_pods: frozenset[str] = frozenset()) -> dict[str, dict[str, Decimal]]:
+        """Per node, the room confirmed plans hold for preemptors other than ``except_pods``."""
+        confirmed = [(uid, node, hold) for uid, node, hold, state in self.rows if state == "confirmed"]
+        return held_by_node(confirmed, except_pods=except_pods)
+
+    def nodes(
+        self, nodes: Sequence[InventoryNode], *, except_pods: frozenset[str]
+    ) -> Sequence[InventoryNode]:
+        """``nodes`` with the held room taken out of each node's allocatable (the same sequence when
+        nothing is held)."""
+        return without_held(nodes, self.held(except_pods=except_pods)) if self.rows else nodes
+
+    def of(self, pod_uid: str) -> bool:
+        """Whether ``pod_uid`` has an active plan: its reserve ends it (``used``)."""
+        return any(uid == pod_uid for uid, _, _, _ in self.rows)
 
 
 class ReservationStore:
@@ -586,9 +666,38 @@ class ReservationStore:
         policy: Policy,
         pods: ClusterPods | None = None,
     ) -> ReserveOutcome:
-        """Place ``request`` if a node has room for it next to this RM's active reservations and
-        ``pods``, the pods bound to the nodes (mirror mode; see :mod:`bindery.reference_rm.accounting`)."""
+        """Place ``request`` if a node has room for it next to this RM's active reservations, the
+        rooms confirmed preemption plans hold for other pods, and ``pods``, the pods bound to the
+        nodes (mirror mode; see :mod:`bindery.reference_rm.accounting`).
+
+        The preemptor's own reserve ends its plan (``used``) in the same transaction: its room is
+        its reservation from then on."""
         self._expire()
+        live = self._live_plans(self._clock())
+        uid = request.pod.uid
+        held = live.nodes(nodes, except_pods=frozenset({uid}))
+        if not live.of(uid):
+            return self._reserve(request, nodes=held, policy=policy, pods=pods)
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            outcome = self._reserve(request, nodes=held, policy=policy, pods=pods)
+            if isinstance(outcome, Placed):
+                self._use_plan(uid)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._rolled_back()
+            raise
+        return outcome
+
+    def _reserve(
+        self,
+        request: ReservationRequest,
+        *,
+        nodes: Sequence[InventoryNode],
+        policy: Policy,
+        pods: ClusterPods | None,
+    ) -> ReserveOutcome:
+        """Place on ``nodes`` (the held rooms already taken out); expiry is the caller's."""
         fingerprint = _digest(request.fingerprint())
         existing = self._active_for_key(request.idempotency_key)
         if existing is not None:
@@ -753,10 +862,17 @@ class ReservationStore:
         self._expire()
         self._db.execute("BEGIN IMMEDIATE")
         try:
+            live = self._live_plans(self._clock())
+            # As a single reserve would: the batch's preemptors see their own held rooms.
+            reserving = frozenset(operation.reserve.pod.uid for operation in operations if operation.reserve)
+            held = live.nodes(nodes, except_pods=reserving)
             outcomes: list[BatchOutcome] = []
             for operation in operations:
                 if operation.reserve is not None:
-                    outcomes.append(self.reserve(operation.reserve, nodes=nodes, policy=policy, pods=pods))
+                    placed = self._reserve(operation.reserve, nodes=held, policy=policy, pods=pods)
+                    if isinstance(placed, Placed) and live.of(operation.reserve.pod.uid):
+                        self._use_plan(operation.reserve.pod.uid)
+                    outcomes.append(placed)
                 elif operation.commit is not None:
                     ref = operation.commit
                     outcomes.append(self.commit(ref.reservation_id, pod_uid=ref.pod_uid))
@@ -887,6 +1003,7 @@ class ReservationStore:
             for member in request.members
         ]
         foreign = None if pods is None else self._foreign(pods)
+        nodes = self._live_plans(self._clock()).nodes(nodes, except_pods=frozenset())
         decision = place_group(
             group=f"{request.group.namespace}/{request.group.name}",
             members=asks,
@@ -1000,3 +1117,135 @@ class ReservationStore:
         renewed = self.get_group(group_id)
         assert renewed is not None
         return renewed
+
+    # -- preemption plans (contract v1.2) -------------------------------------------------------
+
+    def _live_plans(self, now: float) -> LivePlans:
+        rows = self._db.execute(
+            "SELECT pod_uid, node, hold, state FROM preemption_plans "
+            "WHERE state IN (?, ?) AND expires_at > ?",
+            (*ACTIVE_PLAN_STATES, now),
+        ).fetchall()
+        return LivePlans(
+            rows=[(str(uid), str(node), str(hold), str(state)) for uid, node, hold, state in rows]
+        )
+
+    def _use_plan(self, pod_uid: str) -> None:
+        now = self._clock()
+        self._db.execute(
+            "UPDATE preemption_plans SET state = 'used', updated_at = ? "
+            "WHERE pod_uid = ? AND state IN (?, ?) AND expires_at > ?",
+            (now, pod_uid, *ACTIVE_PLAN_STATES, now),
+        )
+
+    def _plan_now(self, plan_id: str, now: float) -> Plan | None:
+        """The plan as its lease says now (:func:`~bindery.reference_rm.preemption.as_of`)."""
+        row = self._db.execute(
+            f"SELECT {PLAN_COLUMNS} FROM preemption_plans WHERE id = ?", (plan_id,)
+        ).fetchone()
+        return None if row is None else as_of(plan_row(row), now)
+
+    def get_plan(self, plan_id: str) -> Plan | None:
+        return self._plan_now(plan_id, self._clock())
+
+    def active_plan(self, pod_uid: str) -> Plan | None:
+        """The preemptor's plan still proposed or confirmed, if any."""
+        now = self._clock()
+        row = self._db.execute(
+            f"SELECT {PLAN_COLUMNS} FROM preemption_plans "
+            "WHERE pod_uid = ? AND state IN (?, ?) AND expires_at > ?",
+            (pod_uid, *ACTIVE_PLAN_STATES, now),
+        ).fetchone()
+        return None if row is None else plan_row(row)
+
+    def propose_plan(self, pod_uid: str, choose: Chooser, *, lease_seconds: int) -> Plan | None:
+        """The preemptor's active plan if it has one (asked again, the RM answers it again instead
+        of proposing more victims while the first ones terminate), else the plan ``choose`` finds
+        next to the capacity in use, the rooms other plans hold and the victims they name, stored
+        as ``proposed`` for ``lease_seconds``; None when ``choose`` finds none."""
+        self._expire()
+        now = self._clock()
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._settle_plans(now)
+            existing = self.active_plan(pod_uid)
+            if existing is not None:
+                self._db.execute("COMMIT")
+                return existing
+            live = self._live_plans(now)
+            used = {node: dict(bucket) for node, bucket in self._usage.items()}
+            for node, held in live.held(except_pods=frozenset({pod_uid})).items():
+                add_usage(used, node, held)
+            spoken_for = frozenset(
+                uid
+                for (victims,) in self._db.execute(
+                    "SELECT victims FROM preemption_plans WHERE state IN (?, ?) AND expires_at > ?",
+                    (*ACTIVE_PLAN_STATES, now),
+                )
+                for uid in victim_uids(str(victims))
+            )
+            proposal = choose(used, spoken_for)
+            if proposal is None:
+                self._db.execute("COMMIT")
+                return None
+            row = self._db.execute(
+                "INSERT INTO preemption_plans (id, pod_uid, node, victims, hold, lease_seconds, state, "
+                f"created_at, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'proposed', ?, ?, ?) "
+                f"RETURNING {PLAN_COLUMNS}",
+                (
+                    f"pln-{uuid.uuid4().hex}",
+                    pod_uid,
+                    proposal.node,
+                    victims_column(proposal.victims, proposal.violations),
+                    hold_column(proposal.hold),
+                    lease_seconds,
+                    now,
+                    now + lease_seconds,
+                    now,
+                ),
+            ).fetchone()
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+        return plan_row(row)
+
+    def _settle_plans(self, now: float) -> None:
+        """Mark active plans past their lease expired; delete ended ones remembered a lease more."""
+        self._db.execute(
+            "UPDATE preemption_plans SET state = 'expired', updated_at = ? "
+            "WHERE state IN (?, ?) AND expires_at <= ?",
+            (now, *ACTIVE_PLAN_STATES, now),
+        )
+        self._db.execute(
+            "DELETE FROM preemption_plans WHERE state NOT IN (?, ?) AND expires_at + lease_seconds <= ?",
+            (*ACTIVE_PLAN_STATES, now),
+        )
+
+    def confirm_plan(self, plan_id: str) -> Plan | None:
+        """Confirm (idempotent): the lease restarts from now and the plan's room is held. None when
+        unknown; the plan in its state otherwise (the caller answers 409 unless it is confirmed)."""
+        now = self._clock()
+        plan = self._plan_now(plan_id, now)
+        if plan is None or not plan.active:
+            return plan
+        row = self._db.execute(
+            "UPDATE preemption_plans SET state = 'confirmed', expires_at = ?, updated_at = ? WHERE id = ? "
+            f"RETURNING {PLAN_COLUMNS}",
+            (now + plan.lease_seconds, now, plan_id),
+        ).fetchone()
+        return plan_row(row)
+
+    def cancel_plan(self, plan_id: str) -> Plan | None:
+        """Cancel (idempotent): an active plan stops holding; others keep their final state."""
+        now = self._clock()
+        plan = self._plan_now(plan_id, now)
+        if plan is None or not plan.active:
+            return plan
+        row = self._db.execute(
+            "UPDATE preemption_plans SET state = 'cancelled', updated_at = ? WHERE id = ? "
+            f"RETURNING {PLAN_COLUMNS}",
+            (now, plan_id),
+        ).fetchone()
+        return plan_row(row)

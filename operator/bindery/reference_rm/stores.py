@@ -15,6 +15,7 @@ from typing import Protocol
 
 from bindery.reference_rm.accounting import ClusterPods
 from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.preemption import Chooser, Plan
 from bindery.reference_rm.store import (
     DEFAULT_MAX_RELEASED_ROWS,
     BatchOutcome,
@@ -118,6 +119,19 @@ class Store(Protocol):
     def release_group(self, group_id: str) -> StoredGroup | None: ...
 
     def renew_group(self, group_id: str, *, ttl_seconds: int) -> StoredGroup | NotFound | NotActive: ...
+
+    # Preemption plans (contract v1.2): stored, so any replica answers a confirm or cancel and every
+    # placement takes out the rooms confirmed plans hold (reserve, batch and group alike).
+
+    def get_plan(self, plan_id: str) -> Plan | None: ...
+
+    def active_plan(self, pod_uid: str) -> Plan | None: ...
+
+    def propose_plan(self, pod_uid: str, choose: Chooser, *, lease_seconds: int) -> Plan | None: ...
+
+    def confirm_plan(self, plan_id: str) -> Plan | None: ...
+
+    def cancel_plan(self, plan_id: str) -> Plan | None: ...
 
 
 def is_postgres_url(db: pathlib.Path | str) -> bool:

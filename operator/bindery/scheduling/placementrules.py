@@ -36,10 +36,10 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from bindery.podrules.filters import Incoming, Verdict, evaluate
+from bindery.podrules.filters import Incoming, PlacedView, Verdict, evaluate
 from bindery.podrules.model import NO_SOFT, PlacedPod, PodRules, SoftRules
 from bindery.podrules.parse import with_service_spread
 from bindery.podrules.soft import Preferences, preferences, selecting
@@ -55,6 +55,7 @@ __all__ = [
     "WAIT_SECONDS",
     "InFlight",
     "PodPlacementRules",
+    "broken_after_preemption",
     "member_node_terms",
     "rules_preferences",
     "rules_verdict",
@@ -261,6 +262,11 @@ def _incoming(pod: PodInfo) -> Incoming:
 def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     """The rules' verdict for `pod` against the pods on nodes now (itself excluded); None when
     nothing can apply (no rules of its own, and no placed pod with anti-affinity)."""
+    return _verdict(pod, placed, placed)
+
+
+def _verdict(pod: PodInfo, view: PlacedView, placed: PlacedPods) -> Verdict | None:
+    """:func:`rules_verdict` over the pods of `view` (the nodes and namespaces from `placed`)."""
     if not pod.rules and not any(
         term.matches(
             namespace=pod.namespace,
@@ -268,16 +274,73 @@ def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
             owner_namespace=other.namespace,
             namespace_labels=placed.namespace_labels,
         )
-        for other in placed.anti_affinity_toward(pod.namespace)
+        for other in view.anti_affinity_toward(pod.namespace)
         if other.uid != pod.uid
         for term in other.anti_affinity
     ):
         return None  # no rule of its own, and no placed pod's anti-affinity selects it
     return evaluate(
         pod=_incoming(pod),
-        placed=placed,
+        placed=view,
         nodes=placed.nodes(),
         namespace_labels=placed.namespace_labels,
+    )
+
+
+class _Without:
+    """The pods on nodes as they will be once `gone` (a preemption plan's victims) have left."""
+
+    def __init__(self, placed: PlacedPods, gone: frozenset[str]) -> None:
+        self._placed = placed
+        self._gone = gone
+
+    def _kept(self, pods: Iterable[PlacedPod]) -> Iterator[PlacedPod]:
+        return (pod for pod in pods if pod.uid not in self._gone)
+
+    def in_namespace(self, namespace: str) -> Iterable[PlacedPod]:
+        return self._kept(self._placed.in_namespace(namespace))
+
+    def namespaces(self) -> Iterable[str]:
+        return self._placed.namespaces()
+
+    def with_anti_affinity(self) -> Iterable[PlacedPod]:
+        return self._kept(self._placed.with_anti_affinity())
+
+    def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]:
+        return self._kept(self._placed.anti_affinity_toward(namespace))
+
+    def with_host_ports(self) -> Iterable[PlacedPod]:
+        return self._kept(self._placed.with_host_ports())
+
+
+def broken_after_preemption(
+    pod: PodInfo, placed: PlacedPods, *, node: str, victims: Collection[str], names: Sequence[str] = ()
+) -> str | None:
+    """Why `pod` would still break its inter-pod rules on `node` once the plan's `victims` (UIDs)
+    are gone, or None when it would not (or the node is unknown to the cache: nothing to judge).
+
+    The RM chooses victims by what they free; it knows nothing of pod labels. Evicting them may
+    take away the very pod a required pod affinity needs on that node (or not be enough for a
+    spread or anti-affinity rule), and the preemptor would then be refused by its rules on the room
+    made for it: the victims evicted for nothing. kube-scheduler runs its filters on each candidate
+    node with the victims removed (DefaultPreemption's ``SelectVictimsOnNode``, through the
+    PreFilter extensions ``RemovePod`` of InterPodAffinity and PodTopologySpread); this is the same
+    question asked of the one node the RM proposes, before anything is confirmed or evicted.
+    ``names``: the victims as ``namespace/name``, for the message.
+    """
+    if not any(known.name == node for known in placed.nodes()):
+        return None
+    verdict = _verdict(pod, _Without(placed, frozenset(victims)), placed)
+    if verdict is None:
+        return None
+    breaking = [effect for effect in verdict.effects if node in effect.excluded]
+    if not breaking:
+        return None
+    evicted = ", ".join(names) if names else f"{len(victims)} victim(s)"
+    rules = "; ".join(effect.summary or effect.rule for effect in breaking)
+    return (
+        f"with the plan's victims gone ({evicted}), the pod's placement rules would still exclude node "
+        f"{node}: {rules}"
     )
 
 

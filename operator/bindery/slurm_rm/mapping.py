@@ -27,7 +27,9 @@ mapped), as the contract says of a resource an RM does not know, so a pod asking
 lands where Slurm allocated it none.
 
 **State.** Everything the adapter knows about a reservation is in its job's ``comment`` (JSON), so
-a restarted adapter, or another replica, reads it back from slurmctld.
+a restarted adapter, or another replica, reads it back from slurmctld. A group's heterogeneous job
+has one component per member, whose comment is written compactly (:func:`encode_component`, which
+could hold several members), since slurmctld keeps at most 1024 characters of a comment.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ from bindery.rm.models import GroupMemberRequest, ReservationGroupRequest, Reser
 MIB = Decimal(2**20)
 IGNORED_RESOURCES = frozenset({"pods", "ephemeral-storage"})
 COMMENT_TAG = "bindery/v1"
+#: The comment of one component of a group's heterogeneous job: the members on its node.
+GROUP_COMMENT_TAG = "bindery/g1"
+#: slurmctld refuses a longer comment, on submit and on update (22.05 ``_test_job_desc_fields``).
+MAX_COMMENT = 1024
 #: Kubernetes extended resource name -> Slurm GRES name, unless ``--gres-map`` says otherwise.
 DEFAULT_GRES_MAP: Mapping[str, str] = {"nvidia.com/gpu": "gpu"}
 _GRES_NAME = re.compile(r"[A-Za-z0-9_]+")
@@ -283,3 +289,80 @@ class JobRecord:
             return cls(**document)
         except TypeError:
             return None
+
+
+class CommentTooLong(ValueError):
+    """The members placed on one node do not fit in one Slurm job comment (1024 characters)."""
+
+
+_SHARED = (
+    *("key", "scheduler", "namespace", "node", "fingerprint", "ttl", "created", "hold_until", "claimed"),
+    *("group", "topology", "cluster", "resources"),
+)
+
+
+def encode_component(records: Sequence[JobRecord]) -> str:
+    """The comment of one hetjob component: what its members share once, then each member as
+    ``[index, podUid, name, resources, committed, expiresAt, ended]`` (resources null when the
+    first's; the member's own namespace and scheduler appended when they differ from the first's).
+    Raises CommentTooLong past 1024 characters."""
+    first = records[0]
+    shared = {name: getattr(first, name) for name in _SHARED}
+    shared["created"], shared["hold_until"] = round(first.created, 2), round(first.hold_until, 2)
+    members = []
+    for record in records:
+        item: list[Any] = [
+            record.index, record.pod_uid, record.name,
+            None if record.resources == first.resources else record.resources,
+            int(record.committed), None if record.expires_at is None else round(record.expires_at, 2),
+            record.ended,
+        ]  # fmt: skip
+        if (record.namespace, record.scheduler) != (first.namespace, first.scheduler):
+            item += [record.namespace, record.scheduler]
+        members.append(item)
+    text = json.dumps({"tag": GROUP_COMMENT_TAG, **shared, "m": members}, separators=(",", ":"))
+    if len(text) > MAX_COMMENT:
+        raise CommentTooLong(
+            f"{len(records)} members on node {first.node} need a {len(text)}-character Slurm job comment; "
+            f"slurmctld keeps at most {MAX_COMMENT}"
+        )
+    return text
+
+
+def decode_records(comment: str | None) -> list[JobRecord]:
+    """The reservations a placeholder job's comment holds: one for a single pod's job, the
+    members on its node for a group's hetjob component, none for anybody else's job."""
+    single = JobRecord.decode(comment)
+    if single is not None:
+        return [single]
+    if not comment or not comment.startswith("{"):
+        return []
+    try:
+        document = json.loads(comment)
+        if not isinstance(document, dict) or document.get("tag") != GROUP_COMMENT_TAG:
+            return []
+        shared = {name: document[name] for name in _SHARED}
+        records = []
+        for item in document["m"]:
+            index, pod_uid, name, resources, committed, expires_at, ended, *rest = item
+            namespace, scheduler = rest if rest else (shared["namespace"], shared["scheduler"])
+            records.append(
+                JobRecord(
+                    **{
+                        **shared,
+                        "namespace": namespace,
+                        "scheduler": scheduler,
+                        "resources": resources or shared["resources"],
+                    },
+                    pod_uid=pod_uid,
+                    name=name,
+                    committed=bool(committed),
+                    expires_at=expires_at,
+                    ended=ended,
+                    index=index,
+                    group_key=shared["key"],
+                )
+            )
+        return records
+    except (KeyError, TypeError, ValueError):
+        return []

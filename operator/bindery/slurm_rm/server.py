@@ -32,16 +32,63 @@ release acknowledges it; Slurm refuses to change a finished job's comment, so th
 is kept in memory (after an adapter restart the revocation shows again until Slurm forgets the job,
 after ``MinJobAge``, and its id then answers 404).
 
-**A reservation group** (contract v1.1, all or nothing) is one placeholder job per member. Its
-members are placed by the adapter's own count of free CPUs and memory (Slurm's allocations, plus
-the adapter's pending placeholders, minus the ones it is ending), within one value of each
-topology key; when they do not all fit by that count, nothing is submitted and the answer is
-``409`` with the member that did not fit. Otherwise every member's job is submitted and the group
-waits up to ``start_wait`` for Slurm to start them all: all running, ``201``; any still pending
-(Slurm's priorities, a site job, a DOWN node), every job of the group is cancelled and the answer
-is ``409`` with Slurm's reason for that member. Groups never queue in Slurm: a half-started gang
-would hold nodes for nothing. The group's id, its key and the member's place are in each job's
-comment, so GET, renew and release read the group back from slurmctld like everything else.
+**A reservation group** (contract v1.1, all or nothing) is ONE Slurm heterogeneous job (hetjob)
+across the members' nodes when the members are on distinct nodes, so Slurm itself starts all of
+it or none. Its members are placed by the adapter's own count of free CPUs and memory (as above),
+within one value of each topology key, the node with the most free CPUs first (which spreads
+them); the hetjob has one component per member, pinned to its node (``nodelist``, that node
+only) and sized from it (CPUs, memory, GRES). Running: ``201`` with every member's node. Not
+started within ``start_wait``: ``409`` with Slurm's reason, and the hetjob keeps its place in
+Slurm's queue, keyed by the group's ``idempotencyKey`` (Bindery's key for a group is stable
+across its retries): the next reserve with that key finds it and answers ``201`` once Slurm
+starts it. A group that fits the nodes' capacity, a member per node, but not their free room now
+is submitted too and waits the same way; one that fits no node even empty is refused at once.
+``hold_seconds = 0`` (no queueing) refuses without submitting when the count says no room, and
+cancels a hetjob Slurm did not start. Nothing of a group ever runs half-started.
+
+**Members that share a node** (more members than nodes, or the count packs two on one node) make
+a job per member instead, as before hetjobs: all started by Slurm within ``start_wait`` or all
+cancelled, and such a group never queues in Slurm (a half-started gang would hold nodes for
+nothing). Slurm 22.05 cannot hold them in one hetjob, as found below.
+
+What slurmctld 22.05 / slurmrestd v0.0.38 allow, checked on the bed, and what follows from it:
+
+- ``POST /job/submit`` takes ``jobs`` (one entry per component) with a script run on component
+  0. ``GET /jobs`` lists each component as its own job (``job_id``, ``het_job_id`` = the
+  leader's id, ``het_job_offset``); ``GET /job/{leader}`` answers every component.
+- Components cannot share a node. Pinned with ``nodelist``, slurmctld adds each component's
+  required nodes to the others' excluded nodes ("avoid scheduling deadlock") and refuses two on
+  one node (``Invalid node name specified``). Pinned by ``exclude_nodes`` instead, the submit is
+  taken but the hetjob never starts (``PENDING: Resources`` on empty nodes): backfill plans whole
+  nodes for the component it will start, so the second component on that node plans later, and
+  a hetjob starts only when every component can start now. Hence the job per member above. (A
+  component holding several members would not do either: Slurm cannot shrink a running job's
+  CPUs, so a released member's share would stay allocated, which the contract forbids.)
+- Hetjobs are started by the backfill scheduler alone, every ``bf_interval`` (default 30 s; the
+  bed sets 1 s): on a site with the default a group may wait that long, in Slurm's queue. And,
+  for the same whole-node planning, hetjobs sharing nodes start about one per cycle: on the bed,
+  four pairs submitted at once started 0.8, 1.9, 2.8 and 3.8 s later, with or without
+  ``bf_hetjob_immediate`` and ``bf_min_prio_reserve``. With queueing they wait; without it
+  (``hold_seconds = 0``) ``start_wait`` must cover a burst of groups.
+- Each component has its own ``comment``, at most 1024 characters (on submit and on update).
+- ``POST /job/{leader}`` updates EVERY component (a comment too: it would overwrite the
+  others'). One component is ``{leader}+{offset}``, which slurmrestd takes URL-encoded only:
+  ``POST /job/{leader}%2B{offset}``. Claim, commit, renew and release write one component.
+- ``DELETE /job/{id}`` of a running non-leader component cancels that component alone; of the
+  leader (or ``leader%2B0``) the whole hetjob; a pending hetjob is cancelled only whole. So a
+  member's release marks it ``released`` in its component's comment and cancels the component,
+  except component 0, which lives until every member of the group has ended and is then
+  cancelled with the whole job: the share of the member in component 0 (index 0) stays
+  allocated in Slurm, and counted as used, until the group's last member ends.
+- A component's time limit is its own, but component 0 ending ends the whole hetjob: committing
+  any member lifts component 0's time limit too, and a renew never lowers a time limit below a
+  committed member's need.
+- Revocation works per component: an administrator's ``scancel <leader>+<offset>`` revokes that
+  member only; ``scancel <leader>`` revokes every member.
+
+A member's reservation id is ``slurm-<job>-<index>`` (the hetjob's leader, or the member's own
+job); the group's id, key and each member's place are in the comments, so GET, renew and release
+read the group back from slurmctld.
 
 **A batch** (``POST /v1/batch``) carries out its operations one after the other, each exactly as
 its single call (the same code answers both), so a reserve later in a batch sees the effects of
@@ -85,11 +132,15 @@ from bindery.rm.models import (
 )
 from bindery.slurm_rm.mapping import (
     DEFAULT_GRES_MAP,
+    CommentTooLong,
+    GresAsk,
     JobRecord,
     JobSize,
     MappedNode,
     PodRequest,
     allowed,
+    decode_records,
+    encode_component,
     fingerprint,
     job_size,
     parse_gres,
@@ -181,12 +232,12 @@ def revoked_because(job: dict[str, Any]) -> str:
 
 
 def state_of(
-    job: dict[str, Any], record: JobRecord, now: float, acknowledged: Container[int] = ()
+    job: dict[str, Any], record: JobRecord, now: float, acknowledged: Container[str] = ()
 ) -> ReservationState | None:
     """The contract state of a placeholder job, or None while it is not a reservation yet.
 
     A committed job Slurm ended by itself is ``revoked`` (contract v1.2) until a release
-    acknowledges it (``acknowledged``: job ids; kept in memory, since Slurm refuses to change a
+    acknowledges it (``acknowledged``: reservation ids; kept in memory, since Slurm refuses to change a
     finished job's comment), then ``released``."""
     if not record.claimed:
         return None
@@ -207,13 +258,23 @@ def state_of(
         return ReservationState.COMMITTED
     if not record.committed:
         return ReservationState.EXPIRED
-    return ReservationState.RELEASED if int(job["job_id"]) in acknowledged else ReservationState.REVOKED
+    return (
+        ReservationState.RELEASED if placeholder_id(job, record) in acknowledged else ReservationState.REVOKED
+    )
+
+
+def placeholder_id(job: dict[str, Any], record: JobRecord) -> str:
+    """``slurm-<job id>`` for a single pod's job; ``slurm-<hetjob id>-<index>`` for a group's member
+    (several members may share one component, the group's job on their node)."""
+    if record.group is not None:
+        return f"slurm-{job.get('het_job_id') or job['job_id']}-{record.index}"
+    return f"slurm-{job['job_id']}"
 
 
 def reservation_json(job: dict[str, Any], record: JobRecord, state: ReservationState) -> dict[str, Any]:
     shown = visible(state)
     answer = {
-        "id": f"slurm-{job['job_id']}",
+        "id": placeholder_id(job, record),
         "node": record.node,
         "state": shown.value,
         "expiresAt": _iso(record.expires_at) if state is ReservationState.RESERVED else None,
@@ -238,7 +299,7 @@ def group_json(
     group_id: str,
     members: Sequence[tuple[dict[str, Any], JobRecord]],
     now: float,
-    acknowledged: Container[int] = (),
+    acknowledged: Container[str] = (),
 ) -> dict[str, Any]:
     """A reservation group as the contract answers it: its members in the order asked."""
     ordered = sorted(members, key=lambda pair: pair[1].index)
@@ -255,11 +316,14 @@ def group_json(
     }
 
 
-def _job_id(reservation_id: str) -> int | None:
-    number = reservation_id.removeprefix("slurm-")
-    if reservation_id.startswith("slurm-") and number.isdigit() and len(number) < 12:
-        return int(number)
-    return None
+def _job_id(reservation: str) -> tuple[int, int | None] | None:
+    """The job id of ``slurm-<job>``, or the hetjob id and member index of ``slurm-<hetjob>-<index>``."""
+    if not reservation.startswith("slurm-"):
+        return None
+    number, _, index = reservation.removeprefix("slurm-").partition("-")
+    if not number.isdigit() or len(number) >= 12 or (index and (not index.isdigit() or len(index) > 4)):
+        return None
+    return int(number), (int(index) if index else None)
 
 
 class SlurmRM:
@@ -300,13 +364,13 @@ class SlurmRM:
         #: Job ids of revoked reservations a release acknowledged (contract v1.2 revocation), oldest
         #: first, bounded: Slurm forgets ended jobs after MinJobAge anyway. Lost on restart, so a
         #: revocation may be shown again until then (Bindery acts on a pod once; see its docs).
-        self._acknowledged: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._acknowledged: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def _state_of(self, job: dict[str, Any], record: JobRecord, now: float) -> ReservationState | None:
         return state_of(job, record, now, self._acknowledged)
 
-    def _acknowledge(self, job_id: int) -> None:
-        self._acknowledged[job_id] = None
+    def _acknowledge(self, reservation: str) -> None:
+        self._acknowledged[reservation] = None
         while len(self._acknowledged) > ACKNOWLEDGED_KEPT:
             self._acknowledged.popitem(last=False)
 
@@ -375,33 +439,85 @@ class SlurmRM:
                 await self._sweeper
         await self.slurm.aclose()
 
-    def _decode(self, job: dict[str, Any] | None) -> JobRecord | None:
-        """The record of one of the adapter's own placeholder jobs; None for anybody else's job."""
+    def _decode(self, job: dict[str, Any] | None) -> list[JobRecord]:
+        """The reservations one of the adapter's own placeholder jobs holds (a group's component
+        holds the members on its node); none for anybody else's job."""
         if job is None or job.get("user_name") != self.slurm_user:
-            return None
-        return JobRecord.decode(job.get("comment"))
+            return []
+        return decode_records(job.get("comment"))
+
+    async def _placeholders(self) -> list[tuple[dict[str, Any], list[JobRecord]]]:
+        """Every placeholder job (a group's hetjob: every component) with the reservations it holds."""
+        found = []
+        for job in await self.slurm.jobs():
+            records = self._decode(job)
+            if records:
+                found.append((job, records))
+        return found
 
     async def _records(self) -> list[tuple[dict[str, Any], JobRecord]]:
-        pairs = []
-        for job in await self.slurm.jobs():
-            record = self._decode(job)
-            if record is not None:
-                pairs.append((job, record))
-        return pairs
+        return [(job, record) for job, records in await self._placeholders() for record in records]
 
     async def _record(self, job_id: int) -> tuple[dict[str, Any], JobRecord] | None:
+        """A placeholder job of one pod (alone, or a member of a group that is a job per member)."""
         job = await self.slurm.job(job_id)
-        record = self._decode(job)
-        return (job, record) if job is not None and record is not None else None
+        records = self._decode(job)
+        if job is None or len(records) != 1 or job.get("het_job_id"):
+            return None
+        return job, records[0]
 
-    async def _write(self, job_id: int, record: JobRecord, **changes: Any) -> None:
-        await self.slurm.update(job_id, {"comment": record.encode(), **changes})
+    async def _write(self, job: dict[str, Any], record: JobRecord, **changes: Any) -> None:
+        """Write ``record`` (and ``changes``) into its job's comment. A group member's is its
+        component's, shared with the members on its node: written as a whole, to that component only."""
+        job_id = int(job["job_id"])
+        if record.group is None or not job.get("het_job_id"):  # one pod's own job
+            await self.slurm.update(job_id, {"comment": record.encode(), **changes})
+            job["comment"] = record.encode()
+            return
+        members = [record if r.index == record.index else r for r in decode_records(job.get("comment"))]
+        if changes.get("time_limit") not in (None, INFINITE) and any(
+            r.committed and r.ended is None for r in members
+        ):
+            changes["time_limit"] = INFINITE  # a committed member's share never times out
+        comment = encode_component(members)
+        leader, offset = int(job.get("het_job_id") or job_id), int(job.get("het_job_offset") or 0)
+        # Component 0 ending ends the whole hetjob: its time limit never undercuts a member
+        # committed on another node.
+        if (
+            offset == 0
+            and changes.get("time_limit") not in (None, INFINITE)
+            and any(r.committed and r.ended is None for _, r in await self._component_records(leader))
+        ):
+            changes["time_limit"] = INFINITE
+        await self.slurm.update_component(leader, offset, {"comment": comment, **changes})
+        job["comment"] = comment  # later writes in this call see this one
 
-    async def _end(self, job_id: int, record: JobRecord, why: str) -> None:
+    async def _component_records(self, leader: int) -> list[tuple[dict[str, Any], JobRecord]]:
+        """Every member of the group whose hetjob is ``leader``, with its component."""
+        return [(job, record) for job in await self.slurm.het_job(leader) for record in self._decode(job)]
+
+    async def _end(self, job: dict[str, Any], record: JobRecord, why: str) -> None:
+        """Mark ``record`` ended by the adapter, then cancel what no longer holds a live reservation:
+        a single pod's job; a group's component once all its members ended (not component 0:
+        cancelling it cancels the whole hetjob, in 22.05 as in later releases), and the whole
+        hetjob once every member of the group has ended."""
         record.ended = why
         with contextlib.suppress(SlurmError):  # a job that ended meanwhile takes no comment
-            await self._write(job_id, record)
-        await self.slurm.cancel(job_id)
+            await self._write(job, record)
+        job_id = int(job["job_id"])
+        if record.group is None or not job.get("het_job_id"):
+            await self.slurm.cancel(job_id)
+            return
+        leader, offset = int(job.get("het_job_id") or job_id), int(job.get("het_job_offset") or 0)
+        if offset != 0 and all(r.ended is not None for r in decode_records(job.get("comment"))):
+            await self.slurm.cancel(job_id)  # this component only (22.05: a running one may be)
+        live = [
+            r
+            for component, r in await self._component_records(leader)
+            if r.ended is None and component.get("job_state") in ("PENDING", "RUNNING", "CONFIGURING")
+        ]
+        if not live:
+            await self.slurm.cancel(leader)
 
     # -- reserve ----------------------------------------------------------------------------------
 
@@ -479,16 +595,21 @@ class SlurmRM:
         The adapter places a job on room its own ended placeholders still hold while Slurm tears
         them down (see ``_view``): Slurm starts the job only once that teardown is over, which a
         slow slurmd or a loaded host can stretch past ``start_wait``. So while any of those
-        teardowns lasts, the wait is extended (to ``start_wait`` after the last one seen), up to
-        ``teardown_wait`` more in all: refusing would break the adapter's own promise of room,
-        and a group would be cancelled whole for it."""
+        teardowns lasts, the wait is extended (to ``start_wait`` after the teardown is seen over:
+        a group's hetjob starts at Slurm's next backfill cycle after that), up to ``teardown_wait``
+        more in all: refusing would break the adapter's own promise of room, and a group would be
+        cancelled whole for it."""
         start = time.monotonic()
         deadline, limit = start + self.start_wait, start + self.start_wait + self.teardown_wait
         waiting = list(job_ids)
+        tearing = False
         while waiting:
             now = time.monotonic()
             if now >= deadline:
-                if now >= limit or not await self._tearing_down():
+                if now >= limit:
+                    return
+                was, tearing = tearing, await self._tearing_down()
+                if not tearing and not was:
                     return
                 deadline = min(limit, now + self.start_wait)
             still = []
@@ -502,10 +623,33 @@ class SlurmRM:
 
     async def _tearing_down(self) -> bool:
         """Whether a placeholder the adapter ended still holds its allocation in Slurm."""
+        placeholders = await self._placeholders()
+        kept = self._kept_leaders(placeholders, time.time())
         return any(
-            record.ended is not None and job.get("job_state") in ("RUNNING", "CONFIGURING", "COMPLETING")
-            for job, record in await self._records()
+            all(record.ended is not None for record in records)
+            and job.get("job_state") in ("RUNNING", "CONFIGURING", "COMPLETING")
+            and not _kept(job, kept)
+            for job, records in placeholders
         )
+
+    def _kept_leaders(
+        self, placeholders: Sequence[tuple[dict[str, Any], list[JobRecord]]], now: float
+    ) -> set[int]:
+        """The hetjobs whose component 0 Slurm keeps running for a member still live in another
+        component: component 0 ends only with the whole job, so its ended member's share stays."""
+        kept = set()
+        for job, records in placeholders:
+            if (
+                job.get("het_job_id")
+                and int(job.get("het_job_offset") or 0) != 0
+                and job.get("job_state") in ("PENDING", "RUNNING", "CONFIGURING")
+                and any(
+                    r.ended is None and self._state_of(job, r, now) is not ReservationState.EXPIRED
+                    for r in records
+                )
+            ):
+                kept.add(int(job["het_job_id"]))
+        return kept
 
     async def _view(self) -> dict[str, _NodeRoom]:
         """What each mapped Slurm node has free by the adapter's count: Slurm's allocations, plus
@@ -527,18 +671,26 @@ class SlurmRM:
                 gres={name: count - used.get(name, 0) for name, count in total.items()},
                 gres_total=total,
             )
-        for job, record in await self._records():
-            room = rooms.get(by_kube.get(record.node, ""))
+        placeholders = await self._placeholders()
+        kept = self._kept_leaders(placeholders, now)
+        for job, records in placeholders:
+            # One job per pod, or a group's hetjob component (its comment could hold several).
+            room = rooms.get(by_kube.get(records[0].node, ""))
             if room is None:
                 continue
             cpus, memory = int(job.get("cpus") or 0), _job_memory(job)
             gres = parse_gres(job.get("tres_per_node"))
             state = job.get("job_state")
-            if state == "PENDING" and record.ended is None:
+            if state == "PENDING" and any(record.ended is None for record in records):
                 room.queued += 1
                 room.take(cpus, memory, gres, sign=1)
-            elif state in ("RUNNING", "CONFIGURING") and (
-                record.ended is not None or self._state_of(job, record, now) is ReservationState.EXPIRED
+            elif (
+                state in ("RUNNING", "CONFIGURING")
+                and not _kept(job, kept)
+                and all(
+                    record.ended is not None or self._state_of(job, record, now) is ReservationState.EXPIRED
+                    for record in records
+                )
             ):  # ended by the adapter, or about to be (its lease ran out): its CPUs come back.
                 # Not COMPLETING ones: Slurm 22.05 already leaves those out of alloc_cpus (the
                 # node reads idle while slurmd tears the job down); a job placed there starts
@@ -613,14 +765,15 @@ class SlurmRM:
             )
         return min(candidates, key=lambda pair: rooms[pair[1].slurm].queued)[1]
 
-    async def _submit(self, record: JobRecord, size: JobSize, node: MappedNode) -> int:
+    def _spec(self, name: str, comment: str, size: JobSize, node: MappedNode, ttl: int) -> dict[str, Any]:
+        """A placeholder job (or one hetjob component) of ``size`` on ``node`` alone."""
         job: dict[str, Any] = {
-            "name": f"bindery:{record.namespace}/{record.name}"[:200],
-            "comment": record.encode(),
+            "name": name[:200],
+            "comment": comment,
             "nodelist": node.slurm,
             "cpus_per_task": size.cpus,
             "memory_per_node": size.memory_mib,
-            "time_limit": _minutes(record.ttl + self.hold_seconds),
+            "time_limit": _minutes(ttl + self.hold_seconds),
             "requeue": False,
             "current_working_directory": "/tmp",
             "standard_output": "/dev/null",
@@ -633,17 +786,22 @@ class SlurmRM:
             job["gres"] = size.gres_spec()
         if self.partition:
             job["partition"] = self.partition
-        job_id = await self.slurm.submit(job, PLACEHOLDER_SCRIPT)
-        what = record.key if record.group is None else f"group {record.group} member {record.index}"
-        log.info("reserve %s: Slurm job %s on %s (%s)", what, job_id, node.slurm, size)
+        return job
+
+    async def _submit(self, record: JobRecord, size: JobSize, node: MappedNode) -> int:
+        name = f"bindery:{record.namespace}/{record.name}"
+        job_id = await self.slurm.submit(
+            self._spec(name, record.encode(), size, node, record.ttl), PLACEHOLDER_SCRIPT
+        )
+        log.info("reserve %s: Slurm job %s on %s (%s)", record.key, job_id, node.slurm, size)
         return job_id
 
-    async def _claim(self, job_id: int, job: dict[str, Any], record: JobRecord, now: float) -> None:
+    async def _claim(self, job: dict[str, Any], record: JobRecord, now: float) -> None:
         """The pod's first answer for a running job: its lease starts now."""
         record.claimed = True
         record.expires_at = now + record.ttl
         started = float(job.get("start_time") or now)
-        await self._write(job_id, record, time_limit=_minutes(now - started + record.ttl))
+        await self._write(job, record, time_limit=_minutes(now - started + record.ttl))
 
     async def _settle(self, job_id: int, *, created: bool) -> web.Response:
         found = await self._record(job_id)
@@ -661,7 +819,7 @@ class SlurmRM:
         if state == "RUNNING":
             status = 200
             if not record.claimed:
-                await self._claim(job_id, job, record, now)
+                await self._claim(job, record, now)
                 status = 201
             elif created:
                 status = 201
@@ -676,11 +834,11 @@ class SlurmRM:
         )
         if state == "PENDING":
             if self.hold_seconds <= 0:
-                await self._end(job_id, record, "abandoned")
+                await self._end(job, record, "abandoned")
                 reason += "; cancelled (the adapter runs without queueing)"
             else:
                 record.hold_until = now + self.hold_seconds
-                await self._write(job_id, record)
+                await self._write(job, record)
                 reason += "; the pod keeps its place in Slurm's queue while Bindery asks again"
         return problem(
             409,
@@ -695,14 +853,26 @@ class SlurmRM:
 
     # -- commit, release, renew, get, list ---------------------------------------------------------
 
-    async def _lookup(self, reservation_id: str) -> tuple[int, dict[str, Any], JobRecord] | None:
-        job_id = _job_id(reservation_id)
-        if job_id is None:
+    async def _lookup(self, reservation: str) -> tuple[dict[str, Any], JobRecord] | None:
+        """A claimed reservation by id: a single pod's job, or a group member in its component."""
+        parsed = _job_id(reservation)
+        if parsed is None:
             return None
-        found = await self._record(job_id)
+        job_id, index = parsed
+        if index is None:
+            found = await self._record(job_id)
+        else:
+            found = next(
+                (
+                    (job, record)
+                    for job, record in await self._component_records(job_id)
+                    if record.index == index and int(job.get("het_job_id") or job["job_id"]) == job_id
+                ),
+                None,
+            )
         if found is None or not found[1].claimed:
             return None
-        return job_id, found[0], found[1]
+        return found
 
     async def _commit(self, request: web.Request) -> web.Response:
         return await self.commit(request.match_info["id"], request.rel_url.query.get("podUid"))
@@ -713,13 +883,16 @@ class SlurmRM:
             found = await self._lookup(reservation_id)
             if found is None:
                 return problem(404, ProblemType.NOT_FOUND, f"no reservation {reservation_id}")
-            job_id, job, record = found
+            job, record = found
             if pod_uid is not None and pod_uid != record.pod_uid:
                 return _mismatch(reservation_id)
             state = self._state_of(job, record, time.time())
             if state is ReservationState.RESERVED:
                 record.committed, record.expires_at = True, None
-                await self._write(job_id, record, time_limit=INFINITE)
+                await self._write(job, record, time_limit=INFINITE)
+                if job.get("het_job_id") and int(job.get("het_job_offset") or 0) != 0:
+                    # Component 0's time limit would end the whole hetjob, this member with it.
+                    await self.slurm.update_component(int(job["het_job_id"]), 0, {"time_limit": INFINITE})
                 state = ReservationState.COMMITTED
             if state is not ReservationState.COMMITTED:
                 return _not_active(reservation_id, state)
@@ -734,15 +907,15 @@ class SlurmRM:
             found = await self._lookup(reservation_id)
             if found is None:
                 return web.Response(status=204)
-            job_id, job, record = found
+            job, record = found
             state = self._state_of(job, record, time.time())
             if state is ReservationState.REVOKED and pod_uid in (None, record.pod_uid):
-                self._acknowledge(job_id)  # the caller dealt with the pod: no longer listed as revoked
+                self._acknowledge(placeholder_id(job, record))  # the caller dealt with the pod
             if state is None or not state.active:
                 return web.Response(status=204)
             if pod_uid is not None and pod_uid != record.pod_uid:
                 return _mismatch(reservation_id)
-            await self._end(job_id, record, "released")
+            await self._end(job, record, "released")
             return web.Response(status=204)
 
     async def _renew(self, request: web.Request) -> web.Response:
@@ -759,7 +932,7 @@ class SlurmRM:
             found = await self._lookup(request.match_info["id"])
             if found is None:
                 return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']}")
-            job_id, job, record = found
+            job, record = found
             if body.pod_uid != record.pod_uid:
                 return _mismatch(request.match_info["id"])
             now = time.time()
@@ -767,7 +940,7 @@ class SlurmRM:
             if state is ReservationState.RESERVED:
                 record.expires_at = now + body.ttl_seconds
                 started = float(job.get("start_time") or now)
-                await self._write(job_id, record, time_limit=_minutes(now - started + body.ttl_seconds))
+                await self._write(job, record, time_limit=_minutes(now - started + body.ttl_seconds))
             elif state is not ReservationState.COMMITTED:
                 return _not_active(request.match_info["id"], state)
             return web.json_response(reservation_json(job, record, state))
@@ -776,7 +949,7 @@ class SlurmRM:
         found = await self._lookup(request.match_info["id"])
         if found is None:
             return problem(404, ProblemType.NOT_FOUND, f"no reservation {request.match_info['id']}")
-        _, job, record = found
+        job, record = found
         state = self._state_of(job, record, time.time())
         assert state is not None  # _lookup returns claimed records only
         return web.json_response(reservation_json(job, record, state))
@@ -797,7 +970,7 @@ class SlurmRM:
             return problem(400, ProblemType.INVALID_REQUEST, f"unknown state {wanted_state!r}")
         after = 0
         if "cursor" in query:
-            if not query["cursor"].isdigit() or len(query["cursor"]) > 12:
+            if not query["cursor"].isdigit() or len(query["cursor"]) > 16:
                 return problem(400, ProblemType.INVALID_REQUEST, "cursor is not one this server issued")
             after = int(query["cursor"])
         for name in ("schedulerName", "podUid", "groupId", "clusterId"):
@@ -807,7 +980,8 @@ class SlurmRM:
         items: list[tuple[int, dict[str, Any]]] = []
         for job, record in await self._records():
             state = self._state_of(job, record, now)
-            job_id = int(job["job_id"])
+            # Ordered by job, then member (a group's component holds several): job * 10^4 + index.
+            job_id = int(job["job_id"]) * 10_000 + record.index
             if state is None or job_id <= after:
                 continue
             if query.get("schedulerName") not in (None, record.scheduler):
@@ -890,9 +1064,12 @@ class SlurmRM:
                     )
                 replayed = await self._members(group_id)
                 return web.json_response(group_json(group_id, replayed, now, self._acknowledged))
-            if any(
-                not record.claimed and job.get("job_state") in ("PENDING", "RUNNING") for job, record in mine
-            ):
+            queued = [
+                (job, record)
+                for job, record in mine
+                if not record.claimed and job.get("job_state") in ("PENDING", "RUNNING", "CONFIGURING")
+            ]
+            if queued and not queued[0][0].get("het_job_id"):  # a job per member, being started
                 return problem(
                     409,
                     ProblemType.UNSCHEDULABLE,
@@ -901,85 +1078,222 @@ class SlurmRM:
                     "Slurm to start its jobs",
                     retryAfterSeconds=1,
                 )
-            placed = self._place_group(body, await self._view())
-            if isinstance(placed, str):
+            if queued:  # the group's hetjob, waiting in Slurm's queue: keyed by the idempotency key
+                job, record = queued[0]
+                if record.fingerprint != fingerprint(body):
+                    return problem(
+                        409,
+                        ProblemType.IDEMPOTENCY_KEY_REUSED,
+                        f"idempotency key {body.idempotency_key!r} already holds Slurm job "
+                        f"{job['het_job_id']} for a different group; use a new key for a new request",
+                    )
+                leader: int | list[tuple[int, JobRecord]] = int(job["het_job_id"])
+            else:
+                submitted = await self._submit_group(body, who, now)
+                if isinstance(submitted, web.Response):
+                    return submitted
+                leader = submitted
+        if isinstance(leader, list):  # a job per member (members share a node)
+            return await self._start_members(leader, who)
+        await self._await_start([leader])  # Slurm starts every component at once, or none
+        async with self._lock:
+            return await self._settle_group(leader, who)
+
+    async def _start_members(self, submitted: list[tuple[int, JobRecord]], who: str) -> web.Response:
+        """A group submitted as a job per member: all started within the wait, or all cancelled."""
+        await self._await_start([job_id for job_id, _ in submitted])
+        async with self._lock:
+            now = time.time()
+            members: list[tuple[dict[str, Any], JobRecord]] = []
+            for job_id, record in submitted:
+                found = await self._record(job_id)
+                if found is None or found[0].get("job_state") != "RUNNING":
+                    state = found[0].get("job_state") if found else "gone"
+                    why = found[0].get("state_reason") if found else "unknown to slurmctld"
+                    refusal = (
+                        f"{who} needs {len(submitted)} pods started together; Slurm did not start member "
+                        f"{record.namespace}/{record.name} within {self.start_wait:g} s (Slurm job {job_id} "
+                        f"is {state}: {why}), so every job of the group was cancelled"
+                    )
+                    for other_id, _ in submitted:
+                        with contextlib.suppress(SlurmError):
+                            await self.slurm.cancel(other_id)
+                    log.info("%s", refusal)
+                    return problem(
+                        409,
+                        ProblemType.UNSCHEDULABLE,
+                        refusal,
+                        reason=refusal,
+                        retryAfterSeconds=self.retry_after,
+                    )
+                members.append(found)
+            for job, record in members:
+                await self._claim(job, record, now)
+            group_id = str(members[0][1].group)
+            log.info("reserved %s as %s, a job per member", who, group_id)
+            return web.json_response(
+                group_json(group_id, members, now, self._acknowledged),
+                status=201,
+                headers={"Location": f"/v1/reservation-groups/{group_id}"},
+            )
+
+    async def _submit_group(
+        self, body: ReservationGroupRequest, who: str, now: float
+    ) -> int | list[tuple[int, JobRecord]] | web.Response:
+        """Place the group by the adapter's count and submit it: as ONE heterogeneous job, a
+        component per member, when its members are on distinct nodes (the leader's id); as a job
+        per member when some share a node (their ids), which Slurm 22.05 cannot hold in one hetjob;
+        or the refusal."""
+        rooms = await self._view()
+        placed = self._place_group(body, rooms)
+        if isinstance(placed, str):
+            # No room now. Queueing: a group that fits the nodes' capacity, a member per node,
+            # waits in Slurm's queue as one hetjob, as a single pod does. Otherwise refused at once.
+            queued = self._place_group(body, _capacity(rooms)) if self.hold_seconds > 0 else placed
+            if isinstance(queued, str) or len({node.name for node in queued[0]}) < len(queued[0]):
                 return problem(
                     409, ProblemType.UNSCHEDULABLE, placed, reason=placed, retryAfterSeconds=self.retry_after
                 )
-            nodes, topology = placed
-            group_id = f"slurm-group-{uuid.uuid4().hex[:16]}"
+            placed = queued
+        nodes, topology = placed
+        group_id = f"slurm-group-{uuid.uuid4().hex[:16]}"
+        by_node: dict[str, list[int]] = {}
+        records = []
+        for index, (member, node) in enumerate(zip(body.members, nodes, strict=True)):
+            by_node.setdefault(node.slurm, []).append(index)
+            records.append(
+                JobRecord(
+                    key=body.idempotency_key,
+                    pod_uid=member.pod.uid,
+                    scheduler=member.pod.scheduler_name,
+                    namespace=member.pod.namespace,
+                    name=member.pod.name,
+                    node=node.name,
+                    fingerprint=fingerprint(body),
+                    resources=member.canonical_resources(),
+                    ttl=body.ttl_seconds,
+                    created=now,
+                    hold_until=now + max(self.hold_seconds, self.start_wait + self.teardown_wait) + 5,
+                    group=group_id,
+                    group_key=body.idempotency_key,
+                    index=index,
+                    topology=topology,
+                    cluster=body.cluster_id,
+                )
+            )
+        if len(by_node) < len(records):
             submitted: list[tuple[int, JobRecord]] = []
             try:
-                for index, (member, node) in enumerate(zip(body.members, nodes, strict=True)):
-                    record = JobRecord(
-                        key=body.idempotency_key,
-                        pod_uid=member.pod.uid,
-                        scheduler=member.pod.scheduler_name,
-                        namespace=member.pod.namespace,
-                        name=member.pod.name,
-                        node=node.name,
-                        fingerprint=fingerprint(body),
-                        resources=member.canonical_resources(),
-                        ttl=body.ttl_seconds,
-                        created=now,
-                        hold_until=now + self.start_wait + self.teardown_wait + 30,
-                        group=group_id,
-                        group_key=body.idempotency_key,
-                        index=index,
-                        topology=topology,
-                        cluster=body.cluster_id,
-                    )
+                for record, member, node in zip(records, body.members, nodes, strict=True):
+                    record.hold_until = now + self.start_wait + self.teardown_wait + 30
                     submitted.append((await self._submit(record, self._size(member)[0], node), record))
             except SlurmError as error:
-                await self._end_all(submitted, "abandoned")
-                if error.job_id is not None:  # refused, yet queued: cancel it too
+                made = [job_id for job_id, _ in submitted]
+                for job_id in made if error.job_id is None else [*made, error.job_id]:
                     with contextlib.suppress(SlurmError):
-                        await self.slurm.cancel(error.job_id)
+                        await self.slurm.cancel(job_id)
                 if isinstance(error, SlurmUnreachable):
                     raise
                 reason = f"{who}: Slurm refused the job of member {len(submitted)}: {error}"
                 return problem(
                     409, ProblemType.UNSCHEDULABLE, reason, reason=reason, retryAfterSeconds=self.retry_after
                 )
-        await self._await_start([job_id for job_id, _ in submitted])
-        async with self._lock:
-            now = time.time()
-            members: list[tuple[dict[str, Any], JobRecord]] = []
-            refusal = None
-            for job_id, _ in submitted:
-                found = await self._record(job_id)
-                if found is None or found[0].get("job_state") != "RUNNING":
-                    state = found[0].get("job_state") if found else "gone"
-                    why = found[0].get("state_reason") if found else "unknown to slurmctld"
-                    held = found[1] if found else None
-                    whose = f"{held.namespace}/{held.name}" if held else f"job {job_id}"
-                    refusal = (
-                        f"{who} needs {len(submitted)} pods started together; Slurm did not start member "
-                        f"{whose} within {self.start_wait:g} s (Slurm job {job_id} is {state}: {why}), so "
-                        "every job of the group was cancelled"
-                    )
-                    break
-                members.append(found)
-            if refusal is not None:
-                await self._end_all(submitted, "abandoned")
-                log.info("%s", refusal)
-                return problem(
-                    409,
-                    ProblemType.UNSCHEDULABLE,
-                    refusal,
-                    reason=refusal,
-                    retryAfterSeconds=self.retry_after,
+            return submitted
+        specs = []
+        for slurm_name, indices in by_node.items():
+            sizes = [self._size(body.members[i])[0] for i in indices]
+            gres: dict[str, GresAsk] = {}
+            for ask in (ask for size in sizes for ask in size.gres):
+                held = gres.get(ask.gres)
+                gres[ask.gres] = dataclasses.replace(ask, count=ask.count + (held.count if held else 0))
+            size = JobSize(sum(s.cpus for s in sizes), sum(s.memory_mib for s in sizes), tuple(gres.values()))
+            try:
+                comment = encode_component([records[i] for i in indices])
+            except CommentTooLong as error:
+                reason = (
+                    f"{who}: {error}, where the adapter keeps the state of the members on one node "
+                    "(a group's Slurm job has one component per node); split the group"
                 )
-            for job, record in members:
-                await self._claim(int(job["job_id"]), job, record, now)
-            log.info(
-                "reserved %s as %s on %s", who, group_id, ", ".join(sorted({r.node for _, r in members}))
+                return problem(409, ProblemType.UNSCHEDULABLE, reason, reason=reason)
+            name = f"bindery:{body.group.namespace}/{body.group.name}"
+            specs.append(self._spec(name, comment, size, self.by_slurm[slurm_name], body.ttl_seconds))
+        try:
+            leader = await self.slurm.submit_het(specs, PLACEHOLDER_SCRIPT)
+        except SlurmError as error:
+            if error.job_id is not None:  # refused, yet queued: cancel it
+                with contextlib.suppress(SlurmError):
+                    await self.slurm.cancel(error.job_id)
+            if isinstance(error, SlurmUnreachable):
+                raise
+            reason = f"{who}: Slurm refused the group's job ({len(specs)} components, one per node): {error}"
+            return problem(
+                409, ProblemType.UNSCHEDULABLE, reason, reason=reason, retryAfterSeconds=self.retry_after
             )
+        log.info(
+            "reserve group %s: Slurm hetjob %s, a component on each of %s",
+            body.idempotency_key, leader, ", ".join(by_node),
+        )  # fmt: skip
+        return leader
+
+    async def _settle_group(self, leader: int, who: str) -> web.Response:
+        """The answer once the wait is over: 201 when Slurm started the hetjob (every component
+        runs), else 409 with Slurm's reason, the hetjob kept in Slurm's queue (or cancelled whole
+        when the adapter runs without queueing)."""
+        components = await self.slurm.het_job(leader)
+        pairs = [(job, record) for job in components for record in self._decode(job)]
+        if not pairs:
+            why = f"Slurm job {leader} of {who} is gone"
+            return problem(
+                409, ProblemType.UNSCHEDULABLE, why, reason=why, retryAfterSeconds=self.retry_after
+            )
+        group_id = str(pairs[0][1].group)
+        now = time.time()
+        states = [str(job.get("job_state")) for job in components]
+        if all(record.claimed for _, record in pairs):  # a concurrent call with the same key claimed it
+            return web.json_response(group_json(group_id, pairs, now, self._acknowledged))
+        if all(state == "RUNNING" for state in states):
+            for job in components:
+                records = self._decode(job)
+                for record in records:
+                    record.claimed, record.expires_at = True, now + record.ttl
+                started = float(job.get("start_time") or now)
+                comment = encode_component(records)
+                await self.slurm.update_component(
+                    leader,
+                    int(job.get("het_job_offset") or 0),
+                    {"comment": comment, "time_limit": _minutes(now - started + records[0].ttl)},
+                )
+                job["comment"] = comment
+            pairs = [(job, record) for job in components for record in self._decode(job)]
+            log.info("reserved %s as %s: Slurm hetjob %s on %s", who, group_id, leader,
+                     ", ".join(str(job.get("nodes")) for job in components))  # fmt: skip
             return web.json_response(
-                group_json(group_id, members, now, self._acknowledged),
+                group_json(group_id, pairs, now, self._acknowledged),
                 status=201,
                 headers={"Location": f"/v1/reservation-groups/{group_id}"},
             )
+        where = ", ".join(self._slurm_name(self._decode(job)[0].node) for job in components)
+        reason = (
+            f"{who} needs {len(pairs)} pods started together; Slurm job {leader} (one component on each "
+            f"of {where}) is {states[0]}: {components[0].get('state_reason')}"
+        )
+        if self.hold_seconds > 0 and states[0] in ("PENDING", "CONFIGURING"):
+            for job in components:
+                records = self._decode(job)
+                for record in records:
+                    record.hold_until = now + self.hold_seconds
+                comment = encode_component(records)
+                await self.slurm.update_component(
+                    leader, int(job.get("het_job_offset") or 0), {"comment": comment}
+                )
+            reason += "; the group keeps its place in Slurm's queue while Bindery asks again"
+        else:
+            await self.slurm.cancel(leader)  # whole: nothing of the group runs
+            reason += "; its job was cancelled whole, nothing of the group runs"
+        log.info("%s", reason)
+        return problem(
+            409, ProblemType.UNSCHEDULABLE, reason, reason=reason, retryAfterSeconds=self.retry_after
+        )
 
     def _place_group(
         self, body: ReservationGroupRequest, rooms: dict[str, _NodeRoom]
@@ -1051,11 +1365,6 @@ class SlurmRM:
             f"them{tried}, {best[1]}{lacking}"
         )
 
-    async def _end_all(self, submitted: Sequence[tuple[int, JobRecord]], why: str) -> None:
-        for job_id, record in submitted:
-            with contextlib.suppress(SlurmError):
-                await self._end(job_id, record, why)
-
     async def _get_group(self, request: web.Request) -> web.Response:
         group_id = request.match_info["id"]
         members = await self._members(group_id)
@@ -1072,7 +1381,7 @@ class SlurmRM:
             now = time.time()
             for job, record in members:
                 if self._state_of(job, record, now) is ReservationState.RESERVED:  # committed ones stay
-                    await self._end(int(job["job_id"]), record, "released")
+                    await self._end(job, record, "released")
             return web.Response(status=204)
 
     async def _renew_group(self, request: web.Request) -> web.Response:
@@ -1097,9 +1406,7 @@ class SlurmRM:
                 if state is ReservationState.RESERVED:
                     record.expires_at = now + body.ttl_seconds
                     started = float(job.get("start_time") or now)
-                    await self._write(
-                        int(job["job_id"]), record, time_limit=_minutes(now - started + body.ttl_seconds)
-                    )
+                    await self._write(job, record, time_limit=_minutes(now - started + body.ttl_seconds))
             return web.json_response(group_json(group_id, members, now, self._acknowledged))
 
     # -- batches (contract v1.1) --------------------------------------------------------------------
@@ -1157,16 +1464,27 @@ class SlurmRM:
         """Cancel placeholders whose lease expired, and unclaimed ones whose pod stopped asking."""
         async with self._lock:
             now = time.time()
+            abandoned: set[int] = set()
             for job, record in await self._records():
                 if record.ended is not None or job.get("job_state") not in ("PENDING", "RUNNING"):
                     continue
                 job_id = int(job["job_id"])
                 if not record.claimed and record.hold_until < now:
-                    log.info("Slurm job %s: nobody asked for it since its hold; cancelling", job_id)
-                    await self._end(job_id, record, "abandoned")
+                    if record.group is None:
+                        log.info("Slurm job %s: nobody asked for it since its hold; cancelling", job_id)
+                        await self._end(job, record, "abandoned")
+                    elif int(job.get("het_job_id") or job_id) not in abandoned:
+                        # A group's hetjob is claimed whole: cancelled whole (Slurm cancels a pending
+                        # one only whole anyway).
+                        leader = int(job.get("het_job_id") or job_id)
+                        abandoned.add(leader)
+                        log.info(
+                            "Slurm job %s: nobody asked for its group since its hold; cancelling", leader
+                        )
+                        await self.slurm.cancel(leader)
                 elif self._state_of(job, record, now) is ReservationState.EXPIRED:
-                    log.info("Slurm job %s: the reservation's lease ran out; cancelling", job_id)
-                    await self._end(job_id, record, "expired")
+                    log.info("%s: the reservation's lease ran out; cancelling", placeholder_id(job, record))
+                    await self._end(job, record, "expired")
 
 
 def _mismatch(reservation_id: str) -> web.Response:
@@ -1206,6 +1524,25 @@ class _NodeRoom:
     def lacks(self, size: JobSize) -> str | None:
         """The first Kubernetes resource whose GRES is not free enough here now, or None."""
         return next((a.resource for a in size.gres if self.gres.get(a.gres, 0) < a.count), None)
+
+
+def _kept(job: dict[str, Any], kept_leaders: set[int]) -> bool:
+    """Whether ``job`` is a component 0 Slurm keeps for the rest of its hetjob (see _kept_leaders)."""
+    return int(job.get("het_job_offset") or 0) == 0 and int(job.get("het_job_id") or 0) in kept_leaders
+
+
+def _capacity(rooms: Mapping[str, _NodeRoom]) -> dict[str, _NodeRoom]:
+    """The rooms as if every node were empty: where a group could ever run."""
+    return {
+        name: _NodeRoom(
+            info=room.info,
+            cpus=int(room.info.get("cpus") or 0),
+            memory_mib=int(room.info.get("real_memory") or 0),
+            gres=dict(room.gres_total),
+            gres_total=room.gres_total,
+        )
+        for name, room in rooms.items()
+    }
 
 
 def _job_memory(job: dict[str, Any]) -> int:

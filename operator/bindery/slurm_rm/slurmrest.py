@@ -81,6 +81,29 @@ class SlurmRest:
         document = await self._call("POST", "/job/submit", {"job": job, "script": script})
         return int(document["job_id"])
 
+    async def submit_het(self, components: list[dict[str, Any]], script: str) -> int:
+        """A heterogeneous job (``jobs``: one entry per component); the leader's id (component 0)."""
+        document = await self._call("POST", "/job/submit", {"jobs": components, "script": script})
+        return int(document["job_id"])
+
+    async def het_job(self, leader: int) -> list[dict[str, Any]]:
+        """Every component of the heterogeneous job ``leader`` (``GET /job/{leader}`` answers them
+        all), by offset; [] when slurmctld does not know it."""
+        try:
+            document = await self._call("GET", f"/job/{leader}")
+        except SlurmError as error:
+            if "Invalid job id" in str(error) or "Unable to query JobId" in str(error):
+                return []
+            raise
+        jobs: list[dict[str, Any]] = document.get("jobs") or []
+        return sorted(jobs, key=lambda job: int(job.get("het_job_offset") or 0))
+
+    async def update_component(self, leader: int, offset: int, changes: dict[str, Any]) -> None:
+        """Update ONE component of a heterogeneous job. ``POST /job/{leader}`` would apply the
+        changes (a comment!) to every component; ``{leader}+{offset}`` is slurmctld's name for one
+        (``update_job_str``), and the ``+`` must be sent encoded or slurmrestd cannot parse the path."""
+        await self._call("POST", f"/job/{leader}%2B{offset}", changes)
+
     async def job(self, job_id: int) -> dict[str, Any] | None:
         """One job, or None when slurmctld does not know it (never existed or purged after MinJobAge)."""
         try:
