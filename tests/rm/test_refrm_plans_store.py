@@ -187,6 +187,42 @@ def test_a_confirmed_plans_room_is_held_from_another_stores_reserves_batches_and
     assert ended.state is PlanState.USED
 
 
+def test_a_confirmed_plans_room_is_held_from_other_pods_in_the_preemptors_own_batch(
+    make_store: StoreFactory,
+) -> None:
+    """A scheduling cycle batches the preemptor's reserve with other pods' reserves. The held room is
+    the preemptor's alone there too: another pod placed earlier in the same batch must not take it
+    (it did: the batch took out no hold of any preemptor reserving in it, so the preemptor lost its
+    room to a pod of lower priority and its victims were evicted for nothing)."""
+    now = [1000.0]
+    a = make_store(clock=lambda: now[0])
+    low = fill(a)
+    plan = a.propose_plan("high", Chooser(low[0]), lease_seconds=LEASE)
+    assert plan is not None
+    assert a.release(low[0].reservation_id or "") is not None
+    assert a.confirm_plan(plan.plan_id) is not None
+    intruder, preemptor = a.batch(
+        [
+            BatchOperation.model_validate({"reserve": request(uid).model_dump(by_alias=True, mode="json")})
+            for uid in ("intruder", "high")
+        ],
+        nodes=NODES,
+        policy=Policy.BINPACK,
+    )
+    assert isinstance(intruder, Unschedulable), intruder
+    assert isinstance(preemptor, Placed), preemptor
+    ended = a.get_plan(plan.plan_id)
+    assert ended is not None
+    assert ended.state is PlanState.USED
+    # Once the preemptor's reserve ended its plan, the room is its reservation, counted once.
+    (late,) = a.batch(
+        [BatchOperation.model_validate({"reserve": request("late").model_dump(by_alias=True, mode="json")})],
+        nodes=NODES,
+        policy=Policy.BINPACK,
+    )
+    assert isinstance(late, Unschedulable), late
+
+
 def test_a_plans_victims_are_spoken_for_and_its_hold_counted_when_another_preemptor_asks(
     make_store: StoreFactory,
 ) -> None:

@@ -749,16 +749,20 @@ class PostgresReservationStore:
         with self._tx(place=True) as (conn, now):
             usage = self._active_usage(conn)
             live = self._live_plans(conn, now)
-            reserving = frozenset(operation.reserve.pod.uid for operation in operations if operation.reserve)
-            held = live.nodes(nodes, except_pods=reserving)
+            # As a single reserve would: each reserve sees its own held room only, never that of
+            # another preemptor in the batch; a plan this batch ended holds no more.
+            ended: set[str] = set()
             outcomes: list[BatchOutcome] = []
             for operation in operations:
                 if operation.reserve is not None:
+                    uid = operation.reserve.pod.uid
+                    held = live.nodes(nodes, except_pods=frozenset({uid, *ended}))
                     placed = self._reserve(
                         conn, now, usage, operation.reserve, nodes=held, policy=policy, pods=pods
                     )
-                    if isinstance(placed, Placed) and live.of(operation.reserve.pod.uid):
-                        self._use_plan(conn, now, operation.reserve.pod.uid)
+                    if isinstance(placed, Placed) and live.of(uid):
+                        self._use_plan(conn, now, uid)
+                        ended.add(uid)
                     outcomes.append(placed)
                 elif operation.commit is not None:
                     ref = operation.commit

@@ -863,15 +863,19 @@ class ReservationStore:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             live = self._live_plans(self._clock())
-            # As a single reserve would: the batch's preemptors see their own held rooms.
-            reserving = frozenset(operation.reserve.pod.uid for operation in operations if operation.reserve)
-            held = live.nodes(nodes, except_pods=reserving)
+            # As a single reserve would: each reserve sees its own held room only, never that of
+            # another preemptor in the batch; a plan this batch ended holds no more (its room is a
+            # reservation now).
+            ended: set[str] = set()
             outcomes: list[BatchOutcome] = []
             for operation in operations:
                 if operation.reserve is not None:
+                    uid = operation.reserve.pod.uid
+                    held = live.nodes(nodes, except_pods=frozenset({uid, *ended}))
                     placed = self._reserve(operation.reserve, nodes=held, policy=policy, pods=pods)
-                    if isinstance(placed, Placed) and live.of(operation.reserve.pod.uid):
-                        self._use_plan(operation.reserve.pod.uid)
+                    if isinstance(placed, Placed) and live.of(uid):
+                        self._use_plan(uid)
+                        ended.add(uid)
                     outcomes.append(placed)
                 elif operation.commit is not None:
                     ref = operation.commit
