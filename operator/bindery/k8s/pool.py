@@ -31,7 +31,9 @@ HEADROOM = 16
 #: connection per cycle (maxInFlight 256) a 3,000-pod backlog on the dev plane lost 5-10 % of its
 #: Bindings and events to 429 and bound 20-40 % slower (benchmarks/README.md, issue 19's budgets);
 #: with the 100 connections kubernetes_asyncio had before, none. A cycle waiting here for a
-#: connection waits in the operator, where nothing times it out.
+#: connection waits in the operator, not in the apiserver's queues; that wait counts against the
+#: request's own timeout (aiohttp's ``total`` covers taking a connection from the pool), e.g. a
+#: Binding's 30 s (``bindery.kube.binder.BIND_TIMEOUT_SECONDS``).
 CYCLE_CONNECTIONS = 64
 
 
