@@ -199,3 +199,55 @@ def test_component_0_keeps_its_released_members_share_until_the_group_ends_and_t
         ]
         assert client.delete(f"/v1/reservation-groups/{placed.json()['id']}").status_code == 204
     _until(lambda: not _running(slurm_bed, "kept"), 30, "the whole hetjob ends with its last member")
+
+
+def _limits(bed: SlurmBed, leader: str) -> dict[str, float]:
+    """Each component's Slurm time limit in minutes (``inf`` for UNLIMITED), by offset."""
+    limits = {}
+    for line in bed.run_client("squeue", "--noheader", "-o", "%i|%l").splitlines():
+        job_id, limit = line.strip().split("|")
+        head, _, offset = job_id.partition("+")
+        if head != leader:
+            continue
+        if limit in ("UNLIMITED", "INFINITE"):
+            limits[offset] = float("inf")
+            continue
+        days, _, clock = limit.rpartition("-")
+        parts = [int(part) for part in clock.split(":")]
+        while len(parts) < 3:
+            parts.insert(0, 0)
+        hours, minutes, seconds = parts
+        limits[offset] = int(days or 0) * 1440 + hours * 60 + minutes + seconds / 60
+    return limits
+
+
+def test_a_member_renewed_on_another_node_is_not_cut_short_by_component_0s_time_limit(
+    slurm_bed: SlurmBed, slurm_adapter: AdapterProcess
+) -> None:
+    """Slurm ends the WHOLE hetjob when component 0 reaches its time limit. A member's own renew
+    (a slow cycle renews its pod's reservation alone) moved only its component's limit, so the
+    member lost its room at component 0's older limit, long before the lease the renew answered.
+    Component 0's limit must reach at least as far as any other component's."""
+    with slurm_adapter.client() as client:
+        placed = client.post("/v1/reservation-groups", json=_group("renewed", [1, 1]))
+        assert placed.status_code == 201, placed.text
+        group = placed.json()
+        (leader,) = {row["id"].partition("+")[0] for row in _rows(slurm_bed, "renewed")}
+        on_component_1 = {row["nodes"] for row in _rows(slurm_bed, "renewed") if row["id"] == f"{leader}+1"}
+        (member,) = [m for m in group["members"] if m["node"] in on_component_1]
+        renewed = client.post(
+            f"/v1/reservations/{member['id']}/renew", json={"podUid": member["podUid"], "ttlSeconds": 3600}
+        )
+        assert renewed.status_code == 200, renewed.text
+        limits = _limits(slurm_bed, leader)
+        assert limits["1"] >= 60, limits
+        assert limits["0"] >= limits["1"], limits
+        # Component 0's own member renewed for a minute does not pull its limit back under that.
+        (first,) = [m for m in group["members"] if m is not member]
+        again = client.post(
+            f"/v1/reservations/{first['id']}/renew", json={"podUid": first["podUid"], "ttlSeconds": 60}
+        )
+        assert again.status_code == 200, again.text
+        after = _limits(slurm_bed, leader)
+        assert after["0"] >= after["1"] >= 60, after
+        assert client.delete(f"/v1/reservation-groups/{group['id']}").status_code == 204

@@ -81,8 +81,9 @@ What slurmctld 22.05 / slurmrestd v0.0.38 allow, checked on the bed, and what fo
   cancelled with the whole job: the share of the member in component 0 (index 0) stays
   allocated in Slurm, and counted as used, until the group's last member ends.
 - A component's time limit is its own, but component 0 ending ends the whole hetjob: committing
-  any member lifts component 0's time limit too, and a renew never lowers a time limit below a
-  committed member's need.
+  any member lifts component 0's time limit too, a renew of a member elsewhere raises component
+  0's to at least that member's, and a renew never lowers component 0's below another component's
+  or a committed member's need.
 - Revocation works per component: an administrator's ``scancel <leader>+<offset>`` revokes that
   member only; ``scancel <leader>`` revokes every member.
 
@@ -200,6 +201,21 @@ def _iso(epoch: float | None) -> str | None:
     if epoch is None:
         return None
     return datetime.datetime.fromtimestamp(epoch, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+#: The states of a job that holds (or is about to hold) its allocation.
+_HOLDING = ("PENDING", "RUNNING", "CONFIGURING")
+
+
+def _time_limit(job: dict[str, Any]) -> int:
+    """A job's time limit in minutes as slurmrestd answers it (v0.0.38: a number; later: a
+    ``{set, infinite, number}`` object); INFINITE when none, 0 when it does not say."""
+    value = job.get("time_limit")
+    if isinstance(value, dict):
+        if value.get("infinite"):
+            return INFINITE
+        value = value.get("number")
+    return int(value) if isinstance(value, int | float) else 0
 
 
 def _minutes(seconds: float) -> int:
@@ -481,14 +497,23 @@ class SlurmRM:
             changes["time_limit"] = INFINITE  # a committed member's share never times out
         comment = encode_component(members)
         leader, offset = int(job.get("het_job_id") or job_id), int(job.get("het_job_offset") or 0)
-        # Component 0 ending ends the whole hetjob: its time limit never undercuts a member
-        # committed on another node.
-        if (
-            offset == 0
-            and changes.get("time_limit") not in (None, INFINITE)
-            and any(r.committed and r.ended is None for _, r in await self._component_records(leader))
-        ):
-            changes["time_limit"] = INFINITE
+        limit = changes.get("time_limit")
+        if limit not in (None, INFINITE):
+            # Component 0 ending ends the whole hetjob: its time limit reaches as far as every
+            # other component's (the components start together), so it never cuts short a member
+            # committed, or renewed alone, on another node.
+            components = await self.slurm.het_job(leader)
+            first = next((c for c in components if int(c.get("het_job_offset") or 0) == 0), None)
+            others = [c for c in components if int(c.get("het_job_offset") or 0) != 0]
+            if offset == 0:
+                if any(r.committed and r.ended is None for c in components for r in self._decode(c)):
+                    changes["time_limit"] = INFINITE
+                else:
+                    changes["time_limit"] = max(
+                        [limit, *(_time_limit(c) for c in others if c.get("job_state") in _HOLDING)]
+                    )
+            elif first is not None and _time_limit(first) < limit:
+                await self.slurm.update_component(leader, 0, {"time_limit": limit})
         await self.slurm.update_component(leader, offset, {"comment": comment, **changes})
         job["comment"] = comment  # later writes in this call see this one
 
