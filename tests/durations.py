@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(tests)} tests, {total:.0f} s in all (setup + call + teardown)\n")
     print(f"{'seconds':>8} {'share':>6} {'tests':>5}  file")
     for file, seconds in sorted(by_file.items(), key=lambda item: -item[1])[: args.top]:
-        print(f"{seconds:8.0f} {seconds / total:6.1%} {counts[file]:5d}  {file}")
+        print(f"{seconds:8.0f} {seconds / (total or 1):6.1%} {counts[file]:5d}  {file}")
     print(f"\n{'seconds':>8}  slowest tests")
     for seconds, name in sorted(tests, reverse=True)[: args.top]:
         print(f"{seconds:8.1f}  {name}")
