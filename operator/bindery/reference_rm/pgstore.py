@@ -1032,7 +1032,9 @@ class PostgresReservationStore:
             )
             conn.execute(
                 "DELETE FROM preemption_plans "
-                "WHERE NOT (state = ANY(%s)) AND expires_at + lease_seconds <= %s",
+                "WHERE NOT (state = ANY(%s)) "
+                # CockroachDB adds no INT to a DOUBLE PRECISION (inexact): the cast says which.
+                "AND expires_at + CAST(lease_seconds AS DOUBLE PRECISION) <= %s",
                 (list(ACTIVE_PLAN_STATES), now),
             )
             existing = self._active_plan(conn, now, pod_uid)
