@@ -251,3 +251,24 @@ def test_a_member_renewed_on_another_node_is_not_cut_short_by_component_0s_time_
         after = _limits(slurm_bed, leader)
         assert after["0"] >= after["1"] >= 60, after
         assert client.delete(f"/v1/reservation-groups/{group['id']}").status_code == 204
+
+
+def test_a_member_too_long_for_one_slurm_comment_is_refused_saying_what_to_shorten(
+    slurm_bed: SlurmBed, slurm_adapter: AdapterProcess
+) -> None:
+    """Names at the contract's limits do not fit one Slurm comment (1024 characters), where the
+    adapter keeps a member's state. Each member of a hetjob group is alone on its component, so
+    splitting the group (what the refusal used to advise) changes nothing: it says what to shorten."""
+    body = _group("x" * 200, [1, 1])
+    body["idempotencyKey"] = "k" * 253
+    body["clusterId"] = "c" * 253
+    for i, member in enumerate(body["members"]):
+        member["pod"]["name"] = f"{i}" * 253
+    with slurm_adapter.client() as client:
+        refused = client.post("/v1/reservation-groups", json=body)
+    assert refused.status_code == 409, refused.text
+    reason = refused.json()["reason"]
+    assert "slurmctld keeps at most 1024" in reason, reason
+    assert "split the group" not in reason, reason
+    assert "shorten" in reason, reason
+    assert not _rows(slurm_bed, "x" * 200)

@@ -322,9 +322,13 @@ def encode_component(records: Sequence[JobRecord]) -> str:
         members.append(item)
     text = json.dumps({"tag": GROUP_COMMENT_TAG, **shared, "m": members}, separators=(",", ":"))
     if len(text) > MAX_COMMENT:
+        who = (
+            f"member {first.namespace}/{first.name} on node {first.node} needs"
+            if len(records) == 1
+            else f"{len(records)} members on node {first.node} need"
+        )
         raise CommentTooLong(
-            f"{len(records)} members on node {first.node} need a {len(text)}-character Slurm job comment; "
-            f"slurmctld keeps at most {MAX_COMMENT}"
+            f"{who} a {len(text)}-character Slurm job comment; slurmctld keeps at most {MAX_COMMENT}"
         )
     return text
 

@@ -1235,9 +1235,12 @@ class SlurmRM:
             try:
                 comment = encode_component([records[i] for i in indices])
             except CommentTooLong as error:
+                # One member per component here (members sharing a node get a job each), so
+                # splitting the group would not help: only shorter names do.
                 reason = (
-                    f"{who}: {error}, where the adapter keeps the state of the members on one node "
-                    "(a group's Slurm job has one component per node); split the group"
+                    f"{who}: {error}, and the adapter keeps each reservation's state there; shorten "
+                    "the pod's name, namespace or scheduler name, or the group's idempotency key or "
+                    "cluster id"
                 )
                 return problem(409, ProblemType.UNSCHEDULABLE, reason, reason=reason)
             name = f"bindery:{body.group.namespace}/{body.group.name}"
