@@ -271,12 +271,12 @@ def _verdict(pod: PodInfo, view: PlacedView, placed: PlacedPods) -> Verdict | No
         term.matches(
             namespace=pod.namespace,
             labels=pod.labels,
-            owner_namespace=other.namespace,
+            owner_namespace=owner,
             namespace_labels=placed.namespace_labels,
         )
-        for other in view.anti_affinity_toward(pod.namespace)
-        if other.uid != pod.uid
-        for term in other.anti_affinity
+        for owner, terms, members in view.anti_affinity_groups_toward(pod.namespace)
+        if any(other.uid != pod.uid for other in members)  # once per group, not per pod
+        for term in terms
     ):
         return None  # no rule of its own, and no placed pod's anti-affinity selects it
     return evaluate(
