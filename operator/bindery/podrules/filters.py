@@ -200,23 +200,19 @@ def evaluate(
     if pod.rules.affinity:
         expressions = _affinity(pod=pod, placed=placed, by_name=by_name, namespace_labels=namespace_labels)
         effects.append(_effect(AFFINITY, nodes, expressions=expressions))
+    # The pod's own nodeSelector and required node affinity, once per node: the candidates and every
+    # spread constraint (nodeAffinityPolicy Honor) read it.
+    fits = {node.name: _fits(pod, node) for node in nodes}
     for constraint in pod.rules.spread:
         expressions, summary = _spread(
-            pod=pod, constraint=constraint, placed=placed, nodes=nodes, by_name=by_name
+            pod=pod, constraint=constraint, placed=placed, nodes=nodes, by_name=by_name, fits=fits
         )
         effects.append(_effect(SPREAD, nodes, expressions=expressions, summary=summary))
     if pod.rules.host_ports:
         conflicting = _port_conflicts(pod=pod, placed=placed)
         if conflicting:
             effects.append(_port_effect(conflicting, nodes))
-    candidates = tuple(
-        sorted(
-            node.name
-            for node in nodes
-            if matches_node_selector(node_selector=pod.node_selector, labels=node.labels)
-            and matches_required_affinity(terms=pod.node_terms, labels=node.labels, node_name=node.name)
-        )
-    )
+    candidates = tuple(sorted(name for name, fit in fits.items() if fit))
     return Verdict(effects=tuple(effects), known=len(nodes), candidates=candidates)
 
 
@@ -396,18 +392,29 @@ def _affinity(
     return _nowhere(keys[0])
 
 
-def _eligible(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts) -> bool:
-    """matchNodeInclusionPolicies, and every constraint's key present (nodeLabelsMatchSpreadConstraints)."""
-    return all(c.topology_key in node.labels for c in pod.rules.spread) and included(pod, constraint, node)
+def _fits(pod: Incoming, node: NodeFacts) -> bool:
+    """The pod's own nodeSelector and required node affinity allow `node`."""
+    return matches_node_selector(
+        node_selector=pod.node_selector, labels=node.labels
+    ) and matches_required_affinity(terms=pod.node_terms, labels=node.labels, node_name=node.name)
+
+
+def _eligible(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts, fits: bool) -> bool:
+    """matchNodeInclusionPolicies, and every constraint's key present (nodeLabelsMatchSpreadConstraints);
+    `fits`: :func:`_fits` of the node, computed once per node by the caller."""
+    if not all(c.topology_key in node.labels for c in pod.rules.spread):
+        return False
+    if constraint.honor_node_affinity and not fits:
+        return False
+    return not (
+        constraint.honor_taints and untolerated_taints(taints=node.taints, tolerations=pod.tolerations)
+    )
 
 
 def included(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts) -> bool:
     """matchNodeInclusionPolicies: nodeAffinityPolicy Honor, nodeTaintsPolicy Honor (the filter and
     the ScheduleAnyway score both apply them)."""
-    if constraint.honor_node_affinity and not (
-        matches_node_selector(node_selector=pod.node_selector, labels=node.labels)
-        and matches_required_affinity(terms=pod.node_terms, labels=node.labels, node_name=node.name)
-    ):
+    if constraint.honor_node_affinity and not _fits(pod, node):
         return False
     return not (
         constraint.honor_taints and untolerated_taints(taints=node.taints, tolerations=pod.tolerations)
@@ -421,9 +428,10 @@ def _spread(
     placed: PlacedView,
     nodes: Sequence[NodeFacts],
     by_name: Mapping[str, NodeFacts],
+    fits: Mapping[str, bool],
 ) -> tuple[list[Mapping[str, Any]], str]:
     key = constraint.topology_key
-    eligible = {node.name for node in nodes if _eligible(pod, constraint, node)}
+    eligible = {node.name for node in nodes if _eligible(pod, constraint, node, fits[node.name])}
     counts: dict[str, int] = {by_name[name].labels[key]: 0 for name in eligible}
     if not constraint.selector.empty:
         for labels, members in placed.label_groups(pod.namespace):
