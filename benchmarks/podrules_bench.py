@@ -12,6 +12,9 @@ spread over ``--nodes`` nodes in 3 zones, then:
   Deployment (400 pods in their namespace, each with that anti-affinity), and plain pods again
   with those 400 placed (their anti-affinity is checked against every plain pod: the symmetry),
   in milliseconds per pod;
+- rules pods of ``--groups`` Deployments of ``--group-size`` pods in one namespace, all placed but
+  the pods measured (``ceiling.py --shape rules``: 12 groups of 250), each with those rules over
+  its own Deployment: the selector walk over a backlog of such pods;
 - soft pods: the same for ReplicaSet-owned pods of that Deployment without rules of their own
   (kube-scheduler's default spreading, scored into weighted node preferences);
 - memory: tracemalloc of the cache's projections and of the watch cursor's entry, bytes per
@@ -105,6 +108,8 @@ def main() -> None:
     parser.add_argument("--placed", type=int, default=50_000)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--groups", type=int, default=12)
+    parser.add_argument("--group-size", type=int, default=250)
     args = parser.parse_args()
     nodes = nodes_of(args.nodes)
 
@@ -171,6 +176,25 @@ def main() -> None:
     print(
         f"rules pods (zone spread + hostname anti-affinity, {args.placed + 400} placed, {args.nodes} nodes): "
         f"PreFilter+Reserve {asyncio.run(per_pod(cache, rules)) * 1e3:.2f} ms/pod"
+    )
+    for i in range(args.groups * args.group_size):
+        cache.on_event(
+            "ADDED",
+            pod_body(
+                20_000_000 + i,
+                namespace="ns-groups",
+                node=nodes[i % len(nodes)].name,
+                rules=True,
+                app=f"group-{i % args.groups}",
+            ),
+        )
+    grouped = [
+        PodInfo.from_body(pod_body(i, namespace="ns-groups", node=None, rules=True, app="group-0"))
+        for i in range(min(args.pods, 200))
+    ]
+    print(
+        f"rules pods ({args.groups} Deployments of {args.group_size} placed in their namespace, the same "
+        f"rules over each): PreFilter+Reserve {asyncio.run(per_pod(cache, grouped)) * 1e3:.2f} ms/pod"
     )
     soft = []
     for i in range(min(args.pods, 200)):

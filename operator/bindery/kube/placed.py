@@ -5,7 +5,10 @@ set, whoever bound it) and by the cycles' assume/forget. It keeps one frozen
 :class:`~bindery.podrules.model.PlacedPod` per pod (namespace, labels, node, host ports, required
 anti-affinity terms, and the rarer affinity and preferred terms), indexed by namespace, plus the few
 pods with anti-affinity, affinity or preferred terms, or host ports, so that a pod without rules costs
-one emptiness check. A pod that finished (Succeeded/Failed) or was
+one emptiness check. A namespace's pods are grouped by their label set, and pods with anti-affinity by
+their namespace and terms (a Deployment's pods share both), so that the filters match a selector once
+per group rather than once per pod: a backlog of N pods with anti-affinity over their group cost
+O(N²) selector matches per pass, twice per pod. A pod that finished (Succeeded/Failed) or was
 deleted leaves the cache; a pod assumed by a cycle is replaced by its watched copy once seen bound.
 Each pod that arrives, leaves or changes in a way the rules read is passed to :attr:`on_change`,
 which wakes the pods the rules refused (a status write or the watched copy replacing the assumed one
@@ -17,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from bindery.podrules.model import PlacedPod
+from bindery.podrules.model import AffinityTerm, PlacedPod
 from bindery.podrules.parse import placed_pod
 from bindery.scheduling.placementrules import InFlight
 from bindery.scheduling.ports import NodeProjection
@@ -42,11 +46,13 @@ class PlacedPodCache:
         `namespaces_synced` False: and for the namespace watch's (`mark_namespaces_synced`), since a
         term with a namespaceSelector finds no namespace in scope while their labels are unknown."""
         self._pods: dict[str, PlacedPod] = {}
-        self._by_namespace: dict[str, dict[str, PlacedPod]] = {}
+        #: namespace → label set → (those labels, the pods carrying them by UID)
+        self._by_namespace: dict[str, dict[_LabelSet, tuple[Mapping[str, str], dict[str, PlacedPod]]]] = {}
         self._anti: dict[str, PlacedPod] = {}
         #: pods with anti-affinity by the namespaces it reaches: their own (every term without
-        #: namespaces or namespaceSelector), or any (``None``); the symmetry check reads only these
-        self._anti_toward: dict[str | None, dict[str, PlacedPod]] = {}
+        #: namespaces or namespaceSelector), or any (``None``); the symmetry check reads only these.
+        #: Within: grouped by (their namespace, their terms), which decide whether they select a pod.
+        self._anti_toward: dict[str | None, dict[_AntiKey, dict[str, PlacedPod]]] = {}
         #: the same for pods with affinity or preferred terms (InterPodAffinity's Score symmetry)
         self._scoring_toward: dict[str | None, dict[str, PlacedPod]] = {}
         self._ports: dict[str, PlacedPod] = {}
@@ -91,7 +97,17 @@ class PlacedPodCache:
         return self._in_flight
 
     def in_namespace(self, namespace: str) -> Iterable[PlacedPod]:
-        return (self._by_namespace.get(namespace) or {}).values()
+        groups = self._by_namespace.get(namespace)
+        if not groups:
+            return ()
+        return itertools.chain.from_iterable(pods.values() for _, pods in groups.values())
+
+    def label_groups(self, namespace: str) -> Iterable[tuple[Mapping[str, str], Iterable[PlacedPod]]]:
+        """The pods of `namespace` grouped by label set: (the labels, the pods carrying exactly them)."""
+        groups = self._by_namespace.get(namespace)
+        if not groups:
+            return ()
+        return [(labels, pods.values()) for labels, pods in groups.values()]
 
     def namespaces(self) -> Iterable[str]:
         return self._by_namespace.keys()
@@ -101,11 +117,19 @@ class PlacedPodCache:
 
     def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]:
         """The pods whose anti-affinity may select a pod of `namespace` (superset)."""
-        local = self._anti_toward.get(namespace)
-        wide = self._anti_toward.get(None)
-        if not wide:
-            return local.values() if local else ()
-        return [*(local or {}).values(), *wide.values()]
+        return itertools.chain.from_iterable(
+            pods for _, _, pods in self.anti_affinity_groups_toward(namespace)
+        )
+
+    def anti_affinity_groups_toward(
+        self, namespace: str
+    ) -> Iterable[tuple[str, tuple[AffinityTerm, ...], Iterable[PlacedPod]]]:
+        """:meth:`anti_affinity_toward` grouped: (their namespace, their terms, the pods)."""
+        return [
+            (owner, terms, pods.values())
+            for key in (namespace, None)
+            for (owner, terms), pods in (self._anti_toward.get(key) or {}).items()
+        ]
 
     def preferring_toward(self, namespace: str) -> Iterable[PlacedPod]:
         """The pods whose affinity or preferred terms may select a pod of `namespace` (superset)."""
@@ -164,7 +188,12 @@ class PlacedPodCache:
             old = None
         changed = old is None or dataclasses.replace(old, assumed=pod.assumed) != pod
         self._pods[pod.uid] = pod
-        self._by_namespace.setdefault(pod.namespace, {})[pod.uid] = pod
+        if old is not None:
+            self._ungroup(old)
+        group = self._by_namespace.setdefault(pod.namespace, {}).setdefault(
+            _label_set(pod.labels), (pod.labels, {})
+        )
+        group[1][pod.uid] = pod
         for index, has in ((self._anti, pod.anti_affinity), (self._ports, pod.host_ports)):
             if has:
                 index[pod.uid] = pod
@@ -173,7 +202,9 @@ class PlacedPodCache:
         self._drop_toward(pod.uid, old)
         if pod.anti_affinity:
             local = all(not t.namespaces and t.namespace_selector is None for t in pod.anti_affinity)
-            self._anti_toward.setdefault(pod.namespace if local else None, {})[pod.uid] = pod
+            self._anti_toward.setdefault(pod.namespace if local else None, {}).setdefault(
+                (pod.namespace, pod.anti_affinity), {}
+            )[pod.uid] = pod
         if pod.affinity or pod.preferred_affinity or pod.preferred_anti_affinity:  # scores_others, inlined
             terms = (
                 *pod.affinity,
@@ -192,7 +223,15 @@ class PlacedPodCache:
         if old is None:
             return
         if old.anti_affinity:
-            _drop_from(self._anti_toward, uid, old.namespace)
+            for key in (old.namespace, None):
+                groups = self._anti_toward.get(key)
+                if groups is None:
+                    continue
+                members = groups.get((old.namespace, old.anti_affinity))
+                if members is not None and members.pop(uid, None) is not None and not members:
+                    del groups[(old.namespace, old.anti_affinity)]
+                    if not groups:
+                        del self._anti_toward[key]
         if old.affinity or old.preferred_affinity or old.preferred_anti_affinity:  # plain pods skip both
             _drop_from(self._scoring_toward, uid, old.namespace)
 
@@ -200,16 +239,32 @@ class PlacedPodCache:
         pod = self._pods.pop(uid, None)
         if pod is None:
             return
-        in_namespace = self._by_namespace.get(pod.namespace)
-        if in_namespace is not None:
-            in_namespace.pop(uid, None)
-            if not in_namespace:
-                del self._by_namespace[pod.namespace]
+        self._ungroup(pod)
         self._anti.pop(uid, None)
         self._ports.pop(uid, None)
         self._drop_toward(uid, pod)
         if self.on_change is not None:  # last, as in _put
             self.on_change(pod)
+
+    def _ungroup(self, pod: PlacedPod) -> None:
+        """Take `pod` (the copy the cache holds) out of its namespace's label group."""
+        groups = self._by_namespace.get(pod.namespace)
+        if groups is None:
+            return
+        key = _label_set(pod.labels)
+        group = groups.get(key)
+        if group is not None and group[1].pop(pod.uid, None) is not None and not group[1]:
+            del groups[key]
+            if not groups:
+                del self._by_namespace[pod.namespace]
+
+
+_LabelSet = frozenset[tuple[str, str]]
+_AntiKey = tuple[str, tuple[AffinityTerm, ...]]
+
+
+def _label_set(labels: Mapping[str, str]) -> _LabelSet:
+    return frozenset(labels.items())
 
 
 def _drop_from(index: dict[str | None, dict[str, PlacedPod]], uid: str, namespace: str) -> None:

@@ -70,12 +70,24 @@ class PlacedView(Protocol):
 
     def in_namespace(self, namespace: str) -> Iterable[PlacedPod]: ...
 
+    def label_groups(self, namespace: str) -> Iterable[tuple[Mapping[str, str], Iterable[PlacedPod]]]:
+        """The pods of `namespace` grouped by label set: (the labels, the pods carrying exactly them).
+        A selector is matched once per group (a Deployment's pods share their labels)."""
+        ...
+
     def namespaces(self) -> Iterable[str]: ...
 
     def with_anti_affinity(self) -> Iterable[PlacedPod]: ...
 
     def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]:
         """The pods with anti-affinity that may select a pod of `namespace` (a superset is fine)."""
+        ...
+
+    def anti_affinity_groups_toward(
+        self, namespace: str
+    ) -> Iterable[tuple[str, tuple[AffinityTerm, ...], Iterable[PlacedPod]]]:
+        """:meth:`anti_affinity_toward` grouped by (the pods' namespace, their anti-affinity terms),
+        which alone decide whether they select the incoming pod: matched once per group."""
         ...
 
     def with_host_ports(self) -> Iterable[PlacedPod]: ...
@@ -188,23 +200,19 @@ def evaluate(
     if pod.rules.affinity:
         expressions = _affinity(pod=pod, placed=placed, by_name=by_name, namespace_labels=namespace_labels)
         effects.append(_effect(AFFINITY, nodes, expressions=expressions))
+    # The pod's own nodeSelector and required node affinity, once per node: the candidates and every
+    # spread constraint (nodeAffinityPolicy Honor) read it.
+    fits = {node.name: _fits(pod, node) for node in nodes}
     for constraint in pod.rules.spread:
         expressions, summary = _spread(
-            pod=pod, constraint=constraint, placed=placed, nodes=nodes, by_name=by_name
+            pod=pod, constraint=constraint, placed=placed, nodes=nodes, by_name=by_name, fits=fits
         )
         effects.append(_effect(SPREAD, nodes, expressions=expressions, summary=summary))
     if pod.rules.host_ports:
         conflicting = _port_conflicts(pod=pod, placed=placed)
         if conflicting:
             effects.append(_port_effect(conflicting, nodes))
-    candidates = tuple(
-        sorted(
-            node.name
-            for node in nodes
-            if matches_node_selector(node_selector=pod.node_selector, labels=node.labels)
-            and matches_required_affinity(terms=pod.node_terms, labels=node.labels, node_name=node.name)
-        )
-    )
+    candidates = tuple(sorted(name for name, fit in fits.items() if fit))
     return Verdict(effects=tuple(effects), known=len(nodes), candidates=candidates)
 
 
@@ -294,26 +302,41 @@ def _anti_affinity(
     forbidden: dict[str, set[str]] = defaultdict(set)
     # The incoming pod's terms against existing pods (satisfyPodAntiAffinity).
     for term in pod.rules.anti_affinity:
+        key = term.topology_key
         for namespace in _scope(term, owner=pod.namespace, placed=placed, namespace_labels=namespace_labels):
-            for other in placed.in_namespace(namespace):
-                node = by_name.get(other.node)
-                if node is None or other.uid == pod.uid or term.topology_key not in node.labels:
+            for labels, members in placed.label_groups(namespace):
+                if not term.selector.matches(labels):
                     continue
-                if term.selector.matches(other.labels):
-                    forbidden[term.topology_key].add(node.labels[term.topology_key])
-    # Existing pods' terms against the incoming pod (satisfyExistingPodsAntiAffinity).
-    for other in placed.anti_affinity_toward(pod.namespace):
-        node = by_name.get(other.node)
-        if node is None or other.uid == pod.uid:
-            continue
-        for term in other.anti_affinity:
-            if term.topology_key in node.labels and term.matches(
+                for other in members:
+                    node = by_name.get(other.node)
+                    if node is None or other.uid == pod.uid:
+                        continue
+                    value = node.labels.get(key)
+                    if value is not None:
+                        forbidden[key].add(value)
+    # Existing pods' terms against the incoming pod (satisfyExistingPodsAntiAffinity): whether a
+    # term selects it depends only on the term and its owner's namespace, so once per group.
+    for owner, terms, members in placed.anti_affinity_groups_toward(pod.namespace):
+        selecting = [
+            term.topology_key
+            for term in terms
+            if term.matches(
                 namespace=pod.namespace,
                 labels=pod.labels,
-                owner_namespace=other.namespace,
+                owner_namespace=owner,
                 namespace_labels=namespace_labels,
-            ):
-                forbidden[term.topology_key].add(node.labels[term.topology_key])
+            )
+        ]
+        if not selecting:
+            continue
+        for other in members:
+            node = by_name.get(other.node)
+            if node is None or other.uid == pod.uid:
+                continue
+            for key in selecting:
+                value = node.labels.get(key)
+                if value is not None:
+                    forbidden[key].add(value)
     return [
         requirement
         for key, values in sorted(forbidden.items())
@@ -330,14 +353,16 @@ def _affinity(
     ]
     counts: dict[str, set[str]] = defaultdict(set)  # key → values where a pod matching all terms runs
     for namespace in set().union(*scopes):
-        for other in placed.in_namespace(namespace):
-            node = by_name.get(other.node)
-            if node is None or other.uid == pod.uid:
-                continue
-            if all(
-                namespace in scope and t.selector.matches(other.labels)
+        for labels, members in placed.label_groups(namespace):
+            if not all(
+                namespace in scope and t.selector.matches(labels)
                 for t, scope in zip(terms, scopes, strict=True)
             ):
+                continue
+            for other in members:
+                node = by_name.get(other.node)
+                if node is None or other.uid == pod.uid:
+                    continue
                 for t in terms:
                     if t.topology_key in node.labels:
                         counts[t.topology_key].add(node.labels[t.topology_key])
@@ -367,18 +392,29 @@ def _affinity(
     return _nowhere(keys[0])
 
 
-def _eligible(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts) -> bool:
-    """matchNodeInclusionPolicies, and every constraint's key present (nodeLabelsMatchSpreadConstraints)."""
-    return all(c.topology_key in node.labels for c in pod.rules.spread) and included(pod, constraint, node)
+def _fits(pod: Incoming, node: NodeFacts) -> bool:
+    """The pod's own nodeSelector and required node affinity allow `node`."""
+    return matches_node_selector(
+        node_selector=pod.node_selector, labels=node.labels
+    ) and matches_required_affinity(terms=pod.node_terms, labels=node.labels, node_name=node.name)
+
+
+def _eligible(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts, fits: bool) -> bool:
+    """matchNodeInclusionPolicies, and every constraint's key present (nodeLabelsMatchSpreadConstraints);
+    `fits`: :func:`_fits` of the node, computed once per node by the caller."""
+    if not all(c.topology_key in node.labels for c in pod.rules.spread):
+        return False
+    if constraint.honor_node_affinity and not fits:
+        return False
+    return not (
+        constraint.honor_taints and untolerated_taints(taints=node.taints, tolerations=pod.tolerations)
+    )
 
 
 def included(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts) -> bool:
     """matchNodeInclusionPolicies: nodeAffinityPolicy Honor, nodeTaintsPolicy Honor (the filter and
     the ScheduleAnyway score both apply them)."""
-    if constraint.honor_node_affinity and not (
-        matches_node_selector(node_selector=pod.node_selector, labels=node.labels)
-        and matches_required_affinity(terms=pod.node_terms, labels=node.labels, node_name=node.name)
-    ):
+    if constraint.honor_node_affinity and not _fits(pod, node):
         return False
     return not (
         constraint.honor_taints and untolerated_taints(taints=node.taints, tolerations=pod.tolerations)
@@ -392,15 +428,18 @@ def _spread(
     placed: PlacedView,
     nodes: Sequence[NodeFacts],
     by_name: Mapping[str, NodeFacts],
+    fits: Mapping[str, bool],
 ) -> tuple[list[Mapping[str, Any]], str]:
     key = constraint.topology_key
-    eligible = {node.name for node in nodes if _eligible(pod, constraint, node)}
+    eligible = {node.name for node in nodes if _eligible(pod, constraint, node, fits[node.name])}
     counts: dict[str, int] = {by_name[name].labels[key]: 0 for name in eligible}
     if not constraint.selector.empty:
-        for other in placed.in_namespace(pod.namespace):
-            if other.terminating or other.node not in eligible or other.uid == pod.uid:
+        for labels, members in placed.label_groups(pod.namespace):
+            if not constraint.selector.matches(labels):
                 continue
-            if constraint.selector.matches(other.labels):
+            for other in members:
+                if other.terminating or other.node not in eligible or other.uid == pod.uid:
+                    continue
                 counts[by_name[other.node].labels[key]] += 1
     minimum = min(counts.values(), default=0) if len(counts) >= constraint.min_domains else 0
     self_match = 1 if constraint.selector.matches(pod.labels) else 0

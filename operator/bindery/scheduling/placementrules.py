@@ -40,7 +40,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from typing import Any
 
 from bindery.podrules.filters import Incoming, PlacedView, Verdict, evaluate
-from bindery.podrules.model import NO_SOFT, PlacedPod, PodRules, SoftRules
+from bindery.podrules.model import NO_SOFT, AffinityTerm, PlacedPod, PodRules, SoftRules
 from bindery.podrules.parse import with_service_spread
 from bindery.podrules.soft import Preferences, preferences, selecting
 from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm, Placement
@@ -271,12 +271,12 @@ def _verdict(pod: PodInfo, view: PlacedView, placed: PlacedPods) -> Verdict | No
         term.matches(
             namespace=pod.namespace,
             labels=pod.labels,
-            owner_namespace=other.namespace,
+            owner_namespace=owner,
             namespace_labels=placed.namespace_labels,
         )
-        for other in view.anti_affinity_toward(pod.namespace)
-        if other.uid != pod.uid
-        for term in other.anti_affinity
+        for owner, terms, members in view.anti_affinity_groups_toward(pod.namespace)
+        if any(other.uid != pod.uid for other in members)  # once per group, not per pod
+        for term in terms
     ):
         return None  # no rule of its own, and no placed pod's anti-affinity selects it
     return evaluate(
@@ -300,6 +300,9 @@ class _Without:
     def in_namespace(self, namespace: str) -> Iterable[PlacedPod]:
         return self._kept(self._placed.in_namespace(namespace))
 
+    def label_groups(self, namespace: str) -> Iterable[tuple[Mapping[str, str], Iterable[PlacedPod]]]:
+        return [(labels, list(self._kept(pods))) for labels, pods in self._placed.label_groups(namespace)]
+
     def namespaces(self) -> Iterable[str]:
         return self._placed.namespaces()
 
@@ -308,6 +311,14 @@ class _Without:
 
     def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]:
         return self._kept(self._placed.anti_affinity_toward(namespace))
+
+    def anti_affinity_groups_toward(
+        self, namespace: str
+    ) -> Iterable[tuple[str, tuple[AffinityTerm, ...], Iterable[PlacedPod]]]:
+        return [
+            (owner, terms, list(self._kept(pods)))
+            for owner, terms, pods in self._placed.anti_affinity_groups_toward(namespace)
+        ]
 
     def with_host_ports(self) -> Iterable[PlacedPod]:
         return self._kept(self._placed.with_host_ports())

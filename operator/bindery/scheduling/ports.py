@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from bindery.podrules.model import PlacedPod
+    from bindery.podrules.model import AffinityTerm, PlacedPod
     from bindery.scheduling.placementrules import InFlight
     from bindery.scheduling.podspec import PodInfo
 
@@ -84,11 +84,17 @@ class PlacedPods(Protocol):
 
     def in_namespace(self, namespace: str) -> Iterable[PlacedPod]: ...
 
+    def label_groups(self, namespace: str) -> Iterable[tuple[Mapping[str, str], Iterable[PlacedPod]]]: ...
+
     def namespaces(self) -> Iterable[str]: ...
 
     def with_anti_affinity(self) -> Iterable[PlacedPod]: ...
 
     def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]: ...
+
+    def anti_affinity_groups_toward(
+        self, namespace: str
+    ) -> Iterable[tuple[str, tuple[AffinityTerm, ...], Iterable[PlacedPod]]]: ...
 
     def with_host_ports(self) -> Iterable[PlacedPod]: ...
 
