@@ -66,12 +66,12 @@ from bindery.reference_rm.placement import (
 )
 from bindery.reference_rm.preemption import (
     ACTIVE_PLAN_STATES,
+    NEW_PLAN_COLUMNS,
     Chooser,
     Plan,
     as_of,
-    hold_column,
+    new_plan_row,
     victim_uids,
-    victims_column,
 )
 from bindery.reference_rm.store import (
     DEFAULT_MAX_RELEASED_ROWS,
@@ -1056,20 +1056,9 @@ class PostgresReservationStore:
             if proposal is None:
                 return None
             row = conn.execute(
-                "INSERT INTO preemption_plans (id, pod_uid, node, victims, hold, lease_seconds, state, "
-                "created_at, expires_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, 'proposed', %s, %s, %s) "
+                f"INSERT INTO preemption_plans ({NEW_PLAN_COLUMNS}) VALUES ({', '.join(['%s'] * 10)}) "
                 f"RETURNING {PLAN_COLUMNS}",
-                (
-                    f"pln-{uuid.uuid4().hex}",
-                    pod_uid,
-                    proposal.node,
-                    victims_column(proposal.victims, proposal.violations),
-                    hold_column(proposal.hold),
-                    lease_seconds,
-                    now,
-                    now + lease_seconds,
-                    now,
-                ),
+                new_plan_row(pod_uid, proposal, lease_seconds=lease_seconds, now=now),
             ).fetchone()
             assert row is not None
             return plan_row(row)

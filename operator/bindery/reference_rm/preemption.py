@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -343,6 +344,28 @@ def victims_column(victims: Iterable[BoundPod], violations: Mapping[str, tuple[s
 
 def hold_column(hold: Mapping[str, Decimal]) -> str:
     return json.dumps(_quantities(hold))
+
+
+#: The columns of a new plan's row, in the order of :func:`new_plan_row`'s values.
+NEW_PLAN_COLUMNS = (
+    "id, pod_uid, node, victims, hold, lease_seconds, state, created_at, expires_at, updated_at"
+)
+
+
+def new_plan_row(pod_uid: str, proposal: Proposal, *, lease_seconds: int, now: float) -> tuple[Any, ...]:
+    """The values both stores insert for a proposed plan: a fresh id, the lease running from now."""
+    return (
+        f"pln-{uuid.uuid4().hex}",
+        pod_uid,
+        proposal.node,
+        victims_column(proposal.victims, proposal.violations),
+        hold_column(proposal.hold),
+        lease_seconds,
+        PlanState.PROPOSED.value,
+        now,
+        now + lease_seconds,
+        now,
+    )
 
 
 def plan_from_row(

@@ -68,14 +68,14 @@ from bindery.reference_rm.placement import (
 )
 from bindery.reference_rm.preemption import (
     ACTIVE_PLAN_STATES,
+    NEW_PLAN_COLUMNS,
     Chooser,
     Plan,
     as_of,
     held_by_node,
-    hold_column,
+    new_plan_row,
     plan_from_row,
     victim_uids,
-    victims_column,
     without_held,
 )
 from bindery.reference_rm.writerlock import WriterLock
@@ -1193,20 +1193,9 @@ class ReservationStore:
                 self._db.execute("COMMIT")
                 return None
             row = self._db.execute(
-                "INSERT INTO preemption_plans (id, pod_uid, node, victims, hold, lease_seconds, state, "
-                f"created_at, expires_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'proposed', ?, ?, ?) "
+                f"INSERT INTO preemption_plans ({NEW_PLAN_COLUMNS}) VALUES ({', '.join(['?'] * 10)}) "
                 f"RETURNING {PLAN_COLUMNS}",
-                (
-                    f"pln-{uuid.uuid4().hex}",
-                    pod_uid,
-                    proposal.node,
-                    victims_column(proposal.victims, proposal.violations),
-                    hold_column(proposal.hold),
-                    lease_seconds,
-                    now,
-                    now + lease_seconds,
-                    now,
-                ),
+                new_plan_row(pod_uid, proposal, lease_seconds=lease_seconds, now=now),
             ).fetchone()
             self._db.execute("COMMIT")
         except BaseException:
