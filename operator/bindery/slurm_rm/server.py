@@ -591,7 +591,7 @@ class SlurmRM:
                     resources=body.canonical_resources(),
                     ttl=body.ttl_seconds,
                     created=now,
-                    hold_until=now + max(self.hold_seconds, self.start_wait + self.teardown_wait) + 5,
+                    hold_until=self._unclaimed_hold(now),
                     cluster=body.cluster_id,
                 )
                 try:
@@ -613,6 +613,12 @@ class SlurmRM:
         await self._await_start([job_id])
         async with self._lock:
             return await self._settle(job_id, created=created)
+
+    def _unclaimed_hold(self, now: float) -> float:
+        """Until when a new placeholder nobody has claimed yet is kept: past the reserve's own wait
+        (start and teardown), so the sweeper never cancels a job its reserve is still waiting on,
+        and for ``hold_seconds`` when queueing."""
+        return now + max(self.hold_seconds, self.start_wait + self.teardown_wait) + 5
 
     async def _await_start(self, job_ids: Sequence[int]) -> None:
         """Until none of the jobs is PENDING any more, or ``start_wait`` has passed.
@@ -1182,6 +1188,7 @@ class SlurmRM:
             placed = queued
         nodes, topology = placed
         group_id = f"slurm-group-{uuid.uuid4().hex[:16]}"
+        group_fingerprint = fingerprint(body)
         by_node: dict[str, list[int]] = {}
         records = []
         for index, (member, node) in enumerate(zip(body.members, nodes, strict=True)):
@@ -1194,11 +1201,11 @@ class SlurmRM:
                     namespace=member.pod.namespace,
                     name=member.pod.name,
                     node=node.name,
-                    fingerprint=fingerprint(body),
+                    fingerprint=group_fingerprint,
                     resources=member.canonical_resources(),
                     ttl=body.ttl_seconds,
                     created=now,
-                    hold_until=now + max(self.hold_seconds, self.start_wait + self.teardown_wait) + 5,
+                    hold_until=self._unclaimed_hold(now),
                     group=group_id,
                     group_key=body.idempotency_key,
                     index=index,
