@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 import signal
+import socket
 import time
 from typing import Any
 
@@ -12,6 +13,11 @@ import httpx
 import pytest
 
 from bindery.devcluster.slurm import API, SlurmBed, SlurmNode
+
+NODES_FOR_PORTS = (
+    SlurmNode("slurm-0", cpus=2, memory_mib=1024),
+    SlurmNode("slurm-1", cpus=2, memory_mib=1024),
+)
 
 
 def _rest(bed: SlurmBed) -> httpx.Client:
@@ -104,3 +110,34 @@ def test_a_bed_in_a_deep_work_directory_starts_its_jobs(
         )
     finally:
         bed.stop()
+
+
+def test_a_bed_whose_ports_are_taken_at_start_starts_on_fresh_ports(
+    slurm_root: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """CI once gave slurmctld and slurm-0 the same port (two separate ``bind(0)`` calls): slurmctld
+    died on "Address already in use", slurmrestd's calls reached slurmd, and the bed waited 60 s
+    for idle nodes. Here another process listens on slurmctld's and slurm-1's chosen ports first."""
+    bed = SlurmBed(tmp_path_factory.mktemp("slurm"), NODES_FOR_PORTS, root=slurm_root)
+    ports = [bed.ctld_port, *bed.node_ports.values()]
+    assert len(set(ports)) == len(ports), ports
+    squatters = []
+    for port in (bed.ctld_port, bed.node_ports["slurm-1"]):
+        squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        squatters.append(squatter)
+    try:
+        bed.start(timeout=60)
+        try:
+            assert bed.ctld_port != ports[0]
+            assert bed.node_ports["slurm-1"] != ports[2]
+            with _rest(bed) as client:
+                job_id = _submit(client, "slurm-1", "fresh-ports")
+                _until(lambda: _job(client, job_id)["job_state"] == "RUNNING", 30, "job RUNNING")
+        finally:
+            bed.stop()
+    finally:
+        for squatter in squatters:
+            squatter.close()

@@ -38,6 +38,8 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bindery.devcluster.plane import free_ports
+
 # Everything slurmctld, slurmd, slurmrestd and the clients load that a Debian 12 base image lacks.
 PACKAGES = (
     "slurmctld",
@@ -169,10 +171,18 @@ class SlurmNode:
     gpus: int = 0  # GRES ``gpu``, counted only: no device files (see ``_write_config``)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+#: How many times ``SlurmBed.start`` picks fresh ports when a daemon finds its port taken.
+_LAUNCH_ATTEMPTS = 3
+
+
+_PORT_TAKEN = "Address already in use"
+
+
+def _tail(path: pathlib.Path, *, lines: int = 5) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
 
 
 class SlurmBed:
@@ -195,8 +205,7 @@ class SlurmBed:
         self.workdir = workdir
         self.nodes = tuple(nodes)
         self.partition = partition
-        self.ctld_port = _free_port()
-        self.node_ports = {node.name: _free_port() for node in self.nodes}
+        self._pick_ports()
         # The unix sockets live in a short directory of their own, not in ``workdir``: sun_path
         # holds 107 characters, and slurmstepd listens on <SlurmdSpoolDir>/<node>_<job>.<step>,
         # the batch step's id being 4294967291. Under pytest's tmp_path of a long test name
@@ -216,6 +225,17 @@ class SlurmBed:
                     f"({longest}: {len(str(longest))} > {_SUN_PATH_MAX} characters); use a shorter name"
                 )
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _pick_ports(self) -> None:
+        """Distinct ports for slurmctld and every slurmd, outside the ephemeral range.
+
+        Ports from separate ``bind(0)`` calls can repeat (the kernel hands a closed port out
+        again) and collide with outgoing connections: CI once gave slurmctld slurm-0's port, so
+        slurmctld died on "Address already in use" and the clients' calls reached slurmd.
+        """
+        ctld, *nodes = free_ports(1 + len(self.nodes))
+        self.ctld_port = ctld
+        self.node_ports = {node.name: port for node, port in zip(self.nodes, nodes, strict=True)}
 
     # --- environment -------------------------------------------------------------------
     @property
@@ -431,23 +451,49 @@ class SlurmBed:
         return proc is not None and proc.poll() is None
 
     def start(self, *, timeout: float = 60) -> None:
+        """Start every daemon; on fresh ports again if one found its port taken at start.
+
+        A port free when chosen can be taken before the daemon binds it (another bed, a client's
+        outgoing connection). That daemon exits at once, so the bed starts over on new ports, as
+        ``ControlPlane.start`` does for etcd and the apiserver.
+        """
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._write_config()
-        try:
-            self.start_munged()
-            self.start_slurmctld()
-            for node in self.nodes:
-                self.start_slurmd(node.name)
-            self.start_slurmrestd()
-            self.wait_idle(timeout=timeout)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, _LAUNCH_ATTEMPTS + 1):
+            self._write_config()
+            try:
+                self.start_munged()
+                self.start_slurmctld()
+                for node in self.nodes:
+                    self.start_slurmd(node.name)
+                self.start_slurmrestd()
+                self.wait_idle(timeout=timeout)
+                return
+            except BaseException:
+                taken = self._port_taken()
+                if taken and attempt < _LAUNCH_ATTEMPTS:
+                    self._end_daemons()
+                    self._pick_ports()
+                    continue
+                self.stop()
+                raise
+
+    def _port_taken(self) -> list[str]:
+        """The daemons that have exited because their port was in use."""
+        taken = []
+        for key, proc in self._procs.items():
+            if proc.poll() is not None and _PORT_TAKEN in _tail(self.workdir / "log" / f"{key}.out"):
+                taken.append(key)
+        return taken
 
     def wait_idle(self, *, timeout: float = 60) -> None:
         """Until slurmctld answers and reports every node idle (or allocated: jobs survive restarts)."""
 
         def ready() -> bool:
+            if "slurmctld" in self._procs and not self.running("slurmctld"):
+                raise RuntimeError(
+                    "slurmctld exited while the bed waited for its nodes: "
+                    + _tail(self.workdir / "log" / "slurmctld.out")
+                )
             try:
                 out = self.run_client("sinfo", "--noheader", "-N", "-o", "%N %t", timeout=10)
             except (RuntimeError, subprocess.TimeoutExpired):
@@ -479,9 +525,12 @@ class SlurmBed:
                 self._wait(lambda: not self.squeue(), 20, "jobs to end")
             except (RuntimeError, TimeoutError, subprocess.TimeoutExpired):
                 pass
+        self._end_daemons()
+        shutil.rmtree(self.rundir, ignore_errors=True)
+
+    def _end_daemons(self) -> None:
         for key in reversed(list(self._procs)):
             self.kill(key, signal.SIGTERM)
-        shutil.rmtree(self.rundir, ignore_errors=True)
 
     @staticmethod
     def _wait(check: Any, timeout: float, what: str) -> None:
