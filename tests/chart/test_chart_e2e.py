@@ -32,7 +32,7 @@ from kubernetes_asyncio import client
 
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.pki import CertificateAuthority
-from bindery.devcluster.plane import ControlPlane, free_port
+from bindery.devcluster.plane import ControlPlane, free_port, free_ports
 from tests.chart import charttools as ct
 
 pytestmark = pytest.mark.controlplane
@@ -167,7 +167,7 @@ async def test_operator_schedules_a_pod_under_the_charts_rbac(
 ) -> None:
     tag = uuid.uuid4().hex[:6]
     release, scheduler, pool = f"e2e-{tag}", f"chart-e2e-{tag}", f"pool-{tag}"
-    rm_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    rm_port, health_port, metrics_port = free_ports(3)
     full = f"{release}-bindery"
     ct.run(
         [
@@ -221,7 +221,7 @@ async def test_operator_trusts_the_rm_certificate_of_an_existing_tls_secret(
     through the installed ResourceManager's caSecretRef, trusts that Secret's `ca.crt`."""
     tag = uuid.uuid4().hex[:6]
     release, scheduler, pool = f"e2e-{tag}", f"chart-e2e-{tag}", f"pool-{tag}"
-    rm_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    rm_port, health_port, metrics_port = free_ports(3)
     full, secret_name = f"{release}-bindery", f"rm-cert-{tag}"
     ca = CertificateAuthority.create(common_name=f"issuer-{tag}")
     serving = ca.issue_server(hosts=["localhost"], ips=["127.0.0.1"])

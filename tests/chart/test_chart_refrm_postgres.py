@@ -27,7 +27,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from bindery.devcluster.nodes import create_node
-from bindery.devcluster.plane import ControlPlane, free_port
+from bindery.devcluster.plane import ControlPlane, free_ports
 from bindery.devcluster.postgres import PostgresServer
 from bindery.quantity import parse_quantity
 from tests.chart import charttools as ct
@@ -321,7 +321,7 @@ async def _run_two_replicas(
     # Nothing from this test's environment: no PGPASSWORD (the rendered password file logs in) and
     # no KUBECONFIG (the chart's ServiceAccount reads the Nodes).
     env = {k: v for k, v in os.environ.items() if k not in ("PGPASSWORD", "KUBECONFIG")}
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     argvs = [
         [
             str(BINDERY),

@@ -35,7 +35,7 @@ from packaging.utils import canonicalize_name
 
 from bindery.devcluster import binaries
 from bindery.devcluster.nodes import create_node
-from bindery.devcluster.plane import ControlPlane, free_port
+from bindery.devcluster.plane import ControlPlane, free_ports
 from tests.image.conftest import REPO, Image
 
 pytestmark = pytest.mark.image
@@ -245,7 +245,7 @@ async def test_the_images_processes_schedule_pods(
 ) -> None:
     tag = uuid.uuid4().hex[:6]
     release, scheduler, pool = f"img-{tag}", f"image-e2e-{tag}", f"pool-{tag}"
-    rm_port, health_port, metrics_port, debug_port = free_port(), free_port(), free_port(), free_port()
+    rm_port, health_port, metrics_port, debug_port = free_ports(4)
     full = f"{release}-bindery"
     helm = str(binaries.binary("helm"))
     subprocess.run(
