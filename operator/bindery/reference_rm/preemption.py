@@ -43,7 +43,8 @@ from bindery.podrules.model import LabelSelector
 from bindery.podrules.parse import label_selector
 from bindery.quantity import format_quantity, parse_quantity
 from bindery.reference_rm.accounting import BoundPod, ClusterPods
-from bindery.reference_rm.placement import InventoryNode, effective_usage, fits, static_failure
+from bindery.reference_rm.groups import MemberAsk, place_group
+from bindery.reference_rm.placement import InventoryNode, Policy, effective_usage, fits, static_failure
 from bindery.rm.models import PlanState
 
 __all__ = [
@@ -51,11 +52,15 @@ __all__ = [
     "Budget",
     "Candidate",
     "Chooser",
+    "GroupCandidate",
     "Plan",
+    "PlanMember",
     "Proposal",
     "as_of",
     "budget_from",
+    "choose_group_victims",
     "choose_victims",
+    "group_plan_key",
     "held_by_node",
     "hold_column",
     "plan_from_row",
@@ -266,6 +271,9 @@ class Plan:
     state: PlanState = PlanState.PROPOSED
     #: Per victim UID, the PodDisruptionBudgets its eviction would exceed (``violatedBudgets``).
     violations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: A group plan's members, each with its node and the room held for it there (a pod's plan
+    #: has none: ``hold`` on ``node`` is its room).
+    members: tuple[PlanMember, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -282,6 +290,7 @@ class Plan:
                     "pod": dict(zip(("namespace", "name"), victim.key.split("/", 1), strict=True))
                     | {"uid": victim.uid},
                     "frees": {name: format_quantity(amount) for name, amount in sorted(victim.usage.items())},
+                    **({"node": victim.node} if self.members else {}),
                     **(
                         {"violatedBudgets": list(self.violations[victim.uid])}
                         if victim.uid in self.violations
@@ -290,6 +299,11 @@ class Plan:
                 }
                 for victim in self.victims
             ],
+            **(
+                {"members": [{"podUid": member.pod_uid, "node": member.node} for member in self.members]}
+                if self.members
+                else {}
+            ),
             "leaseSeconds": self.lease_seconds,
             "state": self.state.value,
             "expiresAt": datetime.fromtimestamp(self.expires_at, UTC).isoformat().replace("+00:00", "Z"),
@@ -304,6 +318,8 @@ class Proposal:
     victims: tuple[BoundPod, ...]
     hold: Mapping[str, Decimal]
     violations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: A group's plan: each member, its node and its room there (``node`` is the first member's).
+    members: tuple[PlanMember, ...] = ()
 
 
 #: Called by a store's ``propose_plan`` inside its placement transaction with the capacity in use
@@ -342,8 +358,26 @@ def victims_column(victims: Iterable[BoundPod], violations: Mapping[str, tuple[s
     )
 
 
-def hold_column(hold: Mapping[str, Decimal]) -> str:
+def hold_column(hold: Mapping[str, Decimal], members: Sequence[PlanMember] = ()) -> str:
+    """The room a plan holds once confirmed: the preemptor's on the plan's node, or for a group's
+    plan each member's on its own node (``{"members": [...]}``, which no resource name can be)."""
+    if members:
+        return json.dumps(
+            {
+                "members": [
+                    {"podUid": member.pod_uid, "node": member.node, "hold": _quantities(member.hold)}
+                    for member in members
+                ]
+            }
+        )
     return json.dumps(_quantities(hold))
+
+
+def _members_of(hold: Mapping[str, Any]) -> tuple[PlanMember, ...]:
+    return tuple(
+        PlanMember(pod_uid=str(item["podUid"]), node=str(item["node"]), hold=_amounts(item["hold"]))
+        for item in hold.get("members") or ()
+    )
 
 
 #: The columns of a new plan's row, in the order of :func:`new_plan_row`'s values.
@@ -359,7 +393,7 @@ def new_plan_row(pod_uid: str, proposal: Proposal, *, lease_seconds: int, now: f
         pod_uid,
         proposal.node,
         victims_column(proposal.victims, proposal.violations),
-        hold_column(proposal.hold),
+        hold_column(proposal.hold, proposal.members),
         lease_seconds,
         PlanState.PROPOSED.value,
         now,
@@ -381,6 +415,8 @@ def plan_from_row(
 ) -> Plan:
     """A plan as a store row holds it (see :func:`victims_column`)."""
     stored = json.loads(victims)
+    held = json.loads(hold)
+    members = _members_of(held) if "members" in held else ()
     return Plan(
         plan_id=plan_id,
         node=node,
@@ -396,7 +432,8 @@ def plan_from_row(
             )
             for item in stored
         ),
-        hold=_amounts(json.loads(hold)),
+        hold={} if members else _amounts(held),
+        members=members,
         lease_seconds=int(lease_seconds),
         expires_at=float(expires_at),
         state=PlanState(state),
@@ -425,8 +462,14 @@ def held_by_node(
     ``plans`` are the live confirmed plans as (preemptor pod UID, node, hold column)."""
     held: dict[str, dict[str, Decimal]] = {}
     for pod_uid, node, hold in plans:
-        if pod_uid not in except_pods:
-            _plus(held.setdefault(node, {}), _amounts(json.loads(hold)))
+        if pod_uid in except_pods:
+            continue
+        parsed = json.loads(hold)
+        if "members" in parsed:  # a group's plan: each member's room on its own node
+            for member in _members_of(parsed):
+                _plus(held.setdefault(member.node, {}), member.hold)
+        else:
+            _plus(held.setdefault(node, {}), _amounts(parsed))
     return held
 
 
@@ -454,3 +497,102 @@ def without_held(
         else node
         for node in nodes
     ]
+
+
+# -- pod groups as preemptors (feature ``group-preemption``) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanMember:
+    """One member of a group's plan: the node it is meant for and the room held for it there."""
+
+    pod_uid: str
+    node: str
+    hold: Mapping[str, Decimal]
+
+
+def group_plan_key(namespace: str, name: str) -> str:
+    """The preemptor key a group's plan is stored and held under (``podUid`` in its answer): one
+    active plan per group, as per pod. A pod UID never contains ``/``, so the two never meet."""
+    return f"group/{namespace}/{name}"
+
+
+@dataclass(frozen=True)
+class GroupCandidate:
+    """Where a group fits once ``victims`` are gone: per member (in request order) its node."""
+
+    nodes: tuple[str, ...]
+    victims: tuple[BoundPod, ...]
+    violations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+
+def choose_group_victims(
+    *,
+    members: Sequence[MemberAsk],
+    topology_keys: Sequence[str],
+    nodes: Sequence[InventoryNode],
+    priority: int,
+    used_by_node: Mapping[str, Mapping[str, Decimal]],
+    pods: ClusterPods,
+    policy: Policy,
+    spoken_for: frozenset[str] = frozenset(),
+    budgets: Sequence[Budget] = (),
+) -> GroupCandidate | None:
+    """The fewest lower-priority pods, on any nodes, whose eviction lets every member fit, or None.
+
+    kube-scheduler's reprieve, over the whole inventory instead of one node, since a group's members
+    land on several nodes: take away every candidate below ``priority`` (the lowest priority among
+    the members: a victim is below every one of them); if the group still does not fit
+    (:func:`bindery.reference_rm.groups.place_group`, topology included), no plan helps. Otherwise
+    give the candidates back one by one, those a PodDisruptionBudget protects first, then the others,
+    highest priority first in each, keeping each given back while the whole group still fits. What
+    is left are the victims; the members are placed as the group's reserve would place them with
+    the victims gone. Pod groups among the candidates are one candidate each, as for a pod's plan.
+    """
+    groups: dict[str, list[BoundPod]] = {}
+    used = {node: dict(bucket) for node, bucket in used_by_node.items()}
+    units: list[tuple[BoundPod, ...]] = []
+    for node in nodes:
+        entry = pods.nodes.get(node.name)
+        if entry is None:
+            continue
+        units += _units(
+            entry.members, node=node.name, priority=priority, spoken_for=spoken_for, pods=pods, groups=groups
+        )
+    if not units:
+        return None
+
+    def place() -> tuple[str, ...] | None:
+        return place_group(
+            group="preemptor",
+            members=members,
+            topology_keys=topology_keys,
+            nodes=nodes,
+            usage_by_node=used,
+            policy=policy,
+        ).nodes
+
+    def take(unit: tuple[BoundPod, ...], sign: int) -> None:
+        for pod in unit:
+            _plus(used.setdefault(pod.node, {}), pod.usage, sign)
+
+    for unit in units:
+        take(unit, -1)
+    if place() is None:
+        return None
+    highest_first = sorted(units, key=lambda unit: (-max(m.priority for m in unit), unit[0].uid))
+    protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
+    victims: list[BoundPod] = []
+    for unit in [u for u in highest_first if any(p.uid in protected for p in u)] + [
+        u for u in highest_first if not any(p.uid in protected for p in u)
+    ]:
+        take(unit, 1)
+        if place() is None:
+            take(unit, -1)
+            victims.extend(unit)
+    placed = place()
+    if not victims or placed is None:
+        return None  # the group fits as things are (room freed meanwhile): no plan
+    victims.sort(key=lambda pod: (pod.priority, pod.uid))
+    chosen = _violations(victims[::-1], budgets) if protected else {}
+    return GroupCandidate(nodes=placed, victims=tuple(victims), violations=chosen)
