@@ -525,6 +525,12 @@ class GroupCandidate:
     victims: tuple[BoundPod, ...]
     violations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
+    def rank(self) -> tuple[int, int, int, int]:
+        """As :meth:`Candidate.rank`: fewest protected victims, fewest victims, the lowest highest
+        priority, the lowest sum."""
+        priorities = [victim.priority for victim in self.victims]
+        return (len(self.violations), len(priorities), max(priorities), sum(priorities))
+
 
 def choose_group_victims(
     *,
@@ -547,7 +553,9 @@ def choose_group_victims(
     give the candidates back one by one, those a PodDisruptionBudget protects first, then the others,
     highest priority first in each, keeping each given back while the whole group still fits. What
     is left are the victims; the members are placed as the group's reserve would place them with
-    the victims gone. Pod groups among the candidates are one candidate each, as for a pod's plan.
+    the victims gone. Pod groups among the candidates are one candidate each, as for a pod's plan;
+    so the reprieve is also run giving the largest candidates back first, and the better of the two
+    sets (ranked as a pod's candidate nodes are: fewest protected, then fewest victims) is the plan.
     """
     groups: dict[str, list[BoundPod]] = {}
     used = {node: dict(bucket) for node, bucket in used_by_node.items()}
@@ -582,17 +590,33 @@ def choose_group_victims(
         return None
     highest_first = sorted(units, key=lambda unit: (-max(m.priority for m in unit), unit[0].uid))
     protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
-    victims: list[BoundPod] = []
-    for unit in [u for u in highest_first if any(p.uid in protected for p in u)] + [
-        u for u in highest_first if not any(p.uid in protected for p in u)
-    ]:
-        take(unit, 1)
-        if place() is None:
+
+    def reprieve(order: Sequence[tuple[BoundPod, ...]]) -> GroupCandidate | None:
+        """Give ``order``'s units back while the group fits (``used`` is as it was after)."""
+        victims: list[BoundPod] = []
+        kept: list[tuple[BoundPod, ...]] = []
+        for unit in [u for u in order if any(p.uid in protected for p in u)] + [
+            u for u in order if not any(p.uid in protected for p in u)
+        ]:
+            take(unit, 1)
+            if place() is None:
+                take(unit, -1)
+                victims.extend(unit)
+            else:
+                kept.append(unit)
+        placed = place()
+        for unit in kept:
             take(unit, -1)
-            victims.extend(unit)
-    placed = place()
-    if not victims or placed is None:
-        return None  # the group fits as things are (room freed meanwhile): no plan
-    victims.sort(key=lambda pod: (pod.priority, pod.uid))
-    chosen = _violations(victims[::-1], budgets) if protected else {}
-    return GroupCandidate(nodes=placed, victims=tuple(victims), violations=chosen)
+        if not victims or placed is None:
+            return None  # the group fits as things are (room freed meanwhile): no plan
+        victims.sort(key=lambda pod: (pod.priority, pod.uid))
+        chosen = _violations(victims[::-1], budgets) if protected else {}
+        return GroupCandidate(nodes=placed, victims=tuple(victims), violations=chosen)
+
+    # Upstream's order (highest priority given back first), and the largest units first, which
+    # keeps a gang whole where one smaller victim elsewhere does: the better by a pod's plan's rank.
+    found = [
+        reprieve(highest_first),
+        reprieve(sorted(highest_first, key=lambda unit: -len(unit))),
+    ]
+    return min((c for c in found if c is not None), key=GroupCandidate.rank, default=None)
