@@ -329,3 +329,23 @@ async def test_an_rm_without_group_preemption_never_sees_the_groups_preemption_p
         with pytest.raises(RMUnschedulable) as refused:
             await client.reserve_group(_http_group("big", 3))
         assert refused.value.plan is None
+
+
+async def test_the_conformance_check_passes_the_reference_rm_and_fails_one_that_gives_the_room_away(
+    rm: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kit's ``group-preemption`` check: the reference RM passes; with holds broken (no room
+    taken out of other reserves), the kit's intruder gets the room the group's plan holds."""
+    from bindery.conformance import CHECKS, ConformanceConfig
+    from bindery.conformance.kit import http_client, run_check
+    from bindery.reference_rm import store as store_module
+
+    check = next(c for c in CHECKS if c.name == "group-preemption")
+    config = ConformanceConfig(url=rm.url, token=TOKEN, resource="cpu", capacity=8)
+    async with http_client(config) as http:
+        passed = await run_check(check, config, http)
+        assert passed.passed, passed.error
+        monkeypatch.setattr(store_module, "without_held", lambda nodes, held: nodes)
+        failed = await run_check(check, config, http)
+    assert not failed.passed
+    assert "holds the freed room" in (failed.error or ""), failed.error
