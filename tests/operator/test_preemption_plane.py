@@ -690,6 +690,57 @@ async def test_a_gang_preemptor_gets_room_on_several_nodes_and_every_member_is_b
         return None if stray else [r.id for r in held]
 
     await eventually(no_leak, within=30, what="the RM holding only the bound pods' reservations")
+    member_uids = {pod.metadata.uid for pod in listed.items if pod.metadata.name in members}
+    for victim in set(placed) - set(left):  # kube-scheduler's event, naming a member and the victim's node
+        events = await events_of(pool.api, namespace=pool.namespace, pod_name=victim)
+        notes = [str(e.get("note")) for e in events if e.get("reason") == "Preempted"]
+        assert len(notes) == 1, events
+        by, _, node = notes[0].removeprefix("Preempted by pod ").partition(" on node ")
+        assert (by in member_uids, node) == (True, placed[victim]), notes
     for name in members:
+        pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
+        assert not pod["status"].get("nominatedNodeName"), pod["status"]
+
+
+async def test_a_gang_preemptor_whose_plan_needs_protected_victims_evicts_nothing_and_each_member_is_told(
+    pool: Pool,
+) -> None:
+    """The gang's refusal path is the pod's: both nodes hold two priority-50 pods a budget protects
+    (it allows no disruption), so the group's plan can only name protected victims. Nothing is
+    evicted, no pod is made a disruption target, and every member's FailedScheduling event names the
+    budget and says nothing was evicted for it."""
+    first, second = pool.nodes
+    layout = [(f"kept-{i}", node) for i, node in enumerate((first, first, second, second))]
+    for name, node in layout:
+        await pool.place(name, node, priority_class="mid", labels={"kept": "yes"})
+    await pool.budget("keep-mid", selector={"kept": "yes"}, min_available=4)
+    custom = client.CustomObjectsApi(pool.api)
+    await custom.create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("train", min_count=2)
+    )
+    members = [f"train-{i}" for i in range(2)]
+    for name in members:
+        await pool.create(
+            name, priority_class="high", labels={"gang": "train"}, schedulingGroup={"podGroupName": "train"}
+        )
+
+    async def told(name: str) -> list[str] | None:
+        events = await events_of(pool.api, namespace=pool.namespace, pod_name=name)
+        notes = [str(e.get("note")) for e in events if e.get("reason") == "FailedScheduling"]
+        return [n for n in notes if "keep-mid" in n and "nothing was evicted" in n] or None
+
+    for name in members:
+        await eventually(
+            functools.partial(told, name), within=60, what=f"member {name} told about the budget"
+        )
+    names = [name for name, _ in layout]
+    assert await pool.existing(names) == names
+    assert pool.preemptions("victim_evicted") == 0
+    assert pool.preemptions("confirmed") == 0
+    for name in names:
+        pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
+        assert not [c for c in pod["status"].get("conditions") or () if c["type"] == "DisruptionTarget"], pod
+    for name in members:
+        assert await pool.node_of(name) is None
         pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
         assert not pod["status"].get("nominatedNodeName"), pod["status"]
