@@ -71,6 +71,9 @@ __all__ = [
 
 #: How long a proposed plan waits for its confirm, and a confirmed one holds its room (seconds).
 DEFAULT_LEASE_SECONDS = 60
+#: A group's reprieve places the whole group once per candidate up to this many candidates (on the
+#: nodes its members would use); past it, each node is reprieved alone (see choose_group_victims).
+REPRIEVE_PLACEMENTS = 32
 
 
 def _plus(into: dict[str, Decimal], usage: Mapping[str, Decimal], sign: int = 1) -> None:
@@ -586,18 +589,41 @@ def choose_group_victims(
 
     for unit in units:
         take(unit, -1)
-    if place() is None:
+    first = place()
+    if first is None:
         return None
+    if len(units) > REPRIEVE_PLACEMENTS:
+        # Many candidates: those on nodes the first placement does not use go back in one step (one
+        # look at whether the group still fits), so the reprieve weighs only where members would go.
+        meant = set(first)
+        outside = [unit for unit in units if unit[0].node not in meant]
+        for unit in outside:
+            take(unit, 1)
+        if outside and place() is None:
+            for unit in outside:
+                take(unit, -1)
+        else:
+            units = [unit for unit in units if unit[0].node in meant]
     highest_first = sorted(units, key=lambda unit: (-max(m.priority for m in unit), unit[0].uid))
     protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
+
+    def reprieve_order(order: Sequence[tuple[BoundPod, ...]]) -> list[tuple[BoundPod, ...]]:
+        return [u for u in order if any(p.uid in protected for p in u)] + [
+            u for u in order if not any(p.uid in protected for p in u)
+        ]
+
+    def candidate(victims: list[BoundPod], placed: tuple[str, ...] | None) -> GroupCandidate | None:
+        if not victims or placed is None:
+            return None  # the group fits as things are (room freed meanwhile): no plan
+        victims.sort(key=lambda pod: (pod.priority, pod.uid))
+        chosen = _violations(victims[::-1], budgets) if protected else {}
+        return GroupCandidate(nodes=placed, victims=tuple(victims), violations=chosen)
 
     def reprieve(order: Sequence[tuple[BoundPod, ...]]) -> GroupCandidate | None:
         """Give ``order``'s units back while the group fits (``used`` is as it was after)."""
         victims: list[BoundPod] = []
         kept: list[tuple[BoundPod, ...]] = []
-        for unit in [u for u in order if any(p.uid in protected for p in u)] + [
-            u for u in order if not any(p.uid in protected for p in u)
-        ]:
+        for unit in reprieve_order(order):
             take(unit, 1)
             if place() is None:
                 take(unit, -1)
@@ -607,16 +633,35 @@ def choose_group_victims(
         placed = place()
         for unit in kept:
             take(unit, -1)
-        if not victims or placed is None:
-            return None  # the group fits as things are (room freed meanwhile): no plan
-        victims.sort(key=lambda pod: (pod.priority, pod.uid))
-        chosen = _violations(victims[::-1], budgets) if protected else {}
-        return GroupCandidate(nodes=placed, victims=tuple(victims), violations=chosen)
+        return candidate(victims, placed)
+
+    def per_node(order: Sequence[tuple[BoundPod, ...]]) -> GroupCandidate | None:
+        """The members where ``first`` put them; on each of those nodes, kube-scheduler's one-node
+        reprieve for their summed requests (a fit test per candidate, no placement)."""
+        by_name = {node.name: node for node in nodes}
+        needs: dict[str, dict[str, Decimal]] = {}
+        for ask, name in zip(members, first, strict=True):
+            _plus(needs.setdefault(name, {}), effective_usage(ask.requests, by_name[name]))
+        victims: list[BoundPod] = []
+        kept: list[tuple[BoundPod, ...]] = []
+        for unit in reprieve_order(order):
+            name = unit[0].node
+            take(unit, 1)
+            if fits(by_name[name], needs.get(name, {}), used.get(name, {})):
+                kept.append(unit)
+            else:
+                take(unit, -1)
+                victims.extend(unit)
+        for unit in kept:
+            take(unit, -1)
+        return candidate(victims, first)
 
     # Upstream's order (highest priority given back first), and the largest units first, which
     # keeps a gang whole where one smaller victim elsewhere does: the better by a pod's plan's rank.
-    found = [
-        reprieve(highest_first),
-        reprieve(sorted(highest_first, key=lambda unit: -len(unit))),
-    ]
+    # Each try places the whole group, so past REPRIEVE_PLACEMENTS candidates the members stay
+    # where the first placement put them and each node is reprieved alone (placing a group of 100
+    # on 500 nodes once per candidate took 42 s inside the store's placement lock).
+    orders = (highest_first, sorted(highest_first, key=lambda unit: -len(unit)))
+    reprieved = reprieve if len(units) <= REPRIEVE_PLACEMENTS else per_node
+    found = [reprieved(order) for order in orders]
     return min((c for c in found if c is not None), key=GroupCandidate.rank, default=None)
