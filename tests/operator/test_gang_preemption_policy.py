@@ -57,3 +57,31 @@ def test_a_group_asks_for_a_plan_unless_a_member_says_never_or_it_backs_off() ->
     now[0] += 3600.0  # the back-off is over
     assert placement._preemption_policy(INFO, MEMBERS) == "PreemptLowerPriority"
     assert _placement(None)._preemption_policy(INFO, MEMBERS) is None  # no preemption step: no field
+
+
+def test_each_member_is_nominated_on_the_node_its_room_is_held_on() -> None:
+    """kube-scheduler nominates a preemptor on the node it preempted on; a group's members are
+    nominated each on its own node of the plan, a pod on the plan's node."""
+    from bindery.rm.models import PreemptionPlan
+    from bindery.scheduling.preemption import Preemptor
+
+    victim = {"node": "b", "pod": {"namespace": "ml", "name": "low", "uid": "u"}, "frees": {"cpu": "2"}}
+    plan = PreemptionPlan.model_validate(
+        {
+            "planId": "pln-g",
+            "node": "a",
+            "podUid": "group/ml/train",
+            "leaseSeconds": 60,
+            "members": [{"podUid": "m0", "node": "a"}, {"podUid": "m1", "node": "b"}],
+            "victims": [victim],
+        }
+    )
+    group = Preemptor.of_group(namespace="ml", name="train", members=MEMBERS)
+    assert [(pod.name, node) for pod, node in Preemptions._nominations(group, plan)] == [
+        ("train-0", "a"),
+        ("train-1", "b"),
+    ]
+    single = plan.model_copy(update={"members": [], "pod_uid": "m0"})
+    assert [
+        (pod.name, node) for pod, node in Preemptions._nominations(Preemptor.of_pod(MEMBERS[0]), single)
+    ] == [("train-0", "a")]
