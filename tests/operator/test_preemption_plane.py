@@ -744,3 +744,34 @@ async def test_a_gang_preemptor_whose_plan_needs_protected_victims_evicts_nothin
         assert await pool.node_of(name) is None
         pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
         assert not pod["status"].get("nominatedNodeName"), pod["status"]
+
+
+async def test_a_gang_preemptor_evicts_a_gang_spread_over_nodes_whole(pool: Pool) -> None:
+    """Gangs are preempted as a whole, also across nodes: a priority-10 gang has a member on each
+    node, beside a priority-50 pod on each. A priority-100000 group of two 2-CPU members needs a
+    slot on each node: the whole low gang goes (both nodes), the priority-50 pods stay, and each
+    member is bound on its own node."""
+    first, second = pool.nodes
+    gang = {"schedulingGroup": {"podGroupName": "low-gang"}}
+    await pool.place("g0", first, priority_class="low", labels={}, **gang)
+    await pool.place("g1", second, priority_class="low", labels={}, **gang)
+    await pool.place("mid0", first, priority_class="mid", labels={})
+    await pool.place("mid1", second, priority_class="mid", labels={})
+    custom = client.CustomObjectsApi(pool.api)
+    await custom.create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("train", min_count=2)
+    )
+    members = [f"train-{i}" for i in range(2)]
+    for name in members:
+        await pool.create(
+            name, priority_class="high", labels={"gang": "train"}, schedulingGroup={"podGroupName": "train"}
+        )
+
+    async def all_bound() -> dict[str, str] | None:
+        nodes = {name: await pool.node_of(name) for name in members}
+        return {n: node for n, node in nodes.items() if node} if all(nodes.values()) else None
+
+    bound = await eventually(all_bound, within=60, what="both members of the gang preemptor bound")
+    assert sorted(bound.values()) == sorted([first, second]), bound
+    assert await pool.existing(["g0", "g1", "mid0", "mid1"]) == ["mid0", "mid1"]
+    assert pool.preemptions("victim_evicted") == 2

@@ -378,3 +378,19 @@ def test_with_many_candidates_each_node_is_reprieved_alone_and_no_node_is_overco
     for name in found.nodes:
         left.setdefault(name, {})["cpu"] = left.get(name, {}).get("cpu", Decimal(0)) + Decimal(2)
     assert all(bucket["cpu"] <= 8 for bucket in left.values()), left
+
+
+def test_a_gang_spread_over_nodes_is_one_candidate_of_a_groups_plan() -> None:
+    """Issue 21: gangs "are preempted as a whole". A priority-10 gang has one member on each node,
+    beside a priority-20 single pod on each. Two 2-CPU members need one slot per node: evicting the
+    gang (both members, across both nodes) or both singles frees it; the gang's lower priority wins,
+    and never one member of it alone. A pod's plan (one node) still never takes a spread gang."""
+    gang = [dataclasses.replace(_pod(f"g-{node}", node, priority=10), group="ns/gang") for node in "ab"]
+    pods = [*gang, _pod("s-a", "a", priority=20), _pod("s-b", "b", priority=20)]
+    found = _choose(pods, members=2)
+    assert found is not None
+    assert sorted(v.uid for v in found.victims) == ["g-a", "g-b"]
+    assert sorted(found.nodes) == ["a", "b"]
+    one = _choose(pods, members=1)  # one slot: one single pod, never half the gang
+    assert one is not None
+    assert [v.uid for v in one.victims] in (["s-a"], ["s-b"])

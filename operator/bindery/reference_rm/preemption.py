@@ -535,6 +535,40 @@ class GroupCandidate:
         return (len(self.violations), len(priorities), max(priorities), sum(priorities))
 
 
+def _group_units(
+    *, nodes: Sequence[InventoryNode], priority: int, spoken_for: frozenset[str], pods: ClusterPods
+) -> list[tuple[BoundPod, ...]]:
+    """The candidates for a group's plan: single pods below ``priority``, and whole pod groups whose
+    every bound member is below it, not spoken for and on a node of the inventory, wherever those
+    members are (a group's plan may evict on several nodes, so a gang spread over nodes is evicted
+    whole across them; a pod's plan, on one node, never takes such a gang)."""
+    inventory = {node.name for node in nodes}
+    groups: dict[str, list[BoundPod]] = {}
+    for bound in pods.nodes.values():
+        for member in bound.members:
+            if member.group is not None:
+                groups.setdefault(member.group, []).append(member)
+    units: list[tuple[BoundPod, ...]] = []
+    seen: set[str] = set()
+    for node in nodes:
+        entry = pods.nodes.get(node.name)
+        if entry is None:
+            continue
+        for pod in entry.members:
+            if pod.priority >= priority or pod.uid in spoken_for:
+                continue
+            if pod.group is None:
+                units.append((pod,))
+            elif pod.group not in seen:
+                seen.add(pod.group)
+                group = groups[pod.group]
+                if all(
+                    m.priority < priority and m.uid not in spoken_for and m.node in inventory for m in group
+                ):
+                    units.append(tuple(sorted(group, key=lambda m: (m.priority, m.uid))))
+    return units
+
+
 def choose_group_victims(
     *,
     members: Sequence[MemberAsk],
@@ -560,16 +594,8 @@ def choose_group_victims(
     so the reprieve is also run giving the largest candidates back first, and the better of the two
     sets (ranked as a pod's candidate nodes are: fewest protected, then fewest victims) is the plan.
     """
-    groups: dict[str, list[BoundPod]] = {}
     used = {node: dict(bucket) for node, bucket in used_by_node.items()}
-    units: list[tuple[BoundPod, ...]] = []
-    for node in nodes:
-        entry = pods.nodes.get(node.name)
-        if entry is None:
-            continue
-        units += _units(
-            entry.members, node=node.name, priority=priority, spoken_for=spoken_for, pods=pods, groups=groups
-        )
+    units = _group_units(nodes=nodes, priority=priority, spoken_for=spoken_for, pods=pods)
     if not units:
         return None
 
@@ -596,14 +622,14 @@ def choose_group_victims(
         # Many candidates: those on nodes the first placement does not use go back in one step (one
         # look at whether the group still fits), so the reprieve weighs only where members would go.
         meant = set(first)
-        outside = [unit for unit in units if unit[0].node not in meant]
+        outside = [unit for unit in units if not any(pod.node in meant for pod in unit)]
         for unit in outside:
             take(unit, 1)
         if outside and place() is None:
             for unit in outside:
                 take(unit, -1)
         else:
-            units = [unit for unit in units if unit[0].node in meant]
+            units = [unit for unit in units if any(pod.node in meant for pod in unit)]
     highest_first = sorted(units, key=lambda unit: (-max(m.priority for m in unit), unit[0].uid))
     protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
 
@@ -645,9 +671,8 @@ def choose_group_victims(
         victims: list[BoundPod] = []
         kept: list[tuple[BoundPod, ...]] = []
         for unit in reprieve_order(order):
-            name = unit[0].node
             take(unit, 1)
-            if fits(by_name[name], needs.get(name, {}), used.get(name, {})):
+            if all(fits(by_name[n], needs.get(n, {}), used.get(n, {})) for n in {pod.node for pod in unit}):
                 kept.append(unit)
             else:
                 take(unit, -1)
