@@ -27,7 +27,7 @@ from bindery.controller.queueview import QueueView
 from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
-from bindery.explain.facts import preemption_backoff
+from bindery.explain.facts import preemption_backoff, preemption_plan
 from tests.operator.conftest import (
     Bindery,
     create_pod,
@@ -644,3 +644,58 @@ async def test_a_plan_evicting_the_pod_a_required_affinity_needs_is_refused_and_
     anchor = await read_pod(pool.api, namespace=pool.namespace, name="anchor")
     assert not [c for c in anchor["status"].get("conditions") or () if c["type"] == "DisruptionTarget"]
     assert await pool.node_of("high") is None
+
+
+#: A finalizer the plan test puts on its victims so that they stay Terminating until it lifts it
+#: (this plane has no kubelet; a grace period would keep them forever).
+HOLD = "bindery.dev/test-hold"
+
+
+async def test_explain_shows_a_pending_plan_and_its_victim_while_the_victim_terminates(pool: Pool) -> None:
+    """Issue 21, item 5: while the victims terminate, the plan lives only in the operator's memory
+    and the RM's database; the queue view (what /debug/queue serves, what `bindery explain` reads)
+    shows its id, node, victims, what it waits for and its lease end."""
+    placed = await pool.fill()
+    core = client.CoreV1Api(pool.api)
+    for name in placed:
+        await core.patch_namespaced_pod(
+            name=name, namespace=pool.namespace, body={"metadata": {"finalizers": [HOLD]}}
+        )
+    assert pool.operator is not None
+    runtime = pool.operator.runtime
+    view = QueueView(
+        runners=lambda: runtime.runners, pods=runtime.pods, leading=lambda: True, served=lambda _: True
+    )
+    try:
+        await pool.create("high", priority_class="high")
+
+        async def waiting() -> dict[str, Any] | None:
+            status, served = view.pod(namespace=pool.namespace, name="high")
+            plan = served.get("preemption_plan") if status == 200 else None
+            terminating = plan is not None and any(v["state"] == "terminating" for v in plan["victims"])
+            return served if terminating else None
+
+        served = await eventually(waiting, within=60, what="the pending plan and its terminating victim")
+        plan = served["preemption_plan"]
+        (victim,) = plan["victims"]
+        namespace, _, name = victim["pod"].partition("/")
+        assert (namespace, placed[name]) == (pool.namespace, plan["node"]), (plan, placed)
+        body = await read_pod(pool.api, namespace=pool.namespace, name=name)
+        assert body["metadata"].get("deletionTimestamp"), body["metadata"]
+        assert plan["waits_for"] == "victims", plan
+        assert plan["lease_until"], plan
+        said = preemption_plan(served)
+        assert said is not None
+        assert f"plan {plan['id']} on node {plan['node']}" in said, said
+        assert f"{pool.namespace}/{name} (terminating)" in said, said
+        assert "waits for its victims to terminate" in said, said
+        assert await pool.node_of("high") is None  # the victim still holds its room
+    finally:
+        for name in await pool.existing(list(placed)):
+            with contextlib.suppress(client.ApiException):
+                await core.patch_namespaced_pod(
+                    name=name, namespace=pool.namespace, body={"metadata": {"finalizers": None}}
+                )
+    await eventually(lambda: pool.node_of("high"), within=60, what="the preemptor bound once its victim left")
+    status, served = view.pod(namespace=pool.namespace, name="high")
+    assert status == 404 or "preemption_plan" not in served, served
