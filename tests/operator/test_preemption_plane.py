@@ -699,3 +699,33 @@ async def test_explain_shows_a_pending_plan_and_its_victim_while_the_victim_term
     await eventually(lambda: pool.node_of("high"), within=60, what="the preemptor bound once its victim left")
     status, served = view.pod(namespace=pool.namespace, name="high")
     assert status == 404 or "preemption_plan" not in served, served
+
+
+async def test_a_spread_preemptor_evicts_the_two_low_pods_its_rule_needs_gone(pool: Pool) -> None:
+    """Kubernetes' e2e "PodTopologySpread Preemption", in small: node 0 holds a high-priority pod
+    (0.9 of the node), node 1 three low-priority ones (0.3 each). The medium pod (0.3, spread by
+    hostname with maxSkew 1 over the pods of the label) does not fit node 0 (whose only pod is of
+    higher priority), and its spread excludes node 1 until two low pods are gone; room alone needs
+    one. The RM chooses victims by room, so Bindery names the two pods the rule needs gone
+    (contract v1.2 ``rulePreemption``): two are evicted, the third stays, and medium is bound."""
+    first, second = pool.nodes
+    label = {"pts": ""}
+    await pool.place("high", first, priority_class="high", labels=label, cpu="3600m")
+    lows = [f"low-{i}" for i in range(3)]
+    for name in lows:
+        await pool.place(name, second, priority_class="low", labels=label, cpu="1200m")
+    spread = {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchExpressions": [{"key": "pts", "operator": "Exists"}]},
+    }
+    await pool.create(
+        "medium", priority_class="mid", labels=label, cpu="1200m", topologySpreadConstraints=[spread]
+    )
+    node = await eventually(lambda: pool.node_of("medium"), within=90, what="the spread preemptor bound")
+    assert node == second
+    left = await pool.existing(lows)
+    assert len(left) == 1, f"expected two low pods evicted for the spread, left: {left}"
+    assert await pool.node_of("high") == first
+    assert pool.preemptions("victim_evicted") == 2
