@@ -80,6 +80,8 @@ SLOW_TESTS = (
     # 15-20 s each (call): the operator (or the leader of two) as a process SIGKILLed mid-preemption,
     # or restarted on a pod nominated by the dead one
     "operator/test_preemption_crash.py",
+    # 14 s call, 18 s with setup: the operator as a process SIGKILLed mid gang preemption
+    "operator/test_gang_preemption_crash.py",
     # 11-15 s and 11-17 s (call; 30-42 s for both with the cluster plane): 100 pods in 10 Deployments
     # with hard spread or anti-affinity at maxInFlight 256, the operator SIGKILLed mid-burst in the
     # second; the full 1,000-pod run is a command (the module's docstring)

@@ -28,6 +28,7 @@ from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.explain.facts import preemption_backoff, preemption_plan
+from tests.gangs.scenarios import pod_group
 from tests.operator.conftest import (
     Bindery,
     create_pod,
@@ -644,6 +645,136 @@ async def test_a_plan_evicting_the_pod_a_required_affinity_needs_is_refused_and_
     anchor = await read_pod(pool.api, namespace=pool.namespace, name="anchor")
     assert not [c for c in anchor["status"].get("conditions") or () if c["type"] == "DisruptionTarget"]
     assert await pool.node_of("high") is None
+
+
+async def test_a_gang_preemptor_gets_room_on_several_nodes_and_every_member_is_bound(pool: Pool) -> None:
+    """Issue 21, item 4: a gang preemptor. Both nodes are full of priority-10 pods (two of 2 CPU
+    each); a priority-100000 pod group of three 2-CPU members needs 6 CPU, so victims on both nodes:
+    three of the four low pods, not all of them. Checked from outside: every member bound, only three
+    victims gone, no node holds more than its 4 CPU, and the RM holds no reservation beyond the
+    bound pods' (nothing leaked by the plan or the group's reserve)."""
+    placed = await pool.fill()
+    custom = client.CustomObjectsApi(pool.api)
+    await custom.create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("train", min_count=3)
+    )
+    members = [f"train-{i}" for i in range(3)]
+    for name in members:
+        await pool.create(
+            name, priority_class="high", labels={"gang": "train"}, schedulingGroup={"podGroupName": "train"}
+        )
+
+    async def all_bound() -> dict[str, str] | None:
+        nodes = {name: await pool.node_of(name) for name in members}
+        return {n: node for n, node in nodes.items() if node} if all(nodes.values()) else None
+
+    bound = await eventually(all_bound, within=90, what="every member of the gang preemptor bound")
+    assert len(set(bound.values())) == 2, f"three 2-CPU members need both nodes: {bound}"
+    left = await pool.existing(list(placed))
+    assert len(left) == 1, f"expected three victims evicted, {len(left)} low pods left: {left}"
+    listed = await client.CoreV1Api(pool.api).list_namespaced_pod(namespace=pool.namespace)
+    per_node: dict[str, int] = {}
+    for pod in listed.items:
+        if pod.spec.node_name and pod.metadata.deletion_timestamp is None:
+            per_node[pod.spec.node_name] = per_node.get(pod.spec.node_name, 0) + 2
+    assert all(cpu <= 4 for cpu in per_node.values()), per_node
+    uids = {pod.metadata.uid for pod in listed.items if pod.spec.node_name}
+
+    async def no_leak() -> list[str] | None:
+        held = await pool.rm.reservations()
+        stray = [
+            f"{r.pod_uid} {r.state.value}"
+            for r in held
+            if r.pod_uid not in uids or r.state.value != "committed"
+        ]
+        return None if stray else [r.id for r in held]
+
+    await eventually(no_leak, within=30, what="the RM holding only the bound pods' reservations")
+    member_uids = {pod.metadata.uid for pod in listed.items if pod.metadata.name in members}
+    for victim in set(placed) - set(left):  # kube-scheduler's event, naming a member and the victim's node
+        events = await events_of(pool.api, namespace=pool.namespace, pod_name=victim)
+        notes = [str(e.get("note")) for e in events if e.get("reason") == "Preempted"]
+        assert len(notes) == 1, events
+        by, _, node = notes[0].removeprefix("Preempted by pod ").partition(" on node ")
+        assert (by in member_uids, node) == (True, placed[victim]), notes
+    for name in members:
+        pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
+        assert not pod["status"].get("nominatedNodeName"), pod["status"]
+
+
+async def test_a_gang_preemptor_whose_plan_needs_protected_victims_evicts_nothing_and_each_member_is_told(
+    pool: Pool,
+) -> None:
+    """The gang's refusal path is the pod's: both nodes hold two priority-50 pods a budget protects
+    (it allows no disruption), so the group's plan can only name protected victims. Nothing is
+    evicted, no pod is made a disruption target, and every member's FailedScheduling event names the
+    budget and says nothing was evicted for it."""
+    first, second = pool.nodes
+    layout = [(f"kept-{i}", node) for i, node in enumerate((first, first, second, second))]
+    for name, node in layout:
+        await pool.place(name, node, priority_class="mid", labels={"kept": "yes"})
+    await pool.budget("keep-mid", selector={"kept": "yes"}, min_available=4)
+    custom = client.CustomObjectsApi(pool.api)
+    await custom.create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("train", min_count=2)
+    )
+    members = [f"train-{i}" for i in range(2)]
+    for name in members:
+        await pool.create(
+            name, priority_class="high", labels={"gang": "train"}, schedulingGroup={"podGroupName": "train"}
+        )
+
+    async def told(name: str) -> list[str] | None:
+        events = await events_of(pool.api, namespace=pool.namespace, pod_name=name)
+        notes = [str(e.get("note")) for e in events if e.get("reason") == "FailedScheduling"]
+        return [n for n in notes if "keep-mid" in n and "nothing was evicted" in n] or None
+
+    for name in members:
+        await eventually(
+            functools.partial(told, name), within=60, what=f"member {name} told about the budget"
+        )
+    names = [name for name, _ in layout]
+    assert await pool.existing(names) == names
+    assert pool.preemptions("victim_evicted") == 0
+    assert pool.preemptions("confirmed") == 0
+    for name in names:
+        pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
+        assert not [c for c in pod["status"].get("conditions") or () if c["type"] == "DisruptionTarget"], pod
+    for name in members:
+        assert await pool.node_of(name) is None
+        pod = await read_pod(pool.api, namespace=pool.namespace, name=name)
+        assert not pod["status"].get("nominatedNodeName"), pod["status"]
+
+
+async def test_a_gang_preemptor_evicts_a_gang_spread_over_nodes_whole(pool: Pool) -> None:
+    """Gangs are preempted as a whole, also across nodes: a priority-10 gang has a member on each
+    node, beside a priority-50 pod on each. A priority-100000 group of two 2-CPU members needs a
+    slot on each node: the whole low gang goes (both nodes), the priority-50 pods stay, and each
+    member is bound on its own node."""
+    first, second = pool.nodes
+    gang = {"schedulingGroup": {"podGroupName": "low-gang"}}
+    await pool.place("g0", first, priority_class="low", labels={}, **gang)
+    await pool.place("g1", second, priority_class="low", labels={}, **gang)
+    await pool.place("mid0", first, priority_class="mid", labels={})
+    await pool.place("mid1", second, priority_class="mid", labels={})
+    custom = client.CustomObjectsApi(pool.api)
+    await custom.create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("train", min_count=2)
+    )
+    members = [f"train-{i}" for i in range(2)]
+    for name in members:
+        await pool.create(
+            name, priority_class="high", labels={"gang": "train"}, schedulingGroup={"podGroupName": "train"}
+        )
+
+    async def all_bound() -> dict[str, str] | None:
+        nodes = {name: await pool.node_of(name) for name in members}
+        return {n: node for n, node in nodes.items() if node} if all(nodes.values()) else None
+
+    bound = await eventually(all_bound, within=60, what="both members of the gang preemptor bound")
+    assert sorted(bound.values()) == sorted([first, second]), bound
+    assert await pool.existing(["g0", "g1", "mid0", "mid1"]) == ["mid0", "mid1"]
+    assert pool.preemptions("victim_evicted") == 2
 
 
 #: A finalizer the plan test puts on its victims so that they stay Terminating until it lifts it

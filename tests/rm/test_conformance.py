@@ -433,6 +433,7 @@ async def test_a_v1_1_run_never_sends_cluster_id_and_the_v1_2_checks_fail_a_v1_1
         "cluster-id-validated",
         "node-preferences",
         "preemption",
+        "group-preemption",
         "revocation",
         "rule-preemption",
     }

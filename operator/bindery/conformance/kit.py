@@ -68,7 +68,7 @@ from bindery.conformance.harness import (
     instant,
     require,
 )
-from bindery.conformance.preemption import check_preemption
+from bindery.conformance.preemption import check_group_preemption, check_preemption
 from bindery.conformance.preferences import check_node_preferences
 from bindery.conformance.revocation import check_revocation
 from bindery.conformance.rulepreemption import check_rule_preemption
@@ -534,6 +534,7 @@ CHECKS: tuple[Check, ...] = (
     Check("cluster-id-validated", check_cluster_id_validated, since="1.2"),
     Check("node-preferences", check_node_preferences, since="1.2"),
     Check("preemption", check_preemption, since="1.2"),
+    Check("group-preemption", check_group_preemption, since="1.2"),
     Check("revocation", check_revocation, since="1.2"),
     Check("rule-preemption", check_rule_preemption, since="1.2"),
 )

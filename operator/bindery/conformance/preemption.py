@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from bindery.conformance.clusters import _info
+from bindery.conformance.groups import expect_group
 from bindery.conformance.harness import Harness, expect_problem, expect_reservation, expect_status, require
 from bindery.rm.errors import ProblemType
 
@@ -103,4 +104,93 @@ async def check_preemption(h: Harness) -> None:
         404,
         ProblemType.NOT_FOUND,
         "confirm an unknown plan",
+    )
+
+
+GROUP_PREEMPTION_FEATURE = "group-preemption"
+
+
+async def check_group_preemption(h: Harness) -> None:
+    """A full pool of priority-1 pods; a group of two priority-1000 members gets ONE plan for the
+    whole group (its key ``group/<namespace>/<name>``, each member with the node its room is held
+    on, each victim with its node); once confirmed and the victims gone, a single pod and another
+    group are refused the held room, and the group's reserve gets it (the plan is then used)."""
+    features = (await _info(h)).get("features") or []
+    if GROUP_PREEMPTION_FEATURE not in features:
+        return  # optional: an RM without it is never sent a group's preemptionPolicy
+    ours: dict[str, str] = {}  # reservation id -> pod uid
+    for i in range(h.config.capacity):
+        body = _with(h.request_body(), priority=_LOW, policy=None)
+        placed = expect_reservation(await h.reserve(body), 201, f"reserve low-priority slot {i + 1}")
+        expect_reservation(await h.commit(placed["id"]), 200, "commit")
+        ours[placed["id"]] = body["pod"]["uid"]
+    group = h.group_body(2)
+    for member in group["members"]:
+        member["pod"]["priority"] = _HIGH
+    never = expect_problem(
+        await h.reserve_group({**group, "preemptionPolicy": "Never"}),
+        409,
+        ProblemType.UNSCHEDULABLE,
+        "reserve a group with policy Never",
+    )
+    require(never.get("preemption") is None, "a group with preemptionPolicy Never got a preemption plan")
+    group["preemptionPolicy"] = "PreemptLowerPriority"
+    answer = expect_problem(
+        await h.reserve_group(group),
+        409,
+        ProblemType.UNSCHEDULABLE,
+        "reserve a high-priority group in a full pool",
+    )
+    plan = answer.get("preemption")
+    require(
+        isinstance(plan, dict), "no preemption plan for a priority-1000 group in a pool of priority-1 pods"
+    )
+    assert isinstance(plan, dict)
+    key = f"group/{group['group']['namespace']}/{group['group']['name']}"
+    require(plan.get("podUid") == key, f"a group's plan has podUid {plan.get('podUid')!r}, expected {key!r}")
+    members = plan.get("members") or []
+    asked = sorted(member["pod"]["uid"] for member in group["members"])
+    require(
+        sorted(str(m.get("podUid")) for m in members) == asked and all(m.get("node") for m in members),
+        f"a group's plan must name each member once with its node; got {members}",
+    )
+    victims = plan.get("victims") or []
+    require(
+        len(victims) >= 2, f"two members of one slot each need two victims; the plan names {len(victims)}"
+    )
+    for victim in victims:
+        require(
+            victim.get("reservationId") in ours and bool(victim.get("node")),
+            f"victim {victim} is not one of the priority-1 pods the kit placed, with its node",
+        )
+    again = expect_problem(
+        await h.reserve_group(group), 409, ProblemType.UNSCHEDULABLE, "reserve the group again"
+    )
+    require(
+        (again.get("preemption") or {}).get("planId") == plan["planId"],
+        "asked again while the plan is proposed, the RM must answer the same plan",
+    )
+    plan_path = f"/v1/preemptions/{plan['planId']}"
+    expect_status(await h.http.post(f"{plan_path}:confirm", json={}, headers=h.auth), 200, "confirm the plan")
+    for victim in victims:
+        expect_status(await h.release(victim["reservationId"]), 204, "release a victim's reservation")
+    intruder = _with(h.request_body(), priority=_HIGH * 10, policy=None)
+    expect_problem(
+        await h.reserve(intruder),
+        409,
+        ProblemType.UNSCHEDULABLE,
+        "a pod reserving while a confirmed group plan holds the freed room (it is the group's only)",
+    )
+    expect_problem(
+        await h.reserve_group(h.group_body(1)),
+        409,
+        ProblemType.UNSCHEDULABLE,
+        "another group reserving while a confirmed group plan holds the freed room",
+    )
+    expect_group(await h.reserve_group(group), 201, "the group reserves the held room", group)
+    expect_problem(
+        await h.http.post(f"{plan_path}:confirm", json={}, headers=h.auth),
+        409,
+        ProblemType.PLAN_NOT_ACTIVE,
+        "confirm a plan the group used",
     )

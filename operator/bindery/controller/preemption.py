@@ -58,7 +58,7 @@ from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim
 from bindery.scheduling.placementrules import broken_after_preemption
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import PlacedPods
-from bindery.scheduling.preemption import disruption_condition, pod_group, preempted_note, vet
+from bindery.scheduling.preemption import Preemptor, disruption_condition, pod_group, preempted_note, vet
 from bindery.typedefs import Logger
 
 __all__ = ["PendingPlan", "PlanClient", "Preemptions"]
@@ -155,9 +155,12 @@ class Preemptions:
         #: set by the attempts, which own the pod's reporting.
         self.report: Callable[[PodInfo, str], Awaitable[None]] | None = None
 
-    async def carry_out(self, pod: PodInfo, plan: PreemptionPlan) -> bool:
+    async def carry_out(self, pod: PodInfo | Preemptor, plan: PreemptionPlan) -> bool:
         """Vet, confirm, nominate, evict; True when every victim was evicted (or already gone), or
         when the plan is being carried out already.
+
+        ``pod`` is a pod, or a pod group's pending members (:class:`Preemptor`, feature
+        ``group-preemption``): the same steps, each member nominated on the node its room is held on.
 
         The pod is parked before its plan is carried out, so a release or node event can wake it
         meanwhile, and the RM answers its next reserve with the same plan: that cycle must not carry
@@ -169,11 +172,11 @@ class Preemptions:
             return True  # the RM answered the plan again while its victims terminate
         self._carrying.add(plan.plan_id)
         try:
-            return await self._carry_out(pod, plan)
+            return await self._carry_out(pod if isinstance(pod, Preemptor) else Preemptor.of_pod(pod), plan)
         finally:
             self._carrying.discard(plan.plan_id)
 
-    async def _carry_out(self, pod: PodInfo, plan: PreemptionPlan) -> bool:
+    async def _carry_out(self, pod: Preemptor, plan: PreemptionPlan) -> bool:
         self._count("proposed")
         try:
             current = {
@@ -200,13 +203,16 @@ class Preemptions:
             group_members=members,
         )
         if refusal is None and self._placed is not None:
-            refusal = broken_after_preemption(
-                pod,
-                self._placed,
-                node=plan.node,
-                victims=[v.pod.uid for v in plan.victims],
-                names=[f"{v.pod.namespace}/{v.pod.name}" for v in plan.victims],
-            )
+            for member, node in self._nominations(pod, plan):
+                refusal = broken_after_preemption(
+                    member,
+                    self._placed,
+                    node=node,
+                    victims=[v.pod.uid for v in plan.victims],
+                    names=[f"{v.pod.namespace}/{v.pod.name}" for v in plan.victims],
+                )
+                if refusal is not None:
+                    break
         if refusal is None:
             try:
                 # Only the victims still to evict: a gone one answers 404, a terminating one was
@@ -242,18 +248,17 @@ class Preemptions:
         if resumed.gone or resumed.terminating:
             done = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in (*resumed.gone, *resumed.terminating))
             self._logger.info(
-                f"taking up confirmed plan {plan.plan_id} for pod {pod.key} on node {plan.node}: "
+                f"taking up confirmed plan {plan.plan_id} for {pod.label} on node {plan.node}: "
                 f"{done} already evicted or terminating"
             )
         if evict:
-            victims = ", ".join(f"{v.pod.namespace}/{v.pod.name}" for v in evict)
-            self._logger.info(
-                f"preempting {victims} on node {plan.node} for pod {pod.key} (plan {plan.plan_id})"
-            )
+            victims = ", ".join(f"{v.pod.namespace}/{v.pod.name} on {plan.node_of(v)}" for v in evict)
+            self._logger.info(f"preempting {victims} for {pod.label} (plan {plan.plan_id})")
         try:
-            await self._nominate(pod, plan.node)
+            for member, node in self._nominations(pod, plan):
+                await self._nominate(member, node)
             for victim in evict:
-                if not await self._evict(pod, plan, victim.pod.namespace, victim.pod.name, victim.pod.uid):
+                if not await self._evict(pod, plan, victim):
                     await self._give_up(
                         pod,
                         plan,
@@ -330,6 +335,15 @@ class Preemptions:
             self._backoffs.popitem(last=False)
         return delay
 
+    @staticmethod
+    def _nominations(pod: Preemptor, plan: PreemptionPlan) -> list[tuple[PodInfo, str]]:
+        """Each pod and the node the plan holds its room on: the plan's node for a pod, each
+        member's own for a group (``status.nominatedNodeName``, as kube-scheduler sets it)."""
+        if not plan.members:
+            return [(member, plan.node) for member in pod.pods]
+        nodes = {member.pod_uid: member.node for member in plan.members}
+        return [(member, nodes[member.uid]) for member in pod.pods if member.uid in nodes]
+
     def _remember(self, plan_id: str) -> None:
         self._carried[plan_id] = None
         while len(self._carried) > REMEMBERED_PLANS:
@@ -373,7 +387,10 @@ class Preemptions:
                 what=f"checking the eviction of {namespace}/{name}",
             )
             if status == 429:
-                return f"evicting victim {namespace}/{name} on node {plan.node} is refused: {_why(payload)}"
+                return (
+                    f"evicting victim {namespace}/{name} on node {plan.node_of(victim)} is refused: "
+                    f"{_why(payload)}"
+                )
             if status >= 300 and status not in (404, 409):  # gone or recreated: the real eviction says
                 raise ApiError(
                     payload.decode(errors="replace")[:500],
@@ -383,25 +400,27 @@ class Preemptions:
         return None
 
     async def _give_up(
-        self, pod: PodInfo, plan: PreemptionPlan, why: str, *, nominated: bool, evicted: int = 0
+        self, pod: Preemptor, plan: PreemptionPlan, why: str, *, nominated: bool, evicted: int = 0
     ) -> None:
         """Cancel the plan (the room goes back) and clear the nomination; the pod waits for an event."""
         delay = self._back_off(pod.uid, why)
         self._pending.pop(pod.uid, None)
         self._logger.warning(
-            f"not preempting for pod {pod.key} (plan {plan.plan_id}): {why}; plan cancelled, no new plan "
+            f"not preempting for {pod.label} (plan {plan.plan_id}): {why}; plan cancelled, no new plan "
             f"for {delay:g} s"
         )
         if self.report is not None:
             done = f"{evicted} victim(s) already evicted for it" if evicted else "nothing was evicted for it"
-            try:
-                await self.report(
-                    pod,
-                    f"Preemption on node {plan.node} is not possible: {why}; {done}. Preemption is tried "
-                    f"again in {delay:g} s at the earliest.",
-                )
-            except Exception as error:  # reporting is best effort
-                self._logger.warning(f"could not tell pod {pod.key} why it preempts nothing: {error}")
+            where = f"on node {plan.node}" if not plan.members else f"for {pod.label}"
+            for member in pod.pods:
+                try:
+                    await self.report(
+                        member,
+                        f"Preemption {where} is not possible: {why}; {done}. Preemption is tried "
+                        f"again in {delay:g} s at the earliest.",
+                    )
+                except Exception as error:  # reporting is best effort
+                    self._logger.warning(f"could not tell pod {member.key} why it preempts nothing: {error}")
         self._carried.pop(plan.plan_id, None)
         self._count("cancelled")
         try:
@@ -409,10 +428,11 @@ class Preemptions:
         except RMError as error:  # the plan's lease ends it anyway
             self._logger.warning(f"cancelling preemption plan {plan.plan_id} failed: {error}")
         if nominated:
-            try:
-                await self._nominate(pod, None)
-            except ApiError as error:
-                self._logger.warning(f"clearing the nominated node of pod {pod.key} failed: {error}")
+            for member in pod.pods:
+                try:
+                    await self._nominate(member, None)
+                except ApiError as error:
+                    self._logger.warning(f"clearing the nominated node of pod {member.key} failed: {error}")
 
     async def clear_nomination(self, pod: PodInfo) -> None:
         """Clear ``status.nominatedNodeName`` that no plan stands behind any more, as kube-scheduler
@@ -437,8 +457,9 @@ class Preemptions:
             request_timeout=_TIMEOUT,
         )
 
-    async def _evict(self, pod: PodInfo, plan: PreemptionPlan, namespace: str, name: str, uid: str) -> bool:
+    async def _evict(self, pod: Preemptor, plan: PreemptionPlan, victim: PreemptionVictim) -> bool:
         """One victim; False when a PodDisruptionBudget refuses (429). Gone already counts as done."""
+        namespace, name, uid = victim.pod.namespace, victim.pod.name, victim.pod.uid
         now = datetime.datetime.now(datetime.UTC)
         condition = disruption_condition(now=now, scheduler_name=pod.scheduler_name)
         try:
@@ -489,12 +510,11 @@ class Preemptions:
                 payload.decode(errors="replace")[:500], status=status, what=f"evicting {namespace}/{name}"
             )
         self._count("victim_evicted")
-        await self._event(pod, plan, namespace=namespace, name=name, uid=uid)
+        node = plan.node_of(victim)
+        await self._event(pod.pod_on(plan, node), node, namespace=namespace, name=name, uid=uid)
         return True
 
-    async def _event(
-        self, pod: PodInfo, plan: PreemptionPlan, *, namespace: str, name: str, uid: str
-    ) -> None:
+    async def _event(self, pod: PodInfo, node: str, *, namespace: str, name: str, uid: str) -> None:
         victim = PodInfo(uid=uid, namespace=namespace, name=name, scheduler_name=pod.scheduler_name)
         body: dict[str, Any] = event_body(
             pod=victim,
@@ -504,7 +524,7 @@ class Preemptions:
             type_="Normal",
             reason="Preempted",
             action="Preempting",
-            note=preempted_note(preemptor=pod, node=plan.node),
+            note=preempted_note(preemptor=pod, node=node),
             now=datetime.datetime.now(datetime.UTC),
         )
         body["related"] = {

@@ -114,6 +114,16 @@ class ProfileRunner:
         self.reach_message: str | None = None
         #: the last probe failed because the RM refused the token (status reason TokenRefused)
         self.token_refused = False
+        #: One preemption step for pods and pod groups alike (plans, back-offs, carried-out plans).
+        preemptions = Preemptions(
+            api=api,
+            rm=self.rm,
+            logger=logger,
+            count=lambda outcome: self.metrics.preemptions.labels(
+                resource_manager=config.name, outcome=outcome
+            ).inc(),
+            placed=ports.placed,
+        )
         self.attempts = Attempts(
             profile=lambda: self.profile,
             queue=self.queue,
@@ -125,15 +135,7 @@ class ProfileRunner:
             on_released=on_released,
             on_released_departed=self._released_by_departure,
             on_dropped=on_dropped,
-            preemptions=Preemptions(
-                api=api,
-                rm=self.rm,
-                logger=logger,
-                count=lambda outcome: self.metrics.preemptions.labels(
-                    resource_manager=config.name, outcome=outcome
-                ).inc(),
-                placed=ports.placed,
-            ),
+            preemptions=preemptions,
         )
         self._ports = self.attempts.ports
         self._api = api
@@ -151,6 +153,7 @@ class ProfileRunner:
             metrics=self.metrics,
             on_released=on_released,
             on_outcome=self.attempts.follow_up,
+            preemptions=preemptions,
         )
 
         self._workers: list[asyncio.Task[None]] = []

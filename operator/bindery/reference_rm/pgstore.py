@@ -71,6 +71,7 @@ from bindery.reference_rm.preemption import (
     Chooser,
     Plan,
     as_of,
+    group_plan_key,
     new_plan_row,
     victim_uids,
 )
@@ -874,7 +875,10 @@ class PostgresReservationStore:
                 for member in request.members
             ]
             foreign = None if pods is None else self._foreign(conn, pods)
-            nodes = self._live_plans(conn, now).nodes(nodes, except_pods=frozenset())
+            # The rooms held for other preemptors are out of reach; the group's own plan's are its own.
+            own = group_plan_key(request.group.namespace, request.group.name)
+            live = self._live_plans(conn, now)
+            nodes = live.nodes(nodes, except_pods=frozenset({own}))
             decision = place_group(
                 group=f"{request.group.namespace}/{request.group.name}",
                 members=asks,
@@ -941,6 +945,8 @@ class PostgresReservationStore:
                         )
                     ],
                 )
+            if live.of(own):
+                self._use_plan(conn, now, own)  # the group's plan held this room: the group's now
             for node, usage in zip(decision.nodes, usages, strict=True):
                 self._count(node, usage, +1)
             group = self._get_group(conn, group_id)

@@ -43,7 +43,8 @@ from bindery.podrules.model import LabelSelector
 from bindery.podrules.parse import label_selector
 from bindery.quantity import format_quantity, parse_quantity
 from bindery.reference_rm.accounting import BoundPod, ClusterPods
-from bindery.reference_rm.placement import InventoryNode, effective_usage, fits, static_failure
+from bindery.reference_rm.groups import MemberAsk, place_group
+from bindery.reference_rm.placement import InventoryNode, Policy, effective_usage, fits, static_failure
 from bindery.rm.models import PlanState
 
 __all__ = [
@@ -51,11 +52,15 @@ __all__ = [
     "Budget",
     "Candidate",
     "Chooser",
+    "GroupCandidate",
     "Plan",
+    "PlanMember",
     "Proposal",
     "as_of",
     "budget_from",
+    "choose_group_victims",
     "choose_victims",
+    "group_plan_key",
     "held_by_node",
     "hold_column",
     "plan_from_row",
@@ -66,6 +71,9 @@ __all__ = [
 
 #: How long a proposed plan waits for its confirm, and a confirmed one holds its room (seconds).
 DEFAULT_LEASE_SECONDS = 60
+#: A group's reprieve places the whole group once per candidate up to this many candidates (on the
+#: nodes its members would use); past it, each node is reprieved alone (see choose_group_victims).
+REPRIEVE_PLACEMENTS = 32
 
 
 def _plus(into: dict[str, Decimal], usage: Mapping[str, Decimal], sign: int = 1) -> None:
@@ -335,6 +343,9 @@ class Plan:
     state: PlanState = PlanState.PROPOSED
     #: Per victim UID, the PodDisruptionBudgets its eviction would exceed (``violatedBudgets``).
     violations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: A group plan's members, each with its node and the room held for it there (a pod's plan
+    #: has none: ``hold`` on ``node`` is its room).
+    members: tuple[PlanMember, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -351,6 +362,7 @@ class Plan:
                     "pod": dict(zip(("namespace", "name"), victim.key.split("/", 1), strict=True))
                     | {"uid": victim.uid},
                     "frees": {name: format_quantity(amount) for name, amount in sorted(victim.usage.items())},
+                    **({"node": victim.node} if self.members else {}),
                     **(
                         {"violatedBudgets": list(self.violations[victim.uid])}
                         if victim.uid in self.violations
@@ -359,6 +371,11 @@ class Plan:
                 }
                 for victim in self.victims
             ],
+            **(
+                {"members": [{"podUid": member.pod_uid, "node": member.node} for member in self.members]}
+                if self.members
+                else {}
+            ),
             "leaseSeconds": self.lease_seconds,
             "state": self.state.value,
             "expiresAt": datetime.fromtimestamp(self.expires_at, UTC).isoformat().replace("+00:00", "Z"),
@@ -373,6 +390,8 @@ class Proposal:
     victims: tuple[BoundPod, ...]
     hold: Mapping[str, Decimal]
     violations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: A group's plan: each member, its node and its room there (``node`` is the first member's).
+    members: tuple[PlanMember, ...] = ()
 
 
 #: Called by a store's ``propose_plan`` inside its placement transaction with the capacity in use
@@ -411,8 +430,26 @@ def victims_column(victims: Iterable[BoundPod], violations: Mapping[str, tuple[s
     )
 
 
-def hold_column(hold: Mapping[str, Decimal]) -> str:
+def hold_column(hold: Mapping[str, Decimal], members: Sequence[PlanMember] = ()) -> str:
+    """The room a plan holds once confirmed: the preemptor's on the plan's node, or for a group's
+    plan each member's on its own node (``{"members": [...]}``, which no resource name can be)."""
+    if members:
+        return json.dumps(
+            {
+                "members": [
+                    {"podUid": member.pod_uid, "node": member.node, "hold": _quantities(member.hold)}
+                    for member in members
+                ]
+            }
+        )
     return json.dumps(_quantities(hold))
+
+
+def _members_of(hold: Mapping[str, Any]) -> tuple[PlanMember, ...]:
+    return tuple(
+        PlanMember(pod_uid=str(item["podUid"]), node=str(item["node"]), hold=_amounts(item["hold"]))
+        for item in hold.get("members") or ()
+    )
 
 
 #: The columns of a new plan's row, in the order of :func:`new_plan_row`'s values.
@@ -428,7 +465,7 @@ def new_plan_row(pod_uid: str, proposal: Proposal, *, lease_seconds: int, now: f
         pod_uid,
         proposal.node,
         victims_column(proposal.victims, proposal.violations),
-        hold_column(proposal.hold),
+        hold_column(proposal.hold, proposal.members),
         lease_seconds,
         PlanState.PROPOSED.value,
         now,
@@ -450,6 +487,8 @@ def plan_from_row(
 ) -> Plan:
     """A plan as a store row holds it (see :func:`victims_column`)."""
     stored = json.loads(victims)
+    held = json.loads(hold)
+    members = _members_of(held) if "members" in held else ()
     return Plan(
         plan_id=plan_id,
         node=node,
@@ -465,7 +504,8 @@ def plan_from_row(
             )
             for item in stored
         ),
-        hold=_amounts(json.loads(hold)),
+        hold={} if members else _amounts(held),
+        members=members,
         lease_seconds=int(lease_seconds),
         expires_at=float(expires_at),
         state=PlanState(state),
@@ -494,8 +534,14 @@ def held_by_node(
     ``plans`` are the live confirmed plans as (preemptor pod UID, node, hold column)."""
     held: dict[str, dict[str, Decimal]] = {}
     for pod_uid, node, hold in plans:
-        if pod_uid not in except_pods:
-            _plus(held.setdefault(node, {}), _amounts(json.loads(hold)))
+        if pod_uid in except_pods:
+            continue
+        parsed = json.loads(hold)
+        if "members" in parsed:  # a group's plan: each member's room on its own node
+            for member in _members_of(parsed):
+                _plus(held.setdefault(member.node, {}), member.hold)
+        else:
+            _plus(held.setdefault(node, {}), _amounts(parsed))
     return held
 
 
@@ -523,3 +569,193 @@ def without_held(
         else node
         for node in nodes
     ]
+
+
+# -- pod groups as preemptors (feature ``group-preemption``) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanMember:
+    """One member of a group's plan: the node it is meant for and the room held for it there."""
+
+    pod_uid: str
+    node: str
+    hold: Mapping[str, Decimal]
+
+
+def group_plan_key(namespace: str, name: str) -> str:
+    """The preemptor key a group's plan is stored and held under (``podUid`` in its answer): one
+    active plan per group, as per pod. A pod UID never contains ``/``, so the two never meet."""
+    return f"group/{namespace}/{name}"
+
+
+@dataclass(frozen=True)
+class GroupCandidate:
+    """Where a group fits once ``victims`` are gone: per member (in request order) its node."""
+
+    nodes: tuple[str, ...]
+    victims: tuple[BoundPod, ...]
+    violations: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def rank(self) -> tuple[int, int, int, int]:
+        """As :meth:`Candidate.rank`: fewest protected victims, fewest victims, the lowest highest
+        priority, the lowest sum."""
+        priorities = [victim.priority for victim in self.victims]
+        return (len(self.violations), len(priorities), max(priorities), sum(priorities))
+
+
+def _group_units(
+    *, nodes: Sequence[InventoryNode], priority: int, spoken_for: frozenset[str], pods: ClusterPods
+) -> list[tuple[BoundPod, ...]]:
+    """The candidates for a group's plan: single pods below ``priority``, and whole pod groups whose
+    every bound member is below it, not spoken for and on a node of the inventory, wherever those
+    members are (a group's plan may evict on several nodes, so a gang spread over nodes is evicted
+    whole across them; a pod's plan, on one node, never takes such a gang)."""
+    inventory = {node.name for node in nodes}
+    groups: dict[str, list[BoundPod]] = {}
+    for bound in pods.nodes.values():
+        for member in bound.members:
+            if member.group is not None:
+                groups.setdefault(member.group, []).append(member)
+    units: list[tuple[BoundPod, ...]] = []
+    seen: set[str] = set()
+    for node in nodes:
+        entry = pods.nodes.get(node.name)
+        if entry is None:
+            continue
+        for pod in entry.members:
+            if pod.priority >= priority or pod.uid in spoken_for:
+                continue
+            if pod.group is None:
+                units.append((pod,))
+            elif pod.group not in seen:
+                seen.add(pod.group)
+                group = groups[pod.group]
+                if all(
+                    m.priority < priority and m.uid not in spoken_for and m.node in inventory for m in group
+                ):
+                    units.append(tuple(sorted(group, key=lambda m: (m.priority, m.uid))))
+    return units
+
+
+def choose_group_victims(
+    *,
+    members: Sequence[MemberAsk],
+    topology_keys: Sequence[str],
+    nodes: Sequence[InventoryNode],
+    priority: int,
+    used_by_node: Mapping[str, Mapping[str, Decimal]],
+    pods: ClusterPods,
+    policy: Policy,
+    spoken_for: frozenset[str] = frozenset(),
+    budgets: Sequence[Budget] = (),
+) -> GroupCandidate | None:
+    """The fewest lower-priority pods, on any nodes, whose eviction lets every member fit, or None.
+
+    kube-scheduler's reprieve, over the whole inventory instead of one node, since a group's members
+    land on several nodes: take away every candidate below ``priority`` (the lowest priority among
+    the members: a victim is below every one of them); if the group still does not fit
+    (:func:`bindery.reference_rm.groups.place_group`, topology included), no plan helps. Otherwise
+    give the candidates back one by one, those a PodDisruptionBudget protects first, then the others,
+    highest priority first in each, keeping each given back while the whole group still fits. What
+    is left are the victims; the members are placed as the group's reserve would place them with
+    the victims gone. Pod groups among the candidates are one candidate each, as for a pod's plan;
+    so the reprieve is also run giving the largest candidates back first, and the better of the two
+    sets (ranked as a pod's candidate nodes are: fewest protected, then fewest victims) is the plan.
+    """
+    used = {node: dict(bucket) for node, bucket in used_by_node.items()}
+    units = _group_units(nodes=nodes, priority=priority, spoken_for=spoken_for, pods=pods)
+    if not units:
+        return None
+
+    def place() -> tuple[str, ...] | None:
+        return place_group(
+            group="preemptor",
+            members=members,
+            topology_keys=topology_keys,
+            nodes=nodes,
+            usage_by_node=used,
+            policy=policy,
+        ).nodes
+
+    def take(unit: tuple[BoundPod, ...], sign: int) -> None:
+        for pod in unit:
+            _plus(used.setdefault(pod.node, {}), pod.usage, sign)
+
+    for unit in units:
+        take(unit, -1)
+    first = place()
+    if first is None:
+        return None
+    if len(units) > REPRIEVE_PLACEMENTS:
+        # Many candidates: those on nodes the first placement does not use go back in one step (one
+        # look at whether the group still fits), so the reprieve weighs only where members would go.
+        meant = set(first)
+        outside = [unit for unit in units if not any(pod.node in meant for pod in unit)]
+        for unit in outside:
+            take(unit, 1)
+        if outside and place() is None:
+            for unit in outside:
+                take(unit, -1)
+        else:
+            units = [unit for unit in units if any(pod.node in meant for pod in unit)]
+    highest_first = sorted(units, key=lambda unit: (-max(m.priority for m in unit), unit[0].uid))
+    protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
+
+    def reprieve_order(order: Sequence[tuple[BoundPod, ...]]) -> list[tuple[BoundPod, ...]]:
+        return [u for u in order if any(p.uid in protected for p in u)] + [
+            u for u in order if not any(p.uid in protected for p in u)
+        ]
+
+    def candidate(victims: list[BoundPod], placed: tuple[str, ...] | None) -> GroupCandidate | None:
+        if not victims or placed is None:
+            return None  # the group fits as things are (room freed meanwhile): no plan
+        victims.sort(key=lambda pod: (pod.priority, pod.uid))
+        chosen = _violations(victims[::-1], budgets) if protected else {}
+        return GroupCandidate(nodes=placed, victims=tuple(victims), violations=chosen)
+
+    def reprieve(order: Sequence[tuple[BoundPod, ...]]) -> GroupCandidate | None:
+        """Give ``order``'s units back while the group fits (``used`` is as it was after)."""
+        victims: list[BoundPod] = []
+        kept: list[tuple[BoundPod, ...]] = []
+        for unit in reprieve_order(order):
+            take(unit, 1)
+            if place() is None:
+                take(unit, -1)
+                victims.extend(unit)
+            else:
+                kept.append(unit)
+        placed = place()
+        for unit in kept:
+            take(unit, -1)
+        return candidate(victims, placed)
+
+    def per_node(order: Sequence[tuple[BoundPod, ...]]) -> GroupCandidate | None:
+        """The members where ``first`` put them; on each of those nodes, kube-scheduler's one-node
+        reprieve for their summed requests (a fit test per candidate, no placement)."""
+        by_name = {node.name: node for node in nodes}
+        needs: dict[str, dict[str, Decimal]] = {}
+        for ask, name in zip(members, first, strict=True):
+            _plus(needs.setdefault(name, {}), effective_usage(ask.requests, by_name[name]))
+        victims: list[BoundPod] = []
+        kept: list[tuple[BoundPod, ...]] = []
+        for unit in reprieve_order(order):
+            take(unit, 1)
+            if all(fits(by_name[n], needs.get(n, {}), used.get(n, {})) for n in {pod.node for pod in unit}):
+                kept.append(unit)
+            else:
+                take(unit, -1)
+                victims.extend(unit)
+        for unit in kept:
+            take(unit, -1)
+        return candidate(victims, first)
+
+    # Upstream's order (highest priority given back first), and the largest units first, which
+    # keeps a gang whole where one smaller victim elsewhere does: the better by a pod's plan's rank.
+    # Each try places the whole group, so past REPRIEVE_PLACEMENTS candidates the members stay
+    # where the first placement put them and each node is reprieved alone (placing a group of 100
+    # on 500 nodes once per candidate took 42 s inside the store's placement lock).
+    orders = (highest_first, sorted(highest_first, key=lambda unit: -len(unit)))
+    reprieved = reprieve if len(units) <= REPRIEVE_PLACEMENTS else per_node
+    found = [reprieved(order) for order in orders]
+    return min((c for c in found if c is not None), key=GroupCandidate.rank, default=None)

@@ -43,14 +43,18 @@ from aiohttp import web
 
 from bindery import tracing
 from bindery.reference_rm.accounting import BoundPod, ClusterPods
+from bindery.reference_rm.groups import MemberAsk
 from bindery.reference_rm.placement import InventoryNode, Policy, effective_usage
 from bindery.reference_rm.preemption import (
     DEFAULT_LEASE_SECONDS,
     Budget,
     Plan,
+    PlanMember,
     Proposal,
+    choose_group_victims,
     choose_rule_victims,
     choose_victims,
+    group_plan_key,
 )
 from bindery.reference_rm.store import (
     DEFAULT_MAX_RELEASED_ROWS,
@@ -727,6 +731,8 @@ class ReferenceRM:
         features.append(Feature.TOLERATION_COMPARISONS)
         if self.preemption:
             features += [Feature.PREEMPTION, Feature.RULE_PREEMPTION]
+            if self.groups:
+                features.append(Feature.GROUP_PREEMPTION)
         features.append(Feature.REVOCATION)
         info = ContractInfo(contract_version=CONTRACT_VERSION, features=frozenset(f.value for f in features))
         return web.json_response(
@@ -1111,6 +1117,9 @@ class ReferenceRM:
         placed = [(("members", i, "placement"), m.placement) for i, m in enumerate(group_request.members)]
         if (refused := self._unknown_cluster(group_request.cluster_id, placements=placed)) is not None:
             return refused.response()
+        if group_request.preemption_policy is not None and not self.preemption:
+            errors = [{"location": "preemptionPolicy", "message": _EXTRA}]
+            return problem(400, ProblemType.INVALID_REQUEST, f"preemptionPolicy: {_EXTRA}", errors=errors)
         busy = self._back_pressure()
         if busy is not None:
             return busy
@@ -1148,6 +1157,15 @@ class ReferenceRM:
                 groupId=outcome.existing.id,
             )
         log.info("group %s unschedulable: %s", who, outcome.reason)
+        plan = await self._group_plan_for(group_request)
+        if plan is not None:
+            log.info(
+                "plan %s for group %s: evict %s; members on %s",
+                plan.plan_id,
+                who,
+                ", ".join(f"{victim.key} on {victim.node}" for victim in plan.victims),
+                ", ".join(member.node for member in plan.members),
+            )
         return problem(
             409,
             ProblemType.UNSCHEDULABLE,
@@ -1155,7 +1173,70 @@ class ReferenceRM:
             title="Unschedulable",
             reason=outcome.reason,
             retryAfterSeconds=outcome.retry_after,
+            **({"preemption": plan.to_json()} if plan is not None else {}),
         )
+
+    async def _group_plan_for(self, request: ReservationGroupRequest) -> Plan | None:
+        """One preemption plan for a whole group nothing fits (feature ``group-preemption``): the
+        group's plan still active, else a new one (victims on any nodes, below every member's
+        priority), else None. Stored and held as a pod's plan, under :func:`group_plan_key`."""
+        if request.preemption_policy != "PreemptLowerPriority" or self._inventory is None:
+            return None
+        key = group_plan_key(request.group.namespace, request.group.name)
+        if self._pods is None and (plan := await self._run(self._store.active_plan, key)) is not None:
+            return plan
+        pods = self._pods if self._pods is not None else await self._placed_pods()
+        inventory = self._inventory
+        asks = [
+            MemberAsk(
+                label=f"{member.pod.namespace}/{member.pod.name}",
+                requests=member.requested(),
+                node_selector=member.placement.node_selector,
+                affinity_terms=member.placement.affinity_terms(),
+                tolerations=member.placement.toleration_dicts(),
+            )
+            for member in request.members
+        ]
+        priority = min(member.pod.priority for member in request.members)
+        budgets, policy = self._budgets, self.policy
+
+        def choose(
+            used_by_node: Mapping[str, Mapping[str, Decimal]], spoken_for: frozenset[str]
+        ) -> Proposal | None:
+            used = {node: dict(bucket) for node, bucket in used_by_node.items()}
+            for name_of_node, entry in pods.nodes.items():  # the pods no reservation accounts for
+                bucket = used.setdefault(name_of_node, {})
+                for name, amount in entry.unclaimed.usage.items():
+                    bucket[name] = bucket.get(name, Decimal(0)) + amount
+            found = choose_group_victims(
+                members=asks,
+                topology_keys=[constraint.key for constraint in request.topology],
+                nodes=inventory,
+                priority=priority,
+                used_by_node=used,
+                pods=pods,
+                policy=policy,
+                spoken_for=spoken_for,
+                budgets=budgets,
+            )
+            if found is None:
+                return None
+            by_name = {node.name: node for node in inventory}
+            members = tuple(
+                PlanMember(
+                    pod_uid=member.pod.uid, node=node, hold=effective_usage(ask.requests, by_name[node])
+                )
+                for member, ask, node in zip(request.members, asks, found.nodes, strict=True)
+            )
+            return Proposal(
+                node=members[0].node,
+                victims=found.victims,
+                hold={},
+                violations=found.violations,
+                members=members,
+            )
+
+        return await self._run(self._store.propose_plan, key, choose, lease_seconds=self._plan_lease_seconds)
 
     async def _get_group(self, request: web.Request) -> web.Response:
         group = await self._run(self._store.get_group, request.match_info["id"])

@@ -73,6 +73,7 @@ from bindery.reference_rm.preemption import (
     Chooser,
     Plan,
     as_of,
+    group_plan_key,
     held_by_node,
     new_plan_row,
     plan_from_row,
@@ -1008,7 +1009,10 @@ class ReservationStore:
             for member in request.members
         ]
         foreign = None if pods is None else self._foreign(pods)
-        nodes = self._live_plans(self._clock()).nodes(nodes, except_pods=frozenset())
+        # The rooms held for other preemptors are out of reach; the group's own plan's are its own.
+        own = group_plan_key(request.group.namespace, request.group.name)
+        live = self._live_plans(self._clock())
+        nodes = live.nodes(nodes, except_pods=frozenset({own}))
         decision = place_group(
             group=f"{request.group.namespace}/{request.group.name}",
             members=asks,
@@ -1074,6 +1078,8 @@ class ReservationStore:
                     )
                 ],
             )
+            if live.of(own):
+                self._use_plan(own)  # the group's plan held this room: it is the group's now
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")

@@ -795,6 +795,11 @@ class ResourceManagerClient:
             members.append(member if same else member.model_copy(update={"placement": placement}))
         if any(new is not old for new, old in zip(members, request.members, strict=True)):
             request = request.model_copy(update={"members": members})
+        if request.preemption_policy is not None:
+            if (await self.contract_info()).offers(Feature.GROUP_PREEMPTION):
+                newer = True
+            else:  # an RM without group preemption never sees the field: no plan, as before
+                request = request.model_copy(update={"preemption_policy": None})
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         answer = await self._call("POST", "/v1/reservation-groups", json_body=body)
         if answer.status in (200, 201):

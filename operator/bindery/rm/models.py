@@ -136,6 +136,9 @@ class Feature(enum.StrEnum):
     #: v1.2: ``preemptionPolicy`` on reserve, a preemption plan on an Unschedulable answer, and
     #: ``POST /v1/preemptions/{planId}:confirm`` / ``:cancel``.
     PREEMPTION = "preemption"
+    #: v1.2: ``preemptionPolicy`` on a group reserve, one plan for the whole group (victims on
+    #: several nodes, ``members`` with their nodes) on its Unschedulable answer.
+    GROUP_PREEMPTION = "group-preemption"
     #: v1.2: state ``revoked`` (with ``revokedReason``, ``revokedAt``): the RM took a committed or
     #: reserved reservation back. Shown only to a request carrying ``Bindery-Features: revocation``
     #: (:data:`FEATURES_HEADER`); any other caller sees such a reservation as ``released``.
@@ -389,6 +392,11 @@ class ReservationGroupRequest(_Request):
     ttl_seconds: Integer = Field(ge=1, le=86_400)
     #: v1.2 (feature ``cluster-id``): the cluster asking, stored on every member.
     cluster_id: ClusterId | None = None
+    #: v1.2 (feature ``group-preemption``): ``PreemptLowerPriority`` asks for one preemption plan
+    #: for the whole group on an Unschedulable answer (victims below every member's
+    #: ``pod.priority``); ``Never`` or absent, no plan. A caller sends ``PreemptLowerPriority`` only
+    #: when no member has ``preemptionPolicy: Never``.
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] | None = None
 
     @model_validator(mode="after")
     def _members_are_one_group(self) -> ReservationGroupRequest:
@@ -422,7 +430,10 @@ class ReservationGroupRequest(_Request):
                 ]
             }
         )
-        return canonical.model_dump_json(by_alias=True, exclude=_absent_cluster(self.cluster_id))
+        # preemptionPolicy says what to answer when nothing fits, not what to reserve (as on reserve).
+        return canonical.model_dump_json(
+            by_alias=True, exclude={"preemption_policy", *(_absent_cluster(self.cluster_id) or ())}
+        )
 
 
 def _absent_cluster(cluster_id: str | None) -> set[str] | None:
@@ -567,6 +578,9 @@ class PreemptionVictim(_Response):
     #: last saw them; empty when none or when the RM knows no budgets. The Eviction API would answer
     #: 429, so a caller refuses such a plan before evicting anything.
     violated_budgets: list[str] = Field(default_factory=list)
+    #: The victim's node: always present in a group's plan (feature ``group-preemption``), whose
+    #: victims may be on several nodes; absent, it is the plan's ``node``.
+    node: str | None = None
 
 
 class PlanState(enum.StrEnum):
@@ -575,6 +589,13 @@ class PlanState(enum.StrEnum):
     USED = "used"  # the preemptor reserved: the hold became its reservation
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+
+
+class PlanMember(_Response):
+    """A member of a group's preemption plan and the node its room is held on."""
+
+    pod_uid: str
+    node: str
 
 
 class PreemptionPlan(_Response):
@@ -589,6 +610,13 @@ class PreemptionPlan(_Response):
     lease_seconds: Integer = Field(ge=1)
     state: PlanState = PlanState.PROPOSED
     expires_at: datetime | None = None
+    #: A group's plan (feature ``group-preemption``): each member and the node the room is held for
+    #: it on. Empty for a pod's plan. A group's plan's ``podUid`` is ``group/<namespace>/<name>``.
+    members: list[PlanMember] = Field(default_factory=list)
+
+    def node_of(self, victim: PreemptionVictim) -> str:
+        """The node a victim is evicted from."""
+        return victim.node or self.node
 
 
 class Problem(_Response):

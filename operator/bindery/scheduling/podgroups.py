@@ -37,7 +37,7 @@ import enum
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from bindery.rm.models import (
     GroupIdentity,
@@ -208,6 +208,7 @@ def group_request(
     ttl_seconds: int,
     attempt: int,
     node_terms: Sequence[Sequence[Mapping[str, Any]]] | None = None,
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] | None = None,
 ) -> ReservationGroupRequest:
     """The contract v1.1 request reserving every member of ``members`` or none.
 
@@ -233,6 +234,7 @@ def group_request(
         topology=[TopologyConstraint(key=key) for key in group.topology_keys],
         idempotency_key=idempotency_key(group=group, members=members, attempt=attempt),
         ttl_seconds=ttl_seconds,
+        preemption_policy=preemption_policy,
     )
 
 

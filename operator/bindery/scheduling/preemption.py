@@ -11,17 +11,62 @@ keep working. The I/O is :mod:`bindery.controller.preemption`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from bindery.rm.models import PreemptionPlan
 from bindery.scheduling.podspec import PodInfo
 
-__all__ = ["DISRUPTION_TARGET", "disruption_condition", "pod_group", "preempted_note", "vet"]
+__all__ = ["DISRUPTION_TARGET", "Preemptor", "disruption_condition", "pod_group", "preempted_note", "vet"]
 
 DISRUPTION_TARGET = "DisruptionTarget"
 REASON_PREEMPTED = "PreemptionByScheduler"
+
+
+@dataclasses.dataclass(frozen=True)
+class Preemptor:
+    """Whom a plan makes room for: one pod, or the pending members of a pod group (feature
+    ``group-preemption``). Both go through the same steps (vet, confirm, nominate, evict, back off);
+    a group is nominated member by member, each on the node its plan holds room on."""
+
+    #: The plan's ``podUid``: the pod's UID, or ``group/<namespace>/<name>`` for a group. Also the
+    #: key of the preemptor's back-off.
+    uid: str
+    pods: tuple[PodInfo, ...]
+    #: How messages name it: ``pod ns/name`` or ``pod group ns/name``.
+    label: str
+
+    @classmethod
+    def of_pod(cls, pod: PodInfo) -> Preemptor:
+        return cls(uid=pod.uid, pods=(pod,), label=f"pod {pod.key}")
+
+    @classmethod
+    def of_group(cls, *, namespace: str, name: str, members: Sequence[PodInfo]) -> Preemptor:
+        return cls(
+            uid=f"group/{namespace}/{name}", pods=tuple(members), label=f"pod group {namespace}/{name}"
+        )
+
+    @property
+    def priority(self) -> int:
+        """The lowest priority among its pods: a victim must be below every one of them."""
+        return min(pod.priority for pod in self.pods)
+
+    @property
+    def scheduler_name(self) -> str:
+        return self.pods[0].scheduler_name
+
+    def never(self) -> PodInfo | None:
+        """A pod with ``preemptionPolicy: Never``: then the preemptor preempts nothing."""
+        return next((pod for pod in self.pods if pod.preemption_policy == "Never"), None)
+
+    def pod_on(self, plan: PreemptionPlan, node: str) -> PodInfo:
+        """The pod the room on ``node`` is for (a group's first member meant for it)."""
+        if plan.members:
+            uid = next((member.pod_uid for member in plan.members if member.node == node), None)
+            return next((pod for pod in self.pods if pod.uid == uid), self.pods[0])
+        return self.pods[0]
 
 
 def pod_group(body: Mapping[str, Any]) -> str | None:
@@ -33,7 +78,7 @@ def pod_group(body: Mapping[str, Any]) -> str | None:
 def vet(
     plan: PreemptionPlan,
     *,
-    preemptor: PodInfo,
+    preemptor: PodInfo | Preemptor,
     victims: Mapping[str, Mapping[str, Any] | None],
     group_members: Mapping[str, Collection[str]] | None = None,
 ) -> str | None:
@@ -47,10 +92,13 @@ def vet(
     budgets) is refused whole: Bindery evicts through the Eviction API, which would refuse that
     victim, and evicting the others first would be evicting them for nothing.
     """
-    if preemptor.preemption_policy == "Never":
-        return f"pod {preemptor.key} has preemptionPolicy Never"
-    if plan.pod_uid != preemptor.uid:
-        return f"the plan is for pod uid {plan.pod_uid}, not {preemptor.key} (uid {preemptor.uid})"
+    who = preemptor if isinstance(preemptor, Preemptor) else Preemptor.of_pod(preemptor)
+    if (never := who.never()) is not None:
+        return f"pod {never.key} has preemptionPolicy Never"
+    if plan.pod_uid != who.uid:
+        return f"the plan is for pod uid {plan.pod_uid}, not {who.label} (uid {who.uid})"
+    if plan.members and {member.pod_uid for member in plan.members} != {pod.uid for pod in who.pods}:
+        return f"the plan holds room for other pods than the pending members of {who.label}"
     for victim in plan.victims:
         key = f"{victim.pod.namespace}/{victim.pod.name}"
         body = victims.get(key)
@@ -60,12 +108,13 @@ def vet(
         spec = body.get("spec") or {}
         if metadata.get("uid") != victim.pod.uid:
             return f"victim {key} was recreated (uid {metadata.get('uid')}, the plan names {victim.pod.uid})"
-        if spec.get("nodeName") != plan.node:
-            return f"victim {key} is not on node {plan.node} but on {spec.get('nodeName') or 'no node'}"
-        if int(spec.get("priority") or 0) >= preemptor.priority:
+        node = plan.node_of(victim)
+        if spec.get("nodeName") != node:
+            return f"victim {key} is not on node {node} but on {spec.get('nodeName') or 'no node'}"
+        if int(spec.get("priority") or 0) >= who.priority:
             return (
                 f"victim {key} has priority {int(spec.get('priority') or 0)}, not lower than "
-                f"{preemptor.key}'s {preemptor.priority}"
+                f"{who.label}'s {who.priority}"
             )
     planned = {victim.pod.uid for victim in plan.victims}
     for group, members in sorted((group_members or {}).items()):
@@ -81,8 +130,9 @@ def vet(
         if victim.violated_budgets:
             budgets = ", ".join(f"{victim.pod.namespace}/{name}" for name in victim.violated_budgets)
             plural = "s" if len(victim.violated_budgets) > 1 else ""
+            where = plan.node_of(victim)
             return (
-                f"evicting victim {victim.pod.namespace}/{victim.pod.name} on node {plan.node} would "
+                f"evicting victim {victim.pod.namespace}/{victim.pod.name} on node {where} would "
                 f"exceed PodDisruptionBudget{plural} {budgets}, and every node needs such a victim"
             )
     return None

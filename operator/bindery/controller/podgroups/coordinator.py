@@ -29,6 +29,7 @@ from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.placement import Placement
 from bindery.controller.podgroups.recovery import Recovery
 from bindery.controller.podgroups.reporting import READ_SECONDS, Reporter
+from bindery.controller.preemption import Preemptions
 from bindery.controller.rmstack import NotLeading, RMStack
 from bindery.controller.watches.bound import TERMINAL_PHASES
 from bindery.k8s import ApiClient, ApiError, NotFound, get, list_all, resources
@@ -85,6 +86,7 @@ class PodGroupCoordinator:
         metrics: Metrics,
         on_released: Callable[[], None],
         on_outcome: Callable[[PodInfo, CycleOutcome], None] = lambda pod, outcome: None,
+        preemptions: Preemptions | None = None,
     ) -> None:
         self._profile = profile
         self._ports = ports
@@ -103,6 +105,7 @@ class PodGroupCoordinator:
             backoff=self._next_backoff,
             on_released=on_released,
             on_outcome=on_outcome,
+            preemptions=preemptions,
         )
         self._recovery = Recovery(
             profile=profile,

@@ -27,10 +27,11 @@ import dataclasses
 import datetime
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.reporting import Reporter
+from bindery.controller.preemption import Preemptions
 from bindery.controller.rmstack import RMStack
 from bindery.rm.errors import RMError, RMGroupsUnsupported, RMUnschedulable
 from bindery.rm.models import Reservation, ReservationGroup
@@ -52,6 +53,7 @@ from bindery.scheduling.placementrules import PodPlacementRules, member_node_ter
 from bindery.scheduling.podgroups import PodGroupInfo, group_request, unsupported
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.points import run_bind, run_post_bind, run_pre_bind, run_unreserve
+from bindery.scheduling.preemption import Preemptor
 from bindery.scheduling.traced import traced
 from bindery.typedefs import Logger
 
@@ -62,6 +64,10 @@ if TYPE_CHECKING:
     from bindery.controller.podgroups.coordinator import GroupState
 
 __all__ = ["Member", "Placement"]
+
+#: While a group's plan is carried out, how soon its reserve is tried again (victims placed by
+#: another scheduler release no reservation, so no event may come).
+PLAN_POLL_SECONDS = 1.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,6 +95,7 @@ class Placement:
         backoff: Callable[[GroupState], float],
         on_released: Callable[[], None],
         on_outcome: Callable[[PodInfo, CycleOutcome], None],
+        preemptions: Preemptions | None = None,
     ) -> None:
         self._profile = profile
         self._ports = ports
@@ -100,6 +107,8 @@ class Placement:
         self._backoff = backoff
         self._on_released = on_released
         self._on_outcome = on_outcome
+        #: The runner's preemption step, the pods' own: a group preempts through it as a pod does.
+        self._preemptions = preemptions
 
     async def place(self, info: PodGroupInfo, group: GroupState, members: Sequence[PodInfo]) -> float | None:
         """Reserve `members` together, then bind them; returns when to look again (None: when
@@ -123,6 +132,7 @@ class Placement:
             ttl_seconds=profile.reservation_ttl_seconds,
             attempt=group.attempt,
             node_terms=node_terms,
+            preemption_policy=self._preemption_policy(info, members),
         )
         sent_at, sent_at_wall = profile.clock(), datetime.datetime.now(datetime.UTC)
         try:
@@ -144,7 +154,7 @@ class Placement:
             )
             await self._reporter.fail(info, members, message, reason=REASON_UNSCHEDULABLE, started=started)
             group.waits_for_capacity = True
-            return self._backoff(group)
+            return await self._preempt(info, group, members, error)
         except RMError as error:
             message = (
                 f'reserving pod group "{info.key}" ({len(members)} pods) at resource manager '
@@ -170,6 +180,40 @@ class Placement:
             f"({', '.join(f'{m.pod.name}→{m.reservation.node}' for m in pairs)}), group {reserved.id}"
         )
         return await self.bind_all(info, group, pairs, group_id=reserved.id, started=started)
+
+    def _preemption_policy(
+        self, info: PodGroupInfo, members: Sequence[PodInfo]
+    ) -> Literal["PreemptLowerPriority", "Never"] | None:
+        """What the group's reserve asks of preemption: a plan, unless a member says ``Never`` or the
+        group backs off after a failed plan (as a pod does); nothing without a preemption step."""
+        if self._preemptions is None:
+            return None
+        who = Preemptor.of_group(namespace=info.namespace, name=info.name, members=members)
+        if who.never() is not None or self._preemptions.paused(who.uid):
+            return "Never"
+        return "PreemptLowerPriority"
+
+    async def _preempt(
+        self, info: PodGroupInfo, group: GroupState, members: Sequence[PodInfo], error: RMUnschedulable
+    ) -> float:
+        """After "no room": carry out the plan the RM proposed for the whole group, through the same
+        step as a pod's plan; then look again soon (the victims' release wakes the group too, but
+        victims another scheduler placed release nothing). Without a plan, clear nominations no
+        plan stands behind, and wait as before (no sooner than the preemption back-off ends)."""
+        delay = self._backoff(group)
+        if self._preemptions is None:
+            return delay
+        who = Preemptor.of_group(namespace=info.namespace, name=info.name, members=members)
+        if error.plan is not None:
+            if await self._preemptions.carry_out(who, error.plan):
+                return min(delay, PLAN_POLL_SECONDS)
+        else:
+            for pod in members:
+                if pod.nominated_node:
+                    await self._preemptions.clear_nomination(pod)
+        if pause := self._preemptions.paused(who.uid):
+            return min(delay, pause)
+        return delay
 
     async def bind_all(
         self, info: PodGroupInfo, group: GroupState, pairs: Sequence[Member], *, group_id: str, started: float
@@ -235,6 +279,10 @@ class Placement:
         group.waiting_since = None
         if bound:
             group.failures = 0
+            if self._preemptions is not None:
+                self._preemptions.forget(
+                    Preemptor.of_group(namespace=info.namespace, name=info.name, members=()).uid
+                )
         if bound == len(contexts):
             self._logger.info(f"bound all {bound} members of pod group {info.key}")
             await self._reporter.set_condition(
