@@ -860,3 +860,27 @@ async def test_a_spread_preemptor_evicts_the_two_low_pods_its_rule_needs_gone(po
     assert len(left) == 1, f"expected two low pods evicted for the spread, left: {left}"
     assert await pool.node_of("high") == first
     assert pool.preemptions("victim_evicted") == 2
+
+
+async def test_an_anti_affinity_preemptor_excluded_from_every_node_evicts_the_pod_its_rule_forbids(
+    pool: Pool,
+) -> None:
+    """Each node holds one low-priority pod the preemptor's required anti-affinity (by hostname)
+    forbids, and room for it beside: its rule excludes every node, so it used to be refused before
+    any reserve. Now it names, per node, the one pod its rule needs gone; one is evicted, the other
+    stays, and it is bound where its victim was."""
+    first, second = pool.nodes
+    for name, node in (("x0", first), ("x1", second)):
+        await pool.place(name, node, priority_class="low", labels={"app": "x"}, cpu="1")
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "x"}}}
+    await pool.create(
+        "high",
+        priority_class="high",
+        cpu="1",
+        affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+    )
+    node = await eventually(lambda: pool.node_of("high"), within=90, what="the anti-affinity preemptor bound")
+    left = await pool.existing(["x0", "x1"])
+    assert len(left) == 1, left
+    assert await pool.node_of(left[0]) != node
+    assert pool.preemptions("victim_evicted") == 1

@@ -565,7 +565,20 @@ class PodPlacementRules:
             ctx.state[VERDICT] = verdict
             refusal = verdict.refusal()
             if refusal is not None:
-                return Status.unschedulable(refusal)
+                found = (
+                    rule_victims(pod, placed, verdict)
+                    if pod.preemption_policy != "Never" and _takes_rule_preemption(ctx)
+                    else {}
+                )
+                if not found:
+                    return Status.unschedulable(refusal)
+                # Every node is excluded, some only because of lower-priority pods: the reserve
+                # places nowhere (the RM never places on a listed node) and may only plan there.
+                ctx.state[RULE_PREEMPTION] = rule_preemption(found)
+                ctx.require_nodes(
+                    [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": sorted(found)}]}]
+                )
+                return Status.success()
             term = verdict.term()
             if term is not None:
                 ctx.require_nodes([term])
