@@ -134,6 +134,32 @@ def test_a_preemption_back_off_is_said_with_until_when_and_why() -> None:
     assert "Preemption:" not in render(plain)
 
 
+def test_a_pending_preemption_plan_is_said_with_its_victims_and_what_it_waits_for() -> None:
+    plan: dict[str, Any] = {
+        "id": "p-1",
+        "node": "a",
+        "victims": [{"pod": "ns/low-0", "state": "terminating"}],
+        "waits_for": "victims",
+        "lease_until": "2026-01-01T00:01:00+00:00",
+        "lease_seconds": 60.0,
+    }
+    served = {"pod": "ns/p", "uid": "u1", "leading": True, "queue": "unschedulable", "preemption_plan": plan}
+    answer = explain(pod=pod(), resource_manager="pool", events=[], reservations=[], queue=served)
+    assert answer.preemption_plan == (
+        "plan p-1 on node a, victims ns/low-0 (terminating); waits for its victims to terminate; the "
+        "RM holds the room until 2026-01-01T00:01:00+00:00 (in 60.0 s)"
+    )
+    assert "Preemption plan:   plan p-1 on node a" in render(answer)
+    plan.update(victims=[{"pod": "ns/low-0", "state": "gone"}], waits_for="reserve")
+    gone = explain(pod=pod(), resource_manager="pool", events=[], reservations=[], queue=served)
+    assert gone.preemption_plan is not None
+    assert "its victims are gone; waits for its next reserve" in gone.preemption_plan
+    del served["preemption_plan"]
+    plain = explain(pod=pod(), resource_manager="pool", events=[], reservations=[], queue=served)
+    assert plain.preemption_plan is None
+    assert "Preemption plan:" not in render(plain)
+
+
 def test_an_unreachable_operator_is_said_with_what_could_not_be_seen() -> None:
     answer = explain(
         pod=pod(),

@@ -27,7 +27,7 @@ from bindery.controller.queueview import QueueView
 from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
-from bindery.explain.facts import preemption_backoff
+from bindery.explain.facts import preemption_backoff, preemption_plan
 from tests.gangs.scenarios import pod_group
 from tests.operator.conftest import (
     Bindery,
@@ -775,3 +775,112 @@ async def test_a_gang_preemptor_evicts_a_gang_spread_over_nodes_whole(pool: Pool
     assert sorted(bound.values()) == sorted([first, second]), bound
     assert await pool.existing(["g0", "g1", "mid0", "mid1"]) == ["mid0", "mid1"]
     assert pool.preemptions("victim_evicted") == 2
+
+
+#: A finalizer the plan test puts on its victims so that they stay Terminating until it lifts it
+#: (this plane has no kubelet; a grace period would keep them forever).
+HOLD = "bindery.dev/test-hold"
+
+
+async def test_explain_shows_a_pending_plan_and_its_victim_while_the_victim_terminates(pool: Pool) -> None:
+    """Issue 21, item 5: while the victims terminate, the plan lives only in the operator's memory
+    and the RM's database; the queue view (what /debug/queue serves, what `bindery explain` reads)
+    shows its id, node, victims, what it waits for and its lease end."""
+    placed = await pool.fill()
+    core = client.CoreV1Api(pool.api)
+    for name in placed:
+        await core.patch_namespaced_pod(
+            name=name, namespace=pool.namespace, body={"metadata": {"finalizers": [HOLD]}}
+        )
+    assert pool.operator is not None
+    runtime = pool.operator.runtime
+    view = QueueView(
+        runners=lambda: runtime.runners, pods=runtime.pods, leading=lambda: True, served=lambda _: True
+    )
+    try:
+        await pool.create("high", priority_class="high")
+
+        async def waiting() -> dict[str, Any] | None:
+            status, served = view.pod(namespace=pool.namespace, name="high")
+            plan = served.get("preemption_plan") if status == 200 else None
+            terminating = plan is not None and any(v["state"] == "terminating" for v in plan["victims"])
+            return served if terminating else None
+
+        served = await eventually(waiting, within=60, what="the pending plan and its terminating victim")
+        plan = served["preemption_plan"]
+        (victim,) = plan["victims"]
+        namespace, _, name = victim["pod"].partition("/")
+        assert (namespace, placed[name]) == (pool.namespace, plan["node"]), (plan, placed)
+        body = await read_pod(pool.api, namespace=pool.namespace, name=name)
+        assert body["metadata"].get("deletionTimestamp"), body["metadata"]
+        assert plan["waits_for"] == "victims", plan
+        assert plan["lease_until"], plan
+        said = preemption_plan(served)
+        assert said is not None
+        assert f"plan {plan['id']} on node {plan['node']}" in said, said
+        assert f"{pool.namespace}/{name} (terminating)" in said, said
+        assert "waits for its victims to terminate" in said, said
+        assert await pool.node_of("high") is None  # the victim still holds its room
+    finally:
+        for name in await pool.existing(list(placed)):
+            with contextlib.suppress(client.ApiException):
+                await core.patch_namespaced_pod(
+                    name=name, namespace=pool.namespace, body={"metadata": {"finalizers": None}}
+                )
+    await eventually(lambda: pool.node_of("high"), within=60, what="the preemptor bound once its victim left")
+    status, served = view.pod(namespace=pool.namespace, name="high")
+    assert status == 404 or "preemption_plan" not in served, served
+
+
+async def test_a_spread_preemptor_evicts_the_two_low_pods_its_rule_needs_gone(pool: Pool) -> None:
+    """Kubernetes' e2e "PodTopologySpread Preemption", in small: node 0 holds a high-priority pod
+    (0.9 of the node), node 1 three low-priority ones (0.3 each). The medium pod (0.3, spread by
+    hostname with maxSkew 1 over the pods of the label) does not fit node 0 (whose only pod is of
+    higher priority), and its spread excludes node 1 until two low pods are gone; room alone needs
+    one. The RM chooses victims by room, so Bindery names the two pods the rule needs gone
+    (contract v1.2 ``rulePreemption``): two are evicted, the third stays, and medium is bound."""
+    first, second = pool.nodes
+    label = {"pts": ""}
+    await pool.place("high", first, priority_class="high", labels=label, cpu="3600m")
+    lows = [f"low-{i}" for i in range(3)]
+    for name in lows:
+        await pool.place(name, second, priority_class="low", labels=label, cpu="1200m")
+    spread = {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchExpressions": [{"key": "pts", "operator": "Exists"}]},
+    }
+    await pool.create(
+        "medium", priority_class="mid", labels=label, cpu="1200m", topologySpreadConstraints=[spread]
+    )
+    node = await eventually(lambda: pool.node_of("medium"), within=90, what="the spread preemptor bound")
+    assert node == second
+    left = await pool.existing(lows)
+    assert len(left) == 1, f"expected two low pods evicted for the spread, left: {left}"
+    assert await pool.node_of("high") == first
+    assert pool.preemptions("victim_evicted") == 2
+
+
+async def test_an_anti_affinity_preemptor_excluded_from_every_node_evicts_the_pod_its_rule_forbids(
+    pool: Pool,
+) -> None:
+    """Each node holds one low-priority pod the preemptor's required anti-affinity (by hostname)
+    forbids, and room for it beside: its rule excludes every node, so it used to be refused before
+    any reserve. Now it names, per node, the one pod its rule needs gone; one is evicted, the other
+    stays, and it is bound where its victim was."""
+    first, second = pool.nodes
+    for name, node in (("x0", first), ("x1", second)):
+        await pool.place(name, node, priority_class="low", labels={"app": "x"}, cpu="1")
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "x"}}}
+    await pool.create(
+        "high",
+        priority_class="high",
+        cpu="1",
+        affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}},
+    )
+    node = await eventually(lambda: pool.node_of("high"), within=90, what="the anti-affinity preemptor bound")
+    left = await pool.existing(["x0", "x1"])
+    assert len(left) == 1, left
+    assert await pool.node_of(left[0]) != node
+    assert pool.preemptions("victim_evicted") == 1

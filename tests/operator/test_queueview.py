@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from bindery.backoff import BackoffPolicy
+from bindery.controller.preemption import PendingPlan
 from bindery.controller.queueview import QueueView
 from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.podspec import PodInfo
@@ -18,8 +19,14 @@ class Runner:
     #: uid → (seconds left, why): preemptors backing off after a failed plan.
     backoffs: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
 
+    #: uid → the confirmed plan it waits on.
+    plans: dict[str, PendingPlan] = dataclasses.field(default_factory=dict)
+
     def preemption_backoff(self, uid: str) -> tuple[float, str] | None:
         return self.backoffs.get(uid)
+
+    def preemption_plan(self, uid: str) -> PendingPlan | None:
+        return self.plans.get(uid)
 
 
 class Pods(dict[str, PodInfo]):
@@ -125,3 +132,40 @@ def test_a_preemptor_backing_off_after_a_failed_plan_says_until_when_and_why() -
     }
     runner.backoffs.clear()  # it may preempt again: nothing said
     assert "preemption_backoff" not in view.pod(namespace=high.namespace, name="high")[1]
+
+
+def test_a_preemptor_waiting_on_its_plan_shows_the_plan_its_victims_and_the_lease_end() -> None:
+    """The confirmed plan lives only in the operator's memory and the RM's database."""
+    clock = FakeClock(start=100.0)
+    queue = SchedulingQueue(clock=clock, backoff=BackoffPolicy(initial=2.0, maximum=10.0))
+    high = pod("high")
+    plan = PendingPlan(
+        plan_id="p-1",
+        node="a",
+        victims=(("ns/low-0", "terminating"), ("ns/low-1", "gone")),
+        waits_for="victims",
+        lease_left=42.0,
+    )
+    runner = Runner(queue, plans={high.uid: plan})
+    view = QueueView(
+        runners=lambda: {"pool": runner},
+        pods=Pods({high.uid: high}),
+        leading=lambda: True,
+        served=lambda name: True,
+        wall_clock=lambda: 1_767_225_600.0,  # 2026-01-01T00:00:00Z
+    )
+    queue.add(high)
+    queue.pop_nowait()
+    queue.done(high.uid, outcome=Outcome.UNSCHEDULABLE, retry_after=2.0)
+    status, answer = view.pod(namespace=high.namespace, name="high")
+    assert status == 200
+    assert answer["preemption_plan"] == {
+        "id": "p-1",
+        "node": "a",
+        "victims": [{"pod": "ns/low-0", "state": "terminating"}, {"pod": "ns/low-1", "state": "gone"}],
+        "waits_for": "victims",
+        "lease_until": "2026-01-01T00:00:42+00:00",
+        "lease_seconds": 42.0,
+    }
+    runner.plans.clear()  # bound, cancelled or lapsed: nothing said
+    assert "preemption_plan" not in view.pod(namespace=high.namespace, name="high")[1]

@@ -435,6 +435,7 @@ async def test_a_v1_1_run_never_sends_cluster_id_and_the_v1_2_checks_fail_a_v1_1
         "preemption",
         "group-preemption",
         "revocation",
+        "rule-preemption",
     }
     async with http_client(config) as http:
         for check in checks_for("1.1"):

@@ -19,10 +19,10 @@ import pytest
 from bindery.reference_rm import RunningServer, serve_reference_rm
 from bindery.reference_rm.accounting import BoundPod, ClusterPods, bound_pod
 from bindery.reference_rm.placement import InventoryNode, Policy
-from bindery.reference_rm.preemption import Budget, budget_from, choose_victims
+from bindery.reference_rm.preemption import Budget, budget_from, choose_rule_victims, choose_victims
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMConflict, RMUnschedulable
-from bindery.rm.models import PlanState, PodIdentity, ReservationRequest
+from bindery.rm.models import Placement, PlanState, PodIdentity, ReservationRequest
 
 from .conftest import TOKEN
 
@@ -471,3 +471,100 @@ async def test_two_replicas_on_one_database_answer_each_others_plans_and_hold_th
             assert placed.node == plan.node
             with pytest.raises(RMConflict):  # used, as A reads it too
                 await on_a.confirm_preemption(plan.plan_id)
+
+
+def test_a_rule_plan_names_the_listed_pods_and_adds_pods_for_room_on_top() -> None:
+    """Contract v1.2.4 ``rulePreemption``: on node `b` the caller's rule needs `b-named` gone; room
+    needs 2 CPU more, which the lowest remaining pod (`b1`, not `b5`) frees. A node whose listed pod
+    is of the preemptor's priority gets no plan."""
+    nodes = [InventoryNode(name=name, allocatable={"cpu": Decimal(4)}) for name in ("a", "b")]
+    pods = [
+        _pod("b-named", "b", priority=20, cpu="1"),
+        _pod("b1", "b", priority=1, cpu="2"),
+        _pod("b5", "b", priority=5, cpu="1"),
+        _pod("a-same", "a", priority=100, cpu="1"),
+    ]
+    used = {node: {"cpu": sum((p.usage["cpu"] for p in pods if p.node == node), Decimal(0))} for node in "ab"}
+    found = choose_rule_victims(
+        nodes=nodes,
+        requests={"cpu": Decimal(3)},
+        priority=100,
+        tolerations=[],
+        required={"b": frozenset({"b-named"}), "a": frozenset({"a-same"})},
+        used_by_node=used,
+        pods=ClusterPods.of(pods),
+    )
+    assert found is not None
+    assert (found.node, sorted(v.uid for v in found.victims)) == ("b", ["b-named", "b1"])
+    spoken = choose_rule_victims(
+        nodes=nodes,
+        requests={"cpu": Decimal(1)},
+        priority=100,
+        tolerations=[],
+        required={"b": frozenset({"b-named"})},
+        used_by_node=used,
+        pods=ClusterPods.of(pods),
+        spoken_for=frozenset({"b-named"}),
+    )
+    assert spoken is None
+
+
+async def test_a_rule_preemption_node_is_never_placed_on_and_its_plan_names_the_listed_pod(
+    rm: RunningServer,
+) -> None:
+    """Over HTTP: the caller lists node `n1` with its low pod; `n1` has room, yet the preemptor is
+    not placed there (its rule accepts it only without that pod): the plan names the pod."""
+    from bindery.rm.models import RulePreemption, RuleVictim
+
+    client = _client(rm.url)
+    try:
+        low = await client.reserve(_request("low-r", priority=10, policy=None, cpu="1"))
+        await client.commit(low.id, pod_uid="low-r")
+        rm.rm.set_bound_pods(
+            ClusterPods.of([_pod("low-r", low.node, priority=10, cpu="1", reservation=low.id)])
+        )
+        only = {
+            "requiredNodeAffinity": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [low.node]}]}
+            ]
+        }
+        request = _request("high-r", priority=100, cpu="1").model_copy(
+            update={
+                "placement": Placement.model_validate(only),
+                "rule_preemption": [
+                    RulePreemption(
+                        node=low.node, victims=[RuleVictim(namespace="ns", name="pod-low-r", uid="low-r")]
+                    )
+                ],
+            }
+        )
+        with pytest.raises(RMUnschedulable) as raised:
+            await client.reserve(request)
+        plan = raised.value.plan
+        assert plan is not None
+        assert (plan.node, [v.pod.uid for v in plan.victims]) == (low.node, ["low-r"])
+        # Without the field the same request is placed on the room n1 has.
+        placed = await client.reserve(
+            request.model_copy(update={"rule_preemption": None, "idempotency_key": "other"})
+        )
+        assert placed.node == low.node
+    finally:
+        await client.aclose()
+
+
+async def test_the_rule_preemption_check_passes_the_reference_rm_and_fails_one_that_places_there(
+    rm: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bindery.conformance import CHECKS, ConformanceConfig
+    from bindery.conformance.kit import http_client, run_check
+    from bindery.reference_rm import store as store_module
+
+    check = next(c for c in CHECKS if c.name == "rule-preemption")
+    config = ConformanceConfig(url=rm.url, token=TOKEN, resource="cpu", capacity=8)
+    async with http_client(config) as http:
+        passed = await run_check(check, config, http)
+        assert passed.passed, passed.error
+        monkeypatch.setattr(store_module, "placeable", lambda nodes, request: nodes)
+        failed = await run_check(check, config, http)
+    assert not failed.passed
+    assert "must never be placed there" in (failed.error or ""), failed.error

@@ -71,6 +71,7 @@ from bindery.conformance.harness import (
 from bindery.conformance.preemption import check_group_preemption, check_preemption
 from bindery.conformance.preferences import check_node_preferences
 from bindery.conformance.revocation import check_revocation
+from bindery.conformance.rulepreemption import check_rule_preemption
 from bindery.rm.errors import ProblemType
 
 __all__ = [
@@ -535,6 +536,7 @@ CHECKS: tuple[Check, ...] = (
     Check("preemption", check_preemption, since="1.2"),
     Check("group-preemption", check_group_preemption, since="1.2"),
     Check("revocation", check_revocation, since="1.2"),
+    Check("rule-preemption", check_rule_preemption, since="1.2"),
 )
 
 

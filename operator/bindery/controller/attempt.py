@@ -26,7 +26,7 @@ from typing import Any
 
 from bindery import tracing
 from bindery.controller.metrics import Metrics, result_label
-from bindery.controller.preemption import Preemptions
+from bindery.controller.preemption import PendingPlan, Preemptions
 from bindery.controller.unconfirmed import UnconfirmedBinds
 from bindery.k8s import ApiClient
 from bindery.kube.reads import read_pod
@@ -109,6 +109,10 @@ class Attempts:
     def preemption_backoff(self, uid: str) -> tuple[float, str] | None:
         """Seconds until the pod may preempt again and why its last plan failed, or None."""
         return self._preemptions.backed_off(uid) if self._preemptions is not None else None
+
+    def preemption_plan(self, uid: str) -> PendingPlan | None:
+        """The pod's confirmed preemption plan while it waits for its victims or its reserve."""
+        return self._preemptions.pending(uid) if self._preemptions is not None else None
 
     def sizes(self) -> dict[str, int]:
         """Entries held per pod, by structure (see ProfileRunner.per_pod_sizes)."""

@@ -61,7 +61,7 @@ from bindery.scheduling.ports import PlacedPods
 from bindery.scheduling.preemption import Preemptor, disruption_condition, pod_group, preempted_note, vet
 from bindery.typedefs import Logger
 
-__all__ = ["PlanClient", "Preemptions"]
+__all__ = ["PendingPlan", "PlanClient", "Preemptions"]
 
 #: Plans remembered as carried out (per runner); the oldest are forgotten past this.
 REMEMBERED_PLANS = 10_000
@@ -99,6 +99,22 @@ def _resumed(plan: PreemptionPlan, current: dict[str, dict[str, Any] | None]) ->
     return _Resumed(gone=tuple(gone), terminating=tuple(terminating))
 
 
+@dataclasses.dataclass(frozen=True)
+class PendingPlan:
+    """A confirmed plan whose preemptor is not bound yet, for ``bindery explain``: it lives only in
+    this memory and in the RM's database, and without it a user sees a Pending pod and evicted pods.
+
+    ``victims``: each victim's ``namespace/name`` and its state in the placed-pod cache (``running``:
+    not evicted yet; ``terminating``; ``gone``). ``waits_for``: ``victims`` while any is still on
+    the node, then ``reserve`` (its next reserve lands on the held room)."""
+
+    plan_id: str
+    node: str
+    victims: tuple[tuple[str, str], ...]
+    waits_for: str
+    lease_left: float
+
+
 class PlanClient(Protocol):
     async def confirm_preemption(self, plan_id: str, /) -> PreemptionPlan: ...
 
@@ -133,6 +149,8 @@ class Preemptions:
         self._clock = clock
         #: Preemptors whose last plan failed: their back-off, when they may preempt again, and why.
         self._backoffs: collections.OrderedDict[str, tuple[Backoff, float, str]] = collections.OrderedDict()
+        #: Preemptors whose plan was confirmed: the plan and when its lease ends (this clock).
+        self._pending: collections.OrderedDict[str, tuple[PreemptionPlan, float]] = collections.OrderedDict()
         #: Tells the preemptor why its plan was not carried out (FailedScheduling, PodScheduled=False);
         #: set by the attempts, which own the pod's reporting.
         self.report: Callable[[PodInfo, str], Awaitable[None]] | None = None
@@ -149,6 +167,8 @@ class Preemptions:
         it out a second time (a second confirm, eviction and ``Preempted`` event per victim; or a
         dry run the first eviction made refuse, whose cancel gave the room away mid-eviction)."""
         if plan.plan_id in self._carried or plan.plan_id in self._carrying:
+            if plan.state is PlanState.CONFIRMED and plan.expires_at is not None:
+                self._hold(pod.uid, plan)  # a re-confirm (restart, another replica) moved the lease
             return True  # the RM answered the plan again while its victims terminate
         self._carrying.add(plan.plan_id)
         try:
@@ -216,10 +236,11 @@ class Preemptions:
             await self._give_up(pod, plan, refusal, nominated=plan.state is PlanState.CONFIRMED)
             return False
         try:
-            await self._rm.confirm_preemption(plan.plan_id)
+            confirmed = await self._rm.confirm_preemption(plan.plan_id)
         except RMError as error:
             await self._give_up(pod, plan, f"the RM did not confirm it: {error}", nominated=False)
             return False
+        self._hold(pod.uid, confirmed if confirmed.plan_id == plan.plan_id else plan)
         self._remember(plan.plan_id)
         self._count("confirmed")
         evicted = 0
@@ -268,8 +289,43 @@ class Preemptions:
         return left, entry[2]
 
     def forget(self, uid: str) -> None:
-        """The pod was bound or left: its back-off ends with it."""
+        """The pod was bound or left: its back-off and its pending plan end with it."""
         self._backoffs.pop(uid, None)
+        self._pending.pop(uid, None)
+
+    def pending(self, uid: str) -> PendingPlan | None:
+        """The pod's confirmed plan while its lease runs, with each victim's state as the placed-pod
+        cache sees it now; None without one."""
+        entry = self._pending.get(uid)
+        if entry is None:
+            return None
+        plan, until = entry
+        if (left := until - self._clock()) <= 0:
+            return None
+        victims = tuple((f"{v.pod.namespace}/{v.pod.name}", self._victim_state(v)) for v in plan.victims)
+        waits_for = "victims" if any(state != "gone" for _, state in victims) else "reserve"
+        return PendingPlan(
+            plan_id=plan.plan_id, node=plan.node, victims=victims, waits_for=waits_for, lease_left=left
+        )
+
+    def _victim_state(self, victim: PreemptionVictim) -> str:
+        if self._placed is None:
+            return "unknown"
+        for placed in self._placed.in_namespace(victim.pod.namespace):
+            if placed.uid == victim.pod.uid:
+                return "terminating" if placed.terminating else "running"
+        return "gone"
+
+    def _hold(self, uid: str, plan: PreemptionPlan) -> None:
+        """Remember a confirmed plan until its lease ends, by the RM's ``expiresAt`` when it said."""
+        if plan.expires_at is not None:
+            left = (plan.expires_at - datetime.datetime.now(datetime.UTC)).total_seconds()
+        else:
+            left = float(plan.lease_seconds)
+        self._pending.pop(uid, None)
+        self._pending[uid] = (plan, self._clock() + left)
+        while len(self._pending) > REMEMBERED_BACKOFFS:
+            self._pending.popitem(last=False)
 
     def _back_off(self, uid: str, why: str) -> float:
         backoff = self._backoffs.pop(uid, (Backoff(PREEMPTION_BACKOFF), 0.0, ""))[0]
@@ -348,6 +404,7 @@ class Preemptions:
     ) -> None:
         """Cancel the plan (the room goes back) and clear the nomination; the pod waits for an event."""
         delay = self._back_off(pod.uid, why)
+        self._pending.pop(pod.uid, None)
         self._logger.warning(
             f"not preempting for {pod.label} (plan {plan.plan_id}): {why}; plan cancelled, no new plan "
             f"for {delay:g} s"

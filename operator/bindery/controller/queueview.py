@@ -7,7 +7,8 @@ backoff), so the operator serves it as JSON on the metrics port:
 * `GET /debug/queue/{namespace}/{name}[?uid=UID]`: where that pod waits, after how many failed
   attempts, and when it is tried next (404 with a JSON reason when no queue holds it); for a
   preemptor whose last plan failed, until when it asks for no plan and why
-  (``preemption_backoff``).
+  (``preemption_backoff``); for a preemptor whose plan is confirmed, the plan, its victims, what it
+  waits for and when its lease ends (``preemption_plan``).
 
 `bindery explain` reaches it through the apiserver's service proxy, as `kubectl get --raw
 /api/v1/namespaces/NS/services/NAME:metrics/proxy/debug/queue` does, or at `--operator-url`. A
@@ -33,6 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from bindery.controller.preemption import PendingPlan
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.queue import SchedulingQueue
 
@@ -45,6 +47,10 @@ class _HasQueue(Protocol):
 
     def preemption_backoff(self, uid: str) -> tuple[float, str] | None:
         """Seconds until the pod may preempt again, and why its last plan failed; None if it may."""
+        ...
+
+    def preemption_plan(self, uid: str) -> PendingPlan | None:
+        """The pod's confirmed preemption plan while it waits; None without one."""
         ...
 
 
@@ -128,6 +134,9 @@ class QueueView:
                     "until": until.isoformat(timespec="seconds"),
                     "reason": why,
                 }
+            pending = runner.preemption_plan(known.uid)
+            if pending is not None:
+                answer["preemption_plan"] = self._plan(pending)
             return 200, answer
         if known.scheduling_group:
             answer["message"] = (
@@ -141,6 +150,17 @@ class QueueView:
             "ResourceManager has no running profile yet)"
         )
         return 404, answer
+
+    def _plan(self, pending: PendingPlan) -> dict[str, Any]:
+        until = datetime.datetime.fromtimestamp(self._wall_clock() + pending.lease_left, datetime.UTC)
+        return {
+            "id": pending.plan_id,
+            "node": pending.node,
+            "victims": [{"pod": key, "state": state} for key, state in pending.victims],
+            "waits_for": pending.waits_for,
+            "lease_until": until.isoformat(timespec="seconds"),
+            "lease_seconds": round(pending.lease_left, 3),
+        }
 
     def _find(self, *, key: str, uid: str | None) -> PodInfo | None:
         """The pod by UID (its name must match) or by name, if its scheduler name is served."""

@@ -98,6 +98,11 @@ class RMStack:
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    def takes_rule_preemption(self) -> bool:
+        """Whether the RM may receive ``rulePreemption`` (PodPlacementRules names a rule's victims
+        only then)."""
+        return self._client.takes_rule_preemption()
+
     # -- the ReservationClient verbs ---------------------------------------------------------------
 
     async def reserve(self, request: ReservationRequest, /) -> Reservation:

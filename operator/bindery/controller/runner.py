@@ -22,7 +22,7 @@ from bindery.config import ResourceManagerConfig
 from bindery.controller.attempt import Attempts
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups import PodGroupCoordinator
-from bindery.controller.preemption import Preemptions
+from bindery.controller.preemption import PendingPlan, Preemptions
 from bindery.controller.rmstack import RMStack
 from bindery.controller.secrets import RMCredentials
 from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
@@ -314,6 +314,10 @@ class ProfileRunner:
     def preemption_backoff(self, uid: str) -> tuple[float, str] | None:
         """For the queue view: the pod's preemption back-off (seconds left, why), or None."""
         return self.attempts.preemption_backoff(uid)
+
+    def preemption_plan(self, uid: str) -> PendingPlan | None:
+        """For the queue view: the pod's confirmed preemption plan, or None."""
+        return self.attempts.preemption_plan(uid)
 
     def per_pod_sizes(self) -> dict[str, int]:
         """Entries held per pod, by structure (empty once every pod left; tests and soaks read it)."""

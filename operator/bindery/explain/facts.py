@@ -93,6 +93,8 @@ class Explanation:
     nominated_node: str | None = None
     #: The pod's last preemption plan failed: until when it asks for none, and why, in words.
     preemption: str | None = None
+    #: The confirmed preemption plan the pod waits on (queue view's ``preemption_plan``), in words.
+    preemption_plan: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -239,6 +241,7 @@ def explain(
         answer.queue = dict(queue)
         answer.next_attempt = next_attempt(queue)
         answer.preemption = preemption_backoff(queue)
+        answer.preemption_plan = preemption_plan(queue)
     else:
         answer.unseen.append(
             f"the operator's queue: {queue_problem or 'not asked'}; so {QUEUE_UNSEEN}"
@@ -247,6 +250,32 @@ def explain(
         )
     answer.verdict = _pending_verdict(answer, metadata, spec)
     return answer
+
+
+_WAITS_FOR = {
+    "victims": "waits for its victims to terminate",
+    "reserve": "its victims are gone; waits for its next reserve, which lands on the held room",
+}
+
+
+def preemption_plan(queue: Mapping[str, Any]) -> str | None:
+    """Pure: the operator's confirmed plan for the pod, in words, or None without one.
+
+    Between the evictions and the bind the pod is Pending with a nominated node; the plan (which
+    pods go, whether they are still terminating, how long the RM holds the room) is known only to
+    the operator and the RM."""
+    plan = queue.get("preemption_plan")
+    if not isinstance(plan, Mapping):
+        return None
+    victims = ", ".join(
+        f"{v.get('pod')} ({v.get('state')})" for v in plan.get("victims") or () if isinstance(v, Mapping)
+    )
+    waits = _WAITS_FOR.get(str(plan.get("waits_for")), f"waits for {plan.get('waits_for')}")
+    return (
+        f"plan {plan.get('id')} on node {plan.get('node')}, victims {victims or 'none listed'}; {waits}; "
+        f"the RM holds the room until {plan.get('lease_until')} "
+        f"(in {float(plan.get('lease_seconds') or 0):.1f} s)"
+    )
 
 
 def preemption_backoff(queue: Mapping[str, Any]) -> str | None:
@@ -407,5 +436,7 @@ def render(answer: Explanation) -> str:
         lines.append(f"Operator queue:    {answer.next_attempt}")
     if answer.preemption:
         lines.append(f"Preemption:        {answer.preemption}")
+    if answer.preemption_plan:
+        lines.append(f"Preemption plan:   {answer.preemption_plan}")
     lines += [f"Not seen:          {u}" for u in answer.unseen]
     return "\n".join(lines)

@@ -232,6 +232,10 @@ class PlacedPod:
     terminating: bool = False
     #: Reserved by this process and not yet seen bound by the watch (kube-scheduler's assumed pod).
     assumed: bool = False
+    #: Its name and ``spec.priority``: a preemption for a rule names the lower-priority pods the rule
+    #: needs gone (``bindery.scheduling.placementrules.rule_victims``).
+    name: str = ""
+    priority: int = 0
 
     @property
     def scores_others(self) -> bool:

@@ -246,6 +246,8 @@ def placed_pod(body: Mapping[str, Any], *, node: str | None = None) -> PlacedPod
         claims=_claims(str(metadata.get("name") or ""), spec.get("volumes") or ()),
         terminating=metadata.get("deletionTimestamp") is not None,
         assumed=node is not None,
+        name=str(metadata.get("name") or ""),
+        priority=int(spec.get("priority") or 0),
     )
 
 

@@ -62,6 +62,7 @@ from bindery.reference_rm.placement import (
     add_usage,
     choose_node,
     effective_usage,
+    placeable,
     subtract_usage,
 )
 from bindery.reference_rm.preemption import (
@@ -602,7 +603,7 @@ class PostgresReservationStore:
         requests = request.requested()
         foreign = None if pods is None else self._foreign(conn, pods)
         decision = choose_node(
-            nodes=nodes,
+            nodes=placeable(nodes, request),
             requests=requests,
             usage_by_node=usage,
             node_selector=request.placement.node_selector,

@@ -29,6 +29,7 @@ from bindery.constraints import (
     untolerated_taints,
 )
 from bindery.reference_rm.accounting import Foreign, describe_foreign, in_use
+from bindery.rm.models import ReservationRequest
 
 __all__ = [
     "AFFINITY_WEIGHT",
@@ -512,3 +513,12 @@ def subtract_usage(total: dict[str, Usage], node: str, usage: Mapping[str, Decim
     bucket = total.setdefault(node, {})
     for name, amount in usage.items():
         bucket[name] = bucket.get(name, Decimal(0)) - amount
+
+
+def placeable(nodes: Sequence[InventoryNode], request: ReservationRequest) -> Sequence[InventoryNode]:
+    """The nodes a reserve may place on: never one the caller named in ``rulePreemption`` (contract
+    v1.2): its inter-pod rules accept the pod there only once the named pods are gone."""
+    if not request.rule_preemption:
+        return nodes
+    ruled = {entry.node for entry in request.rule_preemption}
+    return [node for node in nodes if node.name not in ruled]

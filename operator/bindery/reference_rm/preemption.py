@@ -260,6 +260,75 @@ def choose_victims(
     return best
 
 
+def choose_rule_victims(
+    *,
+    nodes: Sequence[InventoryNode],
+    requests: Mapping[str, Decimal],
+    priority: int,
+    tolerations: Sequence[Mapping[str, Any]],
+    required: Mapping[str, frozenset[str]],
+    used_by_node: Mapping[str, Mapping[str, Decimal]],
+    pods: ClusterPods,
+    spoken_for: frozenset[str] = frozenset(),
+    budgets: Sequence[Budget] = (),
+) -> Candidate | None:
+    """The best plan on the nodes a caller named for its inter-pod rules (contract v1.2
+    ``rulePreemption``), or None.
+
+    On each such node every pod the caller named must be a victim; they, and pods for room on top
+    (chosen as :func:`choose_victims` does: everything of lower priority away, then given back
+    highest priority first while the pod fits), make the plan. The node needs no room to spare:
+    a plan is what the caller asks for there, since the pod may not be placed on it without victims.
+    The node is skipped when a named pod is not on it, not of lower priority, or already spoken for
+    by another plan (only pods of lower priority may be named), or when a group member is named
+    whose group is not all there. The caller's node selector and affinity already chose the node
+    (its rules' requirement excludes it from the placement); its taints are still checked."""
+    best: Candidate | None = None
+    groups: dict[str, list[BoundPod]] = {}
+    by_name = {node.name: node for node in nodes}
+    for name in sorted(required):
+        node = by_name.get(name)
+        entry = pods.nodes.get(name)
+        if node is None or entry is None or not required[name]:
+            continue
+        if (
+            static_failure(node=node, node_selector={}, affinity_terms=[], tolerations=tolerations)
+            is not None
+        ):
+            continue
+        units = _units(
+            entry.members, node=name, priority=priority, spoken_for=spoken_for, pods=pods, groups=groups
+        )
+        named = [unit for unit in units if any(p.uid in required[name] for p in unit)]
+        if not {p.uid for unit in named for p in unit} >= required[name]:
+            continue  # a named pod is no candidate here: not on it, not lower, or spoken for
+        usage = effective_usage(requests, node)
+        used = dict(used_by_node.get(name, {}))
+        for unit in units:
+            for pod in unit:
+                _plus(used, pod.usage, -1)
+        if not fits(node, usage, used):
+            continue
+        others = [unit for unit in units if unit not in named][::-1]  # highest priority first
+        protected = _violations([p for unit in others for p in unit], budgets) if budgets else {}
+        victims: list[BoundPod] = [p for unit in named for p in unit]
+        for unit in [u for u in others if any(p.uid in protected for p in u)] + [
+            u for u in others if not any(p.uid in protected for p in u)
+        ]:
+            for pod in unit:
+                _plus(used, pod.usage)
+            if not fits(node, usage, used):
+                for pod in unit:
+                    _plus(used, pod.usage, -1)
+                victims.extend(unit)
+        victims.sort(key=lambda pod: (pod.priority, pod.uid))
+        chosen = _violations(victims[::-1], budgets) if budgets else {}
+        found = Candidate(node=name, victims=tuple(victims), violations=chosen)
+        if best is None or found.rank() < best.rank():
+            best = found
+    return best
+
+
 @dataclass
 class Plan:
     """A plan and its lease; ``hold`` is what the preemptor needs on ``node`` once confirmed."""

@@ -52,6 +52,7 @@ from bindery.reference_rm.preemption import (
     PlanMember,
     Proposal,
     choose_group_victims,
+    choose_rule_victims,
     choose_victims,
     group_plan_key,
 )
@@ -729,7 +730,7 @@ class ReferenceRM:
         features += [*([Feature.BATCH] if self.batch else []), Feature.CLUSTER_ID, Feature.NODE_PREFERENCES]
         features.append(Feature.TOLERATION_COMPARISONS)
         if self.preemption:
-            features.append(Feature.PREEMPTION)
+            features += [Feature.PREEMPTION, Feature.RULE_PREEMPTION]
             if self.groups:
                 features.append(Feature.GROUP_PREEMPTION)
         features.append(Feature.REVOCATION)
@@ -781,6 +782,9 @@ class ReferenceRM:
         if reservation_request.preemption_policy is not None and not self.preemption:
             errors = [{"location": "preemptionPolicy", "message": _EXTRA}]
             return problem(400, ProblemType.INVALID_REQUEST, f"preemptionPolicy: {_EXTRA}", errors=errors)
+        if reservation_request.rule_preemption is not None and not self.preemption:
+            errors = [{"location": "rulePreemption", "message": _EXTRA}]
+            return problem(400, ProblemType.INVALID_REQUEST, f"rulePreemption: {_EXTRA}", errors=errors)
         busy = self._back_pressure()
         if busy is not None:
             return busy
@@ -838,6 +842,10 @@ class ReferenceRM:
         placement = request.placement
         requests = request.requested()
         budgets = self._budgets
+        for_rules = {
+            entry.node: frozenset(victim.uid for victim in entry.victims)
+            for entry in request.rule_preemption or ()
+        }
 
         def choose(
             used_by_node: Mapping[str, Mapping[str, Decimal]], spoken_for: frozenset[str]
@@ -862,6 +870,20 @@ class ReferenceRM:
                 spoken_for=spoken_for,
                 budgets=budgets,
             )
+            if for_rules:
+                ruled = choose_rule_victims(
+                    nodes=inventory,
+                    requests=requests,
+                    priority=pod.priority,
+                    tolerations=placement.toleration_dicts(),
+                    required=for_rules,
+                    used_by_node=used,
+                    pods=pods,
+                    spoken_for=spoken_for,
+                    budgets=budgets,
+                )
+                if ruled is not None and (found is None or ruled.rank() < found.rank()):
+                    found = ruled
             if found is None:
                 return None
             chosen = next(n for n in inventory if n.name == found.node)

@@ -64,6 +64,7 @@ from bindery.reference_rm.placement import (
     add_usage,
     choose_node,
     effective_usage,
+    placeable,
     subtract_usage,
 )
 from bindery.reference_rm.preemption import (
@@ -708,7 +709,7 @@ class ReservationStore:
         requests = request.requested()
         foreign = None if pods is None else self._foreign(pods)
         decision = choose_node(
-            nodes=nodes,
+            nodes=placeable(nodes, request),
             requests=requests,
             usage_by_node=self._usage,
             node_selector=request.placement.node_selector,

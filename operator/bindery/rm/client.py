@@ -576,6 +576,19 @@ class ResourceManagerClient:
         skip scoring soft rules, and waiting for them, that the RM would never receive."""
         return self._info is None or self._info.offers(Feature.NODE_PREFERENCES)
 
+    def takes_rule_preemption(self) -> bool:
+        """Whether ``rulePreemption`` may reach this RM, as far as known without a call (True while
+        unknown; the reserve checks ``GET /v1/info``). PodPlacementRules reads it to skip choosing
+        victims for the rules that the RM would never receive."""
+        return self._info is None or self._info.offers(Feature.RULE_PREEMPTION)
+
+    async def _takes_rule_preemption(self, request: ReservationRequest) -> bool:
+        """``rulePreemption`` goes only with ``PreemptLowerPriority``, to an RM listing both features."""
+        if request.preemption_policy != "PreemptLowerPriority":
+            return False
+        info = await self.contract_info()
+        return info.offers(Feature.PREEMPTION) and info.offers(Feature.RULE_PREEMPTION)
+
     async def negotiated_placement(self, placement: Placement, *, pod: str) -> tuple[Placement, bool]:
         """``placement`` as this RM may receive it, and whether it still carries a v1.2 field.
 
@@ -631,6 +644,8 @@ class ResourceManagerClient:
                 newer = True
             else:  # a v1.1 RM never sees the field: it proposes no plan, as before v1.2
                 request = request.model_copy(update={"preemption_policy": None})
+        if request.rule_preemption is not None and not await self._takes_rule_preemption(request):
+            request = request.model_copy(update={"rule_preemption": None})
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         outcome = await self._coalesced(
             {"reserve": body},

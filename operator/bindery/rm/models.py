@@ -63,13 +63,15 @@ __all__ = [
     "ReservationRef",
     "ReservationRequest",
     "ReservationState",
+    "RulePreemption",
+    "RuleVictim",
     "Toleration",
     "TopologyConstraint",
     "is_qualified_name",
 ]
 
 #: The contract version these models implement (``info.version`` of the OpenAPI document).
-CONTRACT_VERSION = "1.2.3"
+CONTRACT_VERSION = "1.2.4"
 #: The most members one reservation group may have (contract v1.1).
 MAX_GROUP_MEMBERS = 1000
 #: The most operations one ``POST /v1/batch`` may carry (contract v1.1).
@@ -141,6 +143,9 @@ class Feature(enum.StrEnum):
     #: reserved reservation back. Shown only to a request carrying ``Bindery-Features: revocation``
     #: (:data:`FEATURES_HEADER`); any other caller sees such a reservation as ``released``.
     REVOCATION = "revocation"
+    #: v1.2: ``rulePreemption`` on reserve: nodes where a plan may be proposed (with named victims)
+    #: but the pod not placed, for kube-scheduler's preemption for an inter-pod rule.
+    RULE_PREEMPTION = "rule-preemption"
 
 
 #: The request header by which a client names the v1.2 features whose answers it understands
@@ -280,6 +285,24 @@ class _Resourced(_Request):
         return {name: format_quantity(value) for name, value in sorted(self.requested().items())}
 
 
+class RuleVictim(_Request):
+    """A pod a rule preemption names (v1.2, feature ``rule-preemption``)."""
+
+    namespace: ShortText
+    name: ShortText
+    uid: ShortText
+
+
+class RulePreemption(_Request):
+    """v1.2 (feature ``rule-preemption``): a node the pod's inter-pod rules (topology spread, pod
+    anti-affinity, host ports) exclude only because of the lower-priority pods ``victims``. The RM
+    may propose a plan there, with every one of them among its victims (plus any it needs for room),
+    but must never place the pod there: only the caller knows which pods a rule needs gone."""
+
+    node: Annotated[str, Field(min_length=1, max_length=253)]
+    victims: list[RuleVictim] = Field(min_length=1, max_length=100)
+
+
 class ReservationRequest(_Resourced):
     """``POST /v1/reservations``: reserve capacity for one pod and let the RM pick its node."""
 
@@ -294,18 +317,23 @@ class ReservationRequest(_Resourced):
     #: preemption plan on an Unschedulable answer (``PreemptLowerPriority``) or says none is wanted
     #: (``Never``); absent (a v1.1 client, or an RM without the feature), no plan is proposed.
     preemption_policy: Literal["PreemptLowerPriority", "Never"] | None = None
+    #: v1.2 (feature ``rule-preemption``): nodes where a plan may be proposed but the pod not placed,
+    #: each with the pods that must be among the plan's victims; only with ``PreemptLowerPriority``.
+    rule_preemption: list[RulePreemption] | None = Field(default=None, max_length=100)
 
     def fingerprint(self) -> str:
         """A canonical form: two requests with the same fingerprint are "the same request".
 
         Quantities are compared by value, so ``"1000m"`` and ``"1"`` are the same request. A request
         without ``clusterId`` has the fingerprint it had before v1.2 (stored fingerprints stay valid).
-        ``preemptionPolicy`` is never part of it: it says what to answer when nothing fits, not what
-        to reserve, so a reservation made before a client upgrade replays after it.
+        ``preemptionPolicy`` and ``rulePreemption`` are never part of it: they say what to answer
+        when nothing fits, not what to reserve, so a reservation made before a client upgrade replays
+        after it (and the victims a rule needs change from one cycle to the next).
         """
         canonical = self.model_copy(update={"resources": self.canonical_resources()})
         return canonical.model_dump_json(
-            by_alias=True, exclude={"preemption_policy", *(_absent_cluster(self.cluster_id) or ())}
+            by_alias=True,
+            exclude={"preemption_policy", "rule_preemption", *(_absent_cluster(self.cluster_id) or ())},
         )
 
 

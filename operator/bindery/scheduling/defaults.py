@@ -41,7 +41,7 @@ from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_fr
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, CallStep, Lease, lease_from_answer, plan_call
 from bindery.scheduling.nodecheck import NodeCheckMode, check_node, check_rules
-from bindery.scheduling.placementrules import VERDICT, rules_verdict
+from bindery.scheduling.placementrules import RULE_PREEMPTION, VERDICT, rules_verdict
 from bindery.scheduling.podspec import reservation_request
 from bindery.scheduling.ports import BindConflict, BindError
 
@@ -162,6 +162,8 @@ class ResourceManagerReservation:
                 required_node_affinity=ctx.required_node_terms(),
                 preferred_node_affinity=ctx.preferred_node_terms(),
             )
+            if (for_rules := ctx.state.get(RULE_PREEMPTION)) is not None:
+                request = request.model_copy(update={"rule_preemption": for_rules})
         except (ValueError, pydantic.ValidationError) as error:
             return Status.failed(
                 Failure(

@@ -39,11 +39,11 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from bindery.podrules.filters import Incoming, PlacedView, Verdict, evaluate
+from bindery.podrules.filters import AFFINITY, Incoming, PlacedView, Verdict, evaluate
 from bindery.podrules.model import NO_SOFT, AffinityTerm, PlacedPod, PodRules, SoftRules
 from bindery.podrules.parse import with_service_spread
 from bindery.podrules.soft import Preferences, preferences, selecting
-from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm, Placement
+from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm, Placement, RulePreemption, RuleVictim
 from bindery.scheduling.framework import CycleContext, Status, and_terms
 from bindery.scheduling.podspec import PodInfo, max_items
 from bindery.scheduling.ports import PlacedPods
@@ -51,12 +51,14 @@ from bindery.scheduling.queue import Touch, WakeOn
 
 __all__ = [
     "PREFERENCES",
+    "RULE_PREEMPTION",
     "VERDICT",
     "WAIT_SECONDS",
     "InFlight",
     "PodPlacementRules",
     "broken_after_preemption",
     "member_node_terms",
+    "rule_victims",
     "rules_preferences",
     "rules_verdict",
     "touch_of",
@@ -76,6 +78,12 @@ SYNC_SECONDS = 10.0
 VERDICT = "PodPlacementRules/verdict"
 #: ctx.state key of the soft rules' preferences (explain may read it).
 PREFERENCES = "PodPlacementRules/preferences"
+#: ctx.state key of the nodes the rules exclude only because of lower-priority pods, with those
+#: pods (contract v1.2 ``rulePreemption``; the reserve sends them).
+RULE_PREEMPTION = "PodPlacementRules/rule-preemption"
+#: The most nodes one cycle looks for a rule's victims on: each costs the rules' evaluation once
+#: per lower-priority pod there (kube-scheduler, likewise, samples candidate nodes).
+RULE_PREEMPTION_NODES = 16
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -355,6 +363,70 @@ def broken_after_preemption(
     )
 
 
+def rule_victims(
+    pod: PodInfo, placed: PlacedPods, verdict: Verdict, *, limit: int = RULE_PREEMPTION_NODES
+) -> dict[str, tuple[PlacedPod, ...]]:
+    """Per node the rules exclude only because of lower-priority pods, the fewest of those pods whose
+    leaving lets the pod's rules accept it there (contract v1.2 ``rulePreemption``).
+
+    kube-scheduler preempts *for* a rule: its DefaultPreemption removes every lower-priority pod
+    from a candidate node, runs the filters (PodTopologySpread and InterPodAffinity among them), then
+    gives pods back, highest priority first, while the pod still passes (``SelectVictimsOnNode``).
+    The RM chooses victims by room and knows no labels, so the caller names them: e.g. Kubernetes'
+    e2e "PodTopologySpread Preemption", where room needs one low pod gone and the spread two.
+    Nodes a required pod affinity excludes are skipped (evicting pods never brings one its affinity
+    needs); terminating and assumed pods are never named (they are leaving, or are this process's
+    own cycles)."""
+    if pod.preemption_policy == "Never" or not verdict.effects:
+        return {}
+    hopeless = {node for effect in verdict.effects if effect.rule == AFFINITY for node in effect.excluded}
+    excluded = {node for effect in verdict.effects for node in effect.excluded}
+    nodes = sorted((excluded & set(verdict.candidates)) - hopeless)
+    if not nodes:
+        return {}
+    wanted = set(nodes)
+    lower: dict[str, list[PlacedPod]] = {}
+    for namespace in placed.namespaces():
+        for other in placed.in_namespace(namespace):
+            if (
+                other.node in wanted
+                and other.priority < pod.priority
+                and not other.terminating
+                and not other.assumed
+                and other.uid != pod.uid
+            ):
+                lower.setdefault(other.node, []).append(other)
+    found: dict[str, tuple[PlacedPod, ...]] = {}
+    for node in [node for node in nodes if node in lower][:limit]:
+        victims = {other.uid: other for other in lower[node]}
+        if broken_after_preemption(pod, placed, node=node, victims=victims.keys()) is not None:
+            continue  # even with every lower-priority pod gone the rules exclude it
+        for other in sorted(lower[node], key=lambda p: (-p.priority, p.uid)):
+            if broken_after_preemption(pod, placed, node=node, victims=victims.keys() - {other.uid}) is None:
+                del victims[other.uid]  # reprieved: the rules accept the pod with it staying
+        if victims:
+            found[node] = tuple(sorted(victims.values(), key=lambda p: (p.priority, p.uid)))
+    return found
+
+
+def rule_preemption(found: Mapping[str, Sequence[PlacedPod]]) -> list[RulePreemption]:
+    """:func:`rule_victims` as the reserve's ``rulePreemption`` field."""
+    return [
+        RulePreemption(
+            node=node,
+            victims=[RuleVictim(namespace=p.namespace, name=p.name, uid=p.uid) for p in victims],
+        )
+        for node, victims in sorted(found.items())
+    ]
+
+
+def _takes_rule_preemption(ctx: CycleContext) -> bool:
+    """Whether the profile's RM client may pass ``rulePreemption`` on (a client without the method
+    is taken not to: the victims are chosen only for an RM that may receive them)."""
+    known = getattr(ctx.profile.client, "takes_rule_preemption", None)
+    return False if known is None else bool(known())
+
+
 def rules_preferences(pod: PodInfo, placed: PlacedPods, verdict: Verdict | None = None) -> Preferences | None:
     """The soft rules' weighted node terms for `pod` (within what the contract carries beside the
     pod's own preferred node affinity), or None when nothing can apply: no soft rules of its own and
@@ -493,13 +565,30 @@ class PodPlacementRules:
             ctx.state[VERDICT] = verdict
             refusal = verdict.refusal()
             if refusal is not None:
-                return Status.unschedulable(refusal)
+                found = (
+                    rule_victims(pod, placed, verdict)
+                    if pod.preemption_policy != "Never" and _takes_rule_preemption(ctx)
+                    else {}
+                )
+                if not found:
+                    return Status.unschedulable(refusal)
+                # Every node is excluded, some only because of lower-priority pods: the reserve
+                # places nowhere (the RM never places on a listed node) and may only plan there.
+                ctx.state[RULE_PREEMPTION] = rule_preemption(found)
+                ctx.require_nodes(
+                    [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": sorted(found)}]}]
+                )
+                return Status.success()
             term = verdict.term()
             if term is not None:
                 ctx.require_nodes([term])
                 too_many = _beyond_caps(ctx.required_node_terms())
                 if too_many is not None:
                     return Status.unschedulable(too_many)
+                if pod.preemption_policy != "Never" and _takes_rule_preemption(ctx):
+                    found = rule_victims(pod, placed, verdict)
+                    if found:
+                        ctx.state[RULE_PREEMPTION] = rule_preemption(found)
         preferred = rules_preferences(pod, placed, verdict) if takes_preferences else None
         if preferred is not None and preferred.terms:
             ctx.state[PREFERENCES] = preferred
@@ -524,6 +613,8 @@ class PodPlacementRules:
                 preferred_anti_affinity=pod.soft.anti_affinity,
                 claims=pod.claims,
                 assumed=True,
+                name=pod.name,
+                priority=pod.priority,
             )
         )
         placed.in_flight.settle(pod.uid)

@@ -1,0 +1,93 @@
+"""rule_victims: the lower-priority pods an inter-pod rule needs gone from a node it excludes
+(contract v1.2.4 ``rulePreemption``), chosen as kube-scheduler's SelectVictimsOnNode chooses them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bindery.kube.placed import PlacedPodCache
+from bindery.scheduling.placementrules import rule_preemption, rule_victims, rules_verdict
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import NodeProjection
+
+KEY = "example.com/domain"  # one domain per node, as the e2e test's dedicated key
+SPREAD = {
+    "maxSkew": 1,
+    "topologyKey": KEY,
+    "whenUnsatisfiable": "DoNotSchedule",
+    "labelSelector": {"matchExpressions": [{"key": "pts", "operator": "Exists"}]},
+}
+
+
+def cache_of(*pods: tuple[str, str, int, dict[str, Any]]) -> PlacedPodCache:
+    """Nodes a and b; ``pods``: (name, node, priority, extra metadata), labelled ``pts``."""
+    nodes = [NodeProjection(name=n, labels={KEY: n}) for n in ("a", "b")]
+    cache = PlacedPodCache(nodes=lambda: nodes)
+    for name, node, priority, extra in pods:
+        cache.on_event(
+            "ADDED",
+            {
+                "metadata": {
+                    "uid": f"uid-{name}",
+                    "namespace": "ns",
+                    "name": name,
+                    "labels": {"pts": ""},
+                    **extra,
+                },
+                "spec": {"nodeName": node, "priority": priority},
+                "status": {"phase": "Running"},
+            },
+        )
+    return cache
+
+
+def medium(*, priority: int = 50, policy: str = "PreemptLowerPriority") -> PodInfo:
+    return PodInfo.from_body(
+        {
+            "metadata": {"name": "medium", "namespace": "ns", "uid": "uid-m", "labels": {"pts": ""}},
+            "spec": {
+                "schedulerName": "bindery",
+                "containers": [{"name": "c"}],
+                "priority": priority,
+                "preemptionPolicy": policy,
+                "topologySpreadConstraints": [SPREAD],
+            },
+        }
+    )
+
+
+def test_the_e2e_spread_scenario_names_two_of_the_three_low_pods() -> None:
+    """Node a: one high pod; node b: three low ones. The spread excludes b until two are gone."""
+    cache = cache_of(
+        ("high", "a", 1000, {}), ("low-1", "b", 10, {}), ("low-2", "b", 10, {}), ("low-3", "b", 10, {})
+    )
+    pod = medium()
+    verdict = rules_verdict(pod, cache)
+    assert verdict is not None
+    found = rule_victims(pod, cache, verdict)
+    assert list(found) == ["b"]
+    assert len(found["b"]) == 2
+    assert {p.name for p in found["b"]} < {"low-1", "low-2", "low-3"}
+    (entry,) = rule_preemption(found)
+    assert entry.node == "b"
+    assert [(v.namespace, v.uid) for v in entry.victims] == [("ns", p.uid) for p in found["b"]]
+
+
+def test_pods_of_equal_or_higher_priority_terminating_ones_and_policy_never_are_never_named() -> None:
+    cache = cache_of(
+        ("high", "a", 1000, {}),
+        ("low-1", "b", 10, {}),
+        ("same", "b", 50, {}),
+        ("leaving", "b", 10, {"deletionTimestamp": "2026-01-01T00:00:00Z"}),
+    )
+    pod = medium()
+    verdict = rules_verdict(pod, cache)
+    assert verdict is not None
+    # b counts low-1 and same (the terminating pod no longer counts for spread): one must go, and
+    # only low-1 is of lower priority.
+    assert [p.name for p in rule_victims(pod, cache, verdict)["b"]] == ["low-1"]
+    assert rule_victims(medium(policy="Never"), cache, verdict) == {}
+    equal = cache_of(("high", "a", 1000, {}), ("s1", "b", 50, {}), ("s2", "b", 50, {}), ("s3", "b", 50, {}))
+    verdict = rules_verdict(medium(), equal)
+    assert verdict is not None
+    assert rule_victims(medium(), equal, verdict) == {}
