@@ -183,10 +183,14 @@ class PlacedPodCache:
 
     def _put(self, pod: PlacedPod) -> None:
         old = self._pods.get(pod.uid)
+        if old is not None and old == pod:
+            # The same copy again (a status write, a relist): every index already holds an equal
+            # object. Most watch events of a bound pod are these; they cost one comparison.
+            return
         if old is not None and old.namespace != pod.namespace:
             self._remove(pod.uid)
             old = None
-        changed = old is None or dataclasses.replace(old, assumed=pod.assumed) != pod
+        changed = old is None or not _same_but_assumed(old, pod)
         self._pods[pod.uid] = pod
         if old is not None:
             self._ungroup(old)
@@ -261,6 +265,16 @@ class PlacedPodCache:
 
 _LabelSet = frozenset[tuple[str, str]]
 _AntiKey = tuple[str, tuple[AffinityTerm, ...]]
+
+
+#: The fields of a PlacedPod the rules read: all but ``assumed`` (whether this process or the watch
+#: reported it). Compared one by one, not through ``dataclasses.replace`` (a copy per watch event).
+_RULE_FIELDS = tuple(field.name for field in dataclasses.fields(PlacedPod) if field.name != "assumed")
+
+
+def _same_but_assumed(old: PlacedPod, new: PlacedPod) -> bool:
+    """Whether `old` and `new` differ at most in ``assumed`` (the watched copy of an assumed pod)."""
+    return all(getattr(old, name) == getattr(new, name) for name in _RULE_FIELDS)
 
 
 def _label_set(labels: Mapping[str, str]) -> _LabelSet:
