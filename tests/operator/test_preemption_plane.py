@@ -184,7 +184,9 @@ async def pool_of(
     directory: pathlib.Path,
     operator: Bindery,
     options: Sequence[str] = (),
+    kubeconfig: pathlib.Path | None = None,
 ) -> AsyncIterator[Pool]:
+    """``kubeconfig``: the RM's identity (default: the plane's admin)."""
     token = uuid.uuid4().hex[:8]
     nodes = [f"pe-{token}-{i}" for i in range(2)]
     scheduling = client.SchedulingV1Api(api)
@@ -204,7 +206,7 @@ async def pool_of(
         )
     try:
         async with RMProcess(
-            kubeconfig=controlplane.kubeconfig,
+            kubeconfig=kubeconfig or controlplane.kubeconfig,
             directory=directory,
             node_selector=f"{POOL}={token}",
             options=options,
@@ -436,6 +438,96 @@ async def test_a_budget_the_rm_thinks_allows_it_is_checked_by_a_dry_run_before_a
     assert "evicting victim" in condition["message"], condition
     assert "is refused" in condition["message"], condition
     assert "nothing was evicted" in condition["message"], condition
+    assert await pool.existing([name for name, *_ in layout]) == [name for name, *_ in layout]
+    assert pool.preemptions("victim_evicted") == 0
+    assert pool.preemptions("confirmed") == 0
+
+
+@pytest.fixture
+async def budget_blind_pool(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    crd: None,
+    namespace: str,
+    bindery: Bindery,
+    tmp_path: pathlib.Path,
+) -> AsyncIterator[Pool]:
+    """A pool whose RM may read nodes and pods but not PodDisruptionBudgets: it proposes victims as
+    if no budget existed, as an RM that does not follow budgets would."""
+    user = f"blind-rm-{uuid.uuid4().hex[:8]}"
+    rbac = client.RbacAuthorizationV1Api(kube_api)
+    reads = [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}]
+    await rbac.create_cluster_role(body={"metadata": {"name": user}, "rules": reads})
+    await rbac.create_cluster_role_binding(
+        body={
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+    )
+    try:
+        async with pool_of(
+            controlplane=controlplane,
+            api=kube_api,
+            namespace=namespace,
+            directory=tmp_path / "rm",
+            operator=bindery,
+            kubeconfig=controlplane.mint_kubeconfig(user=user),
+        ) as staged:
+            yield staged
+    finally:
+        await rbac.delete_cluster_role_binding(name=user)
+        await rbac.delete_cluster_role(name=user)
+
+
+async def test_two_victims_under_a_budget_allowing_one_disruption_evict_nothing(
+    budget_blind_pool: Pool,
+) -> None:
+    """Each victim's dry run passes alone (the budget allows one disruption), but the plan needs both:
+    the real eviction of the second would be refused after the first was evicted for nothing. Bindery
+    counts the plan's victims per budget before evicting anything, and names the budget. The RM here
+    cannot read budgets, so the plan does not say the budget is exceeded."""
+    pool = budget_blind_pool
+    first, second = pool.nodes
+    layout = (
+        ("a", first, "low", "yes"),
+        ("b", first, "low", "yes"),
+        ("c", second, "high", "no"),
+        ("d", second, "high", "no"),
+    )
+    for name, node, priority_class, kept in layout:
+        await pool.place(name, node, priority_class=priority_class, labels={"kept": kept})
+    await client.PolicyV1Api(pool.api).create_namespaced_pod_disruption_budget(
+        namespace=pool.namespace,
+        body={
+            "metadata": {"name": "one-at-a-time"},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"kept": "yes"}}},
+        },
+    )
+    # No disruption controller on this plane: its status, as one would compute it.
+    await client.PolicyV1Api(pool.api).patch_namespaced_pod_disruption_budget_status(
+        name="one-at-a-time",
+        namespace=pool.namespace,
+        body={
+            "status": {
+                "observedGeneration": 1,
+                "disruptionsAllowed": 1,
+                "currentHealthy": 2,
+                "desiredHealthy": 1,
+                "expectedPods": 2,
+            }
+        },
+    )
+    await pool.create("high", priority_class="high", cpu="4")
+
+    async def told() -> dict[str, Any] | None:
+        condition = await pool.scheduled_condition("high")
+        return condition if "is not possible" in str(condition.get("message")) else None
+
+    condition = await eventually(told, within=60, what="the preemptor told why it preempts nothing")
+    assert "nothing was evicted" in condition["message"], condition
+    assert f"{pool.namespace}/one-at-a-time" in condition["message"], condition
     assert await pool.existing([name for name, *_ in layout]) == [name for name, *_ in layout]
     assert pool.preemptions("victim_evicted") == 0
     assert pool.preemptions("confirmed") == 0

@@ -14,7 +14,7 @@ import pytest
 
 from bindery.rm.models import PreemptionPlan
 from bindery.scheduling.podspec import PodInfo
-from bindery.scheduling.preemption import disruption_condition, preempted_note, vet
+from bindery.scheduling.preemption import budgets_exceeded, disruption_condition, preempted_note, vet
 
 PREEMPTOR = PodInfo(uid="u-high", namespace="ns", name="high", scheduler_name="bindery", priority=100)
 PLAN = PreemptionPlan.model_validate(
@@ -100,3 +100,68 @@ def test_a_plan_evicting_part_of_a_pod_group_is_refused() -> None:
         vet(PLAN, preemptor=PREEMPTOR, victims={"ns/low": member}, group_members={"ns/gang": {"u-low"}})
         is None
     )
+
+
+def _running(
+    name: str, *, labels: dict[str, str], phase: str = "Running", namespace: str = "ns"
+) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name, "labels": labels}, "status": {"phase": phase}}
+
+
+def _pdb(
+    name: str, *, selector: dict[str, Any] | None, allowed: int, namespace: str = "ns"
+) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {} if selector is None else {"selector": selector},
+        "status": {"disruptionsAllowed": allowed},
+    }
+
+
+def test_two_victims_under_a_budget_allowing_one_disruption_exceed_it() -> None:
+    victims = [_running("a", labels={"app": "db"}), _running("b", labels={"app": "db"})]
+    why = budgets_exceeded(victims, [_pdb("one", selector={"matchLabels": {"app": "db"}}, allowed=1)])
+    assert why is not None
+    assert "ns/one" in why
+    assert "ns/a, ns/b" in why
+    assert "allows 1" in why
+
+
+def test_victims_within_their_budgets_exceed_nothing() -> None:
+    victims = [_running("a", labels={"app": "db"}), _running("b", labels={"app": "web"})]
+    budgets = [
+        _pdb("db", selector={"matchLabels": {"app": "db"}}, allowed=1),
+        _pdb("web", selector={"matchLabels": {"app": "web"}}, allowed=1),
+        _pdb("both", selector={"matchExpressions": [{"key": "app", "operator": "Exists"}]}, allowed=2),
+    ]
+    assert budgets_exceeded(victims, budgets) is None
+
+
+def test_only_running_victims_of_the_budgets_namespace_that_it_selects_count() -> None:
+    budget = _pdb("one", selector={"matchLabels": {"app": "db"}}, allowed=1)
+    assert (
+        budgets_exceeded(
+            [_running("a", labels={"app": "db"}), _running("b", labels={"app": "db"}, phase="Pending")],
+            [budget],
+        )
+        is None
+    )
+    assert (
+        budgets_exceeded(
+            [_running("a", labels={"app": "db"}), _running("b", labels={"app": "db"}, namespace="other")],
+            [budget],
+        )
+        is None
+    )
+    assert (
+        budgets_exceeded(
+            [_running("a", labels={"app": "db"}), _running("b", labels={"app": "web"})], [budget]
+        )
+        is None
+    )
+
+
+def test_an_empty_selector_covers_every_pod_and_an_absent_one_none() -> None:
+    victims = [_running("a", labels={"app": "db"}), _running("b", labels={})]
+    assert budgets_exceeded(victims, [_pdb("all", selector={}, allowed=1)]) is not None
+    assert budgets_exceeded(victims, [_pdb("none", selector=None, allowed=0)]) is None

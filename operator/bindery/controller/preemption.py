@@ -16,9 +16,11 @@ A plan is refused whole, before anything is evicted:
   (:func:`bindery.scheduling.placementrules.broken_after_preemption`): the RM chooses victims by
   what they free and may evict the very pod a required pod affinity needs there;
 * when a victim's eviction would exceed a PodDisruptionBudget: when the RM says so
-  (``violatedBudgets``), or when a dry run of every eviction (``dryRun=All``, which checks the
-  budgets and changes nothing) is answered ``429``. Evicting the first victims and meeting the
-  ``429`` on a later one would leave them evicted for nothing.
+  (``violatedBudgets``), when a dry run of every eviction (``dryRun=All``, which checks the
+  budgets and changes nothing) is answered ``429``, or when more of the plan's victims fall under
+  one budget than its ``status.disruptionsAllowed`` (each dry run checks one victim alone;
+  :func:`bindery.scheduling.preemption.budgets_exceeded`). Evicting the first victims and meeting
+  the ``429`` on a later one would leave them evicted for nothing.
 
 The preemptor is told why (FailedScheduling, PodScheduled=False), naming the rule or the budget.
 
@@ -52,13 +54,20 @@ from bindery.k8s import ApiClient, ApiError, answer_of, list_pages, patch, resou
 from bindery.k8s.api import STRATEGIC_PATCH
 from bindery.kube.events import event_body
 from bindery.kube.eviction import eviction
-from bindery.kube.reads import read_pod
+from bindery.kube.reads import read_budgets, read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim
 from bindery.scheduling.placementrules import broken_after_preemption
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import PlacedPods
-from bindery.scheduling.preemption import Preemptor, disruption_condition, pod_group, preempted_note, vet
+from bindery.scheduling.preemption import (
+    Preemptor,
+    budgets_exceeded,
+    disruption_condition,
+    pod_group,
+    preempted_note,
+    vet,
+)
 from bindery.typedefs import Logger
 
 __all__ = ["PendingPlan", "PlanClient", "Preemptions"]
@@ -214,20 +223,15 @@ class Preemptions:
                 if refusal is not None:
                     break
         if refusal is None:
+            # Only the victims still to evict: a gone one answers 404, a terminating one was
+            # already admitted by its budget.
+            pending = [v for v in plan.victims if v not in resumed.gone and v not in resumed.terminating]
             try:
-                # Only the victims still to evict: a gone one answers 404, a terminating one was
-                # already admitted by its budget.
-                refusal = await self._dry_run(
-                    plan.model_copy(
-                        update={
-                            "victims": [
-                                v
-                                for v in plan.victims
-                                if v not in resumed.gone and v not in resumed.terminating
-                            ]
-                        }
+                refusal = await self._dry_run(plan.model_copy(update={"victims": pending}))
+                if refusal is None and len(pending) > 1:
+                    refusal = await self._count_budgets(
+                        [body for v in pending if (body := current[f"{v.pod.namespace}/{v.pod.name}"])]
                     )
-                )
             except ApiError as error:
                 await self._give_up(pod, plan, f"could not check the evictions: {error}", nominated=False)
                 return False
@@ -371,10 +375,18 @@ class Preemptions:
                         members[group].add(str(body["metadata"]["uid"]))
         return members
 
+    async def _count_budgets(self, victims: list[dict[str, Any]]) -> str | None:
+        """Why the victims together would exceed a PodDisruptionBudget that each alone passes (the
+        dry run checks them one by one), or None: one LIST of budgets per victims' namespace."""
+        budgets: list[dict[str, Any]] = []
+        for namespace in sorted({str(body["metadata"]["namespace"]) for body in victims}):
+            budgets += await read_budgets(api=self._api, namespace=namespace, timeout_seconds=_TIMEOUT)
+        return budgets_exceeded(victims, budgets)
+
     async def _dry_run(self, plan: PreemptionPlan) -> str | None:
         """Why the Eviction API would refuse one of the victims (a PodDisruptionBudget the RM did not
         know, or one that changed since), or None. Each victim alone: two victims under one budget
-        allowing one disruption both pass here, and the second is refused on the real eviction."""
+        allowing one disruption both pass here, so :meth:`_count_budgets` counts them together."""
         for victim in plan.victims:
             namespace, name = victim.pod.namespace, victim.pod.name
             status, payload = await answer_of(

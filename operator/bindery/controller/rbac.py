@@ -9,6 +9,8 @@ need shows up as a failing test rather than in a user's cluster.
 - pods/status patch: the PodScheduled=False condition after a failed attempt; a preemptor's
   nominatedNodeName and its victims' DisruptionTarget condition (contract v1.2 preemption).
 - pods/eviction create: evicting a preemption plan's victims (the Eviction API enforces PDBs).
+- poddisruptionbudgets list: counting a plan's victims per budget before evicting any (each
+  eviction's dry run checks one victim alone).
 - events (events.k8s.io) create/patch: Scheduled and FailedScheduling events, as kube-scheduler.
 - nodes list/watch: the node index for pre-bind checks.
 - services list/watch: their selectors, for kube-scheduler's default spreading of the pods a Service
@@ -39,6 +41,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch"]},

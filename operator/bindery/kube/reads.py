@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bindery.k8s import ApiClient, NotFound, get, resources
+from bindery.k8s import ApiClient, NotFound, get, list_pages, resources
 
 
 async def read_pod(
@@ -31,3 +31,14 @@ async def read_pod(
         return await get(api, resources.PODS, namespace=namespace, name=name, request_timeout=timeout_seconds)
     except NotFound:
         return None
+
+
+async def read_budgets(*, api: ApiClient, namespace: str, timeout_seconds: float) -> list[dict[str, Any]]:
+    """The PodDisruptionBudgets (policy/v1) of ``namespace``, read now: preemption counts a plan's
+    victims against them before evicting any (``list`` on poddisruptionbudgets)."""
+    budgets: list[dict[str, Any]] = []
+    async for page in list_pages(
+        api, resources.POD_DISRUPTION_BUDGETS, namespace=namespace, request_timeout=timeout_seconds
+    ):
+        budgets.extend(page.get("items") or ())
+    return budgets

@@ -16,10 +16,19 @@ import datetime
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from bindery.podrules.parse import label_selector
 from bindery.rm.models import PreemptionPlan
 from bindery.scheduling.podspec import PodInfo
 
-__all__ = ["DISRUPTION_TARGET", "Preemptor", "disruption_condition", "pod_group", "preempted_note", "vet"]
+__all__ = [
+    "DISRUPTION_TARGET",
+    "Preemptor",
+    "budgets_exceeded",
+    "disruption_condition",
+    "pod_group",
+    "preempted_note",
+    "vet",
+]
 
 DISRUPTION_TARGET = "DisruptionTarget"
 REASON_PREEMPTED = "PreemptionByScheduler"
@@ -134,6 +143,45 @@ def vet(
             return (
                 f"evicting victim {victim.pod.namespace}/{victim.pod.name} on node {where} would "
                 f"exceed PodDisruptionBudget{plural} {budgets}, and every node needs such a victim"
+            )
+    return None
+
+
+def budgets_exceeded(
+    victims: Sequence[Mapping[str, Any]], budgets: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """Why evicting all of ``victims`` would exceed a PodDisruptionBudget, or None.
+
+    A dry run of each eviction checks each victim alone: two victims under a budget that allows one
+    disruption both pass, and the real eviction of the second is refused after the first was
+    evicted for nothing. So the plan's victims are counted per budget against its
+    ``status.disruptionsAllowed``, as the Eviction API spends them (one per eviction).
+
+    ``victims``: the Pods still to evict, as read now. ``budgets``: the PodDisruptionBudgets
+    (policy/v1) of their namespaces. As the Eviction API: a budget selects the pods of its own
+    namespace that its selector matches (``{}`` every pod, an absent selector none), and a Pending,
+    Succeeded or Failed pod is evicted without a budget check, so it spends nothing.
+    """
+    for budget in sorted(
+        budgets, key=lambda b: (str(b["metadata"].get("namespace")), str(b["metadata"].get("name")))
+    ):
+        metadata = budget.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "")
+        selector = label_selector((budget.get("spec") or {}).get("selector"))
+        covered = [
+            f"{namespace}/{(pod.get('metadata') or {}).get('name')}"
+            for pod in victims
+            if (pod.get("metadata") or {}).get("namespace") == namespace
+            and (pod.get("status") or {}).get("phase") not in ("Pending", "Succeeded", "Failed")
+            and selector.matches(
+                {str(k): str(v) for k, v in ((pod.get("metadata") or {}).get("labels") or {}).items()}
+            )
+        ]
+        allowed = int((budget.get("status") or {}).get("disruptionsAllowed") or 0)
+        if len(covered) > max(allowed, 0) and len(covered) > 1:
+            return (
+                f"the plan evicts {len(covered)} pods PodDisruptionBudget {namespace}/{metadata.get('name')} "
+                f"covers ({', '.join(covered)}) and it allows {allowed} disruption(s) now"
             )
     return None
 
