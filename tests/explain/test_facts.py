@@ -262,3 +262,34 @@ def test_a_pod_preempting_others_says_where_and_what_it_waits_for() -> None:
     assert answer.verdict.startswith("preempting lower-priority pods on n1:")
     assert "Nominated node:    n1" in render(answer)
     assert json.loads(json.dumps(answer.as_json()))["nominated_node"] == "n1"
+
+
+def test_a_group_members_explain_shows_its_groups_preemption_back_off_and_plan() -> None:
+    """The queue view answers 404 for a member (no per-pod queue holds it) with its group's
+    back-off or plan: explain says whose they are."""
+    served: dict[str, Any] = {
+        "pod": "ns/a",
+        "uid": "u1",
+        "leading": True,
+        "message": 'the pod is a member of pod group "g": its group is placed as a whole',
+        "preemption_group": "ns/g",
+        "preemption_backoff": {"seconds": 9.5, "until": "2026-01-01T00:00:10+00:00", "reason": "a budget"},
+    }
+    answer = explain(pod=pod(), resource_manager="pool", events=[], reservations=[], queue=served)
+    assert answer.preemption == (
+        "its pod group ns/g (it preempts as a whole): backed off until 2026-01-01T00:00:10+00:00 "
+        "(in 9.5 s): no victims are asked for it before then, because a budget"
+    )
+    del served["preemption_backoff"]
+    served["preemption_plan"] = {
+        "id": "p-g",
+        "node": "a",
+        "victims": [{"pod": "ns/low-0", "state": "running"}],
+        "waits_for": "victims",
+        "lease_until": "2026-01-01T00:01:00+00:00",
+        "lease_seconds": 60.0,
+    }
+    answer = explain(pod=pod(), resource_manager="pool", events=[], reservations=[], queue=served)
+    assert "Preemption plan:   its pod group ns/g (it preempts as a whole): plan p-g on node a" in render(
+        answer
+    )

@@ -169,3 +169,44 @@ def test_a_preemptor_waiting_on_its_plan_shows_the_plan_its_victims_and_the_leas
     }
     runner.plans.clear()  # bound, cancelled or lapsed: nothing said
     assert "preemption_plan" not in view.pod(namespace=high.namespace, name="high")[1]
+
+
+def test_a_pod_group_member_shows_its_groups_back_off_and_plan() -> None:
+    """A group preempts as a whole, so its back-off and plan are kept under the group's key, not a
+    member's UID: a member's answer carries them, and names the group."""
+    clock = FakeClock(start=100.0)
+    queue = SchedulingQueue(clock=clock, backoff=BackoffPolicy(initial=2.0, maximum=10.0))
+    member = dataclasses.replace(pod("train-0"), scheduling_group="train")
+    key = f"group/{member.namespace}/train"
+    why = "the plan evicts 2 pods PodDisruptionBudget ns/keep covers (ns/a, ns/b) and it allows 1"
+    runner = Runner(queue, backoffs={key: (7.5, why)})
+    view = QueueView(
+        runners=lambda: {"pool": runner},
+        pods=Pods({member.uid: member}),
+        leading=lambda: True,
+        served=lambda name: True,
+        wall_clock=lambda: 1_767_225_600.0,  # 2026-01-01T00:00:00Z
+    )
+    status, answer = view.pod(namespace=member.namespace, name="train-0")
+    assert status == 404  # in no per-pod queue: the group is placed as a whole
+    assert "pod group" in answer["message"]
+    assert answer["preemption_group"] == f"{member.namespace}/train"
+    assert answer["preemption_backoff"] == {
+        "seconds": 7.5,
+        "until": "2026-01-01T00:00:07+00:00",
+        "reason": why,
+    }
+    assert "preemption_plan" not in answer
+
+    runner.backoffs.clear()
+    runner.plans[key] = PendingPlan(
+        plan_id="p-g", node="a", victims=(("ns/low-0", "running"),), waits_for="victims", lease_left=30.0
+    )
+    answer = view.pod(namespace=member.namespace, name="train-0")[1]
+    assert answer["preemption_plan"]["id"] == "p-g"
+    assert "preemption_backoff" not in answer
+
+    runner.plans.clear()  # nothing kept for the group: nothing said
+    answer = view.pod(namespace=member.namespace, name="train-0")[1]
+    assert "preemption_group" not in answer
+    assert "preemption_plan" not in answer

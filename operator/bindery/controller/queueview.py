@@ -8,7 +8,8 @@ backoff), so the operator serves it as JSON on the metrics port:
   attempts, and when it is tried next (404 with a JSON reason when no queue holds it); for a
   preemptor whose last plan failed, until when it asks for no plan and why
   (``preemption_backoff``); for a preemptor whose plan is confirmed, the plan, its victims, what it
-  waits for and when its lease ends (``preemption_plan``).
+  waits for and when its lease ends (``preemption_plan``); for a member of a pod group, which
+  preempts as a whole, its group's back-off or plan (``preemption_group`` names the group).
 
 `bindery explain` reaches it through the apiserver's service proxy, as `kubectl get --raw
 /api/v1/namespaces/NS/services/NAME:metrics/proxy/debug/queue` does, or at `--operator-url`. A
@@ -125,24 +126,20 @@ class QueueView:
                 next_attempt_at=due.isoformat(timespec="seconds") if due is not None else None,
                 waits_for_capacity=position.waits_for_capacity,
             )
-            backoff = runner.preemption_backoff(known.uid)
-            if backoff is not None:
-                left, why = backoff
-                until = datetime.datetime.fromtimestamp(self._wall_clock() + left, datetime.UTC)
-                answer["preemption_backoff"] = {
-                    "seconds": round(left, 3),
-                    "until": until.isoformat(timespec="seconds"),
-                    "reason": why,
-                }
-            pending = runner.preemption_plan(known.uid)
-            if pending is not None:
-                answer["preemption_plan"] = self._plan(pending)
+            self._preemption(answer, runner, known.uid)
             return 200, answer
         if known.scheduling_group:
             answer["message"] = (
                 f'the pod is a member of pod group "{known.scheduling_group}": its group is placed as a '
                 "whole, outside the per-pod queue (see the group's PodGroupScheduled condition)"
             )
+            # A group preempts as a whole: its back-off and plan are kept under the group's key
+            # (bindery.scheduling.preemption.Preemptor.of_group), not under any member's UID.
+            group = f"group/{known.namespace}/{known.scheduling_group}"
+            for _, runner in sorted(self._runners().items()):
+                if self._preemption(answer, runner, group):
+                    answer["preemption_group"] = f"{known.namespace}/{known.scheduling_group}"
+                    break
             return 404, answer
         answer["message"] = (
             "the operator holds the pod but no ResourceManager's queue does (it is refused by a "
@@ -150,6 +147,23 @@ class QueueView:
             "ResourceManager has no running profile yet)"
         )
         return 404, answer
+
+    def _preemption(self, answer: dict[str, Any], runner: _HasQueue, key: str) -> bool:
+        """Add the back-off and the confirmed plan kept under ``key`` (a pod's UID or a group's
+        key) to ``answer``; True when there was either."""
+        backoff = runner.preemption_backoff(key)
+        if backoff is not None:
+            left, why = backoff
+            until = datetime.datetime.fromtimestamp(self._wall_clock() + left, datetime.UTC)
+            answer["preemption_backoff"] = {
+                "seconds": round(left, 3),
+                "until": until.isoformat(timespec="seconds"),
+                "reason": why,
+            }
+        pending = runner.preemption_plan(key)
+        if pending is not None:
+            answer["preemption_plan"] = self._plan(pending)
+        return backoff is not None or pending is not None
 
     def _plan(self, pending: PendingPlan) -> dict[str, Any]:
         until = datetime.datetime.fromtimestamp(self._wall_clock() + pending.lease_left, datetime.UTC)

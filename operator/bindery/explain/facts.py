@@ -271,11 +271,17 @@ def preemption_plan(queue: Mapping[str, Any]) -> str | None:
         f"{v.get('pod')} ({v.get('state')})" for v in plan.get("victims") or () if isinstance(v, Mapping)
     )
     waits = _WAITS_FOR.get(str(plan.get("waits_for")), f"waits for {plan.get('waits_for')}")
-    return (
+    return _of_group(queue) + (
         f"plan {plan.get('id')} on node {plan.get('node')}, victims {victims or 'none listed'}; {waits}; "
         f"the RM holds the room until {plan.get('lease_until')} "
         f"(in {float(plan.get('lease_seconds') or 0):.1f} s)"
     )
+
+
+def _of_group(queue: Mapping[str, Any]) -> str:
+    """A pod group preempts as a whole: its member's answer carries the group's back-off or plan."""
+    group = queue.get("preemption_group")
+    return f"its pod group {group} (it preempts as a whole): " if group else ""
 
 
 def preemption_backoff(queue: Mapping[str, Any]) -> str | None:
@@ -286,7 +292,7 @@ def preemption_backoff(queue: Mapping[str, Any]) -> str | None:
     backoff = queue.get("preemption_backoff")
     if not isinstance(backoff, Mapping):
         return None
-    return (
+    return _of_group(queue) + (
         f"backed off until {backoff.get('until')} (in {float(backoff.get('seconds') or 0):.1f} s): no "
         f"victims are asked for it before then, because {backoff.get('reason') or 'no reason given'}"
     )
