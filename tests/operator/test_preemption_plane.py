@@ -825,6 +825,20 @@ async def test_a_gang_preemptor_whose_plan_needs_protected_victims_evicts_nothin
         await eventually(
             functools.partial(told, name), within=60, what=f"member {name} told about the budget"
         )
+    # The group backs off as a whole, under its own key: the queue view shows it for each member.
+    assert pool.operator is not None
+    runtime = pool.operator.runtime
+    view = QueueView(
+        runners=lambda: runtime.runners, pods=runtime.pods, leading=lambda: True, served=lambda _: True
+    )
+
+    async def backed_off() -> dict[str, Any] | None:
+        served = view.pod(namespace=pool.namespace, name=members[0])[1]
+        return served if "preemption_backoff" in served else None
+
+    served = await eventually(backed_off, within=30, what="the group's back-off in a member's queue view")
+    assert served["preemption_group"] == f"{pool.namespace}/train", served
+    assert "keep-mid" in served["preemption_backoff"]["reason"], served
     names = [name for name, _ in layout]
     assert await pool.existing(names) == names
     assert pool.preemptions("victim_evicted") == 0
