@@ -91,3 +91,24 @@ def test_pods_of_equal_or_higher_priority_terminating_ones_and_policy_never_are_
     verdict = rules_verdict(medium(), equal)
     assert verdict is not None
     assert rule_victims(medium(), equal, verdict) == {}
+
+
+def test_a_node_needing_more_victims_than_the_contract_carries_is_left_out() -> None:
+    """``rulePreemption`` names at most 100 victims per node (contract v1.2.4). Node b holds 101
+    low pods, and the spread accepts the pod there only once all are gone: b is no candidate for a
+    rule's preemption, and the reserve's field is still valid (before, building it raised a
+    ValidationError in PreFilter, and the pod, which fits on node a, was never scheduled)."""
+    low: list[tuple[str, str, int, dict[str, Any]]] = [(f"low-{i}", "b", 10, {}) for i in range(101)]
+    cache = cache_of(*low)
+    pod = medium()
+    verdict = rules_verdict(pod, cache)
+    assert verdict is not None
+    assert verdict.refusal() is None  # node a is open
+    found = rule_victims(pod, cache, verdict)
+    assert found == {}
+    assert rule_preemption(found) == []
+    fits = cache_of(*low[:100])
+    verdict = rules_verdict(pod, fits)
+    assert verdict is not None
+    (entry,) = rule_preemption(rule_victims(pod, fits, verdict))
+    assert (entry.node, len(entry.victims)) == ("b", 100)
