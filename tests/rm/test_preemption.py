@@ -568,3 +568,44 @@ async def test_the_rule_preemption_check_passes_the_reference_rm_and_fails_one_t
         failed = await run_check(check, config, http)
     assert not failed.passed
     assert "must never be placed there" in (failed.error or ""), failed.error
+
+
+async def test_a_rule_preemption_node_gets_no_plan_without_the_listed_pods(rm: RunningServer) -> None:
+    """Node `b` is full: `named` (priority 20, 1 CPU), which the caller's rule needs gone, and
+    `roomy` (priority 1, 3 CPU). Room for the 2-CPU preemptor needs only `roomy` gone, but a plan
+    on a listed node must name every listed pod (contract v1.2.4): evicting `roomy` alone frees
+    room the pod may never use, since its rule still excludes `b`. Before, the room-only plan (one
+    victim) outranked the rule's (two) and was proposed."""
+    from bindery.rm.models import RulePreemption, RuleVictim
+
+    rm.rm.set_bound_pods(
+        ClusterPods.of(
+            [
+                _pod("named", "b", priority=20, cpu="1"),
+                _pod("roomy", "b", priority=1, cpu="3"),
+                _pod("full-a", "a", priority=1000, cpu="4"),
+            ]
+        )
+    )
+    only_b = {
+        "requiredNodeAffinity": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}
+        ]
+    }
+    request = _request("high-r", priority=100, cpu="2").model_copy(
+        update={
+            "placement": Placement.model_validate(only_b),
+            "rule_preemption": [
+                RulePreemption(node="b", victims=[RuleVictim(namespace="ns", name="pod-named", uid="named")])
+            ],
+        }
+    )
+    client = _client(rm.url)
+    try:
+        with pytest.raises(RMUnschedulable) as raised:
+            await client.reserve(request)
+    finally:
+        await client.aclose()
+    plan = raised.value.plan
+    assert plan is not None
+    assert (plan.node, sorted(v.pod.uid for v in plan.victims)) == ("b", ["named", "roomy"])
