@@ -112,3 +112,63 @@ def test_a_node_needing_more_victims_than_the_contract_carries_is_left_out() -> 
     assert verdict is not None
     (entry,) = rule_preemption(rule_victims(pod, fits, verdict))
     assert (entry.node, len(entry.victims)) == ("b", 100)
+
+
+class _RuleClient:
+    """An RM client that takes rulePreemption and node preferences (PreFilter asks only these)."""
+
+    def takes_rule_preemption(self) -> bool:
+        return True
+
+    def takes_node_preferences(self) -> bool:
+        return True
+
+
+async def test_the_nodes_a_rule_preemption_may_plan_on_are_required_one_term_each() -> None:
+    """Both nodes hold a low pod the preemptor's anti-affinity excludes: PreFilter restricts the
+    reserve to those two nodes. ``metadata.name`` takes one value per requirement (Kubernetes, and
+    the RM's matching in bindery.constraints), so each node needs its own term; before, one
+    ``In [a, b]`` term matched no node at all."""
+    from typing import cast
+
+    from bindery.constraints import matches_required_affinity
+    from bindery.scheduling.framework import CycleContext, Ports, Profile, ReservationClient
+    from bindery.scheduling.placementrules import RULE_PREEMPTION, PodPlacementRules
+
+    cache = cache_of(("low-a", "a", 10, {}), ("low-b", "b", 10, {}))
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchExpressions": [{"key": "pts", "operator": "Exists"}]},
+                    "topologyKey": KEY,
+                }
+            ]
+        }
+    }
+    pod = PodInfo.from_body(
+        {
+            "metadata": {"name": "medium", "namespace": "ns", "uid": "uid-m"},
+            "spec": {
+                "schedulerName": "bindery",
+                "containers": [{"name": "c"}],
+                "priority": 50,
+                "affinity": anti,
+            },
+        }
+    )
+    none = cast(Any, None)
+    ctx = CycleContext(
+        pod=pod,
+        profile=Profile(
+            name="pool", scheduler_names=frozenset({"bindery"}), client=cast(ReservationClient, _RuleClient())
+        ),
+        ports=Ports(nodes=none, pods=none, binder=none, events=none, conditions=none, placed=cache),
+    )
+    status = await PodPlacementRules(wait_seconds=0).pre_filter(ctx=ctx)
+    assert status.ok, status
+    assert [entry.node for entry in ctx.state[RULE_PREEMPTION]] == ["a", "b"]  # type: ignore[attr-defined]
+    terms = ctx.required_node_terms()
+    for node in ("a", "b"):
+        assert matches_required_affinity(terms=terms, labels={KEY: node}, node_name=node), (node, terms)
+    assert not matches_required_affinity(terms=terms, labels={KEY: "c"}, node_name="c"), terms

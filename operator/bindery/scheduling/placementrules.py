@@ -583,8 +583,12 @@ class PodPlacementRules:
                 # Every node is excluded, some only because of lower-priority pods: the reserve
                 # places nowhere (the RM never places on a listed node) and may only plan there.
                 ctx.state[RULE_PREEMPTION] = rule_preemption(found)
+                # One term per node: ``metadata.name`` takes one value per requirement.
                 ctx.require_nodes(
-                    [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": sorted(found)}]}]
+                    [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                        for node in sorted(found)
+                    ]
                 )
                 return Status.success()
             term = verdict.term()
