@@ -609,3 +609,43 @@ async def test_a_rule_preemption_node_gets_no_plan_without_the_listed_pods(rm: R
     plan = raised.value.plan
     assert plan is not None
     assert (plan.node, sorted(v.pod.uid for v in plan.victims)) == ("b", ["named", "roomy"])
+
+
+async def test_a_rule_preemption_node_is_not_placed_on_by_an_rm_that_cannot_receive_the_field(
+    tmp_path: pathlib.Path,
+) -> None:
+    """PodPlacementRules lists node `b` (its rule excludes it while `low` stays) and limits the
+    reserve to it, for an RM that may take ``rulePreemption``, as far as the client knew without a
+    call (its first reserve has not read ``GET /v1/info`` yet). This RM lacks the preemption
+    features, so the client drops the field: it must keep `b` out of the placement too. Before, the
+    reserve went without the field and the RM placed the pod on `b`, against its inter-pod rule."""
+    from bindery.rm.models import RulePreemption, RuleVictim
+
+    async with serve_reference_rm(
+        db_path=tmp_path / "rm.sqlite", inventory=_inventory(), token=TOKEN, preemption=False
+    ) as server:
+        server.rm.set_bound_pods(ClusterPods.of([_pod("low", "b", priority=10, cpu="1")]))
+        client = _client(server.url)
+        try:
+            assert client.takes_rule_preemption()  # unknown yet: PodPlacementRules names the victims
+            only_b = {
+                "requiredNodeAffinity": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}
+                ]
+            }
+            request = _request("high-r", priority=100, cpu="1").model_copy(
+                update={
+                    "placement": Placement.model_validate(only_b),
+                    "rule_preemption": [
+                        RulePreemption(
+                            node="b", victims=[RuleVictim(namespace="ns", name="pod-low", uid="low")]
+                        )
+                    ],
+                }
+            )
+            with pytest.raises(RMUnschedulable) as raised:  # before: placed on b
+                await client.reserve(request)
+            assert raised.value.plan is None
+            assert not client.takes_rule_preemption()
+        finally:
+            await client.aclose()
