@@ -172,3 +172,57 @@ async def test_the_nodes_a_rule_preemption_may_plan_on_are_required_one_term_eac
     for node in ("a", "b"):
         assert matches_required_affinity(terms=terms, labels={KEY: node}, node_name=node), (node, terms)
     assert not matches_required_affinity(terms=terms, labels={KEY: "c"}, node_name="c"), terms
+
+
+async def test_the_per_node_terms_stay_within_the_contracts_term_cap() -> None:
+    """A pod with 33 required node affinity terms of its own: ANDed with one term per listed node,
+    two nodes would make 66 terms, beyond the 64 ``requiredNodeAffinity`` carries. The reserve is
+    limited to the nodes that fit the cap (here one), and lists only those in ``rulePreemption``."""
+    from typing import cast
+
+    from bindery.rm.models import Placement
+    from bindery.scheduling.framework import CycleContext, Ports, Profile, ReservationClient
+    from bindery.scheduling.placementrules import RULE_PREEMPTION, PodPlacementRules
+
+    cache = cache_of(("low-a", "a", 10, {}), ("low-b", "b", 10, {}))
+    anti = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": KEY, "operator": "In", "values": ["a", "b", f"x{i}"]}]}
+                    for i in range(33)
+                ]
+            }
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchExpressions": [{"key": "pts", "operator": "Exists"}]},
+                    "topologyKey": KEY,
+                }
+            ]
+        },
+    }
+    pod = PodInfo.from_body(
+        {
+            "metadata": {"name": "medium", "namespace": "ns", "uid": "uid-m"},
+            "spec": {
+                "schedulerName": "bindery",
+                "containers": [{"name": "c"}],
+                "priority": 50,
+                "affinity": anti,
+            },
+        }
+    )
+    none = cast(Any, None)
+    ctx = CycleContext(
+        pod=pod,
+        profile=Profile(
+            name="pool", scheduler_names=frozenset({"bindery"}), client=cast(ReservationClient, _RuleClient())
+        ),
+        ports=Ports(nodes=none, pods=none, binder=none, events=none, conditions=none, placed=cache),
+    )
+    status = await PodPlacementRules(wait_seconds=0).pre_filter(ctx=ctx)
+    assert status.ok, status
+    Placement.model_validate({"requiredNodeAffinity": ctx.required_node_terms()})
+    assert [entry.node for entry in ctx.state[RULE_PREEMPTION]] == ["a"]  # type: ignore[attr-defined]

@@ -582,6 +582,14 @@ class PodPlacementRules:
                     return Status.unschedulable(refusal)
                 # Every node is excluded, some only because of lower-priority pods: the reserve
                 # places nowhere (the RM never places on a listed node) and may only plan there.
+                # Each node's term is ANDed with each of the pod's own: as many nodes as the cap
+                # on requiredNodeAffinity's terms leaves room for.
+                room = max_items(Placement, "required_node_affinity") // max(
+                    1, len(ctx.required_node_terms())
+                )
+                if room < 1:
+                    return Status.unschedulable(refusal)
+                found = dict(sorted(found.items())[:room])
                 ctx.state[RULE_PREEMPTION] = rule_preemption(found)
                 # One term per node: ``metadata.name`` takes one value per requirement.
                 ctx.require_nodes(
