@@ -649,3 +649,20 @@ async def test_a_rule_preemption_node_is_not_placed_on_by_an_rm_that_cannot_rece
             assert not client.takes_rule_preemption()
         finally:
             await client.aclose()
+
+
+def test_dropping_rule_preemption_excludes_each_listed_node_once_per_term() -> None:
+    from bindery.rm.client import _without_nodes
+
+    placement = Placement.model_validate(
+        {
+            "requiredNodeAffinity": [
+                {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["b"]}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]},
+            ]
+        }
+    )
+    terms = _without_nodes(placement, ["b", "c"]).model_dump(by_alias=True, exclude_defaults=True)
+    not_in = [[f["values"][0] for f in term.get("matchFields", [])] for term in terms["requiredNodeAffinity"]]
+    assert not_in == [["b", "c"], ["b", "c"]]
+    assert _without_nodes(placement, []) is placement

@@ -1504,7 +1504,7 @@ def _summarize(error: pydantic.ValidationError) -> str:
 
 def _without_nodes(placement: Placement, nodes: list[str]) -> Placement:
     """``placement`` with ``nodes`` excluded: ``metadata.name NotIn`` (one value each, as Kubernetes
-    allows) ANDed into every required term."""
+    allows) ANDed into every required term that does not exclude the node so already."""
     excluded = [
         NodeSelectorRequirement(key="metadata.name", operator="NotIn", values=[node]) for node in nodes
     ]
@@ -1514,7 +1514,15 @@ def _without_nodes(placement: Placement, nodes: list[str]) -> Placement:
     return placement.model_copy(
         update={
             "required_node_affinity": [
-                term.model_copy(update={"match_fields": [*term.match_fields, *excluded]}) for term in terms
+                term.model_copy(
+                    update={
+                        "match_fields": [
+                            *term.match_fields,
+                            *(r for r in excluded if r not in term.match_fields),  # not twice
+                        ]
+                    }
+                )
+                for term in terms
             ]
         }
     )
