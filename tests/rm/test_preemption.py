@@ -568,3 +568,101 @@ async def test_the_rule_preemption_check_passes_the_reference_rm_and_fails_one_t
         failed = await run_check(check, config, http)
     assert not failed.passed
     assert "must never be placed there" in (failed.error or ""), failed.error
+
+
+async def test_a_rule_preemption_node_gets_no_plan_without_the_listed_pods(rm: RunningServer) -> None:
+    """Node `b` is full: `named` (priority 20, 1 CPU), which the caller's rule needs gone, and
+    `roomy` (priority 1, 3 CPU). Room for the 2-CPU preemptor needs only `roomy` gone, but a plan
+    on a listed node must name every listed pod (contract v1.2.4): evicting `roomy` alone frees
+    room the pod may never use, since its rule still excludes `b`. Before, the room-only plan (one
+    victim) outranked the rule's (two) and was proposed."""
+    from bindery.rm.models import RulePreemption, RuleVictim
+
+    rm.rm.set_bound_pods(
+        ClusterPods.of(
+            [
+                _pod("named", "b", priority=20, cpu="1"),
+                _pod("roomy", "b", priority=1, cpu="3"),
+                _pod("full-a", "a", priority=1000, cpu="4"),
+            ]
+        )
+    )
+    only_b = {
+        "requiredNodeAffinity": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}
+        ]
+    }
+    request = _request("high-r", priority=100, cpu="2").model_copy(
+        update={
+            "placement": Placement.model_validate(only_b),
+            "rule_preemption": [
+                RulePreemption(node="b", victims=[RuleVictim(namespace="ns", name="pod-named", uid="named")])
+            ],
+        }
+    )
+    client = _client(rm.url)
+    try:
+        with pytest.raises(RMUnschedulable) as raised:
+            await client.reserve(request)
+    finally:
+        await client.aclose()
+    plan = raised.value.plan
+    assert plan is not None
+    assert (plan.node, sorted(v.pod.uid for v in plan.victims)) == ("b", ["named", "roomy"])
+
+
+async def test_a_rule_preemption_node_is_not_placed_on_by_an_rm_that_cannot_receive_the_field(
+    tmp_path: pathlib.Path,
+) -> None:
+    """PodPlacementRules lists node `b` (its rule excludes it while `low` stays) and limits the
+    reserve to it, for an RM that may take ``rulePreemption``, as far as the client knew without a
+    call (its first reserve has not read ``GET /v1/info`` yet). This RM lacks the preemption
+    features, so the client drops the field: it must keep `b` out of the placement too. Before, the
+    reserve went without the field and the RM placed the pod on `b`, against its inter-pod rule."""
+    from bindery.rm.models import RulePreemption, RuleVictim
+
+    async with serve_reference_rm(
+        db_path=tmp_path / "rm.sqlite", inventory=_inventory(), token=TOKEN, preemption=False
+    ) as server:
+        server.rm.set_bound_pods(ClusterPods.of([_pod("low", "b", priority=10, cpu="1")]))
+        client = _client(server.url)
+        try:
+            assert client.takes_rule_preemption()  # unknown yet: PodPlacementRules names the victims
+            only_b = {
+                "requiredNodeAffinity": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}
+                ]
+            }
+            request = _request("high-r", priority=100, cpu="1").model_copy(
+                update={
+                    "placement": Placement.model_validate(only_b),
+                    "rule_preemption": [
+                        RulePreemption(
+                            node="b", victims=[RuleVictim(namespace="ns", name="pod-low", uid="low")]
+                        )
+                    ],
+                }
+            )
+            with pytest.raises(RMUnschedulable) as raised:  # before: placed on b
+                await client.reserve(request)
+            assert raised.value.plan is None
+            assert not client.takes_rule_preemption()
+        finally:
+            await client.aclose()
+
+
+def test_dropping_rule_preemption_excludes_each_listed_node_once_per_term() -> None:
+    from bindery.rm.client import _without_nodes
+
+    placement = Placement.model_validate(
+        {
+            "requiredNodeAffinity": [
+                {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["b"]}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]},
+            ]
+        }
+    )
+    terms = _without_nodes(placement, ["b", "c"]).model_dump(by_alias=True, exclude_defaults=True)
+    not_in = [[f["values"][0] for f in term.get("matchFields", [])] for term in terms["requiredNodeAffinity"]]
+    assert not_in == [["b", "c"], ["b", "c"]]
+    assert _without_nodes(placement, []) is placement

@@ -91,3 +91,138 @@ def test_pods_of_equal_or_higher_priority_terminating_ones_and_policy_never_are_
     verdict = rules_verdict(medium(), equal)
     assert verdict is not None
     assert rule_victims(medium(), equal, verdict) == {}
+
+
+def test_a_node_needing_more_victims_than_the_contract_carries_is_left_out() -> None:
+    """``rulePreemption`` names at most 100 victims per node (contract v1.2.4). Node b holds 101
+    low pods, and the spread accepts the pod there only once all are gone: b is no candidate for a
+    rule's preemption, and the reserve's field is still valid (before, building it raised a
+    ValidationError in PreFilter, and the pod, which fits on node a, was never scheduled)."""
+    low: list[tuple[str, str, int, dict[str, Any]]] = [(f"low-{i}", "b", 10, {}) for i in range(101)]
+    cache = cache_of(*low)
+    pod = medium()
+    verdict = rules_verdict(pod, cache)
+    assert verdict is not None
+    assert verdict.refusal() is None  # node a is open
+    found = rule_victims(pod, cache, verdict)
+    assert found == {}
+    assert rule_preemption(found) == []
+    fits = cache_of(*low[:100])
+    verdict = rules_verdict(pod, fits)
+    assert verdict is not None
+    (entry,) = rule_preemption(rule_victims(pod, fits, verdict))
+    assert (entry.node, len(entry.victims)) == ("b", 100)
+
+
+class _RuleClient:
+    """An RM client that takes rulePreemption and node preferences (PreFilter asks only these)."""
+
+    def takes_rule_preemption(self) -> bool:
+        return True
+
+    def takes_node_preferences(self) -> bool:
+        return True
+
+
+async def test_the_nodes_a_rule_preemption_may_plan_on_are_required_one_term_each() -> None:
+    """Both nodes hold a low pod the preemptor's anti-affinity excludes: PreFilter restricts the
+    reserve to those two nodes. ``metadata.name`` takes one value per requirement (Kubernetes, and
+    the RM's matching in bindery.constraints), so each node needs its own term; before, one
+    ``In [a, b]`` term matched no node at all."""
+    from typing import cast
+
+    from bindery.constraints import matches_required_affinity
+    from bindery.scheduling.framework import CycleContext, Ports, Profile, ReservationClient
+    from bindery.scheduling.placementrules import RULE_PREEMPTION, PodPlacementRules
+
+    cache = cache_of(("low-a", "a", 10, {}), ("low-b", "b", 10, {}))
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchExpressions": [{"key": "pts", "operator": "Exists"}]},
+                    "topologyKey": KEY,
+                }
+            ]
+        }
+    }
+    pod = PodInfo.from_body(
+        {
+            "metadata": {"name": "medium", "namespace": "ns", "uid": "uid-m"},
+            "spec": {
+                "schedulerName": "bindery",
+                "containers": [{"name": "c"}],
+                "priority": 50,
+                "affinity": anti,
+            },
+        }
+    )
+    none = cast(Any, None)
+    ctx = CycleContext(
+        pod=pod,
+        profile=Profile(
+            name="pool", scheduler_names=frozenset({"bindery"}), client=cast(ReservationClient, _RuleClient())
+        ),
+        ports=Ports(nodes=none, pods=none, binder=none, events=none, conditions=none, placed=cache),
+    )
+    status = await PodPlacementRules(wait_seconds=0).pre_filter(ctx=ctx)
+    assert status.ok, status
+    assert [entry.node for entry in ctx.state[RULE_PREEMPTION]] == ["a", "b"]  # type: ignore[attr-defined]
+    terms = ctx.required_node_terms()
+    for node in ("a", "b"):
+        assert matches_required_affinity(terms=terms, labels={KEY: node}, node_name=node), (node, terms)
+    assert not matches_required_affinity(terms=terms, labels={KEY: "c"}, node_name="c"), terms
+
+
+async def test_the_per_node_terms_stay_within_the_contracts_term_cap() -> None:
+    """A pod with 33 required node affinity terms of its own: ANDed with one term per listed node,
+    two nodes would make 66 terms, beyond the 64 ``requiredNodeAffinity`` carries. The reserve is
+    limited to the nodes that fit the cap (here one), and lists only those in ``rulePreemption``."""
+    from typing import cast
+
+    from bindery.rm.models import Placement
+    from bindery.scheduling.framework import CycleContext, Ports, Profile, ReservationClient
+    from bindery.scheduling.placementrules import RULE_PREEMPTION, PodPlacementRules
+
+    cache = cache_of(("low-a", "a", 10, {}), ("low-b", "b", 10, {}))
+    anti = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": KEY, "operator": "In", "values": ["a", "b", f"x{i}"]}]}
+                    for i in range(33)
+                ]
+            }
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchExpressions": [{"key": "pts", "operator": "Exists"}]},
+                    "topologyKey": KEY,
+                }
+            ]
+        },
+    }
+    pod = PodInfo.from_body(
+        {
+            "metadata": {"name": "medium", "namespace": "ns", "uid": "uid-m"},
+            "spec": {
+                "schedulerName": "bindery",
+                "containers": [{"name": "c"}],
+                "priority": 50,
+                "affinity": anti,
+            },
+        }
+    )
+    none = cast(Any, None)
+    ctx = CycleContext(
+        pod=pod,
+        profile=Profile(
+            name="pool", scheduler_names=frozenset({"bindery"}), client=cast(ReservationClient, _RuleClient())
+        ),
+        ports=Ports(nodes=none, pods=none, binder=none, events=none, conditions=none, placed=cache),
+    )
+    status = await PodPlacementRules(wait_seconds=0).pre_filter(ctx=ctx)
+    assert status.ok, status
+    Placement.model_validate({"requiredNodeAffinity": ctx.required_node_terms()})
+    assert [entry.node for entry in ctx.state[RULE_PREEMPTION]] == ["a"]  # type: ignore[attr-defined]

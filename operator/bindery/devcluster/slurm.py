@@ -225,6 +225,8 @@ class SlurmBed:
                     f"({longest}: {len(str(longest))} > {_SUN_PATH_MAX} characters); use a shorter name"
                 )
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: Where each daemon's latest launch began writing in its log.
+        self._log_starts: dict[str, int] = {}
 
     def _pick_ports(self) -> None:
         """Distinct ports for slurmctld and every slurmd, outside the ephemeral range.
@@ -384,6 +386,7 @@ class SlurmBed:
 
     def _spawn(self, key: str, argv: Sequence[str]) -> None:
         log = open(self.workdir / "log" / f"{key}.out", "ab")  # noqa: SIM115 - the child owns it
+        self._log_starts[key] = log.tell()  # the log is appended to: this launch's lines start here
         with log:
             self._procs[key] = subprocess.Popen(
                 argv,
@@ -481,9 +484,18 @@ class SlurmBed:
         """The daemons that have exited because their port was in use."""
         taken = []
         for key, proc in self._procs.items():
-            if proc.poll() is not None and _PORT_TAKEN in _tail(self.workdir / "log" / f"{key}.out"):
+            if proc.poll() is not None and _PORT_TAKEN in self._logged(key):
                 taken.append(key)
         return taken
+
+    def _logged(self, key: str) -> str:
+        """What the daemon's latest launch wrote to its log (not an earlier launch's lines)."""
+        try:
+            with open(self.workdir / "log" / f"{key}.out", "rb") as log:
+                log.seek(self._log_starts.get(key, 0))
+                return log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
 
     def wait_idle(self, *, timeout: float = 60) -> None:
         """Until slurmctld answers and reports every node idle (or allocated: jobs survive restarts)."""

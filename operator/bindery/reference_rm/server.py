@@ -846,6 +846,9 @@ class ReferenceRM:
             entry.node: frozenset(victim.uid for victim in entry.victims)
             for entry in request.rule_preemption or ()
         }
+        # A listed node gets a plan only with its listed pods among the victims: room alone there is
+        # room the pod never gets (the reserve never places on it while the caller lists it).
+        for_room = [node for node in inventory if node.name not in for_rules] if for_rules else inventory
 
         def choose(
             used_by_node: Mapping[str, Mapping[str, Decimal]], spoken_for: frozenset[str]
@@ -857,7 +860,7 @@ class ReferenceRM:
                 for name, amount in entry.unclaimed.usage.items():
                     bucket[name] = bucket.get(name, Decimal(0)) + amount
             found = choose_victims(
-                nodes=inventory,
+                nodes=for_room,
                 requests=requests,
                 priority=pod.priority,
                 placement={

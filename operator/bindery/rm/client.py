@@ -76,6 +76,8 @@ from bindery.rm.models import (
     ContractInfo,
     Feature,
     GroupMemberRequest,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
     Placement,
     PlanState,
     PodIdentity,
@@ -580,7 +582,8 @@ class ResourceManagerClient:
         """Whether ``rulePreemption`` may reach this RM, as far as known without a call (True while
         unknown; the reserve checks ``GET /v1/info``). PodPlacementRules reads it to skip choosing
         victims for the rules that the RM would never receive."""
-        return self._info is None or self._info.offers(Feature.RULE_PREEMPTION)
+        info = self._info
+        return info is None or (info.offers(Feature.PREEMPTION) and info.offers(Feature.RULE_PREEMPTION))
 
     async def _takes_rule_preemption(self, request: ReservationRequest) -> bool:
         """``rulePreemption`` goes only with ``PreemptLowerPriority``, to an RM listing both features."""
@@ -645,7 +648,12 @@ class ResourceManagerClient:
             else:  # a v1.1 RM never sees the field: it proposes no plan, as before v1.2
                 request = request.model_copy(update={"preemption_policy": None})
         if request.rule_preemption is not None and not await self._takes_rule_preemption(request):
-            request = request.model_copy(update={"rule_preemption": None})
+            # The listed nodes stay out of reach: the caller's rules accept the pod there only once
+            # the named pods are gone, and without the field the RM would place it there.
+            nodes = [entry.node for entry in request.rule_preemption]
+            request = request.model_copy(
+                update={"rule_preemption": None, "placement": _without_nodes(request.placement, nodes)}
+            )
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         outcome = await self._coalesced(
             {"reserve": body},
@@ -1492,6 +1500,32 @@ def _summarize(error: pydantic.ValidationError) -> str:
     ]
     more = f" (and {error.error_count() - 3} more)" if error.error_count() > 3 else ""
     return "; ".join(parts) + more
+
+
+def _without_nodes(placement: Placement, nodes: list[str]) -> Placement:
+    """``placement`` with ``nodes`` excluded: ``metadata.name NotIn`` (one value each, as Kubernetes
+    allows) ANDed into every required term that does not exclude the node so already."""
+    excluded = [
+        NodeSelectorRequirement(key="metadata.name", operator="NotIn", values=[node]) for node in nodes
+    ]
+    if not excluded:
+        return placement
+    terms = placement.required_node_affinity or [NodeSelectorTerm()]
+    return placement.model_copy(
+        update={
+            "required_node_affinity": [
+                term.model_copy(
+                    update={
+                        "match_fields": [
+                            *term.match_fields,
+                            *(r for r in excluded if r not in term.match_fields),  # not twice
+                        ]
+                    }
+                )
+                for term in terms
+            ]
+        }
+    )
 
 
 def _pod_name(pod: PodIdentity) -> str:

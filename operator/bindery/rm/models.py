@@ -39,6 +39,7 @@ __all__ = [
     "FEATURES_HEADER",
     "MAX_BATCH_OPERATIONS",
     "MAX_GROUP_MEMBERS",
+    "MAX_RULE_VICTIMS",
     "BatchOperation",
     "BatchOperationResult",
     "BatchRequest",
@@ -74,6 +75,8 @@ __all__ = [
 CONTRACT_VERSION = "1.2.4"
 #: The most members one reservation group may have (contract v1.1).
 MAX_GROUP_MEMBERS = 1000
+#: The most victims one ``rulePreemption`` entry may name (contract v1.2.4).
+MAX_RULE_VICTIMS = 100
 #: The most operations one ``POST /v1/batch`` may carry (contract v1.1).
 MAX_BATCH_OPERATIONS = 500
 
@@ -300,7 +303,7 @@ class RulePreemption(_Request):
     but must never place the pod there: only the caller knows which pods a rule needs gone."""
 
     node: Annotated[str, Field(min_length=1, max_length=253)]
-    victims: list[RuleVictim] = Field(min_length=1, max_length=100)
+    victims: list[RuleVictim] = Field(min_length=1, max_length=MAX_RULE_VICTIMS)
 
 
 class ReservationRequest(_Resourced):

@@ -43,7 +43,14 @@ from bindery.podrules.filters import AFFINITY, Incoming, PlacedView, Verdict, ev
 from bindery.podrules.model import NO_SOFT, AffinityTerm, PlacedPod, PodRules, SoftRules
 from bindery.podrules.parse import with_service_spread
 from bindery.podrules.soft import Preferences, preferences, selecting
-from bindery.rm.models import NodeSelectorRequirement, NodeSelectorTerm, Placement, RulePreemption, RuleVictim
+from bindery.rm.models import (
+    MAX_RULE_VICTIMS,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    Placement,
+    RulePreemption,
+    RuleVictim,
+)
 from bindery.scheduling.framework import CycleContext, Status, and_terms
 from bindery.scheduling.podspec import PodInfo, max_items
 from bindery.scheduling.ports import PlacedPods
@@ -376,7 +383,8 @@ def rule_victims(
     e2e "PodTopologySpread Preemption", where room needs one low pod gone and the spread two.
     Nodes a required pod affinity excludes are skipped (evicting pods never brings one its affinity
     needs); terminating and assumed pods are never named (they are leaving, or are this process's
-    own cycles)."""
+    own cycles). A node that needs more victims than the contract carries (``MAX_RULE_VICTIMS``) is
+    left out: the field could not name them all."""
     if pod.preemption_policy == "Never" or not verdict.effects:
         return {}
     hopeless = {node for effect in verdict.effects if effect.rule == AFFINITY for node in effect.excluded}
@@ -404,7 +412,7 @@ def rule_victims(
         for other in sorted(lower[node], key=lambda p: (-p.priority, p.uid)):
             if broken_after_preemption(pod, placed, node=node, victims=victims.keys() - {other.uid}) is None:
                 del victims[other.uid]  # reprieved: the rules accept the pod with it staying
-        if victims:
+        if 0 < len(victims) <= MAX_RULE_VICTIMS:
             found[node] = tuple(sorted(victims.values(), key=lambda p: (p.priority, p.uid)))
     return found
 
@@ -574,9 +582,21 @@ class PodPlacementRules:
                     return Status.unschedulable(refusal)
                 # Every node is excluded, some only because of lower-priority pods: the reserve
                 # places nowhere (the RM never places on a listed node) and may only plan there.
+                # Each node's term is ANDed with each of the pod's own: as many nodes as the cap
+                # on requiredNodeAffinity's terms leaves room for.
+                room = max_items(Placement, "required_node_affinity") // max(
+                    1, len(ctx.required_node_terms())
+                )
+                if room < 1:
+                    return Status.unschedulable(refusal)
+                found = dict(sorted(found.items())[:room])
                 ctx.state[RULE_PREEMPTION] = rule_preemption(found)
+                # One term per node: ``metadata.name`` takes one value per requirement.
                 ctx.require_nodes(
-                    [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": sorted(found)}]}]
+                    [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                        for node in sorted(found)
+                    ]
                 )
                 return Status.success()
             term = verdict.term()
