@@ -51,3 +51,27 @@ def test_run_freezes_what_start_loaded_and_collects_the_young_less_often(
     assert seen["threshold"] == COLLECTOR_THRESHOLDS
     assert isinstance(seen["frozen"], int)
     assert seen["frozen"] > 0
+
+
+def test_run_leaves_sigterm_to_kopf_and_passes_no_stop_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kopf, in the main thread, replaces any SIGINT/SIGTERM handler set before it with its own. A
+    `stop_flag` set by such a handler was never set, and Kopf waited 5 s at every exit for the task
+    left waiting on it (every rollout, every test restarting an operator process)."""
+    import gc
+
+    import bindery.controller.entry
+
+    seen: dict[str, object] = {}
+
+    async def run_operator(**kwargs: object) -> None:
+        seen.update(kwargs)
+
+    monkeypatch.setattr(bindery.controller.entry, "run_operator", run_operator)
+    before = gc.get_threshold()
+    try:
+        assert main(["run"]) == 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    assert "options" in seen
+    assert seen.get("stop_flag") is None
