@@ -38,6 +38,7 @@ from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDU
 from bindery.scheduling.framework import Ports, Profile
 from bindery.scheduling.podgroups import GroupStep, PodGroupInfo, decide_group
 from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.preemption import Preemptor
 from bindery.typedefs import Logger
 
 __all__ = ["REPORT_WAITING_AFTER_SECONDS", "GroupState", "PodGroupCoordinator"]
@@ -92,6 +93,7 @@ class PodGroupCoordinator:
         self._ports = ports
         self._api = api
         self._logger = logger
+        self._preemptions = preemptions
         self._groups: dict[GroupKey, GroupState] = {}
         self._active = False
         self._reporter = Reporter(profile=profile, ports=ports, api=api, logger=logger, metrics=metrics)
@@ -195,6 +197,8 @@ class PodGroupCoordinator:
                     await group.wake.wait()
         if not group.pending and self._groups.get(key) is group:
             del self._groups[key]
+            if self._preemptions is not None:  # else a group recreated under this name inherits it
+                self._preemptions.forget(Preemptor.of_group(namespace=key[0], name=key[1], members=()).uid)
 
     def _next_backoff(self, group: GroupState) -> float:
         profile = self._profile()
