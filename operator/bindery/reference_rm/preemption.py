@@ -187,6 +187,37 @@ class Candidate:
         return (len(self.violations), len(priorities), max(priorities), sum(priorities), self.node)
 
 
+def _protected_first(
+    units: Sequence[tuple[BoundPod, ...]], protected: Mapping[str, tuple[str, ...]]
+) -> list[tuple[BoundPod, ...]]:
+    """Upstream's reprieve order: the units a budget protects are given back first, then the others,
+    each part in ``units``' order (highest priority first)."""
+    return [u for u in units if any(p.uid in protected for p in u)] + [
+        u for u in units if not any(p.uid in protected for p in u)
+    ]
+
+
+def _reprieve(
+    units: Sequence[tuple[BoundPod, ...]],
+    protected: Mapping[str, tuple[str, ...]],
+    *,
+    node: InventoryNode,
+    usage: Mapping[str, Decimal],
+    used: dict[str, Decimal],
+) -> list[BoundPod]:
+    """kube-scheduler's reprieve on one node: give each unit back (``used`` counts it again) while
+    the pod still fits; the units that cannot be given back are the victims."""
+    victims: list[BoundPod] = []
+    for unit in _protected_first(units, protected):
+        for pod in unit:
+            _plus(used, pod.usage)
+        if not fits(node, usage, used):
+            for pod in unit:
+                _plus(used, pod.usage, -1)
+            victims.extend(unit)
+    return victims
+
+
 def choose_victims(
     *,
     nodes: Sequence[InventoryNode],
@@ -241,17 +272,7 @@ def choose_victims(
             continue
         highest_first = units[::-1]
         protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
-        victims: list[BoundPod] = []
-        # Reprieve the protected units first, then the others; highest priorities first in each.
-        for unit in [u for u in highest_first if any(p.uid in protected for p in u)] + [
-            u for u in highest_first if not any(p.uid in protected for p in u)
-        ]:
-            for pod in unit:
-                _plus(used, pod.usage)
-            if not fits(node, usage, used):
-                for pod in unit:
-                    _plus(used, pod.usage, -1)
-                victims.extend(unit)
+        victims = _reprieve(highest_first, protected, node=node, usage=usage, used=used)
         victims.sort(key=lambda pod: (pod.priority, pod.uid))
         chosen = _violations(victims[::-1], budgets) if protected else {}
         found = Candidate(node=node.name, victims=tuple(victims), violations=chosen)
@@ -311,16 +332,8 @@ def choose_rule_victims(
             continue
         others = [unit for unit in units if unit not in named][::-1]  # highest priority first
         protected = _violations([p for unit in others for p in unit], budgets) if budgets else {}
-        victims: list[BoundPod] = [p for unit in named for p in unit]
-        for unit in [u for u in others if any(p.uid in protected for p in u)] + [
-            u for u in others if not any(p.uid in protected for p in u)
-        ]:
-            for pod in unit:
-                _plus(used, pod.usage)
-            if not fits(node, usage, used):
-                for pod in unit:
-                    _plus(used, pod.usage, -1)
-                victims.extend(unit)
+        victims = [p for unit in named for p in unit]
+        victims += _reprieve(others, protected, node=node, usage=usage, used=used)
         victims.sort(key=lambda pod: (pod.priority, pod.uid))
         chosen = _violations(victims[::-1], budgets) if budgets else {}
         found = Candidate(node=name, victims=tuple(victims), violations=chosen)
@@ -702,11 +715,6 @@ def choose_group_victims(
     highest_first = sorted(units, key=lambda unit: (-max(m.priority for m in unit), unit[0].uid))
     protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
 
-    def reprieve_order(order: Sequence[tuple[BoundPod, ...]]) -> list[tuple[BoundPod, ...]]:
-        return [u for u in order if any(p.uid in protected for p in u)] + [
-            u for u in order if not any(p.uid in protected for p in u)
-        ]
-
     def candidate(victims: list[BoundPod], placed: tuple[str, ...] | None) -> GroupCandidate | None:
         if not victims or placed is None:
             return None  # the group fits as things are (room freed meanwhile): no plan
@@ -718,7 +726,7 @@ def choose_group_victims(
         """Give ``order``'s units back while the group fits (``used`` is as it was after)."""
         victims: list[BoundPod] = []
         kept: list[tuple[BoundPod, ...]] = []
-        for unit in reprieve_order(order):
+        for unit in _protected_first(order, protected):
             take(unit, 1)
             if place() is None:
                 take(unit, -1)
@@ -739,7 +747,7 @@ def choose_group_victims(
             _plus(needs.setdefault(name, {}), effective_usage(ask.requests, by_name[name]))
         victims: list[BoundPod] = []
         kept: list[tuple[BoundPod, ...]] = []
-        for unit in reprieve_order(order):
+        for unit in _protected_first(order, protected):
             take(unit, 1)
             if all(fits(by_name[n], needs.get(n, {}), used.get(n, {})) for n in {pod.node for pod in unit}):
                 kept.append(unit)
