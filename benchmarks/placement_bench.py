@@ -11,7 +11,11 @@ the full ones answer "Too many pods").  It prints the mean milliseconds of CPU p
 policy, and with ``--profile`` cProfile's top functions.  ``--constraints`` adds a taint on every
 node and a nodeSelector and a toleration on every pod; ``--preferences`` gives every pod a
 preferred node term (contract v1.2) that half the nodes match, so every call takes the scored path
-(NodeAffinity and TaintToleration with the policy).  It asserts nothing: compare the figure
+(NodeAffinity and TaintToleration with the policy).  ``--rules`` gives every pod what Bindery
+sends for ceiling.py's ``--shape rules`` (a hard zone spread and a hostname anti-affinity over its
+group, groups of half the nodes): one term of ``kubernetes.io/hostname NotIn`` the group's nodes so
+far (split at 256 values) and ``zone In`` the zones with the fewest of the group's pods, so every
+pod's constraints are new.  It asserts nothing: compare the figure
 before and after a change to placement (benchmarks/PROFILE.md).
 """
 
@@ -19,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import math
 import pstats
 import time
+from collections import Counter
 from decimal import Decimal
+from typing import Any
 
 from bindery.quantity import parse_quantity
 from bindery.reference_rm.inventory import node_from_object
@@ -39,7 +46,13 @@ def inventory(count: int, *, constraints: bool) -> tuple[InventoryNode, ...]:
         obj = {
             "metadata": {
                 "name": f"node-{index + 1:04d}",
-                "labels": {"type": "kwok", "pool": "bench", "half": "ab"[index % 2]},
+                "labels": {
+                    "type": "kwok",
+                    "pool": "bench",
+                    "half": "ab"[index % 2],
+                    "kubernetes.io/hostname": f"node-{index + 1:04d}",
+                    "topology.kubernetes.io/zone": f"zone-{index % 3}",
+                },
             },
             "spec": {"taints": [TAINT] if constraints else []},
             "status": {
@@ -61,12 +74,46 @@ def requests(index: int) -> dict[str, Decimal]:
 PREFERENCES = [(50, {"matchExpressions": [{"key": "half", "operator": "In", "values": ["a"]}]})]
 
 
+class Rules:
+    """The node requirements of ceiling.py's rules pods, as Bindery sends them, kept up to date."""
+
+    def __init__(self, *, nodes: int, pods: int) -> None:
+        self.groups = max(1, math.ceil(pods / max(1, nodes // 2)))
+        self.taken: dict[int, list[str]] = {}
+        self.zones: dict[int, Counter[str]] = {}
+
+    def terms(self, index: int) -> list[dict[str, Any]]:
+        group = index % self.groups
+        names = sorted(self.taken.get(group, []))
+        counts = self.zones.setdefault(group, Counter({f"zone-{z}": 0 for z in range(3)}))
+        low = min(counts.values())
+        expressions: list[dict[str, Any]] = [
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": names[i : i + 256]}
+            for i in range(0, len(names), 256)
+        ]
+        zones = sorted(zone for zone, count in counts.items() if count <= low)
+        expressions.append({"key": "topology.kubernetes.io/zone", "operator": "In", "values": zones})
+        return [{"matchExpressions": expressions}]
+
+    def placed(self, index: int, node: InventoryNode) -> None:
+        group = index % self.groups
+        self.taken.setdefault(group, []).append(node.name)
+        self.zones[group][node.labels["topology.kubernetes.io/zone"]] += 1
+
+
 def run(
-    *, nodes: tuple[InventoryNode, ...], calls: int, policy: Policy, constraints: bool, preferences: bool
+    *,
+    nodes: tuple[InventoryNode, ...],
+    calls: int,
+    policy: Policy,
+    constraints: bool,
+    preferences: bool,
+    rules: bool = False,
 ) -> float:
     usage: dict[str, dict[str, Decimal]] = {}
     tolerations = [{"key": TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}] if constraints else []
     by_name = {node.name: node for node in nodes}
+    ruled = Rules(nodes=len(nodes), pods=calls) if rules else None
     started = time.process_time()
     for index in range(calls):
         pod = requests(index)
@@ -75,12 +122,14 @@ def run(
             requests=pod,
             usage_by_node=usage,
             node_selector={"pool": "bench"} if constraints else {},
-            affinity_terms=[],
+            affinity_terms=ruled.terms(index) if ruled else [],
             tolerations=tolerations,
             policy=policy,
             preferences=PREFERENCES if preferences else (),
         )
         assert decision.node is not None, decision.reason
+        if ruled:
+            ruled.placed(index, by_name[decision.node])
         add_usage(usage, decision.node, effective_usage(pod, by_name[decision.node]))
     return (time.process_time() - started) / calls * 1000
 
@@ -100,9 +149,12 @@ def main() -> None:
     parser.add_argument(
         "--preferences", action="store_true", help="every pod prefers the half of the nodes labelled half=a"
     )
+    parser.add_argument(
+        "--rules", action="store_true", help="every pod's hard zone spread and hostname anti-affinity"
+    )
     options = parser.parse_args()
     nodes = inventory(options.nodes, constraints=options.constraints)
-    more = {"constraints": options.constraints, "preferences": options.preferences}
+    more = {"constraints": options.constraints, "preferences": options.preferences, "rules": options.rules}
     for policy in Policy:
         mean = run(nodes=nodes, calls=options.pods, policy=policy, **more)
         print(

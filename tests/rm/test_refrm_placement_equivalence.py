@@ -275,3 +275,67 @@ def test_same_decisions_along_reserves_and_releases_that_change_usage_in_place(s
             foreign[name] = Foreign(usage={"cpu": Decimal(rng.choice(AMOUNTS))}, count=1)
         if foreign and rng.random() < 0.05:
             del foreign[rng.choice(sorted(foreign))]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_same_decisions_for_a_rules_backlog_whose_every_pod_has_other_affinity(seed: int) -> None:
+    """Bindery's hard spread and anti-affinity reach the RM as ``hostname NotIn`` (the group's
+    nodes so far, split at 256) and ``zone In``: every pod's constraints are new, so its affinity
+    is evaluated afresh while the taint filters and the nodes' fits are shared with the pods
+    before it. Placed pods change usage in place; now and then the tolerations, a nodeSelector or
+    preferences change too; every decision must still be the reference's."""
+    rng = random.Random(seed)
+    nodes = tuple(
+        InventoryNode(
+            name=f"node-{i:03d}",
+            allocatable={"cpu": Decimal(rng.choice(["2", "4"])), "pods": Decimal(rng.choice(["3", "110"]))},
+            labels={
+                "kubernetes.io/hostname": f"node-{i:03d}",
+                "zone": f"zone-{i % 3}",
+                **({"pool": "a"} if rng.random() < 0.5 else {}),
+            },
+            taints=tuple(t for t in TAINTS if rng.random() < 0.15),
+            unschedulable=rng.random() < 0.05,
+        )
+        for i in range(300)
+    )
+    by_name = {node.name: node for node in nodes}
+    usage: dict[str, dict[str, Decimal]] = {}
+    taken: dict[str, list[str]] = {}  # group -> nodes with one of its pods
+    zones: dict[str, Counter[str]] = {}
+    decided = 0
+    for index in range(700):  # two groups of 350 on 300 nodes: the NotIn splits, the last are refused
+        group = f"g{index % 2}"
+        names = sorted(taken.get(group, []))
+        counts = zones.setdefault(group, Counter({f"zone-{z}": 0 for z in range(3)}))
+        low = min(counts.values())
+        expressions: list[dict[str, Any]] = [
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": names[i : i + 256]}
+            for i in range(0, len(names), 256)
+        ]
+        expressions.append(
+            {"key": "zone", "operator": "In", "values": sorted(z for z, c in counts.items() if c <= low)}
+        )
+        requests = {"cpu": Decimal(rng.choice(["0.5", "1"]))}
+        ask: dict[str, Any] = {
+            "nodes": nodes,
+            "requests": requests,
+            "usage_by_node": usage,
+            "node_selector": {"pool": "a"} if rng.random() < 0.1 else {},
+            "affinity_terms": [{"matchExpressions": expressions}],
+            "tolerations": [{"key": "dedicated", "operator": "Exists"}] if rng.random() < 0.3 else [],
+            "policy": Policy.BINPACK if seed % 2 else Policy.SPREAD,
+            "preferences": (
+                [(10, {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]})]
+                if rng.random() < 0.2
+                else ()
+            ),
+        }
+        expected = reference_choose_node(**ask)
+        assert choose_node(**ask) == expected, index
+        if expected.node is not None:
+            decided += 1
+            add_usage(usage, expected.node, effective_usage(requests, by_name[expected.node]))
+            taken.setdefault(group, []).append(expected.node)
+            counts[by_name[expected.node].labels["zone"]] += 1
+    assert 50 < decided < 700  # some placed, some refused: both kinds of answer compared

@@ -29,6 +29,7 @@ from bindery.constraints import (
     untolerated_taints,
 )
 from bindery.reference_rm.accounting import Foreign, describe_foreign, in_use
+from bindery.reference_rm.nodematch import compile_required, compile_term
 from bindery.rm.models import ReservationRequest
 
 __all__ = [
@@ -258,7 +259,9 @@ def choose_node(
     taints are scored with the policy as :class:`Policy` says; when neither tells the nodes apart,
     the policy alone decides, on the path above.
     """
+    cache = _inventory_cache(nodes)
     static = _static_outcome(
+        cache=cache,
         nodes=nodes,
         node_selector=node_selector,
         affinity_terms=affinity_terms,
@@ -272,14 +275,14 @@ def choose_node(
         False: (usage, sorted(usage.items())),
         True: (with_pods, sorted(with_pods.items())),
     }
-    memo = static.memo(tuple(requests.items()))  # by position in static.passing
+    memo = cache.memo(tuple(requests.items()), len(nodes))  # by position in the inventory
     failed: list[tuple[str, ...]] = []  # counted only when nothing fits: then they are the reason
     binpack = policy is Policy.BINPACK
     best: tuple[Decimal, str] | None = None
     empty: Mapping[str, Decimal] = {}
     raw = static.raw_scores
     feasible: list[tuple[int, Decimal]] = []  # (index in static.passing, fill): only with raw scores
-    for index, (node, counts_pods) in enumerate(static.passing):
+    for passed, (node, counts_pods, index) in enumerate(static.passing):
         name = node.name
         own = usage_by_node.get(name, empty)
         elsewhere = foreign.get(name) if foreign else None
@@ -295,7 +298,7 @@ def choose_node(
             failed.append(outcome)
             continue
         if raw is not None:
-            feasible.append((index, outcome))
+            feasible.append((passed, outcome))
             continue
         key = -outcome if binpack else outcome
         if best is None or key < best[0] or (key == best[0] and name < best[1]):
@@ -396,108 +399,170 @@ def _plus(own: Mapping[str, Decimal], other: Mapping[str, Decimal]) -> dict[str,
 @dataclass(frozen=True)
 class _StaticOutcome:
     """The usage-independent filters over one inventory for one kind of pod: the nodes that pass
-    them (with whether each counts pods), and how many failed for each reason."""
+    them (with whether each counts pods, and its position in the inventory), and how many failed
+    for each reason."""
 
-    passing: tuple[tuple[InventoryNode, bool], ...]
+    passing: tuple[tuple[InventoryNode, bool, int], ...]
     failures: Mapping[str, int]
     #: Per passing node, its raw (NodeAffinity, TaintToleration) scores (:func:`preference_scores`);
     #: None when they are zero on every passing node, so they cannot tell nodes apart.
     raw_scores: tuple[tuple[int, int], ...] | None = None
-    #: Per kind of request (its items, in order: the score's sum depends on it), per passing node:
-    #: the usage of this RM's reservations and the foreign entry an outcome was computed from.
-    memos: dict[tuple[tuple[str, Decimal], ...], list[_Memo | None]] = field(default_factory=dict)
-
-    def memo(self, kind: tuple[tuple[str, Decimal], ...]) -> list[_Memo | None]:
-        memo = self.memos.get(kind)
-        if memo is None:
-            _STATIC_CACHE.count_memo()
-            memo = self.memos[kind] = [None] * len(self.passing)
-        return memo
 
 
 _Memo = tuple[dict[str, Decimal], Foreign | None, _Outcome]
+#: Per node of an inventory: its unschedulable or taint failure for a set of tolerations (or None),
+#: and how many of its PreferNoSchedule taints they leave untolerated.
+_TaintOutcomes = tuple[tuple[str | None, int], ...]
+
+
+@dataclass
+class _InventoryCache:
+    """What is remembered of one inventory tuple: the static outcome per kind of pod (by all its
+    constraints), the taint filters per set of tolerations, and per kind of request (its items, in
+    order: the score's sum depends on it) each node's fit with the usage it was computed from.
+
+    The taint outcomes and the fits do not depend on the pod's node affinity: a backlog whose every
+    pod carries other affinity (Bindery's hard spread and anti-affinity, as ``hostname NotIn``)
+    shares them, and evaluates only its affinity per pod."""
+
+    outcomes: dict[str, _StaticOutcome] = field(default_factory=dict)
+    taints: dict[str, _TaintOutcomes] = field(default_factory=dict)
+    memos: dict[tuple[tuple[str, Decimal], ...], list[_Memo | None]] = field(default_factory=dict)
+
+    def memo(self, kind: tuple[tuple[str, Decimal], ...], size: int) -> list[_Memo | None]:
+        memo = self.memos.get(kind)
+        if memo is None:
+            if len(self.memos) >= _StaticCache.memo_tables:
+                self.memos.clear()
+            memo = self.memos[kind] = [None] * size
+        return memo
 
 
 class _StaticCache:
-    """The static outcomes of the last inventory seen, by the pod's constraints (`_static_outcome`).
+    """The cache of the last inventory seen (:class:`_InventoryCache`).
 
-    One attribute holding the inventory and its outcomes together, replaced as a whole: a reader
+    One attribute holding the inventory and its cache together, replaced as a whole: a reader
     never pairs one inventory with another's outcomes.
     """
 
+    #: Static outcomes, and taint outcomes, kept at most per inventory.
     size = 256
-    #: Memo tables (one entry per passing node each) kept at most, over all kinds of pods: a
-    #: backlog has a handful of pod shapes; a stream of distinct ones must not grow memory.
+    #: Memo tables (one entry per node each) kept at most: a backlog has a handful of pod shapes;
+    #: a stream of distinct ones must not grow memory.
     memo_tables = 32
 
     def __init__(self) -> None:
-        self.entry: tuple[tuple[InventoryNode, ...], dict[str, _StaticOutcome]] = ((), {})
-        self._memos = 0
-
-    def count_memo(self) -> None:
-        """A memo table is about to be made: past the bound, forget every one of this inventory's."""
-        self._memos += 1
-        if self._memos > self.memo_tables:
-            for outcome in self.entry[1].values():
-                outcome.memos.clear()
-            self._memos = 1
+        self.entry: tuple[tuple[InventoryNode, ...], _InventoryCache] = ((), _InventoryCache())
 
 
 _STATIC_CACHE = _StaticCache()
 
 
+def _inventory_cache(nodes: Sequence[InventoryNode]) -> _InventoryCache:
+    """The cache of ``nodes`` if it is a tuple (immutable: the server swaps in a new one when the
+    mirror sees a change), kept by its identity; a fresh one, not kept, for a list."""
+    if not isinstance(nodes, tuple):
+        return _InventoryCache()
+    cached_nodes, cache = _STATIC_CACHE.entry
+    if cached_nodes is not nodes:
+        cache = _InventoryCache()
+        _STATIC_CACHE.entry = (nodes, cache)
+    return cache
+
+
+def _json_key(value: object) -> str | None:
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):
+        return None  # not plain JSON data: evaluate, do not remember
+
+
+def _taint_outcomes(
+    cache: _InventoryCache, nodes: Sequence[InventoryNode], tolerations: Sequence[Mapping[str, Any]]
+) -> _TaintOutcomes:
+    """Per node, the first two filters of :func:`static_failure` (unschedulable, then taints) and
+    the TaintToleration score of :func:`preference_scores`: they depend on the tolerations alone."""
+    key = _json_key(tolerations)
+    if key is not None and (known := cache.taints.get(key)) is not None:
+        return known
+    prefer = [t for t in tolerations if (t.get("effect") or "") in _PREFER_EFFECTS]
+    tolerates_unschedulable = any(tolerates(toleration=t, taint=UNSCHEDULABLE_TAINT) for t in tolerations)
+    outcomes = []
+    for node in nodes:
+        failure = None
+        if node.unschedulable and not tolerates_unschedulable:
+            failure = "node(s) were unschedulable"
+        else:
+            blocking = untolerated_taints(taints=node.taints, tolerations=tolerations)
+            if blocking:
+                taint = blocking[0]
+                failure = (
+                    f"node(s) had untolerated taint {{{taint.get('key', '')}: {taint.get('value') or ''}}}"
+                )
+        untolerated = (
+            len(untolerated_taints(taints=node.taints, tolerations=prefer, effects=("PreferNoSchedule",)))
+            if node.taints
+            else 0
+        )
+        outcomes.append((failure, untolerated))
+    result = tuple(outcomes)
+    if key is not None:
+        if len(cache.taints) >= _StaticCache.size:
+            cache.taints.clear()
+        cache.taints[key] = result
+    return result
+
+
+_AFFINITY_FAILURE = "node(s) didn't match Pod's node affinity/selector"
+
+
 def _static_outcome(
     *,
+    cache: _InventoryCache,
     nodes: Sequence[InventoryNode],
     node_selector: Mapping[str, str],
     affinity_terms: Sequence[Mapping[str, Any]],
     tolerations: Sequence[Mapping[str, Any]],
     preferences: Sequence[tuple[int, Mapping[str, Any]]] = (),
 ) -> _StaticOutcome:
-    """:func:`static_failure` of every node, remembered while the inventory is the same tuple.
+    """:func:`static_failure` of every node, remembered in ``cache`` by the pod's constraints.
 
     Why: taints, labels and affinity do not change between two reserves, only the usage does, and
-    evaluating them was a third of a placement's CPU.  A tuple of frozen nodes cannot change, so
-    the outcome is kept by the identity of the tuple (the server swaps in a new one when the mirror
-    sees a change) and by the pod's constraints; a list is evaluated afresh every time.
+    evaluating them was a third of a placement's CPU.  When the constraints are new (every pod of a
+    rules backlog: its anti-affinity names the nodes taken so far), the taint filters still come
+    from ``cache`` and the selector and affinity are compiled once (:mod:`.nodematch`), the same
+    answers as :func:`static_failure`'s, asked of each node.
     """
-    key = None
-    outcomes: dict[str, _StaticOutcome] = {}
-    if isinstance(nodes, tuple):
-        try:
-            key = json.dumps([node_selector, affinity_terms, tolerations, preferences], sort_keys=True)
-        except (TypeError, ValueError):
-            key = None  # not plain JSON data: evaluate, do not remember
-        if key is not None:
-            cached_nodes, outcomes = _STATIC_CACHE.entry
-            if cached_nodes is not nodes:
-                outcomes = {}
-                _STATIC_CACHE.entry = (nodes, outcomes)
-            known = outcomes.get(key)
-            if known is not None:
-                return known
+    key = _json_key([node_selector, affinity_terms, tolerations, preferences])
+    if key is not None and (known := cache.outcomes.get(key)) is not None:
+        return known
+    taints = _taint_outcomes(cache, nodes, tolerations)
+    allowed = compile_required(node_selector=node_selector, terms=affinity_terms)
+    preferred = [(weight, compile_term(term)) for weight, term in preferences if weight > 0]
     passing = []
+    raw = []
     failures: Counter[str] = Counter()
-    for node in nodes:
-        failure = static_failure(
-            node=node, node_selector=node_selector, affinity_terms=affinity_terms, tolerations=tolerations
-        )
-        if failure is None:
-            passing.append((node, "pods" in node.allocatable))
-        else:
+    for index, node in enumerate(nodes):
+        failure, untolerated = taints[index]
+        if failure is None and not allowed(node.labels, node.name):
+            failure = _AFFINITY_FAILURE
+        if failure is not None:
             failures[failure] += 1
-    raw = tuple(
-        preference_scores(node=node, preferences=preferences, tolerations=tolerations) for node, _ in passing
-    )
+            continue
+        passing.append((node, "pods" in node.allocatable, index))
+        affinity = (
+            sum(weight for weight, term in preferred if term(node.labels, node.name)) if preferred else 0
+        )
+        raw.append((affinity, untolerated))
     outcome = _StaticOutcome(
         passing=tuple(passing),
         failures=dict(failures),
-        raw_scores=raw if any(a or t for a, t in raw) else None,
+        raw_scores=tuple(raw) if any(a or t for a, t in raw) else None,
     )
     if key is not None:
-        if len(outcomes) >= _STATIC_CACHE.size:
-            outcomes.clear()
-        outcomes[key] = outcome
+        if len(cache.outcomes) >= _StaticCache.size:
+            cache.outcomes.clear()
+        cache.outcomes[key] = outcome
     return outcome
 
 
