@@ -12,6 +12,11 @@ and after.  Modes:
 * ``batch N``: ``--streams`` concurrent streams, each sending N reserves as one batch, then the N
   commits of what it got as another (two RM round trips and two transactions per N pods).
 
+``--rules`` gives every reserve what Bindery sends for ceiling.py's ``--shape rules`` pods (a hard
+zone spread and a hostname anti-affinity over the pod's group, groups of half the nodes): one
+node term, ``kubernetes.io/hostname NotIn`` the group's nodes so far (split at 256 values) and
+``topology.kubernetes.io/zone In`` its least used zones, updated from each answer.
+
 It prints figures and asserts nothing.  Requests go through a bare aiohttp session, so the driver's
 own CPU stays small; the RM's CPU is what is measured.  Linux only (``/proc``).
 """
@@ -47,15 +52,59 @@ def inventory(nodes: int, pods: int) -> list[dict[str, object]]:
     return [
         {
             "name": f"node-{index:04d}",
-            "labels": {"zone": f"z{index % 3}"},
+            "labels": {
+                "zone": f"z{index % 3}",
+                "kubernetes.io/hostname": f"node-{index:04d}",
+                "topology.kubernetes.io/zone": f"zone-{index % 3}",
+            },
             "allocatable": {"cpu": str(per_node), "memory": f"{per_node}Gi", "pods": str(per_node)},
         }
         for index in range(nodes)
     ]
 
 
+class Rules:
+    """The node requirements of ceiling.py's rules pods, as Bindery sends them, kept up to date."""
+
+    def __init__(self, groups: int) -> None:
+        self.groups = groups
+        self.taken: dict[int, list[str]] = {}
+        self.zones: dict[int, dict[str, int]] = {}
+
+    def group(self, uid: str) -> int:
+        return int(uid.rsplit("-", 1)[1]) % self.groups
+
+    def placement(self, uid: str) -> dict[str, Any]:
+        group = self.group(uid)
+        names = sorted(self.taken.get(group, []))
+        counts = self.zones.setdefault(group, {f"zone-{z}": 0 for z in range(3)})
+        low = min(counts.values())
+        expressions: list[dict[str, Any]] = [
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": names[i : i + 256]}
+            for i in range(0, len(names), 256)
+        ]
+        zones = sorted(zone for zone, count in counts.items() if count <= low)
+        expressions.append({"key": "topology.kubernetes.io/zone", "operator": "In", "values": zones})
+        return {"requiredNodeAffinity": [{"matchExpressions": expressions}]}
+
+    def placed(self, uid: str, node: str) -> None:
+        group = self.group(uid)
+        self.taken.setdefault(group, []).append(node)
+        self.zones[group][f"zone-{int(node.rsplit('-', 1)[1]) % 3}"] += 1
+
+
+RULES: list[Rules] = []  # one when --rules
+
+
+def placed(uid: str, reservation: dict[str, Any]) -> None:
+    if RULES:
+        RULES[0].placed(uid, reservation["node"])
+
+
 def reserve_body(uid: str) -> dict[str, Any]:
+    extra = {"placement": RULES[0].placement(uid)} if RULES else {}
     return {
+        **extra,
         "pod": {
             "uid": uid,
             "namespace": "bench",
@@ -110,6 +159,7 @@ async def singles(http: aiohttp.ClientSession, url: str, uids: list[str], concur
             async with http.post(f"{url}/v1/reservations", json=reserve_body(uid), headers=AUTH) as response:
                 assert response.status == 201, await response.text()
                 reservation = await response.json()
+            placed(uid, reservation)
             commit = f"{url}/v1/reservations/{reservation['id']}/commit"
             async with http.post(commit, params={"podUid": uid}, headers=AUTH) as response:
                 assert response.status == 200, await response.text()
@@ -138,6 +188,8 @@ async def batches(http: aiohttp.ClientSession, url: str, uids: list[str], size: 
             chunk = queue.get_nowait()
             reserved = await send([{"reserve": reserve_body(uid)} for uid in chunk])
             assert all(result["status"] == 201 for result in reserved), reserved[:2]
+            for result, uid in zip(reserved, chunk, strict=True):
+                placed(uid, result["reservation"])
             commits = [
                 {"commit": {"reservationId": result["reservation"]["id"], "podUid": uid}}
                 for result, uid in zip(reserved, chunk, strict=True)
@@ -187,6 +239,7 @@ async def main() -> None:
     parser.add_argument("--warmup", type=int, default=64, help="pairs before measuring, per mode")
     parser.add_argument("--log-level", default="INFO", help="the RM's (INFO logs a line per operation)")
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    parser.add_argument("--rules", action="store_true", help="every pod's zone spread and anti-affinity")
     args = parser.parse_args()
 
     def single_mode(http: aiohttp.ClientSession, url: str, uids: list[str]) -> Awaitable[int]:
@@ -197,7 +250,12 @@ async def main() -> None:
 
     modes: list[tuple[str, Mode]] = [("singles", single_mode)]
     modes += [(f"batch {size}", batch_mode(size)) for size in args.batch_sizes]
-    rows = [await measure(name, mode, args) for name, mode in modes]
+    rows = []
+    for name, mode in modes:
+        RULES.clear()
+        if args.rules:
+            RULES.append(Rules(max(1, -(-(args.pairs + args.warmup) // max(1, args.nodes // 2)))))
+        rows.append(await measure(name, mode, args))
     base = float(rows[0]["rm_cpu_ms_per_pair"])
     print(
         f"reference RM, {args.nodes} nodes, {args.pairs} reserve+commit pairs per mode, log level "
