@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bindery.constraints import matches_node_selector, matches_required_affinity, matches_term
-from bindery.reference_rm.nodematch import compile_required, compile_term
+from bindery.reference_rm.nodematch import compile_required, compile_term, label_sets
 from bindery.reference_rm.placement import InventoryNode, Policy, choose_node
 
 KEYS = ["zone", "kubernetes.io/hostname", "rank", "gpu", ""]
@@ -98,10 +98,13 @@ def test_a_compiled_term_answers_as_matches_term(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_a_compiled_selector_and_affinity_answer_as_constraints(seed: int) -> None:
     rng = random.Random(seed)
+    in_form = 0
     for _ in range(2000):
         terms = [random_term(rng) for _ in range(rng.choice([0, 0, 1, 1, 2, 3]))]
         selector = {key: rng.choice(VALUES) for key in KEYS[:3] if rng.random() < 0.2}
         compiled = compile_required(node_selector=selector, terms=terms)
+        # The form placement looks up in its label index, when the constraint has it.
+        requirements = label_sets(node_selector=selector, terms=terms)
         for _ in range(8):
             labels = random_labels(rng)
             name = rng.choice(VALUES)
@@ -109,6 +112,11 @@ def test_a_compiled_selector_and_affinity_answer_as_constraints(seed: int) -> No
                 node_selector=selector, labels=labels
             ) and matches_required_affinity(terms=terms, labels=labels, node_name=name)
             assert compiled(labels, name) is expected, (selector, terms, labels, name)
+            if requirements is not None:
+                met = all((labels.get(key) in values) is wanted for key, values, wanted in requirements)
+                assert met is expected, (selector, terms, labels)
+                in_form += 1
+    assert in_form > 1000
 
 
 def test_bindery_rule_requirements_compile_to_set_lookups() -> None:

@@ -144,7 +144,13 @@ def random_case(rng: random.Random) -> dict[str, Any]:
         "usage_by_node": usage,
         "node_selector": {"zone": rng.choice("ab")} if rng.random() < 0.3 else {},
         "affinity_terms": (
-            [{"matchExpressions": [{"key": "zone", "operator": "In", "values": [rng.choice("ab")]}]}]
+            [
+                {
+                    "matchExpressions": [
+                        {"key": "zone", "operator": rng.choice(["In", "NotIn"]), "values": [rng.choice("ab")]}
+                    ]
+                }
+            ]
             if rng.random() < 0.2
             else []
         ),
@@ -316,6 +322,8 @@ def test_same_decisions_for_a_rules_backlog_whose_every_pod_has_other_affinity(s
         expressions.append(
             {"key": "zone", "operator": "In", "values": sorted(z for z, c in counts.items() if c <= low)}
         )
+        if rng.random() < 0.1:  # not only In and NotIn: every node asked, not the label index
+            expressions.append({"key": "pool", "operator": "Exists"})
         requests = {"cpu": Decimal(rng.choice(["0.5", "1"]))}
         ask: dict[str, Any] = {
             "nodes": nodes,

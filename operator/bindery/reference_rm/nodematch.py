@@ -20,7 +20,7 @@ from typing import Any
 
 from bindery.constraints import _as_int, _requirement_matches, matches_term
 
-__all__ = ["NodeMatcher", "compile_required", "compile_term"]
+__all__ = ["NodeMatcher", "compile_required", "compile_term", "label_sets"]
 
 #: Whether a node (its labels, its name) passes.
 NodeMatcher = Callable[[Mapping[str, str], str], bool]
@@ -74,7 +74,19 @@ def compile_term(term: Mapping[str, Any]) -> NodeMatcher:
         return lambda labels, name: matches_term(term=term, labels=labels, node_name=name)
 
 
+_LabelSet = tuple[str, frozenset[str], bool]
+_Parts = tuple[
+    tuple[_LabelSet, ...], tuple[tuple[str, str, Any], ...], tuple[tuple[frozenset[str], bool], ...]
+]
+
+
 def _compile_term(term: Mapping[str, Any]) -> NodeMatcher:
+    parts = _parts(term)
+    return _never if parts is None else _matcher(*parts)
+
+
+def _parts(term: Mapping[str, Any]) -> _Parts | None:
+    """A term's requirements, sorted by kind; None when it matches no node whatever its labels."""
     if not isinstance(term, Mapping):
         raise _Unusual(term)
     expressions = term.get("matchExpressions") or []
@@ -82,9 +94,9 @@ def _compile_term(term: Mapping[str, Any]) -> NodeMatcher:
     if not isinstance(expressions, list) or not isinstance(fields, list):
         raise _Unusual(term)
     if not expressions and not fields:
-        return _never
+        return None
     # (key, values, wanted): the label's value in `values` must be `wanted` (In: True, NotIn: False)
-    sets: list[tuple[str, frozenset[str], bool]] = []
+    sets: list[_LabelSet] = []
     others: list[tuple[str, str, Any]] = []  # (key, kind, argument) for Exists, DoesNotExist, Gt, Lt
     names: list[tuple[frozenset[str], bool]] = []  # matchFields on metadata.name
     for expression in expressions:
@@ -92,10 +104,10 @@ def _compile_term(term: Mapping[str, Any]) -> NodeMatcher:
             raise _Unusual(expression)
         key = expression.get("key")
         if not isinstance(key, str) or not key:
-            return _never
+            return None
         check = _value_check(expression)
         if check is None:
-            return _never
+            return None
         kind, argument = check
         if kind in ("in", "notin"):
             sets.append((key, argument, kind == "in"))
@@ -105,21 +117,21 @@ def _compile_term(term: Mapping[str, Any]) -> NodeMatcher:
         if not isinstance(field, Mapping):
             raise _Unusual(field)
         if field.get("key") != "metadata.name" or field.get("operator") not in ("In", "NotIn"):
-            return _never
+            return None
         values = field.get("values") or []
         if not isinstance(values, list):
             raise _Unusual(field)  # matches_term's len() may raise, or accept a 1-character string
         if len(values) != 1:
-            return _never
+            return None
         check = _value_check(field)
         if check is None:
-            return _never
+            return None
         names.append((check[1], check[0] == "in"))
-    return _matcher(tuple(sets), tuple(others), tuple(names))
+    return tuple(sets), tuple(others), tuple(names)
 
 
 def _matcher(
-    sets: tuple[tuple[str, frozenset[str], bool], ...],
+    sets: tuple[_LabelSet, ...],
     others: tuple[tuple[str, str, Any], ...],
     names: tuple[tuple[frozenset[str], bool], ...],
 ) -> NodeMatcher:
@@ -154,3 +166,25 @@ def compile_required(*, node_selector: Mapping[str, str], terms: Sequence[Mappin
         return any(term(labels, name) for term in compiled) if compiled else True
 
     return matches
+
+
+def label_sets(
+    *, node_selector: Mapping[str, str], terms: Sequence[Mapping[str, Any]]
+) -> tuple[tuple[str, frozenset[str], bool], ...] | None:
+    """The same constraint as :func:`compile_required`, as requirements ``(key, values, wanted)``
+    all of which a node must meet (its label ``key`` has a value in ``values``: ``wanted``), when it
+    can be written so: at most one term, of In and NotIn label requirements only (Bindery's spread
+    and anti-affinity). Then the nodes that pass can be found from an index of the labels, without
+    asking every node. None otherwise (and when there is no requirement at all)."""
+    if len(terms) > 1 or not all(isinstance(value, str) for value in node_selector.values()):
+        return None
+    sets: list[_LabelSet] = [(key, frozenset((value,)), True) for key, value in node_selector.items()]
+    if terms:
+        try:
+            parts = _parts(terms[0])
+        except _Unusual:
+            return None
+        if parts is None or parts[1] or parts[2]:
+            return None
+        sets.extend(parts[0])
+    return tuple(sets) if sets else None

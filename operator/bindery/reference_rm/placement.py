@@ -29,7 +29,7 @@ from bindery.constraints import (
     untolerated_taints,
 )
 from bindery.reference_rm.accounting import Foreign, describe_foreign, in_use
-from bindery.reference_rm.nodematch import compile_required, compile_term
+from bindery.reference_rm.nodematch import compile_required, compile_term, label_sets
 from bindery.rm.models import ReservationRequest
 
 __all__ = [
@@ -410,24 +410,37 @@ class _StaticOutcome:
 
 
 _Memo = tuple[dict[str, Decimal], Foreign | None, _Outcome]
-#: Per node of an inventory: its unschedulable or taint failure for a set of tolerations (or None),
-#: and how many of its PreferNoSchedule taints they leave untolerated.
-_TaintOutcomes = tuple[tuple[str | None, int], ...]
+
+
+@dataclass(frozen=True)
+class _Tolerated:
+    """The first two filters of :func:`static_failure` (unschedulable, then taints) over one
+    inventory for one set of tolerations, and the TaintToleration score of
+    :func:`preference_scores`: they depend on the tolerations alone."""
+
+    #: Per node: its failure (or None), and how many of its PreferNoSchedule taints are untolerated.
+    per_node: tuple[tuple[str | None, int], ...]
+    #: The positions of the nodes without a failure, in inventory order.
+    passing: tuple[int, ...]
+    failures: Mapping[str, int]
 
 
 @dataclass
 class _InventoryCache:
     """What is remembered of one inventory tuple: the static outcome per kind of pod (by all its
-    constraints), the taint filters per set of tolerations, and per kind of request (its items, in
-    order: the score's sum depends on it) each node's fit with the usage it was computed from.
+    constraints), the taint filters per set of tolerations, the nodes by label value, and per kind
+    of request (its items, in order: the score's sum depends on it) each node's fit with the usage
+    it was computed from.
 
     The taint outcomes and the fits do not depend on the pod's node affinity: a backlog whose every
     pod carries other affinity (Bindery's hard spread and anti-affinity, as ``hostname NotIn``)
     shares them, and evaluates only its affinity per pod."""
 
     outcomes: dict[str, _StaticOutcome] = field(default_factory=dict)
-    taints: dict[str, _TaintOutcomes] = field(default_factory=dict)
+    taints: dict[str, _Tolerated] = field(default_factory=dict)
     memos: dict[tuple[tuple[str, Decimal], ...], list[_Memo | None]] = field(default_factory=dict)
+    #: label key -> value -> the positions of the nodes with it (built when first needed)
+    labels: dict[str, dict[str, list[int]]] | None = None
 
     def memo(self, kind: tuple[tuple[str, Decimal], ...], size: int) -> list[_Memo | None]:
         memo = self.memos.get(kind)
@@ -436,6 +449,15 @@ class _InventoryCache:
                 self.memos.clear()
             memo = self.memos[kind] = [None] * size
         return memo
+
+    def label_index(self, nodes: Sequence[InventoryNode]) -> dict[str, dict[str, list[int]]]:
+        if self.labels is None:
+            index: dict[str, dict[str, list[int]]] = {}
+            for position, node in enumerate(nodes):
+                for key, value in node.labels.items():
+                    index.setdefault(key, {}).setdefault(value, []).append(position)
+            self.labels = index
+        return self.labels
 
 
 class _StaticCache:
@@ -477,18 +499,19 @@ def _json_key(value: object) -> str | None:
         return None  # not plain JSON data: evaluate, do not remember
 
 
-def _taint_outcomes(
+def _tolerated(
     cache: _InventoryCache, nodes: Sequence[InventoryNode], tolerations: Sequence[Mapping[str, Any]]
-) -> _TaintOutcomes:
-    """Per node, the first two filters of :func:`static_failure` (unschedulable, then taints) and
-    the TaintToleration score of :func:`preference_scores`: they depend on the tolerations alone."""
+) -> _Tolerated:
+    """:class:`_Tolerated` for ``tolerations``, remembered in ``cache``."""
     key = _json_key(tolerations)
     if key is not None and (known := cache.taints.get(key)) is not None:
         return known
     prefer = [t for t in tolerations if (t.get("effect") or "") in _PREFER_EFFECTS]
     tolerates_unschedulable = any(tolerates(toleration=t, taint=UNSCHEDULABLE_TAINT) for t in tolerations)
-    outcomes = []
-    for node in nodes:
+    per_node = []
+    passing = []
+    failures: Counter[str] = Counter()
+    for position, node in enumerate(nodes):
         failure = None
         if node.unschedulable and not tolerates_unschedulable:
             failure = "node(s) were unschedulable"
@@ -504,8 +527,12 @@ def _taint_outcomes(
             if node.taints
             else 0
         )
-        outcomes.append((failure, untolerated))
-    result = tuple(outcomes)
+        per_node.append((failure, untolerated))
+        if failure is None:
+            passing.append(position)
+        else:
+            failures[failure] += 1
+    result = _Tolerated(per_node=tuple(per_node), passing=tuple(passing), failures=dict(failures))
     if key is not None:
         if len(cache.taints) >= _StaticCache.size:
             cache.taints.clear()
@@ -536,24 +563,33 @@ def _static_outcome(
     key = _json_key([node_selector, affinity_terms, tolerations, preferences])
     if key is not None and (known := cache.outcomes.get(key)) is not None:
         return known
-    taints = _taint_outcomes(cache, nodes, tolerations)
-    allowed = compile_required(node_selector=node_selector, terms=affinity_terms)
+    tolerated = _tolerated(cache, nodes, tolerations)
+    failures: Counter[str] = Counter(tolerated.failures)
+    requirements = None if preferences else label_sets(node_selector=node_selector, terms=affinity_terms)
+    if requirements is not None:
+        # Bindery's spread and anti-affinity: the nodes that meet them from the label index, a
+        # lookup per value instead of a check per node.
+        matching = _label_matches(cache.label_index(nodes), requirements, len(nodes))
+        positions = [position for position in tolerated.passing if position in matching]
+    else:
+        allowed = compile_required(node_selector=node_selector, terms=affinity_terms)
+        positions = [
+            position
+            for position in tolerated.passing
+            if allowed(nodes[position].labels, nodes[position].name)
+        ]
+    if len(positions) < len(tolerated.passing):
+        failures[_AFFINITY_FAILURE] += len(tolerated.passing) - len(positions)
     preferred = [(weight, compile_term(term)) for weight, term in preferences if weight > 0]
     passing = []
     raw = []
-    failures: Counter[str] = Counter()
-    for index, node in enumerate(nodes):
-        failure, untolerated = taints[index]
-        if failure is None and not allowed(node.labels, node.name):
-            failure = _AFFINITY_FAILURE
-        if failure is not None:
-            failures[failure] += 1
-            continue
-        passing.append((node, "pods" in node.allocatable, index))
+    for position in positions:
+        node = nodes[position]
+        passing.append((node, "pods" in node.allocatable, position))
         affinity = (
             sum(weight for weight, term in preferred if term(node.labels, node.name)) if preferred else 0
         )
-        raw.append((affinity, untolerated))
+        raw.append((affinity, tolerated.per_node[position][1]))
     outcome = _StaticOutcome(
         passing=tuple(passing),
         failures=dict(failures),
@@ -564,6 +600,26 @@ def _static_outcome(
             cache.outcomes.clear()
         cache.outcomes[key] = outcome
     return outcome
+
+
+def _label_matches(
+    index: Mapping[str, Mapping[str, Sequence[int]]],
+    requirements: Sequence[tuple[str, frozenset[str], bool]],
+    count: int,
+) -> set[int]:
+    """The positions of the nodes meeting every requirement ``(key, values, wanted)``: whether the
+    node's label ``key`` has a value in ``values`` is ``wanted`` (an absent label has none)."""
+    matching: set[int] | None = None
+    for key, values, wanted in requirements:
+        by_value = index.get(key, {})
+        having: set[int] = set()
+        for value in values:
+            having.update(by_value.get(value, ()))
+        if wanted:
+            matching = having if matching is None else matching & having
+        else:
+            matching = set(range(count)) - having if matching is None else matching - having
+    return set(range(count)) if matching is None else matching
 
 
 def add_usage(total: dict[str, Usage], node: str, usage: Mapping[str, Decimal]) -> None:
