@@ -80,9 +80,8 @@ def main() -> None:
         f"in-flight: {per_pod:8.1f} µs/pod  (window {args.window}, {GROUPS} Deployments, "
         f"{related:.1f} earlier related cycles per pod)"
     )
-    print(
-        f"rule victims: {victims(args.placed, args.nodes, 500):8.1f} µs/call  ({args.placed} placed, {args.nodes} nodes)"
-    )
+    per_call = victims(args.placed, args.nodes, 500)
+    print(f"rule victims: {per_call:8.1f} µs/call  ({args.placed} placed, {args.nodes} nodes)")
 
 
 if __name__ == "__main__":
