@@ -9,8 +9,12 @@ when a namespace's labels change between two cycles (a memo must not outlive tha
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 from typing import Any
+
+import pytest
 
 from bindery.scheduling import placementrules
 from bindery.scheduling.placementrules import STALE_SECONDS, InFlight, _Cycle, _related, _share_claims
@@ -150,3 +154,37 @@ def test_a_namespace_selector_answer_follows_the_namespaces_labels() -> None:
     assert flight.earlier_related(second, namespace_labels=namespaces.get) == []  # not even `first`
     namespaces["team-b"] = {"team": "b"}
     assert flight.earlier_related(second, namespace_labels=namespaces.get) == [earlier]
+
+
+def test_a_pod_waits_until_every_earlier_related_pod_settled_in_any_order_or_its_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Three earlier pods of its Deployment settle in reverse order: the fourth goes on only after
+    the last of them. A fifth, whose earlier pods never settle, goes on at its deadline saying how
+    many were still unplaced."""
+
+    caplog.set_level(logging.INFO, logger=placementrules.__name__)
+
+    async def scenario() -> None:
+        flight = InFlight()
+        template = body("web", labels={"app": "web"}, anti=[term(HOST, app="web")])
+
+        def pod(uid: str) -> PodInfo:
+            return PodInfo.from_body({**template, "metadata": {**template["metadata"], "uid": uid}})
+
+        earlier = [flight.begin(pod(f"u{i}")) for i in range(3)]
+        fourth = flight.begin(pod("u3"))
+        waiting = asyncio.ensure_future(flight.wait(fourth, namespace_labels=lambda ns: None, seconds=30))
+        for cycle in reversed(earlier):
+            await asyncio.sleep(0)
+            assert not waiting.done()
+            flight.settle(cycle.uid)
+        assert await asyncio.wait_for(waiting, 5) == 3
+        fifth = flight.begin(pod("u4"))
+        flight.settle(fourth.uid)
+        sixth = flight.begin(pod("u5"))
+        assert await flight.wait(sixth, namespace_labels=lambda ns: None, seconds=0.05) == 1  # fifth
+        assert fifth.uid in flight._cycles
+        assert "waited 0.05 s for 1 related pods to be placed; going on" in caplog.text
+
+    asyncio.run(scenario())

@@ -104,8 +104,18 @@ class _Cycle:
     started: float
     claims: frozenset[str] = frozenset()
     soft: SoftRules = NO_SOFT
-    settled: asyncio.Event | None = None  # created by the first waiter
+    #: the cycles waiting for this one (registered by :meth:`InFlight.wait`, released by settle)
+    waiters: list[_Waiter] | None = None
     group: _Group | None = None
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Waiter:
+    """A cycle waiting for `remaining` earlier cycles to settle: one wake-up when the last does,
+    not one per settled cycle (a Deployment's burst waits for ~20 pods each)."""
+
+    remaining: int
+    done: asyncio.Future[None]
 
 
 #: What :func:`_related` and :func:`_share_claims` read of a cycle: namespace, label set, rules, soft
@@ -215,8 +225,10 @@ class InFlight:
                 self._anti.pop(group.signature, None)
                 for other in self._groups.values():
                     other.related.pop(group.id, None)
-        if cycle.settled is not None:
-            cycle.settled.set()
+        for waiter in cycle.waiters or ():
+            waiter.remaining -= 1
+            if waiter.remaining == 0 and not waiter.done.done():
+                waiter.done.set_result(None)
 
     def earlier_related(self, cycle: _Cycle, *, namespace_labels: Any) -> list[_Cycle]:
         mine = cycle.group
@@ -250,19 +262,17 @@ class InFlight:
         if not others:
             return 0
         self.waits += 1
-        events = []
+        # One future for all of them, counted down as they settle: no task per awaited pod
+        # (asyncio.wait's tasks were a visible share of a burst's CPU), one wake-up.
+        waiter = _Waiter(remaining=len(others), done=asyncio.get_running_loop().create_future())
         for other in others:
-            if other.settled is None:
-                other.settled = asyncio.Event()
-            events.append(other.settled)
-        # One after the other within one deadline: no task per awaited pod (asyncio.wait's tasks
-        # were a visible share of a burst's CPU); each is awaited until set, in whatever order.
+            if other.waiters is None:
+                other.waiters = []
+            other.waiters.append(waiter)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
-                for event in events:
-                    if not event.is_set():
-                        await event.wait()
-        pending = sum(1 for event in events if not event.is_set())
+                await waiter.done
+        pending = waiter.remaining
         if pending:
             log.info(
                 "pod %s waited %g s for %d related pods to be placed; going on",
