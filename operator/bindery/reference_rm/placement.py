@@ -565,10 +565,15 @@ def _static_outcome(
         return known
     tolerated = _tolerated(cache, nodes, tolerations)
     failures: Counter[str] = Counter(tolerated.failures)
-    requirements = None if preferences else label_sets(node_selector=node_selector, terms=affinity_terms)
+    requirements = (
+        label_sets(node_selector=node_selector, terms=affinity_terms)
+        if not preferences and isinstance(nodes, tuple)
+        else None
+    )
     if requirements is not None:
         # Bindery's spread and anti-affinity: the nodes that meet them from the label index, a
-        # lookup per value instead of a check per node.
+        # lookup per value instead of a check per node. Only for a kept inventory (a tuple): for
+        # a list, indexing its labels would cost more than asking each node once.
         matching = _label_matches(cache.label_index(nodes), requirements, len(nodes))
         positions = [position for position in tolerated.passing if position in matching]
     else:
