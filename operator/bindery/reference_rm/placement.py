@@ -423,6 +423,8 @@ class _Tolerated:
     #: The positions of the nodes without a failure, in inventory order.
     passing: tuple[int, ...]
     failures: Mapping[str, int]
+    #: Whether any node has a PreferNoSchedule taint left untolerated (a TaintToleration score).
+    scored: bool = False
 
 
 @dataclass
@@ -441,6 +443,8 @@ class _InventoryCache:
     memos: dict[tuple[tuple[str, Decimal], ...], list[_Memo | None]] = field(default_factory=dict)
     #: label key -> value -> the positions of the nodes with it (built when first needed)
     labels: dict[str, dict[str, list[int]]] | None = None
+    #: per node, its entry of :attr:`_StaticOutcome.passing` (built when first needed)
+    passing_entries: tuple[tuple[InventoryNode, bool, int], ...] | None = None
 
     def memo(self, kind: tuple[tuple[str, Decimal], ...], size: int) -> list[_Memo | None]:
         memo = self.memos.get(kind)
@@ -449,6 +453,13 @@ class _InventoryCache:
                 self.memos.clear()
             memo = self.memos[kind] = [None] * size
         return memo
+
+    def entries(self, nodes: Sequence[InventoryNode]) -> tuple[tuple[InventoryNode, bool, int], ...]:
+        if self.passing_entries is None:
+            self.passing_entries = tuple(
+                (node, "pods" in node.allocatable, position) for position, node in enumerate(nodes)
+            )
+        return self.passing_entries
 
     def label_index(self, nodes: Sequence[InventoryNode]) -> dict[str, dict[str, list[int]]]:
         if self.labels is None:
@@ -532,7 +543,12 @@ def _tolerated(
             passing.append(position)
         else:
             failures[failure] += 1
-    result = _Tolerated(per_node=tuple(per_node), passing=tuple(passing), failures=dict(failures))
+    result = _Tolerated(
+        per_node=tuple(per_node),
+        passing=tuple(passing),
+        failures=dict(failures),
+        scored=any(untolerated for _, untolerated in per_node),
+    )
     if key is not None:
         if len(cache.taints) >= _StaticCache.size:
             cache.taints.clear()
@@ -586,19 +602,24 @@ def _static_outcome(
     if len(positions) < len(tolerated.passing):
         failures[_AFFINITY_FAILURE] += len(tolerated.passing) - len(positions)
     preferred = [(weight, compile_term(term)) for weight, term in preferences if weight > 0]
-    passing = []
-    raw = []
-    for position in positions:
-        node = nodes[position]
-        passing.append((node, "pods" in node.allocatable, position))
-        affinity = (
-            sum(weight for weight, term in preferred if term(node.labels, node.name)) if preferred else 0
-        )
-        raw.append((affinity, tolerated.per_node[position][1]))
+    entries = cache.entries(nodes)
+    passing = tuple([entries[position] for position in positions])
+    per_node = tolerated.per_node
+    raw: list[tuple[int, int]] | None = None
+    if preferred:
+        raw = [
+            (
+                sum(weight for weight, term in preferred if term(node.labels, node.name)),
+                per_node[position][1],
+            )
+            for node, _, position in passing
+        ]
+    elif tolerated.scored:  # some node has a PreferNoSchedule taint these tolerations leave
+        raw = [(0, per_node[position][1]) for position in positions]
     outcome = _StaticOutcome(
-        passing=tuple(passing),
+        passing=passing,
         failures=dict(failures),
-        raw_scores=tuple(raw) if any(a or t for a, t in raw) else None,
+        raw_scores=tuple(raw) if raw is not None and any(a or t for a, t in raw) else None,
     )
     if key is not None:
         if len(cache.outcomes) >= _StaticCache.size:
