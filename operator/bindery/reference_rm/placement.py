@@ -278,13 +278,15 @@ def choose_node(
     memo = cache.memo(tuple(requests.items()), len(nodes))  # by position in the inventory
     failed: list[tuple[str, ...]] = []  # counted only when nothing fits: then they are the reason
     binpack = policy is Policy.BINPACK
-    best: tuple[Decimal, str] | None = None
+    best: Decimal | None = None  # the fullest fill (binpack) or the emptiest (spread) so far
+    best_name = ""
     empty: Mapping[str, Decimal] = {}
     raw = static.raw_scores
     feasible: list[tuple[int, Decimal]] = []  # (index in static.passing, fill): only with raw scores
+    own_usage = usage_by_node.get
     for passed, (node, counts_pods, index) in enumerate(static.passing):
         name = node.name
-        own = usage_by_node.get(name, empty)
+        own = own_usage(name, empty)
         elsewhere = foreign.get(name) if foreign else None
         known = memo[index]
         if known is not None and known[1] is elsewhere and known[0] == own:
@@ -300,14 +302,17 @@ def choose_node(
         if raw is not None:
             feasible.append((passed, outcome))
             continue
-        key = -outcome if binpack else outcome
-        if best is None or key < best[0] or (key == best[0] and name < best[1]):
-            best = (key, name)
+        if (
+            best is None
+            or (outcome > best if binpack else outcome < best)
+            or (outcome == best and name < best_name)
+        ):
+            best, best_name = outcome, name
     if feasible:
         assert raw is not None
         return Decision(node=_best_scored(static=static, raw=raw, feasible=feasible, binpack=binpack))
     if best is not None:
-        return Decision(node=best[1])
+        return Decision(node=best_name)
     failures: Counter[str] = Counter(static.failures)
     for reasons in failed:
         failures.update(reasons)
