@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from bindery.podrules.filters import AFFINITY, Incoming, PlacedView, Verdict, evaluate
+from bindery.podrules.filters import AFFINITY, Incoming, PlacedView, Verdict, evaluate, refusing
 from bindery.podrules.model import NO_SOFT, AffinityTerm, PlacedPod, PodRules, SoftRules
 from bindery.podrules.parse import with_service_spread
 from bindery.podrules.soft import Preferences, preferences, selecting
@@ -67,6 +67,7 @@ __all__ = [
     "member_node_terms",
     "rule_victims",
     "rules_preferences",
+    "rules_refusing",
     "rules_verdict",
     "touch_of",
     "wake_on",
@@ -280,9 +281,35 @@ def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     return _verdict(pod, placed, placed)
 
 
+def rules_refusing(pod: PodInfo, placed: PlacedPods, node: str) -> tuple[str, ...]:
+    """The rules of :func:`rules_verdict` whose effect excludes `node` (none when there is no
+    verdict): the same answer, computed for that node only (NodeCheck's pre-bind re-check)."""
+    if not _may_apply(pod, placed, placed):
+        return ()
+    return refusing(
+        pod=_incoming(pod),
+        placed=placed,
+        nodes=placed.nodes(),
+        namespace_labels=placed.namespace_labels,
+        node=node,
+    )
+
+
 def _verdict(pod: PodInfo, view: PlacedView, placed: PlacedPods) -> Verdict | None:
     """:func:`rules_verdict` over the pods of `view` (the nodes and namespaces from `placed`)."""
-    if not pod.rules and not any(
+    if not _may_apply(pod, view, placed):
+        return None  # no rule of its own, and no placed pod's anti-affinity selects it
+    return evaluate(
+        pod=_incoming(pod),
+        placed=view,
+        nodes=placed.nodes(),
+        namespace_labels=placed.namespace_labels,
+    )
+
+
+def _may_apply(pod: PodInfo, view: PlacedView, placed: PlacedPods) -> bool:
+    """Whether the pod has rules of its own, or a placed pod's anti-affinity selects it."""
+    return bool(pod.rules) or any(
         term.matches(
             namespace=pod.namespace,
             labels=pod.labels,
@@ -292,13 +319,6 @@ def _verdict(pod: PodInfo, view: PlacedView, placed: PlacedPods) -> Verdict | No
         for owner, terms, members in view.anti_affinity_groups_toward(pod.namespace)
         if any(other.uid != pod.uid for other in members)  # once per group, not per pod
         for term in terms
-    ):
-        return None  # no rule of its own, and no placed pod's anti-affinity selects it
-    return evaluate(
-        pod=_incoming(pod),
-        placed=view,
-        nodes=placed.nodes(),
-        namespace_labels=placed.namespace_labels,
     )
 
 
