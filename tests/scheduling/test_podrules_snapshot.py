@@ -15,9 +15,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from bindery.constraints import matches_node_selector, matches_required_affinity, matches_term
+from bindery.constraints import (
+    matches_node_selector,
+    matches_required_affinity,
+    matches_term,
+    untolerated_taints,
+)
 from bindery.kube.placed import PlacedPodCache
-from bindery.podrules.filters import evaluate
+from bindery.podrules.filters import ANTI_AFFINITY, SPREAD, evaluate
 from bindery.scheduling.nodecheck import check_rules, rules_problem
 from bindery.scheduling.placementrules import _incoming, rules_refusing, rules_verdict
 from bindery.scheduling.podspec import PodInfo
@@ -32,7 +37,7 @@ TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "batch", "effect
 def random_node(rng: random.Random, name: str) -> NodeProjection:
     labels = {HOST: name}
     if rng.random() < 0.9:
-        labels[ZONE] = rng.choice("abcd")
+        labels[ZONE] = rng.choice(("a", "b", "c", "d", ""))  # "" is a value too
     if rng.random() < 0.5:
         labels["tier"] = rng.choice(("gold", "silver"))
     taints = (dict(TAINT),) if rng.random() < 0.2 else ()
@@ -79,6 +84,71 @@ def random_pod(rng: random.Random, *, node_name: str | None = None) -> dict[str,
     return pod
 
 
+def anti_affinity_excluded(
+    pod: PodInfo, cache: PlacedPodCache, nodes: list[NodeProjection]
+) -> tuple[str, ...]:
+    """Pod anti-affinity, straight from upstream's two checks, pod by pod and node by node."""
+    by_name = {n.name: n for n in nodes}
+    forbidden: set[tuple[str, str]] = set()
+    for namespace in list(cache.namespaces()):
+        for other in cache.in_namespace(namespace):
+            node = by_name.get(other.node)
+            if node is None or other.uid == pod.uid:
+                continue
+            mine = [(t, other.namespace, other.labels, pod.namespace) for t in pod.rules.anti_affinity]
+            theirs = [(t, pod.namespace, pod.labels, other.namespace) for t in other.anti_affinity]
+            for t, namespace_, labels, owner in mine + theirs:
+                selects = t.matches(
+                    namespace=namespace_,
+                    labels=labels,
+                    owner_namespace=owner,
+                    namespace_labels=cache.namespace_labels,
+                )
+                if selects and t.topology_key in node.labels:
+                    forbidden.add((t.topology_key, node.labels[t.topology_key]))
+    return tuple(sorted(n.name for n in nodes if any(n.labels.get(k) == v for k, v in forbidden)))
+
+
+def spread_excluded(
+    pod: PodInfo, cache: PlacedPodCache, nodes: list[NodeProjection]
+) -> list[tuple[str, ...]]:
+    """Each hard spread constraint's excluded nodes, computed node by node as upstream's Filter."""
+    found = []
+    for c in pod.rules.spread:
+        key = c.topology_key
+        eligible = {
+            n.name: n.labels[key]
+            for n in nodes
+            if all(other.topology_key in n.labels for other in pod.rules.spread)
+            and (not c.honor_node_affinity or fits(pod, n))
+            and not (c.honor_taints and untolerated_taints(taints=n.taints, tolerations=pod.tolerations))
+        }
+        counts = dict.fromkeys(eligible.values(), 0)
+        for other in cache.in_namespace(pod.namespace):
+            if c.selector.empty or not c.selector.matches(other.labels):
+                continue
+            if not other.terminating and other.uid != pod.uid and other.node in eligible:
+                counts[eligible[other.node]] += 1
+        minimum = min(counts.values(), default=0) if len(counts) >= c.min_domains else 0
+        self_match = 1 if c.selector.matches(pod.labels) else 0
+        found.append(
+            tuple(
+                sorted(
+                    n.name
+                    for n in nodes
+                    if key not in n.labels or counts.get(n.labels[key], 0) + self_match - minimum > c.max_skew
+                )
+            )
+        )
+    return found
+
+
+def fits(pod: PodInfo, n: NodeProjection) -> bool:
+    return matches_node_selector(
+        node_selector=pod.node_selector, labels=n.labels
+    ) and matches_required_affinity(terms=pod.affinity_terms, labels=n.labels, node_name=n.name)
+
+
 def test_verdicts_from_the_shared_snapshot_are_the_plain_computation_while_pods_and_nodes_change() -> None:
     rng = random.Random(19)
     nodes = [random_node(rng, f"n{i:02d}") for i in range(30)]
@@ -105,14 +175,10 @@ def test_verdicts_from_the_shared_snapshot_are_the_plain_computation_while_pods_
             pod=_incoming(pod), placed=cache, nodes=list(nodes), namespace_labels=cache.namespace_labels
         )
         assert verdict == fresh
-        assert verdict.candidates == tuple(
-            sorted(
-                n.name
-                for n in nodes
-                if matches_node_selector(node_selector=pod.node_selector, labels=n.labels)
-                and matches_required_affinity(terms=pod.affinity_terms, labels=n.labels, node_name=n.name)
-            )
-        )
+        assert verdict.candidates == tuple(sorted(n.name for n in nodes if fits(pod, n)))
+        anti = anti_affinity_excluded(pod, cache, nodes)
+        assert [e.excluded for e in verdict.effects if e.rule == ANTI_AFFINITY] == ([anti] if anti else [])
+        assert [e.excluded for e in verdict.effects if e.rule == SPREAD] == spread_excluded(pod, cache, nodes)
         for effect in verdict.effects:
             term_ = effect.term()
             refused = [

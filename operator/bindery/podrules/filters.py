@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from bindery.constraints import (
     matches_node_selector,
@@ -241,8 +241,7 @@ def _requirements(
     namespace_labels: NamespaceLabels,
     fits: frozenset[str],
 ) -> Iterator[_Requirements]:
-    by_name = snapshot.by_name
-    anti = _anti_affinity(pod=pod, placed=placed, by_name=by_name, namespace_labels=namespace_labels)
+    anti = _anti_affinity(pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels)
     if anti:
         yield ANTI_AFFINITY, anti, (), ""
     if pod.rules.affinity:
@@ -387,23 +386,17 @@ def _scope(
 
 
 def _anti_affinity(
-    *, pod: Incoming, placed: PlacedView, by_name: Mapping[str, NodeFacts], namespace_labels: NamespaceLabels
+    *, pod: Incoming, placed: PlacedView, snapshot: NodeSnapshot, namespace_labels: NamespaceLabels
 ) -> list[Mapping[str, Any]]:
     forbidden: dict[str, set[str]] = defaultdict(set)
     # The incoming pod's terms against existing pods (satisfyPodAntiAffinity).
     for term in pod.rules.anti_affinity:
         key = term.topology_key
+        value_of = snapshot.value_of(key)
         for namespace in _scope(term, owner=pod.namespace, placed=placed, namespace_labels=namespace_labels):
             for labels, members in placed.label_groups(namespace):
-                if not term.selector.matches(labels):
-                    continue
-                for other in members:
-                    node = by_name.get(other.node)
-                    if node is None or other.uid == pod.uid:
-                        continue
-                    value = node.labels.get(key)
-                    if value is not None:
-                        forbidden[key].add(value)
+                if term.selector.matches(labels):
+                    forbidden[key].update(_values(value_of, _nodes_of(members, pod.uid)))
     # Existing pods' terms against the incoming pod (satisfyExistingPodsAntiAffinity): whether a
     # term selects it depends only on the term and its owner's namespace, so once per group.
     for owner, terms, members in placed.anti_affinity_groups_toward(pod.namespace):
@@ -419,19 +412,27 @@ def _anti_affinity(
         ]
         if not selecting:
             continue
-        for other in members:
-            node = by_name.get(other.node)
-            if node is None or other.uid == pod.uid:
-                continue
-            for key in selecting:
-                value = node.labels.get(key)
-                if value is not None:
-                    forbidden[key].add(value)
+        nodes = _nodes_of(members, pod.uid)
+        for key in selecting:
+            forbidden[key].update(_values(snapshot.value_of(key), nodes))
     return [
         requirement
         for key, values in sorted(forbidden.items())
+        if values
         for requirement in _not_in(key, sorted(values))
     ]
+
+
+def _nodes_of(members: Iterable[PlacedPod], uid: str) -> list[str]:
+    """The nodes of `members`, the incoming pod's own entry (uid) left out."""
+    return [other.node for other in members if other.uid != uid]
+
+
+def _values(value_of: Mapping[str, str], nodes: Iterable[str]) -> set[str]:
+    """The values `value_of` gives the known nodes among `nodes` that carry the key ("" included)."""
+    found: set[str | None] = set(map(value_of.get, nodes))
+    found.discard(None)
+    return cast(set[str], found)
 
 
 def _affinity(

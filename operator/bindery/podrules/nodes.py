@@ -30,13 +30,14 @@ _T = TypeVar("_T")
 class NodeSnapshot(Sequence[NodeFacts]):
     """The nodes as a sequence, plus a by-name map, per-key value indexes and an LRU memo."""
 
-    __slots__ = ("_holders", "_memo", "_nodes", "by_name", "names")
+    __slots__ = ("_holders", "_memo", "_nodes", "_value_of", "by_name", "names")
 
     def __init__(self, nodes: Iterable[NodeFacts]) -> None:
         self._nodes = tuple(nodes)
         self.by_name: dict[str, NodeFacts] = {node.name: node for node in self._nodes}
         self.names: frozenset[str] = frozenset(self.by_name)
         self._holders: dict[str, tuple[dict[str, frozenset[str]], frozenset[str]]] = {}
+        self._value_of: dict[str, dict[str, str]] = {}
         self._memo: OrderedDict[Hashable, Any] = OrderedDict()
 
     @classmethod
@@ -72,6 +73,15 @@ class NodeSnapshot(Sequence[NodeFacts]):
     def with_key(self, key: str) -> frozenset[str]:
         """The names of the nodes carrying label `key`."""
         return self._index(key)[1]
+
+    def value_of(self, key: str) -> Mapping[str, str]:
+        """Node name → its value of label `key`, for the nodes carrying it."""
+        found = self._value_of.get(key)
+        if found is None:
+            found = self._value_of[key] = {
+                node.name: value for node in self._nodes if (value := node.labels.get(key)) is not None
+            }
+        return found
 
     def _index(self, key: str) -> tuple[dict[str, frozenset[str]], frozenset[str]]:
         found = self._holders.get(key)
