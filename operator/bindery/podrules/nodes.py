@@ -22,7 +22,7 @@ __all__ = ["MEMO_SIZE", "NodeSnapshot", "frozen"]
 
 #: Memoized answers kept per snapshot: a few per Deployment in the backlog (its fits, each spread
 #: constraint's domains); the least recently used goes first.
-MEMO_SIZE = 128
+MEMO_SIZE = 64
 
 _T = TypeVar("_T")
 
