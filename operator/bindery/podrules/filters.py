@@ -159,6 +159,8 @@ class Verdict:
         """Why no node is left, naming the rules (None: some node is left, or nodes are unknown)."""
         if not self.known or not self.effects:
             return None
+        if len(set().union(*(effect.excluded for effect in self.effects))) < len(self.candidates):
+            return None  # fewer nodes excluded than candidates: one is left (most pods, and cheap)
         candidates = set(self.candidates)
         excluded = {effect.rule: set(effect.excluded) & candidates for effect in self.effects}
         if candidates - set().union(*excluded.values()):
