@@ -55,6 +55,9 @@ class MemberAsk:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     affinity_terms: Sequence[Mapping[str, Any]] = ()
     tolerations: Sequence[Mapping[str, Any]] = ()
+    #: Contract v1.2 ``preferredNodeAffinity`` as ``(weight, nodeSelectorTerm)``: such a member is
+    #: placed as a single reserve is (:func:`bindery.reference_rm.placement.choose_node`), scored.
+    preferences: Sequence[tuple[int, Mapping[str, Any]]] = ()
 
 
 @dataclass(frozen=True)
@@ -183,10 +186,13 @@ def _attempt(
     kinds: dict[tuple[object, ...], _Candidates] = {}
     for index in order:
         member = members[index]
-        kind = kinds_of[index]
-        if kind not in kinds:
-            kinds[kind] = _Candidates(member=member, nodes=nodes, total=total, policy=policy)
-        node = kinds[kind].best()
+        if member.preferences:
+            node = _preferred(member, nodes=nodes, total=total, policy=policy)
+        else:
+            kind = kinds_of[index]
+            if kind not in kinds:
+                kinds[kind] = _Candidates(member=member, nodes=nodes, total=total, policy=policy)
+            node = kinds[kind].best()
         if node is None:
             if not attempt.failure:
                 # Why, as a single reserve would say it: this RM's own usage and the foreign pods
@@ -211,6 +217,27 @@ def _attempt(
         attempt.assigned[index] = node.name
     attempt.after = total
     return attempt
+
+
+def _preferred(
+    member: MemberAsk, *, nodes: Sequence[InventoryNode], total: Usage, policy: Policy
+) -> InventoryNode | None:
+    """The node a member with preferences takes: the one a single reserve of it would take now,
+    its preferences scored with the policy (a scan of the domain's nodes, not the heap, because the
+    scores are normalized over the nodes that fit, which change with every member placed)."""
+    decision = choose_node(
+        nodes=nodes,
+        requests=member.requests,
+        usage_by_node=total,
+        node_selector=member.node_selector,
+        affinity_terms=member.affinity_terms,
+        tolerations=member.tolerations,
+        policy=policy,
+        preferences=member.preferences,
+    )
+    if decision.node is None:
+        return None
+    return next(node for node in nodes if node.name == decision.node)
 
 
 def _fullness(attempt: _Attempt, members: Sequence[MemberAsk]) -> Decimal:

@@ -65,6 +65,7 @@ __all__ = [
     "PodPlacementRules",
     "broken_after_preemption",
     "member_node_terms",
+    "member_preferences",
     "rule_victims",
     "rules_preferences",
     "rules_verdict",
@@ -680,6 +681,32 @@ def member_node_terms(
         terms.append(combined)
         changed = True
     return (terms, None) if changed else (None, None)
+
+
+def member_preferences(
+    members: Sequence[PodInfo], placed: PlacedPods | None
+) -> list[tuple[tuple[int, Mapping[str, Any]], ...]] | None:
+    """For a pod group: each member's weighted node preferences, its own preferred node affinity
+    followed by its soft inter-pod rules' terms (as :func:`rules_preferences` scores them for a
+    single pod), or None when no member has any.
+
+    Why: a group is reserved in one request, so its members never pass PreFilter; without this
+    their ScheduleAnyway spread, default spreading and preferred pod (anti-)affinity were dropped.
+    The rules are scored against the pods on nodes only: the other members have no node yet, so
+    soft rules between members are not counted (as the required ones, which are refused).
+    Only for an RM that takes node preferences (the caller checks).
+    """
+    if placed is None:
+        return None
+    found: list[tuple[tuple[int, Mapping[str, Any]], ...]] = []
+    added = False
+    for member in members:
+        pod = _with_services(member, placed)
+        preferred = rules_preferences(pod, placed, rules_verdict(pod, placed))
+        extra = preferred.terms if preferred is not None else ()
+        added = added or bool(extra)
+        found.append((*member.preferred_terms, *extra))
+    return found if added else None
 
 
 def _rule_between_members(members: Sequence[PodInfo], placed: PlacedPods) -> str | None:

@@ -26,8 +26,8 @@ import asyncio
 import dataclasses
 import datetime
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.reporting import Reporter
@@ -49,7 +49,12 @@ from bindery.scheduling.defaults import COMMIT_FAILED
 from bindery.scheduling.framework import CycleContext, Ports, Profile
 from bindery.scheduling.lease import lease_from_answer
 from bindery.scheduling.nodecheck import NodeCheckMode, check_rules
-from bindery.scheduling.placementrules import PodPlacementRules, member_node_terms, rules_verdict
+from bindery.scheduling.placementrules import (
+    PodPlacementRules,
+    member_node_terms,
+    member_preferences,
+    rules_verdict,
+)
 from bindery.scheduling.podgroups import PodGroupInfo, group_request, unsupported
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.points import run_bind, run_post_bind, run_pre_bind, run_unreserve
@@ -132,6 +137,7 @@ class Placement:
             ttl_seconds=profile.reservation_ttl_seconds,
             attempt=group.attempt,
             node_terms=node_terms,
+            preferred_terms=self._preferences(members),
             preemption_policy=self._preemption_policy(info, members),
         )
         sent_at, sent_at_wall = profile.clock(), datetime.datetime.now(datetime.UTC)
@@ -180,6 +186,17 @@ class Placement:
             f"({', '.join(f'{m.pod.name}→{m.reservation.node}' for m in pairs)}), group {reserved.id}"
         )
         return await self.bind_all(info, group, pairs, group_id=reserved.id, started=started)
+
+    def _preferences(
+        self, members: Sequence[PodInfo]
+    ) -> list[tuple[tuple[int, Mapping[str, Any]], ...]] | None:
+        """Each member's preferences with its soft inter-pod rules, for an RM that takes node
+        preferences (as PreFilter adds them for a single pod); None for any other RM, whose client
+        drops them anyway, so the scoring is not paid for."""
+        known = getattr(self._profile().client, "takes_node_preferences", None)
+        if known is not None and not known():
+            return None
+        return member_preferences(members, self._ports().placed)
 
     def _preemption_policy(
         self, info: PodGroupInfo, members: Sequence[PodInfo]

@@ -1,0 +1,122 @@
+"""The reference RM scores a pod group's members' preferences (contract v1.2 ``node-preferences``,
+carried per member; issue 19 item 3).
+
+Why: its group placement read only the members' hard constraints, so a gang's
+``preferredNodeAffinity`` (its own, and the soft inter-pod rules Bindery writes into it) was
+ignored: binpack stacked the members on the first node whatever they preferred.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from bindery.reference_rm.groups import MemberAsk, place_group
+from bindery.reference_rm.placement import InventoryNode, Policy
+from bindery.reference_rm.store import GroupPlaced
+from bindery.rm.models import ReservationGroupRequest
+from tests.rm.conftest import StoreFactory
+
+ZONE = "topology.kubernetes.io/zone"
+
+INVENTORY = [
+    InventoryNode(name=name, labels={ZONE: name[0]}, allocatable={"cpu": Decimal(4), "pods": Decimal(110)})
+    for name in ("a1", "b1", "c1")
+]
+PREFER_C = (100, {"matchExpressions": [{"key": ZONE, "operator": "In", "values": ["c"]}]})
+
+
+def _asks(count: int, preferences: Sequence[tuple[int, Mapping[str, Any]]] = ()) -> list[MemberAsk]:
+    return [
+        MemberAsk(label=f"ns/m{i}", requests={"cpu": Decimal(1)}, preferences=tuple(preferences))
+        for i in range(count)
+    ]
+
+
+def test_the_reference_rm_places_members_where_their_preferences_point() -> None:
+    """Binpack alone stacks them on a1 (the first name); preferring zone c, both go there."""
+    plain = place_group(
+        group="ns/g",
+        members=_asks(2),
+        topology_keys=[],
+        nodes=INVENTORY,
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    assert plain.nodes == ("a1", "a1")
+    preferred = place_group(
+        group="ns/g",
+        members=_asks(2, [PREFER_C]),
+        topology_keys=[],
+        nodes=INVENTORY,
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    assert preferred.nodes == ("c1", "c1")
+
+
+def test_preferences_are_soft_a_member_goes_elsewhere_when_the_preferred_node_is_full() -> None:
+    decision = place_group(
+        group="ns/g",
+        members=_asks(6, [PREFER_C]),
+        topology_keys=[],
+        nodes=INVENTORY,
+        usage_by_node={"c1": {"cpu": Decimal(2), "pods": Decimal(2)}},
+        policy=Policy.BINPACK,
+    )
+    assert decision.nodes is not None, decision.reason
+    assert decision.nodes.count("c1") == 2  # all the room c1 has left
+    assert len(decision.nodes) == 6
+
+
+def test_members_with_and_without_preferences_share_the_usage() -> None:
+    """A plain member placed after a preferring one sees the room that one took (one view of usage)."""
+    members = [*_asks(1, [PREFER_C]), MemberAsk(label="ns/big", requests={"cpu": Decimal(4)})]
+    decision = place_group(
+        group="ns/g",
+        members=members,
+        topology_keys=[],
+        nodes=INVENTORY,
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    assert decision.nodes is not None, decision.reason
+    assert decision.nodes[0] == "c1"
+    assert decision.nodes[1] in ("a1", "b1")
+
+
+def _request(preferences: Sequence[tuple[int, Mapping[str, Any]]]) -> ReservationGroupRequest:
+    placement: dict[str, Any] = {}
+    if preferences:
+        placement["preferredNodeAffinity"] = [{"weight": w, "preference": t} for w, t in preferences]
+    return ReservationGroupRequest.model_validate(
+        {
+            "group": {"namespace": "ns", "name": "g", "schedulerName": "s"},
+            "members": [
+                {
+                    "pod": {"uid": f"g-{i}", "namespace": "ns", "name": f"g-{i}", "schedulerName": "s"},
+                    "resources": {"cpu": "1"},
+                    "placement": placement,
+                }
+                for i in range(2)
+            ],
+            "idempotencyKey": "g",
+            "ttlSeconds": 600,
+        }
+    )
+
+
+@pytest.mark.parametrize("preferred", [False, True])
+def test_the_stores_pass_the_members_preferences_to_the_group_placement(
+    make_store: StoreFactory, preferred: bool
+) -> None:
+    store = make_store(clock=lambda: 1000.0)
+    placed = store.reserve_group(
+        _request([PREFER_C] if preferred else []), nodes=INVENTORY, policy=Policy.BINPACK
+    )
+    assert isinstance(placed, GroupPlaced)
+    nodes = [member.node for member in placed.group.members]
+    assert nodes == (["c1", "c1"] if preferred else ["a1", "a1"])
