@@ -66,6 +66,7 @@ __all__ = [
     "broken_after_preemption",
     "member_node_terms",
     "member_preferences",
+    "members_wake_on",
     "rule_victims",
     "rules_preferences",
     "rules_verdict",
@@ -488,6 +489,18 @@ def wake_on(pod: PodInfo) -> WakeOn:
         tags.add(TAG_HOST_PORTS)
     if pod.claims:
         tags.add(TAG_CLAIMS)
+    return WakeOn(namespaces=None if namespaces is None else frozenset(namespaces), tags=frozenset(tags))
+
+
+def members_wake_on(members: Iterable[PodInfo]) -> WakeOn:
+    """What may lift the refusal of a pod group by its members' rules: any member's (see :func:`wake_on`)."""
+    namespaces: set[str] | None = set()
+    tags: set[str] = set()
+    for member in members:
+        one = wake_on(member)
+        tags.update(one.tags)
+        if namespaces is not None:
+            namespaces = None if one.namespaces is None else namespaces | one.namespaces
     return WakeOn(namespaces=None if namespaces is None else frozenset(namespaces), tags=frozenset(tags))
 
 

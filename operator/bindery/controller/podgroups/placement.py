@@ -53,6 +53,7 @@ from bindery.scheduling.placementrules import (
     PodPlacementRules,
     member_node_terms,
     member_preferences,
+    members_wake_on,
     rules_verdict,
 )
 from bindery.scheduling.podgroups import PodGroupInfo, group_request, unsupported
@@ -69,6 +70,11 @@ if TYPE_CHECKING:
     from bindery.controller.podgroups.coordinator import GroupState
 
 __all__ = ["Member", "Placement"]
+
+#: A group its members' rules refused is looked at again when a placed pod, a node or a namespace
+#: changes where the rules read (PodGroupCoordinator.wake, .retry), else after this long (a safety
+#: net; it was polled every backoff, up to 10 s, before).
+RULES_RECHECK_SECONDS = 60.0
 
 #: While a group's plan is carried out, how soon its reserve is tried again (victims placed by
 #: another scheduler release no reservation, so no event may come).
@@ -129,7 +135,11 @@ class Placement:
         if refusal is not None:  # the members' inter-pod rules leave no node: nothing is reserved
             message = f'pod group "{info.key}" was not placed: {refusal}'
             await self._reporter.fail(info, members, message, reason=REASON_UNSCHEDULABLE, started=started)
-            return self._backoff(group)
+            # As a refused pod: woken by a change that may lift the refusal, once its backoff is over.
+            delay = self._backoff(group)
+            group.rules = members_wake_on(members)
+            group.retry_at = time.monotonic() + delay
+            return max(delay, RULES_RECHECK_SECONDS)
         request = group_request(
             group=info,
             members=members,
