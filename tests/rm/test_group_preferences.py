@@ -8,17 +8,20 @@ ignored: binpack stacked the members on the first node whatever they preferred.
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
+from bindery.reference_rm import serve_reference_rm
 from bindery.reference_rm.groups import MemberAsk, place_group
 from bindery.reference_rm.placement import InventoryNode, Policy
 from bindery.reference_rm.store import GroupPlaced
+from bindery.rm.client import ResourceManagerClient
 from bindery.rm.models import ReservationGroupRequest
-from tests.rm.conftest import StoreFactory
+from tests.rm.conftest import TOKEN, StoreFactory
 
 ZONE = "topology.kubernetes.io/zone"
 
@@ -120,3 +123,48 @@ def test_the_stores_pass_the_members_preferences_to_the_group_placement(
     assert isinstance(placed, GroupPlaced)
     nodes = [member.node for member in placed.group.members]
     assert nodes == (["c1", "c1"] if preferred else ["a1", "a1"])
+
+
+def test_members_are_kept_off_prefer_no_schedule_nodes_as_single_pods_are() -> None:
+    """TaintToleration scores a PreferNoSchedule taint the member does not tolerate; binpack alone
+    would take a1, the first name."""
+    draining = {"key": "draining", "value": "true", "effect": "PreferNoSchedule"}
+    nodes = [
+        InventoryNode(
+            name=node.name,
+            labels=node.labels,
+            allocatable=node.allocatable,
+            taints=(draining,) if node.name == "a1" else (),
+        )
+        for node in INVENTORY
+    ]
+    decision = place_group(
+        group="ns/g", members=_asks(2), topology_keys=[], nodes=nodes, usage_by_node={}, policy=Policy.BINPACK
+    )
+    assert decision.nodes == ("b1", "b1")
+    tolerating = [
+        MemberAsk(label=f"ns/t{i}", requests={"cpu": Decimal(1)}, tolerations=({"operator": "Exists"},))
+        for i in range(2)
+    ]
+    decision = place_group(
+        group="ns/g",
+        members=tolerating,
+        topology_keys=[],
+        nodes=nodes,
+        usage_by_node={},
+        policy=Policy.BINPACK,
+    )
+    assert decision.nodes == ("a1", "a1")
+
+
+async def test_a_v1_1_rm_is_sent_no_member_preferences_and_places_the_group(tmp_path: pathlib.Path) -> None:
+    """The reference RM as a v1.1 RM answers 400 to preferredNodeAffinity: the client must leave
+    it out of every member, and the group is placed by the policy alone."""
+    async with (
+        serve_reference_rm(
+            db_path=tmp_path / "rm.sqlite", inventory=INVENTORY, token=TOKEN, cluster_ids=False
+        ) as server,
+        ResourceManagerClient(base_url=server.url, token=TOKEN, allow_insecure_http=True) as client,
+    ):
+        group = await client.reserve_group(_request([PREFER_C]))
+    assert len(group.members) == 2  # a member sent its preferences would have got 400

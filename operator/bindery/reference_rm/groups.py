@@ -55,8 +55,9 @@ class MemberAsk:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     affinity_terms: Sequence[Mapping[str, Any]] = ()
     tolerations: Sequence[Mapping[str, Any]] = ()
-    #: Contract v1.2 ``preferredNodeAffinity`` as ``(weight, nodeSelectorTerm)``: such a member is
-    #: placed as a single reserve is (:func:`bindery.reference_rm.placement.choose_node`), scored.
+    #: Contract v1.2 ``preferredNodeAffinity`` as ``(weight, nodeSelectorTerm)``: such a member (and
+    #: every member, on nodes with PreferNoSchedule taints) is placed as a single reserve is
+    #: (:func:`bindery.reference_rm.placement.choose_node`), scored.
     preferences: Sequence[tuple[int, Mapping[str, Any]]] = ()
 
 
@@ -184,9 +185,11 @@ def _attempt(
     mine = {name: dict(bucket) for name, bucket in own.items() if name in names}
     total = in_use(mine, {n: f for n, f in (foreign or {}).items() if n in names}) if foreign else _copy(mine)
     kinds: dict[tuple[object, ...], _Candidates] = {}
+    # PreferNoSchedule taints are scored for every member, as for a single pod (TaintToleration).
+    scored = any(taint.get("effect") == "PreferNoSchedule" for node in nodes for taint in node.taints)
     for index in order:
         member = members[index]
-        if member.preferences:
+        if member.preferences or scored:
             node = _preferred(member, nodes=nodes, total=total, policy=policy)
         else:
             kind = kinds_of[index]
