@@ -12,7 +12,8 @@ The algorithm is a greedy first-fit-decreasing per topology domain:
 * with topology keys, a domain is one combination of values of those labels; a node that lacks
   any of the labels belongs to no domain and takes no member;
 * in each domain the members are placed largest first (by their share of the largest node's
-  allocatable), each by the RM's policy among the domain's nodes;
+  allocatable), each by the RM's policy among the domain's nodes, with its preferences and the
+  nodes' PreferNoSchedule taints scored as for a single pod (contract v1.2 ``node-preferences``);
 * among the domains that take every member, ``binpack`` picks the one left fullest, ``spread``
   the one left emptiest; ties go to the values that sort first.
 
