@@ -26,8 +26,8 @@ import asyncio
 import dataclasses
 import datetime
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.reporting import Reporter
@@ -50,6 +50,7 @@ from bindery.scheduling.framework import CycleContext, Ports, Profile
 from bindery.scheduling.lease import lease_from_answer
 from bindery.scheduling.nodecheck import NodeCheckMode, check_rules
 from bindery.scheduling.placementrules import (
+    MemberPreferences,
     PodPlacementRules,
     member_node_terms,
     member_preferences,
@@ -70,6 +71,9 @@ if TYPE_CHECKING:
     from bindery.controller.podgroups.coordinator import GroupState
 
 __all__ = ["Member", "Placement"]
+
+#: Members scored for their soft rules between two yields to the event loop.
+PREFERENCES_SLICE = 16
 
 #: A group its members' rules refused is looked at again when a placed pod, a node or a namespace
 #: changes where the rules read (PodGroupCoordinator.wake, .retry), else after this long (a safety
@@ -147,7 +151,7 @@ class Placement:
             ttl_seconds=profile.reservation_ttl_seconds,
             attempt=group.attempt,
             node_terms=node_terms,
-            preferred_terms=self._preferences(members),
+            preferred_terms=await self._preferences(members),
             preemption_policy=self._preemption_policy(info, members),
         )
         sent_at, sent_at_wall = profile.clock(), datetime.datetime.now(datetime.UTC)
@@ -197,16 +201,26 @@ class Placement:
         )
         return await self.bind_all(info, group, pairs, group_id=reserved.id, started=started)
 
-    def _preferences(
-        self, members: Sequence[PodInfo]
-    ) -> list[tuple[tuple[int, Mapping[str, Any]], ...]] | None:
+    async def _preferences(self, members: Sequence[PodInfo]) -> list[MemberPreferences] | None:
         """Each member's preferences with its soft inter-pod rules, for an RM that takes node
         preferences (as PreFilter adds them for a single pod); None for any other RM, whose client
-        drops them anyway, so the scoring is not paid for."""
+        drops them anyway, so the scoring is not paid for. Scored a slice at a time, yielding to
+        the event loop between slices: a large gang of unlike members costs seconds."""
         known = getattr(self._profile().client, "takes_node_preferences", None)
         if known is not None and not known():
             return None
-        return member_preferences(members, self._ports().placed)
+        placed = self._ports().placed
+        memo: dict[tuple[object, ...], MemberPreferences] = {}
+        found: list[MemberPreferences] = []
+        added = False
+        for start in range(0, len(members), PREFERENCES_SLICE):
+            part = members[start : start + PREFERENCES_SLICE]
+            scored = member_preferences(part, placed, memo=memo)
+            added = added or scored is not None
+            found.extend(scored if scored is not None else (member.preferred_terms for member in part))
+            if start + PREFERENCES_SLICE < len(members):
+                await asyncio.sleep(0)
+        return found if added else None
 
     def _preemption_policy(
         self, info: PodGroupInfo, members: Sequence[PodInfo]
