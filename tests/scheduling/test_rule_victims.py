@@ -226,3 +226,64 @@ async def test_the_per_node_terms_stay_within_the_contracts_term_cap() -> None:
     assert status.ok, status
     Placement.model_validate({"requiredNodeAffinity": ctx.required_node_terms()})
     assert [entry.node for entry in ctx.state[RULE_PREEMPTION]] == ["a"]  # type: ignore[attr-defined]
+
+
+def test_the_by_node_and_priority_indexes_follow_every_change() -> None:
+    """rule_victims reads the pods of a few nodes and the lowest priority, not every placed pod: the
+    indexes must follow additions, a watched copy naming another node than the assumed one, priority
+    changes and removals (checked against the pods the cache holds, after each of 600 random events)."""
+    import random
+
+    from bindery.podrules.model import PlacedPod
+
+    rng = random.Random(7)
+    cache = PlacedPodCache()
+    for _ in range(600):
+        name = f"p{rng.randrange(30)}"
+        roll = rng.random()
+        if roll < 0.2:
+            node = rng.choice("abc")
+            cache.assume(PlacedPod(uid=f"uid-{name}", namespace="ns", node=node, assumed=True))
+        elif roll < 0.35:
+            cache.forget(f"uid-{name}")
+        else:
+            cache.on_event(
+                "DELETED" if roll < 0.5 else "MODIFIED",
+                {
+                    "metadata": {
+                        "uid": f"uid-{name}",
+                        "namespace": rng.choice(["ns", "other"]),
+                        "name": name,
+                    },
+                    "spec": {"nodeName": rng.choice("abc"), "priority": rng.choice([0, 10, 50])},
+                    "status": {"phase": rng.choice(["Running", "Running", "Succeeded"])},
+                },
+            )
+        held = [pod for namespace in cache.namespaces() for pod in cache.in_namespace(namespace)]
+        for node in "abcd":
+            assert sorted(p.uid for p in cache.on_node(node)) == sorted(p.uid for p in held if p.node == node)
+        assert cache.lowest_priority() == min((p.priority for p in held), default=None)
+
+
+def test_a_preemptor_with_no_lower_priority_pod_anywhere_finds_no_victims() -> None:
+    """The common case (one priority for every pod) answers before any node is searched; the answer
+    follows a pod's priority as the watch reports it."""
+    cache = cache_of(("high", "a", 1000, {}), ("same", "b", 50, {}), ("low", "b", 10, {}))
+    pod = medium()
+    verdict = rules_verdict(pod, cache)
+    assert verdict is not None
+    assert {node: [p.name for p in pods] for node, pods in rule_victims(pod, cache, verdict).items()} == {
+        "b": ["low"]
+    }
+    cache.on_event(
+        "MODIFIED",
+        {
+            "metadata": {"uid": "uid-low", "namespace": "ns", "name": "low", "labels": {"pts": ""}},
+            "spec": {"nodeName": "b", "priority": 50},
+            "status": {"phase": "Running"},
+        },
+    )
+    verdict = rules_verdict(pod, cache)
+    assert verdict is not None
+    assert "b" in verdict.effects[0].excluded
+    assert rule_victims(pod, cache, verdict) == {}

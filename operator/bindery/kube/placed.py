@@ -56,6 +56,11 @@ class PlacedPodCache:
         #: the same for pods with affinity or preferred terms (InterPodAffinity's Score symmetry)
         self._scoring_toward: dict[str | None, dict[str, PlacedPod]] = {}
         self._ports: dict[str, PlacedPod] = {}
+        #: node → the pods on it by UID (a rule's victims are looked for on a few nodes only)
+        self._by_node: dict[str, dict[str, PlacedPod]] = {}
+        #: priority → how many pods have it (most clusters have one or two: a preemptor with no
+        #: lower-priority pod anywhere skips the search for a rule's victims in O(1))
+        self._priorities: dict[int, int] = {}
         self._nodes = nodes
         self._namespace_labels = namespace_labels
         self._service_selectors = service_selectors
@@ -111,6 +116,13 @@ class PlacedPodCache:
 
     def namespaces(self) -> Iterable[str]:
         return self._by_namespace.keys()
+
+    def on_node(self, node: str) -> Iterable[PlacedPod]:
+        pods = self._by_node.get(node)
+        return pods.values() if pods else ()
+
+    def lowest_priority(self) -> int | None:
+        return min(self._priorities) if self._priorities else None
 
     def with_anti_affinity(self) -> Iterable[PlacedPod]:
         return self._anti.values()
@@ -194,6 +206,9 @@ class PlacedPodCache:
         self._pods[pod.uid] = pod
         if old is not None:
             self._ungroup(old)
+            self._unplace(old)
+        self._by_node.setdefault(pod.node, {})[pod.uid] = pod
+        self._priorities[pod.priority] = self._priorities.get(pod.priority, 0) + 1
         group = self._by_namespace.setdefault(pod.namespace, {}).setdefault(
             _label_set(pod.labels), (pod.labels, {})
         )
@@ -244,11 +259,23 @@ class PlacedPodCache:
         if pod is None:
             return
         self._ungroup(pod)
+        self._unplace(pod)
         self._anti.pop(uid, None)
         self._ports.pop(uid, None)
         self._drop_toward(uid, pod)
         if self.on_change is not None:  # last, as in _put
             self.on_change(pod)
+
+    def _unplace(self, pod: PlacedPod) -> None:
+        """Take `pod` (the copy the cache holds) out of the by-node and by-priority indexes."""
+        pods = self._by_node.get(pod.node)
+        if pods is not None and pods.pop(pod.uid, None) is not None and not pods:
+            del self._by_node[pod.node]
+        left = self._priorities.get(pod.priority, 0) - 1
+        if left > 0:
+            self._priorities[pod.priority] = left
+        else:
+            self._priorities.pop(pod.priority, None)
 
     def _ungroup(self, pod: PlacedPod) -> None:
         """Take `pod` (the copy the cache holds) out of its namespace's label group."""
