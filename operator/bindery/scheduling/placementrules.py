@@ -63,9 +63,12 @@ __all__ = [
     "VERDICT",
     "WAIT_SECONDS",
     "InFlight",
+    "MemberPreferences",
     "PodPlacementRules",
     "broken_after_preemption",
     "member_node_terms",
+    "member_preferences",
+    "members_wake_on",
     "rule_victims",
     "rules_preferences",
     "rules_refusing",
@@ -626,6 +629,18 @@ def wake_on(pod: PodInfo) -> WakeOn:
     return WakeOn(namespaces=None if namespaces is None else frozenset(namespaces), tags=frozenset(tags))
 
 
+def members_wake_on(members: Iterable[PodInfo]) -> WakeOn:
+    """What may lift the refusal of a pod group by its members' rules: any member's (see :func:`wake_on`)."""
+    namespaces: set[str] | None = set()
+    tags: set[str] = set()
+    for member in members:
+        one = wake_on(member)
+        tags.update(one.tags)
+        if namespaces is not None:
+            namespaces = None if one.namespaces is None else namespaces | one.namespaces
+    return WakeOn(namespaces=None if namespaces is None else frozenset(namespaces), tags=frozenset(tags))
+
+
 def touch_of(pod: PlacedPod) -> Touch:
     """What a placed pod's arrival, change or departure may concern (see :func:`wake_on`)."""
     tags = []
@@ -816,6 +831,56 @@ def member_node_terms(
         terms.append(combined)
         changed = True
     return (terms, None) if changed else (None, None)
+
+
+#: A member's preferences: its own preferred node affinity, then its soft rules' terms.
+MemberPreferences = tuple[tuple[int, Mapping[str, Any]], ...]
+
+
+def member_preferences(
+    members: Sequence[PodInfo],
+    placed: PlacedPods | None,
+    *,
+    memo: dict[tuple[object, ...], MemberPreferences] | None = None,
+) -> list[MemberPreferences] | None:
+    """For a pod group: each member's weighted node preferences, its own preferred node affinity
+    followed by its soft inter-pod rules' terms (as :func:`rules_preferences` scores them for a
+    single pod), or None when no member has any soft-rule term.
+
+    Why: a group is reserved in one request, so its members never pass PreFilter; without this
+    their ScheduleAnyway spread, default spreading and preferred pod (anti-)affinity were dropped.
+    The rules are scored against the pods on nodes only: the other members have no node yet, so
+    soft rules between members are not counted (as the required ones, which are refused).
+    Only for an RM that takes node preferences (the caller checks).
+
+    ``memo`` (shared across calls for one group): members alike in everything the scoring reads
+    (namespace, labels, rules, node constraints, own preferences) are scored once; a gang's
+    members often are, and scoring one costs milliseconds on a large cluster.
+    """
+    if placed is None:
+        return None
+    memo = {} if memo is None else memo
+    found: list[MemberPreferences] = []
+    added = False
+    for member in members:
+        key = (  # everything _incoming and _with_services read but the uid
+            member.namespace,
+            tuple(sorted(member.labels.items())),
+            repr(member.rules),
+            repr(member.soft),
+            repr(member.preferred_terms),
+            repr(member.node_selector),
+            repr(member.affinity_terms),
+            repr(member.tolerations),
+        )
+        terms = memo.get(key)
+        if terms is None:
+            pod = _with_services(member, placed)
+            preferred = rules_preferences(pod, placed, rules_verdict(pod, placed))
+            terms = memo[key] = (*member.preferred_terms, *(preferred.terms if preferred is not None else ()))
+        added = added or len(terms) > len(member.preferred_terms)
+        found.append(terms)
+    return found if added else None
 
 
 def _rule_between_members(members: Sequence[PodInfo], placed: PlacedPods) -> str | None:
