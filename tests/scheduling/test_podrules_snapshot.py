@@ -193,11 +193,8 @@ def test_verdicts_from_the_shared_snapshot_are_the_plain_computation_while_pods_
             )
             refused_nodes += bool(expected)
         left = set(verdict.candidates) - {name for effect in verdict.effects for name in effect.excluded}
-        if len({effect.rule for effect in verdict.effects}) == len(verdict.effects):
-            # Not held for two effects of one rule (two spread constraints): refusal() keys the
-            # excluded nodes by rule, so only the last of them counts there, as it did before.
-            expected_none = not verdict.effects or not verdict.candidates or bool(left)
-            assert (verdict.refusal() is None) == expected_none
+        expected_none = not verdict.effects or not verdict.candidates or bool(left)
+        assert (verdict.refusal() is None) == expected_none
         refusals += verdict.refusal() is not None
     # Not vacuous: nodes were refused, and some pods had no node left.
     assert refused_nodes > 500

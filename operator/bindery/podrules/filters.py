@@ -162,7 +162,9 @@ class Verdict:
         if len(set().union(*(effect.excluded for effect in self.effects))) < len(self.candidates):
             return None  # fewer nodes excluded than candidates: one is left (most pods, and cheap)
         candidates = set(self.candidates)
-        excluded = {effect.rule: set(effect.excluded) & candidates for effect in self.effects}
+        excluded: dict[str, set[str]] = defaultdict(set)  # by rule: two spread constraints are one rule
+        for effect in self.effects:
+            excluded[effect.rule] |= set(effect.excluded) & candidates
         if candidates - set().union(*excluded.values()):
             return None
         total = len(candidates)
