@@ -15,6 +15,7 @@ spread over ``--nodes`` nodes in 3 zones, then:
 - rules pods of ``--groups`` Deployments of ``--group-size`` pods in one namespace, all placed but
   the pods measured (``ceiling.py --shape rules``: 12 groups of 250), each with those rules over
   its own Deployment: the selector walk over a backlog of such pods;
+- the grouped rules pods' NodeCheck re-check of one node (``rules_refusing``);
 - soft pods: the same for ReplicaSet-owned pods of that Deployment without rules of their own
   (kube-scheduler's default spreading, scored into weighted node preferences);
 - memory: tracemalloc of the cache's projections and of the watch cursor's entry, bytes per
@@ -37,7 +38,7 @@ from bindery.k8s.watching import Cursor
 from bindery.kube.placed import PlacedPodCache
 from bindery.podrules.parse import pod_rules, soft_rules
 from bindery.scheduling.framework import CycleContext, Ports, Profile
-from bindery.scheduling.placementrules import PodPlacementRules
+from bindery.scheduling.placementrules import PodPlacementRules, rules_refusing
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import NodeProjection
 
@@ -116,7 +117,7 @@ def main() -> None:
     tracemalloc.start()
     gc.collect()
     before = tracemalloc.get_traced_memory()[0]
-    cache = PlacedPodCache(nodes=lambda: nodes)
+    cache = PlacedPodCache(nodes=lambda: list(nodes))  # a fresh list of the same nodes, as the node index
     cursor = Cursor(remember=remembered)  # what the placed-pod watch keeps per pod
     cursor.begin()
     for i in range(args.placed):
@@ -195,6 +196,13 @@ def main() -> None:
     print(
         f"rules pods ({args.groups} Deployments of {args.group_size} placed in their namespace, the same "
         f"rules over each): PreFilter+Reserve {asyncio.run(per_pod(cache, grouped)) * 1e3:.2f} ms/pod"
+    )
+    started = time.process_time()
+    for index, pod in enumerate(grouped):
+        rules_refusing(pod, cache, nodes[index % len(nodes)].name)
+    print(
+        "the same pods' pre-bind re-check of the chosen node (NodeCheck full): "
+        f"{(time.process_time() - started) / len(grouped) * 1e3:.2f} ms/pod"
     )
     soft = []
     for i in range(min(args.pods, 200)):

@@ -1,16 +1,25 @@
-"""Which pod groups a released reservation wakes (PodGroupCoordinator.retry), without I/O."""
+"""Which pod groups a released reservation, a node or a placed pod wakes (PodGroupCoordinator.retry
+and .wake), without I/O."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import types
 from typing import Any, cast
 
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.coordinator import GroupState, PodGroupCoordinator
+from bindery.controller.podgroups.placement import RULES_RECHECK_SECONDS, Placement
 from bindery.controller.preemption import Preemptions
+from bindery.kube.placed import PlacedPodCache
+from bindery.scheduling.placementrules import TAG_ANTI_AFFINITY
+from bindery.scheduling.podgroups import PodGroupInfo
 from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import NodeProjection
 from bindery.scheduling.preemption import Preemptor
+from bindery.scheduling.queue import Touch, WakeOn
 
 
 def _unused() -> Any:
@@ -71,3 +80,109 @@ async def test_a_group_whose_members_all_left_forgets_its_preemption_back_off() 
 
     assert ("ns", "g") not in coordinator._groups
     assert preemptions.backed_off(key) is None
+
+
+def _coordinator() -> PodGroupCoordinator:
+    return PodGroupCoordinator(
+        profile=_unused,
+        ports=_unused,
+        rm=_unused,
+        api=None,
+        logger=logging.getLogger("test"),
+        metrics=Metrics(),
+        on_released=lambda: None,
+    )
+
+
+def _refused(rules: WakeOn, *, backoff_left: float = -1.0) -> GroupState:
+    group = GroupState()
+    group.rules, group.retry_at = rules, time.monotonic() + backoff_left
+    return group
+
+
+async def test_a_placed_pod_change_wakes_the_groups_its_members_rules_refused_that_it_concerns() -> None:
+    """Before: a group its members' rules refused was not woken by the pod in its way leaving; it
+    was only polled again after its backoff. Now it is woken as a refused pod is, and only by a
+    change of a namespace its rules read or of a pod with a tag they care about."""
+    coordinator = _coordinator()
+    same_namespace = _refused(WakeOn(namespaces=frozenset({"ns"})))
+    elsewhere = _refused(WakeOn(namespaces=frozenset({"other"})))
+    by_tag = _refused(WakeOn(namespaces=frozenset({"other"}), tags=frozenset({TAG_ANTI_AFFINITY})))
+    any_namespace = _refused(WakeOn(namespaces=None))
+    not_refused = GroupState()
+    groups = [same_namespace, elsewhere, by_tag, any_namespace, not_refused]
+    coordinator._groups.update({("ns", str(i)): group for i, group in enumerate(groups)})
+
+    coordinator.wake(Touch(namespace="ns"))
+    assert [group.wake.is_set() for group in groups] == [True, False, False, True, False]
+    assert same_namespace.rules is None  # once per refusal: the next try sets it again
+
+    coordinator.wake(Touch(namespace="ns", tags=frozenset({TAG_ANTI_AFFINITY})))
+    assert by_tag.wake.is_set()
+    assert not elsewhere.wake.is_set()
+
+
+async def test_a_group_woken_during_its_backoff_is_woken_when_the_backoff_ends() -> None:
+    coordinator = _coordinator()
+    group = _refused(WakeOn(namespaces=frozenset({"ns"})), backoff_left=0.2)
+    coordinator._groups[("ns", "g")] = group
+    coordinator.wake(Touch(namespace="ns"))
+    assert not group.wake.is_set()  # checked at once, no wait: the timer cannot have fired yet
+    await asyncio.wait_for(group.wake.wait(), timeout=10)
+
+
+async def test_a_node_change_wakes_a_group_its_members_rules_refused() -> None:
+    """Node labels are what a rule's topology reads: retry() (node events, releases) wakes them too."""
+    coordinator = _coordinator()
+    group = _refused(WakeOn(namespaces=frozenset({"ns"})))
+    coordinator._groups[("ns", "g")] = group
+    coordinator.retry()
+    assert group.wake.is_set()
+
+
+async def test_a_group_refused_by_its_members_rules_waits_for_a_wake_not_a_poll() -> None:
+    """The refusal records what may lift it; the next look is the safety net, not the backoff."""
+    cache = PlacedPodCache(nodes=lambda: [NodeProjection(name="n0", labels={"kubernetes.io/hostname": "n0"})])
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "pair"}}}
+            ]
+        }
+    }
+    members = [
+        PodInfo.from_body(
+            {
+                "metadata": {
+                    "name": f"pair-{i}",
+                    "namespace": "ns",
+                    "uid": f"u{i}",
+                    "labels": {"app": "pair"},
+                },
+                "spec": {"schedulerName": "s", "containers": [{"name": "c"}], "affinity": anti},
+            }
+        )
+        for i in range(2)
+    ]
+
+    class _Reporter:
+        async def fail(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    placement = Placement(
+        profile=lambda: cast(Any, types.SimpleNamespace(reservation_ttl_seconds=60)),
+        ports=lambda: cast(Any, types.SimpleNamespace(placed=cache)),
+        rm=_unused,
+        logger=logging.getLogger("test"),
+        metrics=Metrics(),
+        reporter=cast(Any, _Reporter()),
+        backoff=lambda group: 2.0,
+        on_released=lambda: None,
+        on_outcome=lambda pod, outcome: None,
+    )
+    group = GroupState()
+    delay = await placement.place(PodGroupInfo(namespace="ns", name="pair"), group, members)
+    assert delay == RULES_RECHECK_SECONDS
+    assert group.rules is not None
+    assert group.rules.namespaces == frozenset({"ns"})
+    assert group.retry_at > time.monotonic()  # the backoff (2 s) still runs

@@ -406,6 +406,81 @@ async def test_pod_group_members_are_kept_off_the_node_their_anti_affinity_exclu
     assert busy["busy"] not in placed.values()
 
 
+async def test_a_gang_with_schedule_anyway_zone_spread_lands_in_the_zone_kube_scheduler_would_pick(
+    pool: Pool,
+) -> None:
+    """Two web pods in zone a, two in zone b; a gang of two with a ScheduleAnyway zone spread over
+    them. kube-scheduler puts both members in zone c (counts 2, 2, 0, then 2, 2, 1). Each member's
+    spread reaches the RM as a preference with the group reserve; without it binpack stacks the
+    gang on the fullest node, in zone a or b."""
+    for zone, names in (("a", ["web-a0", "web-a1"]), ("b", ["web-b0", "web-b1"])):
+        term = {"matchExpressions": [{"key": ZONE, "operator": "In", "values": [zone]}]}
+        for name in names:
+            await pool.create(
+                name,
+                labels={"app": "web"},
+                affinity={
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+                    }
+                },
+            )
+    running = ["web-a0", "web-a1", "web-b0", "web-b1"]
+    await eventually(lambda: pool.all_bound(running), within=30, what="the four web pods bound")
+    await client.CustomObjectsApi(pool.api).create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("gang", min_count=2)
+    )
+    spread = [{**zone_spread("web")[0], "whenUnsatisfiable": "ScheduleAnyway"}]
+    names = ["gang-0", "gang-1"]
+    for name in names:
+        await pool.create(
+            name,
+            labels={"app": "web"},
+            schedulingGroup={"podGroupName": "gang"},
+            topologySpreadConstraints=spread,
+        )
+    placed = await eventually(lambda: pool.all_bound(names), within=30, what="the gang bound")
+    assert zone_counts(pool, placed) == {"c": 2}, placed
+
+
+async def test_a_gang_refused_by_its_rules_is_woken_by_the_deletion_of_the_pod_in_its_way(
+    pool: Pool, bindery: Bindery
+) -> None:
+    """A busy pod in each zone; a gang anti-affine to them by zone is refused and parked (its next
+    look 60 s away, not its backoff of 1 s). Deleting zone c's busy pod wakes it: it binds there.
+    The busy pods are bound by nodeName, not by Bindery, so their deletion releases no reservation
+    (whose release would wake the group on its own): only the placed-pod change can."""
+    for zone, node in (("a", pool.nodes[0]), ("b", pool.nodes[1]), ("c", pool.nodes[2])):
+        await pool.create(f"busy-{zone}", labels={"app": "busy"}, nodeName=node)
+    await eventually(
+        lambda: pool.all_bound(["busy-a", "busy-b", "busy-c"]), within=30, what="a busy pod in each zone"
+    )
+    await client.CustomObjectsApi(pool.api).create_namespaced_custom_object(
+        "scheduling.k8s.io", "v1alpha2", pool.namespace, "podgroups", pod_group("shy", min_count=2)
+    )
+    anti = {"topologyKey": ZONE, "labelSelector": {"matchLabels": {"app": "busy"}}}
+    names = ["shy-0", "shy-1"]
+    for name in names:
+        await pool.create(
+            name,
+            labels={"app": "shy"},
+            schedulingGroup={"podGroupName": "shy"},
+            affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [anti]}},
+        )
+    groups = bindery.runtime.runners[f"rm-{pool.token}"].podgroups
+
+    async def parked() -> bool:
+        group = groups._groups.get((pool.namespace, "shy"))
+        return group is not None and group.rules is not None
+
+    await eventually(parked, within=30, what="the gang refused by its rules and parked")
+    await client.CoreV1Api(pool.api).delete_namespaced_pod(
+        name="busy-c", namespace=pool.namespace, grace_period_seconds=0
+    )
+    placed = await eventually(lambda: pool.all_bound(names), within=30, what="the gang bound")
+    assert zone_counts(pool, placed) == {"c": 2}, placed
+
+
 async def test_pod_group_members_anti_affine_to_each_other_are_refused_not_stacked(pool: Pool) -> None:
     """Rules between members are not sent to the RM (the members have no nodes yet): the group is
     refused up front, naming the rule, before anything is reserved."""

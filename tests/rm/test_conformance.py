@@ -432,6 +432,7 @@ async def test_a_v1_1_run_never_sends_cluster_id_and_the_v1_2_checks_fail_a_v1_1
         "cluster-isolation",
         "cluster-id-validated",
         "node-preferences",
+        "group-node-preferences",
         "preemption",
         "group-preemption",
         "revocation",
@@ -491,9 +492,9 @@ async def test_kit_fails_an_rm_that_lists_other_clusters_reservations(unfiltered
 
 @pytest.fixture
 async def preferences_rm(refrm: RunningServer, request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    """The reference RM behind a proxy: ``ignores`` lists node-preferences but drops the field before
-    the RM sees it; ``unlisted`` does not list the feature and answers 400 to the field, as a v1.1
-    RM's validation would."""
+    """The reference RM behind a proxy: ``ignores`` lists node-preferences but drops the field (of a
+    reserve, and of each member of a group reserve) before the RM sees it; ``unlisted`` does not
+    list the feature and answers 400 to the field, as a v1.1 RM's validation would."""
     mode = request.param
     async with httpx.AsyncClient(base_url=refrm.url) as upstream:
 
@@ -502,16 +503,21 @@ async def preferences_rm(refrm: RunningServer, request: pytest.FixtureRequest) -
                 k: v for k, v in web_request.headers.items() if k.lower() in ("authorization", "content-type")
             }
             body = await web_request.read()
-            if web_request.path == "/v1/reservations" and web_request.method == "POST" and body:
+            paths = ("/v1/reservations", "/v1/reservation-groups")
+            if web_request.path in paths and web_request.method == "POST" and body:
                 parsed = json.loads(body)
-                if "preferredNodeAffinity" in (parsed.get("placement") or {}):
+                placements = [parsed.get("placement") or {}] + [
+                    member.get("placement") or {} for member in parsed.get("members") or []
+                ]
+                if any("preferredNodeAffinity" in placement for placement in placements):
                     if mode == "unlisted":
                         return web.json_response(
                             {"type": ProblemType.INVALID_REQUEST, "title": "Bad request", "status": 400},
                             status=400,
                             content_type="application/problem+json",
                         )
-                    del parsed["placement"]["preferredNodeAffinity"]
+                    for placement in placements:
+                        placement.pop("preferredNodeAffinity", None)
                     body = json.dumps(parsed).encode()
             answer = await upstream.request(
                 web_request.method, web_request.path, params=web_request.query, content=body, headers=headers
@@ -549,11 +555,34 @@ async def test_kit_fails_an_rm_that_lists_node_preferences_and_ignores_them(pref
     assert "must prefer a feasible node that matches" in (result.error or ""), result.error
 
 
+@pytest.mark.parametrize("preferences_rm", ["ignores"], indirect=True)
+async def test_kit_fails_an_rm_that_lists_node_preferences_and_ignores_them_in_groups(
+    preferences_rm: str,
+) -> None:
+    config = ConformanceConfig(url=preferences_rm, token=TOKEN)
+    check = next(c for c in CHECKS if c.name == "group-node-preferences")
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert not result.passed
+    assert "must score each member's preferredNodeAffinity" in (result.error or ""), result.error
+
+
+async def test_the_reference_rm_scores_group_members_preferences(refrm: RunningServer) -> None:
+    config = ConformanceConfig(url=refrm.url, token=TOKEN)
+    check = next(c for c in CHECKS if c.name == "group-node-preferences")
+    async with http_client(config) as http:
+        result = await run_check(check, config, http)
+    assert result.passed, result.error
+
+
 @pytest.mark.parametrize("preferences_rm", ["unlisted"], indirect=True)
-async def test_kit_never_sends_preferences_to_an_rm_without_the_feature(preferences_rm: str) -> None:
+@pytest.mark.parametrize("name", ["node-preferences", "group-node-preferences"])
+async def test_kit_never_sends_preferences_to_an_rm_without_the_feature(
+    preferences_rm: str, name: str
+) -> None:
     """The proxy refuses the field with 400: the check passes only because it never sends it."""
     config = ConformanceConfig(url=preferences_rm, token=TOKEN)
-    check = next(c for c in CHECKS if c.name == "node-preferences")
+    check = next(c for c in CHECKS if c.name == name)
     async with http_client(config) as http:
         result = await run_check(check, config, http)
     assert result.passed, result.error

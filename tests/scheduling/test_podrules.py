@@ -570,3 +570,16 @@ def test_hostname_spread_past_the_value_cap_is_split_and_places_where_kube_sched
         (e["operator"], len(e.get("values", ()))) for e in expressions
     ]
     assert world.allowed(incoming) == [n.name for n in nodes[300:]]
+
+
+def test_two_spread_constraints_that_exclude_every_node_between_them_are_a_refusal() -> None:
+    """Each constraint excludes one of the two nodes: no node is left, and Bindery says so itself
+    instead of sending the RM a request no node satisfies (the refusal once kept only the last
+    constraint's nodes, both being "topology spread")."""
+    world = World([node("a1", "a"), node("b1", "b")])
+    world.put(body(labels={"app": "web"}), "a1")  # zone a is one ahead for app=web
+    world.put(body(labels={"tier": "x"}), "b1")  # host b1 is one ahead for tier=x
+    host_spread = {**zone_spread(), "topologyKey": HOST, "labelSelector": {"matchLabels": {"tier": "x"}}}
+    pod = body(labels={"app": "web", "tier": "x"}, spread=[zone_spread(), host_spread])
+    assert world.allowed(pod) == []
+    assert world.refusal(pod) == "topology spread excludes all 2 nodes the pod may run on (a1, b1)"

@@ -69,7 +69,7 @@ from bindery.conformance.harness import (
     require,
 )
 from bindery.conformance.preemption import check_group_preemption, check_preemption
-from bindery.conformance.preferences import check_node_preferences
+from bindery.conformance.preferences import check_group_node_preferences, check_node_preferences
 from bindery.conformance.revocation import check_revocation
 from bindery.conformance.rulepreemption import check_rule_preemption
 from bindery.rm.errors import ProblemType
@@ -533,6 +533,7 @@ CHECKS: tuple[Check, ...] = (
     Check("cluster-isolation", check_cluster_isolation, since="1.2"),
     Check("cluster-id-validated", check_cluster_id_validated, since="1.2"),
     Check("node-preferences", check_node_preferences, since="1.2"),
+    Check("group-node-preferences", check_group_node_preferences, since="1.2"),
     Check("preemption", check_preemption, since="1.2"),
     Check("group-preemption", check_group_preemption, since="1.2"),
     Check("revocation", check_revocation, since="1.2"),

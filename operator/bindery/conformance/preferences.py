@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from bindery.conformance.clusters import _info
-from bindery.conformance.harness import Harness, expect_problem, expect_reservation, require
+from bindery.conformance.groups import expect_group
+from bindery.conformance.harness import Harness, expect_problem, expect_reservation, expect_status, require
 from bindery.rm.errors import ProblemType
 
 NODE_PREFERENCES_FEATURE = "node-preferences"
@@ -62,3 +63,43 @@ async def check_node_preferences(h: Harness) -> None:
             ProblemType.INVALID_REQUEST,
             f"reserve with a preferred term of weight {weight} (1 to 100)",
         )
+
+
+async def check_group_node_preferences(h: Harness) -> None:
+    """An RM listing node-preferences puts each member of a group on the feasible node its only
+    preferred term names (the field is per member, as in a single reserve).
+
+    Why: Bindery sends a gang's soft rules (ScheduleAnyway and default spreading, preferred pod
+    affinity) per member of the group reserve; an RM that scores them for single pods only would
+    place every gang by its policy alone. Each member names a different node, in two different
+    orders (the names sorted, then rotated by one), so an RM placing by its policy alone, which
+    places both groups alike, cannot meet both by chance.
+    """
+    features = (await _info(h)).get("features") or []
+    if NODE_PREFERENCES_FEATURE not in features:
+        return  # optional: an RM without it is never sent preferredNodeAffinity
+    held = [
+        expect_reservation(await h.reserve(h.request_body()), 201, f"reserve slot {i + 1} to learn the nodes")
+        for i in range(h.config.capacity)
+    ]
+    nodes = sorted({str(reservation["node"]) for reservation in held})
+    for reservation in held:
+        await h.release(reservation["id"])
+    if len(nodes) < 2:
+        return  # one node: every member lands on it whatever it prefers
+    for wanted in (nodes, nodes[1:] + nodes[:1]):
+        body = h.group_body(len(wanted))
+        body["members"] = [
+            _preferring(member, node) for member, node in zip(body["members"], wanted, strict=True)
+        ]
+        group = expect_group(
+            await h.reserve_group(body), 201, "reserve a group whose members prefer a node each", body
+        )
+        placed = [member.get("node") for member in group["members"]]
+        require(
+            placed == wanted,
+            f"a group whose members each prefer (one term, weight 100) a different node with room, {wanted}, "
+            f"was placed on {placed}: an RM listing {NODE_PREFERENCES_FEATURE!r} must score each member's "
+            "preferredNodeAffinity in a group reserve as in a single reserve",
+        )
+        expect_status(await h.release_group(group["id"]), 204, "release the group")

@@ -253,11 +253,13 @@ class PendingPods:
         touch = touch_of(pod)
         for runner in self._runners().values():
             runner.queue.wake(touch, event="placed-pod")
+            runner.podgroups.wake(touch)
 
     def on_namespace_relabelled(self, namespace: str) -> None:
         """A namespace's labels changed: the rules' namespaceSelector terms may see it now (or not)."""
         for runner in self._runners().values():
             runner.queue.wake(Touch(namespace=namespace), event="namespace")
+            runner.podgroups.wake(Touch(namespace=namespace))
 
     def on_node_event(self, *, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A Node added, or changed where placement looks (labels, taints, cordon, capacity,

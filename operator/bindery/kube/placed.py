@@ -21,10 +21,12 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from bindery.podrules.model import AffinityTerm, PlacedPod
+from bindery.podrules.nodes import NodeSnapshot
 from bindery.podrules.parse import placed_pod
 from bindery.scheduling.placementrules import InFlight
 from bindery.scheduling.ports import NodeProjection
@@ -62,6 +64,8 @@ class PlacedPodCache:
         #: lower-priority pod anywhere skips the search for a rule's victims in O(1))
         self._priorities: dict[int, int] = {}
         self._nodes = nodes
+        self._snapshot: NodeSnapshot | None = None
+        self._seen: tuple[NodeProjection, ...] = ()  #: the objects `_nodes` gave for `_snapshot`
         self._namespace_labels = namespace_labels
         self._service_selectors = service_selectors
         self._in_flight = InFlight()
@@ -161,7 +165,19 @@ class PlacedPodCache:
         return self._service_selectors(namespace)
 
     def nodes(self) -> Sequence[NodeProjection]:
-        return self._nodes()
+        """The known nodes as one :class:`NodeSnapshot`, the same object until a node changes, so
+        that the filters' per-snapshot indexes and memos serve every pod until then (a node is
+        compared by identity first: the node index keeps its projection until an event replaces
+        it; an equal replacement, such as a status-only update, keeps the snapshot)."""
+        current = self._nodes()
+        snapshot = self._snapshot
+        if snapshot is None or not (
+            len(current) == len(self._seen) and all(map(operator.is_, current, self._seen))
+        ):
+            if snapshot is None or not snapshot.same_nodes(current):
+                snapshot = self._snapshot = NodeSnapshot(current)
+            self._seen = tuple(current)
+        return cast(Sequence[NodeProjection], snapshot)
 
     def assume(self, pod: PlacedPod) -> None:
         current = self._pods.get(pod.uid)

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, cast
 
 from bindery.constraints import (
     matches_node_selector,
@@ -51,8 +51,9 @@ from bindery.podrules.model import (
     SoftRules,
     SpreadConstraint,
 )
+from bindery.podrules.nodes import NodeSnapshot, frozen
 
-__all__ = ["Incoming", "PlacedView", "RuleEffect", "Verdict", "evaluate"]
+__all__ = ["Incoming", "NodeSnapshot", "PlacedView", "RuleEffect", "Verdict", "evaluate", "refusing"]
 
 ANTI_AFFINITY = "pod anti-affinity"
 AFFINITY = "pod affinity"
@@ -158,8 +159,12 @@ class Verdict:
         """Why no node is left, naming the rules (None: some node is left, or nodes are unknown)."""
         if not self.known or not self.effects:
             return None
+        if len(set().union(*(effect.excluded for effect in self.effects))) < len(self.candidates):
+            return None  # fewer nodes excluded than candidates: one is left (most pods, and cheap)
         candidates = set(self.candidates)
-        excluded = {effect.rule: set(effect.excluded) & candidates for effect in self.effects}
+        excluded: dict[str, set[str]] = defaultdict(set)  # by rule: two spread constraints are one rule
+        for effect in self.effects:
+            excluded[effect.rule] |= set(effect.excluded) & candidates
         if candidates - set().union(*excluded.values()):
             return None
         total = len(candidates)
@@ -191,41 +196,97 @@ def evaluate(
     nodes: Sequence[NodeFacts],
     namespace_labels: NamespaceLabels,
 ) -> Verdict:
-    """Pure: the node requirements the pod's rules, and existing pods' anti-affinity, impose."""
-    by_name = {node.name: node for node in nodes}
-    effects: list[RuleEffect] = []
-    anti = _anti_affinity(pod=pod, placed=placed, by_name=by_name, namespace_labels=namespace_labels)
+    """Pure: the node requirements the pod's rules, and existing pods' anti-affinity, impose.
+    `nodes` may be a :class:`NodeSnapshot` shared by many calls (its memos then serve them all)."""
+    snapshot = NodeSnapshot.of(nodes)
+    fits, candidates = _candidates(pod, snapshot)
+    effects = tuple(
+        _effect(rule, snapshot, expressions=expressions, fields=fields, summary=summary)
+        for rule, expressions, fields, summary in _requirements(
+            pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels, fits=fits
+        )
+    )
+    return Verdict(effects=effects, known=len(snapshot), candidates=candidates)
+
+
+def refusing(
+    *,
+    pod: Incoming,
+    placed: PlacedView,
+    nodes: Sequence[NodeFacts],
+    namespace_labels: NamespaceLabels,
+    node: str,
+) -> tuple[str, ...]:
+    """The rules of :func:`evaluate`'s verdict whose effect excludes `node` (in the verdict's order),
+    without computing what they exclude elsewhere: the pre-bind re-check asks of one node only."""
+    snapshot = NodeSnapshot.of(nodes)
+    chosen = snapshot.by_name.get(node)
+    if chosen is None:
+        return ()  # an unknown node is in no effect's excluded
+    fits, _ = _candidates(pod, snapshot)
+    return tuple(
+        rule
+        for rule, expressions, fields, _ in _requirements(
+            pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels, fits=fits
+        )
+        if not _compiled(expressions, fields)(chosen)
+    )
+
+
+#: One rule's requirements: (the rule, matchExpressions, matchFields, its summary or "").
+_Requirements = tuple[str, Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]], str]
+
+
+def _requirements(
+    *,
+    pod: Incoming,
+    placed: PlacedView,
+    snapshot: NodeSnapshot,
+    namespace_labels: NamespaceLabels,
+    fits: frozenset[str],
+) -> Iterator[_Requirements]:
+    anti = _anti_affinity(pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels)
     if anti:
-        effects.append(_effect(ANTI_AFFINITY, nodes, expressions=anti))
+        yield ANTI_AFFINITY, anti, (), ""
     if pod.rules.affinity:
-        expressions = _affinity(pod=pod, placed=placed, by_name=by_name, namespace_labels=namespace_labels)
-        effects.append(_effect(AFFINITY, nodes, expressions=expressions))
-    # The pod's own nodeSelector and required node affinity, once per node: the candidates and every
-    # spread constraint (nodeAffinityPolicy Honor) read it.
-    fits = {node.name: _fits(pod, node) for node in nodes}
+        expressions = _affinity(pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels)
+        yield AFFINITY, expressions, (), ""
     for constraint in pod.rules.spread:
         expressions, summary = _spread(
-            pod=pod, constraint=constraint, placed=placed, nodes=nodes, by_name=by_name, fits=fits
+            pod=pod, constraint=constraint, placed=placed, snapshot=snapshot, fits=fits
         )
-        effects.append(_effect(SPREAD, nodes, expressions=expressions, summary=summary))
+        yield SPREAD, expressions, (), summary
     if pod.rules.host_ports:
         conflicting = _port_conflicts(pod=pod, placed=placed)
         if conflicting:
-            effects.append(_port_effect(conflicting, nodes))
-    candidates = tuple(sorted(name for name, fit in fits.items() if fit))
-    return Verdict(effects=tuple(effects), known=len(nodes), candidates=candidates)
+            yield PORTS, *_port_requirements(conflicting, snapshot), ""
+
+
+def _fit_key(pod: Incoming) -> Hashable:
+    """What :func:`_fits` reads of the pod (a Deployment's pods share it)."""
+    return (tuple(sorted(pod.node_selector.items())), frozen(pod.node_terms))
+
+
+def _candidates(pod: Incoming, snapshot: NodeSnapshot) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The nodes the pod's own nodeSelector and required node affinity allow (the candidates and
+    every spread constraint with nodeAffinityPolicy Honor read them): as a set, and sorted."""
+
+    def compute() -> tuple[frozenset[str], tuple[str, ...]]:
+        names = tuple(sorted(node.name for node in snapshot if _fits(pod, node)))
+        return frozenset(names), names
+
+    return snapshot.memo(("fits", _fit_key(pod)), compute)
 
 
 def _effect(
     rule: str,
-    nodes: Sequence[NodeFacts],
+    snapshot: NodeSnapshot,
     *,
     expressions: Sequence[Mapping[str, Any]] = (),
     fields: Sequence[Mapping[str, Any]] = (),
     summary: str = "",
 ) -> RuleEffect:
-    allows = _compiled(expressions, fields)
-    excluded = tuple(sorted(n.name for n in nodes if not allows(n)))
+    excluded = _excluded(snapshot, expressions, fields)
     if not summary:
         summary = f"{rule} excludes {len(excluded)} node{'' if len(excluded) == 1 else 's'}"
         if excluded:
@@ -233,6 +294,38 @@ def _effect(
     return RuleEffect(
         rule=rule, expressions=tuple(expressions), fields=tuple(fields), excluded=excluded, summary=summary
     )
+
+
+def _excluded(
+    snapshot: NodeSnapshot, expressions: Sequence[Mapping[str, Any]], fields: Sequence[Mapping[str, Any]]
+) -> tuple[str, ...]:
+    """The names of the nodes :func:`_compiled` refuses, sorted: per requirement a few set operations
+    on the snapshot's value index instead of a predicate run over every node."""
+    out: set[str] = set()
+    for expression in expressions:
+        key, op = str(expression["key"]), str(expression["operator"])
+        values = expression.get("values") or ()
+        if op == "In":
+            holders = snapshot.holders(key)
+            allowed = frozenset().union(*(holders[v] for v in values if v in holders))
+            out |= snapshot.names - allowed
+        elif op == "NotIn":
+            holders = snapshot.holders(key)
+            for value in values:
+                out |= holders.get(value, frozenset())
+        elif op == "Exists":
+            out |= snapshot.names - snapshot.with_key(key)
+        else:  # DoesNotExist, as _compiled reads any other operator
+            out |= snapshot.with_key(key)
+    for field in fields:
+        values = frozenset(field.get("values") or ())
+        if str(field["operator"]) == "In":
+            out |= snapshot.names - values
+        elif str(field["operator"]) == "NotIn":
+            out |= snapshot.names & values
+        else:  # Exists on a name every node has; DoesNotExist on it: every node
+            out |= snapshot.names if str(field["operator"]) != "Exists" else frozenset()
+    return tuple(sorted(out))
 
 
 def _compiled(
@@ -297,23 +390,17 @@ def _scope(
 
 
 def _anti_affinity(
-    *, pod: Incoming, placed: PlacedView, by_name: Mapping[str, NodeFacts], namespace_labels: NamespaceLabels
+    *, pod: Incoming, placed: PlacedView, snapshot: NodeSnapshot, namespace_labels: NamespaceLabels
 ) -> list[Mapping[str, Any]]:
     forbidden: dict[str, set[str]] = defaultdict(set)
     # The incoming pod's terms against existing pods (satisfyPodAntiAffinity).
     for term in pod.rules.anti_affinity:
         key = term.topology_key
+        value_of = snapshot.value_of(key)
         for namespace in _scope(term, owner=pod.namespace, placed=placed, namespace_labels=namespace_labels):
             for labels, members in placed.label_groups(namespace):
-                if not term.selector.matches(labels):
-                    continue
-                for other in members:
-                    node = by_name.get(other.node)
-                    if node is None or other.uid == pod.uid:
-                        continue
-                    value = node.labels.get(key)
-                    if value is not None:
-                        forbidden[key].add(value)
+                if term.selector.matches(labels):
+                    forbidden[key].update(_values(value_of, _nodes_of(members, pod.uid)))
     # Existing pods' terms against the incoming pod (satisfyExistingPodsAntiAffinity): whether a
     # term selects it depends only on the term and its owner's namespace, so once per group.
     for owner, terms, members in placed.anti_affinity_groups_toward(pod.namespace):
@@ -329,24 +416,33 @@ def _anti_affinity(
         ]
         if not selecting:
             continue
-        for other in members:
-            node = by_name.get(other.node)
-            if node is None or other.uid == pod.uid:
-                continue
-            for key in selecting:
-                value = node.labels.get(key)
-                if value is not None:
-                    forbidden[key].add(value)
+        nodes = _nodes_of(members, pod.uid)
+        for key in selecting:
+            forbidden[key].update(_values(snapshot.value_of(key), nodes))
     return [
         requirement
         for key, values in sorted(forbidden.items())
+        if values
         for requirement in _not_in(key, sorted(values))
     ]
 
 
+def _nodes_of(members: Iterable[PlacedPod], uid: str) -> list[str]:
+    """The nodes of `members`, the incoming pod's own entry (uid) left out."""
+    return [other.node for other in members if other.uid != uid]
+
+
+def _values(value_of: Mapping[str, str], nodes: Iterable[str]) -> set[str]:
+    """The values `value_of` gives the known nodes among `nodes` that carry the key ("" included)."""
+    found: set[str | None] = set(map(value_of.get, nodes))
+    found.discard(None)
+    return cast(set[str], found)
+
+
 def _affinity(
-    *, pod: Incoming, placed: PlacedView, by_name: Mapping[str, NodeFacts], namespace_labels: NamespaceLabels
+    *, pod: Incoming, placed: PlacedView, snapshot: NodeSnapshot, namespace_labels: NamespaceLabels
 ) -> list[Mapping[str, Any]]:
+    by_name = snapshot.by_name
     terms = pod.rules.affinity
     scopes = [
         set(_scope(t, owner=pod.namespace, placed=placed, namespace_labels=namespace_labels)) for t in terms
@@ -367,7 +463,7 @@ def _affinity(
                     if t.topology_key in node.labels:
                         counts[t.topology_key].add(node.labels[t.topology_key])
     keys = sorted({t.topology_key for t in terms})
-    values_of = {key: {n.labels[key] for n in by_name.values() if key in n.labels} for key in keys}
+    values_of = {key: set(snapshot.holders(key)) for key in keys}
     if counts:
         return [
             requirement
@@ -421,31 +517,57 @@ def included(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts) -> bo
     )
 
 
+def _domains(
+    pod: Incoming, constraint: SpreadConstraint, snapshot: NodeSnapshot, fits: frozenset[str]
+) -> tuple[Mapping[str, str], tuple[str, ...]]:
+    """The constraint's eligible nodes (name → their value of its key) and the key's values over
+    every node, sorted: memoized by what :func:`_eligible` reads of the pod."""
+    key = constraint.topology_key
+
+    def compute() -> tuple[Mapping[str, str], tuple[str, ...]]:
+        eligible = {
+            node.name: node.labels[key]
+            for node in snapshot
+            if _eligible(pod, constraint, node, node.name in fits)
+        }
+        return eligible, tuple(sorted(snapshot.holders(key)))
+
+    memo_key = (
+        "domains",
+        key,
+        tuple(c.topology_key for c in pod.rules.spread),
+        _fit_key(pod) if constraint.honor_node_affinity else None,
+        frozen(pod.tolerations) if constraint.honor_taints else None,
+    )
+    return snapshot.memo(memo_key, compute)
+
+
 def _spread(
     *,
     pod: Incoming,
     constraint: SpreadConstraint,
     placed: PlacedView,
-    nodes: Sequence[NodeFacts],
-    by_name: Mapping[str, NodeFacts],
-    fits: Mapping[str, bool],
+    snapshot: NodeSnapshot,
+    fits: frozenset[str],
 ) -> tuple[list[Mapping[str, Any]], str]:
     key = constraint.topology_key
-    eligible = {node.name for node in nodes if _eligible(pod, constraint, node, fits[node.name])}
-    counts: dict[str, int] = {by_name[name].labels[key]: 0 for name in eligible}
+    eligible, values = _domains(pod, constraint, snapshot, fits)
+    counts: dict[str, int] = dict.fromkeys(eligible.values(), 0)
     if not constraint.selector.empty:
         for labels, members in placed.label_groups(pod.namespace):
             if not constraint.selector.matches(labels):
                 continue
             for other in members:
-                if other.terminating or other.node not in eligible or other.uid == pod.uid:
+                if other.terminating or other.uid == pod.uid:
                     continue
-                counts[by_name[other.node].labels[key]] += 1
+                value = eligible.get(other.node)
+                if value is not None:
+                    counts[value] += 1
     minimum = min(counts.values(), default=0) if len(counts) >= constraint.min_domains else 0
     self_match = 1 if constraint.selector.matches(pod.labels) else 0
-    values = sorted({node.labels[key] for node in nodes if key in node.labels})
     allowed = [v for v in values if counts.get(v, 0) + self_match - minimum <= constraint.max_skew]
-    refused = [v for v in values if v not in allowed]
+    kept = set(allowed)
+    refused = [v for v in values if v not in kept]
     short = key.rsplit("/", 1)[-1]
     if not allowed:
         return _nowhere(key), f"{short} spread (maxSkew {constraint.max_skew}) allows no {short}"
@@ -455,18 +577,24 @@ def _spread(
     return _in(key, allowed, refused), summary
 
 
-def _port_effect(conflicting: Sequence[str], nodes: Sequence[NodeFacts]) -> RuleEffect:
-    """The nodes whose host ports are taken, excluded by hostname when every node carries its own
-    ``kubernetes.io/hostname``: a few chunked NotIn, where one ``metadata.name NotIn`` per node
-    (matchFields NotIn takes one value) runs past the contract's 64 requirements at 65 nodes."""
-    hostnames = [node.labels.get(_HOSTNAME) for node in nodes]
-    by_name = {node.name: node.labels.get(_HOSTNAME) for node in nodes}
-    unique = None not in hostnames and len(set(hostnames)) == len(hostnames)
-    if unique and all(name in by_name for name in conflicting):
+def _port_requirements(
+    conflicting: Sequence[str], snapshot: NodeSnapshot
+) -> tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]]:
+    """The nodes whose host ports are taken (expressions, fields), excluded by hostname when every
+    node carries its own ``kubernetes.io/hostname``: a few chunked NotIn, where one ``metadata.name
+    NotIn`` per node (matchFields NotIn takes one value) runs past the contract's 64 requirements at
+    65 nodes."""
+
+    def hostnames() -> Mapping[str, str | None] | None:
+        names = [node.labels.get(_HOSTNAME) for node in snapshot]
+        unique = None not in names and len(set(names)) == len(names)
+        return {node.name: node.labels.get(_HOSTNAME) for node in snapshot} if unique else None
+
+    by_name = snapshot.memo(("hostnames",), hostnames)
+    if by_name is not None and all(name in by_name for name in conflicting):
         values = sorted({by_name[name] or "" for name in conflicting})
-        return _effect(PORTS, nodes, expressions=_not_in(_HOSTNAME, values))
-    fields = tuple({"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in conflicting)
-    return _effect(PORTS, nodes, fields=fields)
+        return _not_in(_HOSTNAME, values), ()
+    return (), tuple({"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in conflicting)
 
 
 def _port_conflicts(*, pod: Incoming, placed: PlacedView) -> list[str]:

@@ -12,7 +12,8 @@ The algorithm is a greedy first-fit-decreasing per topology domain:
 * with topology keys, a domain is one combination of values of those labels; a node that lacks
   any of the labels belongs to no domain and takes no member;
 * in each domain the members are placed largest first (by their share of the largest node's
-  allocatable), each by the RM's policy among the domain's nodes;
+  allocatable), each by the RM's policy among the domain's nodes, with its preferences and the
+  nodes' PreferNoSchedule taints scored as for a single pod (contract v1.2 ``node-preferences``);
 * among the domains that take every member, ``binpack`` picks the one left fullest, ``spread``
   the one left emptiest; ties go to the values that sort first.
 
@@ -31,12 +32,17 @@ from typing import Any
 from bindery.quantity import format_quantity
 from bindery.reference_rm.accounting import Foreign, in_use
 from bindery.reference_rm.placement import (
+    AFFINITY_WEIGHT,
+    MAX_NODE_SCORE,
+    TAINT_WEIGHT,
     InventoryNode,
     Policy,
     add_usage,
     choose_node,
     effective_usage,
     fits,
+    normalize,
+    preference_scores,
     score,
     static_failure,
 )
@@ -55,6 +61,10 @@ class MemberAsk:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     affinity_terms: Sequence[Mapping[str, Any]] = ()
     tolerations: Sequence[Mapping[str, Any]] = ()
+    #: Contract v1.2 ``preferredNodeAffinity`` as ``(weight, nodeSelectorTerm)``: such a member (and
+    #: every member, on nodes with PreferNoSchedule taints) is placed as a single reserve would be
+    #: (:func:`bindery.reference_rm.placement.choose_node`), scored (:class:`_ScoredCandidates`).
+    preferences: Sequence[tuple[int, Mapping[str, Any]]] = ()
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,7 @@ def _kind(member: MemberAsk) -> tuple[object, ...]:
         tuple(sorted(member.node_selector.items())),
         repr(member.affinity_terms),
         repr(member.tolerations),
+        repr(member.preferences),
     )
 
 
@@ -154,12 +165,65 @@ class _Candidates:
             heapq.heappush(self._heap, (-fill if self._binpack else fill, name, version))
 
     def best(self) -> InventoryNode | None:
+        entry = self.best_entry()
+        return None if entry is None else entry[1]
+
+    def best_entry(self) -> tuple[Decimal, InventoryNode] | None:
+        """The best node and its fill after placing the member (see :func:`score`)."""
         while self._heap:
-            _, name, version = self._heap[0]
+            key, name, version = self._heap[0]
             if version == self._version[name]:
-                return self._nodes[name]
+                return (-key if self._binpack else key), self._nodes[name]
             heapq.heappop(self._heap)
         return None
+
+
+class _ScoredCandidates:
+    """:class:`_Candidates` for a member whose nodes its soft rules tell apart (its preferences, or
+    PreferNoSchedule taints): one heap per (NodeAffinity, TaintToleration) raw score, since those do
+    not change with usage; the best of each heap is scored as
+    :func:`bindery.reference_rm.placement.choose_node` scores it, normalized over the scores that
+    still have a node that fits. Why: scanning every node for each of 1000 members took seconds.
+    """
+
+    def __init__(
+        self, *, member: MemberAsk, nodes: Sequence[InventoryNode], total: Usage, policy: Policy
+    ) -> None:
+        self._binpack = policy is Policy.BINPACK
+        classes: dict[tuple[int, int], list[InventoryNode]] = {}
+        for node in nodes:
+            raw = preference_scores(node=node, preferences=member.preferences, tolerations=member.tolerations)
+            classes.setdefault(raw, []).append(node)
+        self._classes = {
+            raw: _Candidates(member=member, nodes=members_nodes, total=total, policy=policy)
+            for raw, members_nodes in classes.items()
+        }
+
+    def touch(self, name: str) -> None:
+        for candidates in self._classes.values():
+            candidates.touch(name)
+
+    def best(self) -> InventoryNode | None:
+        entries = [
+            (raw, entry)
+            for raw, candidates in self._classes.items()
+            if (entry := candidates.best_entry()) is not None
+        ]
+        if not entries:
+            return None
+        highest_affinity = max(raw[0] for raw, _ in entries)
+        highest_taints = max(raw[1] for raw, _ in entries)
+        best: tuple[Decimal, InventoryNode] | None = None
+        for (affinity, taints), (fill, node) in entries:
+            total = (
+                AFFINITY_WEIGHT * normalize(affinity, highest_affinity, reverse=False)
+                + TAINT_WEIGHT * normalize(taints, highest_taints, reverse=True)
+                + MAX_NODE_SCORE * (fill if self._binpack else 1 - fill)
+            )
+            if best is None or total > best[0] or (total == best[0] and node.name < best[1].name):
+                best = (total, node)
+        assert best is not None
+        return best[1]
 
 
 def _attempt(
@@ -180,12 +244,18 @@ def _attempt(
     names = {node.name for node in nodes}
     mine = {name: dict(bucket) for name, bucket in own.items() if name in names}
     total = in_use(mine, {n: f for n, f in (foreign or {}).items() if n in names}) if foreign else _copy(mine)
-    kinds: dict[tuple[object, ...], _Candidates] = {}
+    kinds: dict[tuple[object, ...], _Candidates | _ScoredCandidates] = {}
+    # PreferNoSchedule taints are scored for every member, as for a single pod (TaintToleration).
+    scored = any(taint.get("effect") == "PreferNoSchedule" for node in nodes for taint in node.taints)
     for index in order:
         member = members[index]
         kind = kinds_of[index]
         if kind not in kinds:
-            kinds[kind] = _Candidates(member=member, nodes=nodes, total=total, policy=policy)
+            kinds[kind] = (
+                _ScoredCandidates(member=member, nodes=nodes, total=total, policy=policy)
+                if member.preferences or scored
+                else _Candidates(member=member, nodes=nodes, total=total, policy=policy)
+            )
         node = kinds[kind].best()
         if node is None:
             if not attempt.failure:

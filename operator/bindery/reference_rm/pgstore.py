@@ -871,6 +871,7 @@ class PostgresReservationStore:
                     node_selector=member.placement.node_selector,
                     affinity_terms=member.placement.affinity_terms(),
                     tolerations=member.placement.toleration_dicts(),
+                    preferences=member.placement.preference_dicts(),
                 )
                 for member in request.members
             ]

@@ -1005,6 +1005,7 @@ class ReservationStore:
                 node_selector=member.placement.node_selector,
                 affinity_terms=member.placement.affinity_terms(),
                 tolerations=member.placement.toleration_dicts(),
+                preferences=member.placement.preference_dicts(),
             )
             for member in request.members
         ]

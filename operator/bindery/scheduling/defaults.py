@@ -40,8 +40,8 @@ from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, CallStep, Lease, lease_from_answer, plan_call
-from bindery.scheduling.nodecheck import NodeCheckMode, check_node, check_rules
-from bindery.scheduling.placementrules import RULE_PREEMPTION, VERDICT, rules_verdict
+from bindery.scheduling.nodecheck import NodeCheckMode, check_node, rules_problem
+from bindery.scheduling.placementrules import RULE_PREEMPTION, VERDICT, rules_refusing
 from bindery.scheduling.podspec import reservation_request
 from bindery.scheduling.ports import BindConflict, BindError
 
@@ -309,11 +309,9 @@ class NodeCheck:
             # The inter-pod rules again, against the placed pods as they are now: an RM that ignored
             # the node constraints it was sent (or a pod bound meanwhile by another scheduler) is
             # caught before the Binding, which no kubelet would check.
-            verdict = rules_verdict(ctx.pod, placed)
-            problem = (
-                None
-                if verdict is None
-                else check_rules(verdict, node_name=node_name, rm_name=ctx.profile.name)
+            # Only the chosen node is asked about: the same answer as the whole verdict's.
+            problem = rules_problem(
+                rules_refusing(ctx.pod, placed, node_name), node_name=node_name, rm_name=ctx.profile.name
             )
         if problem is None:
             return Status.success()

@@ -92,6 +92,11 @@ def _full_checks(*, pod: PodInfo, node: NodeProjection, chose: str) -> str | Non
 def check_rules(verdict: Verdict, *, node_name: str, rm_name: str) -> str | None:
     """``None`` if the inter-pod rules allow ``node_name``, else which rule refuses it."""
     refusing = [effect.rule for effect in verdict.effects if node_name in effect.excluded]
+    return rules_problem(refusing, node_name=node_name, rm_name=rm_name)
+
+
+def rules_problem(refusing: Sequence[str], *, node_name: str, rm_name: str) -> str | None:
+    """:func:`check_rules`'s answer from the rules that exclude ``node_name``."""
     if not refusing:
         return None
     return (

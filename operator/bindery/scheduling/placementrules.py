@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from bindery.podrules.filters import AFFINITY, Incoming, PlacedView, Verdict, evaluate
+from bindery.podrules.filters import AFFINITY, Incoming, PlacedView, Verdict, evaluate, refusing
 from bindery.podrules.model import NO_SOFT, AffinityTerm, PlacedPod, PodRules, SoftRules
 from bindery.podrules.parse import with_service_spread
 from bindery.podrules.soft import Preferences, preferences, selecting
@@ -63,11 +63,15 @@ __all__ = [
     "VERDICT",
     "WAIT_SECONDS",
     "InFlight",
+    "MemberPreferences",
     "PodPlacementRules",
     "broken_after_preemption",
     "member_node_terms",
+    "member_preferences",
+    "members_wake_on",
     "rule_victims",
     "rules_preferences",
+    "rules_refusing",
     "rules_verdict",
     "touch_of",
     "wake_on",
@@ -395,9 +399,35 @@ def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     return _verdict(pod, placed, placed)
 
 
+def rules_refusing(pod: PodInfo, placed: PlacedPods, node: str) -> tuple[str, ...]:
+    """The rules of :func:`rules_verdict` whose effect excludes `node` (none when there is no
+    verdict): the same answer, computed for that node only (NodeCheck's pre-bind re-check)."""
+    if not _may_apply(pod, placed, placed):
+        return ()
+    return refusing(
+        pod=_incoming(pod),
+        placed=placed,
+        nodes=placed.nodes(),
+        namespace_labels=placed.namespace_labels,
+        node=node,
+    )
+
+
 def _verdict(pod: PodInfo, view: PlacedView, placed: PlacedPods) -> Verdict | None:
     """:func:`rules_verdict` over the pods of `view` (the nodes and namespaces from `placed`)."""
-    if not pod.rules and not any(
+    if not _may_apply(pod, view, placed):
+        return None  # no rule of its own, and no placed pod's anti-affinity selects it
+    return evaluate(
+        pod=_incoming(pod),
+        placed=view,
+        nodes=placed.nodes(),
+        namespace_labels=placed.namespace_labels,
+    )
+
+
+def _may_apply(pod: PodInfo, view: PlacedView, placed: PlacedPods) -> bool:
+    """Whether the pod has rules of its own, or a placed pod's anti-affinity selects it."""
+    return bool(pod.rules) or any(
         term.matches(
             namespace=pod.namespace,
             labels=pod.labels,
@@ -407,13 +437,6 @@ def _verdict(pod: PodInfo, view: PlacedView, placed: PlacedPods) -> Verdict | No
         for owner, terms, members in view.anti_affinity_groups_toward(pod.namespace)
         if any(other.uid != pod.uid for other in members)  # once per group, not per pod
         for term in terms
-    ):
-        return None  # no rule of its own, and no placed pod's anti-affinity selects it
-    return evaluate(
-        pod=_incoming(pod),
-        placed=view,
-        nodes=placed.nodes(),
-        namespace_labels=placed.namespace_labels,
     )
 
 
@@ -603,6 +626,18 @@ def wake_on(pod: PodInfo) -> WakeOn:
         tags.add(TAG_HOST_PORTS)
     if pod.claims:
         tags.add(TAG_CLAIMS)
+    return WakeOn(namespaces=None if namespaces is None else frozenset(namespaces), tags=frozenset(tags))
+
+
+def members_wake_on(members: Iterable[PodInfo]) -> WakeOn:
+    """What may lift the refusal of a pod group by its members' rules: any member's (see :func:`wake_on`)."""
+    namespaces: set[str] | None = set()
+    tags: set[str] = set()
+    for member in members:
+        one = wake_on(member)
+        tags.update(one.tags)
+        if namespaces is not None:
+            namespaces = None if one.namespaces is None else namespaces | one.namespaces
     return WakeOn(namespaces=None if namespaces is None else frozenset(namespaces), tags=frozenset(tags))
 
 
@@ -796,6 +831,56 @@ def member_node_terms(
         terms.append(combined)
         changed = True
     return (terms, None) if changed else (None, None)
+
+
+#: A member's preferences: its own preferred node affinity, then its soft rules' terms.
+MemberPreferences = tuple[tuple[int, Mapping[str, Any]], ...]
+
+
+def member_preferences(
+    members: Sequence[PodInfo],
+    placed: PlacedPods | None,
+    *,
+    memo: dict[tuple[object, ...], MemberPreferences] | None = None,
+) -> list[MemberPreferences] | None:
+    """For a pod group: each member's weighted node preferences, its own preferred node affinity
+    followed by its soft inter-pod rules' terms (as :func:`rules_preferences` scores them for a
+    single pod), or None when no member has any soft-rule term.
+
+    Why: a group is reserved in one request, so its members never pass PreFilter; without this
+    their ScheduleAnyway spread, default spreading and preferred pod (anti-)affinity were dropped.
+    The rules are scored against the pods on nodes only: the other members have no node yet, so
+    soft rules between members are not counted (as the required ones, which are refused).
+    Only for an RM that takes node preferences (the caller checks).
+
+    ``memo`` (shared across calls for one group): members alike in everything the scoring reads
+    (namespace, labels, rules, node constraints, own preferences) are scored once; a gang's
+    members often are, and scoring one costs milliseconds on a large cluster.
+    """
+    if placed is None:
+        return None
+    memo = {} if memo is None else memo
+    found: list[MemberPreferences] = []
+    added = False
+    for member in members:
+        key = (  # everything _incoming and _with_services read but the uid
+            member.namespace,
+            tuple(sorted(member.labels.items())),
+            repr(member.rules),
+            repr(member.soft),
+            repr(member.preferred_terms),
+            repr(member.node_selector),
+            repr(member.affinity_terms),
+            repr(member.tolerations),
+        )
+        terms = memo.get(key)
+        if terms is None:
+            pod = _with_services(member, placed)
+            preferred = rules_preferences(pod, placed, rules_verdict(pod, placed))
+            terms = memo[key] = (*member.preferred_terms, *(preferred.terms if preferred is not None else ()))
+        added = added or len(terms) > len(member.preferred_terms)
+        found.append(terms)
+    return found if added else None
 
 
 def _rule_between_members(members: Sequence[PodInfo], placed: PlacedPods) -> str | None:

@@ -208,18 +208,23 @@ def group_request(
     ttl_seconds: int,
     attempt: int,
     node_terms: Sequence[Sequence[Mapping[str, Any]]] | None = None,
+    preferred_terms: Sequence[Sequence[tuple[int, Mapping[str, Any]]]] | None = None,
     preemption_policy: Literal["PreemptLowerPriority", "Never"] | None = None,
 ) -> ReservationGroupRequest:
     """The contract v1.1 request reserving every member of ``members`` or none.
 
     ``node_terms``: per member, the nodeSelectorTerms to send instead of its own required node
     affinity (its inter-pod rules ANDed in, see :func:`bindery.scheduling.placementrules.member_node_terms`).
+    ``preferred_terms``: per member, the ``(weight, nodeSelectorTerm)`` preferences to send instead of
+    its own (its soft inter-pod rules added, see
+    :func:`bindery.scheduling.placementrules.member_preferences`).
     """
     requests = [
         reservation_request(
             pod=pod,
             ttl_seconds=ttl_seconds,
             required_node_affinity=None if node_terms is None else node_terms[i],
+            preferred_node_affinity=None if preferred_terms is None else preferred_terms[i],
         )
         for i, pod in enumerate(members)
     ]

@@ -39,6 +39,7 @@ from bindery.scheduling.framework import Ports, Profile
 from bindery.scheduling.podgroups import GroupStep, PodGroupInfo, decide_group
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.preemption import Preemptor
+from bindery.scheduling.queue import Touch, WakeOn
 from bindery.typedefs import Logger
 
 __all__ = ["REPORT_WAITING_AFTER_SECONDS", "GroupState", "PodGroupCoordinator"]
@@ -71,6 +72,11 @@ class GroupState:
     failures: int = 0
     #: The RM's last answer was "no room": released capacity is worth a new try at once.
     waits_for_capacity: bool = False
+    #: The members' inter-pod rules refused the last try: the placed-pod changes that may lift that
+    #: (:meth:`PodGroupCoordinator.wake`), and when the try's backoff ends (no wake comes sooner).
+    rules: WakeOn | None = None
+    retry_at: float = 0.0
+    timer: asyncio.TimerHandle | None = None
 
 
 class PodGroupCoordinator:
@@ -142,11 +148,30 @@ class PodGroupCoordinator:
         (PreBind, a Binding), keeps its backoff; else its own release would wake it at once, and a
         group that fails the same way every time would loop without a pause.
         """
+        now = time.monotonic()
         for group in self._groups.values():
             if group.waits_for_capacity:
                 group.waits_for_capacity = False
                 group.failures = 0
                 group.wake.set()
+            elif group.rules is not None:  # a node changed (its labels may be what a rule reads)
+                _wake_after_backoff(group, now)
+
+    def wake(self, touch: Touch) -> None:
+        """A placed pod arrived, changed or left (or a namespace was relabelled): wake the groups
+        their members' rules refused that it may concern, as :meth:`SchedulingQueue.wake` does
+        refused pods (through what is left of their backoff)."""
+        now = time.monotonic()
+        for group in self._groups.values():
+            rules = group.rules
+            if rules is None:
+                continue
+            if (
+                rules.namespaces is None
+                or touch.namespace in rules.namespaces
+                or not rules.tags.isdisjoint(touch.tags)
+            ):
+                _wake_after_backoff(group, now)
 
     def start(self) -> None:
         self._active = True
@@ -183,6 +208,7 @@ class PodGroupCoordinator:
     async def _run(self, key: GroupKey, group: GroupState) -> None:
         while self._active and group.pending:
             group.wake.clear()
+            _forget_rules(group)
             try:
                 delay = await self._pass(key, group)
             except asyncio.CancelledError:
@@ -306,3 +332,21 @@ class PodGroupCoordinator:
                 continue
             count += 1
         return count
+
+
+def _wake_after_backoff(group: GroupState, now: float) -> None:
+    """Wake `group` now, or when its backoff ends; once per refusal (the next try sets it again)."""
+    group.rules = None
+    delay = group.retry_at - now
+    if delay <= 0:
+        group.wake.set()
+    elif group.timer is None:
+        group.timer = asyncio.get_running_loop().call_later(delay, group.wake.set)
+
+
+def _forget_rules(group: GroupState) -> None:
+    """A new try begins: an earlier refusal's wake-up no longer applies."""
+    group.rules = None
+    if group.timer is not None:
+        group.timer.cancel()
+        group.timer = None

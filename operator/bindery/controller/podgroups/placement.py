@@ -49,7 +49,14 @@ from bindery.scheduling.defaults import COMMIT_FAILED
 from bindery.scheduling.framework import CycleContext, Ports, Profile
 from bindery.scheduling.lease import lease_from_answer
 from bindery.scheduling.nodecheck import NodeCheckMode, check_rules
-from bindery.scheduling.placementrules import PodPlacementRules, member_node_terms, rules_verdict
+from bindery.scheduling.placementrules import (
+    MemberPreferences,
+    PodPlacementRules,
+    member_node_terms,
+    member_preferences,
+    members_wake_on,
+    rules_verdict,
+)
 from bindery.scheduling.podgroups import PodGroupInfo, group_request, unsupported
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.points import run_bind, run_post_bind, run_pre_bind, run_unreserve
@@ -64,6 +71,14 @@ if TYPE_CHECKING:
     from bindery.controller.podgroups.coordinator import GroupState
 
 __all__ = ["Member", "Placement"]
+
+#: Members scored for their soft rules between two yields to the event loop.
+PREFERENCES_SLICE = 16
+
+#: A group its members' rules refused is looked at again when a placed pod, a node or a namespace
+#: changes where the rules read (PodGroupCoordinator.wake, .retry), else after this long (a safety
+#: net; it was polled every backoff, up to 10 s, before).
+RULES_RECHECK_SECONDS = 60.0
 
 #: While a group's plan is carried out, how soon its reserve is tried again (victims placed by
 #: another scheduler release no reservation, so no event may come).
@@ -124,7 +139,11 @@ class Placement:
         if refusal is not None:  # the members' inter-pod rules leave no node: nothing is reserved
             message = f'pod group "{info.key}" was not placed: {refusal}'
             await self._reporter.fail(info, members, message, reason=REASON_UNSCHEDULABLE, started=started)
-            return self._backoff(group)
+            # As a refused pod: woken by a change that may lift the refusal, once its backoff is over.
+            delay = self._backoff(group)
+            group.rules = members_wake_on(members)
+            group.retry_at = time.monotonic() + delay
+            return max(delay, RULES_RECHECK_SECONDS)
         request = group_request(
             group=info,
             members=members,
@@ -132,6 +151,7 @@ class Placement:
             ttl_seconds=profile.reservation_ttl_seconds,
             attempt=group.attempt,
             node_terms=node_terms,
+            preferred_terms=await self._preferences(members),
             preemption_policy=self._preemption_policy(info, members),
         )
         sent_at, sent_at_wall = profile.clock(), datetime.datetime.now(datetime.UTC)
@@ -180,6 +200,27 @@ class Placement:
             f"({', '.join(f'{m.pod.name}→{m.reservation.node}' for m in pairs)}), group {reserved.id}"
         )
         return await self.bind_all(info, group, pairs, group_id=reserved.id, started=started)
+
+    async def _preferences(self, members: Sequence[PodInfo]) -> list[MemberPreferences] | None:
+        """Each member's preferences with its soft inter-pod rules, for an RM that takes node
+        preferences (as PreFilter adds them for a single pod); None for any other RM, whose client
+        drops them anyway, so the scoring is not paid for. Scored a slice at a time, yielding to
+        the event loop between slices: a large gang of unlike members costs seconds."""
+        known = getattr(self._profile().client, "takes_node_preferences", None)
+        if known is not None and not known():
+            return None
+        placed = self._ports().placed
+        memo: dict[tuple[object, ...], MemberPreferences] = {}
+        found: list[MemberPreferences] = []
+        added = False
+        for start in range(0, len(members), PREFERENCES_SLICE):
+            part = members[start : start + PREFERENCES_SLICE]
+            scored = member_preferences(part, placed, memo=memo)
+            added = added or scored is not None
+            found.extend(scored if scored is not None else (member.preferred_terms for member in part))
+            if start + PREFERENCES_SLICE < len(members):
+                await asyncio.sleep(0)
+        return found if added else None
 
     def _preemption_policy(
         self, info: PodGroupInfo, members: Sequence[PodInfo]
