@@ -47,12 +47,12 @@ async def test_a_pod_bound_to_our_node_by_someone_else_is_not_taken_as_ours(
     their_annotation: str | None,
 ) -> None:
     world.api_proxy.binding_faults = ["hang"]  # our first attempt hangs; the retry meets the 409
-    # A lease longer than a hung attempt (30 s): the reservation stays alive with or without renewal.
-    # The periodic reconcile pass would release it too (the pod does not carry it), rightly: it comes
-    # after the hung attempt here, so that the cycle's own handling of the 409 is what is tested.
-    async with world.served(
-        ttl=90, reconcileIntervalSeconds=45, backoff={"initialSeconds": 0.5, "maxSeconds": 1}
-    ):
+    # The short lease (TTL, 6 s) bounds the hung attempt to about 5 s instead of the binder's 30 s;
+    # the retry renews the lease first (tests/operator/test_lease_renewal.py), so the reservation is
+    # still active when the 409 comes. The periodic reconcile pass would release it too (the pod does
+    # not carry it), rightly: it comes after the hung attempt here, so that the cycle's own handling
+    # of the 409 is what is tested.
+    async with world.served(reconcileIntervalSeconds=45, backoff={"initialSeconds": 0.5, "maxSeconds": 1}):
         uid = await world.create("p")
         await eventually(
             lambda: _has(world.api_proxy.bindings, ("hang", None)), within=30, what="our Binding hanging"
