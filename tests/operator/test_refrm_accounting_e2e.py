@@ -57,7 +57,12 @@ async def test_scenario_1_bindery_pods_wait_for_the_cpu_kube_scheduler_pods_use(
 
         async with (
             RMProcess(
-                kubeconfig=controlplane.kubeconfig, directory=tmp_path, node_selector=pool.selector
+                kubeconfig=controlplane.kubeconfig,
+                directory=tmp_path,
+                node_selector=pool.selector,
+                # The other pods' end frees room with no release the operator hears of: the parked
+                # pods are tried again on the RM's hint, 30 s by default, which this test would wait.
+                options=["--foreign-retry-seconds", "3"],
             ) as rm,
             operator_process(kubeconfig=operator_kubeconfig, directory=tmp_path),
         ):

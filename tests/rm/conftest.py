@@ -19,7 +19,7 @@ from bindery.conformance.harness import RevokeHook
 from bindery.conformance.kit import DEFAULT_RESOURCE
 from bindery.quantity import parse_quantity
 from bindery.reference_rm import InventoryNode, RunningServer, serve_reference_rm
-from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS
+from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS, FOREIGN_RETRY_SECONDS
 from bindery.reference_rm.stores import Store, open_store
 
 TOKEN = "test-token-for-the-reference-rm"
@@ -121,8 +121,15 @@ class StoreFactory:
         clock: Callable[[], float] | None = None,
         retention: float = 3600.0,
         max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
+        foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
     ) -> Store:
-        store = open_store(self.db, clock=clock, retention=retention, max_released_rows=max_released_rows)
+        store = open_store(
+            self.db,
+            clock=clock,
+            retention=retention,
+            max_released_rows=max_released_rows,
+            foreign_retry_seconds=foreign_retry_seconds,
+        )
         closing = store.close
 
         def close() -> None:

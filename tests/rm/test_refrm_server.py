@@ -355,6 +355,10 @@ def test_cli_rejects_bad_configuration(tmp_path: pathlib.Path, capsys: pytest.Ca
     os.environ.pop("BINDERY_RM_TOKEN", None)
     assert refrm_main(["--db", str(tmp_path / "db"), "--inventory", str(good)]) == 2
     assert "--token-file" in capsys.readouterr().err
+    for seconds in ("0.5", "nan"):
+        options = ["--db", str(tmp_path / "db"), "--inventory", str(good), "--insecure-no-auth"]
+        assert refrm_main([*options, "--foreign-retry-seconds", seconds]) == 2
+        assert "--foreign-retry-seconds must be at least 1" in capsys.readouterr().err
 
 
 async def test_cli_serves_until_sigterm(tmp_path: pathlib.Path) -> None:

@@ -103,6 +103,25 @@ def test_a_refusal_while_pods_it_did_not_place_hold_room_says_when_to_ask_again(
     assert alone.retry_after is None
 
 
+def test_the_hint_for_pods_it_did_not_place_follows_the_configured_seconds(
+    make_store: StoreFactory,
+) -> None:
+    """`bindery rm serve --foreign-retry-seconds`: a cluster whose other pods come and go often may
+    want refused pods retried sooner than the default; a pending lease that ends sooner still wins."""
+    now = 1000.0
+    store = make_store(clock=lambda: now, foreign_retry_seconds=4)
+    theirs = BoundPod(uid="u-x", key="other/x", node="n1", usage={"cpu": Decimal(1)})
+    pods = ClusterPods.of([theirs])
+    refused = store.reserve(request("b", "2"), nodes=NODES, policy=Policy.BINPACK, pods=pods)
+    assert isinstance(refused, Unschedulable)
+    assert refused.retry_after == 4
+    placed = store.reserve(request("a", ttl=2), nodes=NODES, policy=Policy.BINPACK, pods=pods)
+    assert isinstance(placed, Placed)
+    sooner = store.reserve(request("c"), nodes=NODES, policy=Policy.BINPACK, pods=pods)
+    assert isinstance(sooner, Unschedulable)
+    assert sooner.retry_after == 2  # the lease of "a" ends first
+
+
 def test_a_revoked_reservation_frees_its_capacity_and_is_acknowledged_by_its_release(
     make_store: StoreFactory,
 ) -> None:

@@ -28,7 +28,7 @@ from bindery.reference_rm.server import (
     DEFAULT_TOKEN_OVERLAP,
     serve_reference_rm,
 )
-from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS
+from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS, FOREIGN_RETRY_SECONDS
 from bindery.reference_rm.storeerrors import SchemaTooNew
 from bindery.reference_rm.stores import UNREACHABLE
 from bindery.reference_rm.writerlock import DatabaseLocked
@@ -175,6 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--retain-released-seconds says: bounds the disk tenants can fill (default %(default)s)",
     )
     serve.add_argument(
+        "--foreign-retry-seconds",
+        type=float,
+        default=FOREIGN_RETRY_SECONDS,
+        help="with --mirror-nodes, a pod refused while pods of other schedulers hold room is told to "
+        "try again within this many seconds: their pods can end without a release the caller hears "
+        "of; lower it where such pods come and go often, at the cost of more refused calls "
+        "(default %(default)s)",
+    )
+    serve.add_argument(
         "--no-cluster-id",
         action="store_true",
         help="serve as a contract v1.1 RM: no GET /v1/info (404); clusterId, preferredNodeAffinity and Gt/Lt "
@@ -244,6 +253,11 @@ async def _serve(args: argparse.Namespace) -> None:
             "--retain-released-seconds and --max-released-rows must not be negative, "
             "--mirror-stale-seconds must be positive"
         )
+    if not args.foreign_retry_seconds >= 1:  # also refuses NaN
+        raise ValueError(
+            f"--foreign-retry-seconds must be at least 1 (got {args.foreign_retry_seconds}): a refused "
+            "pod is told to retry after that long, and less would turn its retries into a busy loop"
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -271,6 +285,7 @@ async def _serve(args: argparse.Namespace) -> None:
                 max_released_rows=args.max_released_rows,
                 cluster_ids=not args.no_cluster_id,
                 preemption=not args.no_preemption,
+                foreign_retry_seconds=args.foreign_retry_seconds,
                 admin_token=(
                     args.admin_token_file.read_text(encoding="utf-8").strip()
                     if args.admin_token_file is not None

@@ -267,10 +267,12 @@ class PostgresReservationStore:
         retention: float = 3600.0,
         max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
         connect_timeout: float = 10.0,
+        foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
     ) -> None:
         self._clock = clock
         self._retention = retention
         self._max_ended = max_released_rows
+        self._foreign_retry = foreign_retry_seconds
         self._ended_since_gc = 0
         self._next_gc = 0.0
         self._url = url
@@ -468,7 +470,7 @@ class PostgresReservationStore:
         lease = None if earliest is None else max(1.0, round(earliest - now, 1))
         if not foreign:
             return lease
-        return FOREIGN_RETRY_SECONDS if lease is None else min(lease, FOREIGN_RETRY_SECONDS)
+        return self._foreign_retry if lease is None else min(lease, self._foreign_retry)
 
     def _foreign(self, conn: Conn, pods: ClusterPods) -> dict[str, Foreign]:
         """The bound pods no active reservation counts, per node; resolved again only for the nodes

@@ -58,6 +58,7 @@ from bindery.reference_rm.preemption import (
 )
 from bindery.reference_rm.store import (
     DEFAULT_MAX_RELEASED_ROWS,
+    FOREIGN_RETRY_SECONDS,
     BatchOutcome,
     CommitOutcome,
     Conflict,
@@ -500,6 +501,7 @@ class ReferenceRM:
         preemption: bool = True,
         plan_lease_seconds: int = DEFAULT_LEASE_SECONDS,
         admin_token: str | None = None,
+        foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
     ) -> None:
         """``db_path`` is a SQLite file or a ``postgresql://`` URL
         (:func:`~bindery.reference_rm.stores.open_store`; ``db_password_file`` goes with the URL).
@@ -545,6 +547,7 @@ class ReferenceRM:
                 retention=retention,
                 max_released_rows=max_released_rows,
                 password_file=db_password_file,
+                foreign_retry_seconds=foreign_retry_seconds,
             ).result()
         except BaseException:  # e.g. another RM holds the database: no thread left behind
             self._writer.shutdown(wait=True)
@@ -1434,6 +1437,7 @@ async def serve_reference_rm(
     db_password_file: pathlib.Path | None = None,
     preemption: bool = True,
     admin_token: str | None = None,
+    foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -1463,6 +1467,7 @@ async def serve_reference_rm(
         db_password_file=db_password_file,
         preemption=preemption,
         admin_token=admin_token,
+        foreign_retry_seconds=foreign_retry_seconds,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()

@@ -454,10 +454,12 @@ class ReservationStore:
         clock: Callable[[], float] = time.time,
         retention: float = 3600.0,
         max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
+        foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
     ) -> None:
         self._clock = clock
         self._retention = retention
         self._max_ended = max_released_rows
+        self._foreign_retry = foreign_retry_seconds
         # Rows ended since the last sweep; a tenth of the cap makes the next operation sweep.
         self._ended_since_gc = 0
         # Before anything is read: a second writer would count only its own reservations.
@@ -594,9 +596,10 @@ class ReservationStore:
         without anyone releasing.  None when nothing is leased.
 
         With ``foreign`` (pods this RM did not place hold room: mirror mode), at most
-        :data:`FOREIGN_RETRY_SECONDS`: such a pod can end, and free its room, with no release the
-        caller hears of, and a caller that parks refused pods until an event (Bindery waits up to 5
-        minutes, as kube-scheduler does) would otherwise leave them parked past it.
+        ``foreign_retry_seconds`` (:data:`FOREIGN_RETRY_SECONDS` by default, ``--foreign-retry-seconds``):
+        such a pod can end, and free its room, with no release the caller hears of, and a caller that
+        parks refused pods until an event (Bindery waits up to 5 minutes, as kube-scheduler does)
+        would otherwise leave them parked past it.
         """
         lease = (
             None
@@ -605,7 +608,7 @@ class ReservationStore:
         )
         if not foreign:
             return lease
-        return FOREIGN_RETRY_SECONDS if lease is None else min(lease, FOREIGN_RETRY_SECONDS)
+        return self._foreign_retry if lease is None else min(lease, self._foreign_retry)
 
     def get(self, reservation_id: str) -> StoredReservation | None:
         self._expire()

@@ -18,6 +18,7 @@ from bindery.reference_rm.placement import InventoryNode, Policy
 from bindery.reference_rm.preemption import Chooser, Plan
 from bindery.reference_rm.store import (
     DEFAULT_MAX_RELEASED_ROWS,
+    FOREIGN_RETRY_SECONDS,
     BatchOutcome,
     CommitOutcome,
     GroupConflict,
@@ -145,6 +146,7 @@ def open_store(
     retention: float = 3600.0,
     max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
     password_file: pathlib.Path | None = None,
+    foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
 ) -> Store:
     """SQLite for a path (or ``:memory:``), PostgreSQL for a ``postgresql://`` URL.
 
@@ -159,7 +161,11 @@ def open_store(
                 f"a password file goes with a postgresql:// URL, and --db is the SQLite file {db}"
             )
         return ReservationStore(
-            db, clock=clock or _wall_clock, retention=retention, max_released_rows=max_released_rows
+            db,
+            clock=clock or _wall_clock,
+            retention=retention,
+            max_released_rows=max_released_rows,
+            foreign_retry_seconds=foreign_retry_seconds,
         )
     try:
         from bindery.reference_rm.pgstore import PostgresReservationStore, read_password_file
@@ -174,6 +180,7 @@ def open_store(
         clock=clock,
         retention=retention,
         max_released_rows=max_released_rows,
+        foreign_retry_seconds=foreign_retry_seconds,
     )
 
 
