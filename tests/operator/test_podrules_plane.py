@@ -512,7 +512,10 @@ async def test_the_placed_pods_are_synced_only_once_namespace_labels_are_listed(
     runtime = bindery.runtime
     placed = runtime.placed
     assert placed is not None
-    assert await placed.wait_synced(30.0)
+    # Polled, each call bounded at 0 s: the cache's events belong to the operator's loop (its own
+    # thread), and setting them does not wake a waiter on this test's loop, so one long
+    # `wait_synced(30.0)` here returned only when something else woke this loop, 15 s later.
+    await eventually(lambda: placed.wait_synced(0.0), within=30, what="the placed-pod cache synced")
     labels = runtime.namespace_labels
     assert labels is not None, "the namespace watch was not started with the placed-pod watch"
     assert labels.lists >= 1
