@@ -204,7 +204,12 @@ async def test_a_placed_pod_change_while_the_refusal_is_reported_still_wakes_the
     members = [
         PodInfo.from_body(
             {
-                "metadata": {"name": f"pair-{i}", "namespace": "ns", "uid": f"u{i}", "labels": {"app": "pair"}},
+                "metadata": {
+                    "name": f"pair-{i}",
+                    "namespace": "ns",
+                    "uid": f"u{i}",
+                    "labels": {"app": "pair"},
+                },
                 "spec": {"schedulerName": "s", "containers": [{"name": "c"}], "affinity": anti},
             }
         )
