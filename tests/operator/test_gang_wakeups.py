@@ -14,6 +14,7 @@ from bindery.controller.podgroups.coordinator import GroupState, PodGroupCoordin
 from bindery.controller.podgroups.placement import RULES_RECHECK_SECONDS, Placement
 from bindery.controller.preemption import Preemptions
 from bindery.kube.placed import PlacedPodCache
+from bindery.rm.errors import RMUnschedulable
 from bindery.scheduling.placementrules import TAG_ANTI_AFFINITY
 from bindery.scheduling.podgroups import PodGroupInfo
 from bindery.scheduling.podspec import PodInfo
@@ -237,3 +238,47 @@ async def test_a_placed_pod_change_while_the_refusal_is_reported_still_wakes_the
     )
     await placement.place(PodGroupInfo(namespace="ns", name="pair"), group, members)
     assert group.wake.is_set(), "the change during the report was lost: the group sleeps 60 s"
+
+
+async def test_a_release_while_no_room_is_reported_still_wakes_the_group() -> None:
+    """The same window for "no room": the group said it waits for capacity only once the report was
+    written, so a reservation released meanwhile (PodGroupCoordinator.retry) passed it by and the
+    group slept its whole backoff. Now it says so before the report."""
+    members = [
+        PodInfo.from_body(
+            {
+                "metadata": {"name": f"gang-{i}", "namespace": "ns", "uid": f"g{i}"},
+                "spec": {"schedulerName": "s", "containers": [{"name": "c"}]},
+            }
+        )
+        for i in range(2)
+    ]
+    coordinator = _coordinator()
+    group = GroupState()
+    coordinator._groups[("ns", "gang")] = group
+
+    class _Reporter:
+        async def fail(self, *args: Any, **kwargs: Any) -> None:
+            await asyncio.sleep(0)  # the report's API calls: another reservation is released meanwhile
+            coordinator.retry()
+
+    class _RM:
+        async def reserve_group(self, request: Any) -> Any:
+            raise RMUnschedulable("no room", reason="no node has room for every member")
+
+    profile = types.SimpleNamespace(
+        name="rm", reservation_ttl_seconds=60, clock=time.monotonic, client=None, backoff_max_seconds=10.0
+    )
+    placement = Placement(
+        profile=lambda: cast(Any, profile),
+        ports=lambda: cast(Any, types.SimpleNamespace(placed=None)),
+        rm=lambda: cast(Any, _RM()),
+        logger=logging.getLogger("test"),
+        metrics=Metrics(),
+        reporter=cast(Any, _Reporter()),
+        backoff=lambda group: 10.0,
+        on_released=lambda: None,
+        on_outcome=lambda pod, outcome: None,
+    )
+    await placement.place(PodGroupInfo(namespace="ns", name="gang"), group, members)
+    assert group.wake.is_set(), "the release during the report was lost: the group sleeps its backoff"

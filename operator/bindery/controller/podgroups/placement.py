@@ -173,8 +173,8 @@ class Placement:
                 f'resource manager "{profile.name}" cannot place pod group "{info.key}" all together '
                 f"({len(members)} pods, none placed): {error.message}"
             )
+            group.waits_for_capacity = True  # before the report: a release meanwhile wakes the group
             await self._reporter.fail(info, members, message, reason=REASON_UNSCHEDULABLE, started=started)
-            group.waits_for_capacity = True
             return await self._preempt(info, group, members, error)
         except RMError as error:
             message = (
