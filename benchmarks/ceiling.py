@@ -345,15 +345,16 @@ async def delete_pods(api: Api, *, namespace: str) -> None:
     """Grace period 0: no kubelet runs, so a graceful delete of a bound pod would never finish.
 
     Deleting tens of thousands of pods outlasts the apiserver's 60 s request timeout (504), and its
-    answer (every deleted pod) may be cut short or outlast this client's 120 s; what it deleted
-    stays deleted, so the collection delete is repeated until one completes.
+    answer (every deleted pod) may be cut short, dropped with the connection, or outlast this
+    client's 120 s; what it deleted stays deleted, so the collection delete is repeated until one
+    completes.
     """
     for _ in range(20):
         try:
             await api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0")
             break
-        except (aiohttp.ClientPayloadError, TimeoutError):  # cut short, or past the client's 120 s
-            continue
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, TimeoutError):
+            continue  # cut short, dropped, or past the client's 120 s
         except RuntimeError as error:
             if "HTTP 504" not in str(error):
                 raise

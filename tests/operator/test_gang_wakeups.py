@@ -14,6 +14,7 @@ from bindery.controller.podgroups.coordinator import GroupState, PodGroupCoordin
 from bindery.controller.podgroups.placement import RULES_RECHECK_SECONDS, Placement
 from bindery.controller.preemption import Preemptions
 from bindery.kube.placed import PlacedPodCache
+from bindery.rm.errors import RMUnschedulable
 from bindery.scheduling.placementrules import TAG_ANTI_AFFINITY
 from bindery.scheduling.podgroups import PodGroupInfo
 from bindery.scheduling.podspec import PodInfo
@@ -186,3 +187,98 @@ async def test_a_group_refused_by_its_members_rules_waits_for_a_wake_not_a_poll(
     assert group.rules is not None
     assert group.rules.namespaces == frozenset({"ns"})
     assert group.retry_at > time.monotonic()  # the backoff (2 s) still runs
+
+
+async def test_a_placed_pod_change_while_the_refusal_is_reported_still_wakes_the_group() -> None:
+    """The refusal is reported (an Event and a condition per member: API calls, seconds for a large
+    gang) after the rules were evaluated. Before: the group recorded what may lift the refusal only
+    once the report was written, so the pod in its way leaving meanwhile woke nothing and the group
+    slept RULES_RECHECK_SECONDS (60 s). Now the wake-up is armed before the report."""
+    cache = PlacedPodCache(nodes=lambda: [NodeProjection(name="n0", labels={"kubernetes.io/hostname": "n0"})])
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "pair"}}}
+            ]
+        }
+    }
+    members = [
+        PodInfo.from_body(
+            {
+                "metadata": {
+                    "name": f"pair-{i}",
+                    "namespace": "ns",
+                    "uid": f"u{i}",
+                    "labels": {"app": "pair"},
+                },
+                "spec": {"schedulerName": "s", "containers": [{"name": "c"}], "affinity": anti},
+            }
+        )
+        for i in range(2)
+    ]
+    coordinator = _coordinator()
+    group = GroupState()
+    coordinator._groups[("ns", "pair")] = group
+
+    class _Reporter:
+        async def fail(self, *args: Any, **kwargs: Any) -> None:
+            await asyncio.sleep(0)  # the report's API calls: the watch delivers meanwhile
+            coordinator.wake(Touch(namespace="ns"))  # a pod of ns left its node
+
+    placement = Placement(
+        profile=lambda: cast(Any, types.SimpleNamespace(reservation_ttl_seconds=60)),
+        ports=lambda: cast(Any, types.SimpleNamespace(placed=cache)),
+        rm=_unused,
+        logger=logging.getLogger("test"),
+        metrics=Metrics(),
+        reporter=cast(Any, _Reporter()),
+        backoff=lambda group: 0.0,  # no backoff left: a wake-up is a new try at once
+        on_released=lambda: None,
+        on_outcome=lambda pod, outcome: None,
+    )
+    await placement.place(PodGroupInfo(namespace="ns", name="pair"), group, members)
+    assert group.wake.is_set(), "the change during the report was lost: the group sleeps 60 s"
+
+
+async def test_a_release_while_no_room_is_reported_still_wakes_the_group() -> None:
+    """The same window for "no room": the group said it waits for capacity only once the report was
+    written, so a reservation released meanwhile (PodGroupCoordinator.retry) passed it by and the
+    group slept its whole backoff. Now it says so before the report."""
+    members = [
+        PodInfo.from_body(
+            {
+                "metadata": {"name": f"gang-{i}", "namespace": "ns", "uid": f"g{i}"},
+                "spec": {"schedulerName": "s", "containers": [{"name": "c"}]},
+            }
+        )
+        for i in range(2)
+    ]
+    coordinator = _coordinator()
+    group = GroupState()
+    coordinator._groups[("ns", "gang")] = group
+
+    class _Reporter:
+        async def fail(self, *args: Any, **kwargs: Any) -> None:
+            await asyncio.sleep(0)  # the report's API calls: another reservation is released meanwhile
+            coordinator.retry()
+
+    class _RM:
+        async def reserve_group(self, request: Any) -> Any:
+            raise RMUnschedulable("no room", reason="no node has room for every member")
+
+    profile = types.SimpleNamespace(
+        name="rm", reservation_ttl_seconds=60, clock=time.monotonic, client=None, backoff_max_seconds=10.0
+    )
+    placement = Placement(
+        profile=lambda: cast(Any, profile),
+        ports=lambda: cast(Any, types.SimpleNamespace(placed=None)),
+        rm=lambda: cast(Any, _RM()),
+        logger=logging.getLogger("test"),
+        metrics=Metrics(),
+        reporter=cast(Any, _Reporter()),
+        backoff=lambda group: 10.0,
+        on_released=lambda: None,
+        on_outcome=lambda pod, outcome: None,
+    )
+    await placement.place(PodGroupInfo(namespace="ns", name="gang"), group, members)
+    assert group.wake.is_set(), "the release during the report was lost: the group sleeps its backoff"

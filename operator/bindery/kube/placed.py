@@ -172,7 +172,8 @@ class PlacedPodCache:
         current = self._nodes()
         snapshot = self._snapshot
         if snapshot is None or not (
-            len(current) == len(self._seen) and all(map(operator.is_, current, self._seen))
+            current is self._seen  # the node lookup's own tuple, kept until a node event
+            or (len(current) == len(self._seen) and all(map(operator.is_, current, self._seen)))
         ):
             if snapshot is None or not snapshot.same_nodes(current):
                 snapshot = self._snapshot = NodeSnapshot(current)

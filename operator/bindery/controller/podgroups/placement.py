@@ -138,11 +138,12 @@ class Placement:
         node_terms, refusal = member_node_terms(members, self._ports().placed)
         if refusal is not None:  # the members' inter-pod rules leave no node: nothing is reserved
             message = f'pod group "{info.key}" was not placed: {refusal}'
-            await self._reporter.fail(info, members, message, reason=REASON_UNSCHEDULABLE, started=started)
             # As a refused pod: woken by a change that may lift the refusal, once its backoff is over.
+            # Armed before the report, whose API calls yield to the watch: a change meanwhile wakes it.
             delay = self._backoff(group)
             group.rules = members_wake_on(members)
             group.retry_at = time.monotonic() + delay
+            await self._reporter.fail(info, members, message, reason=REASON_UNSCHEDULABLE, started=started)
             return max(delay, RULES_RECHECK_SECONDS)
         request = group_request(
             group=info,
@@ -172,8 +173,8 @@ class Placement:
                 f'resource manager "{profile.name}" cannot place pod group "{info.key}" all together '
                 f"({len(members)} pods, none placed): {error.message}"
             )
+            group.waits_for_capacity = True  # before the report: a release meanwhile wakes the group
             await self._reporter.fail(info, members, message, reason=REASON_UNSCHEDULABLE, started=started)
-            group.waits_for_capacity = True
             return await self._preempt(info, group, members, error)
         except RMError as error:
             message = (
