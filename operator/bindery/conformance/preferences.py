@@ -27,18 +27,26 @@ def _preferring(body: dict[str, Any], node: str, *, weight: int = 100) -> dict[s
     return {**body, "placement": placement}
 
 
-async def check_node_preferences(h: Harness) -> None:
-    """An RM listing node-preferences puts a pod on the feasible node its only preferred term names."""
+async def _nodes_if_preferences(h: Harness) -> list[str] | None:
+    """The RM's nodes, learned by filling every slot and releasing them all; None for an RM that
+    does not list node-preferences (optional: it is never sent preferredNodeAffinity)."""
     features = (await _info(h)).get("features") or []
     if NODE_PREFERENCES_FEATURE not in features:
-        return  # optional: an RM without it is never sent preferredNodeAffinity
+        return None
     held = [
         expect_reservation(await h.reserve(h.request_body()), 201, f"reserve slot {i + 1} to learn the nodes")
         for i in range(h.config.capacity)
     ]
-    nodes = sorted({str(reservation["node"]) for reservation in held})
     for reservation in held:
         await h.release(reservation["id"])
+    return sorted({str(reservation["node"]) for reservation in held})
+
+
+async def check_node_preferences(h: Harness) -> None:
+    """An RM listing node-preferences puts a pod on the feasible node its only preferred term names."""
+    nodes = await _nodes_if_preferences(h)
+    if nodes is None:
+        return
     for node in nodes:  # every node had a free slot a moment ago, and now has them all again
         placed = expect_reservation(
             await h.reserve(_preferring(h.request_body(), node)), 201, f"reserve preferring node {node}"
@@ -75,16 +83,9 @@ async def check_group_node_preferences(h: Harness) -> None:
     orders (the names sorted, then rotated by one), so an RM placing by its policy alone, which
     places both groups alike, cannot meet both by chance.
     """
-    features = (await _info(h)).get("features") or []
-    if NODE_PREFERENCES_FEATURE not in features:
-        return  # optional: an RM without it is never sent preferredNodeAffinity
-    held = [
-        expect_reservation(await h.reserve(h.request_body()), 201, f"reserve slot {i + 1} to learn the nodes")
-        for i in range(h.config.capacity)
-    ]
-    nodes = sorted({str(reservation["node"]) for reservation in held})
-    for reservation in held:
-        await h.release(reservation["id"])
+    nodes = await _nodes_if_preferences(h)
+    if nodes is None:
+        return
     if len(nodes) < 2:
         return  # one node: every member lands on it whatever it prefers
     for wanted in (nodes, nodes[1:] + nodes[:1]):
