@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from kubernetes_asyncio import client
@@ -344,3 +344,79 @@ async def test_a_profile_that_subscribes_later_still_releases_a_pod_that_finishe
     assert [c for c in calls.log if c[1]["id"] == "r-o"] == [("rm.release", {"id": "r-o"})]
     assert len(calls.log) == 3
     assert relists == 0  # a replay is no relist: no reconcile pass for it
+
+
+class RecordingFeed:
+    """A BoundPodFeed that records what a runner asks of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object, frozenset[str]]] = []
+
+    def subscribe(self, subscriber: Any) -> None:
+        self.calls.append(("subscribe", subscriber, frozenset(subscriber.scheduler_names)))
+
+    def unsubscribe(self, subscriber: Any) -> None:
+        self.calls.append(("unsubscribe", subscriber, frozenset()))
+
+    def replay(self, subscriber: Any, *, scheduler_names: Any) -> None:
+        self.calls.append(("replay", subscriber, frozenset(scheduler_names)))
+
+
+async def test_a_runner_subscribes_while_it_schedules_and_is_replayed_the_names_it_gains() -> None:
+    """As its watches were started with its workers and cancelled on pause: a runner subscribes on
+    start (replayed by the feed), unsubscribes on pause (leadership lost), subscribes afresh when it
+    leads again; a scheduler name added meanwhile is replayed, a removed one is simply no longer its."""
+    from bindery.config import ResourceManagerConfig
+    from bindery.controller.runner import ProfileRunner
+    from bindery.controller.secrets import RMCredentials
+    from bindery.scheduling.framework import Ports
+    from tests.scheduling.fakes import FakeBinder, FakeConditions, FakeEvents, FakeNodes, FakePods
+
+    def config(*names: str) -> ResourceManagerConfig:
+        return ResourceManagerConfig(
+            name="rm", uid="u", generation=1, scheduler_names=names, endpoint="https://rm.invalid"
+        )
+
+    class ClosingRM(FakeRM):
+        async def aclose(self) -> None:
+            pass
+
+    calls = Calls()
+    feed = RecordingFeed()
+    ports = Ports(
+        nodes=FakeNodes(calls),
+        pods=FakePods(calls),
+        binder=FakeBinder(calls),
+        events=FakeEvents(calls),
+        conditions=FakeConditions(calls),
+    )
+    async with client.ApiClient(client.Configuration(host="http://127.0.0.1:9")) as api:
+        runner = ProfileRunner(
+            config=config("a"),
+            client=cast(Any, ClosingRM(calls)),
+            credentials=RMCredentials(),
+            ports=ports,
+            api=api,
+            logger=logging.getLogger("test"),
+            on_released=lambda: None,
+            bound_pods=feed,
+        )
+        try:
+            runner.start()
+            runner.update(config=config("a", "b"), client=None)
+            runner.update(config=config("b"), client=None)
+            await runner.pause()
+            runner.update(config=config("b", "c"), client=None)  # not leading: nothing to follow
+            runner.start()
+        finally:
+            await runner.stop()
+    first, second = feed.calls[0][1], feed.calls[3][1]
+    assert first is not second
+    assert feed.calls == [
+        ("subscribe", first, frozenset({"a"})),
+        ("replay", first, frozenset({"b"})),
+        ("unsubscribe", first, frozenset()),
+        ("subscribe", second, frozenset({"b", "c"})),
+        ("unsubscribe", second, frozenset()),
+    ]
+    assert cast(Any, first).scheduler_names == frozenset({"b"})
