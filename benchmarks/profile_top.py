@@ -31,7 +31,7 @@ AREAS = [
     ("  Scheduled event POST", ("ScheduledEvent.post_bind",)),
     ("aiohttp request-body tasks (write_bytes)", ("ClientRequest.write_bytes",)),
     ("socket send (loopback TCP, in the kernel)", ("_SelectorSocketTransport.write",)),
-    ("bound-pod watch", ("BoundPodWatcher",)),
+    ("bound-pod releases (fed by the placed-pod watch)", ("BoundPodReleases", "PlacedPodWatcher._dispatch")),
     ("logging", ("Logger._log", "LoggerAdapter.log", "Logger.info", "Logger.log")),
     ("JSON decoding", ("JSONDecoder.decode",)),
 ]

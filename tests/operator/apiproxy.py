@@ -23,6 +23,9 @@ delivering its next event. Clearing it lets held lists through, and answers each
 resumes from a resourceVersion with what the apiserver says once that version is compacted away
 (an ERROR event, code 410), so the watchers list afresh and never see the events of the gap.
 
+`open_pod_watches` holds the field selector of every pod watch stream open now (the tests count
+the operator's watches with it).
+
 `bound_pod_list_status`, when set, is the HTTP status every list of a served name's bound pods (a
 GET of a `pods` collection whose field selector has `spec.nodeName!=` and `spec.schedulerName=`,
 not a watch) is answered with, unforwarded. The placed-pod watch of the inter-pod rules (every
@@ -81,6 +84,8 @@ class ApiProxy:
     cut_pod_streams: int = 0
     #: field selectors of the pod watches held now (resuming from a resourceVersion)
     held_pod_watches: list[str] = dataclasses.field(default_factory=list)
+    #: field selectors of the pod watch streams open now, one entry per stream
+    open_pod_watches: list[str] = dataclasses.field(default_factory=list)
     #: held pod watches answered "410 Gone" when `blind_pod_lists` was cleared
     expired_pod_watches: int = 0
     bound_pod_list_status: int | None = None
@@ -153,7 +158,7 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
             message = {"kind": "Status", "status": "Failure", "message": "injected", "code": failing}
             return web.Response(status=failing, content_type="application/json", text=json.dumps(message))
         if pod_list and proxy.blind_pod_lists:
-            # "true" from Kopf, "True" from kubernetes_asyncio (the unbound-pod watch, the bound one)
+            # "true" from Kopf, "True" from kubernetes_asyncio (the unbound-pod watch, the placed one)
             resumed = request.query.get("watch") in ("true", "True", "1") and bool(
                 request.query.get("resourceVersion")
             )
@@ -167,6 +172,18 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
                 proxy.expired_pod_watches += 1
                 return web.Response(status=200, content_type="application/json", text=_EXPIRED)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        watch = pod_list and request.query.get("watch") in ("true", "True", "1")
+        if watch:
+            proxy.open_pod_watches.append(selector)
+        try:
+            return await relay(request, body, headers, pod_list=pod_list)
+        finally:
+            if watch:
+                proxy.open_pod_watches.remove(selector)
+
+    async def relay(
+        request: web.Request, body: bytes, headers: dict[str, str], *, pod_list: bool
+    ) -> web.StreamResponse:
         async with session.request(
             request.method, plane.server + request.path_qs, headers=headers, data=body or None
         ) as upstream:

@@ -72,10 +72,10 @@ async def test_a_pod_binds_while_the_operator_watches_more_names_than_the_old_po
             pool = bindery.runtime.connection_pool(
                 runner.config for runner in bindery.runtime.runners.values()
             )
-            # per claimed name an unbound and a bound watch; for the inter-pod rules one watch of
-            # placed pods, one of namespace labels (their namespaceSelector) and one of Services
-            # (default spreading)
-            assert (pool.watches, pool.in_flight) == (2 * claimed + 3, 8 * (EXTRA_RMS + 1))
+            # per claimed name an unbound watch; one watch of placed pods (the inter-pod rules and
+            # every profile's releases), one of namespace labels (their namespaceSelector) and one
+            # of Services (default spreading)
+            assert (pool.watches, pool.in_flight) == (claimed + 3, 8 * (EXTRA_RMS + 1))
             assert limit(bindery.runtime.api) == pool.size
     finally:
         for name in extra:

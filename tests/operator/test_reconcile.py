@@ -9,6 +9,7 @@ and scenario 4 (a kube-apiserver restart, then deletions).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import pathlib
 from collections.abc import AsyncIterator, Callable
@@ -456,6 +457,78 @@ async def test_a_pod_deleted_while_the_bound_pod_watch_was_down_gives_its_reserv
                 return not await _active_for(rm, victim)
 
             await eventually(released, within=30, what="the victim's reservation released after the relist")
+        finally:
+            proxy.blind_pod_lists = False
+            await operator.stop()
+            await delete_rm(kube_api, name=rm_name)
+
+
+async def test_one_watch_of_pods_on_nodes_feeds_the_rules_and_the_releases(
+    *,
+    controlplane: ControlPlane,
+    kube_api: client.ApiClient,
+    operator_kubeconfig: pathlib.Path,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+    tmp_path: pathlib.Path,
+) -> None:
+    """The operator holds one pod watch with ``spec.nodeName!=`` (its scope: all namespaces), not
+    that of the inter-pod rules plus one per scheduler name for the releases (issue 19: every
+    bound pod's events were sent and decoded twice); a deleted Bindery pod and a pod deleted while
+    that watch was down (a 410 relist) still give their reservations back. Periodic reconcile
+    passes are off (an hour apart): the releases are the watch's."""
+    rm, _ = pool_rm
+    scheduler, rm_name = uniq("sched"), uniq("rm")
+    async with serve_api_proxy(plane=controlplane, user=OPERATOR_USER) as proxy:
+        kubeconfig = controlplane.mint_kubeconfig(
+            user=OPERATOR_USER, path=tmp_path / "proxied.kubeconfig", server=proxy.url
+        )
+        operator = Bindery(kubeconfig=kubeconfig)
+        await operator.start()
+        try:
+            await serve_with(
+                kube_api,
+                rm=rm,
+                name=rm_name,
+                scheduler_names=[scheduler],
+                namespace=namespace,
+                reconcileIntervalSeconds=3600,
+            )
+            pods = {}
+            for name in ("deleted", "relisted"):
+                pods[name] = await create_pod(
+                    kube_api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler)
+                )
+            for name, pod in pods.items():
+                committed = functools.partial(_committed_to, rm, pod)
+                await eventually(committed, within=60, what=f"{name} committed")
+            core = client.CoreV1Api(kube_api)
+
+            await core.delete_namespaced_pod(name="deleted", namespace=namespace, grace_period_seconds=0)
+
+            async def released(pod: dict[str, Any]) -> bool:
+                return not await _active_for(rm, pod)
+
+            await eventually(
+                functools.partial(released, pods["deleted"]), within=30, what="the deleted pod's release"
+            )
+            # The release came through a watch of bound pods: every one the operator holds is here.
+            on_nodes = sorted(s for s in proxy.open_pod_watches if "spec.nodeName!=" in s)
+            assert on_nodes == ["spec.nodeName!="]
+
+            proxy.blind_pod_lists = True
+            await core.delete_namespaced_pod(name="relisted", namespace=namespace, grace_period_seconds=0)
+            await eventually(lambda: now(proxy.cut_pod_streams > 0), what="the DELETED event cut")
+            proxy.blind_pod_lists = False
+            await eventually(
+                functools.partial(released, pods["relisted"]),
+                within=30,
+                what="the release of the pod deleted while the watch was down",
+            )
+            placed = operator.runtime.placed
+            assert placed is not None
+            assert all(placed.get(pod["metadata"]["uid"]) is None for pod in pods.values())
         finally:
             proxy.blind_pod_lists = False
             await operator.stop()

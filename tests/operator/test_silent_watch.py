@@ -18,13 +18,14 @@ from kubernetes_asyncio import client
 
 from bindery.config import ResourceManagerConfig, SecretKeyRef
 from bindery.controller import secrets
-from bindery.controller.watches.bound import BoundPodWatcher
+from bindery.controller.watches.placed import PlacedPodWatcher
+from bindery.kube.placed import PlacedPodCache
 from bindery.reference_rm.mirror import NodeMirror
 from tests.operator.fakerm import serve_app
-from tests.scheduling.fakes import Calls, FakeRM
 
 
-async def test_a_silent_bound_pod_watch_is_given_up_and_resumed() -> None:
+async def test_a_silent_watch_of_pods_on_nodes_is_given_up_and_resumed() -> None:
+    """The one watch of bound pods: the inter-pod rules' cache and every profile's releases."""
     lists = 0
     watches: list[str] = []
     silence = asyncio.Event()
@@ -45,10 +46,9 @@ async def test_a_silent_bound_pod_watch_is_given_up_and_resumed() -> None:
     async with serve_app(app, shutdown_timeout=0.1, handler_cancellation=True) as port:
         configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
         async with client.ApiClient(configuration=configuration) as api:
-            watcher = BoundPodWatcher(
+            watcher = PlacedPodWatcher(
                 api=api,
-                scheduler_name="bindery",
-                rm=lambda: FakeRM(Calls()),
+                cache=PlacedPodCache(),
                 logger=logging.getLogger("test"),
                 watch_seconds=1,
                 max_backoff=0.1,

@@ -3,7 +3,7 @@
 Tests run the operator under a minted identity bound to exactly these rules, so a missing or extra
 need shows up as a failing test rather than in a user's cluster.
 
-- pods get/list/watch: the `spec.nodeName=` watch and the bound-pod watches; `get` for the
+- pods get/list/watch: the `spec.nodeName=` watch and the `spec.nodeName!=` one; `get` for the
   reconcile passes, the unconfirmed-Binding tracker and the check before a FailedScheduling event.
 - pods/binding create: the Binding (one write per pod).
 - pods/status patch: the PodScheduled=False condition after a failed attempt; a preemptor's

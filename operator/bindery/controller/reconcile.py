@@ -1,13 +1,14 @@
 """Level-triggered reconciliation: a ResourceManager's active reservations agree with the pods.
 
-Watches are edge-triggered and edges get lost: a pod deleted while the bound-pod watch was down
+Watches are edge-triggered and edges get lost: a pod deleted while the watch of bound pods was down
 (an apiserver restart, a 410, a timeout), a reserve whose answer never came back, an operator that
 crashed between reserve and commit, a scheduler name moved from one ResourceManager to another
 (the new owner's watch releases at the new RM, the old RM keeps the allocation). Each loss leaks
 capacity, and a committed reservation never expires, so it leaks for good. So every
 ResourceManager gets a :class:`Reconciler` whose pass compares the RM's active reservations with
 the pods as they are now, and acts on the difference. The per-RM supervisor runs a pass at start,
-on gaining leadership, after every relist of a bound-pod watch and periodically
+on gaining leadership, after every relist of the watch of pods on nodes (the one that feeds the
+releases, :mod:`bindery.controller.watches.placed`) and periodically
 (``spec.reconcileIntervalSeconds``, default 30 s; well inside the reservation lease, so a reserved
 reservation whose pod got bound is committed long before it could expire).
 
@@ -43,7 +44,7 @@ listed separately and matched strictly by pod UID (:func:`unscoped_action`): a p
 settles its reservation as above (a Binding that landed during the upgrade gets its commit); a UID
 not found here is left alone, because another cluster sharing the RM and the name may own it,
 unless an earlier pass of this process found it here (its pod is gone: release). What this cannot
-settle (a pod gone before any pass of this process saw it) is left to the bound-pod watch, the
+settle (a pod gone before any pass of this process saw it) is left to the watch of bound pods, the
 lease of a reserved one, and `bindery audit`, which checks unscoped reservations too.
 
 Cost of a pass: one list of bound pods per scheduler name (and namespace), two reservation lists

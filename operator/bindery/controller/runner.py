@@ -6,7 +6,8 @@ workers read on their next pod; a changed endpoint, token or TLS setting builds 
 closes the old one once no cycle uses it any more. The queue survives both, so no pod is lost.
 
 The runner owns what outlives one pod: the queue, the workers (grown and shrunk without cancelling
-a cycle), the RM stack, the bound-pod watches, the unconfirmed Bindings and the readiness probe.
+a cycle), the RM stack, the releases of its departed pods (a subscription to the operator's one
+watch of pods on nodes, while it schedules), the unconfirmed Bindings and the readiness probe.
 What one pod's attempt does, from its trace span to the settling of its outcome, is
 :mod:`bindery.controller.attempt`'s: a worker pops a pod and hands it over.
 """
@@ -26,7 +27,7 @@ from bindery.controller.preemption import PendingPlan, Preemptions
 from bindery.controller.rmstack import RMStack
 from bindery.controller.secrets import RMCredentials
 from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
-from bindery.controller.watches.bound import BoundPodWatcher
+from bindery.controller.watches.bound import BoundPodFeed, BoundPodReleases
 from bindery.k8s import ApiClient
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError, RMUnauthorized
@@ -83,7 +84,10 @@ class ProfileRunner:
         holds: Callable[[], bool] = lambda: True,
         namespaces: tuple[str, ...] = (),
         metrics: Metrics | None = None,
+        bound_pods: BoundPodFeed | None = None,
     ) -> None:
+        """`bound_pods`: the watch of pods on nodes this runner subscribes to while it schedules,
+        for the releases of its departed pods (None: no releases by watch, only by reconciliation)."""
         self.config = config
         self.namespaces = namespaces
         self.metrics = metrics or Metrics()
@@ -139,7 +143,9 @@ class ProfileRunner:
         )
         self._ports = self.attempts.ports
         self._api = api
-        self._watchers: dict[tuple[str, str | None], asyncio.Task[None]] = {}
+        self._bound_pods = bound_pods
+        #: the subscription while scheduling, and the task handling its events
+        self._releases: tuple[BoundPodReleases, asyncio.Task[None]] | None = None
         self._logger = logger
         self._on_released = on_released
         self._on_relist = on_relist
@@ -175,8 +181,7 @@ class ProfileRunner:
         """Stop scheduling but keep the queue (leadership lost); in-flight cycles unreserve."""
         self.active = False
         await self.podgroups.pause()
-        for name in list(self._watchers):
-            self._watchers.pop(name).cancel()
+        self._unfollow_bound_pods()
         for task in self._workers:
             task.cancel()
         for task in self._workers:
@@ -243,26 +248,46 @@ class ProfileRunner:
         task.add_done_callback(self._closing.discard)
 
     def _follow_bound_pods(self) -> None:
-        """One bound-pod watch per scheduler name (and namespace, if the operator is namespaced)."""
-        scopes: tuple[str | None, ...] = self.namespaces or (None,)
-        wanted = {(name, namespace) for name in self.config.scheduler_names for namespace in scopes}
-        for key in [k for k in self._watchers if k not in wanted]:
-            self._watchers.pop(key).cancel()
-        for name, namespace in sorted(wanted - set(self._watchers), key=str):
-            watcher = BoundPodWatcher(
-                api=self._api,
-                scheduler_name=name,
-                rm=lambda: self.rm,
-                logger=self._logger,
-                namespace=namespace,
-                on_released=self._released_by_departure,
-                on_event=self._bound_pod_event,
-                on_relist=self._on_relist,
-                defer_release=self.attempts.defer_departed,
-            )
-            self._watchers[name, namespace] = asyncio.create_task(
-                watcher.run(), name=f"bindery bound pods {name} in {namespace or 'all namespaces'}"
-            )
+        """Subscribe to the bound pods of the profile's scheduler names, or follow a change of them.
+
+        A new subscription is replayed what the watch knows of those pods, and so is a name added
+        to a running one: as the first list of a watch of their own would give them, so that a pod
+        that finished meanwhile is released.
+        """
+        feed = self._bound_pods
+        if feed is None:
+            return
+        names = frozenset(self.config.scheduler_names)
+        if self._releases is not None:
+            releases = self._releases[0]
+            added = names - releases.scheduler_names
+            releases.scheduler_names = names
+            if added:
+                feed.replay(releases, scheduler_names=added)
+            return
+        releases = BoundPodReleases(
+            scheduler_names=names,
+            namespaces=self.namespaces,
+            rm=lambda: self.rm,
+            logger=self._logger,
+            on_released=self._released_by_departure,
+            on_event=self._bound_pod_event,
+            on_relist=self._on_relist,
+            defer_release=self.attempts.defer_departed,
+        )
+        task = asyncio.create_task(releases.run(), name=f"bindery bound pods {self.config.name}")
+        self._releases = releases, task
+        feed.subscribe(releases)
+
+    def _unfollow_bound_pods(self) -> None:
+        """Leadership lost or the profile stopped: no more releases by this runner (a reconcile
+        pass runs before it schedules again)."""
+        if self._releases is None:
+            return
+        (releases, task), self._releases = self._releases, None
+        if self._bound_pods is not None:
+            self._bound_pods.unsubscribe(releases)
+        task.cancel()
 
     async def _bound_pod_event(self, event_type: str, pod: Mapping[str, Any]) -> None:
         await self.unconfirmed.observe(event_type=event_type, pod=pod)

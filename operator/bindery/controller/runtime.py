@@ -149,6 +149,7 @@ class Runtime:
         #: nodes from Kopf's index (its list of every node is refreshed by each node event)
         self.nodes: IndexNodeLookup | None = None
         self._placed_task: asyncio.Task[None] | None = None
+        self.placed_watch: PlacedPodWatcher | None = None
         self._services_task: asyncio.Task[None] | None = None
         self.services: ServiceSelectors | None = None
 
@@ -197,16 +198,15 @@ class Runtime:
         self.placed.on_change = self._pending.on_placed_change
         self._watch_namespaces()  # cycles wait for its first list too (wait_synced)
         self._pending.forget_placed = self.placed.forget
-        self._placed_task = asyncio.create_task(
-            PlacedPodWatcher(
-                api=self._api,
-                cache=self.placed,
-                logger=self.logger,
-                namespaces=self.options.namespaces,
-                watch_seconds=self.options.watch_timeout,
-            ).run(),
-            name="bindery placed-pod watch",
+        # The one watch of pods on nodes: the cache's, and the runners' (releases) while they lead.
+        self.placed_watch = PlacedPodWatcher(
+            api=self._api,
+            cache=self.placed,
+            logger=self.logger,
+            namespaces=self.options.namespaces,
+            watch_seconds=self.options.watch_timeout,
         )
+        self._placed_task = asyncio.create_task(self.placed_watch.run(), name="bindery placed-pod watch")
         self._ports = Ports(
             nodes=nodes,
             pods=self.pods,
@@ -231,6 +231,7 @@ class Runtime:
             on_runner=self.pending.reoffer_all,
             holds=self._leadership.holds if self._leadership is not None else lambda: True,
             cluster_id=self.cluster_id,
+            bound_pods=self.placed_watch,
         )
         self._sweep_task = asyncio.create_task(self.pending.sweep_forever(), name="bindery unbound-pod sweep")
         self._clock_task = asyncio.create_task(self._follow_apiserver_clock(), name="bindery apiserver clock")
@@ -445,13 +446,13 @@ class Runtime:
 
     def connection_pool(self, configs: Iterable[ResourceManagerConfig]) -> ConnectionPool:
         """What the apiserver connection pool is for now: per scope (all namespaces, or each of
-        the operator's), a watch of unbound pods per claimed name and of bound pods per served name,
-        the namespace-label watch, the placed-pod and Service watches (inter-pod rules), and the
-        cycles every ResourceManager may have in flight."""
+        the operator's), a watch of unbound pods per claimed name, the namespace-label watch, the
+        watch of pods on nodes (inter-pod rules, and every profile's releases) and the Service
+        watch, and the cycles every ResourceManager may have in flight."""
         pending = self.pending
         scopes = max(len(self.options.namespaces), 1)
         return ConnectionPool(
-            watches=scopes * (len(pending.claimed()) + len(pending.routing.served))
+            watches=scopes * len(pending.claimed())
             + (1 if self._namespaces_task is not None else 0)
             + (scopes if self._placed_task is not None else 0)
             + (scopes if self._services_task is not None else 0),

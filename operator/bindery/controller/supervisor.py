@@ -10,11 +10,11 @@ half-built for good; a loop retries. So the supervisor owns, for its object alon
   rotation gets a new RM client, a Secret that appears lets the profile start) and, for the token,
   at once when the RM answers 401 (the client asks `_reread_token`; the previous token stays its
   fallback, so a rotation fails no pod whichever side changes first);
-- the RM client and the `ProfileRunner` (queue, workers, bound-pod watches);
+- the RM client and the `ProfileRunner` (queue, workers, its subscription to the pods on nodes);
 - the readiness probe, every `probe_interval`;
 - the reconciliation: at start (before the workers start, but a failed pass does not keep them
-  waiting: they start and the pass is retried), on gaining leadership, when a bound-pod watch
-  relists, and every `reconcile_interval_seconds`;
+  waiting: they start and the pass is retried), on gaining leadership, when the watch of pods on
+  nodes relists, and every `reconcile_interval_seconds`;
 - the status of the object (Ready, Reachable), written whenever what it says changes.
 
 Every failure while building or running the profile is retried with a capped backoff (1 s doubling
@@ -49,6 +49,7 @@ from bindery.controller.secrets import (
     rm_client_for,
 )
 from bindery.controller.status import Observation, compute_status, status_changed
+from bindery.controller.watches.bound import BoundPodFeed
 from bindery.k8s import ApiClient, ApiError, NotFound, patch, resources
 from bindery.rm.client import ResourceManagerClient
 from bindery.scheduling.framework import Ports
@@ -99,6 +100,8 @@ class Environment:
     holds: Callable[[], bool] = lambda: True
     #: this cluster's id (contract v1.2 clusterId), sent to every RM that offers the feature
     cluster_id: str | None = None
+    #: the one watch of pods on nodes, which each runner subscribes to for its releases
+    bound_pods: BoundPodFeed | None = None
 
 
 class ResourceManagerSupervisor:
@@ -167,7 +170,7 @@ class ResourceManagerSupervisor:
             await self.runner.pause()
 
     def relisted(self) -> None:
-        """A bound-pod watch relisted: what happened in its gap is reconciled now."""
+        """The watch of pods on nodes relisted: what happened in its gap is reconciled now."""
         self._request_reconcile("relist")
 
     def _request_reconcile(self, reason: str) -> None:
@@ -335,6 +338,7 @@ class ResourceManagerSupervisor:
             holds=env.holds,
             namespaces=env.namespaces,
             metrics=env.metrics,
+            bound_pods=env.bound_pods,
         )
         self._reconciler = env.reconciler(self.runner)
         self._probe_at = 0.0

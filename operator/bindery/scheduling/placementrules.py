@@ -2,7 +2,7 @@
 spread, host ports) turned into node constraints for the RM, and kept race-free across cycles.
 
 * **PreFilter** — evaluates the rules (:func:`bindery.podrules.filters.evaluate`) against the pods on
-  nodes (:class:`~bindery.scheduling.ports.PlacedPods`: the bound-pod watch plus the pods this
+  nodes (:class:`~bindery.scheduling.ports.PlacedPods`: the watch of pods on nodes plus the pods this
   process assumed) and requires the result (:meth:`CycleContext.require_nodes`), ANDed into every
   term of the pod's own required node affinity. No node left: Unschedulable, with a reason naming the
   rule; more requirements than the contract carries: Unschedulable ``TooManyTerms``. Nothing is

@@ -1,28 +1,41 @@
 """Give capacity back to the RM when a pod Bindery placed goes away.
 
 A committed reservation is an allocation: it lasts until Bindery releases it (contract v1, "when
-the pod is gone, Bindery releases"). The unbound-pod watch sees only unbound pods (`spec.nodeName=`), so
-bound pods are followed by a second, narrow watch per scheduler name with the server-side field
-selector `spec.schedulerName=<name>,spec.nodeName!=`: the pods this profile placed and nothing
-else. When one is deleted or reaches a terminal phase (Succeeded/Failed: it no longer uses its
-resources, as kube-scheduler counts it), the reservation named by its `bindery.dev/reservation-id`
-annotation is released. Releases are idempotent at the RM, and ids already released by this
-process are remembered (bounded) so relists do not repeat them.
+the pod is gone, Bindery releases"). The unbound-pod watch sees only unbound pods (`spec.nodeName=`).
+Bound pods are not watched here: the placed-pod watch (:mod:`.placed`, ``spec.nodeName!=``, one
+list/watch per scope for the inter-pod rules) already receives every event of every bound pod, so
+it hands each one, after the placed-pod cache took it, to the :class:`BoundPodSubscriber` of each
+running profile whose scheduler names include the pod's ``spec.schedulerName``. A second watch per
+scheduler name (``spec.schedulerName=<name>,spec.nodeName!=``) made the apiserver send, and the
+operator decode, every bound pod's events twice (issue 19's plain-pod budget).
 
-Pods that went away while no operator was running are found by the reconciler's passes.
+:class:`BoundPodReleases` is one profile's subscriber. When one of its pods is deleted or reaches a
+terminal phase (Succeeded/Failed: it no longer uses its resources, as kube-scheduler counts it),
+the reservation named by its `bindery.dev/reservation-id` annotation is released. Releases are
+idempotent at the RM, and ids already released by this process are remembered (bounded) so relists
+do not repeat them. Events are queued (a slim projection each, :func:`listed_bound_pod`) and
+handled by the subscriber's own task: a release waits on the RM (retries, a breaker, the settling
+of an unanswered Binding), and the shared stream must not stall the placed-pod cache meanwhile, nor
+one profile's RM the others'.
 
-An operator limited to some namespaces (`bindery run --namespace`) lists and watches bound pods in
-those namespaces only (one list/watch each, as Kopf does): it has no business, and in a namespaced
-install no RBAC, reading pods elsewhere. For the same reason it never releases a committed
-reservation of a pod outside its namespaces: that pod is not in its list, not gone.
+A profile subscribes when it starts scheduling (after its reconcile pass) and unsubscribes when it
+pauses (leadership lost) or stops. A profile that subscribes, or gains a scheduler name, after the
+shared watch listed is replayed what the watch's cursor knows of those pods (:func:`remembered`
+keeps, per pod carrying a reservation annotation, its identity, reservation id, node, scheduler
+name and a terminal phase): as a watch of its own would have listed them, so a pod that finished
+before is still released. Pods that went away while no profile was subscribed are found by the
+reconciler's passes (one runs before each start).
 
-The list and watch are :func:`bindery.k8s.watching.list_watch`: a watch that ends (the server's
-timeout, a broken or silent stream, an apiserver restart) resumes from the last resourceVersion;
-only a 410 Gone relists. That relist is diffed against the pods known (the generator keeps, per
-bound pod, the small projection :func:`remembered`: identity, reservation id, node), so a pod
-deleted in the gap arrives as DELETED and its reservation is released with its UID. It used to
-relist after every watch end (each 300 s); a relist is now rare, and only a real one calls
-`on_relist`, so that the ResourceManager's reconciler runs a pass for what no watch can tell (see
+An operator limited to some namespaces (`bindery run --namespace`) lists and watches pods in those
+namespaces only (one list/watch each, as Kopf does): it has no business, and in a namespaced install
+no RBAC, reading pods elsewhere. For the same reason it never releases a committed reservation of a
+pod outside its namespaces: that pod is not in its list, not gone.
+
+The shared list and watch are :func:`bindery.k8s.watching.list_watch`: a watch that ends resumes
+from the last resourceVersion; only a 410 Gone relists. That relist is diffed against the pods known
+(:func:`remembered`), so a pod deleted in the gap arrives as DELETED and its reservation is released
+with its UID. Only a real relist calls `on_relist` (queued after the relist's events), so that the
+ResourceManager's reconciler runs a pass for what no watch can tell (see
 `bindery.controller.reconcile`).
 """
 
@@ -30,14 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, Protocol
 
-from bindery.backoff import Backoff, BackoffPolicy
 from bindery.controller.rmstack import RMStack
 from bindery.k8s import resources
 from bindery.k8s.api import ApiClient, list_pages
-from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
 from bindery.rm.errors import RMError, RMPodMismatch
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
 from bindery.typedefs import Logger
@@ -118,76 +129,172 @@ def reservation_to_release(*, event_type: str, pod: Mapping[str, Any]) -> str | 
 
 
 def remembered(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Pure: what the watch keeps of a bound pod, and the body of its DELETED should it vanish
-    between two lists: its identity, and for a pod Bindery placed its reservation id and node (all
-    a release needs). A pod body per running pod would be the bulk of the operator's memory."""
-    kept = identity(pod)
-    reservation_id = ((pod.get("metadata") or {}).get("annotations") or {}).get(RESERVATION_ANNOTATION)
+    """Pure: what the shared pod watch's cursor keeps per pod on a node: the body of its DELETED
+    should it vanish between two lists, and what a profile that subscribes later is replayed.
+
+    A pod without a reservation annotation (another scheduler's, or a DaemonSet's): its UID only,
+    all the placed-pod cache needs to forget it; with 50,000 pods, name, namespace and
+    resourceVersion too doubled the memory per pod. A pod Bindery placed: its identity, reservation
+    id and node (all a release needs), its scheduler name (which profile it goes to) and, once it
+    finished, its terminal phase (so that a profile subscribing later still releases it). Never its
+    resourceVersion (the cursor keeps it beside): its absence marks a stand-in (:func:`is_stand_in`).
+    """
+    metadata = pod.get("metadata") or {}
+    reservation_id = (metadata.get("annotations") or {}).get(RESERVATION_ANNOTATION)
     if not reservation_id:
-        return kept
-    metadata = {**kept["metadata"], "annotations": {RESERVATION_ANNOTATION: str(reservation_id)}}
-    return {"metadata": metadata, "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")}}
+        return {"metadata": {"uid": metadata.get("uid")}}
+    spec = pod.get("spec") or {}
+    kept: dict[str, Any] = {
+        "metadata": {
+            "name": metadata.get("name"),
+            "namespace": metadata.get("namespace"),
+            "uid": metadata.get("uid"),
+            "annotations": {RESERVATION_ANNOTATION: str(reservation_id)},
+        },
+        "spec": {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")},
+    }
+    phase = (pod.get("status") or {}).get("phase")
+    if phase in TERMINAL_PHASES:
+        kept["status"] = {"phase": phase}
+    return kept
 
 
-class BoundPodWatcher:
-    """Follows the bound pods of one scheduler name and releases reservations of departed ones.
+def is_stand_in(pod: Mapping[str, Any]) -> bool:
+    """Pure: whether `pod` is a body :func:`remembered` kept (a relist's DELETED of a pod that
+    vanished while the watch was down, or a replay), not one the apiserver sent."""
+    return "resourceVersion" not in (pod.get("metadata") or {})
 
-    `namespace` limits the list and watch to one namespace; None = all namespaces. `on_event` sees
-    every event first (the profile settles Bindings that got no answer with it; listed pods as
-    ADDED), including the stand-in DELETED of a pod that vanished between two lists. `on_relist` is
-    called after every relist (not the first list, nor a resumed watch), once its vanished pods
-    were handled.
+
+class BoundPodSubscriber(Protocol):
+    """What the shared pod watch hands bound pods to: one per running profile.
+
+    `deliver` is called inside the watch's stream, after the placed-pod cache took the event, for
+    every event of a pod whose ``spec.schedulerName`` is in `scheduler_names` and whose namespace is
+    in `namespaces` (empty: any); it must not block (nor await: the cache of every other pod waits).
+    `relisted` is called after a real relist's events (not after the first list, nor a resumed
+    watch).
+    """
+
+    @property
+    def scheduler_names(self) -> Collection[str]: ...
+
+    @property
+    def namespaces(self) -> Collection[str]: ...
+
+    def deliver(self, event_type: str, pod: Mapping[str, Any]) -> None: ...
+
+    def relisted(self) -> None: ...
+
+
+class BoundPodFeed(Protocol):
+    """Where a profile subscribes (:class:`bindery.controller.watches.placed.PlacedPodWatcher`).
+
+    `subscribe` replays what the watch already knows of the subscriber's pods, as a watch of its own
+    would list them; `replay` does that for scheduler names a subscriber gained.
+    """
+
+    def subscribe(self, subscriber: BoundPodSubscriber) -> None: ...
+
+    def unsubscribe(self, subscriber: BoundPodSubscriber) -> None: ...
+
+    def replay(self, subscriber: BoundPodSubscriber, *, scheduler_names: Collection[str]) -> None: ...
+
+
+class BoundPodReleases:
+    """One profile's bound pods: releases the reservations of departed ones (a :class:`BoundPodSubscriber`).
+
+    `scheduler_names` may be replaced while it runs (the ResourceManager's spec changed); the feed
+    reads it per event. `on_event` sees every event of a pod carrying a reservation annotation first
+    (the profile settles Bindings that got no answer with it; listed or replayed pods as ADDED),
+    including the stand-in DELETED of a pod that vanished between two lists. Pods without the
+    annotation are not queued at all: there is nothing to release, and no Binding of this profile to
+    settle, for them. `on_relist` is called after every relist, once its vanished pods were handled.
 
     `defer_release(uid, reservation_id)` is asked before each release; True means the pod's
     scheduling cycle still runs and releases the reservation itself once it ends. A pod can finish
     (a Job pod that exits at once, a container that crashes at start) or be deleted between its
     Binding and its cycle's commit; releasing first would make that commit fail with a 409.
+
+    Events wait in an unbounded queue, each as its slim projection (:func:`listed_bound_pod`):
+    bounding it would make the shared stream wait on this profile's RM.
     """
 
     def __init__(
         self,
         *,
-        api: ApiClient,
-        scheduler_name: str,
+        scheduler_names: Collection[str],
         rm: Callable[[], ReservationClient],
         logger: Logger,
-        namespace: str | None = None,
+        namespaces: Collection[str] = (),
         on_released: Callable[[], None] = lambda: None,
         on_event: Callable[[str, Mapping[str, Any]], Awaitable[None]] | None = None,
         on_relist: Callable[[], None] = lambda: None,
         defer_release: Callable[[str, str], bool] = lambda uid, reservation_id: False,
-        max_backoff: float = 10.0,
-        watch_seconds: int = 300,
         release_retry_seconds: float = RELEASE_RETRY_SECONDS,
     ) -> None:
-        self._api = api
+        self.scheduler_names: frozenset[str] = frozenset(scheduler_names)
+        self.namespaces: frozenset[str] = frozenset(namespaces)
         self._release_retry = release_retry_seconds
         #: reservation id → (pod UID, pod key) of departed pods whose release failed or was kept:
         #: tried again every `release_retry_seconds` (a finished pod may send no event for hours)
         self._unreleased: dict[str, tuple[str, str]] = {}
-        self._watch_seconds = watch_seconds
-        self._selector = bound_pods_selector(scheduler_name=scheduler_name)
-        self._namespace = namespace
         self._rm = rm
         self._logger = logger
-        self._max_backoff = max_backoff
         self._on_released = on_released
         self._on_event = on_event
         self._on_relist = on_relist
         self._defer_release = defer_release
-        #: where the list-then-watch stands: its version and the bound pods known (see `remembered`)
-        self.cursor = Cursor(remember=remembered)
         self._released: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: (event type, slim pod) in the stream's order; None: a relist's events end here
+        self._queue: asyncio.Queue[tuple[str, Mapping[str, Any]] | None] = asyncio.Queue()
+
+    # -- what the feed calls (inside the shared stream: no await) ----------------------------------
+
+    def deliver(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        annotations = (pod.get("metadata") or {}).get("annotations")
+        if not annotations or not annotations.get(RESERVATION_ANNOTATION):
+            return
+        self._queue.put_nowait((event_type, pod if is_stand_in(pod) else listed_bound_pod(pod)))
+
+    def relisted(self) -> None:
+        self._queue.put_nowait(None)
+
+    async def settled(self) -> None:
+        """Until every event delivered so far was handled (tests and benchmarks wait on it)."""
+        await self._queue.join()
+
+    # -- the profile's task ----------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Run until cancelled: list, release for terminal pods, then watch (resumed, or relisted
-        and diffed on a 410); releases that failed are tried again meanwhile."""
+        """Run until cancelled: handle the delivered events in order; releases that failed are
+        tried again meanwhile."""
         async with asyncio.TaskGroup() as group:
             retrying = group.create_task(self._retry_releases(), name="bindery bound pods: retry releases")
             try:
-                await self._follow()
+                await self._drain()
             finally:
                 retrying.cancel()
+
+    async def _drain(self) -> None:
+        while True:
+            item = await self._queue.get()
+            try:
+                if item is None:
+                    self._on_relist()
+                    continue
+                event_type, pod = item
+                if event_type == "DELETED" and is_stand_in(pod):
+                    uid = (pod.get("metadata") or {}).get("uid")
+                    self._logger.info(
+                        f"bound pod {uid} of {sorted(self.scheduler_names)} is gone from a relist: "
+                        "it was deleted while the watch was down"
+                    )
+                await self._handle(event_type, pod)
+            except Exception as exc:  # one pod's failure must not end the handling of all
+                what = "a relist" if item is None else f"a bound-pod {item[0]} event"
+                self._logger.warning(f"handling {what} failed: {exc}")
+            finally:
+                self._queue.task_done()
 
     async def _retry_releases(self) -> None:
         """Before the watch stopped relisting every 300 s, each relist offered a finished pod whose
@@ -204,34 +311,6 @@ class BoundPodWatcher:
                     self._logger.warning(
                         f"retrying the release of reservation {reservation_id} failed: {exc}"
                     )
-
-    async def _follow(self) -> None:
-        async for item in list_watch(
-            self._api,
-            resources.PODS,
-            namespace=self._namespace,
-            field_selector=self._selector,
-            watch_seconds=self._watch_seconds,
-            list_timeout=LIST_TIMEOUT_SECONDS,
-            cursor=self.cursor,
-            backoff=Backoff(BackoffPolicy(initial=WATCH_BACKOFF.initial, maximum=self._max_backoff)),
-            logger=self._logger,
-            what=f"bound pods ({self._selector} in {self._namespace or 'all namespaces'})",
-        ):
-            if isinstance(item, Listed):
-                if item.relist:
-                    self._on_relist()
-                continue
-            assert isinstance(item, Event)
-            if item.type == "DELETED" and "status" not in item.object:  # synthesized: `remembered` only
-                self._logger.info(
-                    f"bound pod {(item.object.get('metadata') or {}).get('uid')} is gone from the relist of "
-                    f"{self._selector}: it was deleted while the watch was down"
-                )
-            try:
-                await self._handle(item.type or "ADDED", item.object)
-            except Exception as exc:  # one pod's failure must not end the watch of all
-                self._logger.warning(f"handling a bound-pod {item.type or 'listed'} event failed: {exc}")
 
     def _remember_released(self, reservation_id: str) -> None:
         """Later events of the same pod (finished, then deleted) must not release it again."""
