@@ -222,7 +222,8 @@ async def test_batched_errors_are_the_single_calls_errors(rm: TinyRM) -> None:
             await asyncio.gather(client.reserve(request_for("full")), return_exceptions=True),
             await asyncio.gather(client.commit(first.id, pod_uid="intruder"), return_exceptions=True),
         ]
-    assert rm.wire[1] == ("/v1/batch", 5)
+    # Reserves go first, in a request of their own (bindery.rm.batching: urgent calls).
+    assert rm.wire[1:3] == [("/v1/batch", 2), ("/v1/batch", 3)]
     reserved, unschedulable, mismatch, unknown, released = outcomes
     assert not isinstance(reserved, BaseException)
     assert reserved.pod_uid == "b"
@@ -240,18 +241,47 @@ async def test_batched_errors_are_the_single_calls_errors(rm: TinyRM) -> None:
 
 
 async def test_calls_made_while_batches_are_in_flight_wait_and_leave_together(rm: TinyRM) -> None:
+    """Reserves may take one slot past batches_in_flight (urgent calls); past that they wait too."""
     rm.batch_gate = asyncio.Event()
     async with make_client(rm, batches_in_flight=1) as client:
         first = asyncio.gather(client.reserve(request_for("a")), client.reserve(request_for("b")))
         while len(rm.wire) < 1:
             await asyncio.sleep(0.01)
+        second = asyncio.gather(client.reserve(request_for("c")), client.reserve(request_for("d")))
+        while len(rm.wire) < 2:
+            await asyncio.sleep(0.01)
         later = asyncio.gather(*(client.reserve(request_for(f"w{n}")) for n in range(5)))
         await asyncio.sleep(0.05)  # give a wrong implementation the chance to send them early
-        assert rm.wire == [("/v1/batch", 2)]
+        assert rm.wire == [("/v1/batch", 2), ("/v1/batch", 2)]
         rm.batch_gate.set()
         await first
+        await second
         assert [r.pod_uid for r in await later] == [f"w{n}" for n in range(5)]
-    assert rm.wire == [("/v1/batch", 2), ("/v1/batch", 5)]
+    assert rm.wire == [("/v1/batch", 2), ("/v1/batch", 2), ("/v1/batch", 5)]
+
+
+async def test_a_reserve_does_not_wait_behind_a_batch_of_commits(rm: TinyRM) -> None:
+    """A pod whose rules depend on another's node waits for that pod's reserve: a reserve queued
+    behind a backlog's commits waited for their whole batch before, and then shared its own."""
+    async with make_client(rm, batches_in_flight=1) as client:
+        reserved = await asyncio.gather(*(client.reserve(request_for(f"p{n}")) for n in range(4)))
+        rm.wire.clear()
+        rm.batch_gate = asyncio.Event()
+        commits = asyncio.gather(*(client.commit(r.id, pod_uid=r.pod_uid) for r in reserved))
+        while not rm.wire:
+            await asyncio.sleep(0.01)
+        more_commits = asyncio.gather(*(client.commit(r.id, pod_uid=r.pod_uid) for r in reserved[:2]))
+        reserve = asyncio.ensure_future(
+            asyncio.gather(client.reserve(request_for("x")), client.reserve(request_for("y")))
+        )
+        while len(rm.wire) < 2:
+            await asyncio.sleep(0.01)
+        assert rm.wire == [("/v1/batch", 4), ("/v1/batch", 2)]  # the reserves, not the commits
+        rm.batch_gate.set()
+        assert [r.pod_uid for r in await reserve] == ["x", "y"]
+        await commits
+        await more_commits
+    assert rm.wire[2:] == [("/v1/batch", 2)]  # the commits that waited, after a slot freed
 
 
 async def test_at_most_max_batch_operations_per_request_and_a_remainder_of_one_goes_alone(rm: TinyRM) -> None:
@@ -362,17 +392,22 @@ async def test_batching_off_sends_single_calls(rm: TinyRM) -> None:
 
 async def test_a_queued_calls_deadline_counts_from_when_it_was_queued(rm: TinyRM) -> None:
     """Waiting for a batch slot is part of the call: it must not double the call's deadline."""
-    rm.batch_delays = [0.6, 0.6]
+    rm.batch_delays = [0.6, 0.6, 0.6]
     async with make_client(rm, batches_in_flight=1, call_deadline=1.0, max_attempts=1) as client:
         first = asyncio.gather(*(client.reserve(request_for(f"a{n}")) for n in range(2)))
         while not rm.wire:
+            await asyncio.sleep(0.01)
+        # Reserves take one slot past batches_in_flight (urgent calls): these fill it.
+        second = asyncio.gather(*(client.reserve(request_for(f"c{n}")) for n in range(2)))
+        while len(rm.wire) < 2:
             await asyncio.sleep(0.01)
         late = asyncio.gather(
             *(client.reserve(request_for(f"b{n}")) for n in range(2)), return_exceptions=True
         )
         assert len(await first) == 2
+        assert len(await second) == 2
         outcomes = await late  # queued ~0.6 s before their batch left: 0.4 s left of 1.0 s
-    assert rm.wire == [("/v1/batch", 2), ("/v1/batch", 2)]
+    assert rm.wire == [("/v1/batch", 2), ("/v1/batch", 2), ("/v1/batch", 2)]
     assert all(isinstance(outcome, RMUnavailable) for outcome in outcomes)
     assert "overall deadline of 1.0s ran out" in str(outcomes[0])
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from bindery.constraints import (
@@ -53,7 +53,20 @@ from bindery.podrules.model import (
 )
 from bindery.podrules.nodes import NodeSnapshot, frozen
 
-__all__ = ["Incoming", "NodeSnapshot", "PlacedView", "RuleEffect", "Verdict", "evaluate", "refusing"]
+__all__ = [
+    "IN_FLIGHT",
+    "Incoming",
+    "NodeSnapshot",
+    "PlacedView",
+    "RuleEffect",
+    "Verdict",
+    "evaluate",
+    "in_flight_exclusions",
+    "narrowed_effect",
+    "narrowing",
+    "refusing",
+    "with_effect",
+]
 
 ANTI_AFFINITY = "pod anti-affinity"
 AFFINITY = "pod affinity"
@@ -606,4 +619,117 @@ def _port_conflicts(*, pod: Incoming, placed: PlacedView) -> list[str]:
             if other.uid != pod.uid
             and any(mine.conflicts(theirs) for mine in wanted for theirs in other.host_ports)
         }
+    )
+
+
+# -- related pods in flight: placed in a domain before their node is known -------------------------
+
+#: The rule name of what Bindery adds for related pods still in flight (explain shows it).
+IN_FLIGHT = "related pods in flight"
+
+
+def in_flight_exclusions(
+    *, nodes: Sequence[NodeFacts], key: str, domains: Collection[str], anti_keys: Collection[str]
+) -> RuleEffect | None:
+    """Pure: what pod anti-affinity with topology keys `anti_keys` excludes, for related pods whose
+    node is not known yet but whose domain of `key` is (one of `domains` each).
+
+    Such a pod may land on any node of its domain, so every `anti_keys` domain meeting it is
+    excluded: for a key finer than `key` (``kubernetes.io/hostname`` under a zone: each host is in
+    one zone) that is the whole domain, said as one ``key NotIn``; for any other key, its values
+    over the domain's nodes. A superset of what the pods' real nodes will exclude: sound whatever
+    nodes the RM picks in those domains.
+    """
+    if not domains or not anti_keys:
+        return None
+    snapshot = NodeSnapshot.of(nodes)
+    holders = snapshot.holders(key)
+    inside = frozenset().union(*(holders.get(value, frozenset()) for value in domains))
+    expressions: list[Mapping[str, Any]] = []
+    whole = False
+    for anti_key in sorted(set(anti_keys)):
+        if anti_key == key or _finer(snapshot, anti_key, key):
+            whole = True
+            continue
+        value_of = snapshot.value_of(anti_key)
+        values = sorted({value_of[name] for name in inside if name in value_of})
+        if values:
+            expressions.extend(_not_in(anti_key, values))
+    if whole:
+        expressions[:0] = _not_in(key, sorted(domains))
+    if not expressions:
+        return None
+    short = key.rsplit("/", 1)[-1]
+    summary = (
+        f"{ANTI_AFFINITY} keeps off {short}s {', '.join(sorted(domains)[:_SHOWN])}, where related pods "
+        "are being placed"
+    )
+    return _effect(IN_FLIGHT, snapshot, expressions=expressions, summary=summary)
+
+
+def _finer(snapshot: NodeSnapshot, fine: str, coarse: str) -> bool:
+    """Whether every domain of `fine` lies in one domain of `coarse` (each host in one zone), on
+    the nodes that carry `fine`; memoized per snapshot."""
+
+    def compute() -> bool:
+        coarse_of = snapshot.value_of(coarse)
+        seen: dict[str, str | None] = {}
+        for name, value in snapshot.value_of(fine).items():
+            outer = coarse_of.get(name)
+            if seen.setdefault(value, outer) != outer:
+                return False
+        return True
+
+    return snapshot.memo(("finer", fine, coarse), compute)
+
+
+def narrowing(
+    *, pod: Incoming, verdict: Verdict, nodes: Sequence[NodeFacts], key: str
+) -> tuple[str, str] | None:
+    """Pure: one domain of `key` (the key of one of the pod's DoNotSchedule spread constraints) to
+    send the pod to, and a node of it to count the pod on until its real node is known; None when
+    no node the verdict leaves carries the key.
+
+    The domain is the one with the most nodes the verdict leaves (then the first by name): room
+    for the RM to choose, and for a spread it is the least crowded domain the verdict allows. The
+    node is the first of those that the constraint counts (its inclusion policies), so the pod
+    counts as it will once placed there.
+    """
+    constraint = next((c for c in pod.rules.spread if c.topology_key == key), None)
+    if constraint is None:
+        return None
+    snapshot = NodeSnapshot.of(nodes)
+    excluded: set[str] = set().union(*(effect.excluded for effect in verdict.effects))
+    value_of = snapshot.value_of(key)
+    left: dict[str, list[str]] = defaultdict(list)
+    for name in verdict.candidates:
+        if name not in excluded and name in value_of:
+            left[value_of[name]].append(name)
+    if not left:
+        return None
+    fits, _ = _candidates(pod, snapshot)
+    eligible, _ = _domains(pod, constraint, snapshot, fits)
+    for value in sorted(left, key=lambda v: (-len(left[v]), v)):
+        anchor = next((name for name in left[value] if name in eligible), None)
+        if anchor is not None:
+            return value, anchor
+    return None
+
+
+def with_effect(verdict: Verdict, effect: RuleEffect | None) -> Verdict:
+    """The verdict with one more effect (its requirements ANDed)."""
+    if effect is None:
+        return verdict
+    return dataclasses.replace(verdict, effects=(*verdict.effects, effect))
+
+
+def narrowed_effect(*, nodes: Sequence[NodeFacts], key: str, value: str, related: int) -> RuleEffect:
+    """The requirement that sends the pod to domain `value` of `key` (see :func:`narrowing`)."""
+    short = key.rsplit("/", 1)[-1]
+    return _effect(
+        IN_FLIGHT,
+        NodeSnapshot.of(nodes),
+        expressions=[{"key": key, "operator": "In", "values": [value]}],
+        summary=f"{short} {value} chosen among those the spread allows, so that {related} related "
+        f"pod{'' if related == 1 else 's'} in flight can be placed at once",
     )

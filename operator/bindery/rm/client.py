@@ -340,6 +340,10 @@ class _Waiter:
     def live(self) -> bool:
         return not self.future.done()
 
+    def urgent(self) -> bool:
+        """A reserve: later pods of a Deployment with rules may wait for its node."""
+        return "reserve" in self.operation
+
     def told(self) -> _Outcome | _Verdict | None:
         """What the waiter was handed, if anything (no error, not cancelled)."""
         future = self.future
@@ -461,6 +465,7 @@ class ResourceManagerClient:
             max_in_flight=batches_in_flight,
             max_operations=min(max_batch_operations, MAX_BATCH_OPERATIONS),
             live=_Waiter.live,
+            urgent=_Waiter.urgent,
         )
         self._batches: set[asyncio.Task[None]] = set()
         if single_calls_in_flight < 1:

@@ -32,6 +32,7 @@ spread, host ports) turned into node constraints for the RM, and kept race-free 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -40,7 +41,18 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from bindery.podrules.filters import AFFINITY, Incoming, PlacedView, Verdict, evaluate, refusing
+from bindery.podrules.filters import (
+    AFFINITY,
+    Incoming,
+    PlacedView,
+    Verdict,
+    evaluate,
+    in_flight_exclusions,
+    narrowed_effect,
+    narrowing,
+    refusing,
+    with_effect,
+)
 from bindery.podrules.model import NO_SOFT, AffinityTerm, PlacedPod, PodRules, SoftRules
 from bindery.podrules.parse import with_service_spread
 from bindery.podrules.soft import Preferences, preferences, selecting
@@ -58,6 +70,7 @@ from bindery.scheduling.ports import PlacedPods
 from bindery.scheduling.queue import Touch, WakeOn
 
 __all__ = [
+    "NARROWED",
     "PREFERENCES",
     "RULE_PREEMPTION",
     "VERDICT",
@@ -90,12 +103,16 @@ SYNC_SECONDS = 10.0
 VERDICT = "PodPlacementRules/verdict"
 #: ctx.state key of the soft rules' preferences (explain may read it).
 PREFERENCES = "PodPlacementRules/preferences"
+#: ctx.state key: (domain, node) the pod's request was narrowed to while later related pods wait.
+NARROWED = "PodPlacementRules/narrowed"
 #: ctx.state key of the nodes the rules exclude only because of lower-priority pods, with those
 #: pods (contract v1.2 ``rulePreemption``; the reserve sends them).
 RULE_PREEMPTION = "PodPlacementRules/rule-preemption"
 #: The most nodes one cycle looks for a rule's victims on: each costs the rules' evaluation once
 #: per lower-priority pod there (kube-scheduler, likewise, samples candidate nodes).
 RULE_PREEMPTION_NODES = 16
+#: Pods remembered as "not narrowed again" (:meth:`InFlight.narrowed_refused`).
+_UNNARROWED = 10_000
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -110,7 +127,11 @@ class _Cycle:
     soft: SoftRules = NO_SOFT
     #: the cycles waiting for this one (registered by :meth:`InFlight.wait`, released by settle)
     waiters: list[_Waiter] | None = None
+    #: the cycles of its group waiting for its domain or its node, whichever comes first
+    domain_waiters: list[_Waiter] | None = None
     group: _Group | None = None
+    #: the domain (of its group's ``narrow_key``) its request was narrowed to, before the RM answers
+    domain: str | None = None
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -142,6 +163,11 @@ class _Group:
     members: dict[str, _Cycle] = dataclasses.field(default_factory=dict)
     #: other group's id → whether this group's cycles depend on that group's (while both exist)
     related: dict[int, bool] = dataclasses.field(default_factory=dict)
+    #: the key of its DoNotSchedule spread over its own pods when its cycles may go on once the
+    #: earlier ones are sent to a domain of it (:func:`_narrow_key`); None: they wait for nodes
+    narrow_key: str | None = None
+    #: the keys of its required anti-affinity over its own pods (excluded around such domains)
+    anti_keys: tuple[str, ...] = ()
 
 
 def _reads_namespaces(rules: PodRules, soft: SoftRules) -> bool:
@@ -175,6 +201,8 @@ class InFlight:
         self._group_ids = itertools.count()
         self._clock = clock
         self.waits = 0  #: pods that waited (tests and the benchmark read it)
+        #: pods whose narrowed request the RM refused (bounded): not narrowed again
+        self._unnarrowed: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._cycles)
@@ -203,11 +231,14 @@ class InFlight:
         )
         group = self._groups.get(signature)
         if group is None:
+            narrow_key, anti_keys = _narrow_key(cycle)
             group = _Group(
                 id=next(self._group_ids),
                 signature=signature,
                 sample=cycle,
                 reads_namespaces=_reads_namespaces(cycle.rules, cycle.soft),
+                narrow_key=narrow_key,
+                anti_keys=anti_keys,
             )
             self._groups[signature] = group
             if cycle.rules.anti_affinity:
@@ -229,10 +260,64 @@ class InFlight:
                 self._anti.pop(group.signature, None)
                 for other in self._groups.values():
                     other.related.pop(group.id, None)
-        for waiter in cycle.waiters or ():
-            waiter.remaining -= 1
-            if waiter.remaining == 0 and not waiter.done.done():
-                waiter.done.set_result(None)
+        _count_down(cycle.waiters)
+        _count_down(cycle.domain_waiters)
+        cycle.domain_waiters = None
+
+    def place(self, uid: str, domain: str) -> None:
+        """The pod's request was narrowed to `domain` of its group's ``narrow_key``: the later
+        cycles of its group may go on, counting it there (it is assumed on a node of it)."""
+        cycle = self._cycles.get(uid)
+        if cycle is None:
+            return
+        cycle.domain = domain
+        _count_down(cycle.domain_waiters)
+        cycle.domain_waiters = None
+
+    def placing(self, cycle: _Cycle) -> list[_Cycle]:
+        """The earlier cycles of `cycle`'s group sent to a domain whose node is not known yet."""
+        group = cycle.group
+        if group is None or group.narrow_key is None:
+            return []
+        now = self._clock()
+        found: list[_Cycle] = []
+        for other in group.members.values():
+            if other.seq >= cycle.seq:
+                break
+            if other.domain is not None and now - other.started < STALE_SECONDS:
+                found.append(other)
+        return found
+
+    def followed(self, cycle: _Cycle) -> int:
+        """How many later cycles of `cycle`'s group are in flight (they would wait for its node)."""
+        group = cycle.group
+        if group is None:
+            return 0
+        return sum(1 for other in group.members.values() if other.seq > cycle.seq)
+
+    def narrowed_refused(self, uid: str) -> None:
+        """The RM refused the pod's narrowed request: its next cycles are not narrowed (the domain
+        chosen for it may be full while others have room)."""
+        self._unnarrowed[uid] = None
+        while len(self._unnarrowed) > _UNNARROWED:
+            self._unnarrowed.popitem(last=False)
+
+    def may_narrow(self, uid: str) -> bool:
+        return uid not in self._unnarrowed
+
+    async def wait_nodes(self, cycles: Sequence[_Cycle], *, seconds: float = WAIT_SECONDS) -> None:
+        """Wait (bounded) until each of `cycles` settled: its node is known or its cycle failed."""
+        pending = [other for other in cycles if self._cycles.get(other.uid) is other]
+        if not pending:
+            return
+        waiter = _Waiter(remaining=len(pending), done=asyncio.get_running_loop().create_future())
+        for other in pending:
+            if other.waiters is None:
+                other.waiters = []
+            other.waiters.append(waiter)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await waiter.done
 
     def earlier_related(self, cycle: _Cycle, *, namespace_labels: Any) -> list[_Cycle]:
         mine = cycle.group
@@ -267,12 +352,28 @@ class InFlight:
             return 0
         self.waits += 1
         # One future for all of them, counted down as they settle: no task per awaited pod
-        # (asyncio.wait's tasks were a visible share of a burst's CPU), one wake-up.
-        waiter = _Waiter(remaining=len(others), done=asyncio.get_running_loop().create_future())
+        # (asyncio.wait's tasks were a visible share of a burst's CPU), one wake-up. An earlier
+        # cycle of the pod's own group whose domain is enough (`_narrow_key`) is awaited until it
+        # has one, or is not awaited at all when it has one already.
+        mine = cycle.group
+        narrows = mine is not None and mine.narrow_key is not None
+        awaited = 0
+        waiter = _Waiter(remaining=0, done=asyncio.get_running_loop().create_future())
         for other in others:
-            if other.waiters is None:
-                other.waiters = []
-            other.waiters.append(waiter)
+            if narrows and other.group is mine:
+                if other.domain is not None:
+                    continue
+                if other.domain_waiters is None:
+                    other.domain_waiters = []
+                other.domain_waiters.append(waiter)
+            else:
+                if other.waiters is None:
+                    other.waiters = []
+                other.waiters.append(waiter)
+            awaited += 1
+        if not awaited:
+            return len(others)
+        waiter.remaining = awaited
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await waiter.done
@@ -285,6 +386,53 @@ class InFlight:
                 pending,
             )
         return len(others)
+
+
+def _no_labels(namespace: str) -> None:
+    return None
+
+
+def _narrow_key(cycle: _Cycle) -> tuple[str | None, tuple[str, ...]]:
+    """Whether the cycles of `cycle`'s group may go on before the earlier ones of the group have
+    nodes, once those were sent to one domain each: the key of those domains (None: they wait for
+    nodes, as any other related cycle), and the keys of the group's anti-affinity over itself.
+
+    Among a group's own pods that is sound when their rules toward each other are only a
+    DoNotSchedule spread over one key (a zone), pod affinity over that key, and pod anti-affinity
+    over any key: a pod counted in its zone is counted exactly by the spread and the affinity, and
+    the anti-affinity is kept by excluding every node of its zone (:func:`in_flight_exclusions`).
+    Host ports, claims, a spread or affinity over another key (the hostname) need the node itself.
+    Soft rules count the pod on one node of its zone until its node is known: a preference only.
+    """
+    rules = cycle.rules
+    if rules.host_ports or cycle.claims or _reads_namespaces(rules, cycle.soft):
+        return None, ()
+
+    def selects_own(term: AffinityTerm) -> bool:
+        return term.matches(
+            namespace=cycle.namespace,
+            labels=cycle.labels,
+            owner_namespace=cycle.namespace,
+            namespace_labels=_no_labels,
+        )
+
+    spread_keys = {
+        c.topology_key for c in rules.spread if not c.selector.empty and c.selector.matches(cycle.labels)
+    }
+    if len(spread_keys) != 1:
+        return None, ()
+    [key] = spread_keys
+    if any(selects_own(term) and term.topology_key != key for term in rules.affinity):
+        return None, ()
+    anti_keys = tuple(sorted({term.topology_key for term in rules.anti_affinity if selects_own(term)}))
+    return key, anti_keys
+
+
+def _count_down(waiters: list[_Waiter] | None) -> None:
+    for waiter in waiters or ():
+        waiter.remaining -= 1
+        if waiter.remaining == 0 and not waiter.done.done():
+            waiter.done.set_result(None)
 
 
 def _groups_related(mine: _Group, theirs: _Group, namespace_labels: Any) -> bool:
@@ -719,7 +867,7 @@ class PodPlacementRules:
                 "another pod uses it (node has pod using PersistentVolumeClaim with the same name and "
                 "ReadWriteOncePod access mode)"
             )
-        verdict = rules_verdict(pod, placed)
+        verdict = await self._verdict_around(cycle, pod, placed)
         if verdict is not None:
             ctx.state[VERDICT] = verdict
             refusal = verdict.refusal()
@@ -750,6 +898,7 @@ class PodPlacementRules:
                     ]
                 )
                 return Status.success()
+            verdict = self._narrowed(cycle, pod, placed, verdict, ctx)
             term = verdict.term()
             if term is not None:
                 ctx.require_nodes([term])
@@ -764,31 +913,82 @@ class PodPlacementRules:
         if preferred is not None and preferred.terms:
             ctx.state[PREFERENCES] = preferred
             ctx.prefer_nodes(preferred.terms)
+        narrowed = ctx.state.get(NARROWED)
+        if isinstance(narrowed, tuple):
+            # Counted on a node of its domain until the RM names the node (Reserve re-assumes it
+            # there, Unreserve forgets it): the later pods of its group go on meanwhile.
+            domain, anchor = narrowed
+            placed.assume(_assumed(pod, anchor))
+            placed.in_flight.place(pod.uid, domain)
         return Status.success()
+
+    async def _verdict_around(self, cycle: _Cycle, pod: PodInfo, placed: PlacedPods) -> Verdict | None:
+        """The verdict, counting the earlier pods of its group sent to a domain whose node is not
+        known yet (:meth:`_around`). Refused only because of them, maybe (their whole domains are kept
+        off, where their nodes will take one node each): once they have their nodes (or failed) the
+        verdict is computed again; bounded by the wait's time, past which it goes on with what is
+        known."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait_seconds
+        while True:
+            verdict = rules_verdict(pod, placed)
+            placing = placed.in_flight.placing(cycle)
+            if verdict is None or not placing:
+                return verdict
+            around = self._around(cycle, pod, placed, verdict, placing)
+            left = deadline - loop.time()
+            if around.refusal() is None or left <= 0:
+                return around
+            await placed.in_flight.wait_nodes(placing, seconds=left)
+
+    @staticmethod
+    def _around(
+        cycle: _Cycle, pod: PodInfo, placed: PlacedPods, verdict: Verdict, placing: Sequence[_Cycle]
+    ) -> Verdict:
+        """The verdict with the anti-affinity kept off the domains of `placing` (earlier pods of
+        the pod's group sent to a domain, their nodes not known yet)."""
+        group = cycle.group
+        assert group is not None
+        assert group.narrow_key is not None
+        return with_effect(
+            verdict,
+            in_flight_exclusions(
+                nodes=placed.nodes(),
+                key=group.narrow_key,
+                domains={other.domain for other in placing if other.domain is not None},
+                anti_keys=group.anti_keys,
+            ),
+        )
+
+    @staticmethod
+    def _narrowed(
+        cycle: _Cycle, pod: PodInfo, placed: PlacedPods, verdict: Verdict, ctx: CycleContext
+    ) -> Verdict:
+        """Send the pod to one domain of its spread when later pods of its group are in flight, so
+        that they need not wait for its node (see :func:`_narrow_key`)."""
+        group = cycle.group
+        if group is None or group.narrow_key is None or not placed.in_flight.may_narrow(pod.uid):
+            return verdict
+        later = placed.in_flight.followed(cycle)
+        if not later:
+            return verdict
+        found = narrowing(pod=_incoming(pod), verdict=verdict, nodes=placed.nodes(), key=group.narrow_key)
+        if found is None:
+            return verdict
+        domain, anchor = found
+        ctx.state[NARROWED] = (domain, anchor)
+        verdict = with_effect(
+            verdict, narrowed_effect(nodes=placed.nodes(), key=group.narrow_key, value=domain, related=later)
+        )
+        ctx.state[VERDICT] = verdict
+        return verdict
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
         placed = ctx.ports.placed
         if placed is None or ctx.node is None:
             return Status.success()
-        pod = ctx.pod
-        placed.assume(
-            PlacedPod(
-                uid=pod.uid,
-                namespace=pod.namespace,
-                node=ctx.node,
-                labels=pod.labels,
-                host_ports=pod.rules.host_ports,
-                anti_affinity=pod.rules.anti_affinity,
-                affinity=pod.rules.affinity,
-                preferred_affinity=pod.soft.affinity,
-                preferred_anti_affinity=pod.soft.anti_affinity,
-                claims=pod.claims,
-                assumed=True,
-                name=pod.name,
-                priority=pod.priority,
-            )
-        )
-        placed.in_flight.settle(pod.uid)
+        placed.assume(_assumed(ctx.pod, ctx.node))
+        placed.in_flight.settle(ctx.pod.uid)
         return Status.success()
 
     async def unreserve(self, *, ctx: CycleContext) -> None:
@@ -797,6 +997,27 @@ class PodPlacementRules:
             return
         placed.forget(ctx.pod.uid)
         placed.in_flight.settle(ctx.pod.uid)
+        if ctx.node is None and ctx.state.get(NARROWED) is not None:
+            placed.in_flight.narrowed_refused(ctx.pod.uid)
+
+
+def _assumed(pod: PodInfo, node: str) -> PlacedPod:
+    """The pod as the cache counts it once assumed on `node`."""
+    return PlacedPod(
+        uid=pod.uid,
+        namespace=pod.namespace,
+        node=node,
+        labels=pod.labels,
+        host_ports=pod.rules.host_ports,
+        anti_affinity=pod.rules.anti_affinity,
+        affinity=pod.rules.affinity,
+        preferred_affinity=pod.soft.affinity,
+        preferred_anti_affinity=pod.soft.anti_affinity,
+        claims=pod.claims,
+        assumed=True,
+        name=pod.name,
+        priority=pod.priority,
+    )
 
 
 def member_node_terms(

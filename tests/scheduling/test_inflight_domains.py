@@ -1,0 +1,243 @@
+"""A burst of one group's pods with a zone spread and hostname anti-affinity: the later pods go on
+once the earlier ones were sent to a zone each, instead of waiting for their nodes.
+
+The fake RM picks a random node among those the request allows (its own matcher, below), answers
+after the test lets it, and may refuse; the placements are checked by a checker written here from
+the rules' definitions (no code shared with Bindery's filters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from bindery.kube.placed import PlacedPodCache
+from bindery.rm.errors import RMUnschedulable
+from bindery.rm.models import Reservation, ReservationRequest, ReservationState
+from bindery.scheduling.cycle import schedule_one
+from bindery.scheduling.decisions import Outcome
+from bindery.scheduling.framework import Ports, Profile
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import NodeProjection
+from tests.scheduling.fakes import Calls, FakeBinder, FakeConditions, FakeEvents, FakeNodes, FakePods, FakeRM
+
+HOST = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+
+
+def _allows(term: Mapping[str, Any], labels: Mapping[str, str], name: str) -> bool:
+    for requirement in term.get("matchExpressions") or ():
+        value = labels.get(requirement["key"])
+        values = requirement.get("values") or []
+        op = requirement["operator"]
+        if (
+            (op == "In" and value not in values)
+            or (op == "NotIn" and value in values)
+            or (op == "Exists" and value is None)
+            or (op == "DoesNotExist" and value is not None)
+        ):
+            return False
+    for requirement in term.get("matchFields") or ():
+        values = requirement.get("values") or []
+        if (requirement["operator"] == "In") != (name in values):
+            return False
+    return True
+
+
+class PickingRM(FakeRM):
+    """Places each pod on a random node its request allows and fitting `room` pods per node,
+    `latency` event-loop turns after the call; refuses the uids in `refuse`."""
+
+    def __init__(self, calls: Calls, nodes: Sequence[NodeProjection], *, seed: int) -> None:
+        super().__init__(calls)
+        self.nodes = nodes
+        self.random = random.Random(seed)
+        self.refuse: set[str] = set()
+        self.inside = 0
+        self.most_inside = 0
+        self.latency = 20
+        self.retried: list[tuple[str, Any]] = []
+        self.cache: PlacedPodCache | None = None
+
+    async def reserve(self, request: ReservationRequest, /) -> Reservation:
+        self.requests.append(request)
+        self.inside += 1
+        self.most_inside = max(self.most_inside, self.inside)
+        try:
+            for _ in range(self.latency):  # other cycles run meanwhile, as during an RM round trip
+                await asyncio.sleep(0)
+            if request.pod.uid in self.refuse:
+                self.refuse.discard(request.pod.uid)
+                raise RMUnschedulable("no room in the zone (test)", reason="no room in the zone (test)")
+            terms = request.placement.model_dump(by_alias=True, exclude_none=True)["requiredNodeAffinity"]
+            allowed = [
+                n.name for n in self.nodes if not terms or any(_allows(t, n.labels, n.name) for t in terms)
+            ]
+            if not allowed:
+                raise RMUnschedulable("no node allowed (test)", reason="no node allowed (test)")
+            node = self.random.choice(sorted(allowed))
+        finally:
+            self.inside -= 1
+        return Reservation(
+            id=f"r-{request.pod.uid}",
+            node=node,
+            state=ReservationState.RESERVED,
+            pod_uid=request.pod.uid,
+            scheduler_name=request.pod.scheduler_name,
+        )
+
+
+def spread_pod(name: str, *, group: str = "g", keys: Sequence[str] = (ZONE,)) -> PodInfo:
+    selector = {"matchLabels": {"app": group}}
+    return PodInfo.from_body(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "labels": {"app": group}},
+            "spec": {
+                "schedulerName": "bindery",
+                "containers": [{"name": "c"}],
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": key,
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": selector,
+                    }
+                    for key in keys
+                ],
+                "affinity": {
+                    "podAntiAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"topologyKey": HOST, "labelSelector": selector}
+                        ]
+                    }
+                },
+            },
+        }
+    )
+
+
+def violations(placements: Mapping[str, str], zone_of: Mapping[str, str]) -> list[str]:
+    """The group's rules over its final placements: one pod per node, zones within one pod."""
+    found: list[str] = []
+    per_node = collections.Counter(placements.values())
+    found += [f"{count} pods on node {node}" for node, count in per_node.items() if count > 1]
+    per_zone = collections.Counter(zone_of[node] for node in placements.values())
+    counts = [per_zone.get(zone, 0) for zone in sorted(set(zone_of.values()))]
+    if counts and max(counts) - min(counts) > 1:
+        found.append(f"zone counts {counts} skew past 1")
+    return found
+
+
+async def burst(
+    *, pods: int, nodes: int, seed: int, refuse: int = 0, keys: Sequence[str] = (ZONE,)
+) -> tuple[PickingRM, dict[str, str], list[Any]]:
+    calls = Calls()
+    node_list = [
+        NodeProjection(name=f"n{i}", labels={HOST: f"n{i}", ZONE: f"z{i % 3}"}) for i in range(nodes)
+    ]
+    cache = PlacedPodCache(nodes=lambda: node_list)
+    rm = PickingRM(calls, node_list, seed=seed)
+    rm.cache = cache
+    rm.refuse = {f"uid-p{i}" for i in random.Random(seed).sample(range(pods), refuse)}
+    fake_pods = FakePods(calls)
+    ports = Ports(
+        nodes=FakeNodes(calls, {n.name: n for n in node_list}),
+        pods=fake_pods,
+        binder=FakeBinder(calls),
+        events=FakeEvents(calls),
+        conditions=FakeConditions(calls),
+        placed=cache,
+    )
+    profile = Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=rm)
+    infos = [spread_pod(f"p{i}", keys=keys) for i in range(pods)]
+    for info in infos:
+        fake_pods.pods[info.uid] = info
+    outcomes = list(
+        await asyncio.gather(*(schedule_one(pod=info, profile=profile, ports=ports) for info in infos))
+    )
+    placements = {info.uid: o.node for info, o in zip(infos, outcomes, strict=True) if o.bound and o.node}
+    # The refused ones once more, at once: a pod whose narrowed request was refused is not narrowed.
+    again = [info for info, outcome in zip(infos, outcomes, strict=True) if not outcome.bound]
+    rm.requests.clear()
+    retried = await asyncio.gather(*(schedule_one(pod=info, profile=profile, ports=ports) for info in again))
+    placements.update(
+        {info.uid: o.node for info, o in zip(again, retried, strict=True) if o.bound and o.node}
+    )
+    rm.retried = [(r.pod.uid, r.placement.model_dump(by_alias=True, exclude_none=True)) for r in rm.requests]
+    return rm, placements, outcomes
+
+
+async def test_a_groups_pods_are_reserved_three_at_a_time_over_three_zones_and_break_no_rule() -> None:
+    """Before, each pod waited for the node of every earlier one: one reserve at a time."""
+    rm, placements, outcomes = await burst(pods=12, nodes=15, seed=1)
+    assert all(outcome.outcome is Outcome.BOUND for outcome in outcomes), [o.failure for o in outcomes]
+    assert violations(placements, {f"n{i}": f"z{i % 3}" for i in range(15)}) == []
+    assert rm.most_inside == 3  # one per zone: a fourth would need their nodes
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_random_bursts_with_refusals_break_no_rule_among_the_bound(seed: int) -> None:
+    """An earlier pod the RM refuses was counted in its zone by the pods that went on meanwhile;
+    NodeCheck counts the pods as they are when each binds, so no bound pod breaks the rules."""
+    nodes = 9 + seed
+    rm, placements, _ = await burst(pods=nodes - 2, nodes=nodes, seed=seed, refuse=2)
+    assert violations(placements, {f"n{i}": f"z{i % 3}" for i in range(nodes)}) == []
+    assert len(placements) >= nodes - 2 - 2 - 3  # the refused ones, and a few that may follow them
+    assert rm.most_inside >= 2
+
+
+async def test_a_pod_whose_narrowed_request_the_rm_refused_is_sent_again_without_the_narrowing() -> None:
+    """The zone chosen for it may be full while another has room: its next cycle lets the RM choose."""
+    calls = Calls()
+    node_list = [NodeProjection(name=f"n{i}", labels={HOST: f"n{i}", ZONE: f"z{i}"}) for i in range(3)]
+    cache = PlacedPodCache(nodes=lambda: node_list)
+    rm = PickingRM(calls, node_list, seed=0)
+    fake_pods = FakePods(calls)
+    ports = Ports(
+        nodes=FakeNodes(calls, {n.name: n for n in node_list}),
+        pods=fake_pods,
+        binder=FakeBinder(calls),
+        events=FakeEvents(calls),
+        conditions=FakeConditions(calls),
+        placed=cache,
+    )
+    profile = Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=rm)
+    pods = [spread_pod(f"p{i}") for i in range(4)]
+    for info in pods:
+        fake_pods.pods[info.uid] = info
+
+    def zone_ins(uid: str) -> list[list[str]]:
+        [request] = [r for r in rm.requests if r.pod.uid == uid]
+        placement = request.placement.model_dump(by_alias=True, exclude_none=True)
+        return [
+            list(r["values"])
+            for term in placement["requiredNodeAffinity"]
+            for r in term["matchExpressions"]
+            if r["key"] == ZONE and r["operator"] == "In"
+        ]
+
+    rm.refuse = {"uid-p1"}
+    first = await asyncio.gather(*(schedule_one(pod=p, profile=profile, ports=ports) for p in pods[:3]))
+    assert [o.bound for o in first] == [True, False, True]
+    # p1 was narrowed (p2 in flight behind it): the spread's two zones, and one of them chosen.
+    assert [len(zones) for zones in zone_ins("uid-p1")] == [2, 1]
+    rm.requests.clear()
+    again = await asyncio.gather(
+        *(schedule_one(pod=p, profile=profile, ports=ports) for p in (pods[1], pods[3]))
+    )
+    assert [o.bound for o in again] == [True, False]  # p3: one pod per node, three nodes
+    assert [len(zones) for zones in zone_ins("uid-p1")] == [1]  # the spread's zone, not narrowed
+
+
+async def test_a_spread_over_hostnames_too_needs_the_earlier_pods_nodes() -> None:
+    """A pod counted in a zone is not counted on a host: with a hostname spread as well, the group's
+    pods wait for each other's nodes, as before."""
+    rm, placements, outcomes = await burst(pods=6, nodes=9, seed=2, keys=(ZONE, HOST))
+    assert all(o.bound for o in outcomes)
+    assert rm.most_inside == 1
+    assert violations(placements, {f"n{i}": f"z{i % 3}" for i in range(9)}) == []
