@@ -22,6 +22,16 @@ spread, host ports) turned into node constraints for the RM, and kept race-free 
   spread or preferred terms select an earlier in-flight pod waits for it), or a burst of one
   Deployment's pods would all score the same empty domains and land together. A pod with no rules,
   and with no earlier in-flight pod whose anti-affinity matches it, does not wait.
+* **A zone at a time** — waiting for nodes makes each Deployment with rules a chain of RM round
+  trips. Among one Deployment's own pods (one signature), when their rules toward each other are
+  only a DoNotSchedule spread over one key, affinity over it and anti-affinity (:func:`_narrow_key`),
+  a pod with later pods of its group in flight is sent to one domain of that key
+  (:func:`~bindery.podrules.filters.narrowing`) and assumed on a node of it; the later pods wait only
+  for that, count it in its domain (exact for the spread) and keep their anti-affinity off the whole
+  domain (:func:`~bindery.podrules.filters.in_flight_exclusions`: a superset of where it lands). One
+  refused only because of those domains waits for their nodes and is evaluated again. So three zones
+  carry three reserves of a Deployment at once where there was one; the placements stay those a
+  sequential scheduler could make (NodeCheck re-checks each against the pods as they are).
 * **Wake-up** — a pod this plugin refuses is parked until a placed pod that could lift the refusal
   is added, changed or removed (:func:`wake_on`, :func:`touch_of`; the queue's
   :meth:`~bindery.scheduling.queue.SchedulingQueue.wake`), as kube-scheduler's InterPodAffinity,
