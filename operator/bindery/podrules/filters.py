@@ -55,7 +55,9 @@ from bindery.podrules.nodes import NodeSnapshot, frozen
 
 __all__ = [
     "IN_FLIGHT",
+    "MAX_PARTS",
     "Incoming",
+    "Narrowed",
     "NodeSnapshot",
     "PlacedView",
     "RuleEffect",
@@ -598,16 +600,22 @@ def _port_requirements(
     NotIn`` per node (matchFields NotIn takes one value) runs past the contract's 64 requirements at
     65 nodes."""
 
-    def hostnames() -> Mapping[str, str | None] | None:
-        names = [node.labels.get(_HOSTNAME) for node in snapshot]
-        unique = None not in names and len(set(names)) == len(names)
-        return {node.name: node.labels.get(_HOSTNAME) for node in snapshot} if unique else None
-
-    by_name = snapshot.memo(("hostnames",), hostnames)
+    by_name = _hostnames(snapshot)
     if by_name is not None and all(name in by_name for name in conflicting):
         values = sorted({by_name[name] or "" for name in conflicting})
         return _not_in(_HOSTNAME, values), ()
     return (), tuple({"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in conflicting)
+
+
+def _hostnames(snapshot: NodeSnapshot) -> Mapping[str, str | None] | None:
+    """Node name → its ``kubernetes.io/hostname`` when every node carries its own; else None."""
+
+    def compute() -> Mapping[str, str | None] | None:
+        names = [node.labels.get(_HOSTNAME) for node in snapshot]
+        unique = None not in names and len(set(names)) == len(names)
+        return {node.name: node.labels.get(_HOSTNAME) for node in snapshot} if unique else None
+
+    return snapshot.memo(("hostnames",), compute)
 
 
 def _port_conflicts(*, pod: Incoming, placed: PlacedView) -> list[str]:
@@ -628,41 +636,60 @@ def _port_conflicts(*, pod: Incoming, placed: PlacedView) -> list[str]:
 IN_FLIGHT = "related pods in flight"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Narrowed:
+    """Where a pod was sent before the RM names its node: a domain of the spread's key and, when
+    its later pods are many, a part of it (its nodes' hostnames; empty: the whole domain)."""
+
+    domain: str
+    #: the node the pod is counted on meanwhile (one of `hosts`' nodes, or of the domain)
+    anchor: str
+    hosts: tuple[str, ...] = ()
+
+
 def in_flight_exclusions(
-    *, nodes: Sequence[NodeFacts], key: str, domains: Collection[str], anti_keys: Collection[str]
+    *, nodes: Sequence[NodeFacts], key: str, placing: Sequence[Narrowed], anti_keys: Collection[str]
 ) -> RuleEffect | None:
     """Pure: what pod anti-affinity with topology keys `anti_keys` excludes, for related pods whose
-    node is not known yet but whose domain of `key` is (one of `domains` each).
+    node is not known yet but whose region is (`placing`: a domain of `key` each, or part of one).
 
-    Such a pod may land on any node of its domain, so every `anti_keys` domain meeting it is
-    excluded: for a key finer than `key` (``kubernetes.io/hostname`` under a zone: each host is in
-    one zone) that is the whole domain, said as one ``key NotIn``; for any other key, its values
-    over the domain's nodes. A superset of what the pods' real nodes will exclude: sound whatever
-    nodes the RM picks in those domains.
+    Such a pod may land on any node of its region, so every `anti_keys` domain meeting the region
+    is excluded: for a region that is a whole domain and a key finer than `key`
+    (``kubernetes.io/hostname`` under a zone: each host is in one zone), the domain itself, said as
+    one ``key NotIn``; otherwise the key's values over the region's nodes. A superset of what the
+    pods' real nodes will exclude: sound whatever nodes the RM picks in those regions.
     """
-    if not domains or not anti_keys:
+    if not placing or not anti_keys:
         return None
     snapshot = NodeSnapshot.of(nodes)
     holders = snapshot.holders(key)
-    inside = frozenset().union(*(holders.get(value, frozenset()) for value in domains))
+    by_host = snapshot.holders(_HOSTNAME)
+    whole: set[str] = set()
+    values: dict[str, set[str]] = defaultdict(set)
+    for region in placing:
+        if region.hosts:
+            inside = frozenset().union(*(by_host.get(host, frozenset()) for host in region.hosts))
+        else:
+            inside = holders.get(region.domain, frozenset())
+        for anti_key in anti_keys:
+            if anti_key == key or (not region.hosts and _finer(snapshot, anti_key, key)):
+                whole.add(region.domain)
+                continue
+            value_of = snapshot.value_of(anti_key)
+            values[anti_key].update(value_of[name] for name in inside if name in value_of)
     expressions: list[Mapping[str, Any]] = []
-    whole = False
-    for anti_key in sorted(set(anti_keys)):
-        if anti_key == key or _finer(snapshot, anti_key, key):
-            whole = True
-            continue
-        value_of = snapshot.value_of(anti_key)
-        values = sorted({value_of[name] for name in inside if name in value_of})
-        if values:
-            expressions.extend(_not_in(anti_key, values))
     if whole:
-        expressions[:0] = _not_in(key, sorted(domains))
+        expressions.extend(_not_in(key, sorted(whole)))
+    for anti_key in sorted(values):
+        if values[anti_key]:
+            expressions.extend(_not_in(anti_key, sorted(values[anti_key])))
     if not expressions:
         return None
     short = key.rsplit("/", 1)[-1]
+    domains = sorted({region.domain for region in placing})
     summary = (
-        f"{ANTI_AFFINITY} keeps off {short}s {', '.join(sorted(domains)[:_SHOWN])}, where related pods "
-        "are being placed"
+        f"{ANTI_AFFINITY} keeps off where {len(placing)} related pod{'' if len(placing) == 1 else 's'} "
+        f"are being placed ({short}s {', '.join(domains[:_SHOWN])})"
     )
     return _effect(IN_FLIGHT, snapshot, expressions=expressions, summary=summary)
 
@@ -683,17 +710,23 @@ def _finer(snapshot: NodeSnapshot, fine: str, coarse: str) -> bool:
     return snapshot.memo(("finer", fine, coarse), compute)
 
 
+#: The most parts a domain is cut into for the later pods of one group (see :func:`narrowing`).
+MAX_PARTS = 8
+
+
 def narrowing(
-    *, pod: Incoming, verdict: Verdict, nodes: Sequence[NodeFacts], key: str
-) -> tuple[str, str] | None:
-    """Pure: one domain of `key` (the key of one of the pod's DoNotSchedule spread constraints) to
-    send the pod to, and a node of it to count the pod on until its real node is known; None when
+    *, pod: Incoming, verdict: Verdict, nodes: Sequence[NodeFacts], key: str, later: int = 0
+) -> Narrowed | None:
+    """Pure: where to send the pod (a domain of `key`, the key of one of its DoNotSchedule spread
+    constraints) so that its `later` related pods in flight need not wait for its node; None when
     no node the verdict leaves carries the key.
 
     The domain is the one with the most nodes the verdict leaves (then the first by name): room
-    for the RM to choose, and for a spread it is the least crowded domain the verdict allows. The
-    node is the first of those that the constraint counts (its inclusion policies), so the pod
-    counts as it will once placed there.
+    for the RM to choose, and for a spread it is the least crowded domain the verdict allows. With
+    more later pods than domains, and hostnames unique, the pod goes to a part of the domain only
+    (its first nodes by name, up to :data:`MAX_PARTS` parts), so the next pods can go to the rest
+    of it at once. The anchor is the first node of the region the constraint counts (its inclusion
+    policies), so the pod counts as it will once placed there.
     """
     constraint = next((c for c in pod.rules.spread if c.topology_key == key), None)
     if constraint is None:
@@ -709,10 +742,20 @@ def narrowing(
         return None
     fits, _ = _candidates(pod, snapshot)
     eligible, _ = _domains(pod, constraint, snapshot, fits)
+    hostnames = _hostnames(snapshot)
+    parts = max(1, min(MAX_PARTS, -(-(later + 1) // len(left))))
     for value in sorted(left, key=lambda v: (-len(left[v]), v)):
-        anchor = next((name for name in left[value] if name in eligible), None)
+        names = left[value]
+        part = names[: -(-len(names) // parts)]
+        if parts > 1 and hostnames is not None and len(part) < len(names) and len(part) <= VALUES_CAP:
+            anchor = next((name for name in part if name in eligible), None)
+            if anchor is not None:
+                return Narrowed(
+                    domain=value, anchor=anchor, hosts=tuple(sorted(hostnames[name] or "" for name in part))
+                )
+        anchor = next((name for name in names if name in eligible), None)
         if anchor is not None:
-            return value, anchor
+            return Narrowed(domain=value, anchor=anchor)
     return None
 
 
@@ -723,13 +766,18 @@ def with_effect(verdict: Verdict, effect: RuleEffect | None) -> Verdict:
     return dataclasses.replace(verdict, effects=(*verdict.effects, effect))
 
 
-def narrowed_effect(*, nodes: Sequence[NodeFacts], key: str, value: str, related: int) -> RuleEffect:
-    """The requirement that sends the pod to domain `value` of `key` (see :func:`narrowing`)."""
+def narrowed_effect(*, nodes: Sequence[NodeFacts], key: str, narrowed: Narrowed, related: int) -> RuleEffect:
+    """The requirements that send the pod where :func:`narrowing` chose."""
     short = key.rsplit("/", 1)[-1]
+    expressions: list[Mapping[str, Any]] = [{"key": key, "operator": "In", "values": [narrowed.domain]}]
+    where = f"{short} {narrowed.domain}"
+    if narrowed.hosts:
+        expressions.append({"key": _HOSTNAME, "operator": "In", "values": list(narrowed.hosts)})
+        where += f" ({len(narrowed.hosts)} of its nodes)"
     return _effect(
         IN_FLIGHT,
         NodeSnapshot.of(nodes),
-        expressions=[{"key": key, "operator": "In", "values": [value]}],
-        summary=f"{short} {value} chosen among those the spread allows, so that {related} related "
+        expressions=expressions,
+        summary=f"{where} chosen among those the spread allows, so that {related} related "
         f"pod{'' if related == 1 else 's'} in flight can be placed at once",
     )

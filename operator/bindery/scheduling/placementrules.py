@@ -54,6 +54,7 @@ from typing import Any
 from bindery.podrules.filters import (
     AFFINITY,
     Incoming,
+    Narrowed,
     PlacedView,
     Verdict,
     evaluate,
@@ -113,7 +114,7 @@ SYNC_SECONDS = 10.0
 VERDICT = "PodPlacementRules/verdict"
 #: ctx.state key of the soft rules' preferences (explain may read it).
 PREFERENCES = "PodPlacementRules/preferences"
-#: ctx.state key: (domain, node) the pod's request was narrowed to while later related pods wait.
+#: ctx.state key: where the pod's request was narrowed to (a Narrowed) while later related pods wait.
 NARROWED = "PodPlacementRules/narrowed"
 #: ctx.state key of the nodes the rules exclude only because of lower-priority pods, with those
 #: pods (contract v1.2 ``rulePreemption``; the reserve sends them).
@@ -140,8 +141,8 @@ class _Cycle:
     #: the cycles of its group waiting for its domain or its node, whichever comes first
     domain_waiters: list[_Waiter] | None = None
     group: _Group | None = None
-    #: the domain (of its group's ``narrow_key``) its request was narrowed to, before the RM answers
-    domain: str | None = None
+    #: where its request was narrowed to (a domain of its group's ``narrow_key``), before the RM answers
+    region: Narrowed | None = None
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -274,13 +275,13 @@ class InFlight:
         _count_down(cycle.domain_waiters)
         cycle.domain_waiters = None
 
-    def place(self, uid: str, domain: str) -> None:
+    def place(self, uid: str, region: Narrowed) -> None:
         """The pod's request was narrowed to `domain` of its group's ``narrow_key``: the later
         cycles of its group may go on, counting it there (it is assumed on a node of it)."""
         cycle = self._cycles.get(uid)
         if cycle is None:
             return
-        cycle.domain = domain
+        cycle.region = region
         _count_down(cycle.domain_waiters)
         cycle.domain_waiters = None
 
@@ -294,7 +295,7 @@ class InFlight:
         for other in group.members.values():
             if other.seq >= cycle.seq:
                 break
-            if other.domain is not None and now - other.started < STALE_SECONDS:
+            if other.region is not None and now - other.started < STALE_SECONDS:
                 found.append(other)
         return found
 
@@ -371,7 +372,7 @@ class InFlight:
         waiter = _Waiter(remaining=0, done=asyncio.get_running_loop().create_future())
         for other in others:
             if narrows and other.group is mine:
-                if other.domain is not None:
+                if other.region is not None:
                     continue
                 if other.domain_waiters is None:
                     other.domain_waiters = []
@@ -924,12 +925,11 @@ class PodPlacementRules:
             ctx.state[PREFERENCES] = preferred
             ctx.prefer_nodes(preferred.terms)
         narrowed = ctx.state.get(NARROWED)
-        if isinstance(narrowed, tuple):
-            # Counted on a node of its domain until the RM names the node (Reserve re-assumes it
+        if isinstance(narrowed, Narrowed):
+            # Counted on a node of its region until the RM names the node (Reserve re-assumes it
             # there, Unreserve forgets it): the later pods of its group go on meanwhile.
-            domain, anchor = narrowed
-            placed.assume(_assumed(pod, anchor))
-            placed.in_flight.place(pod.uid, domain)
+            placed.assume(_assumed(pod, narrowed.anchor))
+            placed.in_flight.place(pod.uid, narrowed)
         return Status.success()
 
     async def _verdict_around(self, cycle: _Cycle, pod: PodInfo, placed: PlacedPods) -> Verdict | None:
@@ -965,7 +965,7 @@ class PodPlacementRules:
             in_flight_exclusions(
                 nodes=placed.nodes(),
                 key=group.narrow_key,
-                domains={other.domain for other in placing if other.domain is not None},
+                placing=[other.region for other in placing if other.region is not None],
                 anti_keys=group.anti_keys,
             ),
         )
@@ -982,13 +982,15 @@ class PodPlacementRules:
         later = placed.in_flight.followed(cycle)
         if not later:
             return verdict
-        found = narrowing(pod=_incoming(pod), verdict=verdict, nodes=placed.nodes(), key=group.narrow_key)
+        found = narrowing(
+            pod=_incoming(pod), verdict=verdict, nodes=placed.nodes(), key=group.narrow_key, later=later
+        )
         if found is None:
             return verdict
-        domain, anchor = found
-        ctx.state[NARROWED] = (domain, anchor)
+        ctx.state[NARROWED] = found
         verdict = with_effect(
-            verdict, narrowed_effect(nodes=placed.nodes(), key=group.narrow_key, value=domain, related=later)
+            verdict,
+            narrowed_effect(nodes=placed.nodes(), key=group.narrow_key, narrowed=found, related=later),
         )
         ctx.state[VERDICT] = verdict
         return verdict
