@@ -66,3 +66,33 @@ def test_finish_without_take_is_a_bug() -> None:
 def test_limits_must_be_positive(in_flight: int, operations: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Coalescer(max_in_flight=in_flight, max_operations=operations)
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 2])
+def test_a_steady_stream_of_reserves_does_not_starve_a_commit(max_in_flight: int) -> None:
+    """Reserves are urgent (their own requests, one slot past the limit). With one arriving each
+    time a request ends, the ordinary calls still get their turn: a queued commit (or a release,
+    capacity given back) leaves within a round or two instead of never."""
+    coalescer: Coalescer[str] = Coalescer(
+        max_in_flight=max_in_flight, max_operations=100, urgent=lambda item: item.startswith("reserve")
+    )
+    out: list[list[str]] = []
+
+    def pump(scheduled: bool) -> None:
+        while scheduled:
+            items, scheduled = coalescer.take()
+            if items:
+                out.append(items)
+
+    for n in range(max_in_flight + 1):  # every slot taken by a reserve, the urgent one too
+        pump(coalescer.add(f"reserve-p{n}"))
+    assert coalescer.in_flight == max_in_flight + 1
+    pump(coalescer.add("commit-A"))
+    for n in range(20):
+        out.pop(0)  # the oldest request is answered
+        pump(coalescer.finish())
+        pump(coalescer.add(f"reserve-{n}"))  # and another pod's reserve comes
+        if any("commit-A" in items for items in out):
+            break
+    assert n <= 1, f"commit-A still queued after {n + 1} rounds"
+    assert coalescer.in_flight <= max_in_flight + 1

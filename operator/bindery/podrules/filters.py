@@ -721,22 +721,32 @@ def narrowing(
     constraints) so that its `later` related pods in flight need not wait for its node; None when
     no node the verdict leaves carries the key.
 
-    The domain is the one with the most nodes the verdict leaves (then the first by name): room
-    for the RM to choose, and for a spread it is the least crowded domain the verdict allows. With
-    more later pods than domains, and hostnames unique, the pod goes to a part of the domain only
-    (its first nodes by name, up to :data:`MAX_PARTS` parts), so the next pods can go to the rest
-    of it at once. The anchor is the first node of the region the constraint counts (its inclusion
+    Only nodes the pod may run on count: its own node constraints, the rules, its tolerations of
+    the nodes' NoSchedule and NoExecute taints, and not cordoned (the RM knows their room; a region
+    of cordoned or tainted nodes would be refused for nothing). The domain is the one with the most
+    such nodes (then the first by name): room for the RM to choose. With more later pods than
+    domains, and hostnames unique, the pod goes to a part of the domain only (its first nodes by
+    name, up to :data:`MAX_PARTS` parts), so the next pods can go to the rest of it at once. The
+    anchor is the first node of the region the pod's own spread over `key` counts (its inclusion
     policies), so the pod counts as it will once placed there.
     """
-    constraint = next((c for c in pod.rules.spread if c.topology_key == key), None)
+    constraint = next(
+        (
+            c
+            for c in pod.rules.spread
+            if c.topology_key == key and not c.selector.empty and c.selector.matches(pod.labels)
+        ),
+        None,
+    )
     if constraint is None:
         return None
     snapshot = NodeSnapshot.of(nodes)
     excluded: set[str] = set().union(*(effect.excluded for effect in verdict.effects))
+    usable = _usable(pod, snapshot)
     value_of = snapshot.value_of(key)
     left: dict[str, list[str]] = defaultdict(list)
     for name in verdict.candidates:
-        if name not in excluded and name in value_of:
+        if name not in excluded and name in usable and name in value_of:
             left[value_of[name]].append(name)
     if not left:
         return None
@@ -757,6 +767,20 @@ def narrowing(
         if anchor is not None:
             return Narrowed(domain=value, anchor=anchor)
     return None
+
+
+def _usable(pod: Incoming, snapshot: NodeSnapshot) -> frozenset[str]:
+    """The nodes not cordoned whose NoSchedule and NoExecute taints the pod tolerates (memoized)."""
+
+    def compute() -> frozenset[str]:
+        return frozenset(
+            node.name
+            for node in snapshot
+            if not getattr(node, "unschedulable", False)
+            and not untolerated_taints(taints=node.taints, tolerations=pod.tolerations)
+        )
+
+    return snapshot.memo(("usable", frozen(pod.tolerations)), compute)
 
 
 def with_effect(verdict: Verdict, effect: RuleEffect | None) -> Verdict:

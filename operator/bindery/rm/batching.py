@@ -11,10 +11,12 @@ The policy is *natural batching*, with no delay added to any call:
 * otherwise it waits for an in-flight request to finish and goes with the next one: the busier the
   RM, the larger the batches, and an idle client sends each call as soon as it is made;
 * at most ``max_operations`` calls go in one request; more wait for the next;
-* *urgent* calls (reserves: a pod whose rules depend on another waits for that pod's node) go
-  first, in a request of their own, and may use one slot past ``max_in_flight``: behind a batch of
-  a backlog's commits, a reserve waited for a whole large batch to be carried out, then for its
-  own (73 ms at the median on issue 19's rules backlog, each chained pod paying it in turn).
+* *urgent* calls (reserves: a pod's placement, and the pods of a Deployment with rules wait on
+  each other's) go in a request of their own, and may use one slot past ``max_in_flight``: behind
+  a batch of a backlog's commits, a reserve waited for a whole large batch to be carried out, then
+  for its own (73 ms at the median on issue 19's rules backlog, each chained pod paying it in
+  turn). Urgent and other requests take turns when both are queued and a slot is free, so a
+  stream of reserves never starves commits and releases (capacity given back).
 
 A queue of exactly one call is sent as that call's ordinary single request (the caller decides:
 :meth:`Coalescer.take` only says how many there are), so at low load the wire is what it was.
@@ -62,6 +64,8 @@ class Coalescer(Generic[_Item]):
         self._urgent = urgent
         self._queue: collections.deque[_Item] = collections.deque()
         self._urgent_queue: collections.deque[_Item] = collections.deque()
+        #: the last request taken was urgent: the others go next if they can
+        self._urgent_last = False
         self._in_flight = 0
         self._scheduled = False
 
@@ -86,12 +90,15 @@ class Coalescer(Generic[_Item]):
         """
         self._scheduled = False
         items: list[_Item] = []
-        # Urgent calls alone when any is queued (a small request, answered soon); the others only
-        # within max_in_flight.
-        if self._urgent_queue:
+        # Urgent calls alone (a small request, answered soon), the others only within
+        # max_in_flight; when both wait and a slot is free, they take turns.
+        others_may = self._others_may()
+        if self._urgent_queue and not (others_may and self._urgent_last):
             queue = self._urgent_queue
-        elif self._in_flight < self.max_in_flight:
+            self._urgent_last = True
+        elif others_may:
             queue = self._queue
+            self._urgent_last = False
         else:
             return items, False
         while queue and len(items) < self.max_operations:
@@ -107,15 +114,23 @@ class Coalescer(Generic[_Item]):
         if self._in_flight <= 0:
             raise RuntimeError("finish() without a matching take(): the in-flight count would go negative")
         self._in_flight -= 1
+        if not self._in_flight:
+            self._urgent_last = False  # nothing in flight: no turn to give, reserves first again
         return self._schedule()
+
+    def _others_may(self) -> bool:
+        """Whether the other calls may leave now: within max_in_flight, or in the urgent slot when
+        the last request was urgent (their turn)."""
+        if not self._queue:
+            return False
+        limit = self.max_in_flight + (1 if self._urgent_last else 0)
+        return self._in_flight < limit
 
     def _schedule(self) -> bool:
         if self._scheduled:
             return False
-        if self._urgent_queue:
-            if self._in_flight > self.max_in_flight:
-                return False
-        elif not self._queue or self._in_flight >= self.max_in_flight:
+        urgent_may = bool(self._urgent_queue) and self._in_flight <= self.max_in_flight
+        if not urgent_may and not self._others_may():
             return False
         self._scheduled = True
         return True

@@ -35,13 +35,13 @@ import pydantic
 
 from bindery.constraints import matches_required_affinity
 from bindery.logcontext import add_log_context
-from bindery.rm.errors import ProblemType, RMConflict, RMUnsupported
+from bindery.rm.errors import ProblemType, RMConflict, RMUnschedulable, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, CallStep, Lease, lease_from_answer, plan_call
 from bindery.scheduling.nodecheck import NodeCheckMode, check_node, rules_problem
-from bindery.scheduling.placementrules import RULE_PREEMPTION, VERDICT, rules_refusing
+from bindery.scheduling.placementrules import NARROWING, RULE_PREEMPTION, VERDICT, counted_by, rules_refusing
 from bindery.scheduling.podspec import reservation_request
 from bindery.scheduling.ports import BindConflict, BindError
 
@@ -65,6 +65,8 @@ COMMIT_FAILED = "CommitReservation/failed"
 _RELEASED = "ResourceManagerReservation/released"
 _LEASE = "ResourceManagerReservation/lease"
 _NOT_RENEWABLE = "ResourceManagerReservation/not-renewable"
+#: ctx.state key: the RM's refusal of a request PodPlacementRules narrowed (then reserved anew without).
+_NARROW_REFUSED = "ResourceManagerReservation/narrow-refused"
 
 #: The longest one Binding attempt may take (the lease may allow less); a Binding normally takes
 #: milliseconds, and the apiserver itself gives up on a request after 60 s.
@@ -155,6 +157,23 @@ class ResourceManagerReservation:
     name = "ResourceManagerReservation"
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
+        narrowing = ctx.state.get(NARROWING)
+        if narrowing is not None:
+            # Sent to a region Bindery chose (PodPlacementRules, so that later pods of its
+            # Deployment need not wait): asked without preemption, as the region is not the pod's
+            # own constraint; refused there, the pod is reserved once more without it.
+            status = await self._reserve(ctx, narrowed=True)
+            if not isinstance(ctx.state.get(_NARROW_REFUSED), RMUnschedulable):
+                return status
+            ctx.state.pop(NARROWING, None)
+            if narrowing in ctx.node_constraints:
+                ctx.node_constraints.remove(narrowing)
+            if (placed := ctx.ports.placed) is not None:
+                placed.in_flight.unplace(ctx.pod.uid)
+                placed.in_flight.narrowed_refused(ctx.pod.uid)
+        return await self._reserve(ctx, narrowed=False)
+
+    async def _reserve(self, ctx: CycleContext, *, narrowed: bool) -> Status:
         try:
             request = reservation_request(
                 pod=ctx.pod,
@@ -162,7 +181,9 @@ class ResourceManagerReservation:
                 required_node_affinity=ctx.required_node_terms(),
                 preferred_node_affinity=ctx.preferred_node_terms(),
             )
-            if (for_rules := ctx.state.get(RULE_PREEMPTION)) is not None:
+            if narrowed:
+                request = request.model_copy(update={"preemption_policy": None})
+            elif (for_rules := ctx.state.get(RULE_PREEMPTION)) is not None:
                 request = request.model_copy(update={"rule_preemption": for_rules})
         except (ValueError, pydantic.ValidationError) as error:
             return Status.failed(
@@ -176,6 +197,10 @@ class ResourceManagerReservation:
         sent_at, sent_at_wall = ctx.profile.clock(), datetime.now(UTC)
         try:
             ctx.reservation = await ctx.profile.client.reserve(request)
+        except RMUnschedulable as error:
+            if narrowed:
+                ctx.state[_NARROW_REFUSED] = error
+            return _failure(ctx, error, Stage.RESERVE, self.name)
         except RMConflict as error:
             if error.problem.get("type") != ProblemType.IDEMPOTENCY_KEY_REUSED:
                 return _failure(ctx, error, Stage.RESERVE, self.name)
@@ -311,7 +336,9 @@ class NodeCheck:
             # caught before the Binding, which no kubelet would check.
             # Only the chosen node is asked about: the same answer as the whole verdict's.
             problem = rules_problem(
-                rules_refusing(ctx.pod, placed, node_name), node_name=node_name, rm_name=ctx.profile.name
+                rules_refusing(ctx.pod, placed, node_name, without=counted_by(ctx)),
+                node_name=node_name,
+                rm_name=ctx.profile.name,
             )
         if problem is None:
             return Status.success()

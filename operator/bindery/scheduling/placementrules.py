@@ -81,7 +81,9 @@ from bindery.scheduling.ports import PlacedPods
 from bindery.scheduling.queue import Touch, WakeOn
 
 __all__ = [
+    "COUNTED",
     "NARROWED",
+    "NARROWING",
     "PREFERENCES",
     "RULE_PREEMPTION",
     "VERDICT",
@@ -90,6 +92,7 @@ __all__ = [
     "MemberPreferences",
     "PodPlacementRules",
     "broken_after_preemption",
+    "counted_by",
     "member_node_terms",
     "member_preferences",
     "members_wake_on",
@@ -116,6 +119,13 @@ VERDICT = "PodPlacementRules/verdict"
 PREFERENCES = "PodPlacementRules/preferences"
 #: ctx.state key: where the pod's request was narrowed to (a Narrowed) while later related pods wait.
 NARROWED = "PodPlacementRules/narrowed"
+#: ctx.state key: the node constraint (in ``ctx.node_constraints``) that narrows the request; the RM
+#: reservation drops it and reserves again once if the RM refuses the narrowed request.
+NARROWING = "PodPlacementRules/narrowing"
+#: ctx.state key: the earlier in-flight cycles the verdict counted in their regions.
+COUNTED = "PodPlacementRules/counted"
+#: ctx.state key: the pod's in-flight cycle.
+_CYCLE = "PodPlacementRules/cycle"
 #: ctx.state key of the nodes the rules exclude only because of lower-priority pods, with those
 #: pods (contract v1.2 ``rulePreemption``; the reserve sends them).
 RULE_PREEMPTION = "PodPlacementRules/rule-preemption"
@@ -143,6 +153,10 @@ class _Cycle:
     group: _Group | None = None
     #: where its request was narrowed to (a domain of its group's ``narrow_key``), before the RM answers
     region: Narrowed | None = None
+    #: the pod as its group's later cycles count it meanwhile (on the region's anchor node)
+    anchored: PlacedPod | None = None
+    #: the later cycles that counted it in its region (placed as if it were there before them)
+    counted_by: set[str] | None = None
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -275,15 +289,24 @@ class InFlight:
         _count_down(cycle.domain_waiters)
         cycle.domain_waiters = None
 
-    def place(self, uid: str, region: Narrowed) -> None:
+    def place(self, uid: str, region: Narrowed, anchored: PlacedPod) -> None:
         """The pod's request was narrowed to `domain` of its group's ``narrow_key``: the later
         cycles of its group may go on, counting it there (it is assumed on a node of it)."""
         cycle = self._cycles.get(uid)
         if cycle is None:
             return
         cycle.region = region
+        cycle.anchored = anchored
         _count_down(cycle.domain_waiters)
         cycle.domain_waiters = None
+
+    def unplace(self, uid: str) -> None:
+        """The pod's narrowed request was refused and it is reserved anew without: later cycles
+        wait for its node again (those that counted it in its region wait for it before PreBind)."""
+        cycle = self._cycles.get(uid)
+        if cycle is not None:
+            cycle.region = None
+            cycle.anchored = None
 
     def placing(self, cycle: _Cycle) -> list[_Cycle]:
         """The earlier cycles of `cycle`'s group sent to a domain whose node is not known yet."""
@@ -558,14 +581,31 @@ def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     return _verdict(pod, placed, placed)
 
 
-def rules_refusing(pod: PodInfo, placed: PlacedPods, node: str) -> tuple[str, ...]:
+def counted_by(ctx: CycleContext) -> frozenset[str]:
+    """The pods placed counting this one in the region it was sent to, before its node was known.
+
+    Placed as if it came before them, so its own re-check before the Binding leaves them out, as
+    a sequential scheduler would have checked it before they existed: with them, a spread may
+    look skewed from its side (its zone and theirs counted, the pods they balance still in flight).
+    """
+    cycle = ctx.state.get(_CYCLE)
+    if isinstance(cycle, _Cycle) and cycle.counted_by:
+        return frozenset(cycle.counted_by)
+    return frozenset()
+
+
+def rules_refusing(
+    pod: PodInfo, placed: PlacedPods, node: str, *, without: frozenset[str] = frozenset()
+) -> tuple[str, ...]:
     """The rules of :func:`rules_verdict` whose effect excludes `node` (none when there is no
-    verdict): the same answer, computed for that node only (NodeCheck's pre-bind re-check)."""
-    if not _may_apply(pod, placed, placed):
+    verdict): the same answer, computed for that node only (NodeCheck's pre-bind re-check);
+    `without`: pods left out (:func:`counted_by`)."""
+    view: PlacedView = _Without(placed, without) if without else placed
+    if not _may_apply(pod, view, placed):
         return ()
     return refusing(
         pod=_incoming(pod),
-        placed=placed,
+        placed=view,
         nodes=placed.nodes(),
         namespace_labels=placed.namespace_labels,
         node=node,
@@ -597,6 +637,48 @@ def _may_apply(pod: PodInfo, view: PlacedView, placed: PlacedPods) -> bool:
         if any(other.uid != pod.uid for other in members)  # once per group, not per pod
         for term in terms
     )
+
+
+class _WithPlacing:
+    """The pods on nodes, plus the earlier in-flight pods of the evaluated pod's group on their
+    regions' anchors (only that evaluation sees them there; see :meth:`PodPlacementRules._verdict_around`)."""
+
+    def __init__(self, placed: PlacedPods, extra: Sequence[PlacedPod]) -> None:
+        self._placed = placed
+        self._extra = extra
+
+    def in_namespace(self, namespace: str) -> Iterable[PlacedPod]:
+        return itertools.chain(
+            self._placed.in_namespace(namespace), (p for p in self._extra if p.namespace == namespace)
+        )
+
+    def label_groups(self, namespace: str) -> Iterable[tuple[Mapping[str, str], Iterable[PlacedPod]]]:
+        extra = [p for p in self._extra if p.namespace == namespace]
+        if not extra:
+            return self._placed.label_groups(namespace)
+        return [*self._placed.label_groups(namespace), *((p.labels, (p,)) for p in extra)]
+
+    def namespaces(self) -> Iterable[str]:
+        return {*self._placed.namespaces(), *(p.namespace for p in self._extra)}
+
+    def with_anti_affinity(self) -> Iterable[PlacedPod]:
+        return itertools.chain(self._placed.with_anti_affinity(), (p for p in self._extra if p.anti_affinity))
+
+    def anti_affinity_toward(self, namespace: str) -> Iterable[PlacedPod]:
+        return itertools.chain(
+            self._placed.anti_affinity_toward(namespace), (p for p in self._extra if p.anti_affinity)
+        )
+
+    def anti_affinity_groups_toward(
+        self, namespace: str
+    ) -> Iterable[tuple[str, tuple[AffinityTerm, ...], Iterable[PlacedPod]]]:
+        return [
+            *self._placed.anti_affinity_groups_toward(namespace),
+            *((p.namespace, p.anti_affinity, (p,)) for p in self._extra if p.anti_affinity),
+        ]
+
+    def with_host_ports(self) -> Iterable[PlacedPod]:
+        return itertools.chain(self._placed.with_host_ports(), (p for p in self._extra if p.host_ports))
 
 
 class _Without:
@@ -867,6 +949,8 @@ class PodPlacementRules:
         if takes_preferences:
             pod = _with_services(pod, placed)
         cycle = placed.in_flight.begin(pod, soft=takes_preferences)
+        ctx.state[_CYCLE] = cycle
+        deadline = asyncio.get_running_loop().time() + self._wait_seconds
         await placed.in_flight.wait(
             cycle, namespace_labels=placed.namespace_labels, seconds=self._wait_seconds
         )
@@ -878,7 +962,7 @@ class PodPlacementRules:
                 "another pod uses it (node has pod using PersistentVolumeClaim with the same name and "
                 "ReadWriteOncePod access mode)"
             )
-        verdict = await self._verdict_around(cycle, pod, placed)
+        verdict = await self._verdict_around(cycle, pod, placed, ctx, deadline)
         if verdict is not None:
             ctx.state[VERDICT] = verdict
             refusal = verdict.refusal()
@@ -909,7 +993,6 @@ class PodPlacementRules:
                     ]
                 )
                 return Status.success()
-            verdict = self._narrowed(cycle, pod, placed, verdict, ctx)
             term = verdict.term()
             if term is not None:
                 ctx.require_nodes([term])
@@ -920,34 +1003,48 @@ class PodPlacementRules:
                     found = rule_victims(pod, placed, verdict)
                     if found:
                         ctx.state[RULE_PREEMPTION] = rule_preemption(found)
+            if RULE_PREEMPTION not in ctx.state:
+                self._narrow(cycle, pod, placed, verdict, ctx)
         preferred = rules_preferences(pod, placed, verdict) if takes_preferences else None
         if preferred is not None and preferred.terms:
             ctx.state[PREFERENCES] = preferred
             ctx.prefer_nodes(preferred.terms)
         narrowed = ctx.state.get(NARROWED)
         if isinstance(narrowed, Narrowed):
-            # Counted on a node of its region until the RM names the node (Reserve re-assumes it
-            # there, Unreserve forgets it): the later pods of its group go on meanwhile.
-            placed.assume(_assumed(pod, narrowed.anchor))
-            placed.in_flight.place(pod.uid, narrowed)
+            # The later pods of its group go on meanwhile, counting it on a node of its region; only
+            # their own evaluation sees it there (never the shared cache: another Deployment's pod
+            # that does not wait for it must not count it where it may not land).
+            placed.in_flight.place(pod.uid, narrowed, _assumed(pod, narrowed.anchor))
         return Status.success()
 
-    async def _verdict_around(self, cycle: _Cycle, pod: PodInfo, placed: PlacedPods) -> Verdict | None:
-        """The verdict, counting the earlier pods of its group sent to a domain whose node is not
-        known yet (:meth:`_around`). Refused only because of them, maybe (their whole domains are kept
-        off, where their nodes will take one node each): once they have their nodes (or failed) the
-        verdict is computed again; bounded by the wait's time, past which it goes on with what is
-        known."""
+    async def _verdict_around(
+        self, cycle: _Cycle, pod: PodInfo, placed: PlacedPods, ctx: CycleContext, deadline: float
+    ) -> Verdict | None:
+        """The verdict, counting the earlier pods of its group sent to a region whose node is not
+        known yet: on their anchors (:class:`_WithPlacing`), their anti-affinity kept off their
+        whole regions (:meth:`_around`). Refused only because of them, maybe (a region is excluded
+        where the pod will take one node): once they have their nodes (or failed) the verdict is
+        computed again; bounded by the wait's deadline, past which it goes on with what is known.
+
+        The pods counted are kept (:data:`COUNTED`): Reserve waits for their nodes before PreBind,
+        so NodeCheck re-checks the pod against where they did land (or against their absence)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._wait_seconds
         while True:
-            verdict = rules_verdict(pod, placed)
             placing = placed.in_flight.placing(cycle)
-            if verdict is None or not placing:
-                return verdict
+            if not placing:
+                return rules_verdict(pod, placed)
+            view = _WithPlacing(placed, [other.anchored for other in placing if other.anchored is not None])
+            verdict = _verdict(pod, view, placed)
+            if verdict is None:
+                return None
             around = self._around(cycle, pod, placed, verdict, placing)
             left = deadline - loop.time()
             if around.refusal() is None or left <= 0:
+                ctx.state[COUNTED] = tuple(placing)
+                for other in placing:
+                    if other.counted_by is None:
+                        other.counted_by = set()
+                    other.counted_by.add(pod.uid)
                 return around
             await placed.in_flight.wait_nodes(placing, seconds=left)
 
@@ -971,29 +1068,31 @@ class PodPlacementRules:
         )
 
     @staticmethod
-    def _narrowed(
-        cycle: _Cycle, pod: PodInfo, placed: PlacedPods, verdict: Verdict, ctx: CycleContext
-    ) -> Verdict:
-        """Send the pod to one domain of its spread when later pods of its group are in flight, so
-        that they need not wait for its node (see :func:`_narrow_key`)."""
+    def _narrow(cycle: _Cycle, pod: PodInfo, placed: PlacedPods, verdict: Verdict, ctx: CycleContext) -> None:
+        """Send the pod to one region of its spread's key when later pods of its group are in
+        flight, so that they need not wait for its node (see :func:`_narrow_key`): a requirement
+        of its own (:data:`NARROWING`), which the reserve drops and tries once more without should
+        the RM refuse it (the region chosen may be full while another has room)."""
         group = cycle.group
         if group is None or group.narrow_key is None or not placed.in_flight.may_narrow(pod.uid):
-            return verdict
+            return
         later = placed.in_flight.followed(cycle)
         if not later:
-            return verdict
+            return
         found = narrowing(
             pod=_incoming(pod), verdict=verdict, nodes=placed.nodes(), key=group.narrow_key, later=later
         )
         if found is None:
-            return verdict
+            return
+        effect = narrowed_effect(nodes=placed.nodes(), key=group.narrow_key, narrowed=found, related=later)
+        terms = (effect.term(),)
+        ctx.require_nodes(terms)
+        if _beyond_caps(ctx.required_node_terms()) is not None:
+            ctx.node_constraints.remove(terms)  # past the contract's caps: not narrowed
+            return
         ctx.state[NARROWED] = found
-        verdict = with_effect(
-            verdict,
-            narrowed_effect(nodes=placed.nodes(), key=group.narrow_key, narrowed=found, related=later),
-        )
-        ctx.state[VERDICT] = verdict
-        return verdict
+        ctx.state[NARROWING] = terms
+        ctx.state[VERDICT] = with_effect(verdict, effect)
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
         placed = ctx.ports.placed
@@ -1001,6 +1100,11 @@ class PodPlacementRules:
             return Status.success()
         placed.assume(_assumed(ctx.pod, ctx.node))
         placed.in_flight.settle(ctx.pod.uid)
+        counted = ctx.state.get(COUNTED)
+        if isinstance(counted, tuple) and counted:
+            # Counted where they were sent, before the RM placed them: NodeCheck must see where
+            # they landed, or that they failed, before this pod is bound.
+            await placed.in_flight.wait_nodes(counted, seconds=self._wait_seconds)
         return Status.success()
 
     async def unreserve(self, *, ctx: CycleContext) -> None:

@@ -1,0 +1,125 @@
+"""Found in review: the anchor assumption (a narrowed pod counted on one node of its zone before the RM
+names its node) is read by *other* pods' hostname rules: a pod of another Deployment whose cycle
+began earlier (so it does not wait for the narrowed one) is sent next to the anchor, where the
+narrowed pod never lands: its required pod affinity is broken."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from bindery.kube.placed import PlacedPodCache
+from bindery.rm.errors import RMUnschedulable
+from bindery.rm.models import Reservation, ReservationRequest, ReservationState
+from bindery.scheduling.cycle import schedule_one
+from bindery.scheduling.framework import Ports, Profile
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import NodeProjection
+from tests.scheduling.fakes import Calls, FakeBinder, FakeConditions, FakeEvents, FakeNodes, FakePods
+from tests.scheduling.test_inflight_domains import HOST, ZONE, PickingRM, _allows, spread_pod
+
+
+def pod(name: str, labels: dict[str, str], affinity: dict[str, Any]) -> PodInfo:
+    return PodInfo.from_body(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "labels": labels},
+            "spec": {"schedulerName": "bindery", "containers": [{"name": "c"}], "affinity": affinity},
+        }
+    )
+
+
+class GatedRM(PickingRM):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gates: dict[str, asyncio.Event] = {}
+        self.pick: dict[str, Any] = {}
+
+    async def reserve(self, request: ReservationRequest, /) -> Reservation:
+        self.requests.append(request)
+        uid = request.pod.uid
+        if uid in self.gates:
+            await self.gates[uid].wait()
+        else:
+            await asyncio.sleep(0)
+        terms = request.placement.model_dump(by_alias=True, exclude_none=True)["requiredNodeAffinity"]
+        allowed = sorted(
+            n.name for n in self.nodes if not terms or any(_allows(t, n.labels, n.name) for t in terms)
+        )
+        if not allowed:
+            raise RMUnschedulable("no node allowed (test)", reason="no node allowed (test)")
+        node = self.pick[uid](allowed) if uid in self.pick else allowed[-1]
+        return Reservation(
+            id=f"r-{uid}",
+            node=node,
+            state=ReservationState.RESERVED,
+            pod_uid=uid,
+            scheduler_name=request.pod.scheduler_name,
+        )
+
+
+async def test_an_earlier_pods_hostname_affinity_is_not_satisfied_by_an_anchor() -> None:
+    calls = Calls()
+    nodes = [NodeProjection(name=f"n{i}", labels={HOST: f"n{i}", ZONE: f"z{i % 3}"}) for i in range(9)]
+    cache = PlacedPodCache(nodes=lambda: nodes)
+    rm = GatedRM(calls, nodes, seed=0)
+    fake_pods = FakePods(calls)
+    ports = Ports(
+        nodes=FakeNodes(calls, {n.name: n for n in nodes}),
+        pods=fake_pods,
+        binder=FakeBinder(calls),
+        events=FakeEvents(calls),
+        conditions=FakeConditions(calls),
+        placed=cache,
+    )
+    profile = Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=rm)
+    to_q = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "q"}}}
+        ]
+    }
+    x = pod("x", {"app": "x"}, {"podAntiAffinity": to_q})  # q waits for x's node (symmetry)
+    q = pod(
+        "q",
+        {"app": "q"},
+        {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "g"}}}
+                ]
+            }
+        },
+    )
+    g = [spread_pod(f"g{i}") for i in range(3)]
+    for info in (x, q, *g):
+        fake_pods.pods[info.uid] = info
+    rm.gates = {"uid-x": asyncio.Event(), "uid-g1": asyncio.Event()}
+    anchors: dict[str, str] = {}
+
+    def next_to_anchor(allowed: list[str]) -> str:
+        g1 = cache.get("uid-g1")
+        if g1 is None:  # not assumed anywhere yet (the code before narrowing)
+            return allowed[0]
+        anchors["g1"] = g1.node
+        return g1.node if g1.node in allowed else allowed[0]
+
+    rm.pick["uid-q"] = next_to_anchor
+    # g1 lands on the last node of its region, not on its anchor (the first)
+    tasks = {"x": asyncio.create_task(schedule_one(pod=x, profile=profile, ports=ports))}
+    for _ in range(50):
+        await asyncio.sleep(0)
+    tasks["q"] = asyncio.create_task(schedule_one(pod=q, profile=profile, ports=ports))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    for info in g:
+        tasks[info.name] = asyncio.create_task(schedule_one(pod=info, profile=profile, ports=ports))
+    for _ in range(200):
+        await asyncio.sleep(0)
+    rm.gates["uid-x"].set()
+    q_outcome = await tasks["q"]
+    rm.gates["uid-g1"].set()
+    outcomes = {name: await task for name, task in tasks.items()}
+    bound = {name: o.node for name, o in outcomes.items() if o.bound}
+    if not q_outcome.bound:  # refused (no g pod placed yet): what a sequential scheduler does
+        return
+    g_nodes = {bound[name] for name in ("g0", "g1", "g2") if name in bound}
+    assert bound["q"] in g_nodes, f"q on {bound['q']} (g1's anchor {anchors.get('g1')}), g pods on {bound}"
