@@ -25,13 +25,16 @@ spread, host ports) turned into node constraints for the RM, and kept race-free 
 * **A zone at a time** — waiting for nodes makes each Deployment with rules a chain of RM round
   trips. Among one Deployment's own pods (one signature), when their rules toward each other are
   only a DoNotSchedule spread over one key, affinity over it and anti-affinity (:func:`_narrow_key`),
-  a pod with later pods of its group in flight is sent to one domain of that key
-  (:func:`~bindery.podrules.filters.narrowing`) and assumed on a node of it; the later pods wait only
-  for that, count it in its domain (exact for the spread) and keep their anti-affinity off the whole
-  domain (:func:`~bindery.podrules.filters.in_flight_exclusions`: a superset of where it lands). One
-  refused only because of those domains waits for their nodes and is evaluated again. So three zones
-  carry three reserves of a Deployment at once where there was one; the placements stay those a
-  sequential scheduler could make (NodeCheck re-checks each against the pods as they are).
+  a pod with later pods of its group in flight is sent to a region (one domain of that key, or a
+  part of it; only nodes it may run on: :func:`~bindery.podrules.filters.narrowing`). The later pods
+  of its group wait only for that, count it on an anchor node of its region (their own evaluation
+  only, :class:`_WithPlacing`; never the shared cache) and keep their anti-affinity off the whole
+  region (:func:`~bindery.podrules.filters.in_flight_exclusions`). One refused only because of
+  those regions waits for their nodes and is evaluated again. A narrowed reserve asks for no
+  preemption; refused, it is reserved again at once without the narrowing. A pod that counted
+  others in their regions waits at Reserve for their nodes, so NodeCheck re-checks it against where
+  they landed, leaving out the later pods that counted it (:func:`counted_by`): the order of a
+  sequential scheduler.
 * **Wake-up** — a pod this plugin refuses is parked until a placed pod that could lift the refusal
   is added, changed or removed (:func:`wake_on`, :func:`touch_of`; the queue's
   :meth:`~bindery.scheduling.queue.SchedulingQueue.wake`), as kube-scheduler's InterPodAffinity,
