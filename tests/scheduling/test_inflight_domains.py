@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -19,7 +19,7 @@ import pytest
 from bindery.kube.placed import PlacedPodCache
 from bindery.rm.errors import RMUnschedulable
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
-from bindery.scheduling.cycle import schedule_one
+from bindery.scheduling.cycle import CycleOutcome, schedule_one
 from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.framework import Ports, Profile
 from bindery.scheduling.podspec import PodInfo
@@ -30,7 +30,7 @@ HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 
 
-def _allows(term: Mapping[str, Any], labels: Mapping[str, str], name: str) -> bool:
+def allows(term: Mapping[str, Any], labels: Mapping[str, str], name: str) -> bool:
     for requirement in term.get("matchExpressions") or ():
         value = labels.get(requirement["key"])
         values = requirement.get("values") or []
@@ -61,8 +61,6 @@ class PickingRM(FakeRM):
         self.inside = 0
         self.most_inside = 0
         self.latency = 20
-        self.retried: list[tuple[str, Any]] = []
-        self.cache: PlacedPodCache | None = None
 
     async def reserve(self, request: ReservationRequest, /) -> Reservation:
         self.requests.append(request)
@@ -74,15 +72,21 @@ class PickingRM(FakeRM):
             if request.pod.uid in self.refuse:
                 self.refuse.discard(request.pod.uid)
                 raise RMUnschedulable("no room in the zone (test)", reason="no room in the zone (test)")
-            terms = request.placement.model_dump(by_alias=True, exclude_none=True)["requiredNodeAffinity"]
-            allowed = [
-                n.name for n in self.nodes if not terms or any(_allows(t, n.labels, n.name) for t in terms)
-            ]
+            allowed = self.allowed(request)
             if not allowed:
                 raise RMUnschedulable("no node allowed (test)", reason="no node allowed (test)")
-            node = self.random.choice(sorted(allowed))
+            node = self.random.choice(sorted(n.name for n in allowed))
         finally:
             self.inside -= 1
+        return self.reservation(request, node)
+
+    def allowed(self, request: ReservationRequest) -> list[NodeProjection]:
+        """The nodes the request's required node affinity allows, in order."""
+        terms = request.placement.model_dump(by_alias=True, exclude_none=True)["requiredNodeAffinity"]
+        return [n for n in self.nodes if not terms or any(allows(t, n.labels, n.name) for t in terms)]
+
+    @staticmethod
+    def reservation(request: ReservationRequest, node: str) -> Reservation:
         return Reservation(
             id=f"r-{request.pod.uid}",
             node=node,
@@ -90,6 +94,38 @@ class PickingRM(FakeRM):
             pod_uid=request.pod.uid,
             scheduler_name=request.pod.scheduler_name,
         )
+
+
+def zoned_nodes(count: int) -> list[NodeProjection]:
+    """Nodes n0… with their own hostnames, in zones z0, z1, z2 in turn."""
+    return [NodeProjection(name=f"n{i}", labels={HOST: f"n{i}", ZONE: f"z{i % 3}"}) for i in range(count)]
+
+
+class Cluster:
+    """The nodes behind `rm`, the placed-pod cache and the ports one profile's cycles share."""
+
+    def __init__(self, rm: PickingRM) -> None:
+        calls = rm.calls
+        nodes = list(rm.nodes)
+        self.cache = PlacedPodCache(nodes=lambda: nodes)
+        self.pods = FakePods(calls)
+        self.ports = Ports(
+            nodes=FakeNodes(calls, {n.name: n for n in nodes}),
+            pods=self.pods,
+            binder=FakeBinder(calls),
+            events=FakeEvents(calls),
+            conditions=FakeConditions(calls),
+            placed=self.cache,
+        )
+        self.profile = Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=rm)
+
+    def cycle(self, pod: PodInfo) -> Coroutine[Any, Any, CycleOutcome]:
+        self.pods.pods[pod.uid] = pod
+        return schedule_one(pod=pod, profile=self.profile, ports=self.ports)
+
+    async def run(self, pods: Sequence[PodInfo]) -> list[CycleOutcome]:
+        """The pods' cycles, all at once."""
+        return list(await asyncio.gather(*map(self.cycle, pods)))
 
 
 def spread_pod(name: str, *, group: str = "g", keys: Sequence[str] = (ZONE,)) -> PodInfo:
@@ -135,40 +171,19 @@ def violations(placements: Mapping[str, str], zone_of: Mapping[str, str]) -> lis
 
 async def burst(
     *, pods: int, nodes: int, seed: int, refuse: int = 0, keys: Sequence[str] = (ZONE,)
-) -> tuple[PickingRM, dict[str, str], list[Any]]:
-    calls = Calls()
-    node_list = [
-        NodeProjection(name=f"n{i}", labels={HOST: f"n{i}", ZONE: f"z{i % 3}"}) for i in range(nodes)
-    ]
-    cache = PlacedPodCache(nodes=lambda: node_list)
-    rm = PickingRM(calls, node_list, seed=seed)
-    rm.cache = cache
+) -> tuple[PickingRM, dict[str, str], list[CycleOutcome]]:
+    rm = PickingRM(Calls(), zoned_nodes(nodes), seed=seed)
     rm.refuse = {f"uid-p{i}" for i in random.Random(seed).sample(range(pods), refuse)}
-    fake_pods = FakePods(calls)
-    ports = Ports(
-        nodes=FakeNodes(calls, {n.name: n for n in node_list}),
-        pods=fake_pods,
-        binder=FakeBinder(calls),
-        events=FakeEvents(calls),
-        conditions=FakeConditions(calls),
-        placed=cache,
-    )
-    profile = Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=rm)
+    cluster = Cluster(rm)
     infos = [spread_pod(f"p{i}", keys=keys) for i in range(pods)]
-    for info in infos:
-        fake_pods.pods[info.uid] = info
-    outcomes = list(
-        await asyncio.gather(*(schedule_one(pod=info, profile=profile, ports=ports) for info in infos))
-    )
+    outcomes = await cluster.run(infos)
     placements = {info.uid: o.node for info, o in zip(infos, outcomes, strict=True) if o.bound and o.node}
-    # The refused ones once more, at once: a pod whose narrowed request was refused is not narrowed.
+    # The pods not bound once more, at once (a NodeCheck refusal is retried, as the queue would).
     again = [info for info, outcome in zip(infos, outcomes, strict=True) if not outcome.bound]
-    rm.requests.clear()
-    retried = await asyncio.gather(*(schedule_one(pod=info, profile=profile, ports=ports) for info in again))
+    retried = await cluster.run(again)
     placements.update(
         {info.uid: o.node for info, o in zip(again, retried, strict=True) if o.bound and o.node}
     )
-    rm.retried = [(r.pod.uid, r.placement.model_dump(by_alias=True, exclude_none=True)) for r in rm.requests]
     return rm, placements, outcomes
 
 
@@ -194,23 +209,9 @@ async def test_random_bursts_with_refusals_break_no_rule_among_the_bound(seed: i
 
 async def test_a_pod_whose_narrowed_request_the_rm_refused_is_sent_again_without_the_narrowing() -> None:
     """The zone chosen for it may be full while another has room: its next cycle lets the RM choose."""
-    calls = Calls()
-    node_list = [NodeProjection(name=f"n{i}", labels={HOST: f"n{i}", ZONE: f"z{i}"}) for i in range(3)]
-    cache = PlacedPodCache(nodes=lambda: node_list)
-    rm = PickingRM(calls, node_list, seed=0)
-    fake_pods = FakePods(calls)
-    ports = Ports(
-        nodes=FakeNodes(calls, {n.name: n for n in node_list}),
-        pods=fake_pods,
-        binder=FakeBinder(calls),
-        events=FakeEvents(calls),
-        conditions=FakeConditions(calls),
-        placed=cache,
-    )
-    profile = Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=rm)
+    rm = PickingRM(Calls(), zoned_nodes(3), seed=0)  # one node per zone
+    cluster = Cluster(rm)
     pods = [spread_pod(f"p{i}") for i in range(4)]
-    for info in pods:
-        fake_pods.pods[info.uid] = info
 
     def zone_ins(uid: str) -> list[list[list[str]]]:
         """Per request of the pod: the values of each zone ``In`` it carries."""
@@ -228,7 +229,7 @@ async def test_a_pod_whose_narrowed_request_the_rm_refused_is_sent_again_without
         return found
 
     rm.refuse = {"uid-p1"}
-    first = await asyncio.gather(*(schedule_one(pod=p, profile=profile, ports=ports) for p in pods[:3]))
+    first = await cluster.run(pods[:3])
     assert [o.bound for o in first] == [True, True, True]
     # p1 was narrowed (p2 in flight behind it): the spread's two zones and one of them chosen;
     # refused there, it was reserved again in the same cycle with the spread's zones only.
@@ -236,7 +237,7 @@ async def test_a_pod_whose_narrowed_request_the_rm_refused_is_sent_again_without
     assert [len(zones) for zones in narrowed] == [2, 1]
     assert [len(zones) for zones in wide] == [2]
     assert next(r for r in rm.requests if r.pod.uid == "uid-p1").preemption_policy is None
-    assert not cache.in_flight.may_narrow("uid-p1")
+    assert not cluster.cache.in_flight.may_narrow("uid-p1")
     assert violations({o.node: o.node for o in first if o.node}, {f"n{i}": f"z{i}" for i in range(3)}) == []
 
 

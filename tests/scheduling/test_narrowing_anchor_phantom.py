@@ -8,15 +8,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bindery.kube.placed import PlacedPodCache
 from bindery.rm.errors import RMUnschedulable
-from bindery.rm.models import Reservation, ReservationRequest, ReservationState
-from bindery.scheduling.cycle import schedule_one
-from bindery.scheduling.framework import Ports, Profile
+from bindery.rm.models import Reservation, ReservationRequest
 from bindery.scheduling.podspec import PodInfo
-from bindery.scheduling.ports import NodeProjection
-from tests.scheduling.fakes import Calls, FakeBinder, FakeConditions, FakeEvents, FakeNodes, FakePods
-from tests.scheduling.test_inflight_domains import HOST, ZONE, PickingRM, _allows, spread_pod
+from tests.scheduling.fakes import Calls
+from tests.scheduling.test_inflight_domains import HOST, Cluster, PickingRM, spread_pod, zoned_nodes
 
 
 def pod(name: str, labels: dict[str, str], affinity: dict[str, Any]) -> PodInfo:
@@ -41,37 +37,16 @@ class GatedRM(PickingRM):
             await self.gates[uid].wait()
         else:
             await asyncio.sleep(0)
-        terms = request.placement.model_dump(by_alias=True, exclude_none=True)["requiredNodeAffinity"]
-        allowed = sorted(
-            n.name for n in self.nodes if not terms or any(_allows(t, n.labels, n.name) for t in terms)
-        )
+        allowed = sorted(n.name for n in self.allowed(request))
         if not allowed:
             raise RMUnschedulable("no node allowed (test)", reason="no node allowed (test)")
         node = self.pick[uid](allowed) if uid in self.pick else allowed[-1]
-        return Reservation(
-            id=f"r-{uid}",
-            node=node,
-            state=ReservationState.RESERVED,
-            pod_uid=uid,
-            scheduler_name=request.pod.scheduler_name,
-        )
+        return self.reservation(request, node)
 
 
 async def test_an_earlier_pods_hostname_affinity_is_not_satisfied_by_an_anchor() -> None:
-    calls = Calls()
-    nodes = [NodeProjection(name=f"n{i}", labels={HOST: f"n{i}", ZONE: f"z{i % 3}"}) for i in range(9)]
-    cache = PlacedPodCache(nodes=lambda: nodes)
-    rm = GatedRM(calls, nodes, seed=0)
-    fake_pods = FakePods(calls)
-    ports = Ports(
-        nodes=FakeNodes(calls, {n.name: n for n in nodes}),
-        pods=fake_pods,
-        binder=FakeBinder(calls),
-        events=FakeEvents(calls),
-        conditions=FakeConditions(calls),
-        placed=cache,
-    )
-    profile = Profile(name="pool", scheduler_names=frozenset({"bindery"}), client=rm)
+    rm = GatedRM(Calls(), zoned_nodes(9), seed=0)
+    cluster = Cluster(rm)
     to_q = {
         "requiredDuringSchedulingIgnoredDuringExecution": [
             {"topologyKey": HOST, "labelSelector": {"matchLabels": {"app": "q"}}}
@@ -90,13 +65,11 @@ async def test_an_earlier_pods_hostname_affinity_is_not_satisfied_by_an_anchor()
         },
     )
     g = [spread_pod(f"g{i}") for i in range(3)]
-    for info in (x, q, *g):
-        fake_pods.pods[info.uid] = info
     rm.gates = {"uid-x": asyncio.Event(), "uid-g1": asyncio.Event()}
     anchors: dict[str, str] = {}
 
     def next_to_anchor(allowed: list[str]) -> str:
-        g1 = cache.get("uid-g1")
+        g1 = cluster.cache.get("uid-g1")
         if g1 is None:  # not assumed anywhere yet (the code before narrowing)
             return allowed[0]
         anchors["g1"] = g1.node
@@ -104,14 +77,14 @@ async def test_an_earlier_pods_hostname_affinity_is_not_satisfied_by_an_anchor()
 
     rm.pick["uid-q"] = next_to_anchor
     # g1 lands on the last node of its region, not on its anchor (the first)
-    tasks = {"x": asyncio.create_task(schedule_one(pod=x, profile=profile, ports=ports))}
+    tasks = {"x": asyncio.create_task(cluster.cycle(x))}
     for _ in range(50):
         await asyncio.sleep(0)
-    tasks["q"] = asyncio.create_task(schedule_one(pod=q, profile=profile, ports=ports))
+    tasks["q"] = asyncio.create_task(cluster.cycle(q))
     for _ in range(50):
         await asyncio.sleep(0)
     for info in g:
-        tasks[info.name] = asyncio.create_task(schedule_one(pod=info, profile=profile, ports=ports))
+        tasks[info.name] = asyncio.create_task(cluster.cycle(info))
     for _ in range(200):
         await asyncio.sleep(0)
     rm.gates["uid-x"].set()
