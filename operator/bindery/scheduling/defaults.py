@@ -35,7 +35,7 @@ import pydantic
 
 from bindery.constraints import matches_required_affinity
 from bindery.logcontext import add_log_context
-from bindery.rm.errors import ProblemType, RMConflict, RMUnschedulable, RMUnsupported
+from bindery.rm.errors import ProblemType, RMConflict, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
@@ -65,8 +65,6 @@ COMMIT_FAILED = "CommitReservation/failed"
 _RELEASED = "ResourceManagerReservation/released"
 _LEASE = "ResourceManagerReservation/lease"
 _NOT_RENEWABLE = "ResourceManagerReservation/not-renewable"
-#: ctx.state key: the RM's refusal of a request PodPlacementRules narrowed (then reserved anew without).
-_NARROW_REFUSED = "ResourceManagerReservation/narrow-refused"
 
 #: The longest one Binding attempt may take (the lease may allow less); a Binding normally takes
 #: milliseconds, and the apiserver itself gives up on a request after 60 s.
@@ -163,7 +161,7 @@ class ResourceManagerReservation:
             # Deployment need not wait): asked without preemption, as the region is not the pod's
             # own constraint; refused there, the pod is reserved once more without it.
             status = await self._reserve(ctx, narrowed=True)
-            if not isinstance(ctx.state.get(_NARROW_REFUSED), RMUnschedulable):
+            if status.failure is None or status.failure.kind is not FailureKind.RM_UNSCHEDULABLE:
                 return status
             ctx.state.pop(NARROWING, None)
             if narrowing in ctx.node_constraints:
@@ -197,10 +195,6 @@ class ResourceManagerReservation:
         sent_at, sent_at_wall = ctx.profile.clock(), datetime.now(UTC)
         try:
             ctx.reservation = await ctx.profile.client.reserve(request)
-        except RMUnschedulable as error:
-            if narrowed:
-                ctx.state[_NARROW_REFUSED] = error
-            return _failure(ctx, error, Stage.RESERVE, self.name)
         except RMConflict as error:
             if error.problem.get("type") != ProblemType.IDEMPOTENCY_KEY_REUSED:
                 return _failure(ctx, error, Stage.RESERVE, self.name)
