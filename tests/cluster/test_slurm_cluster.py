@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import os
 import pathlib
+import shutil
 import signal
 import time
 import uuid
@@ -235,6 +236,72 @@ async def test_a_sigkill_mid_burst_leaves_one_running_job_per_pod(
             return not await view.pods("app=burst") and not await one_running_job_per_pod(stage, "app=burst")
 
         await eventually(settled_empty, within=90, what="no placeholder job left after scaling to 0")
+
+
+async def test_a_placeholder_slurmctld_lost_is_submitted_again_for_its_running_pod(
+    *,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+    slurm_root: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    """slurmctld saves its state a moment after it answers, so a SIGKILL can lose a placeholder it
+    acknowledged: CI saw the commit lost, the job restarted unclaimed and ended, and the pod ran on
+    room Slurm counted as free. Here slurmctld is SIGKILLed and started from the state it saved
+    before the pod's job: a reconcile pass submits a new placeholder on the pod's node, and every
+    running pod has exactly one RUNNING job on its node again."""
+    async with slurm_stage(
+        api=cluster_api,
+        operator_kubeconfig=cluster_operator_kubeconfig,
+        namespace=cluster_namespace,
+        root=slurm_root,
+        tmp=tmp_path,
+        spec={"reconcileIntervalSeconds": 5},
+    ) as stage:
+        view, bed = stage.view, stage.bed
+        state, saved = bed.workdir / "state", tmp_path / "state-before"
+        bed.kill("slurmctld", signal.SIGTERM)  # a clean shutdown writes every state file
+        shutil.copytree(state, saved)
+        bed.start_slurmctld()
+        await view.apps.create_namespaced_deployment(
+            cluster_namespace,
+            deployment("kept", replicas=1, cpu="1", scheduler=stage.scheduler, pool=stage.pool),
+        )
+        await eventually(lambda: view.running("app=kept", 1), within=120, what="the pod Running")
+
+        async def settled() -> bool:
+            return not await one_running_job_per_pod(stage, "app=kept")
+
+        await eventually(settled, within=60, what="the pod's placeholder RUNNING")
+        first = [r["id"] for r in bed.squeue() if r["name"].startswith("bindery:")]
+        bed.kill("slurmctld", signal.SIGKILL)
+        shutil.rmtree(state)
+        shutil.copytree(saved, state)
+        bed.start_slurmctld()
+
+        async def forgotten() -> bool:
+            return not any(r["id"] in first and r["state"] == "RUNNING" for r in bed.squeue())
+
+        await eventually(forgotten, within=60, what="Slurm to have forgotten the pod's placeholder")
+        await eventually(settled, within=90, what="a new placeholder RUNNING on the pod's node")
+        pod = (await view.pods("app=kept"))[0]
+
+        async def told() -> list[str]:
+            events = await client.EventsV1Api(cluster_api).list_namespaced_event(
+                cluster_namespace, field_selector=f"regarding.name={pod['metadata']['name']}"
+            )
+            reasons = [
+                e.reason
+                for e in sorted(events.items, key=lambda e: e.event_time)
+                if e.reason.startswith("Reserv")
+            ]
+            return reasons if "ReservationRestored" in reasons else []
+
+        # A pass may have come before slurmd registered again: Slurm refused, ReservationMissing said so.
+        reasons = await eventually(told, within=30, what="the ReservationRestored event")
+        assert reasons[-1] == "ReservationRestored", reasons
+        assert reasons.count("ReservationRestored") == 1, reasons
 
 
 async def test_a_pod_waits_in_slurms_queue_with_slurms_reason_then_binds(

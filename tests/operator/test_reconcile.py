@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 import pathlib
+import shutil
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.controller.install import apply_crd, grant_operator
-from bindery.controller.reconcile import Reconciler
+from bindery.controller.reconcile import Reconciler, ReconcileReport
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.client import ResourceManagerClient
@@ -159,6 +160,9 @@ class _Anonymous:
         found = await self.inner.list_revoked_reservations(**filters)
         return [r.model_copy(update={"namespace": None, "name": None}) for r in found]
 
+    async def reserve(self, request: ReservationRequest) -> Reservation:
+        return await self.inner.reserve(request)
+
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
         return await self.inner.commit(reservation_id, pod_uid=pod_uid)
 
@@ -282,6 +286,82 @@ async def test_a_bound_pod_without_a_reservation_is_warned_about_once(
     assert warnings[0]["type"] == "Warning"
     assert warnings[0]["reportingController"] == "bindery"
     assert "rm-under-test" in warnings[0]["note"]
+
+
+async def test_a_bound_pod_whose_reservation_the_rm_lost_gets_one_again_on_its_node(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """An RM that forgets a committed reservation (here: SIGKILLed and started again from a copy of
+    its database taken before the reserve; on the Slurm bed, slurmctld SIGKILLed before it saved the
+    commit it had acknowledged) leaves the pod running on capacity the RM no longer counts. A pass
+    reserves again for the pod, pinned to its node, and commits; a Warning ReservationRestored says
+    so once, and no ReservationMissing. Once the pod is gone, a pass releases the new reservation."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    database = process.directory / "rm.sqlite"
+    backup = process.directory / "rm-before.sqlite"
+    await process.stop()  # a clean copy: nothing left in the write-ahead log
+    shutil.copyfile(database, backup)
+    await process.start()
+    pod = await create_pod(
+        kube_api, namespace=namespace, body=pod_body(name="kept", scheduler_name=scheduler)
+    )
+    uid = pod["metadata"]["uid"]
+    async with process.client() as rm:
+        lost = await _reserve(rm, pod=pod, scheduler=scheduler)
+        await bind_pod(
+            kube_api,
+            namespace=namespace,
+            name="kept",
+            node=node,
+            annotations={RESERVATION_ANNOTATION: lost.id},
+        )
+        await rm.commit(lost.id, pod_uid=uid)
+    process.kill()
+    await process.wait()
+    for stale in process.directory.glob("rm.sqlite*"):
+        stale.unlink()
+    shutil.copyfile(backup, database)
+    await process.start()
+    async with process.client() as rm:
+        assert [r for r in await rm.list_reservations(pod_uid=uid) if r.state.active] == []
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+        )
+        reports: list[ReconcileReport] = []
+
+        async def restored() -> list[Reservation]:
+            reports.append(await reconciler.run_once(reason="test"))  # the RM mirrors the node first
+            return [r for r in await rm.list_reservations(pod_uid=uid) if r.state.active]
+
+        active = await eventually(restored, within=60, what="an active reservation for the pod again")
+        assert [(r.state.value, r.node) for r in active] == [("committed", node)]
+        assert [r.restored for r in reports if r.restored] == [(f"{namespace}/kept",)]
+        assert active[0].id != lost.id
+        again = await reconciler.run_once(reason="test")
+        assert (again.restored, again.missing) == ((), ())
+        # The annotation still names the lost reservation (the operator may not patch pods): the
+        # pass releases the new one once the pod is gone.
+        await client.CoreV1Api(kube_api).delete_namespaced_pod("kept", namespace, grace_period_seconds=0)
+        gone = await reconciler.run_once(reason="test")
+        assert gone.released == (active[0].id,)
+        assert [r for r in await rm.list_reservations(pod_uid=uid) if r.state.active] == []
+    events = await events_of(kube_api, namespace=namespace, pod_name="kept")
+    restored_events = [e for e in events if e["reason"] == "ReservationRestored"]
+    assert len(restored_events) == 1, events
+    assert restored_events[0]["type"] == "Warning"
+    assert lost.id in restored_events[0]["note"]
+    assert active[0].id in restored_events[0]["note"]
+    assert [e for e in events if e["reason"] == "ReservationMissing"] == []
 
 
 async def test_the_crd_defaults_the_reconcile_interval_and_refuses_less_than_5s(
@@ -896,6 +976,9 @@ class _ForgetsAcknowledgements:
         for reservation in await self.inner.list_revoked_reservations(**filters):
             self.shown[reservation.id] = reservation
         return list(self.shown.values())
+
+    async def reserve(self, request: ReservationRequest) -> Reservation:
+        return await self.inner.reserve(request)
 
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
         return await self.inner.commit(reservation_id, pod_uid=pod_uid)

@@ -16,6 +16,7 @@ from bindery.controller.reconcile import (
     surplus,
     unscoped_action,
 )
+from bindery.controller.restore import restore_request
 from bindery.controller.watches.bound import remembered, reservation_to_release
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
@@ -197,3 +198,47 @@ def test_one_reservation_listed_twice_is_never_its_own_surplus() -> None:
     # A real second reservation is still surplus, whichever copies of the first are listed.
     other = _reservation("reserved", id="r2")
     assert {k: v.id for k, v in surplus([as_reserved, other, as_committed], pods).items()} == {"r2": "r1"}
+
+
+def test_a_restore_asks_for_the_pods_room_on_its_node_only_and_never_preempts() -> None:
+    """What the reconcile pass sends to give a bound pod its lost reservation back: pinned to the node
+    it runs on (its own node selector and affinity dropped: it is there already), tolerations kept, no
+    preemption, a key of its own so a retry after a lost answer replays the same reservation."""
+    pod = {
+        "metadata": {
+            "uid": "u-1",
+            "namespace": "ns",
+            "name": "web-1",
+            "annotations": {RESERVATION_ANNOTATION: "r-lost"},
+        },
+        "spec": {
+            "nodeName": "n7",
+            "schedulerName": "bindery",
+            "nodeSelector": {"zone": "a"},
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]
+                    }
+                }
+            },
+            "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}],
+        },
+    }
+    request = restore_request(pod=pod, lost="r-lost")
+    body = request.model_dump(by_alias=True, exclude_none=True)
+    assert body["placement"] == {
+        "nodeSelector": {},
+        "requiredNodeAffinity": [
+            {
+                "matchExpressions": [],
+                "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n7"]}],
+            }
+        ],
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    assert body["resources"] == {"cpu": "500m", "memory": "1Gi"}
+    assert body["preemptionPolicy"] == "Never"
+    assert body["idempotencyKey"] == "restore:r-lost:u-1"
+    assert body["pod"]["uid"] == "u-1"

@@ -27,8 +27,12 @@ What a pass decides for each active reservation (:func:`reconcile_action`, from 
   **released** (:func:`surplus`: the committed one is kept, else the oldest).
 
 And for the other direction: a bound, running pod of a served scheduler name without any active
-reservation gets one Warning event ``ReservationMissing`` (once per pod UID, remembered bounded)
-and is counted: its resources are not accounted at the RM, which may hand them out again.
+reservation has resources the RM does not account for, and may hand out again. When Bindery bound
+it (the RM lost the reservation: a crash that lost acknowledged writes, a restore from a backup),
+the pass reserves and commits again for it on its node (:mod:`bindery.controller.restore`). A pod
+Bindery did not bind, or whose restore the RM refuses, gets one Warning event ``ReservationMissing``
+(once per pod UID, remembered bounded) and is counted; a refused restore is asked for again by
+every pass.
 
 Which reservations: those of every scheduler name this RM serves now or served earlier in this
 process (a name moved to another RM). Reservations of other names are left alone, even names
@@ -63,13 +67,14 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from bindery.controller.metrics import Metrics
+from bindery.controller.restore import Restorer
 from bindery.controller.revocation import RevocationReport, Revocations
 from bindery.controller.watches.bound import TERMINAL_PHASES, list_bound_pods
 from bindery.k8s import ApiClient
 from bindery.kube.events import KubeEventSink
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
-from bindery.rm.models import Reservation, ReservationState
+from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.revocation import OnRevoked
@@ -222,9 +227,18 @@ def missing_reservations(
     return found
 
 
-def missing_note(*, pod: Mapping[str, Any], resource_manager: str) -> str:
-    """Pure: the Warning's text: what is wrong, why it matters, what to do."""
+def missing_note(*, pod: Mapping[str, Any], resource_manager: str, restore: str | None = None) -> str:
+    """Pure: the Warning's text: what is wrong, why it matters, what to do. `restore`: why Bindery
+    could not reserve again for a pod it bound (it keeps asking), None for a pod it did not bind."""
     spec = pod.get("spec") or {}
+    if restore is not None:
+        return (
+            f"Pod is bound to node {spec.get('nodeName')} by Bindery, but ResourceManager {resource_manager} "
+            "no longer holds its reservation, so the resource manager does not account for its resources "
+            f"and may place other pods on them. Bindery asked for them again and could not get them: "
+            f"{restore}. It asks again at every reconcile pass; free room on the node, or check the "
+            "resource manager's reservations for this pod UID."
+        )
     return (
         f"Pod is bound to node {spec.get('nodeName')} with schedulerName {spec.get('schedulerName')}, "
         f"but ResourceManager {resource_manager} holds no active reservation for it, so the resource "
@@ -236,6 +250,8 @@ def missing_note(*, pod: Mapping[str, Any], resource_manager: str) -> str:
 
 class ReconcilingRM(Protocol):
     """What a pass needs of the RM client (:class:`bindery.rm.client.ResourceManagerClient`)."""
+
+    async def reserve(self, request: ReservationRequest) -> Reservation: ...
 
     async def list_reservations(
         self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
@@ -261,6 +277,7 @@ class ReconcileReport:
     released: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
     missing: tuple[str, ...] = ()  # namespace/name of pods warned about in this pass
+    restored: tuple[str, ...] = ()  # namespace/name of pods whose lost reservation was made again
     kept: int = 0  # active reservations left alone (pending pod, or committed to its running pod)
     evicted: tuple[str, ...] = ()  # namespace/name of pods evicted because the RM revoked theirs
     revoked: tuple[str, ...] = ()  # revoked reservation ids acted on and acknowledged
@@ -322,6 +339,15 @@ class Reconciler:
         #: ids of unscoped reservations whose pod an earlier pass found here (see unscoped_action)
         self._seen_here: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = asyncio.Lock()
+        #: UIDs of pods Bindery bound whose lost reservation the RM refused to restore, warned about
+        #: once; unlike `_warned`, their restore is asked for again by every pass.
+        self._unrestored: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._restorer = Restorer(
+            resource_manager=resource_manager,
+            logger=logger,
+            events=self._events,
+            metrics=self._metrics,
+        )
         self._revocations = Revocations(
             resource_manager=resource_manager,
             api=api,
@@ -352,11 +378,19 @@ class Reconciler:
             finally:
                 self.passes += 1
         self._metrics.reconcile_pass(resource_manager=self.resource_manager, outcome="ok")
-        if report.committed or report.released or report.failed or report.missing or report.revoked:
+        if (
+            report.committed
+            or report.released
+            or report.failed
+            or report.missing
+            or report.revoked
+            or report.restored
+        ):
             self._logger.info(
                 f"reconcile pass of ResourceManager {self.resource_manager!r} ({reason}): "
                 f"{len(report.committed)} committed, {len(report.released)} released, "
                 f"{len(report.failed)} failed, {len(report.missing)} pods without a reservation, "
+                f"{len(report.restored)} restored, "
                 f"{len(report.revoked)} revoked ({len(report.evicted)} pods evicted), "
                 f"{report.kept} left alone"
             )
@@ -432,7 +466,7 @@ class Reconciler:
             self._on_released()
         for uid in revoked.warned:  # told Revoked already: no ReservationMissing on top
             self._remember(self._warned, uid)
-        missing = await self._report_missing(
+        missing, restored = await self._report_missing(
             served_pods=served_pods.values(),
             active_pod_uids={r.pod_uid for r in (*reservations, *unscoped)} | set(revoked.pods),
             rm=rm,
@@ -443,6 +477,7 @@ class Reconciler:
             released=tuple(done.released),
             failed=tuple(done.failed),
             missing=tuple(missing),
+            restored=tuple(restored),
             kept=done.kept,
             evicted=revoked.evicted,
             revoked=revoked.acknowledged,
@@ -553,10 +588,13 @@ class Reconciler:
 
     async def _report_missing(
         self, *, served_pods: Iterable[Mapping[str, Any]], active_pod_uids: set[str], rm: ReconcilingRM
-    ) -> list[str]:
+    ) -> tuple[list[str], list[str]]:
+        """Bound, running pods with no active reservation: restore those Bindery bound
+        (:mod:`bindery.controller.restore`), warn about the rest once. Returns (warned, restored)."""
         if not self._warn_missing:
-            return []
+            return [], []
         warned: list[str] = []
+        restored: list[str] = []
         for listed in missing_reservations(
             bound_pods=served_pods, active_pod_uids=active_pod_uids, warned=self._warned
         ):
@@ -566,7 +604,7 @@ class Reconciler:
                 str(metadata.get("namespace")),
                 str(metadata.get("name")),
             )
-            # Confirm before warning: the pod may have gone (and its reservation with it) since the list.
+            # Confirm before acting: the pod may have gone (and its reservation with it) since the list.
             async with asyncio.timeout(READ_TIMEOUT_SECONDS):
                 pod = await read_pod(api=self._api, namespace=namespace, name=name)
             if pod is None or missing_reservations(bound_pods=[pod], active_pod_uids=(), warned=()) == []:
@@ -575,7 +613,14 @@ class Reconciler:
                 continue
             if any(r.state.active for r in await rm.list_reservations(pod_uid=uid)):
                 continue
-            self._remember(self._warned, uid)
+            outcome = await self._restorer.restore(rm, pod)
+            if isinstance(outcome, Reservation):
+                self._unrestored.pop(uid, None)
+                restored.append(f"{namespace}/{name}")
+                continue
+            if outcome.transient or uid in self._unrestored:
+                continue  # the RM did not answer, or it refused and was warned about: the next pass asks
+            self._remember(self._unrestored if outcome.ours else self._warned, uid)
             self._metrics.reconcile_action(
                 resource_manager=self.resource_manager, action="missing_reservation"
             )
@@ -583,15 +628,16 @@ class Reconciler:
             self._logger.warning(
                 f"reconcile: pod {namespace}/{name} ({uid}) is bound to {node} "
                 f"but ResourceManager {self.resource_manager!r} holds no active reservation for it"
+                + (f"; restoring it failed: {outcome.why}" if outcome.ours else "")
             )
             try:
-                await self._post_warning(pod)
+                await self._post_warning(pod, restore=outcome.why if outcome.ours else None)
             except Exception as exc:  # the metric and the log already tell; the event is best effort
                 self._logger.warning(
                     f"could not post the {MISSING_REASON} event of pod {namespace}/{name}: {exc}"
                 )
             warned.append(f"{namespace}/{name}")
-        return warned
+        return warned, restored
 
     @staticmethod
     def _remember(memory: collections.OrderedDict[str, None], key: str) -> None:
@@ -601,7 +647,7 @@ class Reconciler:
         while len(memory) > REMEMBERED:
             memory.popitem(last=False)
 
-    async def _post_warning(self, pod: Mapping[str, Any]) -> None:
+    async def _post_warning(self, pod: Mapping[str, Any], *, restore: str | None = None) -> None:
         metadata = pod.get("metadata") or {}
         info = PodInfo(
             uid=str(metadata.get("uid")),
@@ -614,6 +660,6 @@ class Reconciler:
             pod=info,
             reason=MISSING_REASON,
             action="Reconciling",
-            note=missing_note(pod=pod, resource_manager=self.resource_manager),
+            note=missing_note(pod=pod, resource_manager=self.resource_manager, restore=restore),
             reporter=REPORTING_CONTROLLER,
         )
