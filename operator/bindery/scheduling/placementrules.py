@@ -684,8 +684,27 @@ class _WithPlacing:
         return itertools.chain(self._placed.with_host_ports(), (p for p in self._extra if p.host_ports))
 
 
+class _Kept:
+    """A group's pods without `gone`, filtered when iterated (again at every iteration).
+
+    Lazily, because the filters walk only the groups whose labels a selector matches: copying every
+    group of the namespace cost NodeCheck's re-check a pass over all its pods (issue 19's backlog).
+    """
+
+    __slots__ = ("_gone", "_pods")
+
+    def __init__(self, pods: Iterable[PlacedPod], gone: frozenset[str]) -> None:
+        self._pods = pods
+        self._gone = gone
+
+    def __iter__(self) -> Iterator[PlacedPod]:
+        gone = self._gone
+        return (pod for pod in self._pods if pod.uid not in gone)
+
+
 class _Without:
-    """The pods on nodes as they will be once `gone` (a preemption plan's victims) have left."""
+    """The pods on nodes as they will be once `gone` (a preemption plan's victims, or the later pods
+    that counted the one being checked) have left."""
 
     def __init__(self, placed: PlacedPods, gone: frozenset[str]) -> None:
         self._placed = placed
@@ -698,7 +717,7 @@ class _Without:
         return self._kept(self._placed.in_namespace(namespace))
 
     def label_groups(self, namespace: str) -> Iterable[tuple[Mapping[str, str], Iterable[PlacedPod]]]:
-        return [(labels, list(self._kept(pods))) for labels, pods in self._placed.label_groups(namespace)]
+        return [(labels, _Kept(pods, self._gone)) for labels, pods in self._placed.label_groups(namespace)]
 
     def namespaces(self) -> Iterable[str]:
         return self._placed.namespaces()
@@ -713,7 +732,7 @@ class _Without:
         self, namespace: str
     ) -> Iterable[tuple[str, tuple[AffinityTerm, ...], Iterable[PlacedPod]]]:
         return [
-            (owner, terms, list(self._kept(pods)))
+            (owner, terms, _Kept(pods, self._gone))
             for owner, terms, pods in self._placed.anti_affinity_groups_toward(namespace)
         ]
 
