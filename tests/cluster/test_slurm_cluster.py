@@ -274,16 +274,11 @@ async def test_a_placeholder_slurmctld_lost_is_submitted_again_for_its_running_p
             return not await one_running_job_per_pod(stage, "app=kept")
 
         await eventually(settled, within=60, what="the pod's placeholder RUNNING")
-        first = [r["id"] for r in bed.squeue() if r["name"].startswith("bindery:")]
         bed.kill("slurmctld", signal.SIGKILL)
         shutil.rmtree(state)
         shutil.copytree(saved, state)
         bed.start_slurmctld()
-
-        async def forgotten() -> bool:
-            return not any(r["id"] in first and r["state"] == "RUNNING" for r in bed.squeue())
-
-        await eventually(forgotten, within=60, what="Slurm to have forgotten the pod's placeholder")
+        # (Slurm may give the new placeholder the lost one's job id: the event below proves the restore.)
         await eventually(settled, within=90, what="a new placeholder RUNNING on the pod's node")
         pod = (await view.pods("app=kept"))[0]
 

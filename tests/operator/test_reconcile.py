@@ -288,6 +288,48 @@ async def test_a_bound_pod_without_a_reservation_is_warned_about_once(
     assert "rm-under-test" in warnings[0]["note"]
 
 
+async def _lose_the_reservation(
+    kube_api: client.ApiClient, process: RMProcess, *, namespace: str, node: str, scheduler: str, name: str
+) -> tuple[str, Reservation]:
+    """Pod `name` bound to `node` on a committed reservation, which the RM then loses: SIGKILLed and
+    started again from a copy of its database taken before the reserve. Returns (pod UID, lost)."""
+    database = process.directory / "rm.sqlite"
+    backup = process.directory / "rm-before.sqlite"
+    await process.stop()  # a clean copy: nothing left in the write-ahead log
+    shutil.copyfile(database, backup)
+    await process.start()
+    pod = await create_pod(kube_api, namespace=namespace, body=pod_body(name=name, scheduler_name=scheduler))
+    uid = pod["metadata"]["uid"]
+    async with process.client() as rm:
+        lost = await _reserve(rm, pod=pod, scheduler=scheduler)
+        await bind_pod(
+            kube_api, namespace=namespace, name=name, node=node, annotations={RESERVATION_ANNOTATION: lost.id}
+        )
+        await rm.commit(lost.id, pod_uid=uid)
+    process.kill()
+    await process.wait()
+    for stale in process.directory.glob("rm.sqlite*"):
+        stale.unlink()
+    shutil.copyfile(backup, database)
+    await process.start()
+    return uid, lost
+
+
+async def _restored(
+    reconciler: Reconciler, rm: ResourceManagerClient, uid: str
+) -> tuple[list[ReconcileReport], Reservation]:
+    """Passes until the pod's reservation is back (the RM mirrors its node first): reports, new one."""
+    reports: list[ReconcileReport] = []
+
+    async def active() -> list[Reservation]:
+        reports.append(await reconciler.run_once(reason="test"))
+        return [r for r in await rm.list_reservations(pod_uid=uid) if r.state.active]
+
+    found = await eventually(active, within=60, what="an active reservation for the pod again")
+    assert len(found) == 1, found
+    return reports, found[0]
+
+
 async def test_a_bound_pod_whose_reservation_the_rm_lost_gets_one_again_on_its_node(
     *,
     kube_api: client.ApiClient,
@@ -303,31 +345,9 @@ async def test_a_bound_pod_whose_reservation_the_rm_lost_gets_one_again_on_its_n
     so once, and no ReservationMissing. Once the pod is gone, a pass releases the new reservation."""
     process, node = pool_rm
     scheduler = uniq("sched")
-    database = process.directory / "rm.sqlite"
-    backup = process.directory / "rm-before.sqlite"
-    await process.stop()  # a clean copy: nothing left in the write-ahead log
-    shutil.copyfile(database, backup)
-    await process.start()
-    pod = await create_pod(
-        kube_api, namespace=namespace, body=pod_body(name="kept", scheduler_name=scheduler)
+    uid, lost = await _lose_the_reservation(
+        kube_api, process, namespace=namespace, node=node, scheduler=scheduler, name="kept"
     )
-    uid = pod["metadata"]["uid"]
-    async with process.client() as rm:
-        lost = await _reserve(rm, pod=pod, scheduler=scheduler)
-        await bind_pod(
-            kube_api,
-            namespace=namespace,
-            name="kept",
-            node=node,
-            annotations={RESERVATION_ANNOTATION: lost.id},
-        )
-        await rm.commit(lost.id, pod_uid=uid)
-    process.kill()
-    await process.wait()
-    for stale in process.directory.glob("rm.sqlite*"):
-        stale.unlink()
-    shutil.copyfile(backup, database)
-    await process.start()
     async with process.client() as rm:
         assert [r for r in await rm.list_reservations(pod_uid=uid) if r.state.active] == []
         reconciler = Reconciler(
@@ -337,13 +357,8 @@ async def test_a_bound_pod_whose_reservation_the_rm_lost_gets_one_again_on_its_n
             scheduler_names=lambda: (scheduler,),
             logger=log,
         )
-        reports: list[ReconcileReport] = []
-
-        async def restored() -> list[Reservation]:
-            reports.append(await reconciler.run_once(reason="test"))  # the RM mirrors the node first
-            return [r for r in await rm.list_reservations(pod_uid=uid) if r.state.active]
-
-        active = await eventually(restored, within=60, what="an active reservation for the pod again")
+        reports, restored = await _restored(reconciler, rm, uid)
+        active = [restored]
         assert [(r.state.value, r.node) for r in active] == [("committed", node)]
         assert [r.restored for r in reports if r.restored] == [(f"{namespace}/kept",)]
         assert active[0].id != lost.id
@@ -362,6 +377,56 @@ async def test_a_bound_pod_whose_reservation_the_rm_lost_gets_one_again_on_its_n
     assert lost.id in restored_events[0]["note"]
     assert active[0].id in restored_events[0]["note"]
     assert [e for e in events if e["reason"] == "ReservationMissing"] == []
+
+
+@pytest.mark.parametrize("policy", [OnRevoked.EVICT, OnRevoked.WARN])
+async def test_a_restored_reservation_the_rm_revokes_is_acted_on_and_not_restored_again(
+    policy: OnRevoked,
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """The review's case: the pod's annotation still names the lost reservation, so a revocation of
+    the restored one was acknowledged silently (no Revoked event, no eviction) and the next pass
+    restored the room the RM had just taken back. Now the revocation is acted on per onRevoked, and
+    a reservation the RM ended on purpose is never restored."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    uid, _ = await _lose_the_reservation(
+        kube_api, process, namespace=namespace, node=node, scheduler=scheduler, name="kept"
+    )
+    async with process.client() as rm:
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            on_revoked=lambda: policy,
+        )
+        _, restored = await _restored(reconciler, rm, uid)
+        await process.revoke(restored.id, reason="cancelled by the site admin")
+        report = await reconciler.run_once(reason="test")
+        assert report.revoked == (restored.id,)
+        pod = await client.CoreV1Api(kube_api).read_namespaced_pod("kept", namespace)
+        assert (pod.metadata.deletion_timestamp is not None) is (policy is OnRevoked.EVICT)
+        # A new Reconciler, as after an operator restart: nothing remembered of the revocation.
+        fresh = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            on_revoked=lambda: policy,
+        )
+        later = await fresh.run_once(reason="test")
+        assert later.restored == ()
+        assert [r for r in await rm.list_reservations(pod_uid=uid) if r.state.active] == []
+    events = await events_of(kube_api, namespace=namespace, pod_name="kept")
+    assert [e["reason"] for e in events if e["reason"] == "Revoked"] == ["Revoked"], events
 
 
 async def test_the_crd_defaults_the_reconcile_interval_and_refuses_less_than_5s(

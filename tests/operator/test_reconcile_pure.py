@@ -16,7 +16,7 @@ from bindery.controller.reconcile import (
     surplus,
     unscoped_action,
 )
-from bindery.controller.restore import restore_request
+from bindery.controller.restore import restore_refused, restore_request
 from bindery.controller.watches.bound import remembered, reservation_to_release
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
@@ -242,3 +242,20 @@ def test_a_restore_asks_for_the_pods_room_on_its_node_only_and_never_preempts() 
     assert body["preemptionPolicy"] == "Never"
     assert body["idempotencyKey"] == "restore:r-lost:u-1"
     assert body["pod"]["uid"] == "u-1"
+
+
+@pytest.mark.parametrize(
+    ("states", "own", "refused"),
+    [
+        ((), (), False),  # the RM lists nothing of the pod: lost
+        (("expired",), (), False),  # slurmctld lost the commit; the job ended unclaimed
+        (("released",), (), True),  # released on purpose (Bindery, an administrator)
+        (("expired", "revoked"), (), True),  # taken back by the RM
+        (("released",), ("r0",), False),  # a failed restore's own release does not count
+    ],
+)
+def test_only_a_reservation_the_rm_lost_or_let_expire_is_restored(
+    states: tuple[str, ...], own: tuple[str, ...], refused: bool
+) -> None:
+    history = [_reservation(state, id=f"r{i}") for i, state in enumerate(states)]
+    assert (restore_refused(history, own=own) is not None) is refused

@@ -97,3 +97,15 @@ def test_a_pod_not_bound_yet_keeps_the_revocation_for_later_and_another_reservat
     body: dict[str, Any], expected: RevokedAction
 ) -> None:
     assert revoked_action(reservation=REVOKED, pod=body, policy=OnRevoked.EVICT) is expected
+
+
+def test_a_revoked_reservation_made_after_the_named_one_was_lost_is_the_one_the_pod_runs_on() -> None:
+    """The pod's annotation names rsv-2, which the RM no longer holds (lost: a reconcile pass made
+    rsv-1 for the pod on its node, and may not rewrite the annotation): revoking rsv-1 takes the
+    pod's room, so the pod is evicted, not the revocation acknowledged silently."""
+    body = pod(metadata__annotations={RESERVATION_ANNOTATION: "rsv-2"})
+    for policy, expected in ((OnRevoked.EVICT, RevokedAction.EVICT), (OnRevoked.WARN, RevokedAction.WARN)):
+        assert revoked_action(reservation=REVOKED, pod=body, policy=policy, named_active=False) is expected
+    assert revoked_action(reservation=REVOKED, pod=body, policy=OnRevoked.EVICT, named_active=True) is (
+        RevokedAction.ACKNOWLEDGE
+    )

@@ -53,8 +53,10 @@ lease of a reserved one, and `bindery audit`, which checks unscoped reservations
 
 Cost of a pass: one list of bound pods per scheduler name (and namespace), two reservation lists
 per name at the RM (four with a cluster id: the unscoped ones are read from every cluster's), and
-one pod GET per reservation whose pod is not in those lists (pending pods, departed pods). Pure
-decisions live in functions; the class only reads and acts.
+one pod GET per reservation whose pod is not in those lists (pending pods, departed pods); per
+bound pod without an active reservation, a pod GET and a reservation list by UID, and for one
+Bindery bound, a reserve and a commit (a refused restore repeats them every pass). Pure decisions
+live in functions; the class only reads and acts.
 """
 
 from __future__ import annotations
@@ -611,9 +613,10 @@ class Reconciler:
                 continue
             if (pod.get("metadata") or {}).get("uid") != uid:
                 continue
-            if any(r.state.active for r in await rm.list_reservations(pod_uid=uid)):
+            history = await rm.list_reservations(pod_uid=uid)
+            if any(r.state.active for r in history):
                 continue
-            outcome = await self._restorer.restore(rm, pod)
+            outcome = await self._restorer.restore(rm, pod, history=history)
             if isinstance(outcome, Reservation):
                 self._unrestored.pop(uid, None)
                 restored.append(f"{namespace}/{name}")

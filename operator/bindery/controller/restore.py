@@ -25,6 +25,11 @@ so reconcile passes keep it while the pod runs and release it once the pod is go
 reference RM recognises a pod by that annotation, so after a restore it counts the pod twice on its
 node, too much rather than too little, until the pod ends.
 
+Only a reservation the RM lost is restored: the RM lists none of the pod's reservations as
+``released`` or ``revoked`` (:func:`restore_refused`). One it ended on purpose (an acknowledged
+revocation with ``onRevoked: Warn``, a release) stays ended, and so does, conservatively, any
+lost one of a pod whose earlier attempt was released (a cycle that failed after its reserve).
+
 What cannot be restored stays as it was before: a pod bound outside Bindery (no annotation) gets
 the ``ReservationMissing`` warning only, and so does a pod whose restore the RM refuses (no room
 left on the node, a quota); the pass asks again every time. An RM that is not answering (restarting,
@@ -33,26 +38,27 @@ not ready yet) is asked again by the next pass, with no warning in between.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Container, Mapping, Sequence
 from typing import Any, Protocol
 
 from bindery.controller.metrics import Metrics
 from bindery.kube.events import KubeEventSink
 from bindery.rm.errors import RMError, RMUnavailable
-from bindery.rm.models import Reservation, ReservationRequest
+from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
-from bindery.scheduling.podspec import PodInfo, PodSpecError, reservation_request
+from bindery.scheduling.podspec import PodInfo, reservation_request
 from bindery.typedefs import Logger
 
-__all__ = ["RESTORED_REASON", "NotRestored", "Restorer", "RestoringRM", "restore_request"]
+__all__ = ["RESTORED_REASON", "NotRestored", "Restorer", "RestoringRM", "restore_refused", "restore_request"]
 
 RESTORED_REASON = "ReservationRestored"
 REPORTING_CONTROLLER = "bindery"
 #: The lease of the restoring reserve: it is committed at once, so this only bounds a pass that dies
 #: between reserve and commit (the next pass replays the same key and commits it).
 RESTORE_TTL_SECONDS = 120
-_TIMEOUT = 10.0
+_REMEMBERED = 10_000
 
 
 class RestoringRM(Protocol):
@@ -91,6 +97,23 @@ def restore_request(*, pod: Mapping[str, Any], lost: str) -> ReservationRequest:
     return request.model_copy(update={"idempotency_key": f"restore:{lost}:{info.uid}"[:253]})
 
 
+def restore_refused(history: Sequence[Reservation], *, own: Container[str] = ()) -> str | None:
+    """Pure: why the pod's room must not be restored, given every reservation the RM lists for it
+    (none active), or None. A reservation the RM lists as released or revoked was ended on purpose
+    (Bindery's own release, an acknowledged revocation, an administrator): its room is not Bindery's
+    to take back. Only what the RM lost (it lists nothing) or let expire is restored. `own`: ids a
+    failed restore released itself (a commit that failed), which do not count."""
+    for reservation in history:
+        if reservation.id in own:
+            continue
+        if reservation.state in (ReservationState.RELEASED, ReservationState.REVOKED):
+            return (
+                f"the resource manager lists reservation {reservation.id} of this pod as "
+                f"{reservation.state.value}: it ended it on purpose, so Bindery does not reserve again"
+            )
+    return None
+
+
 class Restorer:
     """One ResourceManager's restores; :meth:`restore` is called by its reconcile pass."""
 
@@ -106,15 +129,23 @@ class Restorer:
         self._logger = logger
         self._events = events
         self._metrics = metrics
+        #: Reservations a failed restore released itself (bounded): not a reason to stop restoring.
+        self._given_back: collections.OrderedDict[str, None] = collections.OrderedDict()
 
-    async def restore(self, rm: RestoringRM, pod: Mapping[str, Any]) -> Reservation | NotRestored:
-        """Reserve and commit for `pod` (bound, running, with no active reservation) on its node."""
+    async def restore(
+        self, rm: RestoringRM, pod: Mapping[str, Any], *, history: Sequence[Reservation]
+    ) -> Reservation | NotRestored:
+        """Reserve and commit for `pod` (bound, running, with no active reservation) on its node;
+        `history`: every reservation the RM lists for the pod's UID (none of them active)."""
         metadata = pod.get("metadata") or {}
         lost = str((metadata.get("annotations") or {}).get(RESERVATION_ANNOTATION) or "")
         if not lost:
             return NotRestored(
                 "Bindery did not bind it (no bindery.dev/reservation-id annotation)", ours=False
             )
+        ended = restore_refused(history, own=self._given_back)
+        if ended is not None:
+            return NotRestored(ended)
         uid, namespace, name = (
             str(metadata.get("uid")),
             str(metadata.get("namespace")),
@@ -123,8 +154,8 @@ class Restorer:
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         try:
             request = restore_request(pod=pod, lost=lost)
-        except PodSpecError as error:
-            return NotRestored(f"its requests cannot be read: {error}")
+        except ValueError as error:  # PodSpecError; a pydantic ValidationError past the contract's caps
+            return NotRestored(f"its spec cannot be sent to the resource manager: {error}")
         try:
             reservation = await rm.reserve(request)
         except RMUnavailable as error:
@@ -167,6 +198,9 @@ class Restorer:
         return reservation
 
     async def _give_back(self, rm: RestoringRM, reservation: Reservation, uid: str) -> None:
+        self._given_back[reservation.id] = None
+        while len(self._given_back) > _REMEMBERED:
+            self._given_back.popitem(last=False)
         try:
             await rm.release(reservation.id, pod_uid=uid)
         except RMError as error:  # its lease ends it; the next pass replays the same key meanwhile

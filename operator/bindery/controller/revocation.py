@@ -34,6 +34,7 @@ from bindery.kube.events import KubeEventSink
 from bindery.kube.eviction import eviction
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
+from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.revocation import OnRevoked, RevokedAction, revoked_action, revoked_note
 from bindery.typedefs import Logger
@@ -51,6 +52,10 @@ _REMEMBERED = 10_000
 
 class RevokingRM(Protocol):
     async def list_revoked_reservations(self, *, scheduler_name: str | None = None) -> list[Reservation]: ...
+
+    async def list_reservations(
+        self, *, scheduler_name: str | None = None, state: str | None = None, pod_uid: str | None = None
+    ) -> list[Reservation]: ...
 
     async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None: ...
 
@@ -125,7 +130,12 @@ class Revocations:
                 pod = pods.get(reservation.pod_uid)
                 if pod is None and reservation.namespace and reservation.name:
                     pod = await read(reservation)
-                action = revoked_action(reservation=reservation, pod=pod, policy=policy)
+                action = revoked_action(
+                    reservation=reservation,
+                    pod=pod,
+                    policy=policy,
+                    named_active=await self._named_active(rm, reservation, pod),
+                )
                 if action is RevokedAction.WAIT:
                     continue  # not bound yet: a later pass evicts it once bound, or its cycle releases
                 if reservation.id in self._handled:
@@ -178,6 +188,17 @@ class Revocations:
             blocked=tuple(blocked),
             failed=tuple(failed),
             pods=tuple(r.pod_uid for r in revoked),
+        )
+
+    @staticmethod
+    async def _named_active(rm: RevokingRM, reservation: Reservation, pod: Mapping[str, Any] | None) -> bool:
+        """Whether the reservation the pod's annotation names, when another than `reservation`, is
+        active at the RM (asked only then: one list by pod UID)."""
+        named = (((pod or {}).get("metadata") or {}).get("annotations") or {}).get(RESERVATION_ANNOTATION)
+        if not named or named == reservation.id:
+            return True
+        return any(
+            r.id == named and r.state.active for r in await rm.list_reservations(pod_uid=reservation.pod_uid)
         )
 
     async def _evict(self, pod: Mapping[str, Any], reservation: Reservation) -> bool:

@@ -41,13 +41,21 @@ class RevokedAction(enum.StrEnum):
 
 
 def revoked_action(
-    *, reservation: Reservation, pod: Mapping[str, Any] | None, policy: OnRevoked
+    *,
+    reservation: Reservation,
+    pod: Mapping[str, Any] | None,
+    policy: OnRevoked,
+    named_active: bool = True,
 ) -> RevokedAction:
     """Pure: what to do about one revoked reservation, given its pod's current body (None: none).
 
     Only the pod the reservation was made for (same UID), bound to the reservation's node (with
     this reservation, when its annotation names one) and neither finished nor being deleted, still
     uses it; that pod not bound yet may still be (WAIT); anything else is acknowledged silently.
+    `named_active`: whether the reservation the pod's annotation names is active at the RM. When it
+    is not, this reservation may be the one a reconcile pass made for the pod after the RM lost
+    that one (:mod:`bindery.controller.restore`; the annotation keeps the lost id), so the pod uses
+    this one: it is acted on.
     """
     if pod is None:
         return RevokedAction.ACKNOWLEDGE
@@ -60,7 +68,7 @@ def revoked_action(
     if not node:
         return RevokedAction.WAIT
     bound_with = (metadata.get("annotations") or {}).get(RESERVATION_ANNOTATION)
-    if node != reservation.node or (bound_with and bound_with != reservation.id):
+    if node != reservation.node or (bound_with and bound_with != reservation.id and named_active):
         return RevokedAction.ACKNOWLEDGE
     return RevokedAction.EVICT if policy is OnRevoked.EVICT else RevokedAction.WARN
 
