@@ -68,7 +68,9 @@ async def pool_rm(
         yield rm, node
 
 
-async def _reserve(rm: ResourceManagerClient, *, pod: dict[str, Any], scheduler: str) -> Reservation:
+async def _reserve(
+    rm: ResourceManagerClient, *, pod: dict[str, Any], scheduler: str, cpu: str = "100m"
+) -> Reservation:
     """Reserve for `pod` as a cycle would (retrying while the RM has not mirrored the node yet)."""
     metadata = pod["metadata"]
     request = ReservationRequest(
@@ -78,7 +80,7 @@ async def _reserve(rm: ResourceManagerClient, *, pod: dict[str, Any], scheduler:
             name=metadata["name"],
             scheduler_name=scheduler,
         ),
-        resources={"cpu": "100m"},
+        resources={"cpu": cpu},
         idempotency_key=metadata["uid"],
         ttl_seconds=600,
     )
@@ -377,6 +379,53 @@ async def test_a_bound_pod_whose_reservation_the_rm_lost_gets_one_again_on_its_n
     assert lost.id in restored_events[0]["note"]
     assert active[0].id in restored_events[0]["note"]
     assert [e for e in events if e["reason"] == "ReservationMissing"] == []
+
+
+async def test_a_restore_the_rm_refuses_is_warned_once_and_asked_again_until_there_is_room(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """The node has no room left for the pod's restore (another pod's reservation took it while the
+    RM had lost this one): one ReservationMissing names the refusal, later passes ask again without
+    another warning, and the pass after the room is freed restores the reservation."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    uid, _ = await _lose_the_reservation(
+        kube_api, process, namespace=namespace, node=node, scheduler=scheduler, name="kept"
+    )
+    filler = await create_pod(
+        kube_api, namespace=namespace, body=pod_body(name="filler", scheduler_name=scheduler, cpu="7900m")
+    )
+    async with process.client() as rm:
+        # The mirror counts "kept" (its annotation names no reservation the RM holds): 100m + 7900m.
+        taken = await _reserve(rm, pod=filler, scheduler=scheduler, cpu="7900m")
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+        )
+        first = await reconciler.run_once(reason="test")
+        second = await reconciler.run_once(reason="test")
+        assert (first.missing, first.restored) == ((f"{namespace}/kept",), ())
+        assert (second.missing, second.restored) == ((), ())
+        assert [r for r in await rm.list_reservations(pod_uid=uid) if r.state.active] == []
+        await rm.release(taken.id, pod_uid=taken.pod_uid)
+        third = await reconciler.run_once(reason="test")
+        assert third.restored == (f"{namespace}/kept",)
+        assert [
+            (r.state.value, r.node) for r in await rm.list_reservations(pod_uid=uid) if r.state.active
+        ] == [("committed", node)]
+    events = await events_of(kube_api, namespace=namespace, pod_name="kept")
+    missing = [e for e in events if e["reason"] == "ReservationMissing"]
+    assert len(missing) == 1, events
+    assert "could not get them" in missing[0]["note"]
+    assert [e["reason"] for e in events if e["reason"] == "ReservationRestored"] == ["ReservationRestored"]
 
 
 @pytest.mark.parametrize("policy", [OnRevoked.EVICT, OnRevoked.WARN])
