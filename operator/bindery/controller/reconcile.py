@@ -651,16 +651,8 @@ class Reconciler:
             memory.popitem(last=False)
 
     async def _post_warning(self, pod: Mapping[str, Any], *, restore: str | None = None) -> None:
-        metadata = pod.get("metadata") or {}
-        info = PodInfo(
-            uid=str(metadata.get("uid")),
-            namespace=str(metadata.get("namespace")),
-            name=str(metadata.get("name")),
-            scheduler_name=str((pod.get("spec") or {}).get("schedulerName") or ""),
-            resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
-        )
         await self._events.warning(
-            pod=info,
+            pod=PodInfo.slim(pod),
             reason=MISSING_REASON,
             action="Reconciling",
             note=missing_note(pod=pod, resource_manager=self.resource_manager, restore=restore),

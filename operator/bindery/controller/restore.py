@@ -185,7 +185,7 @@ class Restorer:
         self._logger.warning(f"reconcile: pod {namespace}/{name} ({uid}) on node {node}: {note}")
         try:
             await self._events.warning(
-                pod=PodInfo.from_body(pod),
+                pod=PodInfo.slim(pod),
                 reason=RESTORED_REASON,
                 action="Reconciling",
                 note=note,

@@ -243,14 +243,6 @@ class Revocations:
         return True
 
     async def _warn(self, pod: Mapping[str, Any], reason: str, note: str) -> None:
-        metadata = pod.get("metadata") or {}
-        info = PodInfo(
-            uid=str(metadata.get("uid")),
-            namespace=str(metadata.get("namespace")),
-            name=str(metadata.get("name")),
-            scheduler_name=str((pod.get("spec") or {}).get("schedulerName") or ""),
-            resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
-        )
         await self._events.warning(
-            pod=info, reason=reason, action="Revoking", note=note, reporter=REPORTING_CONTROLLER
+            pod=PodInfo.slim(pod), reason=reason, action="Revoking", note=note, reporter=REPORTING_CONTROLLER
         )
