@@ -6,6 +6,7 @@ narrowed pod never lands: its required pod affinity is broken."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from bindery.rm.errors import RMUnschedulable
@@ -44,6 +45,15 @@ class GatedRM(PickingRM):
         return self.reservation(request, node)
 
 
+async def until(condition: Callable[[], bool], *, what: str, turns: int = 10_000) -> None:
+    """Let the cycles run (event loop turns, no clock) until `condition` holds; fail past `turns`."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not reached within {turns} loop turns: {what}")
+
+
 async def test_an_earlier_pods_hostname_affinity_is_not_satisfied_by_an_anchor() -> None:
     rm = GatedRM(Calls(), zoned_nodes(9), seed=0)
     cluster = Cluster(rm)
@@ -76,17 +86,18 @@ async def test_an_earlier_pods_hostname_affinity_is_not_satisfied_by_an_anchor()
         return g1.node if g1.node in allowed else allowed[0]
 
     rm.pick["uid-q"] = next_to_anchor
+
     # g1 lands on the last node of its region, not on its anchor (the first)
+    def requested() -> set[str]:
+        return {r.pod.uid for r in rm.requests}
+
     tasks = {"x": asyncio.create_task(cluster.cycle(x))}
-    for _ in range(50):
-        await asyncio.sleep(0)
+    await until(lambda: "uid-x" in requested(), what="x held at the RM")
     tasks["q"] = asyncio.create_task(cluster.cycle(q))
-    for _ in range(50):
-        await asyncio.sleep(0)
+    await until(lambda: len(cluster.cache.in_flight) == 2, what="q's cycle begun (before the g pods')")
     for info in g:
         tasks[info.name] = asyncio.create_task(cluster.cycle(info))
-    for _ in range(200):
-        await asyncio.sleep(0)
+    await until(lambda: "uid-g1" in requested(), what="g1 held at the RM, narrowed")
     rm.gates["uid-x"].set()
     q_outcome = await tasks["q"]
     rm.gates["uid-g1"].set()
