@@ -41,7 +41,14 @@ from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_fr
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, CallStep, Lease, lease_from_answer, plan_call
 from bindery.scheduling.nodecheck import NodeCheckMode, check_node, rules_problem
-from bindery.scheduling.placementrules import NARROWING, RULE_PREEMPTION, VERDICT, counted_by, rules_refusing
+from bindery.scheduling.placementrules import (
+    NARROWING,
+    RULE_PREEMPTION,
+    VERDICT,
+    Narrowing,
+    counted_by,
+    rules_refusing,
+)
 from bindery.scheduling.podspec import reservation_request
 from bindery.scheduling.ports import BindConflict, BindError
 
@@ -156,7 +163,7 @@ class ResourceManagerReservation:
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
         narrowing = ctx.state.get(NARROWING)
-        if narrowing is not None:
+        if isinstance(narrowing, Narrowing):
             # Sent to a region Bindery chose (PodPlacementRules, so that later pods of its
             # Deployment need not wait): asked without preemption, as the region is not the pod's
             # own constraint; refused there, the pod is reserved once more without it.
@@ -164,8 +171,7 @@ class ResourceManagerReservation:
             if status.failure is None or status.failure.kind is not FailureKind.RM_UNSCHEDULABLE:
                 return status
             ctx.state.pop(NARROWING, None)
-            if narrowing in ctx.node_constraints:
-                ctx.node_constraints.remove(narrowing)
+            narrowing.undo(ctx.node_constraints)
             if (placed := ctx.ports.placed) is not None:
                 placed.in_flight.unplace(ctx.pod.uid)
                 placed.in_flight.narrowed_refused(ctx.pod.uid)

@@ -93,6 +93,7 @@ __all__ = [
     "WAIT_SECONDS",
     "InFlight",
     "MemberPreferences",
+    "Narrowing",
     "PodPlacementRules",
     "broken_after_preemption",
     "counted_by",
@@ -122,9 +123,11 @@ VERDICT = "PodPlacementRules/verdict"
 PREFERENCES = "PodPlacementRules/preferences"
 #: ctx.state key: where the pod's request was narrowed to (a Narrowed) while later related pods wait.
 NARROWED = "PodPlacementRules/narrowed"
-#: ctx.state key: the node constraint (in ``ctx.node_constraints``) that narrows the request; the RM
-#: reservation drops it and reserves again once if the RM refuses the narrowed request.
+#: ctx.state key: the :class:`Narrowing` of the request; the RM reservation undoes it and reserves
+#: again once if the RM refuses the narrowed request.
 NARROWING = "PodPlacementRules/narrowing"
+#: ctx.state key: the node constraint (in ``ctx.node_constraints``) the verdict's rules added.
+_RULES_TERMS = "PodPlacementRules/rules-terms"
 #: ctx.state key: the earlier in-flight cycles the verdict counted in their regions.
 COUNTED = "PodPlacementRules/counted"
 #: ctx.state key: the pod's in-flight cycle.
@@ -137,6 +140,40 @@ RULE_PREEMPTION = "PodPlacementRules/rule-preemption"
 RULE_PREEMPTION_NODES = 16
 #: Pods remembered as "not narrowed again" (:meth:`InFlight.narrowed_refused`).
 _UNNARROWED = 10_000
+
+
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
+class Narrowing:
+    """The node constraint that narrows a pod's request (:data:`NARROWING`), and the rules' own
+    constraint it stands in for while it is sent.
+
+    A narrowing to a part of a domain names its hosts (``hostname In``, a dozen values), every one
+    of which the rules' verdict allows: ANDed with the rules' requirements (``hostname NotIn`` of
+    every node a group's pods took, up to hundreds of values), those add nothing the RM could use,
+    yet were encoded, sent, parsed, validated and fingerprinted with every reserve of a burst. So
+    the narrowed request carries the hosts alone; refused, the request without the narrowing
+    carries the rules' requirements again (:meth:`undo`). NodeCheck still re-checks the chosen node
+    against every rule before the Binding.
+    """
+
+    terms: tuple[Mapping[str, Any], ...]
+    #: the rules' constraint taken out of ``ctx.node_constraints`` meanwhile (None: kept there)
+    replaces: tuple[Mapping[str, Any], ...] | None = None
+
+    def undo(self, constraints: list[tuple[Mapping[str, Any], ...]]) -> None:
+        """`constraints` (a cycle's node constraints) as they were before the narrowing."""
+        _remove_identical(constraints, self.terms)
+        if self.replaces is not None:
+            constraints.append(self.replaces)
+
+
+def _remove_identical(constraints: list[tuple[Mapping[str, Any], ...]], terms: object) -> bool:
+    """Remove `terms` itself (not an equal constraint another plugin added) from `constraints`."""
+    for index, constraint in enumerate(constraints):
+        if constraint is terms:
+            del constraints[index]
+            return True
+    return False
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -1018,6 +1055,7 @@ class PodPlacementRules:
             term = verdict.term()
             if term is not None:
                 ctx.require_nodes([term])
+                ctx.state[_RULES_TERMS] = ctx.node_constraints[-1]
                 too_many = _beyond_caps(ctx.required_node_terms())
                 if too_many is not None:
                     return Status.unschedulable(too_many)
@@ -1107,13 +1145,22 @@ class PodPlacementRules:
         if found is None:
             return
         effect = narrowed_effect(nodes=placed.nodes(), key=group.narrow_key, narrowed=found, related=later)
-        terms = (effect.term(),)
-        ctx.require_nodes(terms)
+        ctx.require_nodes((effect.term(),))
+        terms = ctx.node_constraints[-1]
         if _beyond_caps(ctx.required_node_terms()) is not None:
-            ctx.node_constraints.remove(terms)  # past the contract's caps: not narrowed
+            _remove_identical(ctx.node_constraints, terms)  # past the contract's caps: not narrowed
             return
+        replaces = None
+        rules_terms = ctx.state.get(_RULES_TERMS)
+        if (
+            found.hosts
+            and isinstance(rules_terms, tuple)
+            and _remove_identical(ctx.node_constraints, rules_terms)
+        ):
+            # Every host named is one the verdict allows (narrowing() picks among those): see Narrowing.
+            replaces = rules_terms
         ctx.state[NARROWED] = found
-        ctx.state[NARROWING] = terms
+        ctx.state[NARROWING] = Narrowing(terms=terms, replaces=replaces)
         ctx.state[VERDICT] = with_effect(verdict, effect)
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
