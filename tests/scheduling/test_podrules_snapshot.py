@@ -86,7 +86,7 @@ def random_pod(rng: random.Random, *, node_name: str | None = None) -> dict[str,
 
 def anti_affinity_excluded(
     pod: PodInfo, cache: PlacedPodCache, nodes: list[NodeProjection]
-) -> tuple[str, ...]:
+) -> frozenset[str]:
     """Pod anti-affinity, straight from upstream's two checks, pod by pod and node by node."""
     by_name = {n.name: n for n in nodes}
     forbidden: set[tuple[str, str]] = set()
@@ -106,12 +106,10 @@ def anti_affinity_excluded(
                 )
                 if selects and t.topology_key in node.labels:
                     forbidden.add((t.topology_key, node.labels[t.topology_key]))
-    return tuple(sorted(n.name for n in nodes if any(n.labels.get(k) == v for k, v in forbidden)))
+    return frozenset(n.name for n in nodes if any(n.labels.get(k) == v for k, v in forbidden))
 
 
-def spread_excluded(
-    pod: PodInfo, cache: PlacedPodCache, nodes: list[NodeProjection]
-) -> list[tuple[str, ...]]:
+def spread_excluded(pod: PodInfo, cache: PlacedPodCache, nodes: list[NodeProjection]) -> list[frozenset[str]]:
     """Each hard spread constraint's excluded nodes, computed node by node as upstream's Filter."""
     found = []
     for c in pod.rules.spread:
@@ -132,12 +130,10 @@ def spread_excluded(
         minimum = min(counts.values(), default=0) if len(counts) >= c.min_domains else 0
         self_match = 1 if c.selector.matches(pod.labels) else 0
         found.append(
-            tuple(
-                sorted(
-                    n.name
-                    for n in nodes
-                    if key not in n.labels or counts.get(n.labels[key], 0) + self_match - minimum > c.max_skew
-                )
+            frozenset(
+                n.name
+                for n in nodes
+                if key not in n.labels or counts.get(n.labels[key], 0) + self_match - minimum > c.max_skew
             )
         )
     return found
@@ -184,7 +180,7 @@ def test_verdicts_from_the_shared_snapshot_are_the_plain_computation_while_pods_
             refused = [
                 n.name for n in nodes if not matches_term(term=term_, labels=n.labels, node_name=n.name)
             ]
-            assert effect.excluded == tuple(sorted(refused)), effect
+            assert effect.excluded == frozenset(refused), effect
         for name in [n.name for n in nodes] + ["unknown"]:
             expected = tuple(effect.rule for effect in verdict.effects if name in effect.excluded)
             assert rules_refusing(pod, cache, name) == expected, (name, verdict)
@@ -235,17 +231,17 @@ def test_a_spread_verdict_follows_a_node_that_changes_zone_or_taints() -> None:
     pod = PodInfo.from_body(body(labels={"app": "web"}, spread=[zone_spread(nodeTaintsPolicy="Honor")]))
     verdict = rules_verdict(pod, cache)
     assert verdict is not None
-    assert verdict.effects[0].excluded == ("n1",)  # zone a holds the one web pod
+    assert verdict.effects[0].excluded == {"n1"}  # zone a holds the one web pod
     nodes[1] = NodeProjection(name="n2", labels={HOST: "n2", ZONE: "a"})
     verdict = rules_verdict(pod, cache)
     assert verdict is not None
-    assert verdict.effects[0].excluded == ()  # one zone left: no skew
+    assert verdict.effects[0].excluded == frozenset()  # one zone left: no skew
     # n2 moves back to zone b and is tainted: nodeTaintsPolicy Honor drops zone b from the domains,
     # so zone a (one pod, the only domain) is the minimum and allowed again.
     nodes[1] = NodeProjection(name="n2", labels={HOST: "n2", ZONE: "b"}, taints=(dict(TAINT),))
     verdict = rules_verdict(pod, cache)
     assert verdict is not None
-    assert verdict.effects[0].excluded == ()
+    assert verdict.effects[0].excluded == frozenset()
     assert rules_refusing(pod, cache, "n1") == ()
     nodes[1] = NodeProjection(name="n2", labels={HOST: "n2", ZONE: "b"})
     assert rules_refusing(pod, cache, "n1") == ("topology spread",)

@@ -32,6 +32,7 @@ requirements on its own topology key, so the RM needs no knowledge of pods or la
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections import defaultdict
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast
@@ -133,8 +134,9 @@ class RuleEffect:
     rule: str
     expressions: tuple[Mapping[str, Any], ...] = ()
     fields: tuple[Mapping[str, Any], ...] = ()
-    #: The known nodes these requirements rule out, sorted.
-    excluded: tuple[str, ...] = ()
+    #: The known nodes these requirements rule out (a set: asked "is this node excluded?" and
+    #: united; only the few a message names are sorted).
+    excluded: frozenset[str] = frozenset()
     #: One line for ``bindery explain`` (``zone spread allows zones a, c``).
     summary: str = ""
 
@@ -197,11 +199,11 @@ class Verdict:
         return f"no node satisfies the pod's placement rules together: {'; '.join(parts)}"
 
 
-def _listed(names: Iterable[str]) -> str:
-    ordered = sorted(names)
-    shown = ", ".join(ordered[:_SHOWN])
-    more = f" and {len(ordered) - _SHOWN} more" if len(ordered) > _SHOWN else ""
-    return f" ({shown}{more})" if ordered else ""
+def _listed(names: Collection[str]) -> str:
+    """` (a, b, c, d, e and 7 more)`: the first names by sort order (not the whole set sorted)."""
+    shown = ", ".join(heapq.nsmallest(_SHOWN, names))
+    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    return f" ({shown}{more})" if names else ""
 
 
 def evaluate(
@@ -313,21 +315,21 @@ def _effect(
 
 def _excluded(
     snapshot: NodeSnapshot, expressions: Sequence[Mapping[str, Any]], fields: Sequence[Mapping[str, Any]]
-) -> tuple[str, ...]:
-    """The names of the nodes :func:`_compiled` refuses, sorted: per requirement a few set operations
-    on the snapshot's value index instead of a predicate run over every node."""
+) -> frozenset[str]:
+    """The names of the nodes :func:`_compiled` refuses: per requirement a few set operations on the
+    snapshot's value index instead of a predicate run over every node."""
     out: set[str] = set()
+    within: frozenset[str] | None = None  # the nodes every In requirement allows
     for expression in expressions:
         key, op = str(expression["key"]), str(expression["operator"])
         values = expression.get("values") or ()
         if op == "In":
             holders = snapshot.holders(key)
             allowed = frozenset().union(*(holders[v] for v in values if v in holders))
-            out |= snapshot.names - allowed
+            within = allowed if within is None else within & allowed
         elif op == "NotIn":
             holders = snapshot.holders(key)
-            for value in values:
-                out |= holders.get(value, frozenset())
+            out.update(*(holders[v] for v in values if v in holders))
         elif op == "Exists":
             out |= snapshot.names - snapshot.with_key(key)
         else:  # DoesNotExist, as _compiled reads any other operator
@@ -340,7 +342,9 @@ def _excluded(
             out |= snapshot.names & values
         else:  # Exists on a name every node has; DoesNotExist on it: every node
             out |= snapshot.names if str(field["operator"]) != "Exists" else frozenset()
-    return tuple(sorted(out))
+    if within is not None:
+        out |= snapshot.names - within
+    return frozenset(out)
 
 
 def _compiled(
@@ -741,16 +745,17 @@ def narrowing(
     if constraint is None:
         return None
     snapshot = NodeSnapshot.of(nodes)
-    excluded: set[str] = set().union(*(effect.excluded for effect in verdict.effects))
-    usable = _usable(pod, snapshot)
+    fits, _ = _candidates(pod, snapshot)  # the verdict's candidates, as a set
+    # Set operations first: the nodes left are a few dozen of hundreds on a busy group.
+    pool = (fits & _usable(pod, snapshot)).difference(*(effect.excluded for effect in verdict.effects))
     value_of = snapshot.value_of(key)
     left: dict[str, list[str]] = defaultdict(list)
-    for name in verdict.candidates:
-        if name not in excluded and name in usable and name in value_of:
-            left[value_of[name]].append(name)
+    for name in sorted(pool):
+        value = value_of.get(name)
+        if value is not None:
+            left[value].append(name)
     if not left:
         return None
-    fits, _ = _candidates(pod, snapshot)
     eligible, _ = _domains(pod, constraint, snapshot, fits)
     hostnames = _hostnames(snapshot)
     parts = max(1, min(MAX_PARTS, -(-(later + 1) // len(left))))
