@@ -25,7 +25,7 @@ import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from bindery.podrules.model import AffinityTerm, PlacedPod
+from bindery.podrules.model import AffinityTerm, GroupPods, PlacedPod
 from bindery.podrules.nodes import NodeSnapshot
 from bindery.podrules.parse import placed_pod
 from bindery.scheduling.placementrules import InFlight
@@ -48,13 +48,13 @@ class PlacedPodCache:
         `namespaces_synced` False: and for the namespace watch's (`mark_namespaces_synced`), since a
         term with a namespaceSelector finds no namespace in scope while their labels are unknown."""
         self._pods: dict[str, PlacedPod] = {}
-        #: namespace → label set → (those labels, the pods carrying them by UID)
-        self._by_namespace: dict[str, dict[_LabelSet, tuple[Mapping[str, str], dict[str, PlacedPod]]]] = {}
+        #: namespace → label set → (those labels, the pods carrying them)
+        self._by_namespace: dict[str, dict[_LabelSet, tuple[Mapping[str, str], GroupPods]]] = {}
         self._anti: dict[str, PlacedPod] = {}
         #: pods with anti-affinity by the namespaces it reaches: their own (every term without
         #: namespaces or namespaceSelector), or any (``None``); the symmetry check reads only these.
         #: Within: grouped by (their namespace, their terms), which decide whether they select a pod.
-        self._anti_toward: dict[str | None, dict[_AntiKey, dict[str, PlacedPod]]] = {}
+        self._anti_toward: dict[str | None, dict[_AntiKey, GroupPods]] = {}
         #: the same for pods with affinity or preferred terms (InterPodAffinity's Score symmetry)
         self._scoring_toward: dict[str | None, dict[str, PlacedPod]] = {}
         self._ports: dict[str, PlacedPod] = {}
@@ -109,14 +109,14 @@ class PlacedPodCache:
         groups = self._by_namespace.get(namespace)
         if not groups:
             return ()
-        return itertools.chain.from_iterable(pods.values() for _, pods in groups.values())
+        return itertools.chain.from_iterable(pods for _, pods in groups.values())
 
     def label_groups(self, namespace: str) -> Iterable[tuple[Mapping[str, str], Iterable[PlacedPod]]]:
         """The pods of `namespace` grouped by label set: (the labels, the pods carrying exactly them)."""
         groups = self._by_namespace.get(namespace)
         if not groups:
             return ()
-        return [(labels, pods.values()) for labels, pods in groups.values()]
+        return list(groups.values())
 
     def namespaces(self) -> Iterable[str]:
         return self._by_namespace.keys()
@@ -142,7 +142,7 @@ class PlacedPodCache:
     ) -> Iterable[tuple[str, tuple[AffinityTerm, ...], Iterable[PlacedPod]]]:
         """:meth:`anti_affinity_toward` grouped: (their namespace, their terms, the pods)."""
         return [
-            (owner, terms, pods.values())
+            (owner, terms, pods)
             for key in (namespace, None)
             for (owner, terms), pods in (self._anti_toward.get(key) or {}).items()
         ]
@@ -226,10 +226,12 @@ class PlacedPodCache:
             self._unplace(old)
         self._by_node.setdefault(pod.node, {})[pod.uid] = pod
         self._priorities[pod.priority] = self._priorities.get(pod.priority, 0) + 1
-        group = self._by_namespace.setdefault(pod.namespace, {}).setdefault(
-            _label_set(pod.labels), (pod.labels, {})
-        )
-        group[1][pod.uid] = pod
+        groups = self._by_namespace.setdefault(pod.namespace, {})
+        label_set = _label_set(pod.labels)
+        group = groups.get(label_set)
+        if group is None:
+            group = groups[label_set] = (pod.labels, GroupPods())
+        group[1].add(pod)
         for index, has in ((self._anti, pod.anti_affinity), (self._ports, pod.host_ports)):
             if has:
                 index[pod.uid] = pod
@@ -238,9 +240,11 @@ class PlacedPodCache:
         self._drop_toward(pod.uid, old)
         if pod.anti_affinity:
             local = all(not t.namespaces and t.namespace_selector is None for t in pod.anti_affinity)
-            self._anti_toward.setdefault(pod.namespace if local else None, {}).setdefault(
-                (pod.namespace, pod.anti_affinity), {}
-            )[pod.uid] = pod
+            toward = self._anti_toward.setdefault(pod.namespace if local else None, {})
+            members = toward.get((pod.namespace, pod.anti_affinity))
+            if members is None:
+                members = toward[(pod.namespace, pod.anti_affinity)] = GroupPods()
+            members.add(pod)
         if pod.affinity or pod.preferred_affinity or pod.preferred_anti_affinity:  # scores_others, inlined
             terms = (
                 *pod.affinity,
@@ -264,7 +268,7 @@ class PlacedPodCache:
                 if groups is None:
                     continue
                 members = groups.get((old.namespace, old.anti_affinity))
-                if members is not None and members.pop(uid, None) is not None and not members:
+                if members is not None and members.discard(uid) is not None and not members:
                     del groups[(old.namespace, old.anti_affinity)]
                     if not groups:
                         del self._anti_toward[key]
@@ -301,7 +305,7 @@ class PlacedPodCache:
             return
         key = _label_set(pod.labels)
         group = groups.get(key)
-        if group is not None and group[1].pop(pod.uid, None) is not None and not group[1]:
+        if group is not None and group[1].discard(pod.uid) is not None and not group[1]:
             del groups[key]
             if not groups:
                 del self._by_namespace[pod.namespace]

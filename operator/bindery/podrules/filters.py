@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections import defaultdict
+import itertools
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast
 
@@ -45,6 +46,7 @@ from bindery.constraints import (
 from bindery.podrules.model import (
     NO_SOFT,
     AffinityTerm,
+    GroupPods,
     NamespaceLabels,
     NodeFacts,
     PlacedPod,
@@ -77,6 +79,7 @@ SPREAD = "topology spread"
 PORTS = "host ports"
 _HOSTNAME = "kubernetes.io/hostname"
 _SHOWN = 5  # node names listed in a message before "and N more"
+_NONE: frozenset[str] = frozenset()
 #: Values per requirement the contract carries (NodeSelectorRequirement.values, contract v1). A longer
 #: NotIn is split into several requirements on the same key (ANDed, so the same set of nodes).
 VALUES_CAP = 256
@@ -137,8 +140,18 @@ class RuleEffect:
     #: The known nodes these requirements rule out (a set: asked "is this node excluded?" and
     #: united; only the few a message names are sorted).
     excluded: frozenset[str] = frozenset()
-    #: One line for ``bindery explain`` (``zone spread allows zones a, c``).
-    summary: str = ""
+    #: Its line for ``bindery explain`` when the rule wrote one (``zone spread allows zones a, c``);
+    #: otherwise :attr:`summary` says what it excludes, written only when read.
+    note: str = ""
+
+    @property
+    def summary(self) -> str:
+        """One line for ``bindery explain`` and messages."""
+        if self.note:
+            return self.note
+        count = len(self.excluded)
+        summary = f"{self.rule} excludes {count} node{'' if count == 1 else 's'}"
+        return summary + ": " + _listed(self.excluded)[2:-1] if self.excluded else summary
 
     def term(self) -> dict[str, Any]:
         term: dict[str, Any] = {}
@@ -242,12 +255,48 @@ def refusing(
         return ()  # an unknown node is in no effect's excluded
     fits, _ = _candidates(pod, snapshot)
     return tuple(
-        rule
-        for rule, expressions, fields, _ in _requirements(
-            pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels, fits=fits
+        _excluding(
+            pod=pod,
+            placed=placed,
+            snapshot=snapshot,
+            namespace_labels=namespace_labels,
+            fits=fits,
+            chosen=chosen,
         )
-        if not _compiled(expressions, fields)(chosen)
     )
+
+
+def _excluding(
+    *,
+    pod: Incoming,
+    placed: PlacedView,
+    snapshot: NodeSnapshot,
+    namespace_labels: NamespaceLabels,
+    fits: frozenset[str],
+    chosen: NodeFacts,
+) -> Iterator[str]:
+    """:func:`_requirements`' rules, in its order, whose requirements exclude `chosen` (a node of
+    `snapshot`), asked of that node's labels without writing the requirements out: NodeCheck
+    re-checks every pod, and sorting and chunking hundreds of values to test one node was most of
+    its cost."""
+    forbidden = _anti_forbidden(pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels)
+    if any(chosen.labels.get(key) in values for key, values in forbidden.items()):
+        yield ANTI_AFFINITY  # NotIn: a node without the key, or with another value, is allowed
+    if pod.rules.affinity:
+        expressions = _affinity(pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels)
+        if not _compiled(expressions, ())(chosen):
+            yield AFFINITY
+    for constraint in pod.rules.spread:
+        allowed, _ = _spread_allowed(
+            pod=pod, constraint=constraint, placed=placed, snapshot=snapshot, fits=fits
+        )
+        # In (or Exists + NotIn the others) over the key's values, which the snapshot's nodes carry.
+        if chosen.labels.get(constraint.topology_key) not in allowed:
+            yield SPREAD
+    if pod.rules.host_ports:
+        conflicting = _port_conflicts(pod=pod, placed=placed)
+        if conflicting and not _compiled(*_port_requirements(conflicting, snapshot))(chosen):
+            yield PORTS
 
 
 #: One rule's requirements: (the rule, matchExpressions, matchFields, its summary or "").
@@ -303,13 +352,12 @@ def _effect(
     fields: Sequence[Mapping[str, Any]] = (),
     summary: str = "",
 ) -> RuleEffect:
-    excluded = _excluded(snapshot, expressions, fields)
-    if not summary:
-        summary = f"{rule} excludes {len(excluded)} node{'' if len(excluded) == 1 else 's'}"
-        if excluded:
-            summary += ": " + _listed(excluded)[2:-1]
     return RuleEffect(
-        rule=rule, expressions=tuple(expressions), fields=tuple(fields), excluded=excluded, summary=summary
+        rule=rule,
+        expressions=tuple(expressions),
+        fields=tuple(fields),
+        excluded=_excluded(snapshot, expressions, fields),
+        note=summary,
     )
 
 
@@ -328,8 +376,7 @@ def _excluded(
             allowed = frozenset().union(*(holders[v] for v in values if v in holders))
             within = allowed if within is None else within & allowed
         elif op == "NotIn":
-            holders = snapshot.holders(key)
-            out.update(*(holders[v] for v in values if v in holders))
+            out.update(*map(snapshot.holders(key).get, values, itertools.repeat(_NONE)))
         elif op == "Exists":
             out |= snapshot.names - snapshot.with_key(key)
         else:  # DoesNotExist, as _compiled reads any other operator
@@ -411,6 +458,20 @@ def _scope(
 def _anti_affinity(
     *, pod: Incoming, placed: PlacedView, snapshot: NodeSnapshot, namespace_labels: NamespaceLabels
 ) -> list[Mapping[str, Any]]:
+    forbidden = _anti_forbidden(pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels)
+    return [
+        requirement
+        for key, values in sorted(forbidden.items())
+        if values
+        for requirement in _not_in(key, sorted(values))
+    ]
+
+
+def _anti_forbidden(
+    *, pod: Incoming, placed: PlacedView, snapshot: NodeSnapshot, namespace_labels: NamespaceLabels
+) -> dict[str, set[str]]:
+    """Per topology key, the values pod anti-affinity keeps the pod off (its own terms' and the
+    existing pods' terms selecting it)."""
     forbidden: dict[str, set[str]] = defaultdict(set)
     # The incoming pod's terms against existing pods (satisfyPodAntiAffinity).
     for term in pod.rules.anti_affinity:
@@ -438,16 +499,16 @@ def _anti_affinity(
         nodes = _nodes_of(members, pod.uid)
         for key in selecting:
             forbidden[key].update(_values(snapshot.value_of(key), nodes))
-    return [
-        requirement
-        for key, values in sorted(forbidden.items())
-        if values
-        for requirement in _not_in(key, sorted(values))
-    ]
+    return forbidden
 
 
-def _nodes_of(members: Iterable[PlacedPod], uid: str) -> list[str]:
+def _nodes_of(members: Iterable[PlacedPod], uid: str) -> Iterable[str]:
     """The nodes of `members`, the incoming pod's own entry (uid) left out."""
+    if isinstance(members, GroupPods):  # the cache's groups: their nodes are counted already
+        own = members.by_uid.get(uid)
+        if own is None or members.every[own.node] > 1:
+            return members.every.keys()
+        return [node for node in members.every if node != own.node]
     return [other.node for other in members if other.uid != uid]
 
 
@@ -538,18 +599,19 @@ def included(pod: Incoming, constraint: SpreadConstraint, node: NodeFacts) -> bo
 
 def _domains(
     pod: Incoming, constraint: SpreadConstraint, snapshot: NodeSnapshot, fits: frozenset[str]
-) -> tuple[Mapping[str, str], tuple[str, ...]]:
-    """The constraint's eligible nodes (name → their value of its key) and the key's values over
-    every node, sorted: memoized by what :func:`_eligible` reads of the pod."""
+) -> tuple[Mapping[str, str], tuple[str, ...], tuple[str, ...]]:
+    """The constraint's eligible nodes (name → their value of its key), the key's values over
+    every node, sorted, and the eligible nodes' values: memoized by what :func:`_eligible` reads of
+    the pod."""
     key = constraint.topology_key
 
-    def compute() -> tuple[Mapping[str, str], tuple[str, ...]]:
+    def compute() -> tuple[Mapping[str, str], tuple[str, ...], tuple[str, ...]]:
         eligible = {
             node.name: node.labels[key]
             for node in snapshot
             if _eligible(pod, constraint, node, node.name in fits)
         }
-        return eligible, tuple(sorted(snapshot.holders(key)))
+        return eligible, tuple(sorted(snapshot.holders(key))), tuple(set(eligible.values()))
 
     memo_key = (
         "domains",
@@ -570,11 +632,38 @@ def _spread(
     fits: frozenset[str],
 ) -> tuple[list[Mapping[str, Any]], str]:
     key = constraint.topology_key
-    eligible, values = _domains(pod, constraint, snapshot, fits)
-    counts: dict[str, int] = dict.fromkeys(eligible.values(), 0)
+    allowed, values = _spread_allowed(
+        pod=pod, constraint=constraint, placed=placed, snapshot=snapshot, fits=fits
+    )
+    kept = set(allowed)
+    refused = [v for v in values if v not in kept]
+    short = key.rsplit("/", 1)[-1]
+    if not allowed:
+        return _nowhere(key), f"{short} spread (maxSkew {constraint.max_skew}) allows no {short}"
+    summary = f"{short} spread (maxSkew {constraint.max_skew}) allows {short}s {', '.join(allowed[:_SHOWN])}"
+    if len(allowed) > _SHOWN:
+        summary += f" and {len(allowed) - _SHOWN} more"
+    return _in(key, allowed, refused), summary
+
+
+def _spread_allowed(
+    *,
+    pod: Incoming,
+    constraint: SpreadConstraint,
+    placed: PlacedView,
+    snapshot: NodeSnapshot,
+    fits: frozenset[str],
+) -> tuple[list[str], tuple[str, ...]]:
+    """The values of the constraint's key it allows (PodTopologySpread's Filter), and every value
+    of the key over the nodes; both sorted."""
+    eligible, values, domains = _domains(pod, constraint, snapshot, fits)
+    counts: dict[str, int] = dict.fromkeys(domains, 0)
     if not constraint.selector.empty:
         for labels, members in placed.label_groups(pod.namespace):
             if not constraint.selector.matches(labels):
+                continue
+            if isinstance(members, GroupPods):
+                _count_group(counts, members, eligible, pod.uid)
                 continue
             for other in members:
                 if other.terminating or other.uid == pod.uid:
@@ -585,15 +674,21 @@ def _spread(
     minimum = min(counts.values(), default=0) if len(counts) >= constraint.min_domains else 0
     self_match = 1 if constraint.selector.matches(pod.labels) else 0
     allowed = [v for v in values if counts.get(v, 0) + self_match - minimum <= constraint.max_skew]
-    kept = set(allowed)
-    refused = [v for v in values if v not in kept]
-    short = key.rsplit("/", 1)[-1]
-    if not allowed:
-        return _nowhere(key), f"{short} spread (maxSkew {constraint.max_skew}) allows no {short}"
-    summary = f"{short} spread (maxSkew {constraint.max_skew}) allows {short}s {', '.join(allowed[:_SHOWN])}"
-    if len(allowed) > _SHOWN:
-        summary += f" and {len(allowed) - _SHOWN} more"
-    return _in(key, allowed, refused), summary
+    return allowed, values
+
+
+def _count_group(counts: dict[str, int], members: GroupPods, eligible: Mapping[str, str], uid: str) -> None:
+    """Add to `counts` (per domain) the group's pods that are not terminating on `eligible` nodes,
+    the incoming pod's own entry (uid) left out: one pass over the group's nodes, in C."""
+    tally = Counter(map(eligible.get, members.live))  # a node each, None for the ineligible
+    for node, count in members.crowded.items():
+        tally[eligible.get(node)] += count - 1
+    own = members.by_uid.get(uid)
+    if own is not None and not own.terminating:
+        tally[eligible.get(own.node)] -= 1
+    for value, count in tally.items():
+        if value is not None:
+            counts[value] += count
 
 
 def _port_requirements(
@@ -756,7 +851,7 @@ def narrowing(
             left[value].append(name)
     if not left:
         return None
-    eligible, _ = _domains(pod, constraint, snapshot, fits)
+    eligible, _, _ = _domains(pod, constraint, snapshot, fits)
     hostnames = _hostnames(snapshot)
     parts = max(1, min(MAX_PARTS, -(-(later + 1) // len(left))))
     for value in sorted(left, key=lambda v: (-len(left[v]), v)):

@@ -9,11 +9,12 @@ required anti-affinity terms (the only terms of an existing pod that can refuse 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Protocol
 
 __all__ = [
     "AffinityTerm",
+    "GroupPods",
     "HostPort",
     "LabelSelector",
     "NamespaceLabels",
@@ -75,7 +76,12 @@ class LabelSelector:
     def matches(self, labels: Mapping[str, str]) -> bool:
         if self.nothing:
             return False
-        return all(requirement.matches(labels) for requirement in self.requirements)
+        # A loop, not all() over a generator: the filters ask this of every label group of a
+        # namespace, several times per cycle, and the generator was most of its cost.
+        for requirement in self.requirements:  # noqa: SIM110 (see above)
+            if not requirement.matches(labels):
+                return False
+        return True
 
     @property
     def empty(self) -> bool:
@@ -241,3 +247,80 @@ class PlacedPod:
     def scores_others(self) -> bool:
         """Whether its terms weigh where other pods go (InterPodAffinity's Score, the symmetry)."""
         return bool(self.affinity or self.preferred_affinity or self.preferred_anti_affinity)
+
+
+class GroupPods:
+    """Pods that share their labels (or their anti-affinity terms), and how many of them sit on
+    each node, kept as pods come and go.
+
+    Why: a Deployment's pods form one group, and a pod with rules over its group read every member
+    twice per cycle (its verdict, then NodeCheck's re-check): the nodes its anti-affinity excludes,
+    the pods its spread counts per domain. On issue 19's rules backlog that walk was a sixth of the
+    operator's CPU. Per node counts let the filters take the group's nodes as they are, and count a
+    spread's domains with one C-level pass over those nodes.
+
+    Iterating it yields its pods (a view of a group may still be any iterable of pods: the filters
+    walk those as before).
+    """
+
+    __slots__ = ("by_uid", "crowded", "every", "live")
+
+    def __init__(self) -> None:
+        self.by_uid: dict[str, PlacedPod] = {}
+        #: node -> how many of the pods are on it
+        self.every: dict[str, int] = {}
+        #: node -> how many of the pods on it are not terminating (the ones a spread counts)
+        self.live: dict[str, int] = {}
+        #: the nodes of `live` holding two pods or more, with that count (rare with anti-affinity)
+        self.crowded: dict[str, int] = {}
+
+    def __iter__(self) -> Iterator[PlacedPod]:
+        return iter(self.by_uid.values())
+
+    def __len__(self) -> int:
+        return len(self.by_uid)
+
+    def add(self, pod: PlacedPod) -> None:
+        """Add `pod` (not a member yet)."""
+        self.by_uid[pod.uid] = pod
+        node = pod.node
+        self.every[node] = self.every.get(node, 0) + 1
+        if not pod.terminating:
+            count = self.live[node] = self.live.get(node, 0) + 1
+            if count > 1:
+                self.crowded[node] = count
+
+    def discard(self, uid: str) -> PlacedPod | None:
+        """Remove the member `uid`; the pod removed, or None if it was not one."""
+        pod = self.by_uid.pop(uid, None)
+        if pod is None:
+            return None
+        node = pod.node
+        _count_down(self.every, node)
+        if not pod.terminating:
+            left = _count_down(self.live, node)
+            if left > 1:
+                self.crowded[node] = left
+            else:
+                self.crowded.pop(node, None)
+        return pod
+
+    def without(self, uids: Iterable[str]) -> GroupPods:
+        """A copy without the members among `uids`."""
+        copy = GroupPods()
+        copy.by_uid = dict(self.by_uid)
+        copy.every = dict(self.every)
+        copy.live = dict(self.live)
+        copy.crowded = dict(self.crowded)
+        for uid in uids:
+            copy.discard(uid)
+        return copy
+
+
+def _count_down(counts: dict[str, int], key: str) -> int:
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
+    return left
