@@ -508,7 +508,7 @@ def _nodes_of(members: Iterable[PlacedPod], uid: str) -> Iterable[str]:
         own = members.by_uid.get(uid)
         if own is None or members.every[own.node] > 1:
             return members.every.keys()
-        return [node for node in members.every if node != own.node]
+        return members.every.keys() - {own.node}
     return [other.node for other in members if other.uid != uid]
 
 
@@ -842,7 +842,7 @@ def narrowing(
     snapshot = NodeSnapshot.of(nodes)
     fits, _ = _candidates(pod, snapshot)  # the verdict's candidates, as a set
     # Set operations first: the nodes left are a few dozen of hundreds on a busy group.
-    pool = (fits & _usable(pod, snapshot)).difference(*(effect.excluded for effect in verdict.effects))
+    pool = _placeable(pod, snapshot, fits).difference(*(effect.excluded for effect in verdict.effects))
     value_of = snapshot.value_of(key)
     left: dict[str, list[str]] = defaultdict(list)
     for name in sorted(pool):
@@ -867,6 +867,13 @@ def narrowing(
         if anchor is not None:
             return Narrowed(domain=value, anchor=anchor)
     return None
+
+
+def _placeable(pod: Incoming, snapshot: NodeSnapshot, fits: frozenset[str]) -> frozenset[str]:
+    """The candidates (`fits`) that are :func:`_usable` (memoized: a Deployment's pods share it)."""
+    return snapshot.memo(
+        ("placeable", _fit_key(pod), frozen(pod.tolerations)), lambda: fits & _usable(pod, snapshot)
+    )
 
 
 def _usable(pod: Incoming, snapshot: NodeSnapshot) -> frozenset[str]:
