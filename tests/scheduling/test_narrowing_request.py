@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from bindery.kube.placed import PlacedPodCache
+from bindery.podrules.filters import evaluate, narrowing
 from bindery.rm.models import ReservationRequest
+from bindery.scheduling.placementrules import _incoming
+from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import NodeProjection
 from tests.scheduling.fakes import Calls
 from tests.scheduling.test_inflight_domains import (
     HOST,
@@ -23,6 +28,7 @@ from tests.scheduling.test_inflight_domains import (
     violations,
     zoned_nodes,
 )
+from tests.scheduling.test_podrules import body, term, zone_spread
 
 
 def requirements(request: ReservationRequest) -> list[tuple[str, str, list[str]]]:
@@ -53,7 +59,7 @@ async def test_a_request_narrowed_to_some_hosts_names_only_its_zone_and_those_ho
     for request in narrowed:
         kept = requirements(request)
         assert [(key, op) for key, op, _ in kept] == [(ZONE, "In"), (HOST, "In")], kept
-    placements = {o.node: o.node for o in outcomes if o.node}
+    placements = {info.uid: o.node for info, o in zip(infos, outcomes, strict=True) if o.node}
     assert violations(placements, {f"n{i}": f"z{i % 3}" for i in range(15)}) == []
 
 
@@ -72,5 +78,27 @@ async def test_a_refused_narrowed_request_is_sent_again_with_the_rules_requireme
     taken = {v for key, op, values in kept if key == HOST and op == "NotIn" for v in values}
     assert taken, kept
     assert outcomes[7].node not in taken
-    placements = {o.node: o.node for o in outcomes if o.node}
+    placements = {info.uid: o.node for info, o in zip(infos, outcomes, strict=True) if o.node}
     assert violations(placements, {f"n{i}": f"z{i % 3}" for i in range(15)}) == []
+
+
+def test_narrowing_never_picks_a_node_the_verdict_did_not_judge() -> None:
+    """Found in review: the narrowed request carries its hosts alone (the rules' requirements left
+    out), so every host must be one the verdict judged; a node that joined the snapshot after the
+    verdict is excluded by none of its effects, yet no rule was asked of it."""
+    nodes = [NodeProjection(name=f"n{i}", labels={HOST: f"n{i}", ZONE: "ab"[i % 2]}) for i in range(4)]
+    cache = PlacedPodCache(nodes=lambda: nodes)
+    for i, name in enumerate(["n0", "n2"]):  # zone a holds two pods of the group, zone b none
+        cache.on_event("ADDED", body(f"w{i}", labels={"app": "web"}, node_name=name, spread=[zone_spread()]))
+    pod = _incoming(
+        PodInfo.from_body(
+            body("p", labels={"app": "web"}, spread=[zone_spread()], anti=[term(HOST, app="web")])
+        )
+    )
+    verdict = evaluate(pod=pod, placed=cache, nodes=nodes, namespace_labels=cache.namespace_labels)
+    assert [e.summary for e in verdict.effects][1] == "zone spread (maxSkew 1) allows zones b"
+    # Three nodes join zone a after the verdict (a snapshot taken a moment later).
+    later = nodes + [NodeProjection(name=f"m{j}", labels={HOST: f"m{j}", ZONE: "a"}) for j in range(3)]
+    found = narrowing(pod=pod, verdict=verdict, nodes=later, key=ZONE, later=10)
+    assert found is not None
+    assert found.domain == "b", found  # zone a is refused by the spread

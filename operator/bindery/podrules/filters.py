@@ -840,9 +840,12 @@ def narrowing(
     if constraint is None:
         return None
     snapshot = NodeSnapshot.of(nodes)
-    fits, _ = _candidates(pod, snapshot)  # the verdict's candidates, as a set
-    # Set operations first: the nodes left are a few dozen of hundreds on a busy group.
-    pool = _placeable(pod, snapshot, fits).difference(*(effect.excluded for effect in verdict.effects))
+    fits, _ = _candidates(pod, snapshot)
+    # Set operations first: the nodes left are a few dozen of hundreds on a busy group. Only the
+    # nodes the verdict judged (its candidates): a node `nodes` has and the verdict's did not is
+    # excluded by none of its effects, yet no rule was asked of it.
+    pool = _placeable(pod, snapshot, fits).intersection(verdict.candidates)
+    pool = pool.difference(*(effect.excluded for effect in verdict.effects))
     value_of = snapshot.value_of(key)
     left: dict[str, list[str]] = defaultdict(list)
     for name in sorted(pool):

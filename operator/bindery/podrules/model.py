@@ -9,7 +9,7 @@ required anti-affinity terms (the only terms of an existing pod that can refuse 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 __all__ = [
@@ -304,17 +304,6 @@ class GroupPods:
             else:
                 self.crowded.pop(node, None)
         return pod
-
-    def without(self, uids: Iterable[str]) -> GroupPods:
-        """A copy without the members among `uids`."""
-        copy = GroupPods()
-        copy.by_uid = dict(self.by_uid)
-        copy.every = dict(self.every)
-        copy.live = dict(self.live)
-        copy.crowded = dict(self.crowded)
-        for uid in uids:
-            copy.discard(uid)
-        return copy
 
 
 def _count_down(counts: dict[str, int], key: str) -> int:
