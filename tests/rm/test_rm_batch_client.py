@@ -18,9 +18,10 @@ from aiohttp import web
 
 from bindery import tracing
 from bindery.rm import RMConflict, RMProtocolError, RMRejected, RMUnavailable, RMUnschedulable
+from bindery.rm.batching import reserve_urgency
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import ProblemType, RMPodMismatch
-from bindery.rm.models import PodIdentity, ReservationRequest, ReservationState
+from bindery.rm.models import PodIdentity, Reservation, ReservationRequest, ReservationState
 
 
 def request_for(uid: str) -> ReservationRequest:
@@ -282,6 +283,32 @@ async def test_a_reserve_does_not_wait_behind_a_batch_of_commits(rm: TinyRM) -> 
         await commits
         await more_commits
     assert rm.wire[2:] == [("/v1/batch", 2)]  # the commits that waited, after a slot freed
+
+
+async def test_a_reserve_nobody_waits_for_goes_with_the_commits_queued_meanwhile(rm: TinyRM) -> None:
+    """A pod without inter-pod rules (reserve_urgency(False)): its reserve leaves with the next
+    batch, among the commits, rather than in a request of its own: one request fewer for the RM."""
+
+    async def plain_reserve(uid: str) -> Reservation:
+        with reserve_urgency(False):
+            return await client.reserve(request_for(uid))
+
+    async with make_client(rm, batches_in_flight=1) as client:
+        reserved = await asyncio.gather(*(client.reserve(request_for(f"p{n}")) for n in range(4)))
+        rm.wire.clear()
+        rm.batch_gate = asyncio.Event()
+        commits = asyncio.gather(*(client.commit(r.id, pod_uid=r.pod_uid) for r in reserved))
+        while not rm.wire:
+            await asyncio.sleep(0.01)
+        more_commits = asyncio.gather(*(client.commit(r.id, pod_uid=r.pod_uid) for r in reserved[:2]))
+        reserve = asyncio.gather(plain_reserve("x"), plain_reserve("y"))
+        while client._coalescer.queued < 4:  # the two commits and the two reserves wait for the slot
+            await asyncio.sleep(0.001)
+        rm.batch_gate.set()
+        assert [r.pod_uid for r in await reserve] == ["x", "y"]
+        await commits
+        await more_commits
+    assert rm.wire == [("/v1/batch", 4), ("/v1/batch", 4)]  # two commits and the two reserves
 
 
 async def test_at_most_max_batch_operations_per_request_and_a_remainder_of_one_goes_alone(rm: TinyRM) -> None:

@@ -11,12 +11,13 @@ The policy is *natural batching*, with no delay added to any call:
 * otherwise it waits for an in-flight request to finish and goes with the next one: the busier the
   RM, the larger the batches, and an idle client sends each call as soon as it is made;
 * at most ``max_operations`` calls go in one request; more wait for the next;
-* *urgent* calls (reserves: a pod's placement, and the pods of a Deployment with rules wait on
-  each other's) go in a request of their own, and may use one slot past ``max_in_flight``: behind
-  a batch of a backlog's commits, a reserve waited for a whole large batch to be carried out, then
-  for its own (73 ms at the median on issue 19's rules backlog, each chained pod paying it in
-  turn). Urgent and other requests take turns when both are queued and a slot is free, so a
-  stream of reserves never starves commits and releases (capacity given back).
+* *urgent* calls (reserves another cycle may be waiting for: the pods of a Deployment with rules
+  wait on each other's; see :data:`URGENT_RESERVE`) go in a request of their own, and may use one
+  slot past ``max_in_flight``: behind a batch of a backlog's commits, a reserve waited for a whole
+  large batch to be carried out, then for its own (73 ms at the median on issue 19's rules
+  backlog, each chained pod paying it in turn). Urgent and other requests take turns when both
+  are queued and a slot is free, so a stream of reserves never starves commits and releases
+  (capacity given back).
 
 A queue of exactly one call is sent as that call's ordinary single request (the caller decides:
 :meth:`Coalescer.take` only says how many there are), so at low load the wire is what it was.
@@ -28,10 +29,29 @@ already scheduled), with no I/O and no event loop, so it is unit-testable; the c
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-__all__ = ["Coalescer"]
+__all__ = ["URGENT_RESERVE", "Coalescer", "reserve_urgency"]
+
+#: Whether the reserve the current task sends may keep another cycle waiting (True unless the
+#: caller says otherwise, see :func:`reserve_urgency`). A reserve nobody waits for (a pod without
+#: inter-pod rules) goes with the commits and releases queued meanwhile: a request of its own
+#: bought it nothing, and cost the RM one more request per few pods on a plain backlog.
+URGENT_RESERVE: contextvars.ContextVar[bool] = contextvars.ContextVar("bindery_urgent_reserve", default=True)
+
+
+@contextlib.contextmanager
+def reserve_urgency(urgent: bool) -> Iterator[None]:
+    """The reserves sent by the current task within the block are urgent, or not."""
+    token = URGENT_RESERVE.set(urgent)
+    try:
+        yield
+    finally:
+        URGENT_RESERVE.reset(token)
+
 
 _Item = TypeVar("_Item")
 

@@ -53,7 +53,7 @@ from tenacity.wait import wait_exponential_jitter
 
 from bindery import tracing
 from bindery.clock import ClockWatch
-from bindery.rm.batching import Coalescer
+from bindery.rm.batching import URGENT_RESERVE, Coalescer
 from bindery.rm.errors import (
     ProblemType,
     RMConflict,
@@ -341,8 +341,8 @@ class _Waiter:
         return not self.future.done()
 
     def urgent(self) -> bool:
-        """A reserve: later pods of a Deployment with rules may wait for its node."""
-        return "reserve" in self.operation
+        """A reserve later cycles may wait for (its caller's :data:`URGENT_RESERVE`)."""
+        return "reserve" in self.operation and self.context.get(URGENT_RESERVE, True)
 
     def told(self) -> _Outcome | _Verdict | None:
         """What the waiter was handed, if anything (no error, not cancelled)."""

@@ -35,6 +35,7 @@ import pydantic
 
 from bindery.constraints import matches_required_affinity
 from bindery.logcontext import add_log_context
+from bindery.rm.batching import reserve_urgency
 from bindery.rm.errors import ProblemType, RMConflict, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
@@ -47,6 +48,7 @@ from bindery.scheduling.placementrules import (
     VERDICT,
     Narrowing,
     counted_by,
+    may_be_awaited,
     rules_refusing,
 )
 from bindery.scheduling.podspec import reservation_request
@@ -200,7 +202,8 @@ class ResourceManagerReservation:
             )
         sent_at, sent_at_wall = ctx.profile.clock(), datetime.now(UTC)
         try:
-            ctx.reservation = await ctx.profile.client.reserve(request)
+            with reserve_urgency(may_be_awaited(ctx)):
+                ctx.reservation = await ctx.profile.client.reserve(request)
         except RMConflict as error:
             if error.problem.get("type") != ProblemType.IDEMPOTENCY_KEY_REUSED:
                 return _failure(ctx, error, Stage.RESERVE, self.name)

@@ -97,6 +97,7 @@ __all__ = [
     "PodPlacementRules",
     "broken_after_preemption",
     "counted_by",
+    "may_be_awaited",
     "member_node_terms",
     "member_preferences",
     "members_wake_on",
@@ -619,6 +620,18 @@ def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
     """The rules' verdict for `pod` against the pods on nodes now (itself excluded); None when
     nothing can apply (no rules of its own, and no placed pod with anti-affinity)."""
     return _verdict(pod, placed, placed)
+
+
+def may_be_awaited(ctx: CycleContext) -> bool:
+    """Whether another cycle may wait for this pod's node (:meth:`InFlight.wait`): it states rules,
+    soft rules or claims that relate it to other pods, or a cycle waits for it already. Unknown
+    (no placed-pod cache): yes. Its reserve then goes to the RM in a request of its own."""
+    cycle = ctx.state.get(_CYCLE)
+    if not isinstance(cycle, _Cycle):
+        return True
+    return bool(
+        cycle.rules or cycle.claims or cycle.soft is not NO_SOFT or cycle.waiters or cycle.domain_waiters
+    )
 
 
 def counted_by(ctx: CycleContext) -> frozenset[str]:
