@@ -476,6 +476,9 @@ class ReservationStore:
         # from, the result). See `_foreign`.
         self._foreign_by_node: dict[str, tuple[NodePods, Foreign | None]] = {}
         self._foreign_deactivations = -1
+        # The last answer whole, with the snapshot and count it came from: the reserves of a batch
+        # (or between two mirror events) share it, where each one walked every node's entry.
+        self._foreign_last: tuple[ClusterPods, int, dict[str, Foreign]] | None = None
         # Sweeping costs a write transaction (an fsync); skip it until something can be due.
         self._next_expiry = self._earliest_expiry()
         self._next_gc = 0.0
@@ -631,6 +634,9 @@ class ReservationStore:
         whatever code path writes it, and a new count drops every resolved node.
         """
         (deactivations,) = self._db.execute("SELECT count FROM deactivations WHERE id = 0").fetchone()
+        last = self._foreign_last
+        if last is not None and last[0] is pods and last[1] == deactivations:
+            return last[2]
         if deactivations != self._foreign_deactivations:
             self._foreign_by_node.clear()
             self._foreign_deactivations = deactivations
@@ -661,7 +667,9 @@ class ReservationStore:
         if len(resolved) > len(pods.nodes):  # nodes that lost all their pods
             for node in [n for n in resolved if n not in pods.nodes]:
                 del resolved[node]
-        return {node: foreign for node in pods.nodes if (foreign := resolved[node][1]) is not None}
+        answer = {node: foreign for node in pods.nodes if (foreign := resolved[node][1]) is not None}
+        self._foreign_last = (pods, deactivations, answer)
+        return answer
 
     def reserve(
         self,
@@ -904,6 +912,7 @@ class ReservationStore:
         # Resolved foreign usage may rest on rows that are gone now: resolve again.
         self._foreign_by_node.clear()
         self._foreign_deactivations = -1
+        self._foreign_last = None
 
     def list(
         self,
