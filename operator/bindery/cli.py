@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import importlib
 import logging
 import os
 import pathlib
 import sys
 from collections.abc import Callable, Sequence
+
+from bindery.collector import tune_collector
 
 USAGE = """bindery <command> [options]
        bindery --version
@@ -249,27 +250,6 @@ def run_command(argv: Sequence[str]) -> int:
     tune_collector()
     asyncio.run(run_operator(options=options))
     return 0
-
-
-#: The cyclic collector's thresholds for the operator (CPython's default is (700, 10, 10)).
-COLLECTOR_THRESHOLDS = (10_000, 10, 10)
-
-
-def tune_collector() -> None:
-    """Spend less of the scheduling loop in the cyclic garbage collector.
-
-    Every decoded pod, watch event and HTTP answer allocates hundreds of containers. At CPython's
-    default, a young-generation pass every 700 of them (about one per pod event) traversed what the
-    256 cycles in flight hold, promoted it, and the full passes that followed walked every module,
-    class and schema imported at start: 1.0-1.3 s of a 3,000-pod backlog's 7-8 s of operator CPU
-    (benchmarks/README.md, issue 19's plain-pod budget). What is alive now (imports, configuration)
-    lives as long as the process, so it is frozen out of every pass, and the young generation is
-    collected after 10,000 allocations. Garbage without cycles is freed by reference counting
-    as before; only cyclic garbage waits longer (the 3,000-pod run's RSS did not grow: 157 MB).
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
 if __name__ == "__main__":

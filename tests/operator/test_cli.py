@@ -33,7 +33,7 @@ def test_run_freezes_what_start_loaded_and_collects_the_young_less_often(
     import gc
 
     import bindery.controller.entry
-    from bindery.cli import COLLECTOR_THRESHOLDS
+    from bindery.collector import COLLECTOR_THRESHOLDS
 
     seen: dict[str, object] = {}
 

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from bindery import tracing
+from bindery.collector import tune_collector
 from bindery.reference_rm.inventory import InventoryError, load_inventory_file
 from bindery.reference_rm.placement import Policy
 from bindery.reference_rm.server import (
@@ -378,6 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     tracing.configure(service_name="bindery-rm")  # only when OTEL_EXPORTER_OTLP_*ENDPOINT is set
+    tune_collector()  # as the operator: start-up frozen out of the collector's passes
     try:
         asyncio.run(_serve(args))
     except _REPORTED as error:
