@@ -8,13 +8,16 @@ more per few pods.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+
+import pytest
 
 from bindery.rm.batching import URGENT_RESERVE
 from bindery.rm.models import Reservation, ReservationRequest
 from bindery.scheduling.podspec import PodInfo
 from tests.scheduling.fakes import Calls
-from tests.scheduling.test_inflight_domains import Cluster, PickingRM, spread_pod, zoned_nodes
+from tests.scheduling.test_inflight_domains import HOST, Cluster, PickingRM, spread_pod, zoned_nodes
 
 
 class UrgencyRM(PickingRM):
@@ -23,9 +26,12 @@ class UrgencyRM(PickingRM):
     def __init__(self) -> None:
         super().__init__(Calls(), zoned_nodes(9), seed=0)
         self.urgent: dict[str, bool] = {}
+        self.held: dict[str, asyncio.Event] = {}  # reserves answered only once their event is set
 
     async def reserve(self, request: ReservationRequest, /) -> Reservation:
         self.urgent[request.pod.uid] = URGENT_RESERVE.get()
+        if (gate := self.held.get(request.pod.uid)) is not None:
+            await gate.wait()
         return await super().reserve(request)
 
 
@@ -53,3 +59,46 @@ async def test_without_a_placed_pod_cache_every_reserve_stays_urgent() -> None:
     outcomes = await cluster.run([plain_pod("a")])
     assert all(o.bound for o in outcomes), [o.failure for o in outcomes]
     assert rm.urgent == {"uid-a": True}
+
+
+def affine_pod(name: str, *, near: str) -> PodInfo:
+    """A pod that must share a node with an ``app=<near>`` pod, or with one of its own group
+    (``app=cache``: the first one may go anywhere)."""
+    selector = {"matchExpressions": [{"key": "app", "operator": "In", "values": [near, "cache"]}]}
+    return PodInfo.from_body(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "labels": {"app": "cache"}},
+            "spec": {
+                "schedulerName": "bindery",
+                "containers": [{"name": "c"}],
+                "affinity": {
+                    "podAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"topologyKey": HOST, "labelSelector": selector}
+                        ]
+                    }
+                },
+            },
+        }
+    )
+
+
+@pytest.mark.parametrize(("near", "urgent"), [("plain", True), ("other", False)])
+async def test_a_plain_pods_reserve_is_urgent_while_a_group_whose_rules_select_it_is_in_flight(
+    near: str, urgent: bool
+) -> None:
+    """Found in review: the later pods of such a group wait for the plain pod's node. Held at the
+    RM, the first one keeps its group in flight while the plain pod reserves (which waits for
+    nobody: a pod without rules waits only for pods whose anti-affinity selects it)."""
+    rm = UrgencyRM()
+    gate = asyncio.Event()
+    rm.held["uid-c0"] = gate
+    cluster = Cluster(rm)
+    first = asyncio.ensure_future(cluster.cycle(affine_pod("c0", near=near)))
+    while "uid-c0" not in rm.urgent:
+        await asyncio.sleep(0)
+    plain = await cluster.cycle(plain_pod("a"))
+    gate.set()
+    assert (await first).bound
+    assert plain.bound
+    assert rm.urgent["uid-a"] is urgent

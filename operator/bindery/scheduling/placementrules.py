@@ -394,6 +394,24 @@ class InFlight:
             async with asyncio.timeout(seconds):
                 await waiter.done
 
+    def may_be_awaited(self, cycle: _Cycle, *, namespace_labels: Any) -> bool:
+        """Whether a cycle may wait for `cycle`'s node: it states rules, soft rules or claims that
+        relate it to other pods, a cycle waits for it already, or the pods of a group in flight
+        with rules relate to it (a Deployment's later pods would wait for it). A cycle that begins
+        after this is asked, of a group not in flight now, is not foreseen: its wait may then take
+        one batch's round trip more."""
+        if cycle.rules or cycle.claims or cycle.soft is not NO_SOFT or cycle.waiters or cycle.domain_waiters:
+            return True
+        mine = cycle.group
+        if mine is None:
+            return True
+        return any(
+            group is not mine
+            and bool(group.sample.rules or group.sample.claims or group.sample.soft is not NO_SOFT)
+            and _groups_related(group, mine, namespace_labels)
+            for group in self._groups.values()
+        )
+
     def earlier_related(self, cycle: _Cycle, *, namespace_labels: Any) -> list[_Cycle]:
         mine = cycle.group
         if mine is None:  # not begun here: nothing to compare against
@@ -623,15 +641,13 @@ def rules_verdict(pod: PodInfo, placed: PlacedPods) -> Verdict | None:
 
 
 def may_be_awaited(ctx: CycleContext) -> bool:
-    """Whether another cycle may wait for this pod's node (:meth:`InFlight.wait`): it states rules,
-    soft rules or claims that relate it to other pods, or a cycle waits for it already. Unknown
-    (no placed-pod cache): yes. Its reserve then goes to the RM in a request of its own."""
+    """Whether another cycle may wait for this pod's node (:meth:`InFlight.wait`): its reserve then
+    goes to the RM in a request of its own. Unknown (no placed-pod cache): yes."""
     cycle = ctx.state.get(_CYCLE)
-    if not isinstance(cycle, _Cycle):
+    placed = ctx.ports.placed
+    if not isinstance(cycle, _Cycle) or placed is None:
         return True
-    return bool(
-        cycle.rules or cycle.claims or cycle.soft is not NO_SOFT or cycle.waiters or cycle.domain_waiters
-    )
+    return placed.in_flight.may_be_awaited(cycle, namespace_labels=placed.namespace_labels)
 
 
 def counted_by(ctx: CycleContext) -> frozenset[str]:
