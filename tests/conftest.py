@@ -19,6 +19,7 @@ kube-apiserver, so child processes fail too (`_unit_tests_start_no_plane`).
 
 from __future__ import annotations
 
+import gc
 import pathlib
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -173,6 +174,18 @@ def _unit_tests_start_no_plane(
 
     monkeypatch.setattr(ControlPlane, "start", refuse)
     monkeypatch.setenv("BINDERY_CONTROLPLANE_BIN", str(_no_plane_bin))
+
+
+@pytest.fixture(autouse=True)
+def _collector_restored() -> Iterator[None]:
+    """Tests call `bindery run` and `bindery rm serve` in-process, and their main tunes the cyclic
+    collector (bindery.collector): frozen objects and high thresholds must not leak into the tests
+    that follow in the same worker (nor let a later check of that tuning pass on another's)."""
+    threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
+    yield
+    if gc.get_freeze_count() != frozen:
+        gc.unfreeze()
+    gc.set_threshold(*threshold)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,9 @@ pods with anti-affinity, affinity or preferred terms, or host ports, so that a p
 one emptiness check. A namespace's pods are grouped by their label set, and pods with anti-affinity by
 their namespace and terms (a Deployment's pods share both), so that the filters match a selector once
 per group rather than once per pod: a backlog of N pods with anti-affinity over their group cost
-O(N²) selector matches per pass, twice per pod. A pod that finished (Succeeded/Failed) or was
+O(N²) selector matches per pass, twice per pod. Each group also counts its pods per node
+(:class:`~bindery.podrules.model.GroupPods`), so the filters read a group's nodes and a spread's
+domains without walking its pods. A pod that finished (Succeeded/Failed) or was
 deleted leaves the cache; a pod assumed by a cycle is replaced by its watched copy once seen bound.
 Each pod that arrives, leaves or changes in a way the rules read is passed to :attr:`on_change`,
 which wakes the pods the rules refused (a status write or the watched copy replacing the assumed one
