@@ -18,6 +18,7 @@ from bindery.rm.models import Reservation, ReservationRequest
 from bindery.scheduling.podspec import PodInfo
 from tests.scheduling.fakes import Calls
 from tests.scheduling.test_inflight_domains import HOST, Cluster, PickingRM, spread_pod, zoned_nodes
+from tests.scheduling.test_narrowing_anchor_phantom import until
 
 
 class UrgencyRM(PickingRM):
@@ -95,8 +96,7 @@ async def test_a_plain_pods_reserve_is_urgent_while_a_group_whose_rules_select_i
     rm.held["uid-c0"] = gate
     cluster = Cluster(rm)
     first = asyncio.ensure_future(cluster.cycle(affine_pod("c0", near=near)))
-    while "uid-c0" not in rm.urgent:
-        await asyncio.sleep(0)
+    await until(lambda: "uid-c0" in rm.urgent, what="the first pod's reserve held at the RM")
     plain = await cluster.cycle(plain_pod("a"))
     gate.set()
     assert (await first).bound
