@@ -15,6 +15,7 @@ import pytest
 from bindery.kube.placed import PlacedPodCache
 from bindery.podrules.filters import evaluate, refusing
 from bindery.podrules.model import GroupPods
+from bindery.podrules.nodes import NodeSnapshot
 from bindery.podrules.parse import placed_pod
 from bindery.scheduling.placementrules import _incoming, _Without
 from bindery.scheduling.podspec import PodInfo
@@ -31,6 +32,8 @@ def check_group(group: GroupPods) -> None:
     assert group.live == dict(live)
     assert group.crowded == {n: c for n, c in live.items() if c > 1}
     assert all(uid == p.uid for uid, p in group.by_uid.items())
+    for value_of, counts in group._valued.values():  # the per-key value counts, kept as pods move
+        assert counts == dict(Counter(value_of[n] for n in every if n in value_of))
 
 
 def check_cache(cache: PlacedPodCache) -> None:
@@ -102,6 +105,9 @@ def test_groups_stay_counted_and_fast_paths_answer_as_the_pod_by_pod_path(
     compared = 0
     for _world in range(60):
         cache = PlacedPodCache(nodes=lambda: nodes, namespace_labels={"default": {}}.get)
+        # One snapshot for the whole world: the groups' value counts are kept for its mappings, so
+        # they are read once and then updated event by event (a fresh snapshot would recount them).
+        snapshot = NodeSnapshot.of(nodes)
         bodies: list[dict[str, Any]] = []
         for step in range(rng.randint(5, 60)):
             roll = rng.random()
@@ -134,6 +140,12 @@ def test_groups_stay_counted_and_fast_paths_answer_as_the_pod_by_pod_path(
                 cache.on_event("DELETED", b)
             else:  # re-added after deletion
                 cache.on_event("ADDED", rng.choice(bodies))
+            groups = [group for by_labels in cache._by_namespace.values() for _, group in by_labels.values()]
+            groups += [group for toward in cache._anti_toward.values() for group in toward.values()]
+            for group in groups:  # count some groups' values from now on
+                if rng.random() < 0.3:
+                    key = rng.choice([HOST, ZONE])
+                    group.values(key, snapshot.value_of(key))
             check_cache(cache)
         gone = frozenset(b["metadata"]["uid"] for b in rng.sample(bodies, k=len(bodies) // 4))
         for _ in range(8):
@@ -148,7 +160,7 @@ def test_groups_stay_counted_and_fast_paths_answer_as_the_pod_by_pod_path(
             incoming_body["metadata"].pop("deletionTimestamp", None)
             pod = _incoming(PodInfo.from_body(incoming_body))
             for view in (cache, _Without(cache, gone)):
-                fast = evaluate(pod=pod, placed=view, nodes=nodes, namespace_labels={"default": {}}.get)
+                fast = evaluate(pod=pod, placed=view, nodes=snapshot, namespace_labels={"default": {}}.get)
                 slow = evaluate(
                     pod=pod, placed=Ungrouped(view), nodes=nodes, namespace_labels={"default": {}}.get
                 )
@@ -157,7 +169,7 @@ def test_groups_stay_counted_and_fast_paths_answer_as_the_pod_by_pod_path(
                     expected = tuple(e.rule for e in fast.effects if name in e.excluded)
                     for v in (view, Ungrouped(view)):
                         got = refusing(
-                            pod=pod, placed=v, nodes=nodes, namespace_labels={"default": {}}.get, node=name
+                            pod=pod, placed=v, nodes=snapshot, namespace_labels={"default": {}}.get, node=name
                         )
                         assert got == expected, (name, got, expected, fast)
                 compared += 1

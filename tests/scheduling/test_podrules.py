@@ -554,6 +554,52 @@ def test_the_compiled_node_predicate_agrees_with_matches_term() -> None:
             assert allows(n) == matches_term(term=term, labels=n.labels, node_name=n.name), (term, n)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_excluded_nodes_are_those_the_compiled_predicate_refuses(seed: int) -> None:
+    # _excluded answers with set operations on the snapshot's indexes (a one-In shortcut, and one
+    # node per value for a key like the hostname, "h" here); _compiled tests node by node.
+    import random
+
+    from bindery.podrules.filters import _compiled, _excluded
+    from bindery.podrules.nodes import NodeSnapshot
+
+    rng = random.Random(seed)
+    nodes = [
+        NodeProjection(
+            name=f"n{i}",
+            labels={
+                **{k: rng.choice("abc") for k in ("x", "y") if rng.random() < 0.7},
+                **({"h": f"h{i}"} if seed % 2 == 0 or rng.random() < 0.8 else {}),
+            },
+        )
+        for i in range(30)
+    ]
+    snapshot = NodeSnapshot.of(nodes)
+    for _ in range(400):
+        expressions = []
+        for _ in range(rng.randint(0, 3)):
+            op = rng.choice(["In", "NotIn", "Exists", "DoesNotExist"])
+            key = rng.choice("xyh")
+            e: dict[str, Any] = {"key": key, "operator": op}
+            if op in ("In", "NotIn"):
+                pool = [f"h{i}" for i in range(34)] if key == "h" else list("abcd")
+                e["values"] = rng.sample(pool, rng.randint(1, 4))
+            expressions.append(e)
+        fields = [
+            {
+                "key": "metadata.name",
+                "operator": rng.choice(["In", "NotIn"]),
+                "values": [f"n{rng.randint(0, 29)}"],
+            }
+            for _ in range(rng.randint(0, 1))
+        ]
+        allows = _compiled(expressions, fields)
+        assert _excluded(snapshot, expressions, fields) == {n.name for n in nodes if not allows(n)}, (
+            expressions,
+            fields,
+        )
+
+
 def test_hostname_spread_past_the_value_cap_is_split_and_places_where_kube_scheduler_does() -> None:
     # 600 nodes, 300 of them holding a matching pod: 300 allowed and 300 refused hostnames, both
     # past the contract's 256 values per requirement. kube-scheduler places; so must the RM's term.

@@ -279,8 +279,12 @@ def _excluding(
     `snapshot`), asked of that node's labels without writing the requirements out: NodeCheck
     re-checks every pod, and sorting and chunking hundreds of values to test one node was most of
     its cost."""
-    forbidden = _anti_forbidden(pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels)
-    if any(chosen.labels.get(key) in values for key, values in forbidden.items()):
+    if any(
+        (value := chosen.labels.get(key)) is not None and value in values
+        for key, values in _anti_values(
+            pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels
+        )
+    ):
         yield ANTI_AFFINITY  # NotIn: a node without the key, or with another value, is allowed
     if pod.rules.affinity:
         expressions = _affinity(pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels)
@@ -368,15 +372,28 @@ def _excluded(
     snapshot's value index instead of a predicate run over every node."""
     out: set[str] = set()
     within: frozenset[str] | None = None  # the nodes every In requirement allows
+    ins = [e for e in expressions if e["operator"] == "In"]
+    if len(ins) == 1:  # a spread's (over a few zones): the nodes of the other values, added up
+        key = str(ins[0]["key"])
+        kept = frozenset(ins[0].get("values") or ())
+        out |= snapshot.memo(("lacking", key), lambda: snapshot.names - snapshot.with_key(key))
+        out.update(*(names for value, names in snapshot.holders(key).items() if value not in kept))
     for expression in expressions:
         key, op = str(expression["key"]), str(expression["operator"])
         values = expression.get("values") or ()
         if op == "In":
+            if len(ins) == 1:
+                continue
             holders = snapshot.holders(key)
             allowed = frozenset().union(*(holders[v] for v in values if v in holders))
             within = allowed if within is None else within & allowed
         elif op == "NotIn":
-            out.update(*map(snapshot.holders(key).get, values, itertools.repeat(_NONE)))
+            single = _single(snapshot, key)
+            if single is not None:  # a hostname's: one node per value
+                out.update(map(single.get, values, itertools.repeat("")))
+                out.discard("")
+            else:
+                out.update(*map(snapshot.holders(key).get, values, itertools.repeat(_NONE)))
         elif op == "Exists":
             out |= snapshot.names - snapshot.with_key(key)
         else:  # DoesNotExist, as _compiled reads any other operator
@@ -392,6 +409,19 @@ def _excluded(
     if within is not None:
         out |= snapshot.names - within
     return frozenset(out)
+
+
+def _single(snapshot: NodeSnapshot, key: str) -> Mapping[str, str] | None:
+    """Value of `key` → the one node carrying it, when no two nodes share a value (hostnames);
+    else None (memoized per snapshot)."""
+
+    def compute() -> Mapping[str, str] | None:
+        holders = snapshot.holders(key)
+        if any(len(names) != 1 for names in holders.values()):
+            return None
+        return {value: next(iter(names)) for value, names in holders.items()}
+
+    return snapshot.memo(("single", key), compute)
 
 
 def _compiled(
@@ -473,6 +503,18 @@ def _anti_forbidden(
     """Per topology key, the values pod anti-affinity keeps the pod off (its own terms' and the
     existing pods' terms selecting it)."""
     forbidden: dict[str, set[str]] = defaultdict(set)
+    for key, values in _anti_values(
+        pod=pod, placed=placed, snapshot=snapshot, namespace_labels=namespace_labels
+    ):
+        forbidden[key].update(values)
+    return forbidden
+
+
+def _anti_values(
+    *, pod: Incoming, placed: PlacedView, snapshot: NodeSnapshot, namespace_labels: NamespaceLabels
+) -> Iterator[tuple[str, Collection[str]]]:
+    """(topology key, values pod anti-affinity keeps the pod off) per group of pods concerned,
+    lazily: the re-check of one node stops at the first that holds its value."""
     # The incoming pod's terms against existing pods (satisfyPodAntiAffinity).
     for term in pod.rules.anti_affinity:
         key = term.topology_key
@@ -480,36 +522,28 @@ def _anti_forbidden(
         for namespace in _scope(term, owner=pod.namespace, placed=placed, namespace_labels=namespace_labels):
             for labels, members in placed.label_groups(namespace):
                 if term.selector.matches(labels):
-                    forbidden[key].update(_values(value_of, _nodes_of(members, pod.uid)))
+                    yield key, _group_values(members, key, value_of, pod.uid)
     # Existing pods' terms against the incoming pod (satisfyExistingPodsAntiAffinity): whether a
     # term selects it depends only on the term and its owner's namespace, so once per group.
     for owner, terms, members in placed.anti_affinity_groups_toward(pod.namespace):
-        selecting = [
-            term.topology_key
-            for term in terms
+        for term in terms:
             if term.matches(
                 namespace=pod.namespace,
                 labels=pod.labels,
                 owner_namespace=owner,
                 namespace_labels=namespace_labels,
-            )
-        ]
-        if not selecting:
-            continue
-        nodes = _nodes_of(members, pod.uid)
-        for key in selecting:
-            forbidden[key].update(_values(snapshot.value_of(key), nodes))
-    return forbidden
+            ):
+                key = term.topology_key
+                yield key, _group_values(members, key, snapshot.value_of(key), pod.uid)
 
 
-def _nodes_of(members: Iterable[PlacedPod], uid: str) -> Iterable[str]:
-    """The nodes of `members`, the incoming pod's own entry (uid) left out."""
-    if isinstance(members, GroupPods):  # the cache's groups: their nodes are counted already
-        own = members.by_uid.get(uid)
-        if own is None or members.every[own.node] > 1:
-            return members.every.keys()
-        return members.every.keys() - {own.node}
-    return [other.node for other in members if other.uid != uid]
+def _group_values(
+    members: Iterable[PlacedPod], key: str, value_of: Mapping[str, str], uid: str
+) -> Collection[str]:
+    """The values of `key` over the nodes of `members`, the incoming pod's own entry (uid) left out."""
+    if isinstance(members, GroupPods):  # the cache's groups count them as pods come and go
+        return members.values(key, value_of, leaving=uid)
+    return _values(value_of, (other.node for other in members if other.uid != uid))
 
 
 def _values(value_of: Mapping[str, str], nodes: Iterable[str]) -> set[str]:
@@ -766,14 +800,20 @@ def in_flight_exclusions(
     whole: set[str] = set()
     values: dict[str, set[str]] = defaultdict(set)
     for region in placing:
-        if region.hosts:
-            inside = frozenset().union(*(by_host.get(host, frozenset()) for host in region.hosts))
-        else:
-            inside = holders.get(region.domain, frozenset())
+        inside: frozenset[str] | None = None
         for anti_key in anti_keys:
             if anti_key == key or (not region.hosts and _finer(snapshot, anti_key, key)):
                 whole.add(region.domain)
                 continue
+            if region.hosts and anti_key == _HOSTNAME:  # the hosts' own values: the hosts
+                values[anti_key].update(filter(by_host.__contains__, region.hosts))
+                continue
+            if inside is None:
+                inside = (
+                    frozenset().union(*(by_host.get(host, frozenset()) for host in region.hosts))
+                    if region.hosts
+                    else holders.get(region.domain, frozenset())
+                )
             value_of = snapshot.value_of(anti_key)
             values[anti_key].update(value_of[name] for name in inside if name in value_of)
     expressions: list[Mapping[str, Any]] = []
@@ -840,25 +880,28 @@ def narrowing(
     if constraint is None:
         return None
     snapshot = NodeSnapshot.of(nodes)
-    fits, _ = _candidates(pod, snapshot)
+    fits, judged = _candidates(pod, snapshot)
     # Set operations first: the nodes left are a few dozen of hundreds on a busy group. Only the
     # nodes the verdict judged (its candidates): a node `nodes` has and the verdict's did not is
-    # excluded by none of its effects, yet no rule was asked of it.
-    pool = _placeable(pod, snapshot, fits).intersection(verdict.candidates)
+    # excluded by none of its effects, yet no rule was asked of it. A verdict of this snapshot
+    # holds this very tuple, whose nodes `fits` are.
+    pool = _placeable(pod, snapshot, fits)
+    if verdict.candidates is not judged:
+        pool = pool.intersection(verdict.candidates)
     pool = pool.difference(*(effect.excluded for effect in verdict.effects))
-    value_of = snapshot.value_of(key)
-    left: dict[str, list[str]] = defaultdict(list)
-    for name in sorted(pool):
-        value = value_of.get(name)
-        if value is not None:
-            left[value].append(name)
+    # How many such nodes each domain has, in one C-level pass; a domain's nodes are sorted only
+    # when it is looked at (the first, mostly): sorting the pool for every pod was most of the cost.
+    counts = Counter(map(snapshot.value_of(key).get, pool))
+    counts.pop(None, None)
+    left = cast("Counter[str]", counts)
     if not left:
         return None
+    holders = snapshot.holders(key)
     eligible, _, _ = _domains(pod, constraint, snapshot, fits)
     hostnames = _hostnames(snapshot)
     parts = max(1, min(MAX_PARTS, -(-(later + 1) // len(left))))
-    for value in sorted(left, key=lambda v: (-len(left[v]), v)):
-        names = left[value]
+    for value in sorted(left, key=lambda v: (-left[v], v)):
+        names = sorted(pool.intersection(holders[value]))
         part = names[: -(-len(names) // parts)]
         if parts > 1 and hostnames is not None and len(part) < len(names) and len(part) <= VALUES_CAP:
             anchor = next((name for name in part if name in eligible), None)

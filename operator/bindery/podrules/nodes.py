@@ -110,11 +110,35 @@ class NodeSnapshot(Sequence[NodeFacts]):
         return value
 
 
+#: id → (the value, its :func:`frozen` key) for the last values asked: the value is held, so its id
+#: is not reused while it is in here.
+_FROZEN: dict[int, tuple[object, Hashable]] = {}
+_FROZEN_SIZE = 256
+
+
 def frozen(value: object) -> Hashable:
     """A hashable stand-in for a JSON-shaped value (mappings, sequences, scalars), equal for equal
-    values whatever the mappings' key order; a memo key for a pod's node terms and tolerations."""
+    values whatever the mappings' key order; a memo key for a pod's node terms and tolerations.
+
+    A tuple is remembered by identity for the last few asked: one pod's cycle asks for its
+    tolerations' key several times (each memo of its candidates, placeable nodes and spread
+    domains), and walking them each time cost a rules pod more than its node memos saved. Those
+    tuples are a :class:`~bindery.scheduling.podspec.PodInfo`'s, never changed once parsed."""
+    if not isinstance(value, tuple) or not value:
+        return _frozen(value)
+    found = _FROZEN.get(id(value))
+    if found is not None and found[0] is value:
+        return found[1]
+    key = _frozen(value)
+    if len(_FROZEN) >= _FROZEN_SIZE:
+        _FROZEN.clear()
+    _FROZEN[id(value)] = (value, key)
+    return key
+
+
+def _frozen(value: object) -> Hashable:
     if isinstance(value, Mapping):
-        return ("{", tuple(sorted((str(k), frozen(v)) for k, v in value.items())))
+        return ("{", tuple(sorted((str(k), _frozen(v)) for k, v in value.items())))
     if isinstance(value, (list, tuple)):
-        return ("[", tuple(frozen(v) for v in value))
+        return ("[", tuple(_frozen(v) for v in value))
     return (type(value).__name__, value) if isinstance(value, Hashable) else ("?", repr(value))

@@ -67,7 +67,7 @@ from bindery.podrules.filters import (
     refusing,
     with_effect,
 )
-from bindery.podrules.model import NO_SOFT, AffinityTerm, PlacedPod, PodRules, SoftRules
+from bindery.podrules.model import NO_SOFT, AffinityTerm, GroupPods, PlacedPod, PodRules, SoftRules
 from bindery.podrules.parse import with_service_spread
 from bindery.podrules.soft import Preferences, preferences, selecting
 from bindery.rm.models import (
@@ -768,6 +768,14 @@ class _Kept:
         return (pod for pod in self._pods if pod.uid not in gone)
 
 
+def _kept_group(pods: Iterable[PlacedPod], gone: frozenset[str]) -> Iterable[PlacedPod]:
+    """A group's pods without `gone`: the cache's groups as a counted copy (the filters' fast
+    paths read their per-node counts), any other iterable filtered lazily."""
+    if isinstance(pods, GroupPods):
+        return pods.without(gone)
+    return _Kept(pods, gone)
+
+
 class _Without:
     """The pods on nodes as they will be once `gone` (a preemption plan's victims, or the later pods
     that counted the one being checked) have left."""
@@ -783,7 +791,9 @@ class _Without:
         return self._kept(self._placed.in_namespace(namespace))
 
     def label_groups(self, namespace: str) -> Iterable[tuple[Mapping[str, str], Iterable[PlacedPod]]]:
-        return [(labels, _Kept(pods, self._gone)) for labels, pods in self._placed.label_groups(namespace)]
+        return [
+            (labels, _kept_group(pods, self._gone)) for labels, pods in self._placed.label_groups(namespace)
+        ]
 
     def namespaces(self) -> Iterable[str]:
         return self._placed.namespaces()
@@ -798,7 +808,7 @@ class _Without:
         self, namespace: str
     ) -> Iterable[tuple[str, tuple[AffinityTerm, ...], Iterable[PlacedPod]]]:
         return [
-            (owner, terms, _Kept(pods, self._gone))
+            (owner, terms, _kept_group(pods, self._gone))
             for owner, terms, pods in self._placed.anti_affinity_groups_toward(namespace)
         ]
 

@@ -17,6 +17,7 @@ Getting this wrong in either direction either overcommits nodes or strands capac
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -196,9 +197,11 @@ class PodInfo:
         )
 
 
+@functools.cache
 def max_items(model: type[pydantic.BaseModel], field: str) -> int:
     """The contract's cap on the length of `model.field` (its ``max_length``), read from the model
-    so that the check here and the validation of the request cannot disagree."""
+    so that the check here and the validation of the request cannot disagree (once per field: a
+    rules pod's caps are checked per requirement, and the read walks pydantic's field info)."""
     for constraint in model.model_fields[field].metadata:
         if isinstance(constraint, annotated_types.MaxLen):
             return int(constraint.max_length)
