@@ -109,6 +109,11 @@ class PendingPods:
     # -- pods -----------------------------------------------------------------------------------
 
     async def on_pod_event(self, *, event_type: str | None, body: Mapping[str, Any]) -> None:
+        if event_type == "DELETED":
+            # Every pod bound leaves the `spec.nodeName=` selector with one: what identifies it is
+            # all its departure reads, so its placement inputs are not parsed (nor its caps checked).
+            self._depart(PodInfo.slim(body))
+            return
         refusal = beyond_contract(body)
         if refusal is not None:
             await self._refuse(event_type=event_type, pod=PodInfo.slim(body), message=refusal)
@@ -119,15 +124,8 @@ class PendingPods:
         except PodSpecError as exc:
             self._logger.warning(f"ignoring a pod event that does not parse: {exc}")
             return
-        if event_type == "DELETED" or not pod.schedulable:
-            if not pod.node_name and not self._binder.bound_recently(pod.uid):
-                # Left unbound (deleted or terminating while pending): the placed-pod watch never sees
-                # it, so a copy a cycle assumed before an unanswered Binding would stay for good.
-                # A pod this process bound (or is binding) leaves the `spec.nodeName=` selector with
-                # the same DELETED and its last unbound state: its assumed copy stays until the
-                # placed-pod watch reports it bound, or its spread and anti-affinity go uncounted.
-                self.forget_placed(pod.uid)
-            self._forget(pod)
+        if not pod.schedulable:
+            self._depart(pod)
             return
         if self._binder.bound_recently(pod.uid):
             # An event older than our Binding (it is on the wire, or landed and the DELETED that says
@@ -137,6 +135,18 @@ class PendingPods:
         self.pods.put(pod)
         self._metrics.pod_seen(pod.uid)
         await self._route(pod)
+
+    def _depart(self, pod: PodInfo) -> None:
+        """Deleted, bound, terminating or gated: no longer pending (`pod` may be slim)."""
+        self._drop_refused(pod.uid)
+        if not pod.node_name and not self._binder.bound_recently(pod.uid):
+            # Left unbound (deleted or terminating while pending): the placed-pod watch never sees
+            # it, so a copy a cycle assumed before an unanswered Binding would stay for good.
+            # A pod this process bound (or is binding) leaves the `spec.nodeName=` selector with
+            # the same DELETED and its last unbound state: its assumed copy stays until the
+            # placed-pod watch reports it bound, or its spread and anti-affinity go uncounted.
+            self.forget_placed(pod.uid)
+        self._forget(pod)
 
     async def _refuse(self, *, event_type: str | None, pod: PodInfo, message: str) -> None:
         """A pod whose spec passes the contract's caps, or asks for what Bindery does not do (DRA
