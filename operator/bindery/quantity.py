@@ -22,6 +22,7 @@ exact.  All arithmetic here runs in a local context with enough precision for th
 from __future__ import annotations
 
 import decimal
+import functools
 import re
 from decimal import Decimal
 
@@ -93,7 +94,22 @@ def parse_quantity(value: str | int) -> Decimal:
 
     Raises QuantityError (a ValueError) with a message saying what was wrong.  Negative values are
     allowed here, as in Kubernetes; use :func:`parse_nonnegative_quantity` for requests and capacity.
+
+    Strings are remembered (the last few thousand): a cluster's pods repeat a handful of quantities,
+    and every pod's requests are parsed by the operator and again by the reference RM, where the
+    regular expression and the decimal context cost more than the rest of reading the pod.
     """
+    if type(value) is str:
+        return _parse_string(value)
+    return _parse(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_string(value: str) -> Decimal:
+    return _parse(value)  # a QuantityError is raised again each time, not remembered
+
+
+def _parse(value: str | int) -> Decimal:
     if isinstance(value, bool):
         raise QuantityError(f"quantity must be a string or an integer, not a boolean ({value!r})")
     if isinstance(value, int):
@@ -152,11 +168,13 @@ def _strip(number: Decimal) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)
 def format_quantity(amount: Decimal) -> str:
     """A short string for ``amount`` that parses back to exactly the same value.
 
     Whole multiples of 1024 use binary suffixes (``"8Gi"``), other whole numbers are plain digits,
-    fractions use ``m`` or ``n`` when exact and a plain decimal otherwise.
+    fractions use ``m`` or ``n`` when exact and a plain decimal otherwise. Equal amounts give the
+    same string, so the last few thousand are remembered (as :func:`parse_quantity`'s strings).
     """
     with decimal.localcontext(_CONTEXT):
         if amount == amount.to_integral_value():
