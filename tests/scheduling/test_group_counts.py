@@ -115,10 +115,16 @@ def test_groups_stay_counted_and_fast_paths_answer_as_the_pod_by_pod_path(
                 b = random_body(rng, len(bodies) + step * 1000, names)
                 bodies.append(b)
                 cache.on_event("ADDED", b)
-            elif roll < 0.6:  # labels change
+            elif roll < 0.6:  # labels change, or only the status (a status write)
                 b = rng.choice(bodies)
-                b["metadata"]["labels"] = {"app": rng.choice(["web", "api"])}
+                if rng.random() < 0.5:
+                    b["metadata"]["labels"] = {"app": rng.choice(["web", "api"])}
+                else:
+                    b["status"] = {"phase": "Running", "podIP": f"10.0.0.{step}"}
                 cache.on_event("MODIFIED", b)
+                # The cache holds what the pod projects to, whether the event was taken as a status
+                # write (placed_unchanged) or projected again.
+                assert cache.get(b["metadata"]["uid"]) == placed_pod(b)
             elif roll < 0.7:  # starts (or stops, as a replaced copy) terminating
                 b = rng.choice(bodies)
                 if "deletionTimestamp" in b["metadata"]:
@@ -126,6 +132,7 @@ def test_groups_stay_counted_and_fast_paths_answer_as_the_pod_by_pod_path(
                 else:
                     b["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
                 cache.on_event("MODIFIED", b)
+                assert cache.get(b["metadata"]["uid"]) == placed_pod(b)
             elif roll < 0.8:  # an assumed copy on another node, then forgotten or not
                 b = copy.deepcopy(rng.choice(bodies))
                 b["spec"]["nodeName"] = rng.choice(names)

@@ -29,7 +29,7 @@ from typing import Any, cast
 
 from bindery.podrules.model import AffinityTerm, GroupPods, PlacedPod
 from bindery.podrules.nodes import NodeSnapshot
-from bindery.podrules.parse import placed_pod
+from bindery.podrules.parse import placed_pod, placed_unchanged
 from bindery.scheduling.placementrules import InFlight
 from bindery.scheduling.ports import NodeProjection
 
@@ -200,6 +200,9 @@ class PlacedPodCache:
         uid = str((body.get("metadata") or {}).get("uid") or "")
         if not uid:
             return
+        old = self._pods.get(uid)
+        if event_type == "MODIFIED" and old is not None and not old.assumed and placed_unchanged(old, body):
+            return  # a status write: most events of a bound pod
         projection = None if event_type == "DELETED" else placed_pod(body)
         if projection is None:
             self._remove(uid)

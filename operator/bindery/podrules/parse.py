@@ -30,7 +30,15 @@ from bindery.podrules.model import (
     WeightedTerm,
 )
 
-__all__ = ["host_ports", "label_selector", "placed_pod", "pod_rules", "soft_rules", "with_service_spread"]
+__all__ = [
+    "host_ports",
+    "label_selector",
+    "placed_pod",
+    "placed_unchanged",
+    "pod_rules",
+    "soft_rules",
+    "with_service_spread",
+]
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 _PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
@@ -248,6 +256,28 @@ def placed_pod(body: Mapping[str, Any], *, node: str | None = None) -> PlacedPod
         assumed=node is not None,
         name=str(metadata.get("name") or ""),
         priority=int(spec.get("priority") or 0),
+    )
+
+
+def placed_unchanged(projection: PlacedPod, body: Mapping[str, Any]) -> bool:
+    """Whether :func:`placed_pod` of `body`, a later copy of the pod `projection` was made from,
+    would give `projection` again: the same node, labels, namespace and priority, still running,
+    and terminating or not as before.
+
+    The rest of a PlacedPod comes from fields of the pod's spec the apiserver keeps as they were
+    created (its affinity, ports and volumes; a pod's nodeName once set), and its terms
+    resolve ``matchLabelKeys`` against the labels compared here. So the watch's many status writes
+    of a bound pod are recognised without projecting it again: its terms parsed, per event.
+    """
+    metadata: Mapping[str, Any] = body.get("metadata") or {}
+    spec: Mapping[str, Any] = body.get("spec") or {}
+    return (
+        spec.get("nodeName") == projection.node
+        and (body.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and (metadata.get("deletionTimestamp") is not None) == projection.terminating
+        and (metadata.get("labels") or {}) == projection.labels
+        and metadata.get("namespace") == projection.namespace
+        and int(spec.get("priority") or 0) == projection.priority  # immutable too; cheap to compare
     )
 
 
