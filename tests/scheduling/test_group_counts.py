@@ -34,6 +34,10 @@ def check_group(group: GroupPods) -> None:
     assert all(uid == p.uid for uid, p in group.by_uid.items())
     for value_of, counts in group._valued.values():  # the per-key value counts, kept as pods move
         assert counts == dict(Counter(value_of[n] for n in every if n in value_of))
+    for value_of, counts in group._live_valued.values():  # and the live pods per value
+        assert counts == dict(
+            Counter(value_of[p.node] for p in pods if not p.terminating and p.node in value_of)
+        )
 
 
 def check_cache(cache: PlacedPodCache) -> None:
@@ -153,6 +157,9 @@ def test_groups_stay_counted_and_fast_paths_answer_as_the_pod_by_pod_path(
                 if rng.random() < 0.3:
                     key = rng.choice([HOST, ZONE])
                     group.values(key, snapshot.value_of(key))
+                if rng.random() < 0.3:
+                    key = rng.choice([HOST, ZONE])
+                    group.live_counts(key, snapshot.value_of(key))
             check_cache(cache)
         gone = frozenset(b["metadata"]["uid"] for b in rng.sample(bodies, k=len(bodies) // 4))
         for _ in range(8):

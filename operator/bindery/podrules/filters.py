@@ -697,7 +697,8 @@ def _spread_allowed(
             if not constraint.selector.matches(labels):
                 continue
             if isinstance(members, GroupPods):
-                _count_group(counts, members, eligible, pod.uid)
+                key = constraint.topology_key
+                _count_group(counts, members, eligible, uid=pod.uid, key=key, value_of=snapshot.value_of(key))
                 continue
             for other in members:
                 if other.terminating or other.uid == pod.uid:
@@ -711,18 +712,32 @@ def _spread_allowed(
     return allowed, values
 
 
-def _count_group(counts: dict[str, int], members: GroupPods, eligible: Mapping[str, str], uid: str) -> None:
+def _count_group(
+    counts: dict[str, int],
+    members: GroupPods,
+    eligible: Mapping[str, str],
+    *,
+    uid: str,
+    key: str,
+    value_of: Mapping[str, str],
+) -> None:
     """Add to `counts` (per domain) the group's pods that are not terminating on `eligible` nodes,
-    the incoming pod's own entry (uid) left out: one pass over the group's nodes, in C."""
-    tally = Counter(map(eligible.get, members.live))  # a node each, None for the ineligible
-    for node, count in members.crowded.items():
-        tally[eligible.get(node)] += count - 1
-    own = members.by_uid.get(uid)
-    if own is not None and not own.terminating:
-        tally[eligible.get(own.node)] -= 1
-    for value, count in tally.items():
-        if value is not None:
+    the incoming pod's own entry (uid) left out. When every node carrying the key is eligible
+    (`value_of`: all of them; the default inclusion policies on a pod without node constraints),
+    the group's kept counts per value; else one pass over the group's nodes, in C."""
+    if len(eligible) == len(value_of):  # eligible ⊆ value_of, equal values: the same mapping
+        for value, count in members.live_counts(key, value_of).items():
             counts[value] += count
+    else:
+        tally = Counter(map(eligible.get, members.live))  # a node each, None for the ineligible
+        for node, count in members.crowded.items():
+            tally[eligible.get(node)] += count - 1
+        for found, count in tally.items():
+            if found is not None:
+                counts[found] += count
+    own = members.by_uid.get(uid)
+    if own is not None and not own.terminating and (mine := eligible.get(own.node)) is not None:
+        counts[mine] -= 1
 
 
 def _port_requirements(

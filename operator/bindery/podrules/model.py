@@ -260,15 +260,17 @@ class GroupPods:
     operator's CPU. Per node counts let the filters take the group's nodes as they are, and count a
     spread's domains with one C-level pass over those nodes.
 
-    Its nodes' values of a topology key (:meth:`values`) are counted too, once asked for and then as
-    pods come and go: a pod's anti-affinity, and the group's toward it, turned the group's hundreds
-    of nodes into hostnames twice per evaluation, the largest cost left in a rules pod's verdict.
+    Its nodes' values of a topology key (:meth:`values`), and its live pods per value
+    (:meth:`live_counts`), are counted too, once asked for and then as pods come and go: a pod's
+    anti-affinity, and the group's toward it, turned the group's hundreds of nodes into hostnames
+    twice per evaluation, and its spread counted the group's pods per zone twice more; these were
+    the largest costs left in a rules pod's cycle.
 
     Iterating it yields its pods (a view of a group may still be any iterable of pods: the filters
     walk those as before).
     """
 
-    __slots__ = ("_valued", "by_uid", "crowded", "every", "live")
+    __slots__ = ("_live_valued", "_valued", "by_uid", "crowded", "every", "live")
 
     def __init__(self) -> None:
         self.by_uid: dict[str, PlacedPod] = {}
@@ -281,6 +283,8 @@ class GroupPods:
         #: topology key -> (the node -> value mapping counted with, value -> how many of `every`'s
         #: nodes carry it); nodes without the key are not counted
         self._valued: dict[str, tuple[Mapping[str, str], dict[str, int]]] = {}
+        #: the same for the live pods: value -> how many of them are on nodes carrying it
+        self._live_valued: dict[str, tuple[Mapping[str, str], dict[str, int]]] = {}
 
     def __iter__(self) -> Iterator[PlacedPod]:
         return iter(self.by_uid.values())
@@ -301,6 +305,9 @@ class GroupPods:
             count = self.live[node] = self.live.get(node, 0) + 1
             if count > 1:
                 self.crowded[node] = count
+            for value_of, counts in self._live_valued.values():
+                if (value := value_of.get(node)) is not None:
+                    counts[value] = counts.get(value, 0) + 1
 
     def without(self, uids: Collection[str]) -> GroupPods:
         """The group without the members `uids` (this very group when none of them is one).
@@ -309,7 +316,7 @@ class GroupPods:
         and a view that filtered the members as they were walked made every filter walk the group
         pod by pod (issue 19's rules backlog: a fifth of the re-check's cost)."""
         by_uid = self.by_uid
-        if not any(uid in by_uid for uid in uids):
+        if by_uid.keys().isdisjoint(uids):
             return self
         kept = GroupPods()
         kept.by_uid = dict(by_uid)
@@ -317,6 +324,9 @@ class GroupPods:
         kept.live = dict(self.live)
         kept.crowded = dict(self.crowded)
         kept._valued = {key: (value_of, dict(counts)) for key, (value_of, counts) in self._valued.items()}
+        kept._live_valued = {
+            key: (value_of, dict(counts)) for key, (value_of, counts) in self._live_valued.items()
+        }
         for uid in uids:
             kept.discard(uid)
         return kept
@@ -337,7 +347,22 @@ class GroupPods:
                 self.crowded[node] = left
             else:
                 self.crowded.pop(node, None)
+            for value_of, counts in self._live_valued.values():
+                if (value := value_of.get(node)) is not None:
+                    _count_down(counts, value)
         return pod
+
+    def live_counts(self, key: str, value_of: Mapping[str, str]) -> Mapping[str, int]:
+        """Value of `key` -> how many of the group's live (not terminating) pods are on nodes
+        carrying it (`value_of`: node -> value). Kept as :meth:`values` is."""
+        memo = self._live_valued.get(key)
+        if memo is None or memo[0] is not value_of:
+            found: dict[str, int] = {}
+            for node, count in self.live.items():
+                if (value := value_of.get(node)) is not None:
+                    found[value] = found.get(value, 0) + count
+            memo = self._live_valued[key] = (value_of, found)
+        return memo[1]
 
     def values(self, key: str, value_of: Mapping[str, str], *, leaving: str = "") -> Collection[str]:
         """The values of `key` (`value_of`: node -> value, the nodes carrying it) over the group's
