@@ -245,3 +245,29 @@ def test_a_spread_verdict_follows_a_node_that_changes_zone_or_taints() -> None:
     assert rules_refusing(pod, cache, "n1") == ()
     nodes[1] = NodeProjection(name="n2", labels={HOST: "n2", ZONE: "b"})
     assert rules_refusing(pod, cache, "n1") == ("topology spread",)
+
+
+def test_frozen_keys_are_equal_exactly_for_equal_values_in_any_key_order() -> None:
+    # frozen() remembers a tuple's key by identity and by repr; neither may make two different
+    # values share a key, nor two orderings of the same mappings differ.
+    from bindery.podrules.nodes import frozen
+
+    rng = random.Random(5)
+    fields = {
+        "key": ["a", "b"],
+        "operator": ["Exists", "Equal"],
+        "value": ["", "x"],
+        "effect": ["NoSchedule"],
+    }
+    for _ in range(300):
+        tolerations = [
+            {k: rng.choice(v) for k, v in fields.items() if rng.random() < 0.8}
+            | ({"tolerationSeconds": rng.choice([300, 600])} if rng.random() < 0.3 else {})
+            for _ in range(rng.randint(1, 3))
+        ]
+        shuffled = tuple(dict(rng.sample(list(t.items()), len(t))) for t in tolerations)
+        same = tuple(dict(t) for t in tolerations)
+        assert frozen(same) == frozen(shuffled) == frozen(same)
+        other = (*(dict(t) for t in tolerations[:-1]), {**tolerations[-1], "key": "c"})
+        assert frozen(other) != frozen(same)
+        assert hash(frozen(same)) == hash(frozen(shuffled))

@@ -113,6 +113,8 @@ class NodeSnapshot(Sequence[NodeFacts]):
 #: id → (the value, its :func:`frozen` key) for the last values asked: the value is held, so its id
 #: is not reused while it is in here.
 _FROZEN: dict[int, tuple[object, Hashable]] = {}
+#: repr of a value → its key, for values equal to one asked before (a Deployment's pods share them)
+_FROZEN_BY_TEXT: dict[str, Hashable] = {}
 _FROZEN_SIZE = 256
 
 
@@ -120,16 +122,24 @@ def frozen(value: object) -> Hashable:
     """A hashable stand-in for a JSON-shaped value (mappings, sequences, scalars), equal for equal
     values whatever the mappings' key order; a memo key for a pod's node terms and tolerations.
 
-    A tuple is remembered by identity for the last few asked: one pod's cycle asks for its
-    tolerations' key several times (each memo of its candidates, placeable nodes and spread
-    domains), and walking them each time cost a rules pod more than its node memos saved. Those
-    tuples are a :class:`~bindery.scheduling.podspec.PodInfo`'s, never changed once parsed."""
+    A tuple's key is remembered: by identity for the last few asked (one pod's cycle asks for its
+    tolerations' key several times: each memo of its candidates, placeable nodes and spread
+    domains; those tuples are a :class:`~bindery.scheduling.podspec.PodInfo`'s, never changed once
+    parsed), and by its repr for a value seen before (the next pod of a Deployment). Walking the
+    tolerations each time cost a rules pod more than its node memos saved. The key of a tuple is a
+    string, which computes its hash once: the memos hash their keys at every lookup."""
     if not isinstance(value, tuple) or not value:
         return _frozen(value)
     found = _FROZEN.get(id(value))
     if found is not None and found[0] is value:
         return found[1]
-    key = _frozen(value)
+    text = repr(value)
+    key = _FROZEN_BY_TEXT.get(text)
+    if key is None:
+        key = repr(_frozen(value))  # sorted mappings: equal for equal values
+        if len(_FROZEN_BY_TEXT) >= _FROZEN_SIZE:
+            _FROZEN_BY_TEXT.clear()
+        _FROZEN_BY_TEXT[text] = key
     if len(_FROZEN) >= _FROZEN_SIZE:
         _FROZEN.clear()
     _FROZEN[id(value)] = (value, key)
