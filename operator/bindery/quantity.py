@@ -168,7 +168,7 @@ def _strip(number: Decimal) -> str:
     return text
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: True and 1.0 are not Decimal(1)
 def format_quantity(amount: Decimal) -> str:
     """A short string for ``amount`` that parses back to exactly the same value.
 

@@ -109,11 +109,20 @@ def test_groups_stay_counted_and_fast_paths_answer_as_the_pod_by_pod_path(
     compared = 0
     for _world in range(60):
         cache = PlacedPodCache(nodes=lambda: nodes, namespace_labels={"default": {}}.get)
-        # One snapshot for the whole world: the groups' value counts are kept for its mappings, so
-        # they are read once and then updated event by event (a fresh snapshot would recount them).
-        snapshot = NodeSnapshot.of(nodes)
+        # Mostly one snapshot: the groups' value counts are kept for its mappings, so they are read
+        # once and then updated event by event. Now and then the nodes are read through another,
+        # with a node relabelled: the groups recount for its mappings, and their pods' events then
+        # update counts kept for either.
+        relabelled = [
+            NodeProjection(name=n.name, labels={**n.labels, ZONE: "z", HOST: "h"}) if i == 0 else n
+            for i, n in enumerate(nodes)
+        ]
+        snapshots = [NodeSnapshot.of(nodes), NodeSnapshot.of(relabelled)]
+        snapshot = snapshots[0]
         bodies: list[dict[str, Any]] = []
         for step in range(rng.randint(5, 60)):
+            if rng.random() < 0.1:
+                snapshot = rng.choice(snapshots)
             roll = rng.random()
             if roll < 0.45 or not bodies:
                 b = random_body(rng, len(bodies) + step * 1000, names)
@@ -176,7 +185,10 @@ def test_groups_stay_counted_and_fast_paths_answer_as_the_pod_by_pod_path(
             for view in (cache, _Without(cache, gone)):
                 fast = evaluate(pod=pod, placed=view, nodes=snapshot, namespace_labels={"default": {}}.get)
                 slow = evaluate(
-                    pod=pod, placed=Ungrouped(view), nodes=nodes, namespace_labels={"default": {}}.get
+                    pod=pod,
+                    placed=Ungrouped(view),
+                    nodes=list(snapshot),
+                    namespace_labels={"default": {}}.get,
                 )
                 assert fast == slow, (pod, fast, slow)
                 for name in [n.name for n in nodes]:
@@ -188,3 +200,22 @@ def test_groups_stay_counted_and_fast_paths_answer_as_the_pod_by_pod_path(
                         assert got == expected, (name, got, expected, fast)
                 compared += 1
     assert compared > 500
+
+
+def test_a_new_node_snapshot_drops_the_counts_kept_for_the_old_one() -> None:
+    # The groups keep counts per topology value for one snapshot's mappings; once the nodes change,
+    # those mappings are never asked for again, so the cache drops them rather than keep them
+    # (and update them at every pod event) for good.
+    nodes = list(UNIQUE)
+    cache = PlacedPodCache(nodes=lambda: nodes, namespace_labels={"default": {}}.get)
+    cache.on_event("ADDED", body("p0", labels={"app": "web"}, node_name="u0", anti=[term(HOST, app="web")]))
+    snapshot = cache.nodes()
+    assert isinstance(snapshot, NodeSnapshot)
+    pod = _incoming(PodInfo.from_body(body("p1", labels={"app": "web"}, anti=[term(HOST, app="web")])))
+    evaluate(pod=pod, placed=cache, nodes=snapshot, namespace_labels={"default": {}}.get)
+    groups = [g for by_labels in cache._by_namespace.values() for _, g in by_labels.values()]
+    groups += [g for toward in cache._anti_toward.values() for g in toward.values()]
+    assert any(g._valued for g in groups)
+    nodes[1] = NodeProjection(name="u1", labels={HOST: "u1", ZONE: "c"})  # relabelled
+    assert cache.nodes() is not snapshot
+    assert not any(g._valued or g._live_valued for g in groups)

@@ -112,6 +112,31 @@ def test_anti_affinity_groups_follow_term_changes_and_removals() -> None:
     assert list(cache.anti_affinity_toward("default")) == []
 
 
+def test_a_modified_copy_is_a_status_write_unless_what_can_change_on_a_bound_pod_changed() -> None:
+    # The apiserver refuses changes to a pod's affinity, ports, volumes and priority, and to its
+    # nodeName once set: a MODIFIED differing from the cached projection in those alone is not
+    # projected again (placed_unchanged). Labels, deletion and the phase are compared.
+    cache = PlacedPodCache()
+    a = body("a", node_name="n1", labels={"app": "x"}, anti=[term(app="x")])
+    cache.on_event("ADDED", a)
+    held = cache.get(uid(a))
+    a["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] = [
+        term(ZONE, app="x")
+    ]
+    a["status"] = {"phase": "Running"}
+    cache.on_event("MODIFIED", a)
+    assert cache.get(uid(a)) is held
+    a["metadata"]["labels"] = {"app": "y"}
+    cache.on_event("MODIFIED", a)
+    changed = cache.get(uid(a))
+    assert changed is not None
+    assert changed is not held
+    assert changed.labels == {"app": "y"}
+    a["status"] = {"phase": "Succeeded"}
+    cache.on_event("MODIFIED", a)
+    assert cache.get(uid(a)) is None
+
+
 def test_anti_affinity_reaching_every_namespace_is_grouped_for_each() -> None:
     cache = PlacedPodCache()
     wide = {**term(app="x"), "namespaceSelector": {}}

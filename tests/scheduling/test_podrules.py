@@ -568,7 +568,7 @@ def test_the_excluded_nodes_are_those_the_compiled_predicate_refuses(seed: int) 
         NodeProjection(
             name=f"n{i}",
             labels={
-                **{k: rng.choice("abc") for k in ("x", "y") if rng.random() < 0.7},
+                **{k: rng.choice(["a", "b", "c", ""]) for k in ("x", "y") if rng.random() < 0.7},
                 **({"h": f"h{i}"} if seed % 2 == 0 or rng.random() < 0.8 else {}),
             },
         )
@@ -582,8 +582,10 @@ def test_the_excluded_nodes_are_those_the_compiled_predicate_refuses(seed: int) 
             key = rng.choice("xyh")
             e: dict[str, Any] = {"key": key, "operator": op}
             if op in ("In", "NotIn"):
-                pool = [f"h{i}" for i in range(34)] if key == "h" else list("abcd")
-                e["values"] = rng.sample(pool, rng.randint(1, 4))
+                pool = [f"h{i}" for i in range(34)] if key == "h" else [*"abcd", ""]
+                e["values"] = rng.sample(pool, rng.randint(0, 4))
+                if not e["values"] and rng.random() < 0.5:
+                    del e["values"]  # absent, as an empty list: no value
             expressions.append(e)
         fields = [
             {

@@ -116,7 +116,7 @@ class PendingPods:
             return
         refusal = beyond_contract(body)
         if refusal is not None:
-            await self._refuse(event_type=event_type, pod=PodInfo.slim(body), message=refusal)
+            await self._refuse(pod=PodInfo.slim(body), message=refusal)
             return
         self._drop_refused(str((body.get("metadata") or {}).get("uid") or ""))
         try:
@@ -148,12 +148,11 @@ class PendingPods:
             self.forget_placed(pod.uid)
         self._forget(pod)
 
-    async def _refuse(self, *, event_type: str | None, pod: PodInfo, message: str) -> None:
+    async def _refuse(self, *, pod: PodInfo, message: str) -> None:
         """A pod whose spec passes the contract's caps, or asks for what Bindery does not do (DRA
         claims; see `beyond_contract`): not scheduled, not projected, told why."""
-        if event_type == "DELETED" or not pod.schedulable:
-            self._drop_refused(pod.uid)
-            self._forget(pod)
+        if not pod.schedulable:
+            self._depart(pod)
             return
         if self.pods.get(pod.uid) is not None:  # it grew past a cap (tolerations may be added)
             self._forget(pod)

@@ -179,8 +179,19 @@ class PlacedPodCache:
         ):
             if snapshot is None or not snapshot.same_nodes(current):
                 snapshot = self._snapshot = NodeSnapshot(current)
+                self._forget_counts()
             self._seen = tuple(current)
         return cast(Sequence[NodeProjection], snapshot)
+
+    def _forget_counts(self) -> None:
+        """A new snapshot: the groups' counts per topology value were kept for the old one's
+        mappings, which no read asks for again (each group counts afresh when next read)."""
+        for groups in self._by_namespace.values():
+            for _, group in groups.values():
+                group.forget_counts()
+        for toward in self._anti_toward.values():
+            for group in toward.values():
+                group.forget_counts()
 
     def assume(self, pod: PlacedPod) -> None:
         current = self._pods.get(pod.uid)

@@ -327,9 +327,15 @@ class GroupPods:
         kept._live_valued = {
             key: (value_of, dict(counts)) for key, (value_of, counts) in self._live_valued.items()
         }
-        for uid in uids:
+        for uid in by_uid.keys() & uids:
             kept.discard(uid)
         return kept
+
+    def forget_counts(self) -> None:
+        """Drop the counts kept per topology key (the nodes changed: their mappings are another
+        snapshot's now); the next read counts afresh."""
+        self._valued.clear()
+        self._live_valued.clear()
 
     def discard(self, uid: str) -> PlacedPod | None:
         """Remove the member `uid`; the pod removed, or None if it was not one."""
