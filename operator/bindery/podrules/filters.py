@@ -376,7 +376,7 @@ def _excluded(
     if len(ins) == 1:  # a spread's (over a few zones): the nodes of the other values, added up
         key = str(ins[0]["key"])
         kept = frozenset(ins[0].get("values") or ())
-        out |= snapshot.memo(("lacking", key), lambda: snapshot.names - snapshot.with_key(key))
+        out |= _lacking(snapshot, key)
         out.update(*(names for value, names in snapshot.holders(key).items() if value not in kept))
     for expression in expressions:
         key, op = str(expression["key"]), str(expression["operator"])
@@ -395,7 +395,7 @@ def _excluded(
             else:
                 out.update(*map(snapshot.holders(key).get, values, itertools.repeat(_NONE)))
         elif op == "Exists":
-            out |= snapshot.names - snapshot.with_key(key)
+            out |= _lacking(snapshot, key)
         else:  # DoesNotExist, as _compiled reads any other operator
             out |= snapshot.with_key(key)
     for field in fields:
@@ -409,6 +409,11 @@ def _excluded(
     if within is not None:
         out |= snapshot.names - within
     return frozenset(out)
+
+
+def _lacking(snapshot: NodeSnapshot, key: str) -> frozenset[str]:
+    """The names of the nodes without label `key` (memoized per snapshot)."""
+    return snapshot.memo(("lacking", key), lambda: snapshot.names - snapshot.with_key(key))
 
 
 def _single(snapshot: NodeSnapshot, key: str) -> Mapping[str, str] | None:

@@ -282,9 +282,9 @@ class GroupPods:
         self.crowded: dict[str, int] = {}
         #: topology key -> (the node -> value mapping counted with, value -> how many of `every`'s
         #: nodes carry it); nodes without the key are not counted
-        self._valued: dict[str, tuple[Mapping[str, str], dict[str, int]]] = {}
+        self._valued: _KeptCounts = {}
         #: the same for the live pods: value -> how many of them are on nodes carrying it
-        self._live_valued: dict[str, tuple[Mapping[str, str], dict[str, int]]] = {}
+        self._live_valued: _KeptCounts = {}
 
     def __iter__(self) -> Iterator[PlacedPod]:
         return iter(self.by_uid.values())
@@ -298,16 +298,13 @@ class GroupPods:
         node = pod.node
         on_node = self.every[node] = self.every.get(node, 0) + 1
         if on_node == 1 and self._valued:
-            for value_of, counts in self._valued.values():
-                if (value := value_of.get(node)) is not None:
-                    counts[value] = counts.get(value, 0) + 1
+            _shift(self._valued, node, up=True)
         if not pod.terminating:
             count = self.live[node] = self.live.get(node, 0) + 1
             if count > 1:
                 self.crowded[node] = count
-            for value_of, counts in self._live_valued.values():
-                if (value := value_of.get(node)) is not None:
-                    counts[value] = counts.get(value, 0) + 1
+            if self._live_valued:
+                _shift(self._live_valued, node, up=True)
 
     def without(self, uids: Collection[str]) -> GroupPods:
         """The group without the members `uids` (this very group when none of them is one).
@@ -323,10 +320,8 @@ class GroupPods:
         kept.every = dict(self.every)
         kept.live = dict(self.live)
         kept.crowded = dict(self.crowded)
-        kept._valued = {key: (value_of, dict(counts)) for key, (value_of, counts) in self._valued.items()}
-        kept._live_valued = {
-            key: (value_of, dict(counts)) for key, (value_of, counts) in self._live_valued.items()
-        }
+        kept._valued = _copied(self._valued)
+        kept._live_valued = _copied(self._live_valued)
         for uid in by_uid.keys() & uids:
             kept.discard(uid)
         return kept
@@ -344,18 +339,15 @@ class GroupPods:
             return None
         node = pod.node
         if not _count_down(self.every, node) and self._valued:
-            for value_of, counts in self._valued.values():
-                if (value := value_of.get(node)) is not None:
-                    _count_down(counts, value)
+            _shift(self._valued, node, up=False)
         if not pod.terminating:
             left = _count_down(self.live, node)
             if left > 1:
                 self.crowded[node] = left
             else:
                 self.crowded.pop(node, None)
-            for value_of, counts in self._live_valued.values():
-                if (value := value_of.get(node)) is not None:
-                    _count_down(counts, value)
+            if self._live_valued:
+                _shift(self._live_valued, node, up=False)
         return pod
 
     def live_counts(self, key: str, value_of: Mapping[str, str]) -> Mapping[str, int]:
@@ -388,6 +380,25 @@ class GroupPods:
         if value is None or counts[value] > 1:
             return counts.keys()
         return counts.keys() - {value}
+
+
+#: topology key -> (the node -> value mapping counted with, value -> count)
+_KeptCounts = dict[str, tuple[Mapping[str, str], dict[str, int]]]
+
+
+def _shift(kept: _KeptCounts, node: str, *, up: bool) -> None:
+    """Count one more (or one less) for `node`'s value in each of the `kept` counts."""
+    for value_of, counts in kept.values():
+        if (value := value_of.get(node)) is not None:
+            if up:
+                counts[value] = counts.get(value, 0) + 1
+            else:
+                _count_down(counts, value)
+
+
+def _copied(kept: _KeptCounts) -> _KeptCounts:
+    """`kept` with its counts copied (the mappings are shared: they are never changed)."""
+    return {key: (value_of, dict(counts)) for key, (value_of, counts) in kept.items()}
 
 
 def _count_down(counts: dict[str, int], key: str) -> int:
