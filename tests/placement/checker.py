@@ -39,7 +39,8 @@ reading the upstream plugins (``k8s.io/kubernetes@v1.36.3/pkg/scheduler/framewor
   ``volumes`` and ``csi_nodes``.
 - node resources (``noderesources/fit.go``): the requests of the node's pods (containers, init
   containers and sidecars as the kubelet admits them, pod-level requests, overhead) within the
-  node's allocatable, and the number of pods within ``allocatable.pods``.
+  node's allocatable, and the number of pods within ``allocatable.pods``; an overcommitted
+  resource is reported for the pods that request some of it (fit.go checks no other).
 
 It checks a snapshot: each bound pod against every other pod bound now (as kube-scheduler checks
 the incoming pod against the pods already there). Required affinity is "ignored during execution",
@@ -783,14 +784,20 @@ def _check_resources(world: _World, in_scope: set[str]) -> list[Violation]:
             k: quantity(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()
         }
         used: dict[str, Fraction] = {}
+        asks: dict[str, dict[str, Fraction]] = {}
         for p in pods:
-            _add(used, pod_requests(p))
+            requests = pod_requests(p)
+            _add(used, requests)
+            if _key(p) in in_scope:
+                asks[_key(p)] = requests
         used["pods"] = Fraction(len(pods))
         for resource, amount in sorted(used.items()):
             if amount == 0:
                 continue
             have = allocatable.get(resource, Fraction(0))
             if amount > have:
+                # fit.go checks only what the pod requests: a pod asking for none of an
+                # overcommitted resource did not overcommit it (every pod asks for one pod slot).
                 out.extend(
                     Violation(
                         "resources",
@@ -799,6 +806,7 @@ def _check_resources(world: _World, in_scope: set[str]) -> list[Violation]:
                         f"the node's pods request {_fmt(amount)} {resource}, allocatable {_fmt(have)}",
                     )
                     for pod in scoped
+                    if resource == "pods" or asks[pod].get(resource, 0) > 0
                 )
     return out
 

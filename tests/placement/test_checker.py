@@ -449,6 +449,21 @@ def test_resources_overcommit_and_pod_count() -> None:
     assert "request 3 pods, allocatable 2" in found[0].detail
 
 
+def test_an_overcommitted_resource_is_charged_only_to_the_pods_that_request_it() -> None:
+    # NodeResourcesFit checks the resources the incoming pod requests, nothing else: a pod asking for
+    # no example.com/beardsecond fits a node whose earlier pods hold more of it than the node offers
+    # now (Kubernetes' pod overhead e2e test takes the resource off the nodes as it ends, while its
+    # pods are still terminating and the next test's pods arrive).
+    beard = "example.com/beardsecond"
+    old = pod("old", "n1")
+    old["spec"]["containers"][0]["resources"]["requests"][beard] = "700"
+    asking = pod("asking", "n1")
+    asking["spec"]["containers"][0]["resources"]["requests"][beard] = "1"
+    found = check(pods=[old, pod("new", "n1"), asking], nodes=[node("n1")])
+    assert rules(found) == [("resources", "default/asking", "n1"), ("resources", "default/old", "n1")]
+    assert "request 701 example.com/beardsecond, allocatable 0" in found[0].detail
+
+
 def test_terminal_pods_hold_nothing_and_pods_out_of_scope_still_count() -> None:
     done = pod("done", "n1", cpu="4")
     done["status"]["phase"] = "Succeeded"
