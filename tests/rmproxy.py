@@ -16,6 +16,10 @@ Fault kinds (`KINDS`):
 - ``lost_answer``: the request is forwarded and applied at the RM, then the connection is closed
   instead of the answer: the client cannot tell it from ``drop``, which is the hard case.
 
+``answer(path, status, times)`` answers the next ``times`` requests for ``path`` with ``status`` and
+a problem body (or ``body``, as JSON), drawing nothing and forwarding nothing: an RM replica of
+another version behind the same Service is ``answer("/v1/info", 404, 1)``.
+
 ``answered``, when set, is awaited with each request's (method, path) after the RM has applied it
 and before the client gets the answer: a test holds a request there to act at that exact moment
 (the preemption crash test SIGKILLs the operator between the RM's confirm and its answer).
@@ -71,10 +75,33 @@ class RMFaultProxy:
         self.applies = applies
         #: awaited after the RM applied a request, before its answer (see the module docstring)
         self.answered: Callable[[str, str], Awaitable[None]] | None = None
+        #: path → (status, body, requests left) for :meth:`answer`
+        self._scripted: dict[str, tuple[int, Any, int]] = {}
         self._kinds = tuple(kinds)
         self._rng = random.Random(seed)
         self._order = list(self._kinds)
         self._rng.shuffle(self._order)
+
+    def answer(self, path: str, status: int, times: int, *, body: Any = None) -> None:
+        """Answer the next `times` requests for `path` with `status` (see the module docstring)."""
+        self._scripted[path] = (status, body, times)
+
+    def scripted(self, path: str) -> int:
+        """Requests for `path` still to be answered by :meth:`answer` (0: forwarded again)."""
+        return self._scripted.get(path, (0, None, 0))[2]
+
+    def _scripted_answer(self, path: str) -> web.Response | None:
+        status, body, left = self._scripted.get(path, (0, None, 0))
+        if left <= 0:
+            return None
+        self._scripted[path] = (status, body, left - 1)
+        if body is not None:
+            return web.json_response(body, status=status)
+        return web.json_response(
+            {"title": f"answered {status} by the test proxy"},
+            status=status,
+            content_type="application/problem+json",
+        )
 
     @property
     def injected(self) -> int:
@@ -126,6 +153,9 @@ async def rm_fault_proxy(
 
     async def handle(request: web.Request) -> web.StreamResponse:
         proxy.requests += 1
+        scripted = proxy._scripted_answer(request.path)
+        if scripted is not None:
+            return scripted
         faulty = proxy.applies is None or proxy.applies(request.method, request.path)
         kind = proxy._draw() if faulty else None
         if kind in ("drop", "reset"):

@@ -163,11 +163,14 @@ def test_a_database_written_before_cluster_ids_is_upgraded_in_place(tmp_path: pa
         store.close()
 
 
-async def test_an_rm_rolled_back_to_v1_1_gets_the_field_at_most_once(tmp_path: pathlib.Path) -> None:
+async def test_an_rm_rolled_back_to_v1_1_is_refused_until_the_operator_restarts(
+    tmp_path: pathlib.Path,
+) -> None:
     """The client learnt from GET /v1/info that the RM offers cluster-id; then the RM behind the same
-    address is rolled back to v1.1 (or a v1.1 replica answers mid-upgrade). Its 400 must drop the
-    remembered answer, so the next reserve asks again and goes without the field: a v1.1 RM does not
-    keep receiving a field it does not know for the rest of the five minutes."""
+    address is rolled back to v1.1. Its 400 makes the client ask again, but a 404 on /v1/info never
+    withdraws a feature (it is also what a v1.1 replica answers mid-rollout, where lists without
+    clusterId let reconciliation release other clusters' reservations): reserves keep failing,
+    nothing goes out unscoped. A new client (an operator restarted after the rollback) sees v1.1."""
     async with contextlib.AsyncExitStack() as clients:
         async with serve_reference_rm(
             db_path=tmp_path / "new.sqlite", inventory=small_inventory(), token=TOKEN
@@ -181,9 +184,20 @@ async def test_an_rm_rolled_back_to_v1_1_gets_the_field_at_most_once(tmp_path: p
             token=TOKEN,
             cluster_ids=False,
             port=port,
-        ):
-            with pytest.raises(RMRejected) as refused:
-                await client.reserve(_request("p2"))
-            assert refused.value.status == 400
-            again = await client.reserve(_request("p2"))
-            assert again.cluster_id is None
+        ) as old:
+            for _ in range(2):
+                with pytest.raises(RMRejected) as refused:
+                    await client.reserve(_request("p2"))
+                assert refused.value.status == 400
+            assert (await client.contract_info()).offers(Feature.CLUSTER_ID)
+            restarted = ResourceManagerClient(
+                base_url=old.url,
+                token=TOKEN,
+                allow_insecure_http=True,
+                cluster_id="cluster-a",
+                legacy_confirm_after=0.0,
+            )
+            async with restarted:
+                assert not await restarted.negotiated()
+                assert await restarted.negotiated()
+                assert (await restarted.reserve(_request("p2"))).cluster_id is None

@@ -92,7 +92,7 @@ from bindery.rm.models import (
 )
 from bindery.rm.transport import AiohttpTransport
 
-__all__ = ["CircuitBreaker", "ResourceManagerClient", "TokenSource"]
+__all__ = ["CircuitBreaker", "Negotiation", "ResourceManagerClient", "TokenSource"]
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,13 @@ MAX_RESPONSE_BYTES = 1024 * 1024
 _MAX_PAGES = 10_000
 #: How long a "this RM has no renew" verdict holds before the client asks again (an RM may be upgraded).
 _UNSUPPORTED_FOR = 300.0
+#: How long a first "no GET /v1/info" answer stands before the client asks again: only a second one,
+#: this much later, makes the RM one of contract v1.1 (the first may come from one old replica).
+LEGACY_CONFIRM_SECONDS = 5.0
+#: How soon the client asks ``GET /v1/info`` again after an error answer, keeping the known contract.
+_REASK_AFTER_ERROR = 10.0
+#: Answers to ``GET /v1/info`` that mean "no such path": an RM of contract v1.1 or older.
+_NO_INFO = (400, 404, 405, 501)
 #: Batch requests in flight at once before further calls wait for one of them to finish. One makes
 #: the largest batches but holds every call behind a whole round trip; more than two cost CPU for
 #: nothing (benchmarks/rm_client_batch_cpu.py, figures in benchmarks/PROFILE.md).
@@ -115,6 +122,37 @@ _BodyModel = TypeVar("_BodyModel", bound=pydantic.BaseModel)
 _WARNED_UNSCOPED: set[str] = set()
 #: RM URLs already warned about in this process: node preferences dropped for an RM without the feature.
 _WARNED_UNPREFERRED: set[str] = set()
+
+
+class Negotiation:
+    """What one RM has said of its contract, kept by whoever outlives a client.
+
+    A rotated Secret builds a new client for the same RM; handed the ResourceManager's
+    ``Negotiation``, it starts from the contract the RM offered before rather than from nothing,
+    so a 404 met first by the new client (a v1.1 replica mid-rollout) does not make it v1.1 either.
+    ``info`` is the last 200 answer to ``GET /v1/info``; ``legacy_since`` the loop time of the first
+    no-such-path answer before any 200, ``legacy`` whether a second one, asked later, confirmed it.
+    """
+
+    def __init__(self) -> None:
+        self.info: ContractInfo | None = None
+        self.legacy_since: float | None = None
+        self.legacy = False
+        #: an error answer was met since the last 200 and logged (one warning per episode)
+        self.doubted = False
+
+    @property
+    def known(self) -> bool:
+        """Whether the contract is settled: a 200 answer, or a confirmed v1.1 verdict."""
+        return self.info is not None or self.legacy
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """``"1.2.0"`` → ``(1, 2, 0)``; what does not parse compares lowest."""
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        return ()
 
 
 class CircuitBreaker:
@@ -402,6 +440,8 @@ class ResourceManagerClient:
         max_batch_operations: int = MAX_BATCH_OPERATIONS,
         single_calls_in_flight: int = SINGLE_CALLS_IN_FLIGHT,
         cluster_id: str | None = None,
+        negotiation: Negotiation | None = None,
+        legacy_confirm_after: float = LEGACY_CONFIRM_SECONDS,
     ) -> None:
         """``call_deadline`` bounds one logical call (every attempt, back-off and ``Retry-After``
         wait included); it defaults to two attempts' worth, ``2 * (connect_timeout + read_timeout)``.
@@ -420,6 +460,10 @@ class ResourceManagerClient:
         asks only for this cluster's reservations, so clusters sharing one RM and one scheduler
         name never see, judge or release each other's. An RM without the feature gets neither (it
         would refuse the field), and lists stay unscoped as in v1.1.
+
+        ``negotiation`` is what the RM said of its contract so far (see :class:`Negotiation` and
+        :meth:`contract_info`); ``legacy_confirm_after`` how long after a first 404 on
+        ``GET /v1/info`` the second one must come to make the RM one of v1.1.
         """
         url = httpx.URL(base_url)
         if url.scheme not in ("https", "http") or not url.host:
@@ -456,7 +500,9 @@ class ResourceManagerClient:
             ),
             logger=log,
         )
-        self._info: ContractInfo | None = None
+        self._negotiation = negotiation or Negotiation()
+        self._legacy_confirm_after = legacy_confirm_after
+        self._info: ContractInfo | None = self._negotiation.info
         self._info_until = float("-inf")
         self._info_lock = asyncio.Lock()
         self._batching = batching
@@ -525,24 +571,113 @@ class ResourceManagerClient:
     async def contract_info(self) -> ContractInfo:
         """What the RM says of itself in ``GET /v1/info`` (contract v1.2), remembered for a while.
 
-        An RM without the path (``404`` or ``405``: v1.1 or older) stands as
-        :meth:`ContractInfo.legacy`, remembered as long, so it costs one round trip per
-        ``_UNSUPPORTED_FOR`` seconds; after that the client asks again, since an RM may be upgraded.
-        Concurrent callers share one request. Raises what any call raises when the RM fails.
+        Fails closed: once the RM answered 200, no error answer (4xx, 5xx, no answer, a body that
+        does not parse) changes what it offered; the client keeps it, says so once, and asks again
+        in ``_REASK_AFTER_ERROR`` seconds. A v1.1 replica behind the RM's Service mid-rollout, a
+        rollback or a proxy answering 404 would otherwise make lists go out without ``clusterId``.
+        Only a 200 answer that lists fewer features (or a lower version) withdraws them: that is the
+        RM speaking for itself, followed and logged as an error.
+
+        Before any 200, an RM without the path (400, 404, 405, 501) stands as
+        :meth:`ContractInfo.legacy`: provisionally at first (asked again after
+        ``legacy_confirm_after``; :meth:`negotiated` stays False), for ``_UNSUPPORTED_FOR`` seconds
+        once a second such answer confirms it. Concurrent callers share one request. Before the
+        contract is known, raises what any call raises when the RM fails.
         """
         clock = asyncio.get_running_loop().time
         async with self._info_lock:
             if self._info is not None and self._info_until > clock():
                 return self._info
-            answer = await self._call("GET", "/v1/info")
-            if answer.status == 200:
-                info = self._decode(answer, ContractInfo, "read contract info")
-            elif answer.status in (400, 404, 405, 501):  # no such path: an RM of v1.1 or older
-                info = ContractInfo.legacy()
-            else:
-                raise self._error(answer, "read contract info")
-            self._info, self._info_until = info, clock() + _UNSUPPORTED_FOR
-            return info
+            known = self._negotiation.info
+            try:
+                answer = await self._call("GET", "/v1/info")
+                if answer.status == 200:
+                    return self._accept(self._decode(answer, ContractInfo, "read contract info"))
+                if answer.status not in _NO_INFO:
+                    raise self._error(answer, "read contract info")
+            except RMError as error:
+                if known is None:
+                    raise
+                return self._keep(known, why=str(error))
+            if known is not None:
+                return self._keep(known, why=f"HTTP {answer.status}")
+            return self._legacy_answer()
+
+    def _accept(self, info: ContractInfo) -> ContractInfo:
+        """A 200 answer: what the RM offers from now on; a withdrawal is said loudly."""
+        negotiation, previous = self._negotiation, self._negotiation.info
+        if previous is not None:
+            withdrawn = sorted(previous.features - info.features)
+            lower = _version(info.contract_version) < _version(previous.contract_version)
+            if withdrawn or lower:
+                log.error(
+                    "the RM at %s withdrew features %s of its contract (its GET /v1/info answered 200 "
+                    "with contract %s, after %s): Bindery follows it. Without cluster-id its lists name "
+                    "no cluster and every cluster sharing it sees the others' reservations; without "
+                    "preemption or revocation no plan or revocation is taken from it. If this RM is "
+                    "shared between clusters, stop the other clusters' operators or restore the RM's "
+                    "version",
+                    self.base_url,
+                    withdrawn,
+                    info.contract_version,
+                    previous.contract_version,
+                )
+        elif negotiation.legacy_since is not None:
+            log.info(
+                "the RM at %s answered GET /v1/info: it speaks contract %s",
+                self.base_url,
+                info.contract_version,
+            )
+        negotiation.info, negotiation.legacy_since, negotiation.legacy = info, None, False
+        negotiation.doubted = False
+        self._info, self._info_until = info, asyncio.get_running_loop().time() + _UNSUPPORTED_FOR
+        return info
+
+    def _keep(self, known: ContractInfo, *, why: str) -> ContractInfo:
+        """An error answer after a 200: keep what the RM offered, ask again soon."""
+        if not self._negotiation.doubted:
+            self._negotiation.doubted = True
+            log.warning(
+                "the RM at %s answered GET /v1/info with %s after it offered contract %s with %s: Bindery "
+                "keeps that contract (an error never withdraws a feature: an older replica behind the "
+                "RM's Service, a rollback or a proxy answers so) and asks again in %gs. To take a feature "
+                "back, the RM answers 200 without it; an RM rolled back to v1.1 refuses the v1.2 fields "
+                "until the operator restarts",
+                self.base_url,
+                why,
+                known.contract_version,
+                sorted(known.features),
+                _REASK_AFTER_ERROR,
+            )
+        self._info, self._info_until = known, asyncio.get_running_loop().time() + _REASK_AFTER_ERROR
+        return known
+
+    def _legacy_answer(self) -> ContractInfo:
+        """No such path, and no 200 ever: v1.1, provisionally until a later answer confirms it."""
+        now, negotiation = asyncio.get_running_loop().time(), self._negotiation
+        info = ContractInfo.legacy()
+        if negotiation.legacy_since is None:
+            negotiation.legacy_since = now
+        elif now - negotiation.legacy_since >= self._legacy_confirm_after:
+            negotiation.legacy = True
+        until = _UNSUPPORTED_FOR if negotiation.legacy else self._legacy_confirm_after
+        self._info, self._info_until = info, now + until
+        return info
+
+    @property
+    def contract_known(self) -> bool:
+        """Whether the RM's contract is settled (see :class:`Negotiation`), without a call."""
+        return self._negotiation.known
+
+    async def negotiated(self) -> bool:
+        """Whether the RM's contract is settled, asking ``GET /v1/info`` if its answer is due.
+
+        A caller that decides from a list which reservations are not its cluster's (reconciliation)
+        decides nothing while this is False: a first 404 may come from one old replica, and lists
+        without ``clusterId`` show every cluster's reservations.
+        """
+        await self.contract_info()
+        return self._negotiation.known
 
     async def scoped_cluster(self) -> str | None:
         """The cluster id to send, or None: no cluster id configured, or an RM without ``cluster-id``.
@@ -581,13 +716,14 @@ class ResourceManagerClient:
         ``GET /v1/info`` said it lacks ``node-preferences`` (the last answer, which
         :meth:`negotiated_placement` refreshes), True while unknown. PodPlacementRules reads it to
         skip scoring soft rules, and waiting for them, that the RM would never receive."""
-        return self._info is None or self._info.offers(Feature.NODE_PREFERENCES)
+        info = self._info or self._negotiation.info
+        return info is None or info.offers(Feature.NODE_PREFERENCES)
 
     def takes_rule_preemption(self) -> bool:
         """Whether ``rulePreemption`` may reach this RM, as far as known without a call (True while
         unknown; the reserve checks ``GET /v1/info``). PodPlacementRules reads it to skip choosing
         victims for the rules that the RM would never receive."""
-        info = self._info
+        info = self._info or self._negotiation.info
         return info is None or (info.offers(Feature.PREEMPTION) and info.offers(Feature.RULE_PREEMPTION))
 
     async def _takes_rule_preemption(self, request: ReservationRequest) -> bool:
