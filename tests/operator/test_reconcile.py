@@ -150,6 +150,9 @@ class _Anonymous:
     def __init__(self, inner: ResourceManagerClient) -> None:
         self.inner = inner
 
+    async def negotiated(self) -> bool:
+        return await self.inner.negotiated()
+
     async def list_reservations(self, **filters: Any) -> list[Reservation]:
         found = await self.inner.list_reservations(**filters)
         return [r.model_copy(update={"namespace": None, "name": None}) for r in found]
@@ -1079,6 +1082,9 @@ class _ForgetsAcknowledgements:
     def __init__(self, inner: ResourceManagerClient) -> None:
         self.inner = inner
         self.shown: dict[str, Reservation] = {}
+
+    async def negotiated(self) -> bool:
+        return await self.inner.negotiated()
 
     async def list_reservations(self, **filters: Any) -> list[Reservation]:
         return await self.inner.list_reservations(**filters)

@@ -124,6 +124,7 @@ async def test_a_pass_settles_unscoped_reservations_of_its_own_pods_by_uid_and_l
             api=operator_api,
             scheduler_names=lambda: (scheduler,),
             logger=log,
+            cluster_id=CLUSTER,
         )
         report = await reconciler.run_once(reason="start")
         assert report.actions == {held["landed"].id: "commit", held["moved"].id: "release"}, report
@@ -188,6 +189,7 @@ async def test_a_pass_keeps_one_reservation_of_a_running_pod_and_releases_the_su
             api=operator_api,
             scheduler_names=lambda: (scheduler,),
             logger=log,
+            cluster_id=CLUSTER,
         )
         report = await reconciler.run_once(reason="periodic")
         assert report.actions == {

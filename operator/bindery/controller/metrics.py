@@ -195,7 +195,8 @@ class Metrics:
         self.reconcile_actions = Counter(
             "bindery_reconcile_actions",
             "What reconcile passes did, by action: commit, release, failed (the RM refused or did not "
-            "answer), missing_reservation (a bound pod of a served name with no active reservation).",
+            "answer), missing_reservation (a bound pod of a served name with no active reservation), "
+            "foreign (another cluster's reservation listed and left alone).",
             ["resource_manager", "action"],
             registry=self.registry,
         )
@@ -209,7 +210,8 @@ class Metrics:
         )
         self.reconcile_passes = Counter(
             "bindery_reconcile_passes",
-            "Reconcile passes by outcome: ok, or error (the RM or the apiserver could not be read).",
+            "Reconcile passes by outcome: ok, error (the RM or the apiserver could not be read), or "
+            "contract_unknown (the RM's contract is not settled yet: nothing listed, nothing decided).",
             ["resource_manager", "outcome"],
             registry=self.registry,
         )

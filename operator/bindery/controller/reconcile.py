@@ -51,6 +51,15 @@ unless an earlier pass of this process found it here (its pod is gone: release).
 settle (a pod gone before any pass of this process saw it) is left to the watch of bound pods, the
 lease of a reserved one, and `bindery audit`, which checks unscoped reservations too.
 
+A pass fails closed on the contract. Until the RM's contract is settled (a 200 answer to
+``GET /v1/info``, or a v1.1 verdict confirmed by a second answer; see
+:meth:`bindery.rm.client.ResourceManagerClient.negotiated`), a list may show every cluster's
+reservations, so the pass lists nothing and decides nothing: it raises :class:`ContractUnknown`,
+is counted (``bindery_reconcile_passes{outcome="contract_unknown"}``) and retried with the
+supervisor's backoff. And whatever a list holds, a reservation whose ``clusterId`` is set and is
+not this cluster's is never committed, released or acknowledged (:func:`foreign`): an RM that
+ignores the filter, or a list sent unscoped, cannot make a pass settle another cluster's.
+
 Cost of a pass: one list of bound pods per scheduler name (and namespace), two reservation lists
 per name at the RM (four with a cluster id: the unscoped ones are read from every cluster's), and
 one pod GET per reservation whose pod is not in those lists (pending pods, departed pods); per
@@ -91,6 +100,17 @@ MISSING_REASON = "ReservationMissing"
 #: Explicit bounds on the apiserver calls of a pass (a list of thousands of pods takes a while).
 LIST_TIMEOUT_SECONDS = 60.0
 READ_TIMEOUT_SECONDS = 10.0
+
+
+class ContractUnknown(Exception):
+    """The RM's contract is not settled yet: a pass would not know whose reservations it lists."""
+
+
+def foreign(*, reservation: Reservation, cluster_id: str | None) -> bool:
+    """Pure: the reservation names a cluster, and not this one (None: this cluster sends no id, so
+    none of its reservations names one). Such a reservation is never settled here, whatever the
+    list it came in: its pod is in another cluster, where it may run."""
+    return reservation.cluster_id is not None and reservation.cluster_id != cluster_id
 
 
 class Settle(enum.StrEnum):
@@ -253,6 +273,8 @@ def missing_note(*, pod: Mapping[str, Any], resource_manager: str, restore: str 
 class ReconcilingRM(Protocol):
     """What a pass needs of the RM client (:class:`bindery.rm.client.ResourceManagerClient`)."""
 
+    async def negotiated(self) -> bool: ...
+
     async def reserve(self, request: ReservationRequest) -> Reservation: ...
 
     async def list_reservations(
@@ -304,7 +326,8 @@ class Reconciler:
 
     `rm` and `scheduler_names` are read at every pass, so a rotated client or an edited spec is
     used by the next pass. `warn_missing` turns the ReservationMissing events off (a one-shot
-    pass with nobody to remember whom it warned).
+    pass with nobody to remember whom it warned). `cluster_id` is the id this cluster sends (see
+    :func:`foreign`).
     """
 
     def __init__(
@@ -323,8 +346,10 @@ class Reconciler:
         hostname: str | None = None,
         events: KubeEventSink | None = None,
         on_revoked: Callable[[], OnRevoked] = lambda: OnRevoked.EVICT,
+        cluster_id: str | None = None,
     ) -> None:
         self.resource_manager = resource_manager
+        self.cluster_id = cluster_id
         self.passes = 0  # finished passes (successful or not): tests wait on it
         self._rm = rm
         self._api = api
@@ -370,6 +395,14 @@ class Reconciler:
         async with self._lock:
             try:
                 report = await self._pass(reason)
+            except ContractUnknown as exc:
+                self._metrics.reconcile_pass(
+                    resource_manager=self.resource_manager, outcome="contract_unknown"
+                )
+                self._logger.warning(
+                    f"reconcile pass of ResourceManager {self.resource_manager!r} ({reason}) skipped: {exc}"
+                )
+                raise
             except Exception as exc:
                 self._metrics.reconcile_pass(resource_manager=self.resource_manager, outcome="error")
                 self._logger.warning(
@@ -400,6 +433,12 @@ class Reconciler:
 
     async def _pass(self, reason: str) -> ReconcileReport:
         rm = self._rm()
+        if not await rm.negotiated():
+            raise ContractUnknown(
+                "the RM's contract is not settled yet (its GET /v1/info answered no such path once, and "
+                "no answer since confirmed it), so its lists may hold every cluster's reservations and "
+                "nothing is released or committed from them; the pass is retried with backoff"
+            )
         served = frozenset(self._scheduler_names())
         self._served_before |= served
         # Bound pods of the served names first, reservations after: a pod in this list was bound
@@ -417,6 +456,7 @@ class Reconciler:
                 if in_scope(reservation=reservation, namespaces=self._namespaces)
             }.values()
         )
+        reservations = self._ours(reservations, reason=reason)
         listed = {reservation.id for reservation in reservations}
         unscoped = list(
             {
@@ -428,6 +468,7 @@ class Reconciler:
                 and reservation.id not in listed
             }.values()
         )
+        unscoped = self._ours(unscoped, reason=reason)
         pods = dict(served_pods)
         pods |= await self._bound_pods(
             frozenset(r.scheduler_name for r in (*reservations, *unscoped)) - served
@@ -485,6 +526,22 @@ class Reconciler:
             revoked=revoked.acknowledged,
         )
 
+    def _ours(self, listed: list[Reservation], *, reason: str) -> list[Reservation]:
+        """`listed` without the reservations of other clusters (:func:`foreign`), said and counted."""
+        kept = [r for r in listed if not foreign(reservation=r, cluster_id=self.cluster_id)]
+        if len(kept) < len(listed):
+            others = sorted({str(r.cluster_id) for r in listed} - {str(self.cluster_id)})
+            self._metrics.reconcile_action(
+                resource_manager=self.resource_manager, action="foreign", count=len(listed) - len(kept)
+            )
+            self._logger.warning(
+                f"reconcile ({reason}): ResourceManager {self.resource_manager!r} listed "
+                f"{len(listed) - len(kept)} reservations of other clusters ({', '.join(others)}; this "
+                f"cluster is {self.cluster_id!r}); left alone. The RM ignored the clusterId filter, or "
+                "the list went out without it: check the RM's GET /v1/info and its cluster-id feature"
+            )
+        return kept
+
     async def _revoked(
         self, rm: ReconcilingRM, names: Collection[str], pods: Mapping[str, Mapping[str, Any]]
     ) -> RevocationReport:
@@ -495,6 +552,7 @@ class Reconciler:
             for reservation in await rm.list_revoked_reservations(scheduler_name=name)
             if in_scope(reservation=reservation, namespaces=self._namespaces)
         ]
+        revoked = self._ours(revoked, reason="revoked")
         if not revoked:
             return RevocationReport()
         return await self._revocations.handle(rm, revoked, pods=pods, read=self._read)

@@ -103,6 +103,10 @@ class RMStack:
         only then)."""
         return self._client.takes_rule_preemption()
 
+    async def negotiated(self) -> bool:
+        """Whether the RM's contract is settled (reconciliation decides nothing from a list before)."""
+        return await self._client.negotiated()
+
     # -- the ReservationClient verbs ---------------------------------------------------------------
 
     async def reserve(self, request: ReservationRequest, /) -> Reservation:

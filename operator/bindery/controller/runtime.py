@@ -526,6 +526,7 @@ class Runtime:
             on_reported_unbound=runner.report_bound,
             events=self._events,  # counted with the operator's other writes
             on_revoked=lambda: runner.config.on_revoked,
+            cluster_id=self.cluster_id,
         )
 
     def _fenced_binder(self, binder: KubeBinder) -> FencedBinder:

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from bindery.config import ResourceManagerConfig, SecretKeyRef
 from bindery.k8s import ApiClient, ApiError, get, resources
-from bindery.rm.client import ResourceManagerClient
+from bindery.rm.client import Negotiation, ResourceManagerClient
 from bindery.rm.models import Reservation
 
 #: The label (value "true") by which a Secret's owner lets Bindery use it as RM credentials.
@@ -130,13 +130,15 @@ def rm_client_for(
     cluster_id: str | None = None,
     previous_token: str | None = None,
     on_unauthorized: Callable[[], Awaitable[str | None]] | None = None,
+    negotiation: Negotiation | None = None,
 ) -> ResourceManagerClient:
     """The RM client a ResourceManager's spec and its resolved credentials describe.
 
     One place, so the operator and `bindery audit` reach an RM the same way. With `cluster_id`, an
     RM that speaks contract v1.2 gets it on every reserve and lists only that cluster's
     reservations. `previous_token` and `on_unauthorized` are the client's 401 handling (see
-    `bindery.rm.client.TokenSource`). Raises ValueError or OSError for an endpoint or TLS material
+    `bindery.rm.client.TokenSource`); `negotiation` what the RM said of its contract to an earlier
+    client (`bindery.rm.client.Negotiation`). Raises ValueError or OSError for an endpoint or TLS material
     the client refuses.
     """
     return ResourceManagerClient(
@@ -150,6 +152,7 @@ def rm_client_for(
         read_timeout=config.read_timeout,
         allow_insecure_http=config.allow_insecure_http,
         cluster_id=cluster_id,
+        negotiation=negotiation,
     )
 
 

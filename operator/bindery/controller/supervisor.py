@@ -11,9 +11,12 @@ half-built for good; a loop retries. So the supervisor owns, for its object alon
   at once when the RM answers 401 (the client asks `_reread_token`; the previous token stays its
   fallback, so a rotation fails no pod whichever side changes first);
 - the RM client and the `ProfileRunner` (queue, workers, its subscription to the pods on nodes);
+  every client built for one endpoint shares one `Negotiation`, so a rotation forgets nothing the
+  RM offered in `GET /v1/info` (an error answer never takes a feature back, see `bindery.rm.client`);
 - the readiness probe, every `probe_interval`;
 - the reconciliation: at start (before the workers start, but a failed pass does not keep them
-  waiting: they start and the pass is retried), on gaining leadership, when the watch of pods on
+  waiting: they start and the pass is retried; so is a pass skipped while the RM's contract is
+  not settled), on gaining leadership, when the watch of pods on
   nodes relists, and every `reconcile_interval_seconds`;
 - the status of the object (Ready, Reachable), written whenever what it says changes.
 
@@ -51,7 +54,7 @@ from bindery.controller.secrets import (
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.controller.watches.bound import BoundPodFeed
 from bindery.k8s import ApiClient, ApiError, NotFound, patch, resources
-from bindery.rm.client import ResourceManagerClient
+from bindery.rm.client import Negotiation, ResourceManagerClient
 from bindery.scheduling.framework import Ports
 from bindery.scheduling.registry import PluginError
 from bindery.typedefs import Logger
@@ -131,6 +134,9 @@ class ResourceManagerSupervisor:
         self._probe_at = 0.0
         self._reconciling: asyncio.Task[object] | None = None
         self._reconciler: Reconcile | None = None  # one per runner: it may remember between passes
+        #: what the RM at this endpoint said of its contract, handed to every client built for it (a
+        #: rotated Secret's new client must not forget a feature the RM offered, see Negotiation)
+        self._negotiation: tuple[str, Negotiation] | None = None
         self._task: asyncio.Task[None] | None = None
 
     # -- what the runtime calls --------------------------------------------------------------------
@@ -295,11 +301,14 @@ class ResourceManagerSupervisor:
         self._credentials_error = None
         if runner is not None and not rebuild and credentials.digest == runner.credentials.digest:
             return None
+        if self._negotiation is None or self._negotiation[0] != config.endpoint:
+            self._negotiation = (config.endpoint, Negotiation())  # another RM: it negotiates afresh
         try:
             rm_client = rm_client_for(
                 config=config,
                 credentials=credentials,
                 cluster_id=self._env.cluster_id,
+                negotiation=self._negotiation[1],
                 # a rotation: the old token stays a fallback while the RM may not know the new one yet
                 previous_token=runner.credentials.token if runner is not None else None,
                 on_unauthorized=functools.partial(self._reread_token, config=config),

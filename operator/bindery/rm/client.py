@@ -102,8 +102,11 @@ _MAX_PAGES = 10_000
 #: How long a "this RM has no renew" verdict holds before the client asks again (an RM may be upgraded).
 _UNSUPPORTED_FOR = 300.0
 #: How long a first "no GET /v1/info" answer stands before the client asks again: only a second one,
-#: this much later, makes the RM one of contract v1.1 (the first may come from one old replica).
-LEGACY_CONFIRM_SECONDS = 5.0
+#: this much later, makes the RM one of contract v1.1 (the first may be one stray answer: an old
+#: replica, a proxy). A lasting v1.1 answer looks like a v1.1 RM whatever the wait, which is why
+#: reconciliation also never settles another cluster's reservation; so the wait stays short (a v1.1
+#: RM's first reconcile pass comes this much later).
+LEGACY_CONFIRM_SECONDS = 1.0
 #: How soon the client asks ``GET /v1/info`` again after an error answer, keeping the known contract.
 _REASK_AFTER_ERROR = 10.0
 #: Answers to ``GET /v1/info`` that mean "no such path": an RM of contract v1.1 or older.
@@ -463,7 +466,7 @@ class ResourceManagerClient:
 
         ``negotiation`` is what the RM said of its contract so far (see :class:`Negotiation` and
         :meth:`contract_info`); ``legacy_confirm_after`` how long after a first 404 on
-        ``GET /v1/info`` the second one must come to make the RM one of v1.1.
+        ``GET /v1/info`` a second one must come to make the RM one of v1.1.
         """
         url = httpx.URL(base_url)
         if url.scheme not in ("https", "http") or not url.host:
