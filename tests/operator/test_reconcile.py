@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.backoff import BackoffPolicy
 from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.reconcile import Reconciler, ReconcileReport
 from bindery.devcluster.nodes import create_node
@@ -394,7 +395,7 @@ async def test_a_restore_the_rm_refuses_is_warned_once_and_asked_again_until_the
 ) -> None:
     """The node has no room left for the pod's restore (another pod's reservation took it while the
     RM had lost this one): one ReservationMissing names the refusal, later passes ask again without
-    another warning, and the pass after the room is freed restores the reservation."""
+    another warning (no backoff here), and the pass after the room is freed restores the reservation."""
     process, node = pool_rm
     scheduler = uniq("sched")
     uid, _ = await _lose_the_reservation(
@@ -412,6 +413,7 @@ async def test_a_restore_the_rm_refuses_is_warned_once_and_asked_again_until_the
             api=operator_api,
             scheduler_names=lambda: (scheduler,),
             logger=log,
+            restore_backoff=BackoffPolicy(initial=0.0, maximum=0.0),  # every pass asks again
         )
         first = await reconciler.run_once(reason="test")
         second = await reconciler.run_once(reason="test")
@@ -1276,3 +1278,71 @@ async def test_a_reservation_revoked_before_its_pod_is_bound_gets_the_pod_evicte
         assert bound.revoked == (held.id,)
     late = await client.CoreV1Api(kube_api).read_namespaced_pod(name="late", namespace=namespace)
     assert late.metadata.deletion_timestamp is not None
+
+
+class _CountsReserves:
+    """The real client, counting the reserves a pass sends (the restores it asks for)."""
+
+    def __init__(self, inner: ResourceManagerClient) -> None:
+        self.inner = inner
+        self.reserves = 0
+
+    async def negotiated(self) -> bool:
+        return await self.inner.negotiated()
+
+    async def list_reservations(self, **filters: Any) -> list[Reservation]:
+        return await self.inner.list_reservations(**filters)
+
+    async def list_unscoped_reservations(self, **filters: Any) -> list[Reservation]:
+        return await self.inner.list_unscoped_reservations(**filters)
+
+    async def list_revoked_reservations(self, **filters: Any) -> list[Reservation]:
+        return await self.inner.list_revoked_reservations(**filters)
+
+    async def reserve(self, request: ReservationRequest) -> Reservation:
+        self.reserves += 1
+        return await self.inner.reserve(request)
+
+    async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
+        return await self.inner.commit(reservation_id, pod_uid=pod_uid)
+
+    async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
+        await self.inner.release(reservation_id, pod_uid=pod_uid)
+
+
+async def test_a_refused_restore_is_asked_for_again_only_after_its_backoff(
+    *,
+    kube_api: client.ApiClient,
+    operator_api: client.ApiClient,
+    namespace: str,
+    uniq: Callable[[str], str],
+    pool_rm: tuple[RMProcess, str],
+) -> None:
+    """A restore the RM refuses (no room on the node) is not asked for again by every pass: a
+    thousand such pods would be a thousand reserves per pass. Within its backoff (an hour here)
+    later passes send no reserve for it."""
+    process, node = pool_rm
+    scheduler = uniq("sched")
+    await _lose_the_reservation(
+        kube_api, process, namespace=namespace, node=node, scheduler=scheduler, name="kept"
+    )
+    filler = await create_pod(
+        kube_api, namespace=namespace, body=pod_body(name="filler", scheduler_name=scheduler, cpu="7900m")
+    )
+    async with process.client() as raw:
+        await _reserve(raw, pod=filler, scheduler=scheduler, cpu="7900m")
+        rm = _CountsReserves(raw)
+        reconciler = Reconciler(
+            resource_manager="rm-under-test",
+            rm=lambda: rm,
+            api=operator_api,
+            scheduler_names=lambda: (scheduler,),
+            logger=log,
+            restore_backoff=BackoffPolicy(initial=3600.0, maximum=3600.0),
+        )
+        first = await reconciler.run_once(reason="test")
+        assert (first.missing, first.restored) == ((f"{namespace}/kept",), ())
+        assert rm.reserves == 1
+        for _ in range(2):
+            await reconciler.run_once(reason="test")
+        assert rm.reserves == 1, f"{rm.reserves} reserves for one refused restore in three passes"

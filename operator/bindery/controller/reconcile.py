@@ -31,8 +31,9 @@ reservation has resources the RM does not account for, and may hand out again. W
 it (the RM lost the reservation: a crash that lost acknowledged writes, a restore from a backup),
 the pass reserves and commits again for it on its node (:mod:`bindery.controller.restore`). A pod
 Bindery did not bind, or whose restore the RM refuses, gets one Warning event ``ReservationMissing``
-(once per pod UID, remembered bounded) and is counted; a refused restore is asked for again by
-every pass.
+(once per pod UID, remembered bounded) and is counted; a refused restore is asked for again after
+a backoff per pod (``RESTORE_BACKOFF``: 30 s doubling to 10 minutes), not by every pass: a thousand
+refused pods would otherwise be a thousand reserves per pass.
 
 Which reservations: those of every scheduler name this RM serves now or served earlier in this
 process (a name moved to another RM). Reservations of other names are left alone, even names
@@ -64,8 +65,8 @@ Cost of a pass: one list of bound pods per scheduler name (and namespace), two r
 per name at the RM (four with a cluster id: the unscoped ones are read from every cluster's), and
 one pod GET per reservation whose pod is not in those lists (pending pods, departed pods); per
 bound pod without an active reservation, a pod GET and a reservation list by UID, and for one
-Bindery bound, a reserve and a commit (a refused restore repeats them every pass). Pure decisions
-live in functions; the class only reads and acts.
+Bindery bound, a reserve and a commit (a refused restore repeats them once its backoff is over).
+Pure decisions live in functions; the class only reads and acts.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ import enum
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
+from bindery.backoff import BackoffPolicy
 from bindery.controller.metrics import Metrics
 from bindery.controller.restore import Restorer
 from bindery.controller.revocation import RevocationReport, Revocations
@@ -100,6 +102,8 @@ MISSING_REASON = "ReservationMissing"
 #: Explicit bounds on the apiserver calls of a pass (a list of thousands of pods takes a while).
 LIST_TIMEOUT_SECONDS = 60.0
 READ_TIMEOUT_SECONDS = 10.0
+#: When a refused restore of a pod is asked for again: after 30 s, doubling per refusal, at most 10 min.
+RESTORE_BACKOFF = BackoffPolicy(initial=30.0, maximum=600.0)
 
 
 class ContractUnknown(Exception):
@@ -258,8 +262,8 @@ def missing_note(*, pod: Mapping[str, Any], resource_manager: str, restore: str 
             f"Pod is bound to node {spec.get('nodeName')} by Bindery, but ResourceManager {resource_manager} "
             "no longer holds its reservation, so the resource manager does not account for its resources "
             f"and may place other pods on them. Bindery asked for them again and could not get them: "
-            f"{restore}. It asks again at every reconcile pass; free room on the node, or check the "
-            "resource manager's reservations for this pod UID."
+            f"{restore}. It asks again at later reconcile passes (after 30 s, doubling to 10 min); "
+            "free room on the node, or check the resource manager's reservations for this pod UID."
         )
     return (
         f"Pod is bound to node {spec.get('nodeName')} with schedulerName {spec.get('schedulerName')}, "
@@ -347,8 +351,12 @@ class Reconciler:
         events: KubeEventSink | None = None,
         on_revoked: Callable[[], OnRevoked] = lambda: OnRevoked.EVICT,
         cluster_id: str | None = None,
+        restore_backoff: BackoffPolicy = RESTORE_BACKOFF,
     ) -> None:
         self.resource_manager = resource_manager
+        self._restore_backoff = restore_backoff
+        #: pod UID → (refusals in a row, loop time before which its restore is not asked for again)
+        self._restore_due: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()
         self.cluster_id = cluster_id
         self.passes = 0  # finished passes (successful or not): tests wait on it
         self._rm = rm
@@ -367,7 +375,7 @@ class Reconciler:
         self._seen_here: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._lock = asyncio.Lock()
         #: UIDs of pods Bindery bound whose lost reservation the RM refused to restore, warned about
-        #: once; unlike `_warned`, their restore is asked for again by every pass.
+        #: once; unlike `_warned`, their restore is asked for again (see `_restore_due`).
         self._unrestored: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._restorer = Restorer(
             resource_manager=resource_manager,
@@ -655,6 +663,7 @@ class Reconciler:
             return [], []
         warned: list[str] = []
         restored: list[str] = []
+        clock = asyncio.get_running_loop().time
         for listed in missing_reservations(
             bound_pods=served_pods, active_pod_uids=active_pod_uids, warned=self._warned
         ):
@@ -664,6 +673,9 @@ class Reconciler:
                 str(metadata.get("namespace")),
                 str(metadata.get("name")),
             )
+            refusals, due = self._restore_due.get(uid, (0, 0.0))
+            if clock() < due:
+                continue  # its restore was refused: asked for again once the backoff is over
             # Confirm before acting: the pod may have gone (and its reservation with it) since the list.
             async with asyncio.timeout(READ_TIMEOUT_SECONDS):
                 pod = await read_pod(api=self._api, namespace=namespace, name=name)
@@ -677,8 +689,15 @@ class Reconciler:
             outcome = await self._restorer.restore(rm, pod, history=history)
             if isinstance(outcome, Reservation):
                 self._unrestored.pop(uid, None)
+                self._restore_due.pop(uid, None)
                 restored.append(f"{namespace}/{name}")
                 continue
+            if outcome.ours and not outcome.transient:
+                refusals += 1
+                self._restore_due[uid] = (refusals, clock() + self._restore_backoff.delay(attempts=refusals))
+                self._restore_due.move_to_end(uid)
+                while len(self._restore_due) > REMEMBERED:
+                    self._restore_due.popitem(last=False)
             if outcome.transient or uid in self._unrestored:
                 continue  # the RM did not answer, or it refused and was warned about: the next pass asks
             self._remember(self._unrestored if outcome.ours else self._warned, uid)

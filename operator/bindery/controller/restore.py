@@ -32,8 +32,8 @@ lost one of a pod whose earlier attempt was released (a cycle that failed after 
 
 What cannot be restored stays as it was before: a pod bound outside Bindery (no annotation) gets
 the ``ReservationMissing`` warning only, and so does a pod whose restore the RM refuses (no room
-left on the node, a quota); the pass asks again every time. An RM that is not answering (restarting,
-not ready yet) is asked again by the next pass, with no warning in between.
+left on the node, a quota); a later pass asks again once that pod's backoff is over. An RM that is
+not answering (restarting, not ready yet) is asked again by the next pass, with no warning between.
 """
 
 from __future__ import annotations
