@@ -56,7 +56,7 @@ A pass fails closed on the contract. Until the RM's contract is settled (a 200 a
 ``GET /v1/info``, or a v1.1 verdict confirmed by a second answer; see
 :meth:`bindery.rm.client.ResourceManagerClient.negotiated`), a list may show every cluster's
 reservations, so the pass lists nothing and decides nothing: it raises :class:`ContractUnknown`,
-is counted (``bindery_reconcile_passes{outcome="contract_unknown"}``) and retried with the
+is counted (``bindery_reconcile_passes_total{outcome="contract_unknown"}``) and retried with the
 supervisor's backoff. And whatever a list holds, a reservation whose ``clusterId`` is set and is
 not this cluster's is never committed, released or acknowledged (:func:`foreign`): an RM that
 ignores the filter, or a list sent unscoped, cannot make a pass settle another cluster's.
