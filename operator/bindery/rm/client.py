@@ -151,11 +151,17 @@ class Negotiation:
 
 
 def _version(text: str) -> tuple[int, ...]:
-    """``"1.2.0"`` → ``(1, 2, 0)``; what does not parse compares lowest."""
-    try:
-        return tuple(int(part) for part in text.split("."))
-    except ValueError:
-        return ()
+    """``"1.2.0"`` → ``(1, 2, 0)``, ``"1.3.0-rc1"`` → ``(1, 3, 0)``: the leading numbers only, so a
+    suffix never reads as a downgrade."""
+    numbers: list[int] = []
+    for part in text.split("."):
+        digits = len(part) - len(part.lstrip("0123456789"))
+        if digits == 0:
+            break
+        numbers.append(int(part[:digits]))
+        if digits < len(part):
+            break
+    return tuple(numbers)
 
 
 class CircuitBreaker:
