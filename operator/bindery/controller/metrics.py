@@ -367,7 +367,8 @@ class _StateCollector(Collector):
         depth = GaugeMetricFamily(
             "bindery_queue_pods",
             "Pods in each ResourceManager's scheduling queue, by queue: active, backoff, "
-            "unschedulable, in_flight.",
+            "unschedulable, in_flight, binding (waiting in PreBind outside maxInFlight: in the "
+            "binding pool or its queue).",
             labels=["resource_manager", "queue"],
         )
         pending = GaugeMetricFamily(
@@ -385,7 +386,7 @@ class _StateCollector(Collector):
             labels=["resource_manager", "event"],
         )
         for name, stats in sorted(self._queues().items()):
-            for queue in ("active", "backoff", "unschedulable", "in_flight"):
+            for queue in ("active", "backoff", "unschedulable", "in_flight", "binding"):
                 depth.add_metric([name, queue], getattr(stats, queue))
             for queue in PENDING_QUEUES:
                 pending.add_metric([name, queue], getattr(stats, queue))
