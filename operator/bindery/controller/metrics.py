@@ -381,7 +381,8 @@ class _StateCollector(Collector):
             "bindery_queue_moved_pods",
             "Pods moved out of the unschedulable pool by an event that could make them fit, by event: "
             "placed-pod (a pod on a node added, changed or removed, for pods the placement rules "
-            "refused), node, released (a reservation), namespace (relabelled), other (kube-scheduler's "
+            "refused), node, node-deleted (pods a topology spread refused), released (a "
+            "reservation), namespace (relabelled), other (kube-scheduler's "
             'scheduler_queue_incoming_pods_total{queue="active"|"backoff"}, by event).',
             labels=["resource_manager", "event"],
         )

@@ -27,8 +27,9 @@ where one tenant could starve another:
   anti-affinity, host ports, a ReadWriteOncePod claim). :meth:`SchedulingQueue.wake` moves it back
   when such a placed pod is added, changed or removed (kube-scheduler's queueing hints, coarser:
   any change in scope wakes it, not only one that lifts the refusal); node events move it as they
-  move every parked pod; :data:`MAX_PARKED_SECONDS` caps the wait.  Before, it was retried on its
-  backoff alone (1–10 s), forever, whether anything had changed or not.
+  move every parked pod, and a Node deleted those with a DoNotSchedule topology spread
+  (:meth:`SchedulingQueue.node_deleted`); :data:`MAX_PARKED_SECONDS` caps the wait.  Before, it
+  was retried on its backoff alone (1–10 s), forever, whether anything had changed or not.
 * **In-flight bound.**  At most ``max_in_flight`` pods of one ResourceManager are between
   :meth:`~SchedulingQueue.pop` and :meth:`~SchedulingQueue.done`, so a burst of pods cannot
   overwhelm the RM; waiting pods stay ordered meanwhile.  Optionally at most
@@ -450,6 +451,24 @@ class SchedulingQueue:
             self._leave_unschedulable(self._entries[uid], now=now)
         self._moved[event] += len(uids)
         log.debug("moved %d rules-refused pods back: %s in %s", len(uids), event, touch.namespace)
+        return len(uids)
+
+    def node_deleted(self, *, event: str = "node-deleted") -> int:
+        """A Node went away: move back the pods the placement rules refused that have a
+        DoNotSchedule topology spread (its domain may no longer count in the skew's minimum, as
+        kube-scheduler's PodTopologySpread registers Node deletions). A deletion frees no room for
+        a pod the RM refused, and an anti-affinity is lifted by its pods' deletions, so the others
+        stay. Returns how many moved."""
+        uids = [
+            uid
+            for uid in self._unschedulable
+            if (entry := self._entries[uid]).wake_on is not None and entry.pod.rules.spread
+        ]
+        now = self._clock.now()
+        for uid in uids:
+            self._leave_unschedulable(self._entries[uid], now=now)
+        if uids:
+            self._moved[event] += len(uids)
         return len(uids)
 
     # -- consumers -----------------------------------------------------------------------------
