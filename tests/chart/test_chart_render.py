@@ -266,6 +266,8 @@ def test_reference_rm_wiring(rendered: dict[str, list[dict[str, Any]]]) -> None:
         "endpoint": f"https://rel-bindery-rm.{NAMESPACE}.svc:8080",
         "auth": {"tokenSecretRef": {"namespace": NAMESPACE, "name": "rel-bindery-rm-token", "key": "token"}},
         "tls": {"caSecretRef": {"namespace": NAMESPACE, "name": "rel-bindery-rm-ca", "key": "ca.crt"}},
+        "maxInFlightPerNamespace": 64,
+        "maxBindingWaitsPerNamespace": 16,
     }
     secret = ct.one(objects, "Secret", "rel-bindery-rm-token")
     assert len(secret["data"]["token"]) >= 48
@@ -400,7 +402,12 @@ def test_reference_rm_tuned(rendered: dict[str, list[dict[str, Any]]]) -> None:
 def test_resource_managers_from_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
     rms = {o["metadata"]["name"]: o for o in ct.by_kind(rendered["external-rms"], "ResourceManager")}
     assert sorted(rms) == ["batch", "gpu-pool"]
-    assert rms["gpu-pool"]["spec"] == VALUE_SETS["external-rms"]["resourceManagers"][0]["spec"]
+    # The values' spec, and each namespace's share of its budgets (namespaceShare, a quarter).
+    assert rms["gpu-pool"]["spec"] == {
+        **VALUE_SETS["external-rms"]["resourceManagers"][0]["spec"],
+        "maxInFlightPerNamespace": 2,
+        "maxBindingWaitsPerNamespace": 16,
+    }
     assert rms["batch"]["metadata"]["annotations"] == {"example.com/owner": "batch-team"}
     dep = ct.one(rendered["external-rms"], "Deployment")
     container = dep["spec"]["template"]["spec"]["containers"][0]
@@ -413,6 +420,43 @@ def test_resource_managers_from_values(rendered: dict[str, list[dict[str, Any]]]
             "containers"
         ][0]
     )
+
+
+def test_every_resource_manager_gives_each_namespace_a_share_of_its_budgets(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """A quarter of maxInFlight and of maxBindingWaits (their CRD defaults when unset), rounded up:
+    no tenant takes every scheduling slot or every place of the binding pool."""
+    shares = {
+        (value_set, o["metadata"]["name"]): (
+            o["spec"].get("maxInFlightPerNamespace"),
+            o["spec"].get("maxBindingWaitsPerNamespace"),
+        )
+        for value_set in ("defaults", "reference-rm-tuned", "external-rms")
+        for o in ct.by_kind(rendered[value_set], "ResourceManager")
+    }
+    assert shares == {
+        ("defaults", "rel-bindery-rm"): (64, 16),
+        ("reference-rm-tuned", "sched-rm"): (8, 16),
+        ("external-rms", "gpu-pool"): (2, 16),
+        ("external-rms", "batch"): (64, 16),
+    }
+
+
+def test_a_spec_that_sets_its_own_share_keeps_it_and_zero_sets_none(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    values = {
+        "namespaceShare": {"inFlight": 0.5, "bindingWaits": 0},
+        "referenceRM": {"resourceManagerSpec": {"maxInFlight": 5, "maxBindingWaitsPerNamespace": 3}},
+    }
+    objects = ct.render(helm=helm, env=helm_env, tmp=tmp_path, values=values, namespace=NAMESPACE)
+    spec = ct.one(objects, "ResourceManager")["spec"]
+    assert (spec["maxInFlightPerNamespace"], spec["maxBindingWaitsPerNamespace"]) == (3, 3)
+    values["referenceRM"] = {"resourceManagerSpec": {}}
+    objects = ct.render(helm=helm, env=helm_env, tmp=tmp_path, values=values, namespace=NAMESPACE)
+    spec = ct.one(objects, "ResourceManager")["spec"]
+    assert "maxBindingWaitsPerNamespace" not in spec
 
 
 def test_generated_token_differs_per_render(

@@ -65,6 +65,17 @@ def test_contested_names_are_served_by_nobody_and_reported_to_every_claimant() -
     assert routing.conflict_message(scheduler_name="only-a") is None
 
 
+def test_the_binding_pool_has_a_default_size_and_no_per_namespace_share_unless_set() -> None:
+    config = parse_resource_manager(body=_body())
+    assert (config.max_binding_waits, config.max_binding_waits_per_namespace) == (64, None)
+    config = parse_resource_manager(body=_body(maxBindingWaits=32, maxBindingWaitsPerNamespace=8))
+    assert (config.max_binding_waits, config.max_binding_waits_per_namespace) == (32, 8)
+    with pytest.raises(ConfigError, match=r"spec\.maxBindingWaits is 0"):
+        parse_resource_manager(body=_body(maxBindingWaits=0))
+    with pytest.raises(ConfigError, match=r"spec\.maxBindingWaitsPerNamespace is 0"):
+        parse_resource_manager(body=_body(maxBindingWaitsPerNamespace=0))
+
+
 def test_the_per_namespace_share_of_max_in_flight_is_off_unless_set() -> None:
     assert parse_resource_manager(body=_body()).max_in_flight_per_namespace is None
     config = parse_resource_manager(body=_body(maxInFlight=64, maxInFlightPerNamespace=16))

@@ -176,7 +176,7 @@ async def test_scheduling_moves_the_counters_served_at_metrics(
             assert present(samples, "bindery_apiserver_writes_total", kind="binding") == 1
             # FailedScheduling + Scheduled
             assert present(samples, "bindery_apiserver_writes_total", kind="event") >= 2
-            for queue in ("active", "backoff", "unschedulable", "in_flight"):
+            for queue in ("active", "backoff", "unschedulable", "in_flight", "binding"):
                 assert present(samples, "bindery_queue_pods", resource_manager=rm, queue=queue) == 0
             for queue in ("active", "backoff", "unschedulable"):
                 assert present(samples, "bindery_pending_pods", resource_manager=rm, queue=queue) == 0

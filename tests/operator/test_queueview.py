@@ -80,7 +80,9 @@ def test_a_parked_pod_is_found_by_name_or_uid_with_its_next_attempt() -> None:
     assert "no ResourceManager's queue does" in unqueued["message"]
     assert view.summary() == {
         "leading": True,
-        "resource_managers": {"pool": {"active": 0, "backoff": 0, "unschedulable": 1, "in_flight": 0}},
+        "resource_managers": {
+            "pool": {"active": 0, "backoff": 0, "unschedulable": 1, "in_flight": 0, "binding": 0}
+        },
     }
     leading[0] = False  # a standby says so: its attempts are not the real ones
     assert view.pod(namespace=web.namespace, name="web")[1]["leading"] is False

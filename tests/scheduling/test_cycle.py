@@ -13,7 +13,7 @@ from bindery.rm.errors import RMConflict, RMProtocolError, RMRejected, RMUnavail
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
 from bindery.scheduling.decisions import FailureKind, Outcome
-from bindery.scheduling.framework import PluginSet, Ports, Profile, Status
+from bindery.scheduling.framework import CycleContext, PluginSet, Ports, Profile, Status
 from bindery.scheduling.nodecheck import NodeCheckMode
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import BindConflict, BindError, NodeProjection, PodGone
@@ -812,3 +812,111 @@ async def test_a_failed_commit_is_retried_only_for_what_is_left_of_the_lease(
     await asyncio.sleep(0)
     assert result.commit_failed
     assert windows == [35.0]  # 60 s lease, 25 s of it spent binding
+
+
+# -- waiting apart: a PreBind wait leaves the scheduling budget for the binding pool -------------
+
+
+class RecordingGate:
+    """A binding gate that records when the cycle enters and leaves it (admits at once)."""
+
+    def __init__(self, calls: Calls, *, status: Status | None = None) -> None:
+        self.calls = calls
+        self.status = status or Status.success()
+
+    async def enter(self, *, ctx: CycleContext) -> Status:
+        self.calls.record("gate.enter")
+        return self.status
+
+    def leave(self, *, ctx: CycleContext) -> None:
+        self.calls.record("gate.leave")
+
+
+class Waiter:
+    """A PreBind plugin that waits apart, then returns `status`."""
+
+    name = "waiter"
+
+    def __init__(self, calls: Calls, *, status: Status | None = None) -> None:
+        self.calls = calls
+        self.status = status or Status.success()
+
+    async def pre_bind(self, *, ctx: CycleContext) -> Status:
+        entered = await ctx.wait_apart()
+        if not entered.ok:
+            return entered
+        again = await ctx.wait_apart()  # once per cycle: a second call returns at once
+        assert again.ok
+        self.calls.record("waiter.waited")
+        return self.status
+
+
+async def test_a_pre_bind_wait_apart_keeps_the_order_of_the_points_and_leaves_at_the_end(
+    world: World,
+) -> None:
+    gate = RecordingGate(world.calls)
+    result = await schedule_one(
+        pod=world.pod,
+        profile=world.profile(plugins=PluginSet(pre_bind=(Waiter(world.calls),))),
+        ports=world.ports(),
+        gate=gate,
+    )
+    assert result.bound
+    names = world.calls.names()
+    assert names.count("gate.enter") == 1
+    assert (
+        names.index("rm.reserve")
+        < names.index("gate.enter")
+        < names.index("waiter.waited")
+        < names.index("binder.bind")
+        < names.index("rm.commit")
+        < names.index("gate.leave")
+    )
+    assert names[-1] == "gate.leave"
+
+
+async def test_a_failure_after_waiting_apart_unreserves_in_reverse_then_leaves(world: World) -> None:
+    a = RecordingReserve(world.calls, name="a")
+    gate = RecordingGate(world.calls)
+    waiter = Waiter(world.calls, status=Status.error("device not ready"))
+    result = await schedule_one(
+        pod=world.pod,
+        profile=world.profile(plugins=PluginSet(reserve=(a,), pre_bind=(waiter,))),
+        ports=world.ports(),
+        gate=gate,
+    )
+    assert result.outcome is Outcome.ERROR
+    assert result.released
+    names = world.calls.names()
+    assert names.index("waiter.waited") < names.index("a.unreserve")
+    assert names.index("a.unreserve") < names.index("rm.release") < names.index("gate.leave")
+    assert names[-1] == "gate.leave"
+    assert world.calls.count("binder.bind") == 0
+
+
+async def test_a_pod_the_gate_refuses_is_released_and_a_cycle_that_never_waited_never_leaves(
+    world: World,
+) -> None:
+    from bindery.scheduling.decisions import Failure, Stage
+
+    refused = Status.failed(
+        Failure(kind=FailureKind.LEASE_EXPIRED, message="lease lost while queued", stage=Stage.PRE_BIND)
+    )
+    gate = RecordingGate(world.calls, status=refused)
+    result = await schedule_one(
+        pod=world.pod,
+        profile=world.profile(plugins=PluginSet(pre_bind=(Waiter(world.calls),))),
+        ports=world.ports(),
+        gate=gate,
+    )
+    assert result.failure is not None
+    assert result.failure.kind is FailureKind.LEASE_EXPIRED
+    assert world.calls.count("waiter.waited") == 0
+    assert world.calls.count("binder.bind") == 0
+    assert world.calls.names()[-1] == "gate.leave"
+
+    world.calls.log.clear()
+    result = await schedule_one(pod=world.pod, profile=world.profile(), ports=world.ports(), gate=gate)
+    assert result.bound
+    assert "gate.enter" not in world.calls.names()
+    assert "gate.leave" not in world.calls.names()

@@ -101,3 +101,21 @@ app.kubernetes.io/component: reference-rm
 {{- end }}
 {{- $names | uniq | join ", " }}
 {{- end }}
+
+{{- /*
+A ResourceManager spec with each namespace's share of its budgets (values namespaceShare), unless
+the spec sets them itself: maxInFlightPerNamespace and maxBindingWaitsPerNamespace, the fraction
+of maxInFlight and maxBindingWaits (their CRD defaults when unset), rounded up, at least 1.
+Called with (dict "spec" <spec> "share" .Values.namespaceShare); the spec is copied, not changed.
+*/ -}}
+{{- define "bindery.withNamespaceShares" -}}
+{{- $spec := deepCopy .spec -}}
+{{- $share := .share | default dict -}}
+{{- if and $share.inFlight (not (hasKey $spec "maxInFlightPerNamespace")) -}}
+{{- $_ := set $spec "maxInFlightPerNamespace" (max 1 (ceil (mulf (default 256 $spec.maxInFlight) $share.inFlight)) | int) -}}
+{{- end -}}
+{{- if and $share.bindingWaits (not (hasKey $spec "maxBindingWaitsPerNamespace")) -}}
+{{- $_ := set $spec "maxBindingWaitsPerNamespace" (max 1 (ceil (mulf (default 64 $spec.maxBindingWaits) $share.bindingWaits)) | int) -}}
+{{- end -}}
+{{- toYaml $spec -}}
+{{- end -}}

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bindery.config.selector import NamespaceSelector, SelectorError, parse_namespace_selector
+from bindery.scheduling.binding import DEFAULT_MAX_BINDING_WAITS
 from bindery.scheduling.queue import DEFAULT_MAX_IN_FLIGHT
 from bindery.scheduling.revocation import OnRevoked
 
@@ -53,6 +54,10 @@ class ResourceManagerConfig:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     #: At most this many of them per namespace (spec.maxInFlightPerNamespace); None: no share.
     max_in_flight_per_namespace: int | None = None
+    #: Pods waiting in PreBind at once, outside the in-flight budget (spec.maxBindingWaits).
+    max_binding_waits: int = DEFAULT_MAX_BINDING_WAITS
+    #: At most this many of them per namespace (spec.maxBindingWaitsPerNamespace); None: no share.
+    max_binding_waits_per_namespace: int | None = None
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 10.0
     node_check: str = "Full"
@@ -144,6 +149,14 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
         max_in_flight_per_namespace=(
             int(_number(spec["maxInFlightPerNamespace"], "spec.maxInFlightPerNamespace", low=1))
             if spec.get("maxInFlightPerNamespace") is not None
+            else None
+        ),
+        max_binding_waits=int(
+            _number(spec.get("maxBindingWaits", DEFAULT_MAX_BINDING_WAITS), "spec.maxBindingWaits", low=1)
+        ),
+        max_binding_waits_per_namespace=(
+            int(_number(spec["maxBindingWaitsPerNamespace"], "spec.maxBindingWaitsPerNamespace", low=1))
+            if spec.get("maxBindingWaitsPerNamespace") is not None
             else None
         ),
         backoff_initial_seconds=initial,

@@ -34,7 +34,7 @@ from bindery.logcontext import log_context
 from bindery.rm.errors import RMError
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
 from bindery.scheduling.decisions import REASON_UNSCHEDULABLE, FailureKind, Outcome
-from bindery.scheduling.framework import Ports, Profile
+from bindery.scheduling.framework import BindingGate, Ports, Profile
 from bindery.scheduling.placementrules import PodPlacementRules, wake_on
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import ConditionWriter, EventSink, PodGone
@@ -65,8 +65,12 @@ class Attempts:
         on_released_departed: Callable[[], None],
         on_dropped: Callable[[str], None],
         preemptions: Preemptions | None = None,
+        gate: BindingGate | None = None,
     ) -> None:
+        """`gate`: where a cycle waiting in PreBind goes (the runner's binding pool); None: it waits
+        in its slot."""
         self._profile = profile
+        self._gate = gate
         self._preemptions = preemptions
         self._queue = queue
         self._unconfirmed = unconfirmed
@@ -163,7 +167,7 @@ class Attempts:
             asked = dataclasses.replace(pod, preemption_policy="Never")
         try:
             result = await schedule_one(
-                pod=asked, profile=self._profile(), ports=self.ports, throttle=self._throttle
+                pod=asked, profile=self._profile(), ports=self.ports, throttle=self._throttle, gate=self._gate
             )
         except asyncio.CancelledError:  # paused or stopped: the cycle has unreserved; requeue
             self._queue.done(pod.uid, outcome=Outcome.ERROR)

@@ -369,7 +369,8 @@ class _StateCollector(Collector):
         depth = GaugeMetricFamily(
             "bindery_queue_pods",
             "Pods in each ResourceManager's scheduling queue, by queue: active, backoff, "
-            "unschedulable, in_flight.",
+            "unschedulable, in_flight, binding (waiting in PreBind outside maxInFlight: in the "
+            "binding pool or its queue).",
             labels=["resource_manager", "queue"],
         )
         pending = GaugeMetricFamily(
@@ -382,12 +383,13 @@ class _StateCollector(Collector):
             "bindery_queue_moved_pods",
             "Pods moved out of the unschedulable pool by an event that could make them fit, by event: "
             "placed-pod (a pod on a node added, changed or removed, for pods the placement rules "
-            "refused), node, released (a reservation), namespace (relabelled), other (kube-scheduler's "
+            "refused), node, node-deleted (pods a topology spread refused), released (a "
+            "reservation), namespace (relabelled), other (kube-scheduler's "
             'scheduler_queue_incoming_pods_total{queue="active"|"backoff"}, by event).',
             labels=["resource_manager", "event"],
         )
         for name, stats in sorted(self._queues().items()):
-            for queue in ("active", "backoff", "unschedulable", "in_flight"):
+            for queue in ("active", "backoff", "unschedulable", "in_flight", "binding"):
                 depth.add_metric([name, queue], getattr(stats, queue))
             for queue in PENDING_QUEUES:
                 pending.add_metric([name, queue], getattr(stats, queue))

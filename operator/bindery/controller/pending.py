@@ -272,11 +272,14 @@ class PendingPods:
 
     def on_node_event(self, *, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A Node added, or changed where placement looks (labels, taints, cordon, capacity,
-        readiness), may make parked pods fit: retry them. Heartbeats and other status churn do not,
-        and neither does a Node going away; a relist that repeats known Nodes moves nothing."""
+        readiness), may make parked pods fit: retry them. Heartbeats and other status churn do not;
+        a relist that repeats known Nodes moves nothing. A Node going away frees no room, but may
+        lift a topology spread's refusal: those pods alone are retried."""
         name = str((body.get("metadata") or {}).get("name") or "")
         if event_type == "DELETED":
-            self._nodes.pop(name, None)
+            if self._nodes.pop(name, None) is not None:
+                for runner in self._runners().values():
+                    runner.queue.node_deleted()
             return
         digest = _placement_digest(body)
         before = self._nodes.get(name)

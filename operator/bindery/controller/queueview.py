@@ -89,6 +89,7 @@ class QueueView:
                     "backoff": stats.backoff,
                     "unschedulable": stats.unschedulable,
                     "in_flight": stats.in_flight,
+                    "binding": stats.binding,
                 }
                 for name, runner in sorted(self._runners().items())
                 for stats in (runner.queue.stats(),)

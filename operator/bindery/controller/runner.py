@@ -32,7 +32,8 @@ from bindery.k8s import ApiClient
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError, RMUnauthorized
 from bindery.rm.models import Reservation
-from bindery.scheduling.framework import PluginSet, Ports, Profile, ReservationClient
+from bindery.scheduling.binding import BindingPool, admit
+from bindery.scheduling.framework import CycleContext, PluginSet, Ports, Profile, ReservationClient, Status
 from bindery.scheduling.nodecheck import NodeCheckMode
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.queue import BackoffPolicy, QueueClosed, SchedulingQueue
@@ -113,6 +114,10 @@ class ProfileRunner:
             max_in_flight_per_namespace=config.max_in_flight_per_namespace,
             backoff=_backoff(config),
         )
+        #: The PreBind waits, apart from the queue's in-flight budget (see `enter`).
+        self.binding = BindingPool(
+            size=config.max_binding_waits, per_namespace=config.max_binding_waits_per_namespace
+        )
         self.active = False
         self.reachable: bool | None = None
         self.reach_message: str | None = None
@@ -140,6 +145,7 @@ class ProfileRunner:
             on_released_departed=self._released_by_departure,
             on_dropped=on_dropped,
             preemptions=preemptions,
+            gate=self,
         )
         self._ports = self.attempts.ports
         self._api = api
@@ -164,6 +170,8 @@ class ProfileRunner:
 
         self._workers: list[asyncio.Task[None]] = []
         self._busy: set[asyncio.Task[Any]] = set()  # workers inside a cycle
+        #: former workers whose cycle waits apart (see `enter`); they end with their cycle
+        self._binders: set[asyncio.Task[Any]] = set()
         self._retiring = 0  # busy workers to stop once their cycle ends (the budget shrank)
         self._retired_clients: set[ResourceManagerClient] = set()
         self._closing: set[asyncio.Task[None]] = set()
@@ -182,12 +190,14 @@ class ProfileRunner:
         self.active = False
         await self.podgroups.pause()
         self._unfollow_bound_pods()
-        for task in self._workers:
+        tasks = [*self._workers, *self._binders]
+        for task in tasks:
             task.cancel()
-        for task in self._workers:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._workers.clear()
+        self._binders.clear()
         self._retiring = 0
 
     async def stop(self) -> None:
@@ -224,6 +234,9 @@ class ProfileRunner:
             max_in_flight=config.max_in_flight,
             max_in_flight_per_namespace=config.max_in_flight_per_namespace,
             backoff=_backoff(config),
+        )
+        self.binding.reconfigure(
+            size=config.max_binding_waits, per_namespace=config.max_binding_waits_per_namespace
         )
         if self.active:
             self._resize_workers(config.max_in_flight)
@@ -368,6 +381,28 @@ class ProfileRunner:
             self.token_refused = False
         return before != (self.reachable, self.reach_message)
 
+    # -- binding apart (the cycles' BindingGate) --------------------------------------------------
+
+    async def enter(self, *, ctx: CycleContext) -> Status:
+        """A cycle's PreBind is about to wait: its slot and its worker go to the next pod.
+
+        The queue stops counting the pod in flight; the worker running the cycle leaves the
+        workers (a new one takes its place) and ends with the cycle; the pod then waits for its
+        place in the binding pool, queued while the pool is full.
+        """
+        self.queue.binding(ctx.pod.uid)
+        me = asyncio.current_task()
+        if me is not None and me in self._workers:
+            self._workers.remove(me)
+            self._busy.discard(me)
+            self._binders.add(me)
+            if self.active:
+                self._resize_workers(self.config.max_in_flight)
+        return await admit(ctx=ctx, pool=self.binding)
+
+    def leave(self, *, ctx: CycleContext) -> None:
+        self.binding.release(ctx.pod.uid)
+
     # -- workers --------------------------------------------------------------------------------
 
     def _resize_workers(self, count: int) -> None:
@@ -411,3 +446,6 @@ class ProfileRunner:
                 await self.attempts.run(pod)
             finally:
                 self._busy.discard(me)
+            if me in self._binders:  # its cycle waited apart: a new worker took its place
+                self._binders.discard(me)
+                return

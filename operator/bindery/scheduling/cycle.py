@@ -21,6 +21,9 @@ Invariants the tests pin down:
   gone or bound by someone else; repeats are throttled (:class:`~bindery.scheduling.throttle.
   EventThrottle`) and an unchanged condition is not rewritten.
 * PostBind plugins cannot change the outcome: their exceptions are logged and ignored.
+* A PreBind plugin that waits (``ctx.wait_apart()``) moves the rest of the cycle out of the
+  scheduling budget into the binding pool (``gate``); the order of the points and of unreserve is
+  the same, and the pool's place is given back once the cycle ended.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from bindery.scheduling.defaults import (
     lease_of,
 )
 from bindery.scheduling.framework import (
+    BindingGate,
     BindPlugin,
     CycleContext,
     Ports,
@@ -133,13 +137,29 @@ def plugin_chain(*, profile: Profile) -> PluginChain:
 
 
 async def schedule_one(
-    *, pod: PodInfo, profile: Profile, ports: Ports, throttle: EventThrottle | None = None
+    *,
+    pod: PodInfo,
+    profile: Profile,
+    ports: Ports,
+    throttle: EventThrottle | None = None,
+    gate: BindingGate | None = None,
 ) -> CycleOutcome:
     """Run one binding cycle for ``pod`` (popped from the profile's queue) and report failures.
 
     ``throttle`` rate-limits FailedScheduling events; share one per profile across cycles.
+    ``gate``: where a PreBind plugin that waits sends the pod (the binding pool); its place there
+    is given back when the cycle ends, however it ends. ``None``: such a plugin waits in the slot.
     """
-    ctx = CycleContext(pod=pod, profile=profile, ports=ports)
+    ctx = CycleContext(pod=pod, profile=profile, ports=ports, gate=gate)
+    try:
+        return await _cycle(ctx, throttle)
+    finally:
+        if gate is not None and ctx.apart:
+            gate.leave(ctx=ctx)
+
+
+async def _cycle(ctx: CycleContext, throttle: EventThrottle | None) -> CycleOutcome:
+    pod, profile = ctx.pod, ctx.profile
     chain = traced(plugin_chain(profile=profile))  # spans around each plugin when tracing is on
     binding = False
     try:

@@ -24,6 +24,11 @@ cannot touch other pods.  The semantics follow kube-scheduler:
 * Bind plugins run in order until one does not return ``SKIP``.
 * PostBind plugins run after a successful bind; they are informational and cannot change the
   outcome (an exception is logged and ignored).
+* A PreBind plugin about to wait (a volume being provisioned, later a device's binding conditions)
+  first awaits :meth:`CycleContext.wait_apart`: the pod leaves the scheduling budget for the
+  binding pool (:class:`BindingGate`), as kube-scheduler's binding cycle runs apart from its
+  scheduling cycle, so that its wait holds back no other pod. The rest of the cycle (the wait, the
+  other PreBind plugins, Bind, PostBind, or Unreserve) runs there, in the same order.
 
 A plugin that raises is treated as if it returned an ``ERROR`` status naming it.
 """
@@ -56,6 +61,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RESERVATION_ANNOTATION",
     "BindPlugin",
+    "BindingGate",
     "Code",
     "CycleContext",
     "PluginSet",
@@ -209,6 +215,19 @@ class PostBindPlugin(Protocol):
     async def post_bind(self, *, ctx: CycleContext) -> None: ...
 
 
+class BindingGate(Protocol):
+    """Where a cycle goes to wait apart from scheduling (:meth:`CycleContext.wait_apart`).
+
+    ``enter`` moves the pod out of the in-flight budget and returns once the binding pool admits it
+    (a failure status if it cannot wait any more: the pod gone, its lease lost); ``leave`` frees its
+    place when the cycle ends, whatever happened (it must tolerate a pod never admitted).
+    """
+
+    async def enter(self, *, ctx: CycleContext) -> Status: ...
+
+    def leave(self, *, ctx: CycleContext) -> None: ...
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PluginSet:
     """The plugins a ResourceManager enables *in addition to* the defaults (or, for Bind, instead)."""
@@ -261,6 +280,20 @@ class CycleContext:
     #: Weighted node preferences from PreFilter plugins, added to the pod's own preferred node
     #: affinity (contract v1.2 ``placement.preferredNodeAffinity``; see `preferred_node_terms`).
     node_preferences: list[tuple[int, Mapping[str, Any]]] = dataclasses.field(default_factory=list)
+    #: Where a waiting PreBind plugin sends the pod (``None``: it waits in its scheduling slot, as a
+    #: pod group's members and the tests' bare cycles do).
+    gate: BindingGate | None = None
+    #: The cycle went to wait apart (`wait_apart` was called): the gate's `leave` ends it.
+    apart: bool = False
+
+    async def wait_apart(self) -> Status:
+        """Call before a wait of unbounded length in PreBind: leave the scheduling budget for the
+        binding pool, queued while the pool is full. Success: the caller may wait now. Once per
+        cycle; a second call returns at once."""
+        if self.gate is None or self.apart:
+            return Status.success()
+        self.apart = True
+        return await self.gate.enter(ctx=self)
 
     def require_nodes(self, terms: Sequence[Mapping[str, Any]]) -> None:
         """Only nodes matching one of `terms` (nodeSelectorTerms) will do; the RM is told so."""

@@ -27,14 +27,19 @@ where one tenant could starve another:
   anti-affinity, host ports, a ReadWriteOncePod claim). :meth:`SchedulingQueue.wake` moves it back
   when such a placed pod is added, changed or removed (kube-scheduler's queueing hints, coarser:
   any change in scope wakes it, not only one that lifts the refusal); node events move it as they
-  move every parked pod; :data:`MAX_PARKED_SECONDS` caps the wait.  Before, it was retried on its
-  backoff alone (1–10 s), forever, whether anything had changed or not.
+  move every parked pod, and a Node deleted those with a DoNotSchedule topology spread
+  (:meth:`SchedulingQueue.node_deleted`); :data:`MAX_PARKED_SECONDS` caps the wait.  Before, it
+  was retried on its backoff alone (1–10 s), forever, whether anything had changed or not.
 * **In-flight bound.**  At most ``max_in_flight`` pods of one ResourceManager are between
   :meth:`~SchedulingQueue.pop` and :meth:`~SchedulingQueue.done`, so a burst of pods cannot
   overwhelm the RM; waiting pods stay ordered meanwhile.  Optionally at most
   ``max_in_flight_per_namespace`` of them per namespace, so one namespace's cycles (waiting on a
-  slow RM, or on a volume in PreBind) cannot hold every slot; a namespace at its share sits out of
-  the turns until one of its cycles ends.
+  slow RM) cannot hold every slot; a namespace at its share sits out of the turns until one of its
+  cycles ends.
+* **Binding apart.**  A pod whose PreBind waits (a volume being provisioned) leaves the in-flight
+  budget (:meth:`~SchedulingQueue.binding`) for the binding pool
+  (:mod:`bindery.scheduling.binding`) until its cycle ends: a namespace's pods waiting for volumes
+  that never come hold no slot and delay no other pod by more than a cycle.
 
 ``pop`` is the hot path: it is O(log n) (heaps with lazy deletion: a stale heap item is skipped
 when it surfaces, and the heaps are compacted when stale items dominate), never a scan.  Active
@@ -63,7 +68,7 @@ from bindery.scheduling.podspec import PodInfo
 #: the RM client batches the calls of concurrent cycles (`bindery.rm.batching`): 16 in flight made
 #: batches of a few operations and bound a 3,000-pod backlog at 140 pods/s, 256 at 326 pods/s
 #: (`benchmarks/ceiling.py --max-in-flight N`, benchmarks/PROFILE.md). A pod waiting in PreBind
-#: for its volume also holds a slot, so a small bound lets a few such pods hold up the rest.
+#: for its volume leaves its slot for the binding pool (`bindery.scheduling.binding`).
 DEFAULT_MAX_IN_FLIGHT = 256
 
 __all__ = [
@@ -155,6 +160,8 @@ class QueueStats:
     backoff: int
     unschedulable: int
     in_flight: int
+    #: pods whose cycle waits in PreBind apart from the in-flight budget (the binding pool or its queue)
+    binding: int = 0
     #: pods moved out of the unschedulable pool, by the event that moved them (since start)
     moved: tuple[tuple[str, int], ...] = ()
 
@@ -167,7 +174,7 @@ class QueueStats:
 class QueuePosition:
     """Where one pod is in the queue, for people asking why it waits (`bindery explain`)."""
 
-    #: active, backoff, unschedulable or in-flight
+    #: active, backoff, unschedulable, in-flight or binding
     queue: str
     #: failed attempts so far
     attempts: int
@@ -183,6 +190,8 @@ class _State(enum.Enum):
     BACKOFF = "backoff"
     UNSCHEDULABLE = "unschedulable"
     IN_FLIGHT = "in-flight"
+    #: popped, its cycle waiting in PreBind outside the in-flight budget (see `binding`)
+    BINDING = "binding"
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -203,6 +212,9 @@ class _Entry:
     #: While parked unschedulable after a rules refusal: the placed-pod changes that wake it.
     wake_on: WakeOn | None = None
 
+
+#: popped and not done yet: in a cycle, in a slot or waiting apart
+_POPPED = (_State.IN_FLIGHT, _State.BINDING)
 
 # (-priority, created, tiebreak, uid, generation)
 _ActiveItem = tuple[int, float, int, str, int]
@@ -300,6 +312,7 @@ class SchedulingQueue:
             backoff=self._counts[_State.BACKOFF],
             unschedulable=self._counts[_State.UNSCHEDULABLE],
             in_flight=self._counts[_State.IN_FLIGHT],
+            binding=self._counts[_State.BINDING],
             moved=tuple(sorted(self._moved.items())),
         )
 
@@ -368,7 +381,7 @@ class SchedulingQueue:
         changed = pod.placement_inputs() != entry.pod.placement_inputs()
         reordered = pod.priority != entry.pod.priority or pod.created != entry.pod.created
         entry.pod = pod
-        if entry.state is _State.IN_FLIGHT:
+        if entry.state in _POPPED:
             entry.forgotten = False
             entry.changed_in_flight = entry.changed_in_flight or changed
         elif entry.state is _State.ACTIVE and reordered:
@@ -382,7 +395,7 @@ class SchedulingQueue:
         entry = self._entries.get(uid)
         if entry is None:
             return
-        if entry.state is _State.IN_FLIGHT:
+        if entry.state in _POPPED:
             entry.forgotten = True  # ``done`` frees the slot and drops it
             return
         self._remove(entry)
@@ -438,6 +451,24 @@ class SchedulingQueue:
             self._leave_unschedulable(self._entries[uid], now=now)
         self._moved[event] += len(uids)
         log.debug("moved %d rules-refused pods back: %s in %s", len(uids), event, touch.namespace)
+        return len(uids)
+
+    def node_deleted(self, *, event: str = "node-deleted") -> int:
+        """A Node went away: move back the pods the placement rules refused that have a
+        DoNotSchedule topology spread (its domain may no longer count in the skew's minimum, as
+        kube-scheduler's PodTopologySpread registers Node deletions). A deletion frees no room for
+        a pod the RM refused, and an anti-affinity is lifted by its pods' deletions, so the others
+        stay. Returns how many moved."""
+        uids = [
+            uid
+            for uid in self._unschedulable
+            if (entry := self._entries[uid]).wake_on is not None and entry.pod.rules.spread
+        ]
+        now = self._clock.now()
+        for uid in uids:
+            self._leave_unschedulable(self._entries[uid], now=now)
+        if uids:
+            self._moved[event] += len(uids)
         return len(uids)
 
     # -- consumers -----------------------------------------------------------------------------
@@ -496,6 +527,16 @@ class SchedulingQueue:
                 self._wakeup.clear()
                 await self._clock.wait(self._wakeup, delay=self._next_timer_delay())
 
+    def binding(self, uid: str) -> None:
+        """The popped pod's cycle waits in PreBind from now on: its in-flight slot goes to the next
+        pod (its namespace's share too); :meth:`done` still ends its cycle. Idempotent."""
+        entry = self._entries.get(uid)
+        if entry is None or entry.state not in _POPPED:
+            raise KeyError(f"pod {uid} is not in flight; only a popped pod's cycle may wait apart")
+        if entry.state is _State.IN_FLIGHT:
+            self._set_state(entry, _State.BINDING)
+            self._wakeup.set()
+
     def done(
         self,
         uid: str,
@@ -515,7 +556,7 @@ class SchedulingQueue:
         (:meth:`wake`), a node event or the flush, whatever ``until_event`` says.
         """
         entry = self._entries.get(uid)
-        if entry is None or entry.state is not _State.IN_FLIGHT:
+        if entry is None or entry.state not in _POPPED:
             raise KeyError(f"pod {uid} is not in flight; call done() once per pop()")
         self._wakeup.set()
         if entry.forgotten or outcome in (Outcome.BOUND, Outcome.DROPPED):

@@ -22,7 +22,10 @@ mount it. The three extension points:
   ``volume.kubernetes.io/selected-node`` that tells the provisioner where to create the volume.
   Then it waits, bounded by the ResourceManager's ``volumeBindTimeoutSeconds`` (kube-scheduler's
   ``bindTimeoutSeconds``, 600 s by default), until every claim is bound to a volume that can be on
-  that node, renewing the reservation's lease meanwhile. Only then is the Binding sent.
+  that node, renewing the reservation's lease meanwhile. Only then is the Binding sent. A claim not
+  bound at the first look makes the pod wait apart (``ctx.wait_apart``): out of the scheduling
+  slots, in the binding pool (:mod:`bindery.scheduling.binding`), so that pods waiting for volumes
+  never hold back the scheduling of other pods.
 * **Unreserve** — on any later failure (timeout, a volume on the wrong node, the Binding refused) the
   selected-node annotations this cycle set are removed from claims still unbound, so the provisioner
   does not create a volume for a placement that no longer holds; the reservation is then released.
@@ -701,6 +704,7 @@ class VolumeBinding:
         deadline = loop.time() + ctx.profile.volume_bind_timeout_seconds
         waiting = [view.name for view in state.claims]
         selected = dict(state.selected)
+        apart = False  # whether it asked to wait apart yet
         while True:
             if ctx.ports.pods.get(ctx.pod.uid) is None:
                 return Status.failed(
@@ -721,16 +725,21 @@ class VolumeBinding:
             if not still:
                 return Status.success()
             waiting = still
+            if not apart:
+                apart = True
+                # Waiting from here on: out of the scheduling slots, into the binding pool (queued
+                # there while it is full, the time counted against the same timeout).
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        status = await ctx.wait_apart()
+                except TimeoutError:
+                    return Status.failed(self._timed_out(ctx, node, still, " (the binding pool stayed full)"))
+                if not status.ok:
+                    return status
+                continue  # look again at once: the claims may have been bound meanwhile
             left = deadline - loop.time()
             if left <= 0:
-                return Status.failed(
-                    self._failure(
-                        FailureKind.PLUGIN_ERROR,
-                        f"binding volumes: timed out after {ctx.profile.volume_bind_timeout_seconds:g} s "
-                        f"waiting for claim(s) {', '.join(sorted(still))} to be bound on node "
-                        f'"{node.name}" (is their provisioner running?)',
-                    )
-                )
+                return Status.failed(self._timed_out(ctx, node, still, " (is their provisioner running?)"))
             # Keeps the reservation alive while the provisioner works (renews when it runs low).
             if await call_budget(ctx, cap=POLL_SECONDS, needed=MIN_CALL_SECONDS) is None:
                 return Status.failed(
@@ -774,6 +783,14 @@ class VolumeBinding:
                     f'"{node.name}"',
                 )
         return still
+
+    def _timed_out(self, ctx: CycleContext, node: NodeProjection, still: Sequence[str], why: str) -> Failure:
+        return self._failure(
+            FailureKind.PLUGIN_ERROR,
+            f"binding volumes: timed out after {ctx.profile.volume_bind_timeout_seconds:g} s "
+            f"waiting for claim(s) {', '.join(sorted(still))} to be bound on node "
+            f'"{node.name}"{why}',
+        )
 
     def _failure(self, kind: FailureKind, message: str) -> Failure:
         return Failure(kind=kind, message=message, stage=Stage.PRE_BIND, plugin=self.name)
