@@ -551,34 +551,25 @@ class Preemptions:
                 return True
             raise
         path = resources.PODS.path(namespace=namespace, name=name, subresource="eviction")
-        status, payload = await answer_of(
-            self._api,
-            "POST",
-            path,
-            body=eviction(namespace, name, uid),
-            request_timeout=_TIMEOUT,
-            what=f"evicting {namespace}/{name}",
-        )
-        if status == 429:  # the pod stays: it is no disruption target after all
-            condition = {
-                **condition,
-                "status": "False",
-                "message": "eviction refused by a PodDisruptionBudget",
-            }
-            await patch(
+        try:
+            status, payload = await answer_of(
                 self._api,
-                resources.PODS,
-                namespace=namespace,
-                name=name,
-                subresource="status",
-                body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
-                content_type=STRATEGIC_PATCH,
+                "POST",
+                path,
+                body=eviction(namespace, name, uid),
                 request_timeout=_TIMEOUT,
+                what=f"evicting {namespace}/{name}",
             )
+        except ApiError as error:  # a timeout or a dropped connection: not evicted, as far as known
+            await self._not_a_target(victim, condition, f"the eviction failed: {error}")
+            raise
+        if status == 429:  # the pod stays: it is no disruption target after all
+            await self._not_a_target(victim, condition, "eviction refused by a PodDisruptionBudget")
             return False
         if status in (404, 409):  # gone, or recreated (the uid precondition): not evicted by this plan
             return True
         if status >= 300:
+            await self._not_a_target(victim, condition, f"the eviction failed: HTTP {status}")
             raise ApiError(
                 payload.decode(errors="replace")[:500], status=status, what=f"evicting {namespace}/{name}"
             )
@@ -586,6 +577,29 @@ class Preemptions:
         node = plan.node_of(victim)
         await self._event(pod.pod_on(plan, node), node, namespace=namespace, name=name, uid=uid)
         return True
+
+    async def _not_a_target(self, victim: PreemptionVictim, condition: dict[str, Any], why: str) -> None:
+        """Take back ``DisruptionTarget`` from a victim whose eviction did not happen: the pod keeps
+        running, and tools (and its own controllers) must not see it as about to go. kube-scheduler
+        leaves the condition to the disruption controller's two-minute cleanup; Bindery knows at
+        once. Best effort: a failure is logged and the controller's cleanup remains."""
+        namespace, name, uid = victim.pod.namespace, victim.pod.name, victim.pod.uid
+        cleared = {**condition, "status": "False", "message": why[:1000]}
+        try:
+            await patch(
+                self._api,
+                resources.PODS,
+                namespace=namespace,
+                name=name,
+                subresource="status",
+                body={"metadata": {"uid": uid}, "status": {"conditions": [cleared]}},
+                content_type=STRATEGIC_PATCH,
+                request_timeout=_TIMEOUT,
+            )
+        except ApiError as error:
+            self._logger.warning(
+                f"could not clear DisruptionTarget on {namespace}/{name}, which was not evicted: {error}"
+            )
 
     async def _event(self, pod: PodInfo, node: str, *, namespace: str, name: str, uid: str) -> None:
         victim = PodInfo(uid=uid, namespace=namespace, name=name, scheduler_name=pod.scheduler_name)
