@@ -111,18 +111,12 @@ class Shape:
             }
         )
 
-    def preemptor(self) -> PodInfo:
-        body = PREEMPTOR_BODY
-        if self.never:
-            body = {**body, "spec": {**body["spec"], "preemptionPolicy": "Never"}}
-        return PodInfo.from_body(body)
-
     def preemptor_body(self) -> dict[str, Any]:
-        return self.preemptor_spec({"preemptionPolicy": "Never"} if self.never else {})
+        policy = {"preemptionPolicy": "Never"} if self.never else {}
+        return {**PREEMPTOR_BODY, "spec": {**PREEMPTOR_BODY["spec"], **policy}}
 
-    @staticmethod
-    def preemptor_spec(extra: dict[str, Any]) -> dict[str, Any]:
-        return {**PREEMPTOR_BODY, "spec": {**PREEMPTOR_BODY["spec"], **extra}}
+    def preemptor(self) -> PodInfo:
+        return PodInfo.from_body(self.preemptor_body())
 
     def honest(self) -> bool:
         """Every rule of the issue, stated here apart from Bindery's code."""
