@@ -50,8 +50,6 @@ SLOW_FIXTURES = ("image",)
 SLOW_TESTS = (
     # 29 s, 16 s and 15 s: a leader and a standby as processes, SIGKILLed and SIGSTOPped
     "operator/test_leader_processes.py",
-    # 21 s: eight lying preemption plans, one of them unasked inside a 10 s preemption back-off
-    "operator/test_preemption_lying_rm.py::test_a_lying_rms_plans_evict_nobody",
     # 26 s (call): 25 s of node events while a PDB-blocked preemptor backs off
     "operator/test_preemption_plane.py::test_a_preemptor_blocked_by_a_pdb_backs_off_instead_of_looping",
     # 83 s
