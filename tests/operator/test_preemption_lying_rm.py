@@ -18,7 +18,7 @@ eviction kube-scheduler would not make.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -99,12 +99,31 @@ async def test_a_lying_rms_plans_evict_nobody(
     bindery: Bindery,
     uniq: Callable[[str], str],
 ) -> None:
+    nodes = {uniq("lie-a"): {POOL: uniq("lie-a")}, uniq("lie-b"): {POOL: uniq("lie-b")}}
+    for node, labels in nodes.items():
+        await create_node(kube_api, name=node, labels=labels)
+    try:
+        await lying_rm_evicts_nobody(api=kube_api, namespace=namespace, nodes=nodes, uniq=uniq)
+    finally:
+        for node in nodes:
+            with contextlib.suppress(client.ApiException):
+                await client.CoreV1Api(kube_api).delete_node(name=node)
+
+
+async def lying_rm_evicts_nobody(
+    *,
+    api: client.ApiClient,
+    namespace: str,
+    nodes: Mapping[str, Mapping[str, str]],
+    uniq: Callable[[str], str],
+) -> None:
+    """The scenario, on two Nodes (``nodes``: name -> the labels a nodeSelector picks it by) and an
+    operator already running; tests/cluster/test_hostile_tenants.py runs it on kwok nodes."""
+    kube_api = api
+    (node_a, labels_a), (node_b, _) = nodes.items()
     token = uniq("t")
-    node_a, node_b = uniq("lie-a"), uniq("lie-b")
     core = client.CoreV1Api(kube_api)
     await core.patch_namespace(name=namespace, body={"metadata": {"labels": {SCOPE: token}}})
-    for node in (node_a, node_b):
-        await create_node(kube_api, name=node, labels={POOL: node})
     liar = FakeRM(slots={}, features=["cluster-id", "preemption"])
     old = FakeRM(slots={})  # no /v1/info: an RM of contract v1.1, which never negotiated preemption
     scheduler, old_scheduler = uniq("lying"), uniq("lying-v11")
@@ -130,11 +149,9 @@ async def test_a_lying_rms_plans_evict_nobody(
                 victims.append(created)
                 return created
 
-            async def preemptor(
-                name: str, *, by: str = scheduler, cls: str = "high", on: str = node_a
-            ) -> dict[str, Any]:
+            async def preemptor(name: str, *, by: str = scheduler, cls: str = "high") -> dict[str, Any]:
                 body = pod_body(
-                    name=name, scheduler_name=by, priorityClassName=classes[cls], nodeSelector={POOL: on}
+                    name=name, scheduler_name=by, priorityClassName=classes[cls], nodeSelector=dict(labels_a)
                 )
                 return await _admitted(kube_api, namespace=namespace, body=body)
 
@@ -249,6 +266,3 @@ async def test_a_lying_rms_plans_evict_nobody(
                     namespace=body["metadata"]["namespace"],
                     grace_period_seconds=0,
                 )
-        for node in (node_a, node_b):
-            with contextlib.suppress(client.ApiException):
-                await core.delete_node(name=node)
