@@ -10,6 +10,7 @@ pod really ends (its reservation is released).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import pathlib
 import uuid
@@ -20,6 +21,7 @@ from kubernetes_asyncio import client
 from bindery.devcluster.plane import ControlPlane
 from bindery.scheduling.queue import SchedulingQueue
 from tests.operator.conftest import Bindery, condition, create_pod, delete_rm, node_of, pod_body, read_pod
+from tests.operator.test_preemption_lying_rm import lying_rm_evicts_nobody
 from tests.realrm import RMProcess, serve_with
 from tests.workloads import POOL, eventually, kwok_pool
 
@@ -108,3 +110,34 @@ async def test_a_tenants_create_delete_loop_does_not_retry_another_namespaces_pa
         await delete_rm(cluster_api, name=rm_name)
         await operator.stop()
         await core.delete_namespace(name=tenant)
+
+
+async def test_a_lying_rms_plans_evict_nobody_on_kwok_nodes(
+    *,
+    cluster: ControlPlane,
+    cluster_api: client.ApiClient,
+    cluster_operator_kubeconfig: pathlib.Path,
+    cluster_namespace: str,
+) -> None:
+    """Issue 35 on the cluster plane: the lying RM of tests/operator/test_preemption_lying_rm.py,
+    its victims running on kwok nodes (which would finish their termination), with
+    kube-controller-manager's disruption controller and kube-scheduler beside Bindery."""
+    token = uuid.uuid4().hex[:6]
+    nodes: dict[str, dict[str, str]] = {}
+    for side in ("a", "b"):
+        pool = f"lie{side}-{token}"
+        (node,) = await kwok_pool(
+            cluster_api, pool=pool, count=1, capacity={"cpu": "4", "memory": "8Gi", "pods": "20"}
+        )
+        nodes[node] = {POOL: pool}
+    operator = Bindery(kubeconfig=cluster_operator_kubeconfig)
+    await operator.start()
+    try:
+        await lying_rm_evicts_nobody(
+            api=cluster_api, namespace=cluster_namespace, nodes=nodes, uniq=lambda prefix: f"{prefix}-{token}"
+        )
+    finally:
+        await operator.stop()
+        for node in nodes:
+            with contextlib.suppress(client.ApiException):
+                await client.CoreV1Api(cluster_api).delete_node(name=node)

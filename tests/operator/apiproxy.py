@@ -26,6 +26,9 @@ resumes from a resourceVersion with what the apiserver says once that version is
 `open_pod_watches` holds the field selector of every pod watch stream open now (the tests count
 the operator's watches with it).
 
+`eviction_status`, when set, is the HTTP status every real eviction (a POST to `pods/{name}/eviction`
+without `dryRun`) is answered with, unforwarded: an apiserver failing mid-preemption. Dry runs pass.
+
 `bound_pod_list_status`, when set, is the HTTP status every list of a served name's bound pods (a
 GET of a `pods` collection whose field selector has `spec.nodeName!=` and `spec.schedulerName=`,
 not a watch) is answered with, unforwarded. The placed-pod watch of the inter-pod rules (every
@@ -49,6 +52,7 @@ from bindery.devcluster.plane import ControlPlane
 from tests.operator.fakerm import serve_app
 
 _BINDING = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/binding$")
+_EVICTION = re.compile(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/eviction$")
 _POD_LISTS = re.compile(r"^/api/v1/(namespaces/[^/]+/)?pods$")
 _EXPIRED = (
     json.dumps(
@@ -89,6 +93,9 @@ class ApiProxy:
     #: held pod watches answered "410 Gone" when `blind_pod_lists` was cleared
     expired_pod_watches: int = 0
     bound_pod_list_status: int | None = None
+    eviction_status: int | None = None
+    #: real evictions answered with `eviction_status`
+    failed_evictions: int = 0
     #: lists of bound pods answered with `bound_pod_list_status`
     failed_bound_pod_lists: int = 0
 
@@ -149,6 +156,12 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
             assert request.transport is not None
             request.transport.abort()  # the operator never gets an answer
             raise asyncio.CancelledError
+        evicting = request.method == "POST" and _EVICTION.match(request.path) is not None
+        if evicting and proxy.eviction_status and not request.query.get("dryRun"):
+            proxy.failed_evictions += 1
+            code = proxy.eviction_status
+            message = {"kind": "Status", "status": "Failure", "message": "injected", "code": code}
+            return web.Response(status=code, content_type="application/json", text=json.dumps(message))
         pod_list = request.method == "GET" and _POD_LISTS.match(request.path) is not None
         failing = proxy.bound_pod_list_status
         selector = request.query.get("fieldSelector", "")

@@ -4,6 +4,10 @@ It speaks contract v1 over real HTTP (aiohttp), keeps reservations in memory and
 node, and can be told to misbehave: refuse connections, hang, answer 500, answer a malformed body,
 or choose a given node regardless of capacity. The reference RM covers correct behaviour; this one
 exists for the failures the reference RM never produces.
+
+With ``features`` set it also answers ``GET /v1/info`` (contract v1.2) and, with ``plans``, attaches
+whatever preemption plan it is told to an Unschedulable answer, asked for or not: a lying RM, which
+the reference RM (it vets its own plans) cannot be made into.
 """
 
 from __future__ import annotations
@@ -43,6 +47,18 @@ class FakeRM:
     on_replay: Callable[[dict[str, Any]], Awaitable[None]] | None = None
     reserve_order: list[str] = dataclasses.field(default_factory=list)  # pod names reserved, in order
     reserve_attempts: list[str] = dataclasses.field(default_factory=list)  # pod names of every call
+    #: ``GET /v1/info``'s features (contract v1.2); None: no such path (an RM of v1.1)
+    features: list[str] | None = None
+    #: pod name -> the preemption plan (contract JSON) its Unschedulable answer carries, whatever
+    #: the reserve asked; the pod then never fits
+    plans: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: pod name -> the plan answered instead when its reserve asks for none (``preemptionPolicy``
+    #: absent or ``Never``)
+    unasked_plans: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: each reserve's body as received, by pod name (the last one)
+    reserve_bodies: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    confirmed: list[str] = dataclasses.field(default_factory=list)  # plan ids confirmed, in order
+    cancelled: list[str] = dataclasses.field(default_factory=list)  # plan ids cancelled, in order
     _ids: itertools.count[int] = dataclasses.field(default_factory=lambda: itertools.count(1))
 
     # -- queries for assertions ------------------------------------------------------------------
@@ -79,6 +95,7 @@ class FakeRM:
         body = await request.json()
         pod = body["pod"]
         self.reserve_attempts.append(pod["name"])
+        self.reserve_bodies[pod["name"]] = body
         if self.on_attempt is not None:
             await self.on_attempt(pod["name"])
         for existing in self.reservations.values():
@@ -87,7 +104,15 @@ class FakeRM:
                     await self.on_replay(existing)
                 return web.json_response(existing, status=200)
         node = self.place.get(pod["name"]) or self.choose or self._free_node()
-        if node is None or self.mode == "unschedulable" or pod["namespace"] in self.refuse_namespaces:
+        plan = self.plans.get(pod["name"])
+        if body.get("preemptionPolicy") != "PreemptLowerPriority":
+            plan = self.unasked_plans.get(pod["name"], plan)
+        if (
+            node is None
+            or plan is not None
+            or self.mode == "unschedulable"
+            or pod["namespace"] in self.refuse_namespaces
+        ):
             return web.json_response(
                 {
                     "type": PROBLEM + "unschedulable",
@@ -96,6 +121,7 @@ class FakeRM:
                     "detail": "no node has a free slot",
                     "reason": "all nodes are full",
                     **({"retryAfterSeconds": self.retry_after} if self.retry_after else {}),
+                    **({"preemption": plan} if plan is not None else {}),
                 },
                 status=409,
                 content_type="application/problem+json",
@@ -218,6 +244,39 @@ class FakeRM:
     async def ready(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def info(self, request: web.Request) -> web.Response:
+        if self.features is None:
+            return web.json_response(
+                {"type": "about:blank", "title": "not found", "status": 404},
+                status=404,
+                content_type="application/problem+json",
+            )
+        return web.json_response({"contractVersion": "1.2.4", "features": self.features})
+
+    def _plan(self, plan_id: str) -> dict[str, Any] | None:
+        plans = [*self.plans.values(), *self.unasked_plans.values()]
+        return next((plan for plan in plans if plan["planId"] == plan_id), None)
+
+    async def confirm(self, request: web.Request) -> web.Response:
+        plan_id = request.match_info["plan"]
+        self.calls.append(("confirm", plan_id))
+        plan = self._plan(plan_id)
+        if plan is None:
+            return web.json_response(
+                {"type": PROBLEM + "not-found", "title": "not found", "status": 404},
+                status=404,
+                content_type="application/problem+json",
+            )
+        self.confirmed.append(plan_id)
+        return web.json_response({**plan, "state": "confirmed"})
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        plan_id = request.match_info["plan"]
+        self.calls.append(("cancel", plan_id))
+        self.cancelled.append(plan_id)
+        plan = self._plan(plan_id)
+        return web.json_response({**plan, "state": "cancelled"} if plan is not None else {})
+
 
 @asynccontextmanager
 async def serve_fake_rm(rm: FakeRM) -> AsyncIterator[FakeRM]:
@@ -228,6 +287,9 @@ async def serve_fake_rm(rm: FakeRM) -> AsyncIterator[FakeRM]:
     app.router.add_post("/v1/reservations/{rid}/renew", rm.renew)
     app.router.add_delete("/v1/reservations/{rid}", rm.release)
     app.router.add_get("/readyz", rm.ready)
+    app.router.add_get("/v1/info", rm.info)
+    app.router.add_post("/v1/preemptions/{plan}:confirm", rm.confirm)
+    app.router.add_post("/v1/preemptions/{plan}:cancel", rm.cancel)
     async with serve_app(app, shutdown_timeout=0.1) as port:
         rm.url = f"http://127.0.0.1:{port}"
         yield rm

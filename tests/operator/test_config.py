@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 
 from bindery.config import ConfigError, parse_resource_manager, route_scheduler_names
+from bindery.scheduling.preemption import VictimScope
 
 
 def _body(name: str = "rm1", **spec: Any) -> dict[str, Any]:
@@ -37,6 +38,8 @@ def test_plain_http_needs_explicit_opt_in() -> None:
         ({"backoff": {"initialSeconds": 5, "maxSeconds": 2}}, "maxSeconds"),
         ({"nodeCheck": "Sometimes"}, "nodeCheck"),
         ({"auth": {"tokenSecretRef": {"name": "x"}}}, "namespace and name"),
+        ({"preemption": {"victims": "Everyone"}}, "spec.preemption.victims"),
+        ({"preemption": "Any"}, "spec.preemption must be an object"),
     ],
 )
 def test_bad_specs_are_refused_with_the_field_named(spec: dict[str, Any], match: str) -> None:
@@ -82,3 +85,10 @@ def test_the_per_namespace_share_of_max_in_flight_is_off_unless_set() -> None:
     assert (config.max_in_flight, config.max_in_flight_per_namespace) == (64, 16)
     with pytest.raises(ConfigError, match=r"spec\.maxInFlightPerNamespace is 0"):
         parse_resource_manager(body=_body(maxInFlightPerNamespace=0))
+
+
+def test_preemption_victims_are_the_served_pods_unless_set_to_any() -> None:
+    """Issue 35: an RM's plans may evict only pods it serves, unless its object says Any."""
+    assert parse_resource_manager(body=_body()).preemption_victims is VictimScope.SERVED
+    anyone = parse_resource_manager(body=_body(preemption={"victims": "Any"}))
+    assert anyone.preemption_victims is VictimScope.ANY

@@ -16,6 +16,7 @@ from bindery.controller.podgroups.placement import Placement
 from bindery.controller.preemption import Preemptions
 from bindery.scheduling.podgroups import PodGroupInfo
 from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.preemption import PlanScope
 
 INFO = PodGroupInfo(namespace="ml", name="train")
 MEMBERS = [
@@ -46,7 +47,12 @@ def _placement(preemptions: Preemptions | None) -> Placement:
 def test_a_group_asks_for_a_plan_unless_a_member_says_never_or_it_backs_off() -> None:
     now = [0.0]
     preemptions = Preemptions(
-        api=cast(Any, None), rm=cast(Any, None), logger=logging.getLogger("test"), clock=lambda: now[0]
+        api=cast(Any, None),
+        rm=cast(Any, None),
+        logger=logging.getLogger("test"),
+        scope=lambda: PlanScope(rm_name="rm"),
+        nodes=lambda name: None,
+        clock=lambda: now[0],
     )
     placement = _placement(preemptions)
     assert placement._preemption_policy(INFO, MEMBERS) == "PreemptLowerPriority"

@@ -19,7 +19,7 @@ from bindery.scheduling.placementrules import TAG_ANTI_AFFINITY
 from bindery.scheduling.podgroups import PodGroupInfo
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import NodeProjection
-from bindery.scheduling.preemption import Preemptor
+from bindery.scheduling.preemption import PlanScope, Preemptor
 from bindery.scheduling.queue import Touch, WakeOn
 
 
@@ -57,7 +57,13 @@ async def test_a_group_whose_members_all_left_forgets_its_preemption_back_off() 
     """A group's preemption back-off and plan were forgotten only when members bound. Deleted and
     recreated under the same name, the group inherited the back-off: its reserves carried
     `preemptionPolicy: Never` (no preemption) until the old back-off ended, up to 5 minutes."""
-    preemptions = Preemptions(api=cast(Any, None), rm=cast(Any, None), logger=logging.getLogger("test"))
+    preemptions = Preemptions(
+        api=cast(Any, None),
+        rm=cast(Any, None),
+        logger=logging.getLogger("test"),
+        scope=lambda: PlanScope(rm_name="rm"),
+        nodes=lambda name: None,
+    )
     key = Preemptor.of_group(namespace="ns", name="g", members=()).uid
     preemptions._back_off(key, "a budget protects every victim")
     assert preemptions.backed_off(key) is not None

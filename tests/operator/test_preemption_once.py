@@ -25,6 +25,8 @@ from bindery.controller.preemption import Preemptions
 from bindery.k8s import answer_of
 from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim, VictimPod
 from bindery.scheduling.podspec import PodInfo
+from bindery.scheduling.ports import NodeProjection
+from bindery.scheduling.preemption import PlanScope
 from tests.operator.conftest import create_pod, events_of, pod_body
 
 log = logging.getLogger(__name__)
@@ -80,10 +82,18 @@ async def test_two_cycles_meeting_one_plan_carry_it_out_once(
     )
     rm = _StubRM(plan)
     outcomes: list[str] = []
-    preemptions = Preemptions(api=kube_api, rm=rm, logger=log, count=outcomes.append)
+    preemptions = Preemptions(
+        api=kube_api,
+        rm=rm,
+        logger=log,
+        count=outcomes.append,
+        scope=lambda: PlanScope(rm_name="rm", scheduler_names=frozenset({scheduler})),
+        nodes=lambda name: NodeProjection(name=name),
+    )
 
     first, second = await asyncio.gather(
-        preemptions.carry_out(preemptor, plan), preemptions.carry_out(preemptor, plan)
+        preemptions.carry_out(preemptor, plan, asked="PreemptLowerPriority"),
+        preemptions.carry_out(preemptor, plan, asked="PreemptLowerPriority"),
     )
 
     assert (first, second) == (True, True)
@@ -129,7 +139,8 @@ async def test_a_victim_gone_before_its_eviction_gets_no_preempted_event(
         pod_uid=preemptor.uid,
         victims=[
             PreemptionVictim(
-                pod=VictimPod(namespace=namespace, name="victim", uid=victim["metadata"]["uid"]), frees={}
+                pod=VictimPod(namespace=namespace, name="victim", uid=victim["metadata"]["uid"]),
+                frees={"cpu": "100m"},
             )
         ],
         lease_seconds=60,
@@ -145,9 +156,16 @@ async def test_a_victim_gone_before_its_eviction_gets_no_preempted_event(
 
     monkeypatch.setattr(preemption, "answer_of", deleted_first)
     outcomes: list[str] = []
-    preemptions = Preemptions(api=kube_api, rm=_StubRM(plan), logger=log, count=outcomes.append)
+    preemptions = Preemptions(
+        api=kube_api,
+        rm=_StubRM(plan),
+        logger=log,
+        count=outcomes.append,
+        scope=lambda: PlanScope(rm_name="rm", scheduler_names=frozenset({scheduler})),
+        nodes=lambda name: NodeProjection(name=name),
+    )
 
-    assert await preemptions.carry_out(preemptor, plan)
+    assert await preemptions.carry_out(preemptor, plan, asked="PreemptLowerPriority")
 
     preempted = [
         e

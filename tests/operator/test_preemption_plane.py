@@ -227,6 +227,9 @@ async def pool_of(
                 endpoint=rm.url,
                 auth={"tokenSecretRef": {"namespace": namespace, "name": secret}},
                 backoff={"initialSeconds": 0.2, "maxSeconds": 1},
+                # The victims `place` binds are another scheduler's, which the reference RM counts
+                # (--mirror-nodes); the default, Served, would refuse them.
+                preemption={"victims": "Any"},
             ):
                 yield staged
     finally:

@@ -813,3 +813,88 @@ def _check_resources(world: _World, in_scope: set[str]) -> list[Violation]:
 
 def _fmt(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Evictions for a preemptor (DefaultPreemption, ``framework/preemption/preemption.go`` and
+# ``defaultpreemption/default_preemption.go`` ``SelectVictimsOnNode``)
+
+
+def _priority(pod: Obj) -> int:
+    return int((pod.get("spec") or {}).get("priority") or 0)
+
+
+def _fits(preemptor: Obj, node: Obj, pods: Sequence[Obj]) -> bool:
+    """Whether the preemptor's requests fit beside ``pods`` within the node's allocatable."""
+    allocatable = {k: quantity(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
+    used: dict[str, Fraction] = {}
+    for pod in pods:
+        _add(used, pod_requests(pod))
+    used["pods"] = Fraction(len(pods))
+    asks = {**pod_requests(preemptor), "pods": Fraction(1)}
+    return all(
+        used.get(resource, Fraction(0)) + amount <= allocatable.get(resource, Fraction(0))
+        for resource, amount in asks.items()
+        if amount > 0
+    )
+
+
+def eviction_violations(
+    *, preemptor: Obj, node: Obj, victims: Sequence[Obj], pods_on_node: Sequence[Obj] | None = None
+) -> list[Violation]:
+    """Why kube-scheduler's DefaultPreemption would not evict ``victims`` to place ``preemptor`` on
+    ``node``; empty when it might. ``victims`` are the Pods as they were just before the eviction.
+
+    - the preemptor must be allowed on the node by its own node rules (nodeSelector, required node
+      affinity, NoSchedule/NoExecute taints and ``spec.unschedulable``): upstream only considers
+      nodes that fail no filter but for resources and inter-pod rules;
+    - a preemptor with ``preemptionPolicy: Never`` evicts nobody;
+    - every victim is bound to that node, not terminal, and of strictly lower priority;
+    - with ``pods_on_node`` (every pod bound there before the evictions): the preemptor fits once
+      every lower-priority pod is gone, and every victim is needed (the reprieve gives a victim back
+      when the preemptor still fits with it, so no victim may be given back on its own).
+    """
+    name = str(node["metadata"]["name"])
+    who = _key(preemptor)
+    out: list[Violation] = []
+    if (preemptor.get("spec") or {}).get("preemptionPolicy") == "Never":
+        out.append(Violation("preemption", who, name, "the preemptor has preemptionPolicy Never"))
+    if not node_selector_matches(preemptor, node):
+        out.append(Violation("preemption", who, name, "the node does not match the preemptor's nodeSelector"))
+    if not node_affinity_matches(preemptor, node):
+        out.append(
+            Violation("preemption", who, name, "the node fails the preemptor's required node affinity")
+        )
+    if (taint := untolerated_taint(preemptor, node)) is not None:
+        out.append(Violation("preemption", who, name, f"the preemptor does not tolerate taint {taint}"))
+    for victim in victims:
+        where = (victim.get("spec") or {}).get("nodeName")
+        if where != name:
+            out.append(Violation("preemption", _key(victim), str(where), f"victim not on node {name}"))
+        if _terminal(victim):
+            out.append(Violation("preemption", _key(victim), name, "victim already finished"))
+        if _priority(victim) >= _priority(preemptor):
+            out.append(
+                Violation(
+                    "preemption",
+                    _key(victim),
+                    name,
+                    f"victim priority {_priority(victim)} is not below the preemptor's "
+                    f"{_priority(preemptor)}",
+                )
+            )
+    if pods_on_node is not None:
+        live = [pod for pod in pods_on_node if not _terminal(pod)]
+        lower = {_key(pod) for pod in live if _priority(pod) < _priority(preemptor)}
+        gone = {_key(victim) for victim in victims}
+        if not _fits(preemptor, node, [pod for pod in live if _key(pod) not in lower]):
+            out.append(
+                Violation("preemption", who, name, "does not fit even with every lower-priority pod gone")
+            )
+        for victim in victims:
+            kept = [pod for pod in live if _key(pod) not in gone or _key(pod) == _key(victim)]
+            if _fits(preemptor, node, kept):
+                out.append(
+                    Violation("preemption", _key(victim), name, "not needed: the preemptor fits with it kept")
+                )
+    return sorted(out)

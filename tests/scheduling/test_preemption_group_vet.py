@@ -13,7 +13,22 @@ from typing import Any
 
 from bindery.rm.models import PreemptionPlan
 from bindery.scheduling.podspec import PodInfo
-from bindery.scheduling.preemption import Preemptor, vet
+from bindery.scheduling.ports import NodeProjection
+from bindery.scheduling.preemption import PlanScope, Preemptor, Refusal, VictimScope
+from bindery.scheduling.preemption import vet as vet_plan
+
+
+def vet(plan: PreemptionPlan, **kwargs: Any) -> str | None:
+    """The vetting of a plan that was asked for, from an RM whose plans may name any pod."""
+    refusal: Refusal | None = vet_plan(
+        plan,
+        asked="PreemptLowerPriority",
+        scope=PlanScope(rm_name="rm", victims=VictimScope.ANY),
+        nodes=lambda name: NodeProjection(name=name),
+        **kwargs,
+    )
+    return None if refusal is None else refusal.message
+
 
 MEMBERS = (
     PodInfo(uid="m0", namespace="ml", name="train-0", scheduler_name="bindery", priority=100),
@@ -39,7 +54,11 @@ def _victims(**priorities: int) -> dict[str, Any]:
     return {
         f"ml/low-{node}": {
             "metadata": {"uid": f"u-{node}"},
-            "spec": {"nodeName": node, "priority": priorities.get(node, 10)},
+            "spec": {
+                "nodeName": node,
+                "priority": priorities.get(node, 10),
+                "containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}],
+            },
         }
         for node in "ab"
     }

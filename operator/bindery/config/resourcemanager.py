@@ -16,6 +16,7 @@ from typing import Any
 
 from bindery.config.selector import NamespaceSelector, SelectorError, parse_namespace_selector
 from bindery.scheduling.binding import DEFAULT_MAX_BINDING_WAITS
+from bindery.scheduling.preemption import VictimScope
 from bindery.scheduling.queue import DEFAULT_MAX_IN_FLIGHT
 from bindery.scheduling.revocation import OnRevoked
 
@@ -74,6 +75,8 @@ class ResourceManagerConfig:
     namespace_selector: NamespaceSelector | None = None
     #: What a reconcile pass does with a running pod whose reservation the RM revoked (spec.onRevoked).
     on_revoked: OnRevoked = OnRevoked.EVICT
+    #: Which pods its preemption plans may evict (spec.preemption.victims).
+    preemption_victims: VictimScope = VictimScope.SERVED
 
     def connection_key(self) -> tuple[object, ...]:
         """The fields that require a new RM client when they change (others apply in place)."""
@@ -123,6 +126,14 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
         raise ConfigError(
             f"spec.onRevoked is {spec.get('onRevoked')!r}; use one of {', '.join(v.value for v in OnRevoked)}"
         ) from None
+    preemption = _mapping(spec.get("preemption"), "spec.preemption")
+    try:
+        victims = VictimScope(str(preemption.get("victims", VictimScope.SERVED.value)))
+    except ValueError:
+        raise ConfigError(
+            f"spec.preemption.victims is {preemption.get('victims')!r}; use one of "
+            f"{', '.join(v.value for v in VictimScope)} (Served: only pods this resource manager serves)"
+        ) from None
     try:
         namespace_selector = parse_namespace_selector(spec.get("namespaceSelector"))
     except SelectorError as exc:
@@ -171,6 +182,7 @@ def parse_resource_manager(*, body: Mapping[str, Any]) -> ResourceManagerConfig:
         ),
         namespace_selector=namespace_selector,
         on_revoked=on_revoked,
+        preemption_victims=victims,
     )
 
 

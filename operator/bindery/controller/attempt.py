@@ -220,7 +220,8 @@ class Attempts:
         if (
             plan is not None
             and self._preemptions is not None
-            and await self._preemptions.carry_out(pod, plan)
+            and result.failure is not None
+            and await self._preemptions.carry_out(pod, plan, asked=result.failure.plan_asked)
         ):
             self._queue.retry_within(pod.uid, 0.0)
         if plan is None and no_room and pod.nominated_node and self._preemptions is not None:

@@ -192,6 +192,15 @@ class Metrics:
             ["resource_manager", "outcome"],
             registry=self.registry,
         )
+        self.plans_refused = Counter(
+            "bindery_preemption_plans_refused",
+            "Preemption plans refused before any eviction, by reason (bindery.scheduling.preemption."
+            "REFUSAL_REASONS): unasked, preemptor, node, victim_gone, victim_node, victim_priority, "
+            "victim_scope, frees, gang, budget, rules. A rising unasked, node, victim_scope or frees "
+            "means the resource manager proposes plans it should not.",
+            ["resource_manager", "reason"],
+            registry=self.registry,
+        )
         self.reconcile_actions = Counter(
             "bindery_reconcile_actions",
             "What reconcile passes did, by action: commit, release, failed (the RM refused or did not "

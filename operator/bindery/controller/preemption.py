@@ -9,8 +9,13 @@ condition first, then the Eviction API (which enforces PodDisruptionBudgets, unl
 delete), then the ``Preempted`` event. The victims' deletion wakes the pod, whose next reserve
 lands on the held room and binds as any other.
 
-A plan is refused whole, before anything is evicted:
+A plan is refused whole, before anything is evicted (each refusal logged with the plan's id,
+counted by reason in ``bindery_preemption_plans_refused_total`` and cancelled at the RM):
 
+* when it was not asked for, or does not make sense: the reserve asked for no plan, the node is
+  not one the preemptor may run on, a victim is elsewhere, not of lower priority, frees nothing or
+  more than it requests, or is not a pod this RM serves
+  (:func:`bindery.scheduling.preemption.vet`; an unasked plan is refused before any victim is read);
 * when the preemptor's inter-pod rules (pod affinity and anti-affinity, topology spread, host ports)
   would still exclude the plan's node once exactly its victims are gone
   (:func:`bindery.scheduling.placementrules.broken_after_preemption`): the RM chooses victims by
@@ -46,10 +51,11 @@ import datetime
 import json
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from bindery.backoff import Backoff, BackoffPolicy
+from bindery.config import ResourceManagerConfig
 from bindery.k8s import ApiClient, ApiError, answer_of, list_pages, patch, resources
 from bindery.k8s.api import STRATEGIC_PATCH
 from bindery.kube.events import event_body
@@ -57,20 +63,24 @@ from bindery.kube.eviction import eviction
 from bindery.kube.reads import read_budgets, read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim
+from bindery.scheduling.nodecheck import NodeCheckMode
 from bindery.scheduling.placementrules import broken_after_preemption
 from bindery.scheduling.podspec import PodInfo
-from bindery.scheduling.ports import PlacedPods
+from bindery.scheduling.ports import NodeProjection, PlacedPods
 from bindery.scheduling.preemption import (
+    PlanScope,
     Preemptor,
+    Refusal,
     budgets_exceeded,
     disruption_condition,
     pod_group,
     preempted_note,
+    unasked,
     vet,
 )
 from bindery.typedefs import Logger
 
-__all__ = ["PendingPlan", "PlanClient", "Preemptions"]
+__all__ = ["PendingPlan", "PlanClient", "Preemptions", "plan_scope"]
 
 #: Plans remembered as carried out (per runner); the oldest are forgotten past this.
 REMEMBERED_PLANS = 10_000
@@ -80,6 +90,29 @@ PREEMPTION_BACKOFF = BackoffPolicy(initial=10.0, maximum=300.0)
 #: Preemptors backing off, remembered at most (the oldest are forgotten past this).
 REMEMBERED_BACKOFFS = 10_000
 _TIMEOUT = 10.0
+
+
+def plan_scope(
+    *, config: ResourceManagerConfig, namespace_labels: Callable[[str], Mapping[str, str] | None] | None
+) -> PlanScope:
+    """What the ResourceManager's plans may touch: its scheduler names, its namespaceSelector
+    (a namespace whose labels are not known yet is not selected: no eviction on a guess), its
+    ``spec.preemption.victims`` and its ``spec.nodeCheck``."""
+    selector = config.namespace_selector
+
+    def selects(namespace: str) -> bool | None:
+        if selector is None:
+            return True
+        labels = namespace_labels(namespace) if namespace_labels is not None else None
+        return None if labels is None else selector.matches(labels)
+
+    return PlanScope(
+        rm_name=config.name,
+        victims=config.preemption_victims,
+        scheduler_names=frozenset(config.scheduler_names),
+        selects=selects,
+        node_check=NodeCheckMode(config.node_check),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,10 +176,18 @@ class Preemptions:
         hostname: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         placed: PlacedPods | None = None,
+        scope: Callable[[], PlanScope],
+        nodes: Callable[[str], NodeProjection | None],
+        refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         """``count``: called with each outcome, for ``bindery_preemptions_total``. ``placed``: the
-        pods on nodes, to check the preemptor's inter-pod rules with the victims gone."""
+        pods on nodes, to check the preemptor's inter-pod rules with the victims gone. ``scope``:
+        what the ResourceManager's plans may touch, now. ``nodes``: the Nodes, by name.
+        ``refused``: called with each refusal's reason, for ``bindery_preemption_plans_refused_total``."""
         self._count = count
+        self._scope = scope
+        self._nodes = nodes
+        self._refused = refused
         self._placed = placed
         self._api = api
         self._rm = rm
@@ -164,9 +205,12 @@ class Preemptions:
         #: set by the attempts, which own the pod's reporting.
         self.report: Callable[[PodInfo, str], Awaitable[None]] | None = None
 
-    async def carry_out(self, pod: PodInfo | Preemptor, plan: PreemptionPlan) -> bool:
+    async def carry_out(self, pod: PodInfo | Preemptor, plan: PreemptionPlan, *, asked: str | None) -> bool:
         """Vet, confirm, nominate, evict; True when every victim was evicted (or already gone), or
         when the plan is being carried out already.
+
+        ``asked``: the ``preemptionPolicy`` the reserve that got the plan carried, as sent to the RM
+        (``RMUnschedulable.asked``); a plan to a reserve that asked for none is refused.
 
         ``pod`` is a pod, or a pod group's pending members (:class:`Preemptor`, feature
         ``group-preemption``): the same steps, each member nominated on the node its room is held on.
@@ -176,17 +220,23 @@ class Preemptions:
         it out a second time (a second confirm, eviction and ``Preempted`` event per victim; or a
         dry run the first eviction made refuse, whose cancel gave the room away mid-eviction)."""
         if plan.plan_id in self._carried or plan.plan_id in self._carrying:
+            # Vetted when it was first asked for: the RM answers it again while its victims go.
             if plan.state is PlanState.CONFIRMED and plan.expires_at is not None:
                 self._hold(pod.uid, plan)  # a re-confirm (restart, another replica) moved the lease
             return True  # the RM answered the plan again while its victims terminate
         self._carrying.add(plan.plan_id)
         try:
-            return await self._carry_out(pod if isinstance(pod, Preemptor) else Preemptor.of_pod(pod), plan)
+            return await self._carry_out(
+                pod if isinstance(pod, Preemptor) else Preemptor.of_pod(pod), plan, asked=asked
+            )
         finally:
             self._carrying.discard(plan.plan_id)
 
-    async def _carry_out(self, pod: Preemptor, plan: PreemptionPlan) -> bool:
+    async def _carry_out(self, pod: Preemptor, plan: PreemptionPlan, *, asked: str | None) -> bool:
         self._count("proposed")
+        if (refusal := unasked(plan, asked=asked)) is not None:  # nothing read for a plan nobody asked for
+            await self._refuse(pod, plan, refusal)
+            return False
         try:
             current = {
                 f"{v.pod.namespace}/{v.pod.name}": await read_pod(
@@ -209,35 +259,39 @@ class Preemptions:
             plan.model_copy(update={"victims": [v for v in plan.victims if v not in resumed.gone]}),
             preemptor=pod,
             victims=current,
+            asked=asked,
+            scope=self._scope(),
+            nodes=self._nodes,
             group_members=members,
         )
         if refusal is None and self._placed is not None:
             for member, node in self._nominations(pod, plan):
-                refusal = broken_after_preemption(
+                broken = broken_after_preemption(
                     member,
                     self._placed,
                     node=node,
                     victims=[v.pod.uid for v in plan.victims],
                     names=[f"{v.pod.namespace}/{v.pod.name}" for v in plan.victims],
                 )
-                if refusal is not None:
+                if broken is not None:
+                    refusal = Refusal("rules", broken)
                     break
         if refusal is None:
             # Only the victims still to evict: a gone one answers 404, a terminating one was
             # already admitted by its budget.
             pending = [v for v in plan.victims if v not in resumed.gone and v not in resumed.terminating]
             try:
-                refusal = await self._dry_run(plan.model_copy(update={"victims": pending}))
-                if refusal is None and len(pending) > 1:
-                    refusal = await self._count_budgets(
+                budget = await self._dry_run(plan.model_copy(update={"victims": pending}))
+                if budget is None and len(pending) > 1:
+                    budget = await self._count_budgets(
                         [body for v in pending if (body := current[f"{v.pod.namespace}/{v.pod.name}"])]
                     )
             except ApiError as error:
                 await self._give_up(pod, plan, f"could not check the evictions: {error}", nominated=False)
                 return False
+            refusal = Refusal("budget", budget) if budget is not None else None
         if refusal is not None:
-            self._count("refused")
-            await self._give_up(pod, plan, refusal, nominated=plan.state is PlanState.CONFIRMED)
+            await self._refuse(pod, plan, refusal)
             return False
         try:
             confirmed = await self._rm.confirm_preemption(plan.plan_id)
@@ -278,6 +332,13 @@ class Preemptions:
             return False
         self._backoffs.pop(pod.uid, None)
         return True
+
+    async def _refuse(self, pod: Preemptor, plan: PreemptionPlan, refusal: Refusal) -> None:
+        """A plan not carried out: counted by reason, then cancelled with the preemptor backing off
+        (its reserves ask for no plan until the back-off ends)."""
+        self._count("refused")
+        self._refused(refusal.reason)
+        await self._give_up(pod, plan, refusal.message, nominated=plan.state is PlanState.CONFIRMED)
 
     def paused(self, uid: str) -> float:
         """Seconds until the pod may preempt again (0 when it may now)."""
@@ -490,34 +551,25 @@ class Preemptions:
                 return True
             raise
         path = resources.PODS.path(namespace=namespace, name=name, subresource="eviction")
-        status, payload = await answer_of(
-            self._api,
-            "POST",
-            path,
-            body=eviction(namespace, name, uid),
-            request_timeout=_TIMEOUT,
-            what=f"evicting {namespace}/{name}",
-        )
-        if status == 429:  # the pod stays: it is no disruption target after all
-            condition = {
-                **condition,
-                "status": "False",
-                "message": "eviction refused by a PodDisruptionBudget",
-            }
-            await patch(
+        try:
+            status, payload = await answer_of(
                 self._api,
-                resources.PODS,
-                namespace=namespace,
-                name=name,
-                subresource="status",
-                body={"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
-                content_type=STRATEGIC_PATCH,
+                "POST",
+                path,
+                body=eviction(namespace, name, uid),
                 request_timeout=_TIMEOUT,
+                what=f"evicting {namespace}/{name}",
             )
+        except ApiError as error:  # a timeout or a dropped connection: not evicted, as far as known
+            await self._not_a_target(victim, condition, f"the eviction failed: {error}")
+            raise
+        if status == 429:  # the pod stays: it is no disruption target after all
+            await self._not_a_target(victim, condition, "eviction refused by a PodDisruptionBudget")
             return False
         if status in (404, 409):  # gone, or recreated (the uid precondition): not evicted by this plan
             return True
         if status >= 300:
+            await self._not_a_target(victim, condition, f"the eviction failed: HTTP {status}")
             raise ApiError(
                 payload.decode(errors="replace")[:500], status=status, what=f"evicting {namespace}/{name}"
             )
@@ -525,6 +577,29 @@ class Preemptions:
         node = plan.node_of(victim)
         await self._event(pod.pod_on(plan, node), node, namespace=namespace, name=name, uid=uid)
         return True
+
+    async def _not_a_target(self, victim: PreemptionVictim, condition: dict[str, Any], why: str) -> None:
+        """Take back ``DisruptionTarget`` from a victim whose eviction did not happen: the pod keeps
+        running, and tools (and its own controllers) must not see it as about to go. kube-scheduler
+        leaves the condition to the disruption controller's two-minute cleanup; Bindery knows at
+        once. Best effort: a failure is logged and the controller's cleanup remains."""
+        namespace, name, uid = victim.pod.namespace, victim.pod.name, victim.pod.uid
+        cleared = {**condition, "status": "False", "message": why[:1000]}
+        try:
+            await patch(
+                self._api,
+                resources.PODS,
+                namespace=namespace,
+                name=name,
+                subresource="status",
+                body={"metadata": {"uid": uid}, "status": {"conditions": [cleared]}},
+                content_type=STRATEGIC_PATCH,
+                request_timeout=_TIMEOUT,
+            )
+        except ApiError as error:
+            self._logger.warning(
+                f"could not clear DisruptionTarget on {namespace}/{name}, which was not evicted: {error}"
+            )
 
     async def _event(self, pod: PodInfo, node: str, *, namespace: str, name: str, uid: str) -> None:
         victim = PodInfo(uid=uid, namespace=namespace, name=name, scheduler_name=pod.scheduler_name)

@@ -23,7 +23,7 @@ from bindery.config import ResourceManagerConfig
 from bindery.controller.attempt import Attempts
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups import PodGroupCoordinator
-from bindery.controller.preemption import PendingPlan, Preemptions
+from bindery.controller.preemption import PendingPlan, Preemptions, plan_scope
 from bindery.controller.rmstack import RMStack
 from bindery.controller.secrets import RMCredentials
 from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
@@ -132,6 +132,14 @@ class ProfileRunner:
                 resource_manager=config.name, outcome=outcome
             ).inc(),
             placed=ports.placed,
+            scope=lambda: plan_scope(
+                config=self.config,
+                namespace_labels=ports.placed.namespace_labels if ports.placed is not None else None,
+            ),
+            nodes=ports.nodes.get,
+            refused=lambda reason: self.metrics.plans_refused.labels(
+                resource_manager=config.name, reason=reason
+            ).inc(),
         )
         self.attempts = Attempts(
             profile=lambda: self.profile,

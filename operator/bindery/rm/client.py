@@ -978,6 +978,8 @@ class ResourceManagerClient:
         error = self._error(answer, "reserve group")
         if isinstance(error, RMRejected):
             self._doubt_info(error, sent_cluster=cluster is not None or newer)
+        if isinstance(error, RMUnschedulable):
+            error.asked = request.preemption_policy  # as sent, after negotiation
         raise error
 
     async def get_group(self, group_id: str, /) -> ReservationGroup:
@@ -1587,7 +1589,10 @@ def _reserve_result(request: ReservationRequest, outcome: _Outcome) -> Reservati
                 "the active reservation of the pod it was asked about"
             )
         return reservation
-    raise outcome.error("reserve")
+    error = outcome.error("reserve")
+    if isinstance(error, RMUnschedulable):
+        error.asked = request.preemption_policy  # as sent: the plan, if any, was asked for or not
+    raise error
 
 
 def _commit_result(reservation_id: str, pod_uid: str | None, outcome: _Outcome) -> Reservation:

@@ -65,7 +65,10 @@ class RMUnschedulable(RMError):
     """The RM answered that nothing fits now; ``reason`` is human-readable, for the pod's event.
 
     ``plan`` (contract v1.2, feature ``preemption``) is the RM's proposal to make room by evicting
-    lower-priority pods, when the request asked for one and the RM found one.
+    lower-priority pods, when the request asked for one and the RM found one. ``asked`` is the
+    ``preemptionPolicy`` the request carried as sent (None: left out, so no plan was asked for):
+    the client sets it, because only it knows what negotiation left of the request, and a plan
+    nobody asked for is never carried out.
     """
 
     def __init__(
@@ -75,11 +78,13 @@ class RMUnschedulable(RMError):
         reason: str,
         retry_after: float | None = None,
         plan: PreemptionPlan | None = None,
+        asked: str | None = None,
     ) -> None:
         super().__init__(message)
         self.reason = reason
         self.retry_after = retry_after
         self.plan = plan
+        self.asked = asked
 
 
 class RMFeatureMissing(RMUnschedulable):

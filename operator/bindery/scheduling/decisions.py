@@ -98,6 +98,8 @@ class Failure:
     plugin: str = ""
     #: The RM's preemption plan for the pod (contract v1.2), on an RM_UNSCHEDULABLE failure.
     plan: PreemptionPlan | None = None
+    #: The ``preemptionPolicy`` the reserve that got ``plan`` carried as sent (None: none).
+    plan_asked: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,7 +169,16 @@ def failure_from_exception(
         where = f'{stage} plugin "{plugin}"' if plugin else str(stage)
         message = f"internal error in {where}: {message}"
     plan = error.plan if isinstance(error, RMUnschedulable) else None
-    return Failure(kind=kind, message=message, stage=stage, retry_after=retry_after, plugin=plugin, plan=plan)
+    asked = error.asked if isinstance(error, RMUnschedulable) else None
+    return Failure(
+        kind=kind,
+        message=message,
+        stage=stage,
+        retry_after=retry_after,
+        plugin=plugin,
+        plan=plan,
+        plan_asked=asked,
+    )
 
 
 #: Binding answers that do not say the write was refused: the apiserver may have stored it (an etcd

@@ -247,7 +247,7 @@ class Placement:
             return delay
         who = Preemptor.of_group(namespace=info.namespace, name=info.name, members=members)
         if error.plan is not None:
-            if await self._preemptions.carry_out(who, error.plan):
+            if await self._preemptions.carry_out(who, error.plan, asked=error.asked):
                 return min(delay, PLAN_POLL_SECONDS)
         else:
             for pod in members:
