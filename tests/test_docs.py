@@ -7,9 +7,11 @@ grimp), and CONTRIBUTING's layer block is the layers contract of pyproject.toml.
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import re
 import tomllib
+from types import ModuleType
 
 import grimp
 import pytest
@@ -113,3 +115,44 @@ def test_contributings_layer_block_is_the_layers_contract_of_pyproject() -> None
     expected = "\n".join(layers)
     block = CONTRIBUTING.split("## Layers", 1)[1].split("```", 2)[1].strip()
     assert block == expected, f"CONTRIBUTING.md's layer block must read, from pyproject.toml:\n{expected}"
+
+
+def _circles_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("circles", REPO / "scripts" / "lib" / "circles.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: The import circles left inside packages (`scripts/circles` prints the imports that close them):
+#: this list only shrinks.
+KNOWN_CIRCLES = {
+    "bindery.controller": [["reconcile", "rmstack", "unconfirmed", "watches"]],
+    "bindery.controller.podgroups": [["coordinator", "placement", "recovery"]],
+    "bindery.scheduling": [["decisions", "framework", "nodecheck", "placementrules", "ports", "queue"]],
+}
+
+
+def test_no_new_import_circle_inside_a_package(graph: grimp.ImportGraph) -> None:
+    circles = _circles_script().circles
+    packages = {module.rsplit(".", 1)[0] for module in graph.modules if "." in module}
+    found = {package: found for package in sorted(packages) if (found := circles(graph, package))}
+    assert found == KNOWN_CIRCLES
+
+
+def test_the_circle_finder_finds_a_circle_of_two(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "looped").mkdir()
+    (tmp_path / "looped" / "__init__.py").write_text("")
+    (tmp_path / "looped" / "a.py").write_text("from looped import b\n")
+    (tmp_path / "looped" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from looped import a\n"
+    )
+    (tmp_path / "looped" / "c.py").write_text("from looped import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    script = _circles_script()
+    looped = grimp.build_graph("looped", cache_dir=None)
+    assert script.circles(looped, "looped") == [["a", "b"]]
