@@ -15,12 +15,24 @@ fixture).
 `scripts/test --fast` runs `unit or plane`. A `unit` test cannot start a plane by mistake: in it,
 `ControlPlane.start` fails and `BINDERY_CONTROLPLANE_BIN` points at a directory without etcd or
 kube-apiserver, so child processes fail too (`_unit_tests_start_no_plane`).
+
+Inside `unit`, the tests that start no process and open no socket are also `pure` (`is_pure`, from
+what the test's file imports and the fixtures it uses): `scripts/test --pure`, the loop a contributor
+runs on every save, needs neither the plane's binaries nor PostgreSQL. A pure test that connects,
+binds or starts a process anyway fails at once (`_pure_tests_do_no_io`), in every run, CI's included:
+a wrongly classified test fails instead of slowing the loop.
 """
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import functools
 import gc
+import inspect
 import pathlib
+import socket
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any, NoReturn
@@ -98,6 +110,35 @@ SLOW_TESTS = (
     # Slurm, the adapter or slurmctld SIGKILLed mid-burst, a pod queued behind site jobs
     "cluster/test_slurm_cluster.py",
 )
+#: What makes a `unit` test impure (it may start a process or open a socket), read from its file and
+#: the tests/ helpers that file imports: a module imported from (or below) one of these, ...
+IO_MODULES = (
+    "subprocess",
+    "socket",
+    "multiprocessing",
+    "aiohttp",  # web servers and real HTTP clients
+    "bindery.devcluster",  # the plane, PostgreSQL, Slurm: processes
+    "bindery.cli",  # `bindery run`, `rm serve` in-process: servers on loopback
+    "bindery.controller.entry",
+    "bindery.reference_rm.cli",
+    "bindery.reference_rm.server",
+    "bindery.reference_rm.serve_reference_rm",  # re-exported by the package
+    "bindery.slurm_rm.cli",
+)
+#: ... or an attribute of these names (asyncio's processes, servers and connections) ...
+IO_CALLS = (
+    "create_subprocess_exec",
+    "create_subprocess_shell",
+    "open_connection",
+    "open_unix_connection",
+    "start_server",
+    "start_unix_server",
+    "create_server",
+    "create_connection",
+)
+#: ... or one of these fixtures of tests/conftest.py. A fixture of another conftest.py makes a test
+#: impure when that conftest.py is impure by the two rules above.
+IO_FIXTURES = ("postgres", "postgres_db", "controlplane", "cluster")
 _TESTS = pathlib.Path(__file__).parent
 _TIERS_KEY = pytest.StashKey[list[tuple[pytest.Item, str]]]()
 
@@ -125,6 +166,82 @@ def tier_of(path: pathlib.Path, name: str, fixturenames: Iterable[str], markers:
     return "unit"
 
 
+def _imported(tree: ast.AST) -> Iterator[str]:
+    """Every module `tree` imports, at its top or inside a function."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+@functools.cache
+def file_does_io(path: pathlib.Path) -> str | None:
+    """What in the file at `path`, or in a tests/ module it imports, may start a process or open a
+    socket (an `IO_MODULES` import, an `IO_CALLS` attribute); None when nothing does."""
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in IO_CALLS:
+            return f"{path.name}:{node.lineno} uses {node.attr}"
+        if (  # request.getfixturevalue("postgres_db"): a fixture outside pytest's closure
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "getfixturevalue"
+            and any(isinstance(a, ast.Constant) and a.value in IO_FIXTURES for a in node.args)
+        ):
+            return f"{path.name}:{node.lineno} gets fixture {ast.unparse(node.args[0])}"
+    for module in _imported(tree):
+        if any(module == io or module.startswith(f"{io}.") for io in IO_MODULES):
+            return f"{path.name} imports {module}"
+        if module.startswith("tests."):
+            helper = _TESTS.parent.joinpath(*module.split("."))
+            for candidate in (helper.with_suffix(".py"), helper / "__init__.py"):
+                if candidate.is_file() and candidate != path and (found := file_does_io(candidate)):
+                    return found
+    return None
+
+
+def is_pure(path: pathlib.Path, fixtures: Iterable[tuple[str, pathlib.Path]]) -> bool:
+    """Whether a `unit` test in `path` that uses `fixtures` (name, the file defining it; pytest's
+    closure) starts no process and opens no socket, as far as its files and fixtures say."""
+    if file_does_io(path):
+        return False
+    root = _TESTS / "conftest.py"
+    for name, defined_in in fixtures:
+        if defined_in == root:
+            if name in IO_FIXTURES:
+                return False
+        elif defined_in != path and defined_in.is_relative_to(_TESTS) and file_does_io(defined_in):
+            return False
+    return True
+
+
+def _fixture_files(item: pytest.Item) -> Iterator[tuple[str, pathlib.Path]]:
+    info = getattr(item, "_fixtureinfo", None)
+    for name, definitions in info.name2fixturedefs.items() if info is not None else ():
+        for definition in definitions:
+            source = inspect.getsourcefile(definition.func)
+            if source is not None:
+                yield name, pathlib.Path(source).resolve()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--pure",
+        action="store_true",
+        help="run only the pure tests (tests/conftest.py is_pure); files that may do I/O are not imported",
+    )
+
+
+def pytest_ignore_collect(collection_path: pathlib.Path, config: pytest.Config) -> bool | None:
+    """With --pure, a test file that may do I/O is not even imported: importing every test module
+    (schemathesis, Kopf, the servers) took longer than the pure tests' run."""
+    if not config.getoption("pure") or not collection_path.name.startswith("test_"):
+        return None
+    return True if collection_path.suffix == ".py" and file_does_io(collection_path.resolve()) else None
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the stash holds every collected test
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tiers = config.stash.setdefault(_TIERS_KEY, [])
@@ -136,7 +253,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             (mark.name for mark in item.iter_markers()),
         )
         item.add_marker(tier)
+        if tier == "unit" and is_pure(item.path.resolve(), _fixture_files(item)):
+            item.add_marker("pure")
         tiers.append((item, tier))
+    if config.getoption("pure"):
+        kept = [item for item in items if item.get_closest_marker("pure") is not None]
+        config.hook.pytest_deselected(
+            items=[item for item in items if item.get_closest_marker("pure") is None]
+        )
+        items[:] = kept
 
 
 def collected_items(config: pytest.Config) -> list[tuple[pytest.Item, str]]:
@@ -174,6 +299,38 @@ def _unit_tests_start_no_plane(
 
     monkeypatch.setattr(ControlPlane, "start", refuse)
     monkeypatch.setenv("BINDERY_CONTROLPLANE_BIN", str(_no_plane_bin))
+
+
+class IOInPureTest(Exception):
+    """A test classified `pure` started a process or opened a socket."""
+
+
+def refuse_io(nodeid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until `monkeypatch` undoes it: connecting or binding a socket, or starting a process, raises
+    IOInPureTest naming test `nodeid`."""
+
+    def refuse(what: str) -> Any:
+        def refused(*_: Any, **__: Any) -> NoReturn:
+            raise IOInPureTest(
+                f"{nodeid} {what} but is classified pure (scripts/test --pure runs it on every"
+                " save): add the module it goes through to IO_MODULES in tests/conftest.py, so"
+                " that its file leaves the pure selection."
+            )
+
+        return refused
+
+    monkeypatch.setattr(socket.socket, "connect", refuse("connects a socket"))
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse("connects a socket"))
+    monkeypatch.setattr(socket.socket, "bind", refuse("binds a socket"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("starts a process"))
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", refuse("starts a process"))
+    monkeypatch.setattr(asyncio, "create_subprocess_shell", refuse("starts a process"))
+
+
+@pytest.fixture(autouse=True)
+def _pure_tests_do_no_io(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("pure") is not None:
+        refuse_io(request.node.nodeid, monkeypatch)
 
 
 @pytest.fixture(autouse=True)

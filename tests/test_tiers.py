@@ -2,18 +2,35 @@
 
 `scripts/test --fast` trusts the `unit` tier to start no process of the control plane; these tests
 are what keeps that true when someone adds a test that starts one without the shared fixtures.
+`scripts/test --pure` trusts the `pure` part of `unit` to start no process and open no socket: the
+tests below check how a file is classified and that a pure test's I/O fails. How long the pure run
+takes is measured by running it (CONTRIBUTING.md), not asserted here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import pathlib
+import socket
+import subprocess
+import sys
 
 import pytest
 
 from bindery.devcluster import binaries
 from bindery.devcluster.plane import ControlPlane
-from tests.conftest import SLOW_TESTS, TIERS, PlaneInUnitTier, collected_items, tier_of
+from tests.conftest import (
+    SLOW_TESTS,
+    TIERS,
+    IOInPureTest,
+    PlaneInUnitTier,
+    collected_items,
+    file_does_io,
+    is_pure,
+    refuse_io,
+    tier_of,
+)
 
 TESTS = pathlib.Path(__file__).parent
 
@@ -82,3 +99,80 @@ def test_in_a_unit_test_child_processes_find_no_plane_binaries() -> None:
     """A child (`python -m bindery.devcluster up`, a benchmark) inherits BINDERY_CONTROLPLANE_BIN."""
     with pytest.raises(SystemExit, match=r"unit-tier-has-no-control-plane.* lacks"):
         binaries.ensure_built(quiet=True)
+
+
+@pytest.mark.parametrize(
+    ("source", "pure"),
+    [
+        ("from bindery.scheduling.queue import SchedulingQueue\n", True),
+        ("import subprocess\n", False),
+        ("def test_x():\n    import socket\n", False),
+        ("from aiohttp import web\n", False),
+        ("from bindery.reference_rm import serve_reference_rm\n", False),
+        ("from bindery.devcluster.postgres import PostgresServer\n", False),
+        # a tests/ helper that imports aiohttp (the fake RM) makes its importer impure
+        ("from tests.operator.fakerm import FakeRM\n", False),
+        ("from tests.scheduling.fakes import FakeBinder\n", True),
+        ("async def test_x():\n    await asyncio.create_subprocess_exec('true')\n", False),
+        ("async def test_x():\n    await asyncio.open_connection('127.0.0.1', 1)\n", False),
+        ("def test_x(request):\n    request.getfixturevalue('postgres_db')\n", False),
+    ],
+)
+def test_a_file_is_pure_unless_it_or_a_helper_it_imports_may_do_io(
+    tmp_path: pathlib.Path, source: str, pure: bool
+) -> None:
+    path = tmp_path / "test_x.py"
+    path.write_text(source)
+    assert is_pure(path, [("tmp_path", pathlib.Path(pytest.__file__))]) is pure
+    assert (file_does_io(path) is None) is pure
+
+
+@pytest.mark.parametrize(
+    ("fixture", "defined_in", "pure"),
+    [
+        ("postgres_db", "conftest.py", False),
+        ("controlplane", "conftest.py", False),
+        ("_collector_restored", "conftest.py", True),
+        ("fake_rm", "operator/conftest.py", False),  # a conftest.py that may do I/O
+        ("helm", "chart/conftest.py", False),
+    ],
+)
+def test_a_fixture_makes_a_test_impure_when_it_may_do_io(
+    tmp_path: pathlib.Path, fixture: str, defined_in: str, pure: bool
+) -> None:
+    path = tmp_path / "test_x.py"
+    path.write_text("def test_x():\n    pass\n")
+    assert is_pure(path, [(fixture, (TESTS / defined_in).resolve())]) is pure
+
+
+def test_the_scheduling_core_is_pure_and_the_reference_rm_over_http_is_not() -> None:
+    """A classification that lost every file, or kept every one, would pass the tests above."""
+    assert file_does_io((TESTS / "scheduling/test_queue.py").resolve()) is None
+    assert file_does_io((TESTS / "scheduling/test_cycle.py").resolve()) is None
+    assert file_does_io((TESTS / "rm/test_preemption.py").resolve()) is not None
+    assert file_does_io((TESTS / "rm/test_refrm_server.py").resolve()) is not None
+
+
+def test_every_pure_test_is_a_unit_test(request: pytest.FixtureRequest) -> None:
+    wrong = [
+        item.nodeid
+        for item, tier in collected_items(request.config)
+        if item.get_closest_marker("pure") and tier != "unit"
+    ]
+    assert wrong == []
+
+
+def test_a_pure_test_that_connects_binds_or_starts_a_process_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    refuse_io("tests/test_x.py::test_x", monkeypatch)
+    with socket.socket() as sock, pytest.raises(IOInPureTest, match=r"test_x connects a socket"):
+        sock.connect(("127.0.0.1", 9))
+    with socket.socket() as sock, pytest.raises(IOInPureTest, match=r"test_x binds a socket"):
+        sock.bind(("127.0.0.1", 0))
+    with pytest.raises(IOInPureTest, match=r"test_x starts a process.*IO_MODULES"):
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+    async def child() -> None:
+        await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+
+    with pytest.raises(IOInPureTest, match=r"test_x starts a process"):
+        asyncio.run(child())

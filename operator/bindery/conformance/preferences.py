@@ -2,8 +2,9 @@
 
 Why it matters: Bindery sends a pod's preferred node affinity only to an RM that lists the feature,
 and from then on trusts it to weigh them; an RM that lists it and ignores the field would silently
-give pods the placements issue 19 was about. An RM that does not list it must never see the field
-(a v1.1 RM answers ``400`` to unknown fields), so the check sends nothing to such an RM.
+place pods as if they preferred nothing (a Deployment's pods bunched where spreading was asked).
+An RM that does not list it must never see the field (a v1.1 RM answers ``400`` to unknown
+fields), so the check sends nothing to such an RM.
 
 The kit knows nothing of the pool's labels, so it names nodes by ``metadata.name`` (``matchFields``),
 which every RM that honours node-selector terms evaluates; it learns the names by filling the pool.

@@ -1,10 +1,10 @@
 """A real Slurm on loopback, from Debian's own packages, for tests and for poking at.
 
-Issue 23 puts Bindery in front of a real Slurm, so the tests need slurmctld, one slurmd per
-node, slurmrestd and munge, not a fake. Debian 12 ships Slurm 22.05.8. The packages are
-fetched with ``apt-get download`` (no installation, nothing written under ``/usr``) and
-unpacked with ``dpkg-deb -x`` into ``$XDG_CACHE_HOME/bindery/slurm/<version>/root``, once per
-version, as the Go binaries are built once per pin. Only Debian's package index must be reachable.
+The Slurm adapter (:mod:`bindery.slurm_rm`) puts Bindery in front of a real Slurm, so its tests
+need slurmctld, one slurmd per node, slurmrestd and munge, not a fake. Debian 12 ships Slurm
+22.05.8. The packages are fetched with ``apt-get download`` (no installation, nothing written
+under ``/usr``) and unpacked with ``dpkg-deb -x`` into ``$XDG_CACHE_HOME/bindery/slurm/<version>/root``,
+once per version, as the Go binaries are built once per pin. Only Debian's package index must be reachable.
 
 How one host runs N nodes: Debian's build has multiple-slurmd, so every ``NodeName`` line gets
 its own ``Port=``, ``%n`` goes into the slurmd spool, pid and log paths, and each node is one

@@ -1,6 +1,6 @@
 """Count the apiserver writes Bindery makes, by kind.
 
-Issue 4 promises two writes per bound pod (Binding + Scheduled event). Counting at the port keeps
+Bindery promises two writes per bound pod (Binding + Scheduled event). Counting at the port keeps
 that promise checkable by the demo and by tests without scraping apiserver metrics.
 """
 

@@ -256,9 +256,9 @@ class GroupPods:
 
     Why: a Deployment's pods form one group, and a pod with rules over its group read every member
     twice per cycle (its verdict, then NodeCheck's re-check): the nodes its anti-affinity excludes,
-    the pods its spread counts per domain. On issue 19's rules backlog that walk was a sixth of the
-    operator's CPU. Per node counts let the filters take the group's nodes as they are, and count a
-    spread's domains with one C-level pass over those nodes.
+    the pods its spread counts per domain; on a rules backlog that walk was a large share of the
+    operator's CPU (benchmarks/README.md). Per node counts let the filters take the group's nodes
+    as they are, and count a spread's domains with one C-level pass over those nodes.
 
     Its nodes' values of a topology key (:meth:`values`), and its live pods per value
     (:meth:`live_counts`), are counted too, once asked for and then as pods come and go: a pod's
@@ -311,7 +311,7 @@ class GroupPods:
 
         A copy, counts included: NodeCheck re-checks a pod without the later pods that counted it,
         and a view that filtered the members as they were walked made every filter walk the group
-        pod by pod (issue 19's rules backlog: a fifth of the re-check's cost)."""
+        pod by pod."""
         by_uid = self.by_uid
         if by_uid.keys().isdisjoint(uids):
             return self

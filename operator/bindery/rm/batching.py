@@ -14,8 +14,8 @@ The policy is *natural batching*, with no delay added to any call:
 * *urgent* calls (reserves another cycle may be waiting for: the pods of a Deployment with rules
   wait on each other's; see :data:`URGENT_RESERVE`) go in a request of their own, and may use one
   slot past ``max_in_flight``: behind a batch of a backlog's commits, a reserve waited for a whole
-  large batch to be carried out, then for its own (73 ms at the median on issue 19's rules
-  backlog, each chained pod paying it in turn). Urgent and other requests take turns when both
+  large batch to be carried out, then for its own, each chained pod paying it in turn
+  (benchmarks/README.md). Urgent and other requests take turns when both
   are queued and a slot is free, so a stream of reserves never starves commits and releases
   (capacity given back).
 

@@ -48,6 +48,7 @@ from bindery.scheduling.framework import (
     BindingGate,
     BindPlugin,
     CycleContext,
+    PluginChain,
     Ports,
     PostBindPlugin,
     PreBindPlugin,
@@ -100,17 +101,6 @@ class CycleOutcome:
     @property
     def retry_after(self) -> float | None:
         return self.decision.retry_after if self.decision is not None else None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PluginChain:
-    """The plugins of every extension point, defaults included, in the order they run."""
-
-    pre_filter: tuple[PreFilterPlugin, ...]
-    reserve: tuple[ReservePlugin, ...]
-    pre_bind: tuple[PreBindPlugin, ...]
-    bind: tuple[BindPlugin, ...]
-    post_bind: tuple[PostBindPlugin, ...]
 
 
 _VOLUMES = VolumeBinding()

@@ -64,6 +64,7 @@ __all__ = [
     "BindingGate",
     "Code",
     "CycleContext",
+    "PluginChain",
     "PluginSet",
     "Ports",
     "PostBindPlugin",
@@ -239,6 +240,17 @@ class PluginSet:
     #: not skip).
     bind: tuple[BindPlugin, ...] | None = None
     post_bind: tuple[PostBindPlugin, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PluginChain:
+    """The plugins of every extension point, defaults included, in the order they run."""
+
+    pre_filter: tuple[PreFilterPlugin, ...]
+    reserve: tuple[ReservePlugin, ...]
+    pre_bind: tuple[PreBindPlugin, ...]
+    bind: tuple[BindPlugin, ...]
+    post_bind: tuple[PostBindPlugin, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,13 +12,10 @@ children of the attempt's span, which the caller opens (bindery.controller.attem
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bindery import tracing
-from bindery.scheduling.framework import CycleContext, Status
-
-if TYPE_CHECKING:
-    from bindery.scheduling.cycle import PluginChain
+from bindery.scheduling.framework import CycleContext, PluginChain, Status
 
 __all__ = ["traced"]
 
