@@ -131,7 +131,6 @@ def _circles_script() -> ModuleType:
 KNOWN_CIRCLES = {
     "bindery.controller": [["reconcile", "rmstack", "unconfirmed", "watches"]],
     "bindery.controller.podgroups": [["coordinator", "placement", "recovery"]],
-    "bindery.scheduling": [["decisions", "framework", "nodecheck", "placementrules", "ports", "queue"]],
 }
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from bindery.scheduling import placementrules
-from bindery.scheduling.placementrules import STALE_SECONDS, InFlight, _Cycle, _related, _share_claims
+from bindery.scheduling import inflight
+from bindery.scheduling.inflight import STALE_SECONDS, InFlight, _Cycle, _related, _share_claims
 from bindery.scheduling.podspec import PodInfo
 from tests.scheduling.test_podrules import HOST, ZONE, body, term, zone_spread
 
@@ -120,13 +120,13 @@ def test_a_deployments_burst_decides_relatedness_once(monkeypatch: Any) -> None:
     """40 pods of one Deployment in flight: the 40th matched its rules against one group, not 39
     pods (that was 11 % of the operator's CPU on issue 19's rules backlog)."""
     calls = [0]
-    real = placementrules._related
+    real = inflight._related
 
     def counted(*args: Any) -> bool:
         calls[0] += 1
         return real(*args)
 
-    monkeypatch.setattr(placementrules, "_related", counted)
+    monkeypatch.setattr(inflight, "_related", counted)
     flight = InFlight()
     template = body("web", labels={"app": "web"}, anti=[term(HOST, app="web")], spread=[zone_spread()])
     cycles = [
@@ -163,7 +163,7 @@ def test_a_pod_waits_until_every_earlier_related_pod_settled_in_any_order_or_its
     the last of them. A fifth, whose earlier pods never settle, goes on at its deadline saying how
     many were still unplaced."""
 
-    caplog.set_level(logging.INFO, logger=placementrules.__name__)
+    caplog.set_level(logging.INFO, logger=inflight.__name__)
 
     async def scenario() -> None:
         flight = InFlight()

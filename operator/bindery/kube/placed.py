@@ -30,7 +30,7 @@ from typing import Any, cast
 from bindery.podrules.model import AffinityTerm, GroupPods, PlacedPod
 from bindery.podrules.nodes import NodeSnapshot
 from bindery.podrules.parse import placed_pod, placed_unchanged
-from bindery.scheduling.placementrules import InFlight
+from bindery.scheduling.inflight import InFlight
 from bindery.scheduling.ports import NodeProjection
 
 __all__ = ["PlacedPodCache"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from bindery.podrules.model import AffinityTerm, PlacedPod
-    from bindery.scheduling.placementrules import InFlight
+    from bindery.scheduling.inflight import InFlight
     from bindery.scheduling.podspec import PodInfo
 
 __all__ = [
