@@ -92,6 +92,7 @@ async def run(args: argparse.Namespace, plane: Any, workdir: pathlib.Path) -> di
         await make_nodes(api, count=1, kwok=False)
         await ceiling.install_bindery(plane)
         bench = Plane(plane, workdir, api)
+        await create_namespace(api, "bindery-system")
         await create_namespace(api, NAMESPACE)
         async with bench.bindery(SERVED, max_in_flight=16):
             gate = asyncio.Semaphore(16)
