@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from bindery.backoff import BackoffPolicy
 from bindery.controller.metrics import Metrics
@@ -37,6 +37,7 @@ from bindery.controller.preemption import Preemptions
 from bindery.controller.rmstack import NotLeading, RMStack
 from bindery.controller.watches.bound import TERMINAL_PHASES
 from bindery.k8s import ApiClient, ApiError, NotFound, get, list_all, resources
+from bindery.rm.models import MAX_GROUP_MEMBERS, MAX_GROUP_TOPOLOGY_KEYS
 from bindery.scheduling.cycle import CycleOutcome
 from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDULABLE
 from bindery.scheduling.framework import Ports, Profile
@@ -55,6 +56,8 @@ GroupKey = tuple[str, str]
 #: controller creates its pods one request at a time, and kube-scheduler says nothing about pods
 #: its PreEnqueue holds back; a group that completes within it costs no write.
 REPORT_WAITING_AFTER_SECONDS = 3.0
+#: The event throttle's key of a group refused for the contract's caps (said once per member).
+OVER_CAPS_EVENT_KEY = "OverCaps"
 
 
 @dataclasses.dataclass(slots=True)
@@ -337,6 +340,16 @@ class PodGroupCoordinator:
                 return self._next_backoff(group)
             # Once more when the wait passes kube-scheduler's (the message then says so).
             return GANG_WAIT_SECONDS - waited if waited < GANG_WAIT_SECONDS else None
+        refusal = None if decision.each_alone else over_caps(group=info, members=decision.members)
+        if refusal is not None:  # every try would fail the same way: say so once, and wait for a change
+            group.waiting = True
+            await self._reporter.report(
+                decision.members, refusal, reason=REASON_UNSCHEDULABLE, event_key=OVER_CAPS_EVENT_KEY
+            )
+            await self._reporter.set_condition(
+                info, scheduled=False, reason=REASON_UNSCHEDULABLE, message=refusal
+            )
+            return None if watched else self._next_backoff(group)
         batches = [[pod] for pod in decision.members] if decision.each_alone else [list(decision.members)]
         delays = [await self._placement.place(info, group, batch) for batch in batches]
         pending_delays = [d for d in delays if d is not None]
@@ -393,6 +406,29 @@ class PodGroupCoordinator:
                 continue
             count += 1
         return count
+
+
+def over_caps(*, group: PodGroupInfo, members: Sequence[PodInfo]) -> str | None:
+    """Pure: why no group reservation can carry these members (contract v1.1's caps), or None.
+
+    Checked before the request is built: its validation would fail the same way on every try.
+    """
+    problems = []
+    if len(members) > MAX_GROUP_MEMBERS:
+        problems.append(
+            f"{len(members)} pending members; a group reservation carries at most {MAX_GROUP_MEMBERS}"
+        )
+    if len(group.topology_keys) > MAX_GROUP_TOPOLOGY_KEYS:
+        problems.append(
+            f"{len(group.topology_keys)} topology keys; a group reservation carries at most "
+            f"{MAX_GROUP_TOPOLOGY_KEYS} (spec.schedulingConstraints.topology)"
+        )
+    if not problems:
+        return None
+    return (
+        f'pod group "{group.key}" cannot be placed: {"; ".join(problems)}; split the group, or '
+        "drop topology keys, then the group is looked at again"
+    )
 
 
 class _NotListed:
