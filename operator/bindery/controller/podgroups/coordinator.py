@@ -13,6 +13,8 @@ ones alone do not reach ``minCount``, from the placed-pod cache, decides
   (:meth:`PodGroupCoordinator.changed`). It polls nothing, so a thousand waiting groups cost the
   apiserver nothing. Only when a source is missing (no watch given, the placed-pod cache not
   synced yet) does a pass read the apiserver (a GET, a LIST) and look again after its backoff;
+* refused: a group no group reservation can carry (:func:`over_caps`) is told so once, on its
+  members and its PodGroup, and waits for a change as a waiting group does;
 * placing: all pending members at once (:mod:`bindery.controller.podgroups.placement`).
 
 The first pass after a start, or after a new leadership term, first settles what an earlier
