@@ -60,6 +60,10 @@ SLOW_FIXTURES = ("image",)
 #: Tests (a file, or file::function for every parametrization of it) that took 15 s or more in
 #: `scripts/test --fast --durations=0` (2 shared cores, load 2-7); the figure is setup+call+teardown.
 SLOW_TESTS = (
+    # 25 s: 1,001 members of one pod group created and refused
+    "operator/test_podgroup_caps.py::test_a_group_of_1001_members_is_refused_on_its_members_and_its_podgroup",
+    # 20 s: two unbound-pod sweeps (5 s reconcile interval) watched through a counting proxy
+    "operator/test_podgroup_reads.py",
     # 29 s, 16 s and 15 s: a leader and a standby as processes, SIGKILLed and SIGSTOPped
     "operator/test_leader_processes.py",
     # 26 s (call): 25 s of node events while a PDB-blocked preemptor backs off

@@ -563,7 +563,7 @@ async def test_an_operator_that_may_not_read_pod_groups_says_so_on_the_members(
             messages = await stage.explained("forbidden", 2)
             for message in messages:
                 assert "HTTP 403" in message, message
-                assert "get on podgroups.scheduling.k8s.io" in message, message
+                assert "list and watch on podgroups.scheduling.k8s.io" in message, message
     finally:
         with contextlib.suppress(client.ApiException):
             await client.CustomObjectsApi(cluster_api).delete_cluster_custom_object(

@@ -23,6 +23,9 @@ delivering its next event. Clearing it lets held lists through, and answers each
 resumes from a resourceVersion with what the apiserver says once that version is compacted away
 (an ERROR event, code 410), so the watchers list afresh and never see the events of the gap.
 
+`requests` records (method, path with query) of every request forwarded or answered, so a test
+can count what the operator asked the apiserver for.
+
 `open_pod_watches` holds the field selector of every pod watch stream open now (the tests count
 the operator's watches with it).
 
@@ -98,6 +101,8 @@ class ApiProxy:
     failed_evictions: int = 0
     #: lists of bound pods answered with `bound_pod_list_status`
     failed_bound_pod_lists: int = 0
+    #: (method, path and query) of every request, in arrival order
+    requests: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def forward_held(self) -> None:
         self.held.set()
@@ -139,6 +144,7 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
         await send(request, body, fault)
 
     async def forward(request: web.Request) -> web.StreamResponse:
+        proxy.requests.append((request.method, request.path_qs))
         body = await request.read()
         if request.method == "POST" and _BINDING.match(request.path) and proxy.binding_faults:
             fault = proxy.binding_faults.pop(0)

@@ -263,6 +263,8 @@ class PendingPods:
         for runner in self._runners().values():
             runner.queue.wake(touch, event="placed-pod")
             runner.podgroups.wake(touch)
+            if pod.group:  # a member placed or gone: its group counts them again
+                runner.podgroups.changed(namespace=pod.namespace, name=pod.group)
 
     def on_namespace_relabelled(self, namespace: str) -> None:
         """A namespace's labels changed: the rules' namespaceSelector terms may see it now (or not)."""

@@ -23,6 +23,7 @@ from bindery.config import ResourceManagerConfig
 from bindery.controller.attempt import Attempts
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups import PodGroupCoordinator
+from bindery.controller.podgroups.watch import PodGroupWatch
 from bindery.controller.preemption import PendingPlan, Preemptions, plan_scope
 from bindery.controller.rmstack import RMStack
 from bindery.controller.secrets import RMCredentials
@@ -86,9 +87,11 @@ class ProfileRunner:
         namespaces: tuple[str, ...] = (),
         metrics: Metrics | None = None,
         bound_pods: BoundPodFeed | None = None,
+        podgroups: PodGroupWatch | None = None,
     ) -> None:
         """`bound_pods`: the watch of pods on nodes this runner subscribes to while it schedules,
-        for the releases of its departed pods (None: no releases by watch, only by reconciliation)."""
+        for the releases of its departed pods (None: no releases by watch, only by reconciliation);
+        `podgroups`: the watch of PodGroups its pod groups read (None: each look GETs one)."""
         self.config = config
         self.namespaces = namespaces
         self.metrics = metrics or Metrics()
@@ -174,6 +177,7 @@ class ProfileRunner:
             on_released=on_released,
             on_outcome=self.attempts.follow_up,
             preemptions=preemptions,
+            podgroups=podgroups,
         )
 
         self._workers: list[asyncio.Task[None]] = []

@@ -45,6 +45,7 @@ from bindery.controller.metrics import (
 )
 from bindery.controller.options import OperatorOptions
 from bindery.controller.pending import PendingPods
+from bindery.controller.podgroups.watch import PodGroupWatch
 from bindery.controller.queueview import QueueView
 from bindery.controller.reconcile import Reconciler
 from bindery.controller.runner import ProfileRunner
@@ -150,6 +151,7 @@ class Runtime:
         self.nodes: IndexNodeLookup | None = None
         self._placed_task: asyncio.Task[None] | None = None
         self.placed_watch: PlacedPodWatcher | None = None
+        self.podgroup_watch: PodGroupWatch | None = None
         self._services_task: asyncio.Task[None] | None = None
         self.services: ServiceSelectors | None = None
 
@@ -207,6 +209,14 @@ class Runtime:
             watch_seconds=self.options.watch_timeout,
         )
         self._placed_task = asyncio.create_task(self.placed_watch.run(), name="bindery placed-pod watch")
+        # Started by the first pod group a profile sees (a cluster without any is never asked).
+        self.podgroup_watch = PodGroupWatch(
+            api=self._api,
+            logger=self.logger,
+            namespaces=self.options.namespaces,
+            watch_seconds=self.options.watch_timeout,
+            on_change=self._podgroup_changed,
+        )
         self._ports = Ports(
             nodes=nodes,
             pods=self.pods,
@@ -232,6 +242,7 @@ class Runtime:
             holds=self._leadership.holds if self._leadership is not None else lambda: True,
             cluster_id=self.cluster_id,
             bound_pods=self.placed_watch,
+            podgroups=self.podgroup_watch,
         )
         self._sweep_task = asyncio.create_task(self.pending.sweep_forever(), name="bindery unbound-pod sweep")
         self._clock_task = asyncio.create_task(self._follow_apiserver_clock(), name="bindery apiserver clock")
@@ -321,6 +332,8 @@ class Runtime:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.podgroup_watch is not None:
+            await self.podgroup_watch.close()
         for supervisor in list(self.supervisors.values()):
             await supervisor.close()
         self.supervisors.clear()
@@ -424,6 +437,10 @@ class Runtime:
             pending.reoffer_all()
         self._size_pool(configs.values())
 
+    def _podgroup_changed(self, namespace: str, name: str) -> None:
+        for runner in self.runners.values():
+            runner.podgroups.changed(namespace=namespace, name=name)
+
     def _clock_skews(self) -> dict[str, float | None]:
         last = self.apiserver_clock.last
         skews: dict[str, float | None] = {"apiserver": last.seconds if last is not None else None}
@@ -447,15 +464,17 @@ class Runtime:
     def connection_pool(self, configs: Iterable[ResourceManagerConfig]) -> ConnectionPool:
         """What the apiserver connection pool is for now: per scope (all namespaces, or each of
         the operator's), a watch of unbound pods per claimed name, the namespace-label watch, the
-        watch of pods on nodes (inter-pod rules, and every profile's releases) and the Service
-        watch, and the cycles every ResourceManager may have in flight."""
+        watch of pods on nodes (inter-pod rules, and every profile's releases), the Service
+        watch and the PodGroup watch (counted before it starts: it starts with the first pod
+        group), and the cycles every ResourceManager may have in flight."""
         pending = self.pending
         scopes = max(len(self.options.namespaces), 1)
         return ConnectionPool(
             watches=scopes * len(pending.claimed())
             + (1 if self._namespaces_task is not None else 0)
             + (scopes if self._placed_task is not None else 0)
-            + (scopes if self._services_task is not None else 0),
+            + (scopes if self._services_task is not None else 0)
+            + (scopes if self.podgroup_watch is not None else 0),
             in_flight=sum(config.max_in_flight for config in configs),
         )
 

@@ -43,7 +43,8 @@ class RMCredentials:
     token: str | None = None
     ca_file: pathlib.Path | None = None
     client_cert: tuple[pathlib.Path, pathlib.Path] | None = None
-    #: changes whenever any secret material changes (file paths stay the same across rotations)
+    #: changes whenever any secret material changes, the CA included (file paths stay the same
+    #: across rotations, so the digest is what tells the supervisor to build a new client)
     digest: str = ""
 
 
@@ -58,12 +59,14 @@ async def resolve_credentials(
     if token is not None:
         material.update(b"token\0" + token.encode())
     ca_file = None
+    ca: bytes | None = None
     if config.ca_bundle is not None:
-        ca_file = _write(target / "ca.crt", config.ca_bundle.encode())
+        ca = config.ca_bundle.encode()
     elif config.ca_ref is not None:
-        ca_file = _write(
-            target / "ca.crt", await _secret_value(core=core, ref=config.ca_ref, what="CA bundle")
-        )
+        ca = await _secret_value(core=core, ref=config.ca_ref, what="CA bundle")
+    if ca is not None:  # in the digest too: a CA rotated in place needs a new client like a token
+        material.update(b"ca\0" + ca + b"\0")
+        ca_file = _write(target / "ca.crt", ca)
     client_cert = None
     if config.client_cert_ref is not None:
         ref = config.client_cert_ref

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 from bindery.backoff import Backoff, BackoffPolicy
 from bindery.config import ResourceManagerConfig
 from bindery.controller.metrics import Metrics
+from bindery.controller.podgroups.watch import PodGroupWatch
 from bindery.controller.runner import ProfileRunner, plugins_for
 from bindery.controller.secrets import (
     CredentialsError,
@@ -105,6 +106,8 @@ class Environment:
     cluster_id: str | None = None
     #: the one watch of pods on nodes, which each runner subscribes to for its releases
     bound_pods: BoundPodFeed | None = None
+    #: the one watch of PodGroups, which every runner's pod groups read
+    podgroups: PodGroupWatch | None = None
 
 
 class ResourceManagerSupervisor:
@@ -348,6 +351,7 @@ class ResourceManagerSupervisor:
             namespaces=env.namespaces,
             metrics=env.metrics,
             bound_pods=env.bound_pods,
+            podgroups=env.podgroups,
         )
         self._reconciler = env.reconciler(self.runner)
         self._probe_at = 0.0

@@ -243,6 +243,9 @@ class PlacedPod:
     #: needs gone (``bindery.scheduling.placementrules.rule_victims``).
     name: str = ""
     priority: int = 0
+    #: ``spec.schedulingGroup.podGroupName`` (immutable): a waiting pod group counts its placed
+    #: members here, and is woken when one arrives or leaves.
+    group: str = ""
 
     @property
     def scores_others(self) -> bool:

@@ -256,6 +256,7 @@ def placed_pod(body: Mapping[str, Any], *, node: str | None = None) -> PlacedPod
         assumed=node is not None,
         name=str(metadata.get("name") or ""),
         priority=int(spec.get("priority") or 0),
+        group=str((spec.get("schedulingGroup") or {}).get("podGroupName") or ""),
     )
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "FEATURES_HEADER",
     "MAX_BATCH_OPERATIONS",
     "MAX_GROUP_MEMBERS",
+    "MAX_GROUP_TOPOLOGY_KEYS",
     "MAX_RULE_VICTIMS",
     "BatchOperation",
     "BatchOperationResult",
@@ -75,6 +76,8 @@ __all__ = [
 CONTRACT_VERSION = "1.2.4"
 #: The most members one reservation group may have (contract v1.1).
 MAX_GROUP_MEMBERS = 1000
+#: The most topology constraints one reservation group may have (contract v1.1).
+MAX_GROUP_TOPOLOGY_KEYS = 8
 #: The most victims one ``rulePreemption`` entry may name (contract v1.2.4).
 MAX_RULE_VICTIMS = 100
 #: The most operations one ``POST /v1/batch`` may carry (contract v1.1).
@@ -390,7 +393,7 @@ class ReservationGroupRequest(_Request):
 
     group: GroupIdentity
     members: list[GroupMemberRequest] = Field(min_length=1, max_length=MAX_GROUP_MEMBERS)
-    topology: list[TopologyConstraint] = Field(default_factory=list, max_length=8)
+    topology: list[TopologyConstraint] = Field(default_factory=list, max_length=MAX_GROUP_TOPOLOGY_KEYS)
     idempotency_key: ShortText
     ttl_seconds: Integer = Field(ge=1, le=86_400)
     #: v1.2 (feature ``cluster-id``): the cluster asking, stored on every member.

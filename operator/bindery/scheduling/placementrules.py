@@ -814,6 +814,7 @@ def _assumed(pod: PodInfo, node: str) -> PlacedPod:
         assumed=True,
         name=pod.name,
         priority=pod.priority,
+        group=pod.scheduling_group or "",
     )
 
 

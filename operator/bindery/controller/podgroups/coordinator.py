@@ -2,13 +2,19 @@
 
 A profile's pods that name a PodGroup (``spec.schedulingGroup``) never enter its queue: the runner
 hands them to its :class:`PodGroupCoordinator`, which keeps one task per group while the group has
-pending members. Each pass of that task reads the PodGroup (one GET), counts the members already
-placed when the pending ones alone do not reach ``minCount`` (one LIST of the namespace's bound
-pods), decides (:func:`bindery.scheduling.podgroups.decide_group`) and acts:
+pending members. Each pass of that task reads the PodGroup from the operator's one PodGroup watch
+(:mod:`bindery.controller.podgroups.watch`), counts the members already placed, when the pending
+ones alone do not reach ``minCount``, from the placed-pod cache, decides
+(:func:`bindery.scheduling.podgroups.decide_group`) and acts:
 
 * waiting: every waiting member is told why, and so is the PodGroup
-  (:mod:`bindery.controller.podgroups.reporting`); a new member wakes the group, anything else
-  (a PodGroup created or changed: PodGroups are not watched) is seen after the group's backoff;
+  (:mod:`bindery.controller.podgroups.reporting`); then the group sleeps until something it waits
+  for changes: a new member, a member placed or gone, its PodGroup created or changed
+  (:meth:`PodGroupCoordinator.changed`). It polls nothing, so a thousand waiting groups cost the
+  apiserver nothing. Only when a source is missing (no watch given, the placed-pod cache not
+  synced yet) does a pass read the apiserver (a GET, a LIST) and look again after its backoff;
+* refused: a group no group reservation can carry (:func:`over_caps`) is told so once, on its
+  members and its PodGroup, and waits for a change as a waiting group does;
 * placing: all pending members at once (:mod:`bindery.controller.podgroups.placement`).
 
 The first pass after a start, or after a new leadership term, first settles what an earlier
@@ -21,22 +27,23 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from bindery.backoff import BackoffPolicy
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.placement import Placement
 from bindery.controller.podgroups.recovery import Recovery
 from bindery.controller.podgroups.reporting import READ_SECONDS, Reporter
+from bindery.controller.podgroups.watch import PodGroupWatch
 from bindery.controller.preemption import Preemptions
 from bindery.controller.rmstack import NotLeading, RMStack
 from bindery.controller.watches.bound import TERMINAL_PHASES
 from bindery.k8s import ApiClient, ApiError, NotFound, get, list_all, resources
+from bindery.rm.models import MAX_GROUP_MEMBERS, MAX_GROUP_TOPOLOGY_KEYS
 from bindery.scheduling.cycle import CycleOutcome
 from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDULABLE
 from bindery.scheduling.framework import Ports, Profile
-from bindery.scheduling.podgroups import GroupStep, PodGroupInfo, decide_group
+from bindery.scheduling.podgroups import GANG_WAIT_SECONDS, GroupStep, PodGroupInfo, decide_group
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.preemption import Preemptor
 from bindery.scheduling.queue import Touch, WakeOn
@@ -51,6 +58,8 @@ GroupKey = tuple[str, str]
 #: controller creates its pods one request at a time, and kube-scheduler says nothing about pods
 #: its PreEnqueue holds back; a group that completes within it costs no write.
 REPORT_WAITING_AFTER_SECONDS = 3.0
+#: The event throttle's key of a group refused for the contract's caps (said once per member).
+OVER_CAPS_EVENT_KEY = "OverCaps"
 
 
 @dataclasses.dataclass(slots=True)
@@ -77,6 +86,10 @@ class GroupState:
     rules: WakeOn | None = None
     retry_at: float = 0.0
     timer: asyncio.TimerHandle | None = None
+    #: The last pass decided to wait for its PodGroup or members: a change of them wakes it.
+    waiting: bool = False
+    #: Something the group waits for changed during the pass under way: look again at once.
+    changed: bool = False
 
 
 class PodGroupCoordinator:
@@ -94,8 +107,12 @@ class PodGroupCoordinator:
         on_released: Callable[[], None],
         on_outcome: Callable[[PodInfo, CycleOutcome], None] = lambda pod, outcome: None,
         preemptions: Preemptions | None = None,
+        podgroups: PodGroupWatch | None = None,
     ) -> None:
+        """`podgroups`: the operator's PodGroup watch (None: each pass GETs the PodGroup and looks
+        again after its backoff)."""
         self._profile = profile
+        self._podgroups = podgroups
         self._ports = ports
         self._api = api
         self._logger = logger
@@ -157,6 +174,17 @@ class PodGroupCoordinator:
             elif group.rules is not None:  # a node changed (its labels may be what a rule reads)
                 _wake_after_backoff(group, now)
 
+    def changed(self, *, namespace: str, name: str) -> None:
+        """Group `name`'s PodGroup changed, or one of its members was placed or left: a group that
+        waits for those looks again (one placing keeps its backoff)."""
+        group = self._groups.get((namespace, name))
+        if group is None:
+            return
+        if group.waiting:
+            group.wake.set()
+        else:
+            group.changed = True
+
     def wake(self, touch: Touch) -> None:
         """A placed pod arrived, changed or left (or a namespace was relabelled): wake the groups
         their members' rules refused that it may concern, as :meth:`SchedulingQueue.wake` does
@@ -208,6 +236,7 @@ class PodGroupCoordinator:
     async def _run(self, key: GroupKey, group: GroupState) -> None:
         while self._active and group.pending:
             group.wake.clear()
+            group.waiting = group.changed = False
             _forget_rules(group)
             try:
                 delay = await self._pass(key, group)
@@ -216,6 +245,8 @@ class PodGroupCoordinator:
             except Exception:  # a bug must not end the group's task
                 self._logger.exception(f"placing pod group {key[0]}/{key[1]} failed; retrying")
                 delay = self._next_backoff(group)
+            if group.waiting and group.changed:  # it changed while this pass read it
+                delay = 0.0
             if not group.pending:
                 break
             with contextlib.suppress(TimeoutError):
@@ -244,18 +275,22 @@ class PodGroupCoordinator:
         if not pending:
             return None
         try:
-            body = await self._read_group(namespace=namespace, name=name)
+            found = await self._read_group(namespace=namespace, name=name)
         except ApiError as error:
             if not error.status:  # no answer (a timeout, a reset): the task logs it and backs off
                 raise
             message = (
                 f'cannot read the pod\'s PodGroup "{namespace}/{name}" (HTTP {error.status} {error.reason}); '
-                "the operator needs get on podgroups.scheduling.k8s.io (the chart grants it) and an "
-                "apiserver serving scheduling.k8s.io/v1alpha2"
+                "the operator needs get, list and watch on podgroups.scheduling.k8s.io (the chart grants "
+                "them) and an apiserver serving scheduling.k8s.io/v1alpha2"
             )
             await self._reporter.report(pending, message, reason=REASON_SCHEDULER_ERROR)
             return self._next_backoff(group)
-        info = PodGroupInfo.from_body(body) if body is not None else None
+        if isinstance(found, _NotListed):
+            self._logger.info(f"pod group {namespace}/{name}: PodGroups not listed yet; looking again")
+            return self._next_backoff(group)
+        info = found
+        watched = self._podgroups is not None
         if not group.recovered:
             group.recovered = True
             if info is not None:
@@ -269,7 +304,13 @@ class PodGroupCoordinator:
                     return 0.0  # look again with what is left pending
         placed = 0
         if info is not None and info.min_count is not None and len(pending) < info.min_count:
-            placed = await self._count_placed(namespace=namespace, name=name)
+            counted = await self._count_placed_cached(
+                namespace=namespace, name=name, pending=frozenset(p.uid for p in pending)
+            )
+            if counted is None:  # no synced cache: a read, and a look again after the backoff
+                watched = False
+                counted = await self._count_placed(namespace=namespace, name=name)
+            placed = counted
         now = time.monotonic()
         if group.waiting_since is None:
             group.waiting_since = now
@@ -282,10 +323,13 @@ class PodGroupCoordinator:
             waited_seconds=now - group.waiting_since,
         )
         waited = now - group.waiting_since
+        if decision.step in (GroupStep.WAIT_FOR_GROUP, GroupStep.WAIT_FOR_MEMBERS):
+            group.waiting = True  # from here, a change of what it waits for wakes it
         if decision.step is GroupStep.WAIT_FOR_GROUP:
-            if waited >= REPORT_WAITING_AFTER_SECONDS:
-                await self._reporter.report(decision.members, decision.message, reason=REASON_UNSCHEDULABLE)
-            return self._next_backoff(group)  # no watch on PodGroups: look again
+            if waited < REPORT_WAITING_AFTER_SECONDS:
+                return REPORT_WAITING_AFTER_SECONDS - waited  # its PodGroup created wakes it sooner
+            await self._reporter.report(decision.members, decision.message, reason=REASON_UNSCHEDULABLE)
+            return None if watched else self._next_backoff(group)
         assert info is not None
         if decision.step is GroupStep.WAIT_FOR_MEMBERS:
             if waited < REPORT_WAITING_AFTER_SECONDS:
@@ -294,9 +338,20 @@ class PodGroupCoordinator:
             await self._reporter.set_condition(
                 info, scheduled=False, reason=REASON_UNSCHEDULABLE, message=decision.message
             )
-            # A new member wakes the group; a lowered minCount does not (PodGroups are not
-            # watched): look again after the backoff, as for a missing PodGroup.
-            return self._next_backoff(group)
+            if not watched:  # nothing tells it of a lowered minCount or a member placed: poll
+                return self._next_backoff(group)
+            # Once more when the wait passes kube-scheduler's (the message then says so).
+            return GANG_WAIT_SECONDS - waited if waited < GANG_WAIT_SECONDS else None
+        refusal = None if decision.each_alone else over_caps(group=info, members=decision.members)
+        if refusal is not None:  # every try would fail the same way: say so once, and wait for a change
+            group.waiting = True
+            await self._reporter.report(
+                decision.members, refusal, reason=REASON_UNSCHEDULABLE, event_key=OVER_CAPS_EVENT_KEY
+            )
+            await self._reporter.set_condition(
+                info, scheduled=False, reason=REASON_UNSCHEDULABLE, message=refusal
+            )
+            return None if watched else self._next_backoff(group)
         batches = [[pod] for pod in decision.members] if decision.each_alone else [list(decision.members)]
         delays = [await self._placement.place(info, group, batch) for batch in batches]
         pending_delays = [d for d in delays if d is not None]
@@ -304,13 +359,34 @@ class PodGroupCoordinator:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    async def _read_group(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+    async def _read_group(self, *, namespace: str, name: str) -> PodGroupInfo | _NotListed | None:
+        """The PodGroup as the watch holds it (_NOT_LISTED: not listed yet; raises the watch's
+        failure), or as a GET reads it without a watch."""
+        watch = self._podgroups
+        if watch is not None:
+            if await watch.wait_synced(READ_SECONDS):
+                return watch.get(namespace, name)
+            if watch.error is not None and watch.error.status:
+                raise watch.error
+            return _NOT_LISTED
         try:
-            return await get(
+            body = await get(
                 self._api, resources.PODGROUPS, namespace=namespace, name=name, request_timeout=READ_SECONDS
             )
         except NotFound:
             return None
+        return PodGroupInfo.from_body(body)
+
+    async def _count_placed_cached(self, *, namespace: str, name: str, pending: frozenset[str]) -> int | None:
+        """:meth:`_count_placed` from the placed-pod cache (None: no cache, or not synced)."""
+        placed = self._ports().placed
+        if placed is None or not await placed.wait_synced(READ_SECONDS):
+            return None
+        return sum(
+            1
+            for pod in placed.in_namespace(namespace)
+            if pod.group == name and not pod.terminating and pod.uid not in pending
+        )
 
     async def _count_placed(self, *, namespace: str, name: str) -> int:
         """Members of the group bound to a node and not finished (they count towards minCount)."""
@@ -332,6 +408,36 @@ class PodGroupCoordinator:
                 continue
             count += 1
         return count
+
+
+def over_caps(*, group: PodGroupInfo, members: Sequence[PodInfo]) -> str | None:
+    """Pure: why no group reservation can carry these members (contract v1.1's caps), or None.
+
+    Checked before the request is built: its validation would fail the same way on every try.
+    """
+    problems = []
+    if len(members) > MAX_GROUP_MEMBERS:
+        problems.append(
+            f"{len(members)} pending members; a group reservation carries at most {MAX_GROUP_MEMBERS}"
+        )
+    if len(group.topology_keys) > MAX_GROUP_TOPOLOGY_KEYS:
+        problems.append(
+            f"{len(group.topology_keys)} topology keys; a group reservation carries at most "
+            f"{MAX_GROUP_TOPOLOGY_KEYS} (spec.schedulingConstraints.topology)"
+        )
+    if not problems:
+        return None
+    return (
+        f'pod group "{group.key}" cannot be placed: {"; ".join(problems)}; split the group, or '
+        "drop topology keys, then the group is looked at again"
+    )
+
+
+class _NotListed:
+    """The PodGroup watch has not listed yet (and says of no failure)."""
+
+
+_NOT_LISTED = _NotListed()
 
 
 def _wake_after_backoff(group: GroupState, now: float) -> None:

@@ -88,13 +88,20 @@ class Reporter:
                 seconds=time.perf_counter() - started,
             )
 
-    async def report(self, members: Sequence[PodInfo], message: str, *, reason: str) -> None:
-        """FailedScheduling (throttled) and PodScheduled=False (if changed) on every member."""
-        ports = self._ports()
-        await asyncio.gather(*(self._report_one(ports, pod, message, reason) for pod in members))
+    async def report(
+        self, members: Sequence[PodInfo], message: str, *, reason: str, event_key: str | None = None
+    ) -> None:
+        """FailedScheduling (throttled) and PodScheduled=False (if changed) on every member.
 
-    async def _report_one(self, ports: Ports, pod: PodInfo, message: str, reason: str) -> None:
-        event = self.throttle.admit(uid=pod.uid, key=reason, message=message)
+        The throttle admits one event per member and `event_key` (the reason by default) per
+        interval: a refusal said once, never repeated, takes a key of its own, so that the "waiting
+        for members" just before it does not swallow it."""
+        ports = self._ports()
+        key = event_key or reason
+        await asyncio.gather(*(self._report_one(ports, pod, message, reason, key) for pod in members))
+
+    async def _report_one(self, ports: Ports, pod: PodInfo, message: str, reason: str, key: str) -> None:
+        event = self.throttle.admit(uid=pod.uid, key=key, message=message)
         writes: list[Callable[[], Awaitable[None]]] = []
         if event is not None:
             writes.append(
