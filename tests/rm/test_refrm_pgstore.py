@@ -183,3 +183,28 @@ def test_a_replica_resolves_a_node_again_when_another_replica_ends_a_reservation
     assert isinstance(fits, Placed)
     a.close()
     b.close()
+
+
+def test_an_unverified_link_to_postgresql_is_named_at_start(
+    postgres_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """libpq's default sslmode (prefer) checks no certificate and may fall back to plain text:
+    the RM said nothing of it."""
+    with caplog.at_level("WARNING", logger="bindery.reference_rm.pgstore"):
+        PostgresReservationStore(postgres_db).close()
+    assert any(
+        "is not verified (sslmode=prefer)" in record.getMessage()
+        and "sslmode=verify-full" in record.getMessage()
+        for record in caplog.records
+    ), caplog.text
+
+
+def test_a_verified_link_or_a_unix_socket_gets_no_tls_warning() -> None:
+    from bindery.reference_rm.pgstore import tls_warning
+
+    assert (
+        tls_warning("postgresql://rm@db.example:5432/rm?sslmode=verify-full&sslrootcert=/ca.crt", {}) is None
+    )
+    assert tls_warning("postgresql://rm@db.example/rm", {"PGSSLMODE": "verify-ca"}) is None
+    assert tls_warning("postgresql:///rm?host=/run/postgresql", {}) is None
+    assert "sslmode=require" in (tls_warning("postgresql://rm@db.example/rm?sslmode=require", {}) or "")

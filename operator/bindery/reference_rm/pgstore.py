@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
 import pathlib
 import time
 import uuid
@@ -51,6 +53,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import psycopg.errors
 
 from bindery.quantity import format_quantity, parse_quantity
@@ -106,7 +109,7 @@ from bindery.rm.models import (
     ReservationState,
 )
 
-__all__ = ["SCHEMA_VERSION", "PostgresReservationStore"]
+__all__ = ["SCHEMA_VERSION", "PostgresReservationStore", "tls_warning"]
 
 #: The schema version this code writes and reads; one migration per version in ``_MIGRATIONS``.
 SCHEMA_VERSION = 5
@@ -166,6 +169,37 @@ _SCHEMA_V1 = (
 
 
 Conn = psycopg.Connection[tuple[Any, ...]]
+log = logging.getLogger(__name__)
+
+
+#: libpq's sslmodes that check the server's certificate; the others encrypt at most.
+_VERIFYING = ("verify-ca", "verify-full")
+
+
+def tls_warning(url: str, environ: Mapping[str, str]) -> str | None:
+    """What to tell the operator when the link to PostgreSQL is not verified, or None.
+
+    libpq's default ``sslmode`` is ``prefer``: TLS if the server offers it, without checking its
+    certificate, and plain text if not, so anyone on the path can read or change reservations.
+    A unix socket is not a network link and gets no warning.
+    """
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return None  # psycopg.connect says what is wrong with it
+    host = str(params.get("host") or environ.get("PGHOST") or "")
+    if not host or host.startswith("/"):
+        return None
+    mode = str(params.get("sslmode") or environ.get("PGSSLMODE") or "prefer")
+    if mode in _VERIFYING:
+        return None
+    return (
+        f"the link to PostgreSQL at {host} is not verified (sslmode={mode}): the server's certificate "
+        "is not checked, and with sslmode prefer or allow the link may be plain text; set "
+        "sslmode=verify-full&sslrootcert=<CA file> in --db (or PGSSLMODE, PGSSLROOTCERT)"
+    )
+
+
 Usage = dict[str, dict[str, Decimal]]
 
 
@@ -276,6 +310,8 @@ class PostgresReservationStore:
         self._ended_since_gc = 0
         self._next_gc = 0.0
         self._url = url
+        if (warning := tls_warning(url, os.environ)) is not None:
+            log.warning("%s", warning)
         self._connect_kwargs: dict[str, Any] = {"connect_timeout": max(1, int(connect_timeout))}
         if password is not None:
             self._connect_kwargs["password"] = password
