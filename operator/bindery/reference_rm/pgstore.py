@@ -109,7 +109,14 @@ from bindery.rm.models import (
     ReservationState,
 )
 
-__all__ = ["SCHEMA_VERSION", "PostgresReservationStore", "tls_warning"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "SESSION_SETTINGS",
+    "TCP_SETTINGS",
+    "PostgresReservationStore",
+    "session_kwargs",
+    "tls_warning",
+]
 
 #: The schema version this code writes and reads; one migration per version in ``_MIGRATIONS``.
 SCHEMA_VERSION = 5
@@ -170,6 +177,41 @@ _SCHEMA_V1 = (
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 log = logging.getLogger(__name__)
+
+
+#: Session limits each connection sets unless the --db URL sets them (``options=-c ...`` or libpq's
+#: keepalive and tcp_user_timeout parameters). Why: without them a black-holed link hung the
+#: replica's one writer for hours, and a dead replica's open transaction held the placement-lock
+#: row for every other replica. A limit reached is an OperationalError: the call answers 503.
+SESSION_SETTINGS = {
+    "statement_timeout": "30s",  # one statement of a call, the lock row's wait included
+    "lock_timeout": "10s",  # waiting for a row another replica holds (the placement lock)
+    "idle_in_transaction_session_timeout": "30s",  # a replica stopped mid-transaction lets go
+}
+#: libpq's TCP parameters: a peer that stops answering is given up in about 30 s, not the
+#: kernel's two hours of keepalive or fifteen minutes of retransmissions.
+TCP_SETTINGS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",  # milliseconds
+}
+
+
+def session_kwargs(url: str) -> dict[str, str]:
+    """The connect parameters :data:`SESSION_SETTINGS` and :data:`TCP_SETTINGS` add to ``url``:
+    none that the URL sets itself (its ``options`` are kept, and the limits it names win)."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return {}
+    extra = {name: value for name, value in TCP_SETTINGS.items() if name not in params}
+    options = str(params.get("options") or "")
+    limits = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items() if name not in options)
+    if limits:
+        extra["options"] = f"{options} {limits}".strip()
+    return extra
 
 
 #: libpq's sslmodes that check the server's certificate; the others encrypt at most.
@@ -312,7 +354,10 @@ class PostgresReservationStore:
         self._url = url
         if (warning := tls_warning(url, os.environ)) is not None:
             log.warning("%s", warning)
-        self._connect_kwargs: dict[str, Any] = {"connect_timeout": max(1, int(connect_timeout))}
+        self._connect_kwargs: dict[str, Any] = {
+            "connect_timeout": max(1, int(connect_timeout)),
+            **session_kwargs(url),
+        }
         if password is not None:
             self._connect_kwargs["password"] = password
         self._conn: Conn | None = None
