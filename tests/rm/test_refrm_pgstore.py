@@ -227,11 +227,13 @@ def test_a_replica_stopped_while_it_holds_the_placement_lock_stalls_the_others_f
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             call = pool.submit(
                 store.reserve,
-                ReservationRequest(
-                    pod={"uid": "u1", "namespace": "ns", "name": "p1", "schedulerName": "bindery"},
-                    resources={"cpu": "1"},
-                    idempotencyKey="k1",
-                    ttlSeconds=30,
+                ReservationRequest.model_validate(
+                    {
+                        "pod": {"uid": "u1", "namespace": "ns", "name": "p1", "schedulerName": "bindery"},
+                        "resources": {"cpu": "1"},
+                        "idempotencyKey": "k1",
+                        "ttlSeconds": 30,
+                    }
                 ),
                 nodes=nodes,
                 policy=Policy.BINPACK,
