@@ -48,6 +48,8 @@ SLOW_FIXTURES = ("image",)
 #: Tests (a file, or file::function for every parametrization of it) that took 15 s or more in
 #: `scripts/test --fast --durations=0` (2 shared cores, load 2-7); the figure is setup+call+teardown.
 SLOW_TESTS = (
+    # 13-16 s: a reserve waits out the PostgreSQL lock_timeout (10 s) behind a stopped holder
+    "rm/test_refrm_pgstore.py::test_a_replica_stopped_while_it_holds_the_placement_lock_stalls_the_others_for_seconds_not_hours",
     # 29 s, 16 s and 15 s: a leader and a standby as processes, SIGKILLed and SIGSTOPped
     "operator/test_leader_processes.py",
     # 26 s (call): 25 s of node events while a PDB-blocked preemptor backs off
