@@ -16,6 +16,7 @@ import os
 import pathlib
 import pwd
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 
@@ -90,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (port 0: a free one)")
     parser.add_argument("--token-file", type=pathlib.Path, help=f"bearer token file (or set {TOKEN_ENV})")
+    parser.add_argument("--tls-cert", type=pathlib.Path, help="server certificate (PEM); enables HTTPS")
+    parser.add_argument("--tls-key", type=pathlib.Path, help="server private key (PEM)")
     parser.add_argument("--partition", help="the Slurm partition placeholder jobs go to (default: Slurm's)")
     parser.add_argument(
         "--slurm-user",
@@ -136,6 +139,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (NodeMapError, GresMapError, OSError) as error:
         print(f"bindery rm slurm: {error}", file=sys.stderr)
         return 2
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("bindery rm slurm: --tls-cert and --tls-key must be given together", file=sys.stderr)
+        return 2
+    context = None
+    if args.tls_cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(certfile=args.tls_cert, keyfile=args.tls_key)
+        except (OSError, ssl.SSLError) as error:
+            print(f"bindery rm slurm: cannot load --tls-cert/--tls-key: {error}", file=sys.stderr)
+            return 2
     host, _, port = args.listen.rpartition(":")
     slurm_token = args.slurm_token_file.read_text().strip() if args.slurm_token_file else None
     try:
@@ -156,16 +170,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         hold_seconds=args.queue_hold_seconds,
         gres_map=gres_map,
     )
-    return asyncio.run(_serve(rm, host or "127.0.0.1", int(port)))
+    return asyncio.run(_serve(rm, host or "127.0.0.1", int(port), context))
 
 
-async def _serve(rm: SlurmRM, host: str, port: int) -> int:
+async def _serve(rm: SlurmRM, host: str, port: int, context: ssl.SSLContext | None = None) -> int:
     runner = web.AppRunner(rm.application(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=context)
     await site.start()
     bound = runner.addresses[0]
-    print(f"{BANNER}http://{bound[0]}:{bound[1]}", flush=True)
+    print(f"{BANNER}{'https' if context else 'http'}://{bound[0]}:{bound[1]}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
