@@ -64,6 +64,8 @@ SLOW_TESTS = (
     "operator/test_podgroup_caps.py::test_a_group_of_1001_members_is_refused_on_its_members_and_its_podgroup",
     # 20 s: two unbound-pod sweeps (5 s reconcile interval) watched through a counting proxy
     "operator/test_podgroup_reads.py",
+    # 13-16 s: a reserve waits out the PostgreSQL lock_timeout (10 s) behind a stopped holder
+    "rm/test_refrm_pgstore.py::test_a_replica_stopped_while_it_holds_the_placement_lock_stalls_the_others_for_seconds_not_hours",
     # 29 s, 16 s and 15 s: a leader and a standby as processes, SIGKILLed and SIGSTOPped
     "operator/test_leader_processes.py",
     # 26 s (call): 25 s of node events while a PDB-blocked preemptor backs off

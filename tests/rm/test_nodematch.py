@@ -15,8 +15,15 @@ from typing import Any
 import pytest
 
 from bindery.constraints import matches_node_selector, matches_required_affinity, matches_term
-from bindery.reference_rm.nodematch import compile_required, compile_term, label_sets
-from bindery.reference_rm.placement import InventoryNode, Policy, choose_node
+from bindery.reference_rm.nodematch import LabelMasks, compile_required, compile_term, label_sets
+from bindery.reference_rm.placement import (
+    InventoryNode,
+    Policy,
+    choose_node,
+    preference_scores,
+    static_failure,
+    static_scores,
+)
 
 KEYS = ["zone", "kubernetes.io/hostname", "rank", "gpu", ""]
 VALUES = ["a", "b", "c", "n1", "n2", "3", "-2", "07", " 4", "1_0", "99999999999999999999", ""]
@@ -172,3 +179,63 @@ def test_a_relabelled_inventory_is_matched_afresh() -> None:
     after = (*before[:1], InventoryNode(name="node-001", allocatable=before[1].allocatable), before[2])
     assert choose_node(nodes=after, **ask).node is None
     assert choose_node(nodes=before, **ask).node == "node-001"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_term_as_masks_answers_as_matches_term(seed: int) -> None:
+    """Group placement matches each preferred term against every node at once (LabelMasks)."""
+    rng = random.Random(seed)
+    matched = 0
+    for _ in range(400):
+        nodes = [(random_labels(rng), rng.choice(VALUES)) for _ in range(rng.randrange(0, 9))]
+        masks = LabelMasks(nodes)
+        for _ in range(8):
+            term = random_term(rng)
+            mask = masks.term(term)
+            if mask is None:
+                continue  # an unusual shape: placement asks compile_term node by node
+            for position, (labels, name) in enumerate(nodes):
+                expected = matches_term(term=term, labels=labels, node_name=name)
+                assert bool(mask >> position & 1) is expected, (term, labels, name)
+                matched += expected
+    assert matched > 500
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_static_scores_answer_as_the_filters_and_preference_scores_per_node(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(300):
+        nodes = tuple(
+            InventoryNode(
+                name=f"n{index}",
+                allocatable={"cpu": Decimal(4)},
+                labels=random_labels(rng),
+                taints=tuple(
+                    {
+                        "key": rng.choice(["gpu", "spot"]),
+                        "value": "",
+                        "effect": rng.choice(["NoSchedule", "PreferNoSchedule"]),
+                    }
+                    for _ in range(rng.randrange(0, 3))
+                ),
+                unschedulable=rng.random() < 0.1,
+            )
+            for index in range(rng.randrange(0, 9))
+        )
+        terms = [random_term(rng) for _ in range(rng.choice([0, 1]))]
+        preferences = [(rng.choice([0, 1, 5, 100]), random_term(rng)) for _ in range(rng.randrange(0, 5))]
+        tolerations = [{"key": "spot", "operator": "Exists"}] if rng.random() < 0.3 else []
+        scores = static_scores(
+            nodes=nodes,
+            node_selector={},
+            affinity_terms=terms,
+            tolerations=tolerations,
+            preferences=preferences,
+        )
+        expected = {
+            node.name: preference_scores(node=node, preferences=preferences, tolerations=tolerations)
+            for node in nodes
+            if static_failure(node=node, node_selector={}, affinity_terms=terms, tolerations=tolerations)
+            is None
+        }
+        assert scores == expected, (nodes, terms, preferences, tolerations)

@@ -183,3 +183,67 @@ def test_a_replica_resolves_a_node_again_when_another_replica_ends_a_reservation
     assert isinstance(fits, Placed)
     a.close()
     b.close()
+
+
+def test_an_unverified_link_to_postgresql_is_named_at_start(
+    postgres_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """libpq's default sslmode (prefer) checks no certificate and may fall back to plain text:
+    the RM said nothing of it."""
+    with caplog.at_level("WARNING", logger="bindery.reference_rm.pgstore"):
+        PostgresReservationStore(postgres_db).close()
+    assert any(
+        "is not verified (sslmode=prefer)" in record.getMessage()
+        and "sslmode=verify-full" in record.getMessage()
+        for record in caplog.records
+    ), caplog.text
+
+
+def test_a_verified_link_or_a_unix_socket_gets_no_tls_warning() -> None:
+    from bindery.reference_rm.pgstore import tls_warning
+
+    assert (
+        tls_warning("postgresql://rm@db.example:5432/rm?sslmode=verify-full&sslrootcert=/ca.crt", {}) is None
+    )
+    assert tls_warning("postgresql://rm@db.example/rm", {"PGSSLMODE": "verify-ca"}) is None
+    assert tls_warning("postgresql:///rm?host=/run/postgresql", {}) is None
+    assert "sslmode=require" in (tls_warning("postgresql://rm@db.example/rm?sslmode=require", {}) or "")
+
+
+def test_a_replica_stopped_while_it_holds_the_placement_lock_stalls_the_others_for_seconds_not_hours(
+    postgres_db: str,
+) -> None:
+    """A replica that stopped inside a placing transaction (SIGSTOP, a black-holed link) kept the
+    lock row, and every other replica's reserve waited on it with no limit. Now the wait ends at
+    ``lock_timeout`` with an error the server answers 503 to. The stopped replica is a session
+    that took the row and does nothing more."""
+    from bindery.reference_rm.stores import UNREACHABLE
+
+    nodes = [InventoryNode(name="n1", allocatable={"cpu": Decimal(4)})]
+    store = PostgresReservationStore(postgres_db)
+    holder = psycopg.connect(postgres_db)
+    try:
+        holder.execute("SELECT placements FROM bindery_placement_lock WHERE id = 0 FOR UPDATE")
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            call = pool.submit(
+                store.reserve,
+                ReservationRequest.model_validate(
+                    {
+                        "pod": {"uid": "u1", "namespace": "ns", "name": "p1", "schedulerName": "bindery"},
+                        "resources": {"cpu": "1"},
+                        "idempotencyKey": "k1",
+                        "ttlSeconds": 30,
+                    }
+                ),
+                nodes=nodes,
+                policy=Policy.BINPACK,
+            )
+            try:
+                error = call.exception(timeout=40)
+            finally:
+                holder.rollback()  # lets an unbounded wait (the old code) end, so the test ends
+        assert isinstance(error, UNREACHABLE), error
+        assert "lock timeout" in str(error)
+    finally:
+        holder.close()
+        store.close()

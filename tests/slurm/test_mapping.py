@@ -22,6 +22,7 @@ from bindery.slurm_rm.mapping import (
     parse_gres_map,
     parse_node_map,
 )
+from bindery.slurm_rm.slurmrest import SlurmRest
 
 
 def _request(resources: dict[str, str], **placement: object) -> ReservationRequest:
@@ -149,3 +150,41 @@ def test_a_hetjob_components_comment_round_trips_and_stays_within_slurms_1024_ch
     many = [dataclasses.replace(base, index=i, pod_uid=f"{i:036d}") for i in range(20)]
     with pytest.raises(CommentTooLong, match="slurmctld keeps at most 1024"):
         encode_component(many)
+
+
+def _jwt(claims: dict[str, object]) -> str:
+    import base64
+    import json
+
+    def part(data: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'HS256', 'typ': 'JWT'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+def test_with_a_jwt_and_no_slurm_user_the_jobs_run_as_and_are_recognised_by_the_tokens_user() -> None:
+    """With a JWT but no --slurm-user the adapter sent ``root`` to slurmrestd while it recognised
+    its placeholders by this process's user: none was its own, and each retry submitted another."""
+    token = _jwt({"exp": 2_000_000_000, "iat": 1_700_000_000, "sun": "alice"})
+    assert cli.slurm_user(given=None, token=token) == "alice"
+    assert cli.slurm_user(given="bob", token=token) == "bob"
+    rest = SlurmRest("http://127.0.0.1:1", user=cli.slurm_user(given=None, token=token), token=token)
+    assert rest._http.headers["X-SLURM-USER-NAME"] == "alice"
+
+
+@pytest.mark.parametrize("token", ["not-a-jwt", _jwt({"exp": 1}), "a.%%%.c"])
+def test_a_jwt_whose_user_cannot_be_read_stops_the_adapter_before_it_serves(
+    token: str, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "token").write_text("t")
+    (tmp_path / "jwt").write_text(token)
+    argv = [
+        "--slurmrestd",
+        "http://127.0.0.1:1",
+        "--node-map",
+        "n1=n1",
+        "--token-file",
+        str(tmp_path / "token"),
+    ]
+    assert cli.main([*argv, "--slurm-token-file", str(tmp_path / "jwt")]) == 2
+    assert "give --slurm-user" in capsys.readouterr().err

@@ -42,9 +42,8 @@ from bindery.reference_rm.placement import (
     effective_usage,
     fits,
     normalize,
-    preference_scores,
     score,
-    static_failure,
+    static_scores,
 )
 
 __all__ = ["GroupDecision", "MemberAsk", "place_group"]
@@ -132,20 +131,11 @@ class _Candidates:
     def __init__(
         self, *, member: MemberAsk, nodes: Sequence[InventoryNode], total: Usage, policy: Policy
     ) -> None:
+        """``nodes``: those passing the member's usage-independent filters."""
         self._requests = member.requests
         self._total = total
         self._binpack = policy is Policy.BINPACK
-        self._nodes = {
-            node.name: node
-            for node in nodes
-            if static_failure(
-                node=node,
-                node_selector=member.node_selector,
-                affinity_terms=member.affinity_terms,
-                tolerations=member.tolerations,
-            )
-            is None
-        }
+        self._nodes = {node.name: node for node in nodes}
         self._version: dict[str, int] = {}
         self._heap: list[tuple[Decimal, str, int]] = []
         for name in self._nodes:
@@ -187,13 +177,20 @@ class _ScoredCandidates:
     """
 
     def __init__(
-        self, *, member: MemberAsk, nodes: Sequence[InventoryNode], total: Usage, policy: Policy
+        self,
+        *,
+        member: MemberAsk,
+        nodes: Sequence[InventoryNode],
+        raw_scores: Mapping[str, tuple[int, int]],
+        total: Usage,
+        policy: Policy,
     ) -> None:
+        """``nodes``: those passing the member's usage-independent filters; ``raw_scores`` their raw
+        scores (:func:`bindery.reference_rm.placement.static_scores`)."""
         self._binpack = policy is Policy.BINPACK
         classes: dict[tuple[int, int], list[InventoryNode]] = {}
         for node in nodes:
-            raw = preference_scores(node=node, preferences=member.preferences, tolerations=member.tolerations)
-            classes.setdefault(raw, []).append(node)
+            classes.setdefault(raw_scores[node.name], []).append(node)
         self._classes = {
             raw: _Candidates(member=member, nodes=members_nodes, total=total, policy=policy)
             for raw, members_nodes in classes.items()
@@ -226,6 +223,28 @@ class _ScoredCandidates:
         return best[1]
 
 
+class _Statics:
+    """Per kind of member, the nodes of the whole inventory passing its usage-independent filters
+    and their raw preference scores, computed once per group placement (every domain reads them)
+    on the compiled path of :func:`bindery.reference_rm.placement.choose_node`."""
+
+    def __init__(self, nodes: Sequence[InventoryNode]) -> None:
+        self._nodes = nodes
+        self._known: dict[tuple[object, ...], dict[str, tuple[int, int]]] = {}
+
+    def of(self, kind: tuple[object, ...], member: MemberAsk) -> dict[str, tuple[int, int]]:
+        known = self._known.get(kind)
+        if known is None:
+            known = self._known[kind] = static_scores(
+                nodes=self._nodes,
+                node_selector=member.node_selector,
+                affinity_terms=member.affinity_terms,
+                tolerations=member.tolerations,
+                preferences=member.preferences,
+            )
+        return known
+
+
 def _attempt(
     *,
     value: tuple[str, ...],
@@ -236,10 +255,14 @@ def _attempt(
     foreign: Mapping[str, Foreign] | None,
     policy: Policy,
     kinds_of: Sequence[tuple[object, ...]] | None = None,
+    statics: _Statics | None = None,
 ) -> _Attempt:
-    """Place the members greedily in one domain; ``kinds_of[i]`` is ``_kind(members[i])``."""
+    """Place the members greedily in one domain; ``kinds_of[i]`` is ``_kind(members[i])``;
+    ``statics`` what the group's kinds pass (of the whole inventory, or of ``nodes``)."""
     if kinds_of is None:
         kinds_of = [_kind(member) for member in members]
+    if statics is None:
+        statics = _Statics(nodes)
     attempt = _Attempt(value=value, nodes=nodes)
     names = {node.name for node in nodes}
     mine = {name: dict(bucket) for name, bucket in own.items() if name in names}
@@ -251,10 +274,12 @@ def _attempt(
         member = members[index]
         kind = kinds_of[index]
         if kind not in kinds:
+            raw = statics.of(kind, member)
+            passing = [node for node in nodes if node.name in raw]
             kinds[kind] = (
-                _ScoredCandidates(member=member, nodes=nodes, total=total, policy=policy)
+                _ScoredCandidates(member=member, nodes=passing, raw_scores=raw, total=total, policy=policy)
                 if member.preferences or scored
-                else _Candidates(member=member, nodes=nodes, total=total, policy=policy)
+                else _Candidates(member=member, nodes=passing, total=total, policy=policy)
             )
         node = kinds[kind].best()
         if node is None:
@@ -322,6 +347,7 @@ def place_group(
     """Place every member or none; see the module docstring.  ``group`` names it in messages."""
     order = _size_order(members, nodes)
     kinds_of = [_kind(member) for member in members]
+    statics = _Statics(nodes)
     domains: dict[tuple[str, ...], list[InventoryNode]] = {}
     unlabelled = 0
     for node in nodes:
@@ -354,6 +380,7 @@ def place_group(
             foreign=foreign,
             policy=policy,
             kinds_of=kinds_of,
+            statics=statics,
         )
         for value, domain in sorted(domains.items())
     ]

@@ -44,7 +44,7 @@ from bindery.podresources import PodResourcesError
 from bindery.reference_rm.accounting import BoundPod, ClusterPods, bound_pod
 from bindery.reference_rm.inventory import node_from_object
 from bindery.reference_rm.placement import InventoryNode
-from bindery.reference_rm.preemption import Budget, budget_from
+from bindery.reference_rm.preemption import Budget, BudgetIndex, budget_from
 
 __all__ = ["DEFAULT_STALE_AFTER", "BudgetMirror", "MirrorGate", "MirrorHealth", "NodeMirror", "PodMirror"]
 
@@ -367,7 +367,7 @@ class BudgetMirror(_ListWatch):
         self,
         *,
         api: ApiClient,
-        on_change: Callable[[Sequence[Budget]], None],
+        on_change: Callable[[BudgetIndex], None],
         watch_timeout_seconds: int = 300,
         max_backoff: float = 10.0,
         stale_after: float = DEFAULT_STALE_AFTER,
@@ -379,7 +379,7 @@ class BudgetMirror(_ListWatch):
             stale_after=stale_after,
         )
         self._on_change = on_change
-        self._budgets: dict[str, Budget] = {}  # by namespace/name
+        self._budgets = BudgetIndex()
 
     def _selectors(self) -> dict[str, str]:
         return {}
@@ -388,21 +388,22 @@ class BudgetMirror(_ListWatch):
         return budget_from(raw)
 
     def _replace(self, listed: Mapping[str, Any]) -> None:
-        budgets: list[Budget] = list(listed.values())
-        self._budgets = {f"{b.namespace}/{b.name}": b for b in budgets}
-        self._on_change(list(self._budgets.values()))
+        self._budgets = BudgetIndex.of(listed.values())
+        self._on_change(self._budgets)
 
     def _apply(self, kind: str, raw: Mapping[str, Any]) -> None:
+        # Kept as events arrive: a change rebuilds its namespace's entry, not the cluster's list.
         budget = budget_from(raw)
-        key = f"{budget.namespace}/{budget.name}"
         if kind == "DELETED":
-            if self._budgets.pop(key, None) is None:
-                return
-        elif self._budgets.get(key) == budget:
+            changed = self._budgets.remove(budget.namespace, budget.name)
+        elif budget in self._budgets.in_namespace(budget.namespace):
             return
         else:
-            self._budgets[key] = budget
-        self._on_change(list(self._budgets.values()))
+            changed = self._budgets.put(budget)
+        if changed is self._budgets:
+            return
+        self._budgets = changed
+        self._on_change(changed)
 
 
 class MirrorGate:

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
 import pathlib
 import time
 import uuid
@@ -51,6 +53,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import psycopg.errors
 
 from bindery.quantity import format_quantity, parse_quantity
@@ -106,7 +109,14 @@ from bindery.rm.models import (
     ReservationState,
 )
 
-__all__ = ["SCHEMA_VERSION", "PostgresReservationStore"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "SESSION_SETTINGS",
+    "TCP_SETTINGS",
+    "PostgresReservationStore",
+    "session_kwargs",
+    "tls_warning",
+]
 
 #: The schema version this code writes and reads; one migration per version in ``_MIGRATIONS``.
 SCHEMA_VERSION = 5
@@ -166,6 +176,72 @@ _SCHEMA_V1 = (
 
 
 Conn = psycopg.Connection[tuple[Any, ...]]
+log = logging.getLogger(__name__)
+
+
+#: Session limits each connection sets unless the --db URL sets them (``options=-c ...`` or libpq's
+#: keepalive and tcp_user_timeout parameters). Why: without them a black-holed link hung the
+#: replica's one writer for hours, and a dead replica's open transaction held the placement-lock
+#: row for every other replica. A limit reached is an OperationalError: the call answers 503.
+SESSION_SETTINGS = {
+    "statement_timeout": "30s",  # one statement of a call, the lock row's wait included
+    "lock_timeout": "10s",  # waiting for a row another replica holds (the placement lock)
+    "idle_in_transaction_session_timeout": "30s",  # a replica stopped mid-transaction lets go
+}
+#: libpq's TCP parameters: a peer that stops answering is given up in about 30 s, not the
+#: kernel's two hours of keepalive or fifteen minutes of retransmissions.
+TCP_SETTINGS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",  # milliseconds
+}
+
+
+def session_kwargs(url: str) -> dict[str, str]:
+    """The connect parameters :data:`SESSION_SETTINGS` and :data:`TCP_SETTINGS` add to ``url``:
+    none that the URL sets itself (its ``options`` are kept, and the limits it names win)."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return {}
+    extra = {name: value for name, value in TCP_SETTINGS.items() if name not in params}
+    options = str(params.get("options") or "")
+    limits = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS.items() if name not in options)
+    if limits:
+        extra["options"] = f"{options} {limits}".strip()
+    return extra
+
+
+#: libpq's sslmodes that check the server's certificate; the others encrypt at most.
+_VERIFYING = ("verify-ca", "verify-full")
+
+
+def tls_warning(url: str, environ: Mapping[str, str]) -> str | None:
+    """What to tell the operator when the link to PostgreSQL is not verified, or None.
+
+    libpq's default ``sslmode`` is ``prefer``: TLS if the server offers it, without checking its
+    certificate, and plain text if not, so anyone on the path can read or change reservations.
+    A unix socket is not a network link and gets no warning.
+    """
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return None  # psycopg.connect says what is wrong with it
+    host = str(params.get("host") or environ.get("PGHOST") or "")
+    if not host or host.startswith("/"):
+        return None
+    mode = str(params.get("sslmode") or environ.get("PGSSLMODE") or "prefer")
+    if mode in _VERIFYING:
+        return None
+    return (
+        f"the link to PostgreSQL at {host} is not verified (sslmode={mode}): the server's certificate "
+        "is not checked, and with sslmode prefer or allow the link may be plain text; set "
+        "sslmode=verify-full&sslrootcert=<CA file> in --db (or PGSSLMODE, PGSSLROOTCERT)"
+    )
+
+
 Usage = dict[str, dict[str, Decimal]]
 
 
@@ -276,7 +352,12 @@ class PostgresReservationStore:
         self._ended_since_gc = 0
         self._next_gc = 0.0
         self._url = url
-        self._connect_kwargs: dict[str, Any] = {"connect_timeout": max(1, int(connect_timeout))}
+        if (warning := tls_warning(url, os.environ)) is not None:
+            log.warning("%s", warning)
+        self._connect_kwargs: dict[str, Any] = {
+            "connect_timeout": max(1, int(connect_timeout)),
+            **session_kwargs(url),
+        }
         if password is not None:
             self._connect_kwargs["password"] = password
         self._conn: Conn | None = None

@@ -29,7 +29,7 @@ from bindery.constraints import (
     untolerated_taints,
 )
 from bindery.reference_rm.accounting import Foreign, describe_foreign, in_use
-from bindery.reference_rm.nodematch import compile_required, compile_term, label_sets
+from bindery.reference_rm.nodematch import LabelMasks, compile_required, compile_term, label_sets
 from bindery.rm.models import ReservationRequest
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "preference_scores",
     "score",
     "static_failure",
+    "static_scores",
     "subtract_usage",
 ]
 
@@ -450,6 +451,13 @@ class _InventoryCache:
     labels: dict[str, dict[str, list[int]]] | None = None
     #: per node, its entry of :attr:`_StaticOutcome.passing` (built when first needed)
     passing_entries: tuple[tuple[InventoryNode, bool, int], ...] | None = None
+    #: the labels and names as bitmasks, for preferred terms (built when first needed)
+    label_masks: LabelMasks | None = None
+
+    def masks(self, nodes: Sequence[InventoryNode]) -> LabelMasks:
+        if self.label_masks is None:
+            self.label_masks = LabelMasks([(node.labels, node.name) for node in nodes])
+        return self.label_masks
 
     def memo(self, kind: tuple[tuple[str, Decimal], ...], size: int) -> list[_Memo | None]:
         memo = self.memos.get(kind)
@@ -631,6 +639,68 @@ def _static_outcome(
             cache.outcomes.clear()
         cache.outcomes[key] = outcome
     return outcome
+
+
+def static_scores(
+    *,
+    nodes: Sequence[InventoryNode],
+    node_selector: Mapping[str, str],
+    affinity_terms: Sequence[Mapping[str, Any]],
+    tolerations: Sequence[Mapping[str, Any]],
+    preferences: Sequence[tuple[int, Mapping[str, Any]]] = (),
+) -> dict[str, tuple[int, int]]:
+    """The nodes passing the filters that do not depend on usage (:func:`static_failure`), each
+    with its raw (NodeAffinity, TaintToleration) scores (:func:`preference_scores`).
+
+    The same answers, from the compiled filters :func:`choose_node` uses (remembered with a kept
+    inventory), and each preferred term matched against every node at once
+    (:class:`~bindery.reference_rm.nodematch.LabelMasks`): group placement asks this once per kind
+    of member, instead of matching every preferred term against every node in turn.
+    """
+    cache = _inventory_cache(nodes)
+    static = _static_outcome(
+        cache=cache,
+        nodes=nodes,
+        node_selector=node_selector,
+        affinity_terms=affinity_terms,
+        tolerations=tolerations,
+    )
+    taints = static.raw_scores
+    positions = [position for _, _, position in static.passing]
+    affinity = [0] * len(positions)
+    preferred = [(weight, term) for weight, term in preferences if weight > 0]
+    if preferred and positions:
+        masks = cache.masks(nodes)
+        # Nodes alike for every term so far share a class; each term splits classes, not nodes.
+        classes: list[tuple[int, int]] = [(masks.all, 0)]  # (nodes, affinity so far)
+        for weight, term in preferred:
+            matched = masks.term(term)
+            if matched is None:  # an unusual shape: asked of each node
+                matches = compile_term(term)
+                matched = 0
+                for position, node in enumerate(nodes):
+                    if matches(node.labels, node.name):
+                        matched |= 1 << position
+            split: list[tuple[int, int]] = []
+            for members, score in classes:
+                inside = members & matched
+                if inside:
+                    split.append((inside, score + weight))
+                if inside != members:
+                    split.append((members & ~matched, score))
+            classes = split
+        by_position = [0] * len(nodes)
+        for members, score in classes:
+            left = members if score else 0
+            while left:
+                low = left & -left
+                by_position[low.bit_length() - 1] = score
+                left ^= low
+        affinity = [by_position[position] for position in positions]
+    return {
+        node.name: (affinity[index], taints[index][1] if taints is not None else 0)
+        for index, (node, _, _) in enumerate(static.passing)
+    }
 
 
 def _label_matches(

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -50,6 +50,7 @@ from bindery.rm.models import PlanState
 __all__ = [
     "ACTIVE_PLAN_STATES",
     "Budget",
+    "BudgetIndex",
     "Candidate",
     "Chooser",
     "GroupCandidate",
@@ -117,19 +118,105 @@ def budget_from(raw: Mapping[str, Any]) -> Budget:
     )
 
 
-def _violations(victims: Sequence[BoundPod], budgets: Sequence[Budget]) -> dict[str, tuple[str, ...]]:
+class BudgetIndex:
+    """The PodDisruptionBudgets known, by namespace: a victim is tested only against its own
+    namespace's budgets, since a budget selects pods of its namespace alone.
+
+    Why: testing every budget of the cluster against every candidate, inside the placement lock,
+    made one tenant's thousands of budgets slow every tenant's preemption. An index is immutable:
+    :meth:`put` and :meth:`remove` return a new one that shares every other namespace's tuple, so
+    the mirror keeps it as events arrive (a change costs one namespace's budgets, not the cluster's)
+    and a chooser running in the store's thread reads one consistent view.
+    """
+
+    __slots__ = ("_by_namespace", "_count")
+
+    def __init__(self, by_namespace: Mapping[str, tuple[Budget, ...]] | None = None) -> None:
+        self._by_namespace: Mapping[str, tuple[Budget, ...]] = dict(by_namespace or {})
+        self._count = sum(len(budgets) for budgets in self._by_namespace.values())
+
+    @classmethod
+    def of(cls, budgets: Iterable[Budget]) -> BudgetIndex:
+        """An index of ``budgets``; a later budget of the same namespace and name replaces an
+        earlier one in its place (as a mirror's dict keeps them)."""
+        by_namespace: dict[str, dict[str, Budget]] = {}
+        for budget in budgets:
+            by_namespace.setdefault(budget.namespace, {})[budget.name] = budget
+        return cls({namespace: tuple(named.values()) for namespace, named in by_namespace.items()})
+
+    def in_namespace(self, namespace: str) -> tuple[Budget, ...]:
+        """The budgets of ``namespace``, in the order they became known."""
+        return self._by_namespace.get(namespace, ())
+
+    def put(self, budget: Budget) -> BudgetIndex:
+        """This index with ``budget`` added, or replacing the one of its name in its place."""
+        current = self.in_namespace(budget.namespace)
+        names = [known.name for known in current]
+        if budget.name in names:
+            at = names.index(budget.name)
+            changed = (*current[:at], budget, *current[at + 1 :])
+        else:
+            changed = (*current, budget)
+        return BudgetIndex({**self._by_namespace, budget.namespace: changed})
+
+    def remove(self, namespace: str, name: str) -> BudgetIndex:
+        """This index without the budget ``namespace/name`` (the same index if it has none)."""
+        current = self.in_namespace(namespace)
+        kept = tuple(known for known in current if known.name != name)
+        if len(kept) == len(current):
+            return self
+        by_namespace = dict(self._by_namespace)
+        if kept:
+            by_namespace[namespace] = kept
+        else:
+            del by_namespace[namespace]
+        return BudgetIndex(by_namespace)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[Budget]:
+        for budgets in self._by_namespace.values():
+            yield from budgets
+
+
+#: What the choosers accept as the budgets known: an index, or any sequence (indexed on the spot).
+Budgets = BudgetIndex | Sequence[Budget]
+
+
+def _indexed(budgets: Budgets) -> BudgetIndex:
+    return budgets if isinstance(budgets, BudgetIndex) else BudgetIndex.of(budgets)
+
+
+def _violations(victims: Sequence[BoundPod], budgets: BudgetIndex) -> dict[str, tuple[str, ...]]:
     """Per victim UID, the budgets its eviction would exceed when ``victims`` are evicted in this
     order (each eviction spends one of every covering budget's allowed disruptions), as upstream's
-    ``filterPodsWithPDBViolation``; victims no budget refuses are absent."""
-    allowed = [budget.disruptions_allowed for budget in budgets]
+    ``filterPodsWithPDBViolation``; victims no budget refuses are absent. Only the budgets of a
+    victim's own namespace are read (:class:`BudgetIndex`)."""
+    allowed: dict[tuple[str, str], int] = {}
     found: dict[str, tuple[str, ...]] = {}
     for victim in victims:
+        namespace, _, name = victim.key.partition("/")
+        candidates = budgets.in_namespace(namespace)
+        if not candidates:
+            continue
+        labels = dict(victim.labels)
         exceeded = []
-        for index, budget in enumerate(budgets):
-            if budget.covers(victim):
-                allowed[index] -= 1
-                if allowed[index] < 0:
-                    exceeded.append(budget.name)
+        for budget in candidates:
+            selector = budget.selector
+            if (
+                budget.namespace != namespace
+                or selector.nothing
+                or selector.empty
+                or name in budget.disrupted
+                or not selector.matches(labels)
+            ):
+                continue  # as Budget.covers, with the victim's labels made a dict once
+            key = (budget.namespace, budget.name)
+            left = allowed.get(key, budget.disruptions_allowed) - 1
+            allowed[key] = left
+            if left < 0:
+                exceeded.append(budget.name)
         if exceeded:
             found[victim.uid] = tuple(exceeded)
     return found
@@ -227,7 +314,7 @@ def choose_victims(
     used_by_node: Mapping[str, Mapping[str, Decimal]],
     pods: ClusterPods,
     spoken_for: frozenset[str] = frozenset(),
-    budgets: Sequence[Budget] = (),
+    budgets: Budgets = (),
 ) -> Candidate | None:
     """The node and the smallest set of lower-priority pods to evict there so the pod fits, or None.
 
@@ -249,6 +336,7 @@ def choose_victims(
     the pod cannot fit without them.
     """
     best: Candidate | None = None
+    index = _indexed(budgets)
     groups: dict[str, list[BoundPod]] = {}  # filled on the first group member met
     for node in nodes:
         if static_failure(node=node, **placement) is not None:
@@ -271,10 +359,10 @@ def choose_victims(
         if not fits(node, usage, used):
             continue
         highest_first = units[::-1]
-        protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
+        protected = _violations([p for unit in highest_first for p in unit], index) if index else {}
         victims = _reprieve(highest_first, protected, node=node, usage=usage, used=used)
         victims.sort(key=lambda pod: (pod.priority, pod.uid))
-        chosen = _violations(victims[::-1], budgets) if protected else {}
+        chosen = _violations(victims[::-1], index) if protected else {}
         found = Candidate(node=node.name, victims=tuple(victims), violations=chosen)
         if best is None or found.rank() < best.rank():
             best = found
@@ -291,7 +379,7 @@ def choose_rule_victims(
     used_by_node: Mapping[str, Mapping[str, Decimal]],
     pods: ClusterPods,
     spoken_for: frozenset[str] = frozenset(),
-    budgets: Sequence[Budget] = (),
+    budgets: Budgets = (),
 ) -> Candidate | None:
     """The best plan on the nodes a caller named for its inter-pod rules (contract v1.2
     ``rulePreemption``), or None.
@@ -305,6 +393,7 @@ def choose_rule_victims(
     whose group is not all there. The caller's node selector and affinity already chose the node
     (its rules' requirement excludes it from the placement); its taints are still checked."""
     best: Candidate | None = None
+    index = _indexed(budgets)
     groups: dict[str, list[BoundPod]] = {}
     by_name = {node.name: node for node in nodes}
     for name in sorted(required):
@@ -331,11 +420,11 @@ def choose_rule_victims(
         if not fits(node, usage, used):
             continue
         others = [unit for unit in units if unit not in named][::-1]  # highest priority first
-        protected = _violations([p for unit in others for p in unit], budgets) if budgets else {}
+        protected = _violations([p for unit in others for p in unit], index) if index else {}
         victims = [p for unit in named for p in unit]
         victims += _reprieve(others, protected, node=node, usage=usage, used=used)
         victims.sort(key=lambda pod: (pod.priority, pod.uid))
-        chosen = _violations(victims[::-1], budgets) if budgets else {}
+        chosen = _violations(victims[::-1], index) if index else {}
         found = Candidate(node=name, victims=tuple(victims), violations=chosen)
         if best is None or found.rank() < best.rank():
             best = found
@@ -661,7 +750,7 @@ def choose_group_victims(
     pods: ClusterPods,
     policy: Policy,
     spoken_for: frozenset[str] = frozenset(),
-    budgets: Sequence[Budget] = (),
+    budgets: Budgets = (),
 ) -> GroupCandidate | None:
     """The fewest lower-priority pods, on any nodes, whose eviction lets every member fit, or None.
 
@@ -677,6 +766,7 @@ def choose_group_victims(
     sets (ranked as a pod's candidate nodes are: fewest protected, then fewest victims) is the plan.
     """
     used = {node: dict(bucket) for node, bucket in used_by_node.items()}
+    index = _indexed(budgets)
     units = _group_units(nodes=nodes, priority=priority, spoken_for=spoken_for, pods=pods)
     if not units:
         return None
@@ -713,13 +803,13 @@ def choose_group_victims(
         else:
             units = [unit for unit in units if any(pod.node in meant for pod in unit)]
     highest_first = sorted(units, key=lambda unit: (-max(m.priority for m in unit), unit[0].uid))
-    protected = _violations([p for unit in highest_first for p in unit], budgets) if budgets else {}
+    protected = _violations([p for unit in highest_first for p in unit], index) if index else {}
 
     def candidate(victims: list[BoundPod], placed: tuple[str, ...] | None) -> GroupCandidate | None:
         if not victims or placed is None:
             return None  # the group fits as things are (room freed meanwhile): no plan
         victims.sort(key=lambda pod: (pod.priority, pod.uid))
-        chosen = _violations(victims[::-1], budgets) if protected else {}
+        chosen = _violations(victims[::-1], index) if protected else {}
         return GroupCandidate(nodes=placed, victims=tuple(victims), violations=chosen)
 
     def reprieve(order: Sequence[tuple[BoundPod, ...]]) -> GroupCandidate | None:

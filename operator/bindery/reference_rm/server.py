@@ -48,6 +48,7 @@ from bindery.reference_rm.placement import InventoryNode, Policy, effective_usag
 from bindery.reference_rm.preemption import (
     DEFAULT_LEASE_SECONDS,
     Budget,
+    BudgetIndex,
     Plan,
     PlanMember,
     Proposal,
@@ -537,7 +538,7 @@ class ReferenceRM:
         # Mirror mode: the pods bound to nodes (reference_rm/accounting.py).
         self._pods: ClusterPods | None = None
         # Mirror mode: the PodDisruptionBudgets, which preemption spares where it can.
-        self._budgets: tuple[Budget, ...] = ()
+        self._budgets = BudgetIndex()
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="refrm-store")
         try:
             self._store: Store = self._writer.submit(
@@ -576,9 +577,10 @@ class ReferenceRM:
         """
         self._pods = pods
 
-    def set_budgets(self, budgets: Sequence[Budget]) -> None:
-        """Swap the PodDisruptionBudgets known (the budget mirror calls this on every change)."""
-        self._budgets = tuple(budgets)
+    def set_budgets(self, budgets: BudgetIndex | Sequence[Budget]) -> None:
+        """Swap the PodDisruptionBudgets known (the budget mirror calls this on every change with
+        the index it keeps; a sequence is indexed here)."""
+        self._budgets = budgets if isinstance(budgets, BudgetIndex) else BudgetIndex.of(budgets)
 
     def add_readiness_check(self, check: ReadinessCheck) -> None:
         """``/readyz`` answers 503 with ``check()``'s reason whenever it returns one."""

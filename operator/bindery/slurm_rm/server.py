@@ -558,7 +558,9 @@ class SlurmRM:
         created = False
         async with self._lock:
             existing = None
-            for job, record in await self._records():
+            # One listing of Slurm's queue serves the replay check and the choice of node.
+            placeholders = await self._placeholders()
+            for job, record in [(job, record) for job, records in placeholders for record in records]:
                 if record.group is not None or record.key != body.idempotency_key or record.ended is not None:
                     continue
                 if job.get("job_state") not in ("PENDING", "RUNNING", "CONFIGURING"):
@@ -577,7 +579,7 @@ class SlurmRM:
                     )
                 job_id = int(job["job_id"])
             else:
-                choice = await self._choose(body)
+                choice = await self._choose(body, placeholders=placeholders)
                 if isinstance(choice, web.Response):
                     return choice
                 record = JobRecord(
@@ -682,7 +684,9 @@ class SlurmRM:
                 kept.add(int(job["het_job_id"]))
         return kept
 
-    async def _view(self) -> dict[str, _NodeRoom]:
+    async def _view(
+        self, *, placeholders: list[tuple[dict[str, Any], list[JobRecord]]] | None = None
+    ) -> dict[str, _NodeRoom]:
         """What each mapped Slurm node has free by the adapter's count: Slurm's allocations, plus
         its own pending placeholders (Slurm will start them there), minus the running ones it has
         ended (or whose lease ran out) that Slurm has not processed the cancel of yet."""
@@ -702,7 +706,8 @@ class SlurmRM:
                 gres={name: count - used.get(name, 0) for name, count in total.items()},
                 gres_total=total,
             )
-        placeholders = await self._placeholders()
+        if placeholders is None:
+            placeholders = await self._placeholders()
         kept = self._kept_leaders(placeholders, now)
         for job, records in placeholders:
             # One job per pod, or a group's hetjob component (its comment could hold several).
@@ -753,9 +758,15 @@ class SlurmRM:
                 return f"Insufficient {ask.resource}"
         return None
 
-    async def _choose(self, body: ReservationRequest) -> MappedNode | web.Response:
+    async def _choose(
+        self,
+        body: ReservationRequest,
+        *,
+        placeholders: list[tuple[dict[str, Any], list[JobRecord]]] | None = None,
+    ) -> MappedNode | web.Response:
+        """``placeholders``: the adapter's jobs as the caller just listed them (listed here if None)."""
         size, _ = self._size(body)
-        rooms = await self._view()
+        rooms = await self._view(placeholders=placeholders)
         reasons: dict[str, int] = {}
         candidates: list[tuple[int, MappedNode]] = []
         for node in self.nodes:
