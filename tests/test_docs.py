@@ -130,7 +130,6 @@ def _circles_script() -> ModuleType:
 #: this list only shrinks.
 KNOWN_CIRCLES = {
     "bindery.controller": [["reconcile", "rmstack", "unconfirmed", "watches"]],
-    "bindery.controller.podgroups": [["coordinator", "placement", "recovery"]],
 }
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -34,6 +33,7 @@ from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.placement import Placement
 from bindery.controller.podgroups.recovery import Recovery
 from bindery.controller.podgroups.reporting import READ_SECONDS, Reporter
+from bindery.controller.podgroups.state import GroupState
 from bindery.controller.podgroups.watch import PodGroupWatch
 from bindery.controller.preemption import Preemptions
 from bindery.controller.rmstack import NotLeading, RMStack
@@ -46,7 +46,7 @@ from bindery.scheduling.framework import Ports, Profile
 from bindery.scheduling.podgroups import GANG_WAIT_SECONDS, GroupStep, PodGroupInfo, decide_group
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.preemption import Preemptor
-from bindery.scheduling.queue import Touch, WakeOn
+from bindery.scheduling.queue import Touch
 from bindery.typedefs import Logger
 
 __all__ = ["REPORT_WAITING_AFTER_SECONDS", "GroupState", "PodGroupCoordinator"]
@@ -60,36 +60,6 @@ GroupKey = tuple[str, str]
 REPORT_WAITING_AFTER_SECONDS = 3.0
 #: The event throttle's key of a group refused for the contract's caps (said once per member).
 OVER_CAPS_EVENT_KEY = "OverCaps"
-
-
-@dataclasses.dataclass(slots=True)
-class GroupState:
-    """What the coordinator holds for one pod group: its pending members and its task.
-
-    Placement and recovery update it too (the try count, the backoff, members bound or gone).
-    """
-
-    pending: dict[str, PodInfo] = dataclasses.field(default_factory=dict)
-    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    #: Number of group reservations released so far (a new idempotency key for each new try).
-    attempt: int = 0
-    #: The first pass after a start looks for reservations left by an earlier process.
-    recovered: bool = False
-    waiting_since: float | None = None
-    #: Consecutive failed passes: the backoff's count (the profile's BackoffPolicy gives the wait).
-    failures: int = 0
-    #: The RM's last answer was "no room": released capacity is worth a new try at once.
-    waits_for_capacity: bool = False
-    #: The members' inter-pod rules refused the last try: the placed-pod changes that may lift that
-    #: (:meth:`PodGroupCoordinator.wake`), and when the try's backoff ends (no wake comes sooner).
-    rules: WakeOn | None = None
-    retry_at: float = 0.0
-    timer: asyncio.TimerHandle | None = None
-    #: The last pass decided to wait for its PodGroup or members: a change of them wakes it.
-    waiting: bool = False
-    #: Something the group waits for changed during the pass under way: look again at once.
-    changed: bool = False
 
 
 class PodGroupCoordinator:

@@ -68,7 +68,7 @@ from bindery.typedefs import Logger
 _RULES = PodPlacementRules()
 
 if TYPE_CHECKING:
-    from bindery.controller.podgroups.coordinator import GroupState
+    from bindery.controller.podgroups.state import GroupState
 
 __all__ = ["Member", "Placement"]
 

@@ -33,7 +33,7 @@ from bindery.scheduling.podspec import PodInfo
 from bindery.typedefs import Logger
 
 if TYPE_CHECKING:
-    from bindery.controller.podgroups.coordinator import GroupState
+    from bindery.controller.podgroups.state import GroupState
 
 __all__ = ["Recovery"]
 
