@@ -150,7 +150,8 @@ async def schedule_one(
 
 async def _cycle(ctx: CycleContext, throttle: EventThrottle | None) -> CycleOutcome:
     pod, profile = ctx.pod, ctx.profile
-    chain = traced(plugin_chain(profile=profile))  # spans around each plugin when tracing is on
+    plain = plugin_chain(profile=profile)
+    chain = traced(plain)  # spans around each plugin when tracing is on
     binding = False
     try:
         failure = await run_pre_filter(ctx=ctx, plugins=chain.pre_filter)
@@ -176,6 +177,8 @@ async def _cycle(ctx: CycleContext, throttle: EventThrottle | None) -> CycleOutc
             reservation_id=ctx.reservation.id if ctx.reservation else None,
             commit_failed=bool(ctx.state.get(COMMIT_FAILED)),
         )
+    if failure.requeue is None:  # what can make the pod schedulable, as the refusing plugin says
+        failure = dataclasses.replace(failure, requeue=plain.requeue_of(pod=pod, failure=failure))
     decision = decide(failure=failure)
     released = ctx.reservation is not None and decision.release
     if decision.release:
