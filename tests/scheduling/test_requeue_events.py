@@ -89,6 +89,37 @@ async def test_a_new_plugins_declared_event_wakes_the_pods_it_refused() -> None:
     assert queue.position(refused.uid).queue != "unschedulable"  # type: ignore[union-attr]
 
 
+class FreedQuota(QuotaGate):
+    """The toy gate with a queueing hint: only a placed pod that frees quota lifts its refusal."""
+
+    def events_to_register(self, *, pod: PodInfo, failure: Failure) -> Requeue | None:
+        return Requeue(
+            events=frozenset({ClusterEvent.PLACED_POD}),
+            placed=WakeOn(namespaces=frozenset({"quota"}), hint=lambda touch: "quota-freed" in touch.tags),
+        )
+
+
+async def test_a_plugins_queueing_hint_filters_the_changes_in_its_scope() -> None:
+    queue, refused = await refused_by(FreedQuota())
+    assert queue.wake(Touch(namespace="quota")) == 0, "a change the hint turned down woke the pod"
+    assert queue.position(refused.uid).queue == "unschedulable"  # type: ignore[union-attr]
+    assert queue.wake(Touch(namespace="quota", tags=frozenset({"quota-freed"}))) == 1
+
+
+async def test_a_plugin_declaring_nothing_gets_its_pods_back_on_their_backoff() -> None:
+    class Silent(QuotaGate):
+        def events_to_register(self, *, pod: PodInfo, failure: Failure) -> Requeue | None:
+            return None
+
+    queue, refused = await refused_by(Silent())
+    assert queue.wake(Touch(namespace="quota")) == 0
+    position = queue.position(refused.uid)
+    assert position is not None
+    assert position.queue == "unschedulable"
+    assert position.ready_in is not None
+    assert position.ready_in <= 1.0, "parked past its 1 s backoff"
+
+
 def _plugin_classes() -> set[str]:
     """Every class in bindery.scheduling that is a plugin of some extension point."""
     points = ("pre_filter", "reserve", "pre_bind", "bind", "post_bind")

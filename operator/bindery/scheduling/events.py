@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 
 __all__ = ["ClusterEvent", "Requeue", "Touch", "WakeOn"]
 
@@ -36,11 +37,30 @@ class WakeOn:
     namespaceSelector or a namespace list beyond the pod's own), or of a placed pod that carries
     one of ``tags`` (e.g. anti-affinity, which may reach the pod from any namespace).
     ``node_deleted``: a Node deleted may lift it too (a DoNotSchedule topology spread).
+    ``hint``: the plugin's queueing hint (kube-scheduler's ``QueueingHintFn``): given a change in
+    scope, whether it may lift the refusal; ``None`` (or a hint that raises): any change in scope may.
     """
 
     namespaces: frozenset[str] | None = frozenset()
     tags: frozenset[str] = frozenset()
     node_deleted: bool = False
+    hint: Callable[[Touch], bool] | None = dataclasses.field(default=None, compare=False)
+
+    def covers(self, touch: Touch) -> bool:
+        """Whether `touch` is in scope and, by the hint, may lift the refusal."""
+        if not (self.namespaces is None or touch.namespace in self.namespaces or touch.tags & self.tags):
+            return False
+        return self.hinted(touch)
+
+    def hinted(self, touch: Touch) -> bool:
+        """The hint's verdict on `touch` (True without a hint, or when it raises: waking a pod for
+        nothing costs one cycle, missing a wake-up parks it for minutes)."""
+        if self.hint is None:
+            return True
+        try:
+            return bool(self.hint(touch))
+        except Exception:
+            return True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -229,7 +229,8 @@ class PostBindPlugin(Protocol):
 @runtime_checkable
 class EnqueueExtensions(Protocol):
     """Optional, beside any extension point: the events that can make a pod this plugin refused
-    schedulable (kube-scheduler's ``EventsToRegister`` and its per-pod queueing hints in one call).
+    schedulable (kube-scheduler's ``EventsToRegister``; its ``QueueingHintFn`` is the placed-pod
+    scope's optional ``hint``).
 
     Called once per refusal with the refused pod and the failure the plugin caused; returns the
     events to wait for, with the placed-pod scope the plugin computes for this pod, or ``None``

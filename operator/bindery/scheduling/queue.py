@@ -27,8 +27,9 @@ where one tenant could starve another:
   host ports…) is parked in the same pool with a :class:`WakeOn`: the namespaces whose placed pods
   its rules read, and tags for the placed pods that reach it from anywhere (existing pods'
   anti-affinity, host ports, a ReadWriteOncePod claim). :meth:`SchedulingQueue.wake` moves it back
-  when such a placed pod is added, changed or removed (kube-scheduler's queueing hints, coarser:
-  any change in scope wakes it, not only one that lifts the refusal); node events move it as they
+  when such a placed pod is added, changed or removed (kube-scheduler's queueing hints: any change
+  in scope wakes it unless the plugin's hint, :attr:`WakeOn.hint`, turns it down; the rules give
+  none); node events move it as they
   move every parked pod, and a Node deleted those whose plugin registered Node deletions
   (:meth:`SchedulingQueue.node_deleted`); :data:`MAX_PARKED_SECONDS` caps the wait.  Before, it
   was retried on its backoff alone (1–10 s), forever, whether anything had changed or not.
@@ -427,6 +428,9 @@ class SchedulingQueue:
         uids.update(self._wake_namespace.get(touch.namespace, ()))
         for tag in touch.tags:
             uids.update(self._wake_tag.get(tag, ()))
+        uids = {
+            uid for uid in uids if (wake_on := self._entries[uid].wake_on) is None or wake_on.hinted(touch)
+        }
         if not uids:
             return 0
         now = self._clock.now()
@@ -769,8 +773,7 @@ class SchedulingQueue:
         for cycle, touch in reversed(touches):
             if cycle < popped_cycle:
                 break
-            namespaces = wake_on.namespaces
-            if namespaces is None or touch.namespace in namespaces or touch.tags & wake_on.tags:
+            if wake_on.covers(touch):
                 return True
         return False
 
