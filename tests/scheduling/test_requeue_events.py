@@ -11,8 +11,9 @@ import pathlib
 import pkgutil
 
 import bindery.scheduling
+from bindery.rm.errors import RMUnschedulable
 from bindery.scheduling.cycle import schedule_one
-from bindery.scheduling.decisions import Failure, Outcome
+from bindery.scheduling.decisions import Failure, FailureKind, Outcome
 from bindery.scheduling.events import ClusterEvent, Requeue
 from bindery.scheduling.framework import CycleContext, EnqueueExtensions, PluginSet, Ports, Profile, Status
 from bindery.scheduling.podspec import PodInfo
@@ -118,6 +119,41 @@ async def test_a_plugin_declaring_nothing_gets_its_pods_back_on_their_backoff() 
     assert position.queue == "unschedulable"
     assert position.ready_in is not None
     assert position.ready_in <= 1.0, "parked past its 1 s backoff"
+
+
+class QuotaBroker:
+    """A toy Reserve plugin asking another RM, which has no room: it declares nothing."""
+
+    name = "QuotaBroker"
+
+    async def reserve(self, *, ctx: CycleContext) -> Status:
+        raise RMUnschedulable("409", reason="no quota left")
+
+    async def unreserve(self, *, ctx: CycleContext) -> None:
+        return None
+
+
+async def test_an_rm_no_room_waits_for_capacity_whichever_plugin_relayed_it() -> None:
+    """As before plugins declared events: the RM's "no room" waits for a release or a Node."""
+    calls = Calls()
+    ports = Ports(
+        nodes=FakeNodes(calls, {}),
+        pods=FakePods(calls),
+        binder=FakeBinder(calls),
+        events=FakeEvents(calls),
+        conditions=FakeConditions(calls),
+    )
+    profile = Profile(
+        name="pool",
+        scheduler_names=frozenset({"bindery"}),
+        client=FakeRM(calls, node="n1"),
+        plugins=PluginSet(reserve=(QuotaBroker(),)),
+    )
+    result = await schedule_one(pod=pod("web"), profile=profile, ports=ports)
+    assert result.failure is not None
+    assert result.failure.kind is FailureKind.RM_UNSCHEDULABLE
+    assert result.failure.requeue is not None
+    assert result.failure.requeue.until_event, "a pod the RM had no room for came back on its backoff"
 
 
 def _plugin_classes() -> set[str]:

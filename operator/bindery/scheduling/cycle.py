@@ -33,7 +33,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable
 
-from bindery.scheduling.decisions import Decision, Failure, Outcome, decide
+from bindery.scheduling.decisions import Decision, Failure, FailureKind, Outcome, decide
 from bindery.scheduling.defaults import (
     COMMIT_FAILED,
     CommitReservation,
@@ -44,6 +44,7 @@ from bindery.scheduling.defaults import (
     ScheduledEvent,
     lease_of,
 )
+from bindery.scheduling.events import Requeue
 from bindery.scheduling.framework import (
     BindingGate,
     BindPlugin,
@@ -178,7 +179,10 @@ async def _cycle(ctx: CycleContext, throttle: EventThrottle | None) -> CycleOutc
             commit_failed=bool(ctx.state.get(COMMIT_FAILED)),
         )
     if failure.requeue is None:  # what can make the pod schedulable, as the refusing plugin says
-        failure = dataclasses.replace(failure, requeue=plain.requeue_of(pod=pod, failure=failure))
+        requeue = plain.requeue_of(pod=pod, failure=failure)
+        if requeue is None and failure.kind is FailureKind.RM_UNSCHEDULABLE:
+            requeue = Requeue.no_room()  # the RM's "no room", relayed by a plugin that declares nothing
+        failure = dataclasses.replace(failure, requeue=requeue)
     decision = decide(failure=failure)
     released = ctx.reservation is not None and decision.release
     if decision.release:

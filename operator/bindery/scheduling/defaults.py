@@ -39,7 +39,7 @@ from bindery.rm.batching import reserve_urgency
 from bindery.rm.errors import ProblemType, RMConflict, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
-from bindery.scheduling.events import ClusterEvent, Requeue
+from bindery.scheduling.events import Requeue
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, CallStep, Lease, lease_from_answer, plan_call
 from bindery.scheduling.nodecheck import NodeCheckMode, check_node, rules_problem
@@ -74,8 +74,6 @@ log = logging.getLogger(__name__)
 COMMIT_FAILED = "CommitReservation/failed"
 _RELEASED = "ResourceManagerReservation/released"
 _LEASE = "ResourceManagerReservation/lease"
-#: What a pod the RM had no room for waits for: capacity that may have freed.
-_CAPACITY_EVENTS = frozenset({ClusterEvent.RELEASE, ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED})
 _NOT_RENEWABLE = "ResourceManagerReservation/not-renewable"
 
 #: The longest one Binding attempt may take (the lease may allow less); a Binding normally takes
@@ -171,7 +169,7 @@ class ResourceManagerReservation:
         released, a Node added or changed). Its other failures come back on their backoff."""
         if failure.kind is not FailureKind.RM_UNSCHEDULABLE:
             return None
-        return Requeue(events=_CAPACITY_EVENTS)
+        return Requeue.no_room()
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
         narrowing = ctx.state.get(NARROWING)

@@ -14,7 +14,7 @@ import dataclasses
 import enum
 from collections.abc import Callable
 
-__all__ = ["ClusterEvent", "Requeue", "Touch", "WakeOn"]
+__all__ = ["CAPACITY_EVENTS", "NO_ROOM", "ClusterEvent", "Requeue", "Touch", "WakeOn"]
 
 
 class ClusterEvent(enum.StrEnum):
@@ -27,6 +27,10 @@ class ClusterEvent(enum.StrEnum):
     NODE_DELETED = "NodeDeleted"
     #: A placed pod added, changed or removed, within the scope :attr:`Requeue.placed` gives.
     PLACED_POD = "PlacedPod"
+
+
+#: What a pod the RM had no room for waits for: capacity that may have freed.
+CAPACITY_EVENTS = frozenset({ClusterEvent.RELEASE, ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,6 +90,11 @@ class Requeue:
     #: The scope of :attr:`ClusterEvent.PLACED_POD` (ignored without it).
     placed: WakeOn = WakeOn()
 
+    @classmethod
+    def no_room(cls) -> Requeue:
+        """The RM had no room: wait until capacity may have freed."""
+        return NO_ROOM
+
     @property
     def until_event(self) -> bool:
         """Parked until capacity may have freed (``SchedulingQueue.done``'s ``until_event``)."""
@@ -100,3 +109,7 @@ class Requeue:
             return None
         scope = self.placed if placed else WakeOn()
         return dataclasses.replace(scope, node_deleted=deleted)
+
+
+#: The RM's "no room", whichever plugin relayed it (see :meth:`Requeue.no_room`).
+NO_ROOM = Requeue(events=CAPACITY_EVENTS)
