@@ -5,7 +5,9 @@ This is kube-scheduler's binding cycle with the placement decision delegated to 
 manager.  :func:`schedule_one` runs the extension points in order (through
 :mod:`bindery.scheduling.points`, the runners the pod-group path uses too) and never raises for an ordinary
 failure: it returns a :class:`CycleOutcome` that tells the caller where the pod goes next
-(``SchedulingQueue.done(uid, outcome=..., retry_after=...)``) and whether capacity was released
+(``SchedulingQueue.settle(uid, outcome=..., retry_after=..., requeue=failure.requeue)``: the events
+the refusing plugin declared, see :class:`~bindery.scheduling.framework.EnqueueExtensions`) and
+whether capacity was released
 (then the caller should ``move_all_to_active``, since the released capacity may fit a parked pod).
 
 Invariants the tests pin down:
