@@ -35,7 +35,6 @@ from bindery.rm.errors import RMError
 from bindery.scheduling.cycle import CycleOutcome, schedule_one
 from bindery.scheduling.decisions import REASON_UNSCHEDULABLE, FailureKind, Outcome
 from bindery.scheduling.framework import BindingGate, Ports, Profile
-from bindery.scheduling.placementrules import PodPlacementRules, wake_on
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import ConditionWriter, EventSink, PodGone
 from bindery.scheduling.queue import SchedulingQueue
@@ -196,22 +195,16 @@ class Attempts:
         self.follow_up(pod, result)
         if result.released:
             self._metrics.release(resource_manager=self._profile().name, reason="cycle_failure")
-        # Only the RM's "no room" and the placement rules' refusal wait for an event (a release, a
-        # Node, a placed pod): another plugin's refusal, such as a claim not created yet, hangs on
-        # objects Bindery does not watch.
+        # The plugin that refused the pod declared what can make it schedulable (a release, a Node,
+        # a placed pod in its scope): the queue parks it until then. A refusal nobody declared
+        # events for (a claim not created yet hangs on objects Bindery does not watch) comes back
+        # on its backoff.
         no_room = result.failure is not None and result.failure.kind is FailureKind.RM_UNSCHEDULABLE
-        # The placement rules' refusal waits for a placed pod (or node) that could lift it.
-        refused_by_rules = (
-            result.failure is not None
-            and result.failure.kind is FailureKind.PLUGIN_UNSCHEDULABLE
-            and result.failure.plugin == PodPlacementRules.name
-        )
-        self._queue.done(
+        self._queue.settle(
             pod.uid,
             outcome=result.outcome,
             retry_after=result.retry_after,
-            until_event=no_room,
-            wake_on=wake_on(pod) if refused_by_rules else None,
+            requeue=result.failure.requeue if result.failure is not None else None,
         )
         plan = result.failure.plan if no_room and result.failure is not None else None
         # After `done`: the victims' deletion is the event that wakes the pod for its reserve. But

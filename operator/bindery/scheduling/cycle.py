@@ -5,7 +5,9 @@ This is kube-scheduler's binding cycle with the placement decision delegated to 
 manager.  :func:`schedule_one` runs the extension points in order (through
 :mod:`bindery.scheduling.points`, the runners the pod-group path uses too) and never raises for an ordinary
 failure: it returns a :class:`CycleOutcome` that tells the caller where the pod goes next
-(``SchedulingQueue.done(uid, outcome=..., retry_after=...)``) and whether capacity was released
+(``SchedulingQueue.settle(uid, outcome=..., retry_after=..., requeue=failure.requeue)``: the events
+the refusing plugin declared, see :class:`~bindery.scheduling.framework.EnqueueExtensions`) and
+whether capacity was released
 (then the caller should ``move_all_to_active``, since the released capacity may fit a parked pod).
 
 Invariants the tests pin down:
@@ -33,7 +35,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable
 
-from bindery.scheduling.decisions import Decision, Failure, Outcome, decide
+from bindery.scheduling.decisions import Decision, Failure, FailureKind, Outcome, decide
 from bindery.scheduling.defaults import (
     COMMIT_FAILED,
     CommitReservation,
@@ -44,6 +46,7 @@ from bindery.scheduling.defaults import (
     ScheduledEvent,
     lease_of,
 )
+from bindery.scheduling.events import Requeue
 from bindery.scheduling.framework import (
     BindingGate,
     BindPlugin,
@@ -150,7 +153,8 @@ async def schedule_one(
 
 async def _cycle(ctx: CycleContext, throttle: EventThrottle | None) -> CycleOutcome:
     pod, profile = ctx.pod, ctx.profile
-    chain = traced(plugin_chain(profile=profile))  # spans around each plugin when tracing is on
+    plain = plugin_chain(profile=profile)
+    chain = traced(plain)  # spans around each plugin when tracing is on
     binding = False
     try:
         failure = await run_pre_filter(ctx=ctx, plugins=chain.pre_filter)
@@ -176,6 +180,11 @@ async def _cycle(ctx: CycleContext, throttle: EventThrottle | None) -> CycleOutc
             reservation_id=ctx.reservation.id if ctx.reservation else None,
             commit_failed=bool(ctx.state.get(COMMIT_FAILED)),
         )
+    if failure.requeue is None:  # what can make the pod schedulable, as the refusing plugin says
+        requeue = plain.requeue_of(pod=pod, failure=failure)
+        if requeue is None and failure.kind is FailureKind.RM_UNSCHEDULABLE:
+            requeue = Requeue.no_room()  # the RM's "no room", relayed by a plugin that declares nothing
+        failure = dataclasses.replace(failure, requeue=requeue)
     decision = decide(failure=failure)
     released = ctx.reservation is not None and decision.release
     if decision.release:

@@ -31,6 +31,7 @@ from bindery.rm.errors import (
     RMUnschedulable,
 )
 from bindery.rm.models import PreemptionPlan
+from bindery.scheduling.events import Requeue
 from bindery.scheduling.ports import BindConflict, BindError, PodGone
 
 __all__ = [
@@ -100,6 +101,9 @@ class Failure:
     plan: PreemptionPlan | None = None
     #: The ``preemptionPolicy`` the reserve that got ``plan`` carried as sent (None: none).
     plan_asked: str | None = None
+    #: The events that can make the pod schedulable, as the plugin that refused it declared them
+    #: (its ``events_to_register``; the cycle fills it in). None: it comes back on its backoff.
+    requeue: Requeue | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

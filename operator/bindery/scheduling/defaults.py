@@ -39,6 +39,7 @@ from bindery.rm.batching import reserve_urgency
 from bindery.rm.errors import ProblemType, RMConflict, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
+from bindery.scheduling.events import Requeue
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, CallStep, Lease, lease_from_answer, plan_call
 from bindery.scheduling.nodecheck import NodeCheckMode, check_node, rules_problem
@@ -51,7 +52,7 @@ from bindery.scheduling.placementrules import (
     may_be_awaited,
     rules_refusing,
 )
-from bindery.scheduling.podspec import reservation_request
+from bindery.scheduling.podspec import PodInfo, reservation_request
 from bindery.scheduling.ports import BindConflict, BindError
 
 __all__ = [
@@ -162,6 +163,13 @@ class ResourceManagerReservation:
     """Reserve: ask the RM for capacity and a node; Unreserve: release it (once)."""
 
     name = "ResourceManagerReservation"
+
+    def events_to_register(self, *, pod: PodInfo, failure: Failure) -> Requeue | None:
+        """The RM had no room: the pod waits until capacity may have freed (a reservation
+        released, a Node added or changed). Its other failures come back on their backoff."""
+        if failure.kind is not FailureKind.RM_UNSCHEDULABLE:
+            return None
+        return Requeue.no_room()
 
     async def reserve(self, *, ctx: CycleContext) -> Status:
         narrowing = ctx.state.get(NARROWING)

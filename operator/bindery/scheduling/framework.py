@@ -31,6 +31,11 @@ cannot touch other pods.  The semantics follow kube-scheduler:
   other PreBind plugins, Bind, PostBind, or Unreserve) runs there, in the same order.
 
 A plugin that raises is treated as if it returned an ``ERROR`` status naming it.
+
+A plugin that refuses pods may also say which cluster events can make such a pod schedulable
+(:class:`EnqueueExtensions`, kube-scheduler's ``EventsToRegister``): the cycle asks the plugin named
+by the failure and records its answer on it, and the queue wakes the pod from that alone, so
+neither the queue nor the controller knows any plugin by name.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from bindery.scheduling.events import ClusterEvent, Requeue
 from bindery.scheduling.nodecheck import NodeCheckMode
 from bindery.scheduling.queue import DEFAULT_MAX_IN_FLIGHT
 
@@ -62,8 +68,11 @@ __all__ = [
     "RESERVATION_ANNOTATION",
     "BindPlugin",
     "BindingGate",
+    "ClusterEvent",
     "Code",
     "CycleContext",
+    "EnqueueExtensions",
+    "GroupMemberReserve",
     "PluginChain",
     "PluginSet",
     "Ports",
@@ -71,6 +80,7 @@ __all__ = [
     "PreBindPlugin",
     "PreFilterPlugin",
     "Profile",
+    "Requeue",
     "ReservationClient",
     "ReservePlugin",
     "Status",
@@ -216,6 +226,42 @@ class PostBindPlugin(Protocol):
     async def post_bind(self, *, ctx: CycleContext) -> None: ...
 
 
+@runtime_checkable
+class EnqueueExtensions(Protocol):
+    """Optional, beside any extension point: the events that can make a pod this plugin refused
+    schedulable (kube-scheduler's ``EventsToRegister``; its ``QueueingHintFn`` is the placed-pod
+    scope's optional ``hint``).
+
+    Called once per refusal with the refused pod and the failure the plugin caused; returns the
+    events to wait for, with the placed-pod scope the plugin computes for this pod, or ``None``
+    (the pod comes back on its backoff). A plugin without this method gets ``None``.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def events_to_register(self, *, pod: PodInfo, failure: Failure) -> Requeue | None: ...
+
+
+@runtime_checkable
+class GroupMemberReserve(Protocol):
+    """Optional, for a Reserve plugin whose bookkeeping a pod group's members need too.
+
+    A pod group's members are reserved at the RM together, so the group path skips the Reserve
+    point; a plugin that also assumes a pod it let through (the inter-pod rules' in-flight view)
+    does so here, for every member before their PreBind, and forgets it when the group fails.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    async def reserve_member(self, *, ctx: CycleContext) -> None: ...
+
+    async def unreserve_member(self, *, ctx: CycleContext) -> None:
+        """Undo ``reserve_member``; idempotent."""
+        ...
+
+
 class BindingGate(Protocol):
     """Where a cycle goes to wait apart from scheduling (:meth:`CycleContext.wait_apart`).
 
@@ -251,6 +297,25 @@ class PluginChain:
     pre_bind: tuple[PreBindPlugin, ...]
     bind: tuple[BindPlugin, ...]
     post_bind: tuple[PostBindPlugin, ...]
+
+    def plugins(self) -> list[object]:
+        """Every plugin of the chain once, in the order of the points."""
+        seen: dict[int, object] = {}
+        for plugin in (*self.pre_filter, *self.reserve, *self.pre_bind, *self.bind, *self.post_bind):
+            seen.setdefault(id(plugin), plugin)
+        return list(seen.values())
+
+    def requeue_of(self, *, pod: PodInfo, failure: Failure) -> Requeue | None:
+        """What the plugin that caused `failure` declares can make `pod` schedulable (None: it
+        declares nothing, or no plugin of the chain has that name)."""
+        for plugin in self.plugins():
+            if isinstance(plugin, EnqueueExtensions) and plugin.name == failure.plugin:
+                return plugin.events_to_register(pod=pod, failure=failure)
+        return None
+
+    def group_members(self) -> list[GroupMemberReserve]:
+        """The Reserve plugins that hold a pod group's members too (see :class:`GroupMemberReserve`)."""
+        return [plugin for plugin in self.reserve if isinstance(plugin, GroupMemberReserve)]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

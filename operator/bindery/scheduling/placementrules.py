@@ -75,11 +75,12 @@ from bindery.rm.models import (
     RulePreemption,
     RuleVictim,
 )
+from bindery.scheduling.decisions import Failure, FailureKind
+from bindery.scheduling.events import ClusterEvent, Requeue, Touch, WakeOn
 from bindery.scheduling.framework import CycleContext, Status, and_terms
 from bindery.scheduling.inflight import STALE_SECONDS, WAIT_SECONDS, InFlight, _Cycle
 from bindery.scheduling.podspec import PodInfo, max_items
 from bindery.scheduling.ports import PlacedPods
-from bindery.scheduling.queue import Touch, WakeOn
 
 __all__ = [
     "COUNTED",
@@ -538,7 +539,11 @@ def wake_on(pod: PodInfo) -> WakeOn:
         tags.add(TAG_HOST_PORTS)
     if pod.claims:
         tags.add(TAG_CLAIMS)
-    return WakeOn(namespaces=None if namespaces is None else frozenset(namespaces), tags=frozenset(tags))
+    return WakeOn(
+        namespaces=None if namespaces is None else frozenset(namespaces),
+        tags=frozenset(tags),
+        node_deleted=bool(pod.rules.spread),
+    )
 
 
 def members_wake_on(members: Iterable[PodInfo]) -> WakeOn:
@@ -796,6 +801,26 @@ class PodPlacementRules:
         placed.in_flight.settle(ctx.pod.uid)
         if ctx.node is None and ctx.state.get(NARROWED) is not None:
             placed.in_flight.narrowed_refused(ctx.pod.uid)
+
+    def events_to_register(self, *, pod: PodInfo, failure: Failure) -> Requeue | None:
+        """A refusal by the rules waits for a placed pod in their scope (:func:`wake_on`) or a Node
+        added or changed (its labels may be what a term reads); a DoNotSchedule spread for a Node
+        deleted too (its domain may no longer count in the skew's minimum). An error comes back on
+        its backoff."""
+        if failure.kind is not FailureKind.PLUGIN_UNSCHEDULABLE:
+            return None
+        events = {ClusterEvent.NODE_ADDED, ClusterEvent.NODE_CHANGED, ClusterEvent.PLACED_POD}
+        if pod.rules.spread:
+            events.add(ClusterEvent.NODE_DELETED)
+        return Requeue(events=frozenset(events), placed=wake_on(pod))
+
+    async def reserve_member(self, *, ctx: CycleContext) -> None:
+        """A pod group's member, reserved with its group: assumed on its node as `reserve` does, so
+        that the other members' checks see it."""
+        await self.reserve(ctx=ctx)
+
+    async def unreserve_member(self, *, ctx: CycleContext) -> None:
+        await self.unreserve(ctx=ctx)
 
 
 def _assumed(pod: PodInfo, node: str) -> PlacedPod:

@@ -21,13 +21,16 @@ where one tenant could starve another:
   backoff.  A move that happens while a pod is in flight is remembered (kube-scheduler's
   ``moveRequestCycle``), so a pod that fails right after capacity was freed is not parked past the
   event that could have made it fit.
-* **Refused by the placement rules.**  A pod the inter-pod rules refused (anti-affinity, spread,
+* **Refused by a plugin that declared its events.**  The plugin that refused a pod says what can
+  lift the refusal (:class:`~bindery.scheduling.events.Requeue`, see :meth:`SchedulingQueue.settle`);
+  the queue never names a plugin. A pod the inter-pod rules refused (anti-affinity, spread,
   host ports…) is parked in the same pool with a :class:`WakeOn`: the namespaces whose placed pods
   its rules read, and tags for the placed pods that reach it from anywhere (existing pods'
   anti-affinity, host ports, a ReadWriteOncePod claim). :meth:`SchedulingQueue.wake` moves it back
-  when such a placed pod is added, changed or removed (kube-scheduler's queueing hints, coarser:
-  any change in scope wakes it, not only one that lifts the refusal); node events move it as they
-  move every parked pod, and a Node deleted those with a DoNotSchedule topology spread
+  when such a placed pod is added, changed or removed (kube-scheduler's queueing hints: any change
+  in scope wakes it unless the plugin's hint, :attr:`WakeOn.hint`, turns it down; the rules give
+  none); node events move it as they
+  move every parked pod, and a Node deleted those whose plugin registered Node deletions
   (:meth:`SchedulingQueue.node_deleted`); :data:`MAX_PARKED_SECONDS` caps the wait.  Before, it
   was retried on its backoff alone (1–10 s), forever, whether anything had changed or not.
 * **In-flight bound.**  At most ``max_in_flight`` pods of one ResourceManager are between
@@ -62,6 +65,7 @@ from typing import Protocol
 
 from bindery.backoff import BackoffPolicy
 from bindery.scheduling.decisions import Outcome
+from bindery.scheduling.events import Requeue, Touch, WakeOn
 from bindery.scheduling.podspec import PodInfo
 
 #: Pods of one RM between reserve and commit at once (spec.maxInFlight's default). Large because
@@ -79,6 +83,7 @@ __all__ = [
     "QueueClosed",
     "QueuePosition",
     "QueueStats",
+    "Requeue",
     "SchedulingQueue",
     "Touch",
     "WakeOn",
@@ -131,27 +136,6 @@ class MonotonicClock:
                 await event.wait()
         except TimeoutError:
             pass
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WakeOn:
-    """The placed-pod changes that can lift a refusal by the placement rules (:meth:`SchedulingQueue.wake`).
-
-    A change of a placed pod of one of ``namespaces`` (``None``: of any namespace, for terms with a
-    namespaceSelector or a namespace list beyond the pod's own), or of a placed pod that carries
-    one of ``tags`` (e.g. anti-affinity, which may reach the pod from any namespace).
-    """
-
-    namespaces: frozenset[str] | None = frozenset()
-    tags: frozenset[str] = frozenset()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Touch:
-    """A placed pod added, changed or removed: its namespace and its tags (see :class:`WakeOn`)."""
-
-    namespace: str
-    tags: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -444,6 +428,9 @@ class SchedulingQueue:
         uids.update(self._wake_namespace.get(touch.namespace, ()))
         for tag in touch.tags:
             uids.update(self._wake_tag.get(tag, ()))
+        uids = {
+            uid for uid in uids if (wake_on := self._entries[uid].wake_on) is None or wake_on.hinted(touch)
+        }
         if not uids:
             return 0
         now = self._clock.now()
@@ -454,15 +441,14 @@ class SchedulingQueue:
         return len(uids)
 
     def node_deleted(self, *, event: str = "node-deleted") -> int:
-        """A Node went away: move back the pods the placement rules refused that have a
-        DoNotSchedule topology spread (its domain may no longer count in the skew's minimum, as
-        kube-scheduler's PodTopologySpread registers Node deletions). A deletion frees no room for
-        a pod the RM refused, and an anti-affinity is lifted by its pods' deletions, so the others
-        stay. Returns how many moved."""
+        """A Node went away: move back the pods whose refusing plugin declared Node deletions
+        (:attr:`WakeOn.node_deleted`: a DoNotSchedule topology spread, whose domain may no longer
+        count in the skew's minimum, as kube-scheduler's PodTopologySpread registers them). A
+        deletion frees no room for a pod the RM refused, so the others stay. Returns how many moved."""
         uids = [
             uid
             for uid in self._unschedulable
-            if (entry := self._entries[uid]).wake_on is not None and entry.pod.rules.spread
+            if (wake_on := self._entries[uid].wake_on) is not None and wake_on.node_deleted
         ]
         now = self._clock.now()
         for uid in uids:
@@ -536,6 +522,19 @@ class SchedulingQueue:
         if entry.state is _State.IN_FLIGHT:
             self._set_state(entry, _State.BINDING)
             self._wakeup.set()
+
+    def settle(
+        self, uid: str, *, outcome: Outcome, retry_after: float | None = None, requeue: Requeue | None = None
+    ) -> None:
+        """:meth:`done`, the pod routed by what the plugin that refused it declared (``requeue``;
+        ``None``: no plugin declared anything, and an unschedulable pod comes back on its backoff)."""
+        self.done(
+            uid,
+            outcome=outcome,
+            retry_after=retry_after,
+            until_event=requeue is not None and requeue.until_event,
+            wake_on=requeue.wake_on if requeue is not None else None,
+        )
 
     def done(
         self,
@@ -774,8 +773,7 @@ class SchedulingQueue:
         for cycle, touch in reversed(touches):
             if cycle < popped_cycle:
                 break
-            namespaces = wake_on.namespaces
-            if namespaces is None or touch.namespace in namespaces or touch.tags & wake_on.tags:
+            if wake_on.covers(touch):
                 return True
         return False
 

@@ -51,7 +51,6 @@ from bindery.scheduling.lease import lease_from_answer
 from bindery.scheduling.nodecheck import NodeCheckMode, check_rules
 from bindery.scheduling.placementrules import (
     MemberPreferences,
-    PodPlacementRules,
     member_node_terms,
     member_preferences,
     members_wake_on,
@@ -63,9 +62,6 @@ from bindery.scheduling.points import run_bind, run_post_bind, run_pre_bind, run
 from bindery.scheduling.preemption import Preemptor
 from bindery.scheduling.traced import traced
 from bindery.typedefs import Logger
-
-#: The inter-pod rules' assume and forget, for the members (their PreFilter is member_node_terms).
-_RULES = PodPlacementRules()
 
 if TYPE_CHECKING:
     from bindery.controller.podgroups.state import GroupState
@@ -262,17 +258,22 @@ class Placement:
     ) -> float | None:
         """PreBind every member, then bind them all; a member failing PreBind releases the group."""
         profile, ports = self._profile(), self._ports()
-        chain = traced(plugin_chain(profile=profile))  # spans around each plugin, as in a cycle
+        plain = plugin_chain(profile=profile)
+        chain = traced(plain)  # spans around each plugin, as in a cycle
+        # The Reserve plugins that hold members too (the inter-pod rules' assume and forget; their
+        # PreFilter is member_node_terms): the chain's own instances, as a pod's cycle runs them.
+        holders = plain.group_members()
         contexts = [
             CycleContext(pod=m.pod, profile=profile, ports=ports, reservation=m.reservation) for m in pairs
         ]
         # Every member assumed on its node first, so that NodeCheck's second look at the inter-pod
         # rules sees the other members too (a rule between members was not sent to the RM).
         for ctx in contexts:
-            await _RULES.reserve(ctx=ctx)
+            for holder in holders:
+                await holder.reserve_member(ctx=ctx)
         checks = await asyncio.gather(*(run_pre_bind(ctx=ctx, plugins=chain.pre_bind) for ctx in contexts))
         checks = [
-            check if check is not None else _rules_recheck(ctx)
+            check if check is not None else _rules_recheck(ctx, plugin=holders[0].name if holders else "")
             for ctx, check in zip(contexts, checks, strict=True)
         ]
         failed = [
@@ -280,7 +281,8 @@ class Placement:
         ]
         if failed:
             for ctx in contexts:
-                await _RULES.unreserve(ctx=ctx)
+                for holder in reversed(holders):
+                    await holder.unreserve_member(ctx=ctx)
             await self.release_group(group_id, info=info)
             group.attempt += 1
             first_ctx, first = failed[0]
@@ -410,11 +412,12 @@ def _in_order(group: ReservationGroup, members: Sequence[PodInfo]) -> list[Reser
     return [by_uid[pod.uid] for pod in members]
 
 
-def _rules_recheck(ctx: CycleContext) -> Failure | None:
+def _rules_recheck(ctx: CycleContext, *, plugin: str) -> Failure | None:
     """The inter-pod rules again for a member on its node, every member assumed, whatever the
     ``nodeCheck`` mode (``Full``: NodeCheck did it). Rules between members were never sent to the RM
     (member_node_terms refuses the selecting ones; host ports between members remain), so without
-    this look a group is bound against them silently."""
+    this look a group is bound against them silently. `plugin`: the failure is the rules' (the
+    chain's member holder), named as the cycle's would be."""
     placed = ctx.ports.placed
     if placed is None or ctx.node is None or ctx.profile.node_check is NodeCheckMode.FULL:
         return None
@@ -422,4 +425,4 @@ def _rules_recheck(ctx: CycleContext) -> Failure | None:
     problem = None if verdict is None else check_rules(verdict, node_name=ctx.node, rm_name=ctx.profile.name)
     if problem is None:
         return None
-    return Failure(kind=FailureKind.NODE_CHECK, message=problem, stage=Stage.PRE_BIND, plugin=_RULES.name)
+    return Failure(kind=FailureKind.NODE_CHECK, message=problem, stage=Stage.PRE_BIND, plugin=plugin)
