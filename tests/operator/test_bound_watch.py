@@ -16,7 +16,7 @@ from typing import Any, cast
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from bindery.controller.watches.bound import BoundPodReleases
+from bindery.controller.reservations.releases import BoundPodReleases
 from bindery.controller.watches.placed import PlacedPodWatcher
 from bindery.kube.placed import PlacedPodCache
 from bindery.scheduling.framework import RESERVATION_ANNOTATION

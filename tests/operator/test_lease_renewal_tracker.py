@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
+from bindery.controller.reservations.unconfirmed import UnconfirmedBind, UnconfirmedBinds
 from bindery.rm.errors import RMConflict, RMUnsupported
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION

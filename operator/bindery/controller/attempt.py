@@ -27,7 +27,7 @@ from typing import Any
 from bindery import tracing
 from bindery.controller.metrics import Metrics, result_label
 from bindery.controller.preemption import PendingPlan, Preemptions
-from bindery.controller.unconfirmed import UnconfirmedBinds
+from bindery.controller.reservations.unconfirmed import UnconfirmedBinds
 from bindery.k8s import ApiClient
 from bindery.kube.reads import read_pod
 from bindery.logcontext import log_context

@@ -47,7 +47,7 @@ from bindery.controller.options import OperatorOptions
 from bindery.controller.pending import PendingPods
 from bindery.controller.podgroups.watch import PodGroupWatch
 from bindery.controller.queueview import QueueView
-from bindery.controller.reconcile import Reconciler
+from bindery.controller.reservations.reconcile import Reconciler
 from bindery.controller.runner import ProfileRunner
 from bindery.controller.supervisor import (
     DEFAULT_RECONCILE_INTERVAL,

@@ -67,7 +67,7 @@ STATUS_WRITE_SECONDS = 10.0
 
 class Reconcile(Protocol):
     """One reconciliation pass of a profile's reservations against its pods; raises if it failed
-    (`bindery.controller.reconcile.Reconciler`)."""
+    (`bindery.controller.reservations.reconcile.Reconciler`)."""
 
     async def run_once(self, *, reason: str) -> object: ...
 
