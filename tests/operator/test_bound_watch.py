@@ -367,7 +367,7 @@ async def test_a_runner_subscribes_while_it_schedules_and_is_replayed_the_names_
     start (replayed by the feed), unsubscribes on pause (leadership lost), subscribes afresh when it
     leads again; a scheduler name added meanwhile is replayed, a removed one is simply no longer its."""
     from bindery.config import ResourceManagerConfig
-    from bindery.controller.runner import ProfileRunner
+    from bindery.controller.profile.runner import ProfileRunner
     from bindery.controller.secrets import RMCredentials
     from bindery.scheduling.framework import Ports
     from tests.scheduling.fakes import FakeBinder, FakeConditions, FakeEvents, FakeNodes, FakePods

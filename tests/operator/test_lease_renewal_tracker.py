@@ -215,7 +215,7 @@ async def test_a_replaced_rm_client_is_closed_once_no_cycle_can_use_it() -> None
     """Each credential rotation replaces the client: the old pool must not stay open for ever."""
     import types
 
-    from bindery.controller.runner import ProfileRunner
+    from bindery.controller.profile.runner import ProfileRunner
 
     class Client:
         closed = False

@@ -44,7 +44,7 @@ from bindery.backoff import Backoff, BackoffPolicy
 from bindery.config import ResourceManagerConfig
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.watch import PodGroupWatch
-from bindery.controller.runner import ProfileRunner, plugins_for
+from bindery.controller.profile.runner import ProfileRunner, plugins_for
 from bindery.controller.secrets import (
     CredentialsError,
     RMCredentials,
