@@ -54,9 +54,9 @@ from typing import Any
 
 from kubernetes_asyncio import client, config
 
-from bindery.controller.entry import EmbeddedOperator
-from bindery.controller.install import apply_crd, grant_operator
-from bindery.controller.options import OperatorOptions
+from bindery.controller.startup.entry import EmbeddedOperator
+from bindery.controller.startup.install import apply_crd, grant_operator
+from bindery.controller.startup.options import OperatorOptions
 from bindery.demo import SYSTEM_NAMESPACE, create_reference_resource_manager
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane, free_port
@@ -469,7 +469,7 @@ async def install_bindery(api: client.ApiClient, *, rm: ReferenceRM, max_in_flig
 async def bindery_operator(
     operator_kubeconfig: pathlib.Path, workdir: pathlib.Path, sampler: Sampler | None
 ) -> AsyncIterator[int | None]:
-    """The operator in its own thread and loop (bindery.controller.entry), scheduling when yielded."""
+    """The operator in its own thread and loop (bindery.controller.startup.entry), scheduling when yielded."""
     options = OperatorOptions(kubeconfig=operator_kubeconfig, probe_interval=30.0, state_dir=workdir)
     operator = EmbeddedOperator(options=options) if sampler is None else SampledOperator(options, sampler)
     await operator.start()

@@ -35,7 +35,8 @@ import tracemalloc
 from collections.abc import Mapping
 from typing import Any, cast
 
-from bindery.controller.watches.bound import BoundPodReleases, remembered
+from bindery.controller.reservations.boundpods import remembered
+from bindery.controller.reservations.releases import BoundPodReleases
 from bindery.controller.watches.placed import PlacedPodWatcher
 from bindery.k8s.watching import Cursor, identity
 from bindery.kube.placed import PlacedPodCache

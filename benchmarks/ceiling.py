@@ -1553,7 +1553,7 @@ def profiled(bench: Plane, args: Args) -> Starter:
 async def install_bindery(plane: Any) -> None:
     from kubernetes_asyncio import client, config
 
-    from bindery.controller.install import apply_crd, grant_operator
+    from bindery.controller.startup.install import apply_crd, grant_operator
 
     configuration = client.Configuration()
     await config.load_kube_config(config_file=str(plane.kubeconfig), client_configuration=configuration)

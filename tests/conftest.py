@@ -40,12 +40,12 @@ from typing import Any, NoReturn
 import pytest
 from kubernetes_asyncio import client, config
 
-from bindery.controller.install import apply_crd, grant_operator
+from bindery.controller.startup.install import apply_crd, grant_operator
 from bindery.devcluster import binaries
 from bindery.devcluster.plane import ControlPlane
 from bindery.devcluster.postgres import PostgresServer
 
-#: The operator's least-privilege identity (bindery.controller.rbac), on either plane.
+#: The operator's least-privilege identity (bindery.controller.startup.rbac), on either plane.
 OPERATOR_USER = "bindery-operator"
 
 # -- tiers ----------------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ IO_MODULES = (
     "aiohttp",  # web servers and real HTTP clients
     "bindery.devcluster",  # the plane, PostgreSQL, Slurm: processes
     "bindery.cli",  # `bindery run`, `rm serve` in-process: servers on loopback
-    "bindery.controller.entry",
+    "bindery.controller.startup.entry",
     "bindery.reference_rm.cli",
     "bindery.reference_rm.server",
     "bindery.reference_rm.serve_reference_rm",  # re-exported by the package
@@ -402,7 +402,7 @@ async def cluster_api(cluster: ControlPlane) -> AsyncIterator[client.ApiClient]:
 
 @pytest.fixture(scope="session")
 async def cluster_operator_kubeconfig(cluster: ControlPlane, cluster_api: client.ApiClient) -> pathlib.Path:
-    """The operator's least-privilege identity on the cluster plane (bindery.controller.rbac)."""
+    """The operator's least-privilege identity on the cluster plane (bindery.controller.startup.rbac)."""
     await grant_operator(api=cluster_api, user=OPERATOR_USER)
     return cluster.mint_kubeconfig(user=OPERATOR_USER)
 

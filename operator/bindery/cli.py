@@ -225,8 +225,8 @@ def run_command(argv: Sequence[str]) -> int:
     from bindery import tracing
 
     tracing.configure(service_name="bindery-operator")  # only when OTEL_EXPORTER_OTLP_*ENDPOINT is set
-    from bindery.controller.entry import run_operator
-    from bindery.controller.options import OperatorOptions
+    from bindery.controller.startup.entry import run_operator
+    from bindery.controller.startup.options import OperatorOptions
 
     options = OperatorOptions(
         kubeconfig=args.kubeconfig,

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import aiohttp
 from kubernetes_asyncio import client
 
-from bindery.controller.install import apply_crd, grant_operator
+from bindery.controller.startup.install import apply_crd, grant_operator
 from bindery.devcluster.plane import ControlPlane
 from tests.chaos.harness import Pool, pool
 from tests.conftest import OPERATOR_USER, api_client_for

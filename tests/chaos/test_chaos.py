@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.install import apply_crd, grant_operator
+from bindery.controller.startup.install import apply_crd, grant_operator
 from bindery.devcluster.plane import ControlPlane
 from tests.chaos.harness import SECONDS, Pool, Report, chaos_seed, check, hard_timeout, pool
 from tests.conftest import OPERATOR_USER, api_client_for

@@ -38,7 +38,7 @@ WRITE_VERBS = {
     "sign",
     "*",
 }
-# The only writes the operator needs (bindery.controller.rbac), plus the self-reviews every
+# The only writes the operator needs (bindery.controller.startup.rbac), plus the self-reviews every
 # authenticated user may create (system:basic-user), which change nothing.
 OPERATOR_WRITES = {
     "create pods/binding",

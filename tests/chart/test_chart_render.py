@@ -218,7 +218,7 @@ def test_every_pod_is_hardened(rendered: dict[str, list[dict[str, Any]]], value_
 
 
 def test_rbac_is_exactly_what_the_operator_declares(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    rbac = pytest.importorskip("bindery.controller.rbac")
+    rbac = pytest.importorskip("bindery.controller.startup.rbac")
     objects = rendered["external-rms"]
     cluster_rules = ct.one(objects, "ClusterRole", "rel-bindery")["rules"]
     lease_role = ct.one(objects, "Role", "rel-bindery-leader-election")
@@ -241,7 +241,7 @@ def test_rbac_is_exactly_what_the_operator_declares(rendered: dict[str, list[dic
     declared = flatten(rbac.OPERATOR_RULES)
     chart = flatten(cluster_rules) | flatten(role_rules)
     assert chart == declared, (
-        f"chart grants {sorted(chart - declared)} beyond bindery.controller.rbac "
+        f"chart grants {sorted(chart - declared)} beyond bindery.controller.startup.rbac "
         f"and lacks {sorted(declared - chart)}"
     )
     # The queue views' reader role, bound by the user to whom they choose (the chart binds nobody).
@@ -709,7 +709,7 @@ def test_leader_election_settings_reach_the_operator_and_its_role(
     for arg in ("--lease-name=sched-lease", "--lease-duration=30", "--renew-deadline=20", "--retry-period=4"):
         assert arg in container["args"]
     role = ct.one(objects, "Role", "rel-bindery-leader-election")
-    rbac = pytest.importorskip("bindery.controller.rbac")
+    rbac = pytest.importorskip("bindery.controller.startup.rbac")
     assert role["rules"] == rbac.leader_election_rules(lease_name="sched-lease")
     # Spread over nodes where possible: a standby on the leader's node would die with it.
     affinity = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]

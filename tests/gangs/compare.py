@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from kubernetes_asyncio import client
 
-from bindery.controller.install import apply_crd, grant_operator
+from bindery.controller.startup.install import apply_crd, grant_operator
 from bindery.devcluster.plane import ControlPlane
 from tests.conftest import OPERATOR_USER, api_client_for
 from tests.gangs.scenarios import LAYOUTS, SCENARIOS, Result, Stage, resource_manager_ready

@@ -24,7 +24,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from bindery.controller.podgroups.coordinator import REPORT_WAITING_AFTER_SECONDS
-from bindery.controller.rbac import OPERATOR_RULES, cluster_role, cluster_role_binding
+from bindery.controller.startup.rbac import OPERATOR_RULES, cluster_role, cluster_role_binding
 from bindery.devcluster.plane import ControlPlane
 from bindery.explain.collect import explain_pod
 from bindery.explain.facts import render

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.entry import EmbeddedOperator
-from bindery.controller.install import apply_crd, grant_operator
 from bindery.controller.metrics import RESULTS
-from bindery.controller.options import OperatorOptions
 from bindery.controller.secrets import CREDENTIALS_LABEL
+from bindery.controller.startup.entry import EmbeddedOperator
+from bindery.controller.startup.install import apply_crd, grant_operator
+from bindery.controller.startup.options import OperatorOptions
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import Reservation
@@ -42,7 +42,8 @@ async def crd(kube_api: client.ApiClient) -> None:
 async def operator_kubeconfig(
     controlplane: ControlPlane, kube_api: client.ApiClient, crd: None
 ) -> pathlib.Path:
-    """A kubeconfig for a user that has exactly the operator's ClusterRole (bindery.controller.rbac)."""
+    """A kubeconfig for a user that has exactly the operator's ClusterRole
+    (bindery.controller.startup.rbac)."""
     await grant_operator(api=kube_api, user=OPERATOR_USER)
     return controlplane.mint_kubeconfig(user=OPERATOR_USER)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from kubernetes_asyncio import client
 
-from bindery.controller.watches.bound import reservation_to_release
+from bindery.controller.reservations.fate import reservation_to_release
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from tests.operator.conftest import Bindery, RealStage, eventually, now
 

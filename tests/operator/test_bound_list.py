@@ -14,8 +14,9 @@ from typing import Any
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from bindery.controller.reconcile import missing_reservations, pod_fate, reported_unscheduled
-from bindery.controller.watches import bound as bound_watch
+from bindery.controller.reservations import boundpods as bound_watch
+from bindery.controller.reservations.fate import pod_fate
+from bindery.controller.reservations.reconcile import missing_reservations, reported_unscheduled
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from tests.operator.fakerm import serve_app
 

@@ -16,7 +16,7 @@ from typing import Any, cast
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from bindery.controller.watches.bound import BoundPodReleases
+from bindery.controller.reservations.releases import BoundPodReleases
 from bindery.controller.watches.placed import PlacedPodWatcher
 from bindery.kube.placed import PlacedPodCache
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
@@ -367,7 +367,7 @@ async def test_a_runner_subscribes_while_it_schedules_and_is_replayed_the_names_
     start (replayed by the feed), unsubscribes on pause (leadership lost), subscribes afresh when it
     leads again; a scheduler name added meanwhile is replayed, a removed one is simply no longer its."""
     from bindery.config import ResourceManagerConfig
-    from bindery.controller.runner import ProfileRunner
+    from bindery.controller.profile.runner import ProfileRunner
     from bindery.controller.secrets import RMCredentials
     from bindery.scheduling.framework import Ports
     from tests.scheduling.fakes import FakeBinder, FakeConditions, FakeEvents, FakeNodes, FakePods

@@ -32,7 +32,7 @@ def test_run_freezes_what_start_loaded_and_collects_the_young_less_often(
     operator CPU walking the imports; `bindery run` freezes them before its loop starts."""
     import gc
 
-    import bindery.controller.entry
+    import bindery.controller.startup.entry
     from bindery.collector import COLLECTOR_THRESHOLDS
 
     seen: dict[str, object] = {}
@@ -41,7 +41,7 @@ def test_run_freezes_what_start_loaded_and_collects_the_young_less_often(
         seen["threshold"] = gc.get_threshold()
         seen["frozen"] = gc.get_freeze_count()
 
-    monkeypatch.setattr(bindery.controller.entry, "run_operator", run_operator)
+    monkeypatch.setattr(bindery.controller.startup.entry, "run_operator", run_operator)
     gc.unfreeze()  # CPython's defaults, whatever ran before (tests/conftest.py restores them after)
     gc.set_threshold(700, 10, 10)
     assert main(["run"]) == 0
@@ -56,14 +56,14 @@ def test_run_leaves_sigterm_to_kopf_and_passes_no_stop_flag(monkeypatch: pytest.
     left waiting on it (every rollout, every test restarting an operator process)."""
     import gc
 
-    import bindery.controller.entry
+    import bindery.controller.startup.entry
 
     seen: dict[str, object] = {}
 
     async def run_operator(**kwargs: object) -> None:
         seen.update(kwargs)
 
-    monkeypatch.setattr(bindery.controller.entry, "run_operator", run_operator)
+    monkeypatch.setattr(bindery.controller.startup.entry, "run_operator", run_operator)
     before = gc.get_threshold()
     try:
         assert main(["run"]) == 0

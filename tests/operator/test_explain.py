@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.install import grant_debug_reader
+from bindery.controller.startup.install import grant_debug_reader
 from bindery.devcluster.plane import ControlPlane
 from tests.operator.conftest import condition, create_pod, eventually, node_of, pod_body, read_pod
 from tests.realrm import scene

@@ -25,7 +25,7 @@ from kubernetes_asyncio import client
 
 from bindery.config import parse_resource_manager
 from bindery.controller.leadership.fence import FencedBinder
-from bindery.controller.runner import ProfileRunner
+from bindery.controller.profile.runner import ProfileRunner
 from bindery.controller.secrets import RMCredentials
 from bindery.devcluster.plane import ControlPlane
 from bindery.kube import KubeBinder, KubeConditionWriter, KubeEventSink, KubeVolumes, UnboundPods

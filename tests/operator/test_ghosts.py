@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.runtime import Runtime
+from bindery.controller.startup.runtime import Runtime
 from bindery.controller.watches.unbound import unbound_pods_selector
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane

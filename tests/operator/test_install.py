@@ -1,4 +1,5 @@
-"""`bindery.controller.install` against a real apiserver: what the demo and the test planes install."""
+"""`bindery.controller.startup.install` against a real apiserver: what the demo and the test planes
+install."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from collections.abc import Callable
 
 from kubernetes_asyncio import client
 
-from bindery.controller.install import grant_debug_reader, grant_operator
-from bindery.controller.rbac import DEBUG_READER_RULES, cluster_role
+from bindery.controller.startup.install import grant_debug_reader, grant_operator
+from bindery.controller.startup.rbac import DEBUG_READER_RULES, cluster_role
 from bindery.k8s import create, delete, get, resources
 
 

@@ -14,7 +14,6 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.cli import main
-from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.leadership.elector import LeaderElector
 from bindery.controller.leadership.fence import FencedBinder
 from bindery.controller.leadership.rules import (
@@ -28,7 +27,8 @@ from bindery.controller.leadership.rules import (
     within_renew_deadline,
 )
 from bindery.controller.leadership.term import Leadership
-from bindery.controller.options import OperatorOptions
+from bindery.controller.startup.entry import EmbeddedOperator
+from bindery.controller.startup.options import OperatorOptions
 from bindery.devcluster.nodes import create_node
 from bindery.scheduling.podspec import PodInfo
 from tests.operator.conftest import (

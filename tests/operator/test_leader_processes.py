@@ -35,7 +35,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from bindery.controller.rbac import leader_election_rules
+from bindery.controller.startup.rbac import leader_election_rules
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from tests.conftest import OPERATOR_USER

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
+from bindery.controller.reservations.unconfirmed import UnconfirmedBind, UnconfirmedBinds
 from bindery.rm.errors import RMConflict, RMUnsupported
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
@@ -215,7 +215,7 @@ async def test_a_replaced_rm_client_is_closed_once_no_cycle_can_use_it() -> None
     """Each credential rotation replaces the client: the old pool must not stay open for ever."""
     import types
 
-    from bindery.controller.runner import ProfileRunner
+    from bindery.controller.profile.runner import ProfileRunner
 
     class Client:
         closed = False

@@ -14,9 +14,9 @@ from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from bindery.clock import DEFAULT_TOLERANCE_SECONDS
-from bindery.controller.entry import EmbeddedOperator
 from bindery.controller.metrics import _StateCollector, parse_address, rm_outcome_label
-from bindery.controller.options import OperatorOptions
+from bindery.controller.startup.entry import EmbeddedOperator
+from bindery.controller.startup.options import OperatorOptions
 from bindery.devcluster.nodes import node_status
 from bindery.devcluster.plane import ControlPlane
 from bindery.kube.counters import WriteCounter

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.entry import EmbeddedOperator
-from bindery.controller.options import OperatorOptions
+from bindery.controller.startup.entry import EmbeddedOperator
+from bindery.controller.startup.options import OperatorOptions
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMUnavailable, RMUnschedulable
 from bindery.rm.models import PodIdentity, Reservation, ReservationRequest, ReservationState

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from kubernetes_asyncio import client
 
-from bindery.controller.reconcile import ContractUnknown, Reconciler
+from bindery.controller.reservations.reconcile import ContractUnknown, Reconciler
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.client import ResourceManagerClient

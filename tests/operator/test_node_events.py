@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from bindery.controller.metrics import Metrics
-from bindery.controller.pending import NODE_EVENT_SETTLE_SECONDS, PendingPods
+from bindery.controller.profile.pending import NODE_EVENT_SETTLE_SECONDS, PendingPods
 from bindery.kube import KubeConditionWriter, KubeEventSink
 from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.queue import SchedulingQueue

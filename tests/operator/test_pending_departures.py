@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from bindery.controller.metrics import Metrics
-from bindery.controller.pending import PendingPods
+from bindery.controller.profile.pending import PendingPods
 from bindery.kube import KubeConditionWriter, KubeEventSink
 from tests.scheduling.fakes import pod
 

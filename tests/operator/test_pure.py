@@ -7,9 +7,10 @@ import datetime
 
 import pytest
 
-from bindery.controller.reconcile import Settle, reconcile_action
+from bindery.controller.reservations.fate import Settle
+from bindery.controller.reservations.reconcile import reconcile_action
+from bindery.controller.reservations.unconfirmed import UnconfirmedBind, fate
 from bindery.controller.status import Observation, compute_status, status_changed
-from bindery.controller.unconfirmed import UnconfirmedBind, fate
 from bindery.kube.binder import assigned_node, binding_body
 from bindery.kube.conditions import KubeConditionWriter, condition_patch
 from bindery.kube.events import event_body, micro_time

@@ -20,8 +20,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.backoff import BackoffPolicy
-from bindery.controller.install import apply_crd, grant_operator
-from bindery.controller.reconcile import Reconciler, ReconcileReport
+from bindery.controller.reservations.reconcile import Reconciler, ReconcileReport
+from bindery.controller.startup.install import apply_crd, grant_operator
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.client import ResourceManagerClient

@@ -8,16 +8,16 @@ import pytest
 
 from bindery.config import ConfigError, parse_resource_manager
 from bindery.config.resourcemanager import reconcile_interval
-from bindery.controller.reconcile import (
-    Settle,
+from bindery.controller.reservations.boundpods import remembered
+from bindery.controller.reservations.fate import Settle, reservation_to_release
+from bindery.controller.reservations.reconcile import (
     in_scope,
     missing_reservations,
     reconcile_action,
     surplus,
     unscoped_action,
 )
-from bindery.controller.restore import restore_refused, restore_request
-from bindery.controller.watches.bound import remembered, reservation_to_release
+from bindery.controller.reservations.restore import restore_refused, restore_request
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 

@@ -19,7 +19,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.audit.collect import run_audit
-from bindery.controller.install import apply_crd, grant_operator
+from bindery.controller.startup.install import apply_crd, grant_operator
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import Reservation

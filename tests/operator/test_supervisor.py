@@ -18,8 +18,8 @@ import pytest
 from kubernetes_asyncio import client
 
 from bindery.backoff import Backoff
+from bindery.controller.profile.supervisor import SUPERVISOR_BACKOFF
 from bindery.controller.secrets import CREDENTIALS_LABEL
-from bindery.controller.supervisor import SUPERVISOR_BACKOFF
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from bindery.rm.models import PodIdentity, ReservationRequest

@@ -20,7 +20,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from bindery.controller.watches.bound import list_bound_pods
+from bindery.controller.reservations.boundpods import list_bound_pods
 from bindery.k8s import api as k8s
 from bindery.k8s import resources
 from tests.operator.conftest import Bindery, Stage, events_of, eventually, pod_body

@@ -22,10 +22,10 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from bindery.controller.connection import TokenFile
-from bindery.controller.entry import EmbeddedOperator
-from bindery.controller.install import grant_operator
-from bindery.controller.options import OperatorOptions
+from bindery.controller.startup.connection import TokenFile
+from bindery.controller.startup.entry import EmbeddedOperator
+from bindery.controller.startup.install import grant_operator
+from bindery.controller.startup.options import OperatorOptions
 from bindery.devcluster.plane import ControlPlane
 from tests.operator.conftest import Stage, eventually
 

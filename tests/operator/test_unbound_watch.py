@@ -19,7 +19,7 @@ import kopf
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from bindery.controller.kopfwiring import register
+from bindery.controller.startup.kopfwiring import register
 from bindery.controller.watches.unbound import UnboundPodWatcher
 from tests.operator.fakerm import serve_app
 

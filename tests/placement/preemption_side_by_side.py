@@ -31,7 +31,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from bindery.controller.install import apply_crd, grant_operator
+from bindery.controller.startup.install import apply_crd, grant_operator
 from bindery.devcluster.plane import ControlPlane
 from tests.conftest import OPERATOR_USER, api_client_for
 from tests.gangs.scenarios import resource_manager_ready

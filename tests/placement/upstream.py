@@ -37,7 +37,7 @@ from typing import Any
 
 from kubernetes_asyncio import client, config
 
-from bindery.controller.install import apply_crd, grant_operator
+from bindery.controller.startup.install import apply_crd, grant_operator
 from bindery.devcluster import binaries
 from bindery.devcluster.nodes import create_kwok_node
 from bindery.devcluster.plane import ControlPlane

@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _audit(args: argparse.Namespace) -> Audit:
-    from bindery.controller.connection import load_configuration
+    from bindery.controller.startup.connection import load_configuration
     from bindery.k8s import Unavailable, client_for
 
     configuration = await load_configuration(kubeconfig=args.kubeconfig)

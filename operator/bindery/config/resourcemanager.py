@@ -65,7 +65,7 @@ class ResourceManagerConfig:
     pre_bind: tuple[str, ...] = ()
     post_bind: tuple[str, ...] = ()
     bind: str | None = None
-    #: Seconds between periodic reconcile passes (bindery.controller.reconcile): the configured
+    #: Seconds between periodic reconcile passes (bindery.controller.reservations.reconcile): the configured
     #: spec.reconcileIntervalSeconds, capped at half the reservation TTL so that a reserved
     #: reservation whose commit was lost is committed by a pass well before the RM expires it.
     reconcile_interval_seconds: float = 30.0

@@ -6,7 +6,7 @@ records the decision (metrics, the trace's attributes), tells the queue (requeue
 park, or drop), tracks a reservation whose Binding got no answer, and releases what a pod that left
 while its cycle ran no longer needs. The state kept across attempts (the pods found gone, the
 cycles running, the departures left to a cycle, the event throttle) belongs to one runner, so
-there is one :class:`Attempts` per :class:`bindery.controller.runner.ProfileRunner`.
+there is one :class:`Attempts` per :class:`bindery.controller.profile.runner.ProfileRunner`.
 
 A pod can vanish without the watch saying so (Kopf emits no DELETED for a pod deleted while its
 watch was down). Like kube-scheduler, which looks the pod up before reporting a failure, a cycle
@@ -27,7 +27,7 @@ from typing import Any
 from bindery import tracing
 from bindery.controller.metrics import Metrics, result_label
 from bindery.controller.preemption import PendingPlan, Preemptions
-from bindery.controller.unconfirmed import UnconfirmedBinds
+from bindery.controller.reservations.unconfirmed import UnconfirmedBinds
 from bindery.k8s import ApiClient
 from bindery.kube.reads import read_pod
 from bindery.logcontext import log_context

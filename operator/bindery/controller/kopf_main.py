@@ -9,6 +9,6 @@ from __future__ import annotations
 
 import kopf
 
-from bindery.controller.kopfwiring import register
+from bindery.controller.startup.kopfwiring import register
 
 register(registry=kopf.get_default_registry())

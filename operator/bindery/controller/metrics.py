@@ -68,7 +68,7 @@ RESULTS: Mapping[Outcome, str] = {
 #: Why a reservation was released: a failed cycle, a departed bound pod, a Binding that got no
 #: answer and turned out not to have bound the pod, a reconcile pass (leftovers at start included).
 RELEASE_REASONS = ("cycle_failure", "pod_departed", "unconfirmed_binding", "reconcile")
-#: What a reconcile pass did (bindery.controller.reconcile): committed or released a reservation,
+#: What a reconcile pass did (bindery.controller.reservations.reconcile): committed or released a reservation,
 #: failed to, or found a bound pod without any active reservation.
 RECONCILE_ACTIONS = ("commit", "release", "failed", "missing_reservation")
 #: 5 ms … ~82 s: an RM round trip at the low end, a pod parked through several backoffs at the top.

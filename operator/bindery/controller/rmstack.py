@@ -17,9 +17,10 @@ What each call goes through, outermost first:
   raises :class:`NotLeading` (keeping alive what the leader may be using is the leader's call).
   Reserve, commit and reads pass: a commit is always right for a bound pod, and the Binding that
   would follow a reserve is fenced by :class:`~bindery.controller.leadership.FencedBinder`;
-* **settling**: a release of a reservation whose Binding got no answer asks
-  :class:`~bindery.controller.unconfirmed.UnconfirmedBinds` first, which commits instead when the
-  pod turns out bound with it;
+* **settling**: a release of a reservation whose Binding got no answer asks the profile's
+  :class:`Settler` first (:class:`~bindery.controller.reservations.unconfirmed.UnconfirmedBinds`),
+  which commits instead when the pod turns out bound with it. The stack knows it by this protocol
+  only: the settler reads pods and calls the RM through this stack, so it sits above it;
 * **measurement**: every request is timed into ``bindery_rm_request_duration_seconds`` and, with
   tracing on, gets a client span (:class:`~bindery.controller.metrics.MeasuredRM`).
 
@@ -29,7 +30,7 @@ A rotated credential swaps the client underneath (:meth:`RMStack.use`); callers 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from bindery.controller.metrics import MeasuredRM, Metrics
 from bindery.rm.client import ResourceManagerClient
@@ -43,14 +44,21 @@ from bindery.rm.models import (
 )
 from bindery.typedefs import Logger
 
-if TYPE_CHECKING:
-    from bindery.controller.unconfirmed import UnconfirmedBinds
-
-__all__ = ["NotLeading", "RMStack"]
+__all__ = ["NotLeading", "RMStack", "Settler"]
 
 
 class NotLeading(RMError):
     """A renewal refused before it was sent: this replica no longer holds the leader lease."""
+
+
+class Settler(Protocol):
+    """Who decides, before a release is sent, whether it must not be: the profile's unconfirmed
+    Bindings. `reservation_id in settler` says whether to ask; `settle_before_release` True means
+    the release is not sent (committed instead, or kept while its pod is unreadable)."""
+
+    def __contains__(self, reservation_id: object, /) -> bool: ...
+
+    async def settle_before_release(self, reservation_id: str, /) -> bool: ...
 
 
 class RMStack:
@@ -69,14 +77,14 @@ class RMStack:
         self._name = resource_manager
         self._holds = holds
         self._logger = logger
-        self._unconfirmed: UnconfirmedBinds | None = None
+        self._settler: Settler | None = None
         self._client = client
         self._measured = MeasuredRM(inner=client, metrics=metrics, resource_manager=resource_manager)
 
-    def settle_through(self, unconfirmed: UnconfirmedBinds) -> None:
-        """Releases of these unconfirmed Bindings' reservations are checked first (made once, after
-        the tracker, which itself calls the RM through this stack)."""
-        self._unconfirmed = unconfirmed
+    def settle_through(self, settler: Settler) -> None:
+        """Releases of the reservations `settler` holds are checked by it first (wired once, after
+        the settler is made: it calls the RM through this stack)."""
+        self._settler = settler
 
     def use(self, client: ResourceManagerClient) -> ResourceManagerClient:
         """Send from now on through ``client`` (credentials rotated); returns the one replaced."""
@@ -123,11 +131,11 @@ class RMStack:
         its pod unreadable). A caller that remembers what it released must not remember these."""
         if not self._leads(f"releasing reservation {reservation_id} of pod {pod_uid}"):
             return False
-        unconfirmed = self._unconfirmed
+        settler = self._settler
         if (
-            unconfirmed is not None
-            and reservation_id in unconfirmed
-            and await unconfirmed.settle_before_release(reservation_id)
+            settler is not None
+            and reservation_id in settler
+            and await settler.settle_before_release(reservation_id)
         ):
             return False
         await self._measured.release(reservation_id, pod_uid=pod_uid)

@@ -18,7 +18,7 @@ With `--rm slurm` a real Slurm is the resource manager instead (bindery.demo.slu
 ends with `squeue`'s placeholder jobs beside the pods they hold room for.
 
 The operator runs under its own minted client-certificate identity bound to exactly the ClusterRole
-the Helm chart grants (bindery.controller.rbac), so the demo also proves those permissions suffice.
+the Helm chart grants (bindery.controller.startup.rbac), so the demo also proves those permissions suffice.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from decimal import Decimal
 from typing import Any
 
 from bindery import k8s
-from bindery.controller.entry import EmbeddedOperator
-from bindery.controller.install import apply_crd, grant_operator
-from bindery.controller.options import OperatorOptions
-from bindery.controller.runtime import Runtime
 from bindery.controller.secrets import CREDENTIALS_LABEL
+from bindery.controller.startup.entry import EmbeddedOperator
+from bindery.controller.startup.install import apply_crd, grant_operator
+from bindery.controller.startup.options import OperatorOptions
+from bindery.controller.startup.runtime import Runtime
 from bindery.k8s import ApiClient, client_from, resources
 from bindery.k8s.watching import Event, list_watch
 from bindery.quantity import format_quantity

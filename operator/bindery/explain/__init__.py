@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _explain(args: argparse.Namespace) -> Explanation:
-    from bindery.controller.connection import load_configuration
+    from bindery.controller.startup.connection import load_configuration
     from bindery.explain.collect import OperatorAddress, explain_pod
     from bindery.k8s import client_for
 

@@ -75,14 +75,14 @@ METADATA_ONLY_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v
 
 
 def client_for(configuration: Any) -> ApiClient:
-    """A client for a ``kubernetes_asyncio`` Configuration (as :mod:`bindery.controller.connection`
+    """A client for a ``kubernetes_asyncio`` Configuration (as :mod:`bindery.controller.startup.connection`
     loads it); use it as an async context manager, or ``await client.close()``."""
     return _ApiClient(configuration=configuration)
 
 
 async def client_from(*, kubeconfig: str | None) -> ApiClient:
     """A client for `kubeconfig`, or the pod's in-cluster service account if None. A plain load:
-    the operator's own (token file rotation, proxies) is :mod:`bindery.controller.connection`'s."""
+    the operator's own (token file rotation, proxies) is :mod:`bindery.controller.startup.connection`'s."""
     configuration = Configuration()
     if kubeconfig is not None:
         await kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)

@@ -1,6 +1,6 @@
 """The operator's cluster credentials: one kubernetes_asyncio `Configuration`, loaded from an
 explicit kubeconfig, $KUBECONFIG / ~/.kube/config, or the in-cluster service account. Bindery's
-own requests (through this package) and Kopf's watches (`bindery.controller.connection` turns the
+own requests (through this package) and Kopf's watches (`bindery.controller.startup.connection` turns the
 same Configuration into Kopf's `ConnectionInfo`) act as the same identity, which matters for RBAC
 and for counting the operator's writes.
 

@@ -248,7 +248,7 @@ class AccessReviewer:
 
 def _review_failed(kind: str, resource: str, exc: ApiError) -> str:
     hint = (
-        f"; the operator's identity needs create on {resource} (bindery.controller.rbac)"
+        f"; the operator's identity needs create on {resource} (bindery.controller.startup.rbac)"
         if exc.status == 403
         else ""
     )

@@ -1,8 +1,8 @@
 """One pod read, for the rare paths that must learn a pod's fate from the apiserver itself.
 
 The scheduling cycle never reads (it trusts the watch caches); only the settling of reservations
-does, after a crash (`bindery.controller.reconcile`) or a Binding that got no answer
-(`bindery.controller.unconfirmed`). The body is read raw: only a few fields are looked at, and a
+does, after a crash (`bindery.controller.reservations.reconcile`) or a Binding that got no answer
+(`bindery.controller.reservations.unconfirmed`). The body is read raw: only a few fields are looked at, and a
 `V1Pod` model would parse every timestamp for nothing.
 """
 

@@ -18,7 +18,7 @@ Invariants the tests pin down:
   ``unreserve`` in reverse order, which releases the reservation exactly once.  The exception is
   a Binding whose fate is unknown (no answer, or cancelled while in flight): the pod may be bound,
   so its reservation is kept: the caller settles it once the pod's fate is known (see
-  ``bindery.controller.unconfirmed``), or the pod's next cycle reuses it.
+  ``bindery.controller.reservations.unconfirmed``), or the pod's next cycle reuses it.
 * A failure is reported (``FailedScheduling`` event + ``PodScheduled=False``) unless the pod is
   gone or bound by someone else; repeats are throttled (:class:`~bindery.scheduling.throttle.
   EventThrottle`) and an unchanged condition is not rewritten.

@@ -1,6 +1,6 @@
 """What Bindery does when an RM takes a reservation back (contract v1.2 feature ``revocation``).
 
-Pure decisions only; :mod:`bindery.controller.revocation` reads the pods and acts. A batch system
+Pure decisions only; :mod:`bindery.controller.reservations.revocation` reads the pods and acts. A batch system
 ends allocations by itself (an administrator's ``scancel``, preemption by a higher QOS, a time
 limit, a node lost). The pod bound on such a reservation may still run, on capacity the RM now
 hands to others: by the ResourceManager's ``spec.onRevoked`` Bindery evicts it (the default: the
@@ -54,8 +54,8 @@ def revoked_action(
     uses it; that pod not bound yet may still be (WAIT); anything else is acknowledged silently.
     `named_active`: whether the reservation the pod's annotation names is active at the RM. When it
     is not, this reservation may be the one a reconcile pass made for the pod after the RM lost
-    that one (:mod:`bindery.controller.restore`; the annotation keeps the lost id), so the pod uses
-    this one: it is acted on.
+    that one (:mod:`bindery.controller.reservations.restore`; the annotation keeps the lost id), so
+    the pod uses this one: it is acted on.
     """
     if pod is None:
         return RevokedAction.ACKNOWLEDGE

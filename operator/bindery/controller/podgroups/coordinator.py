@@ -36,8 +36,8 @@ from bindery.controller.podgroups.reporting import READ_SECONDS, Reporter
 from bindery.controller.podgroups.state import GroupState
 from bindery.controller.podgroups.watch import PodGroupWatch
 from bindery.controller.preemption import Preemptions
+from bindery.controller.reservations.fate import TERMINAL_PHASES
 from bindery.controller.rmstack import NotLeading, RMStack
-from bindery.controller.watches.bound import TERMINAL_PHASES
 from bindery.k8s import ApiClient, ApiError, NotFound, get, list_all, resources
 from bindery.rm.models import MAX_GROUP_MEMBERS, MAX_GROUP_TOPOLOGY_KEYS
 from bindery.scheduling.cycle import CycleOutcome

@@ -105,6 +105,6 @@ def _hint(error: ApiError) -> str:
     if error.status == 403:
         return (
             "the operator needs list and watch on namespaces for ResourceManagers with "
-            "spec.namespaceSelector (bindery.controller.rbac); their pods wait until it can read them"
+            "spec.namespaceSelector (bindery.controller.startup.rbac); their pods wait until it can read them"
         )
     return ""

@@ -15,7 +15,8 @@ subset of this one: the apiserver sent, and the operator decoded, every bound po
 The cache comes first, so that a pod woken by a release sees the node without the departed pod.
 One subscriber failing leaves the cache and the others alone.
 
-The cursor of each scope remembers, per pod, :func:`~.bound.remembered`: a UID for most pods (the
+The cursor of each scope remembers, per pod,
+:func:`~bindery.controller.reservations.boundpods.remembered`: a UID for most pods (the
 cache needs no more to forget one), and for a pod carrying a reservation annotation what its release
 needs. So a relist's diff (after a 410) synthesizes a DELETED that both the cache and the release
 can act on, and a profile that subscribes later (leadership gained, a ResourceManager added, a
@@ -35,7 +36,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.controller.watches.bound import BoundPodSubscriber, remembered
+from bindery.controller.reservations.boundpods import remembered
+from bindery.controller.watches.bound import BoundPodSubscriber
 from bindery.k8s import resources
 from bindery.k8s.api import ApiClient
 from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch

@@ -98,6 +98,7 @@ def _hint(error: ApiError) -> str:
     if error.status == 403:
         return (
             "the operator needs list and watch on services for kube-scheduler's default spreading of the "
-            "pods a Service selects (bindery.controller.rbac); until then such pods are not spread by it"
+            "pods a Service selects (bindery.controller.startup.rbac); until then such pods are not "
+            "spread by it"
         )
     return ""

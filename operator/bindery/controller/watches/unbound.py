@@ -5,7 +5,7 @@ worker per pod, cause detection, a handler invocation with its keyword arguments
 logger). Profiled in the ceiling benchmark's backlog (benchmarks/PROFILE.md: 5,000 pods on 500
 nodes), that was 19% of the operator thread's samples, of which Bindery's own handler was 2%.
 Bindery needs none of it here: the handler keeps no state on the pod and writes nothing to it, so
-the events go straight from the stream to :meth:`bindery.controller.pending.PendingPods.on_pod_event`.
+the events go straight from the stream to :meth:`bindery.controller.profile.pending.PendingPods.on_pod_event`.
 Kopf still runs everything else (startup, login, the Node index, the ResourceManager handlers).
 
 What is kept from Kopf's watch: listed pods arrive as events of type None, as Kopf's listing

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from bindery.controller.rbac import DEBUG_READER_RULES, cluster_role, cluster_role_binding
+from bindery.controller.startup.rbac import DEBUG_READER_RULES, cluster_role, cluster_role_binding
 from bindery.k8s import (
     ApiClient,
     Conflict,
@@ -32,7 +32,7 @@ def crd_manifest() -> dict[str, Any]:
     if packaged.is_file():
         text = packaged.read_text()
     else:
-        text = (pathlib.Path(__file__).resolve().parents[3] / "crds" / CRD_FILE).read_text()
+        text = (pathlib.Path(__file__).resolve().parents[4] / "crds" / CRD_FILE).read_text()
     manifest: dict[str, Any] = yaml.safe_load(text)
     return manifest
 

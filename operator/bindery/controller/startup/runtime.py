@@ -4,11 +4,11 @@ The runtime builds the apiserver client, the ports the scheduling cycles write t
 events, conditions, volumes; the Binding fenced by the leader Lease under leader election), the
 metrics server, and starts the unbound-pod watch, its sweep and the election; `close` stops them
 in turn. The pods themselves (the map of unbound pods, their routing, the sweep) are
-:class:`bindery.controller.pending.PendingPods`'.
+:class:`bindery.controller.profile.pending.PendingPods`'.
 
 ResourceManager events re-run one `_reconfigure` under a lock: parse every known object, decide
 routing (contested names are served by nobody), and hand each object's spec to its own
-`ResourceManagerSupervisor` (bindery.controller.supervisor), which builds, runs, retries and
+`ResourceManagerSupervisor` (bindery.controller.profile.supervisor), which builds, runs, retries and
 reports its profile.
 """
 
@@ -31,7 +31,6 @@ from bindery.config import (
     parse_resource_manager,
     route_scheduler_names,
 )
-from bindery.controller.connection import connection_info, load_configuration, resolve_environment_once
 from bindery.controller.leadership.fence import FencedBinder
 from bindery.controller.leadership.rules import LeaseTiming
 from bindery.controller.leadership.term import Leadership
@@ -43,18 +42,23 @@ from bindery.controller.metrics import (
     is_loopback,
     parse_address,
 )
-from bindery.controller.options import OperatorOptions
-from bindery.controller.pending import PendingPods
 from bindery.controller.podgroups.watch import PodGroupWatch
-from bindery.controller.queueview import QueueView
-from bindery.controller.reconcile import Reconciler
-from bindery.controller.runner import ProfileRunner
-from bindery.controller.supervisor import (
+from bindery.controller.profile.pending import PendingPods
+from bindery.controller.profile.runner import ProfileRunner
+from bindery.controller.profile.supervisor import (
     DEFAULT_RECONCILE_INTERVAL,
     Environment,
     Reconcile,
     ResourceManagerSupervisor,
 )
+from bindery.controller.queueview import QueueView
+from bindery.controller.reservations.reconcile import Reconciler
+from bindery.controller.startup.connection import (
+    connection_info,
+    load_configuration,
+    resolve_environment_once,
+)
+from bindery.controller.startup.options import OperatorOptions
 from bindery.controller.watches.namespaces import NamespaceLabels
 from bindery.controller.watches.placed import PlacedPodWatcher
 from bindery.controller.watches.services import ServiceSelectors

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 import kopf
 
-from bindery.controller.kopfwiring import configure, register
-from bindery.controller.options import OperatorOptions
+from bindery.controller.startup.kopfwiring import configure, register
+from bindery.controller.startup.options import OperatorOptions
 
 
 async def run_operator(
@@ -54,7 +54,7 @@ async def run_operator(
 
 
 if TYPE_CHECKING:
-    from bindery.controller.runtime import Runtime
+    from bindery.controller.startup.runtime import Runtime
 
 
 class _HostHandlesSignals(logging.Filter):
@@ -108,7 +108,7 @@ class EmbeddedOperator:
             raise TimeoutError(f"the operator did not stop within {within:g}s")
 
     def _main(self) -> None:
-        from bindery.controller.entry import run_operator
+        from bindery.controller.startup.entry import run_operator
 
         try:
             asyncio.run(

@@ -25,10 +25,11 @@ from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups import PodGroupCoordinator
 from bindery.controller.podgroups.watch import PodGroupWatch
 from bindery.controller.preemption import PendingPlan, Preemptions, plan_scope
+from bindery.controller.reservations.releases import BoundPodReleases
+from bindery.controller.reservations.unconfirmed import UnconfirmedBind, UnconfirmedBinds
 from bindery.controller.rmstack import RMStack
 from bindery.controller.secrets import RMCredentials
-from bindery.controller.unconfirmed import UnconfirmedBind, UnconfirmedBinds
-from bindery.controller.watches.bound import BoundPodFeed, BoundPodReleases
+from bindery.controller.watches.bound import BoundPodFeed
 from bindery.k8s import ApiClient
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError, RMUnauthorized

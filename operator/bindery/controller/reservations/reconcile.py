@@ -29,7 +29,7 @@ What a pass decides for each active reservation (:func:`reconcile_action`, from 
 And for the other direction: a bound, running pod of a served scheduler name without any active
 reservation has resources the RM does not account for, and may hand out again. When Bindery bound
 it (the RM lost the reservation: a crash that lost acknowledged writes, a restore from a backup),
-the pass reserves and commits again for it on its node (:mod:`bindery.controller.restore`). A pod
+the pass reserves and commits again for it on its node (:mod:`bindery.controller.reservations.restore`). A pod
 Bindery did not bind, or whose restore the RM refuses, gets one Warning event ``ReservationMissing``
 (once per pod UID, remembered bounded) and is counted; a refused restore is asked for again after
 a backoff per pod (``RESTORE_BACKOFF``: 30 s doubling to 10 minutes), not by every pass: a thousand
@@ -74,15 +74,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import enum
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from bindery.backoff import BackoffPolicy
 from bindery.controller.metrics import Metrics
-from bindery.controller.restore import Restorer
-from bindery.controller.revocation import RevocationReport, Revocations
-from bindery.controller.watches.bound import TERMINAL_PHASES, list_bound_pods
+from bindery.controller.reservations.boundpods import list_bound_pods
+from bindery.controller.reservations.fate import TERMINAL_PHASES, Settle, pod_fate
+from bindery.controller.reservations.restore import Restorer
+from bindery.controller.reservations.revocation import RevocationReport, Revocations
 from bindery.k8s import ApiClient
 from bindery.kube.events import KubeEventSink
 from bindery.kube.reads import read_pod
@@ -115,36 +115,6 @@ def foreign(*, reservation: Reservation, cluster_id: str | None) -> bool:
     none of its reservations names one). Such a reservation is never settled here, whatever the
     list it came in: its pod is in another cluster, where it may run."""
     return reservation.cluster_id is not None and reservation.cluster_id != cluster_id
-
-
-class Settle(enum.StrEnum):
-    COMMIT = "commit"
-    RELEASE = "release"
-
-
-def pod_fate(*, pod_uid: str, node: str, pod: Mapping[str, Any] | None) -> Settle | None:
-    """Pure: what a reservation held for `pod_uid` on `node` becomes, given the pod's current body.
-
-    Commit if that pod is bound to that node and still running; release if it is gone (None),
-    replaced under its name, bound elsewhere or finished; None while it is still unbound.
-
-    The pod's `bindery.dev/reservation-id` annotation is not consulted: it is written by the
-    Binding, but whoever may edit the pod may overwrite it afterwards (`kubectl annotate
-    --overwrite`). Releasing the reservation of a pod that runs on its node because the annotation
-    named another one let a tenant free their own allocation while keeping the pod (issue 20,
-    scenario 7): an RM that counts by reservations sold the capacity again. The UID and the node are
-    the apiserver's own record; a pod that runs there uses the reservation made for it there.
-    """
-    if pod is None:
-        return Settle.RELEASE
-    if (pod.get("metadata") or {}).get("uid") != pod_uid:
-        return Settle.RELEASE  # replaced under the same name: the UID precondition kept it unbound
-    bound_to = (pod.get("spec") or {}).get("nodeName")
-    if not bound_to:
-        return None
-    if bound_to != node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
-        return Settle.RELEASE
-    return Settle.COMMIT
 
 
 def reconcile_action(*, reservation: Reservation, pod: Mapping[str, Any] | None) -> Settle | None:
@@ -658,7 +628,8 @@ class Reconciler:
         self, *, served_pods: Iterable[Mapping[str, Any]], active_pod_uids: set[str], rm: ReconcilingRM
     ) -> tuple[list[str], list[str]]:
         """Bound, running pods with no active reservation: restore those Bindery bound
-        (:mod:`bindery.controller.restore`), warn about the rest once. Returns (warned, restored)."""
+        (:mod:`bindery.controller.reservations.restore`), warn about the rest once. Returns
+        (warned, restored)."""
         if not self._warn_missing:
             return [], []
         warned: list[str] = []

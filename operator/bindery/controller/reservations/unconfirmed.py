@@ -51,9 +51,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from bindery.controller.reconcile import Settle, pod_fate
+from bindery.controller.reservations.fate import Settle, pod_fate, reservation_to_release
 from bindery.controller.rmstack import NotLeading
-from bindery.controller.watches.bound import reservation_to_release
 from bindery.k8s import ApiClient
 from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMConflict, RMError, RMUnsupported
@@ -81,7 +80,7 @@ class UnconfirmedBind:
 
 
 def fate(*, bind: UnconfirmedBind, pod: Mapping[str, Any] | None) -> Settle | None:
-    """Pure: :func:`~bindery.controller.reconcile.pod_fate` of the bind's reservation.
+    """Pure: :func:`~bindery.controller.reservations.fate.pod_fate` of the bind's reservation.
 
     None means the pod is still pending: its next cycle settles the reservation. The pod's
     reservation annotation is not consulted: its owner may have overwritten it since the Binding,

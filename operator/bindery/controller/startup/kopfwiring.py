@@ -33,8 +33,8 @@ from typing import Any
 
 import kopf
 
-from bindery.controller.options import OperatorOptions
-from bindery.controller.runtime import Runtime
+from bindery.controller.startup.options import OperatorOptions
+from bindery.controller.startup.runtime import Runtime
 from bindery.k8s.resources import RESOURCE_MANAGERS
 from bindery.kube import project_node
 from bindery.scheduling.ports import NodeProjection

@@ -35,7 +35,7 @@ from typing import Any
 from bindery.config import Routing
 from bindery.config.routing import namespace_refusal
 from bindery.controller.metrics import Metrics
-from bindery.controller.runner import ProfileRunner
+from bindery.controller.profile.runner import ProfileRunner
 from bindery.controller.watches.unbound import unbound_pods_selector
 from bindery.k8s import ApiClient, list_pages, resources
 from bindery.kube import KubeBinder, KubeConditionWriter, KubeEventSink, UnboundPods

@@ -44,7 +44,7 @@ from bindery.backoff import Backoff, BackoffPolicy
 from bindery.config import ResourceManagerConfig
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.watch import PodGroupWatch
-from bindery.controller.runner import ProfileRunner, plugins_for
+from bindery.controller.profile.runner import ProfileRunner, plugins_for
 from bindery.controller.secrets import (
     CredentialsError,
     RMCredentials,
@@ -67,7 +67,7 @@ STATUS_WRITE_SECONDS = 10.0
 
 class Reconcile(Protocol):
     """One reconciliation pass of a profile's reservations against its pods; raises if it failed
-    (`bindery.controller.reconcile.Reconciler`)."""
+    (`bindery.controller.reservations.reconcile.Reconciler`)."""
 
     async def run_once(self, *, reason: str) -> object: ...
 
