@@ -35,11 +35,11 @@ import tracemalloc
 from collections.abc import Mapping
 from typing import Any, cast
 
+from bindery.adapters.placed import PlacedPodCache
+from bindery.apiserver.watching import Cursor, identity
 from bindery.controller.reservations.boundpods import remembered
 from bindery.controller.reservations.releases import BoundPodReleases
 from bindery.controller.watches.placed import PlacedPodWatcher
-from bindery.k8s.watching import Cursor, identity
-from bindery.kube.placed import PlacedPodCache
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 
 SCHEDULER = "bindery"

@@ -23,7 +23,7 @@ import time
 
 from podrules_bench import nodes_of, pod_body  # benchmarks/ is sys.path[0] when run as a script
 
-from bindery.kube.placed import PlacedPodCache
+from bindery.adapters.placed import PlacedPodCache
 from bindery.scheduling.placementrules import InFlight, rule_victims, rules_verdict
 from bindery.scheduling.podspec import PodInfo
 

@@ -33,9 +33,9 @@ import time
 import tracemalloc
 from typing import Any, cast
 
+from bindery.adapters.placed import PlacedPodCache
+from bindery.apiserver.watching import Cursor
 from bindery.controller.watches.placed import remembered
-from bindery.k8s.watching import Cursor
-from bindery.kube.placed import PlacedPodCache
 from bindery.podrules.parse import pod_rules, soft_rules
 from bindery.scheduling.framework import CycleContext, Ports, Profile
 from bindery.scheduling.placementrules import PodPlacementRules, rules_refusing

@@ -16,9 +16,9 @@ from typing import Any, cast
 
 import pytest
 
+from bindery.adapters.placed import PlacedPodCache
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.placement import Placement
-from bindery.kube.placed import PlacedPodCache
 from bindery.rm.errors import RMError
 from bindery.rm.models import ReservationGroupRequest
 from bindery.scheduling import placementrules

@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.apiserver import api as k8s
+from bindery.apiserver import errors, resources
+from bindery.apiserver.watching import Cursor, Event, Listed, list_watch
 from bindery.devcluster.plane import ControlPlane
-from bindery.k8s import api as k8s
-from bindery.k8s import errors, resources
-from bindery.k8s.watching import Cursor, Event, Listed, list_watch
 from tests.conftest import api_client_for
 from tests.operator.conftest import pod_body
 

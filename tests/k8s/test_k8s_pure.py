@@ -6,9 +6,9 @@ import aiohttp
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from bindery.apiserver import errors, resources
+from bindery.apiserver.watching import Cursor, Event, identity, parse_line
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.k8s import errors, resources
-from bindery.k8s.watching import Cursor, Event, identity, parse_line
 
 
 def _status(code: int, reason: str, message: str) -> str:

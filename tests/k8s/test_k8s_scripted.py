@@ -14,10 +14,10 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from bindery.apiserver import api as k8s
+from bindery.apiserver import errors, resources
+from bindery.apiserver.watching import Cursor, Event, Listed, list_watch
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.k8s import api as k8s
-from bindery.k8s import errors, resources
-from bindery.k8s.watching import Cursor, Event, Listed, list_watch
 from tests.operator.fakerm import serve_app
 
 

@@ -1,4 +1,4 @@
-"""How many apiserver connections the operator's pool allows (bindery.k8s.pool), without a plane.
+"""How many apiserver connections the operator's pool allows (bindery.apiserver.pool), without a plane.
 
 Issue 19's plain-pod budget (benchmarks/README.md) found the pool, sized one connection per cycle
 in flight (maxInFlight 256), letting the operator send ~280 requests at once: the apiserver's
@@ -9,7 +9,7 @@ writes share a bounded number.
 
 from __future__ import annotations
 
-from bindery.k8s.pool import CYCLE_CONNECTIONS, HEADROOM, ConnectionPool
+from bindery.apiserver.pool import CYCLE_CONNECTIONS, HEADROOM, ConnectionPool
 
 
 def test_every_watch_has_its_own_connection() -> None:

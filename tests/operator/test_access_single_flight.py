@@ -1,4 +1,4 @@
-"""The review cache's single flight (bindery.kube.access) when the request that asked goes away.
+"""The review cache's single flight (bindery.adapters.access) when the request that asked goes away.
 
 Requests with one new token share the first one's TokenReview. If that first request is cancelled
 (its client hung up with handler cancellation on, the server closing), the others must not be
@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from bindery.k8s import ApiClient
-from bindery.kube.access import AccessReviewer, _User
+from bindery.adapters.access import AccessReviewer, _User
+from bindery.apiserver import ApiClient
 
 
 class _Scripted(AccessReviewer):

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.adapters import KubeBinder
+from bindery.adapters.binder import assigned_node
+from bindery.adapters.conditions import KubeConditionWriter
 from bindery.devcluster.nodes import create_node
-from bindery.kube import KubeBinder
-from bindery.kube.binder import assigned_node
-from bindery.kube.conditions import KubeConditionWriter
 from bindery.rm.models import ReservationState
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo

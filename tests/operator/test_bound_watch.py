@@ -16,9 +16,9 @@ from typing import Any, cast
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from bindery.adapters.placed import PlacedPodCache
 from bindery.controller.reservations.releases import BoundPodReleases
 from bindery.controller.watches.placed import PlacedPodWatcher
-from bindery.kube.placed import PlacedPodCache
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from tests.operator.fakerm import serve_app
 from tests.scheduling.fakes import Calls, FakeRM
@@ -212,7 +212,7 @@ def scripted(items: list[Any], done: asyncio.Event) -> Any:
     """A stand-in for `list_watch` that yields `items`, then waits (as a quiet watch does)."""
 
     async def list_watch(*args: Any, **kwargs: Any) -> Any:
-        from bindery.k8s.watching import Event, Listed
+        from bindery.apiserver.watching import Event, Listed
 
         cursor = kwargs["cursor"]
         cursor.begin()
@@ -257,7 +257,7 @@ async def test_each_event_reaches_the_cache_first_then_the_profiles_of_its_sched
 ) -> None:
     """The cache is updated before a release can wake a pod (which must see the node freed), and a
     profile that fails does not stop the cache or the other profiles."""
-    from bindery.k8s.watching import Event, Listed
+    from bindery.apiserver.watching import Event, Listed
 
     cache = PlacedPodCache()
     broken = Recorder(names={"bindery"}, cache=cache, fail=True)
@@ -288,7 +288,7 @@ async def test_a_profile_that_subscribes_later_still_releases_a_pod_that_finishe
     """A watch of its own used to list the profile's bound pods when it started (leadership gained,
     a ResourceManager added) or gained a name: a finished pod was released from that list. The
     shared watch listed long before; what its cursor remembers is replayed instead."""
-    from bindery.k8s.watching import Event, Listed
+    from bindery.apiserver.watching import Event, Listed
 
     cache = PlacedPodCache()
     finished = pod("f", "5", reservation="r-f", phase="Succeeded")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from kubernetes_asyncio import client
 
-from bindery.k8s.api import ApiClient
+from bindery.apiserver.api import ApiClient
 from tests.operator.conftest import Bindery, Stage, create_rm, delete_rm, eventually, now, resource_manager
 
 #: ResourceManagers beside the stage's, and names each (the CRD's maxItems).

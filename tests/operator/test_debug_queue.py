@@ -17,11 +17,11 @@ import httpx
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.adapters.access import AccessReviewer, bearer_token
 from bindery.controller.metrics import debug_queue_placement, is_loopback
 from bindery.controller.startup.entry import EmbeddedOperator
 from bindery.controller.startup.options import OperatorOptions
 from bindery.devcluster.plane import ControlPlane
-from bindery.kube.access import AccessReviewer, bearer_token
 from tests.conftest import api_client_for
 from tests.operator.conftest import Stage, eventually
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kubernetes_asyncio import client
 
-from bindery.kube.events import NOTE_LIMIT, KubeEventSink, fit_note
+from bindery.adapters.events import NOTE_LIMIT, KubeEventSink, fit_note
 from bindery.scheduling.podspec import PodInfo
 from tests.operator.conftest import create_pod, events_of, pod_body
 

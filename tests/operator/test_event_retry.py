@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
-import bindery.k8s.api
-from bindery.k8s.errors import Unavailable
-from bindery.kube import events
-from bindery.kube.events import KubeEventSink
+import bindery.apiserver.api
+from bindery.adapters import events
+from bindery.adapters.events import KubeEventSink
+from bindery.apiserver.errors import Unavailable
 from bindery.scheduling.podspec import PodInfo
 from tests.operator.conftest import create_pod, events_of, eventually, pod_body
 
@@ -35,7 +35,7 @@ async def _pod(kube_api: client.ApiClient, namespace: str) -> PodInfo:
 async def test_a_scheduled_event_refused_with_429_is_written_by_a_retry(
     *, kube_api: client.ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = bindery.k8s.api.answer_of
+    real = bindery.apiserver.api.answer_of
     refused: list[str] = []
 
     async def shed_first(*args: Any, **kwargs: Any) -> tuple[int, bytes]:
@@ -61,7 +61,7 @@ async def test_a_scheduled_event_refused_with_429_is_written_by_a_retry(
 async def test_a_scheduled_event_whose_answer_was_lost_is_not_written_twice(
     *, kube_api: client.ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = bindery.k8s.api.answer_of
+    real = bindery.apiserver.api.answer_of
     tries: list[int] = []
 
     async def lose_first_answer(*args: Any, **kwargs: Any) -> tuple[int, bytes]:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.adapters.binder import assigned_node
 from bindery.devcluster.nodes import create_node, node_status
 from bindery.devcluster.plane import ControlPlane
-from bindery.kube.binder import assigned_node
 from bindery.rm.models import ReservationState
 from bindery.scheduling.queue import SchedulingQueue
 from tests.operator.apiproxy import ApiProxy

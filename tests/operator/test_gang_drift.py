@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.adapters import KubeBinder, KubeConditionWriter, KubeEventSink, KubeVolumes, UnboundPods
 from bindery.config import parse_resource_manager
 from bindery.controller.leadership.fence import FencedBinder
 from bindery.controller.profile.runner import ProfileRunner
 from bindery.controller.secrets import RMCredentials
 from bindery.devcluster.plane import ControlPlane
-from bindery.kube import KubeBinder, KubeConditionWriter, KubeEventSink, KubeVolumes, UnboundPods
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import Ports
 from bindery.scheduling.podgroups import PodGroupInfo, group_request

@@ -9,11 +9,11 @@ import time
 import types
 from typing import Any, cast
 
+from bindery.adapters.placed import PlacedPodCache
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.coordinator import GroupState, PodGroupCoordinator
 from bindery.controller.podgroups.placement import RULES_RECHECK_SECONDS, Placement
 from bindery.controller.preemption import Preemptions
-from bindery.kube.placed import PlacedPodCache
 from bindery.rm.errors import RMUnschedulable
 from bindery.scheduling.placementrules import TAG_ANTI_AFFINITY
 from bindery.scheduling.podgroups import PodGroupInfo

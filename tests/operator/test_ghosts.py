@@ -2,7 +2,7 @@
 
 A pod that vanished while the unbound-pod watch was down must not stay queued, be retried for
 ever and collect FailedScheduling events. Kopf's watch relisted and gave no DELETED for it (the
-runtime's sweep dropped the "ghost"); bindery.k8s.watching diffs the relist and delivers that
+runtime's sweep dropped the "ghost"); bindery.apiserver.watching diffs the relist and delivers that
 DELETED, and the sweep stays as the second line. The operator talks to the apiserver through the
 test proxy (tests/operator/apiproxy.py), which can blind it to pod lists and watches while the test
 deletes a pod.

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 from kubernetes_asyncio import client
 
+from bindery.apiserver import create, delete, get, resources
 from bindery.controller.startup.install import grant_debug_reader, grant_operator
 from bindery.controller.startup.rbac import DEBUG_READER_RULES, cluster_role
-from bindery.k8s import create, delete, get, resources
 
 
 async def test_granting_again_brings_an_older_cluster_role_up_to_date(

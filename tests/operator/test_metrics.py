@@ -13,13 +13,13 @@ import pytest
 from kubernetes_asyncio import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from bindery.adapters.counters import WriteCounter
 from bindery.clock import DEFAULT_TOLERANCE_SECONDS
 from bindery.controller.metrics import _StateCollector, parse_address, rm_outcome_label
 from bindery.controller.startup.entry import EmbeddedOperator
 from bindery.controller.startup.options import OperatorOptions
 from bindery.devcluster.nodes import node_status
 from bindery.devcluster.plane import ControlPlane
-from bindery.kube.counters import WriteCounter
 from bindery.rm.errors import RMConflict, RMUnavailable, RMUnschedulable
 from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.queue import SchedulingQueue, Touch, WakeOn

@@ -14,9 +14,9 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from bindery.adapters import KubeConditionWriter, KubeEventSink
 from bindery.controller.metrics import Metrics
 from bindery.controller.profile.pending import NODE_EVENT_SETTLE_SECONDS, PendingPods
-from bindery.kube import KubeConditionWriter, KubeEventSink
 from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.queue import SchedulingQueue
 from tests.scheduling.fakes import FakeClock, pod

@@ -15,9 +15,9 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from bindery.adapters import KubeConditionWriter, KubeEventSink
 from bindery.controller.metrics import Metrics
 from bindery.controller.profile.pending import PendingPods
-from bindery.kube import KubeConditionWriter, KubeEventSink
 from tests.scheduling.fakes import pod
 
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.apiserver import answer_of
 from bindery.controller import preemption
 from bindery.controller.preemption import Preemptions
-from bindery.k8s import answer_of
 from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim, VictimPod
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import NodeProjection

@@ -7,13 +7,13 @@ import datetime
 
 import pytest
 
+from bindery.adapters.binder import assigned_node, binding_body
+from bindery.adapters.conditions import KubeConditionWriter, condition_patch
+from bindery.adapters.events import event_body, micro_time
 from bindery.controller.reservations.fate import Settle
 from bindery.controller.reservations.reconcile import reconcile_action
 from bindery.controller.reservations.unconfirmed import UnconfirmedBind, fate
 from bindery.controller.status import Observation, compute_status, status_changed
-from bindery.kube.binder import assigned_node, binding_body
-from bindery.kube.conditions import KubeConditionWriter, condition_patch
-from bindery.kube.events import event_body, micro_time
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo

@@ -30,7 +30,7 @@ class Runner:
 
 
 class Pods(dict[str, PodInfo]):
-    """The remembered pods, with the name index of bindery.kube.UnboundPods; no way to scan them."""
+    """The remembered pods, with the name index of bindery.adapters.UnboundPods; no way to scan them."""
 
     def find(self, *, namespace: str, name: str) -> PodInfo | None:
         return next((p for p in self.values() if (p.namespace, p.name) == (namespace, name)), None)

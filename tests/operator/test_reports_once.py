@@ -31,9 +31,9 @@ async def test_a_stale_event_of_a_pod_this_process_bound_is_not_taken_as_pending
     import logging
     import types
 
+    from bindery.adapters import KubeConditionWriter, KubeEventSink
     from bindery.controller.metrics import Metrics
     from bindery.controller.profile.pending import PendingPods
-    from bindery.kube import KubeConditionWriter, KubeEventSink
 
     web = pod("web")
     body = {

@@ -16,10 +16,10 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from bindery.adapters.placed import PlacedPodCache
 from bindery.config import ResourceManagerConfig, SecretKeyRef
 from bindery.controller import secrets
 from bindery.controller.watches.placed import PlacedPodWatcher
-from bindery.kube.placed import PlacedPodCache
 from bindery.reference_rm.mirror import NodeMirror
 from tests.operator.fakerm import serve_app
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from bindery.apiserver import api as k8s
+from bindery.apiserver import resources
 from bindery.controller.reservations.boundpods import list_bound_pods
-from bindery.k8s import api as k8s
-from bindery.k8s import resources
 from tests.operator.conftest import Bindery, Stage, events_of, eventually, pod_body
 
 #: Tolerations per tenant pod: about 100 KB of JSON each (the issue's 1.5 MB, scaled to stay fast).

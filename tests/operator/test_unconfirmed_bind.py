@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.adapters import KubeBinder
 from bindery.devcluster.plane import ControlPlane
-from bindery.kube import KubeBinder
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import BindError
 from tests.conftest import OPERATOR_USER, api_client_for

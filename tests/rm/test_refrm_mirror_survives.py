@@ -1,6 +1,6 @@
 """A mirror outlives one event it cannot apply.
 
-Before the list-then-watch loop moved to :mod:`bindery.k8s.watching`, the mirror's own loop caught
+Before the list-then-watch loop moved to :mod:`bindery.apiserver.watching`, the mirror's own loop caught
 whatever applying an event raised, logged it and relisted. Applying now happens in the consumer of
 the generator, outside its error handling: one bad event ended the mirror's task for good, and the
 reference RM went on placing with a frozen snapshot of the nodes (and of the pods on them), still

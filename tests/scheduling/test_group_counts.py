@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bindery.kube.placed import PlacedPodCache
+from bindery.adapters.placed import PlacedPodCache
 from bindery.podrules.filters import evaluate, refusing
 from bindery.podrules.model import GroupPods
 from bindery.podrules.nodes import NodeSnapshot

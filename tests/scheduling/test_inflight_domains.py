@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bindery.kube.placed import PlacedPodCache
+from bindery.adapters.placed import PlacedPodCache
 from bindery.rm.errors import RMUnschedulable
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.cycle import CycleOutcome, schedule_one

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bindery.kube.placed import PlacedPodCache
+from bindery.adapters.placed import PlacedPodCache
 from bindery.podrules.filters import evaluate, narrowing
 from bindery.rm.models import ReservationRequest
 from bindery.scheduling.placementrules import _incoming

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bindery.kube import project_node
-from bindery.kube.lookups import IndexNodeLookup
+from bindery.adapters import project_node
+from bindery.adapters.lookups import IndexNodeLookup
 
 
 class _Index:

@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bindery.kube.placed import PlacedPodCache
+from bindery.adapters.placed import PlacedPodCache
 from bindery.podrules.filters import evaluate
 from bindery.podrules.model import AffinityTerm, PlacedPod
 from bindery.podrules.parse import placed_pod

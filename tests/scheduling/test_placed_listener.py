@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bindery.kube.placed import PlacedPodCache
+from bindery.adapters.placed import PlacedPodCache
 from bindery.podrules.model import PlacedPod
 from tests.scheduling.test_podrules import body, term
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from bindery.adapters.placed import PlacedPodCache
 from bindery.constraints import matches_required_affinity
 from bindery.controller.watches.placed import remembered
 from bindery.explain.facts import explain, render
-from bindery.kube.placed import PlacedPodCache
 from bindery.podrules.model import HostPort, PlacedPod
 from bindery.podrules.parse import placed_pod, pod_rules
 from bindery.scheduling.placementrules import InFlight, rules_verdict

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from bindery.adapters.placed import PlacedPodCache
 from bindery.constraints import matches_required_affinity
-from bindery.kube.placed import PlacedPodCache
 from bindery.scheduling import placementrules
 from bindery.scheduling.cycle import schedule_one
 from bindery.scheduling.decisions import FailureKind, Outcome

@@ -15,13 +15,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from bindery.adapters.placed import PlacedPodCache
 from bindery.constraints import (
     matches_node_selector,
     matches_required_affinity,
     matches_term,
     untolerated_taints,
 )
-from bindery.kube.placed import PlacedPodCache
 from bindery.podrules.filters import ANTI_AFFINITY, SPREAD, evaluate
 from bindery.scheduling.nodecheck import check_rules, rules_problem
 from bindery.scheduling.placementrules import _incoming, rules_refusing, rules_verdict

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bindery.kube.placed import PlacedPodCache
+from bindery.adapters.placed import PlacedPodCache
 from bindery.podrules.model import NO_SOFT
 from bindery.rm.models import Placement
 from bindery.scheduling.placementrules import InFlight, rules_preferences, rules_verdict

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bindery.kube.placed import PlacedPodCache
+from bindery.adapters.placed import PlacedPodCache
 from bindery.reference_rm import RunningServer, serve_reference_rm
 from bindery.reference_rm.placement import InventoryNode, Policy
 from bindery.rm.client import ResourceManagerClient

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bindery.kube.placed import PlacedPodCache
+from bindery.adapters.placed import PlacedPodCache
 from bindery.scheduling.placementrules import rule_preemption, rule_victims, rules_verdict
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import NodeProjection

@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _audit(args: argparse.Namespace) -> Audit:
+    from bindery.apiserver import Unavailable, client_for
     from bindery.controller.startup.connection import load_configuration
-    from bindery.k8s import Unavailable, client_for
 
     configuration = await load_configuration(kubeconfig=args.kubeconfig)
     async with client_for(configuration) as api, asyncio.timeout(args.timeout):

@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from bindery.adapters.identity import ClusterIdentityError, cluster_identity
+from bindery.apiserver import ApiClient, ApiError, list_all, resources
 from bindery.audit.findings import (
     Finding,
     leaked_reservations,
@@ -30,8 +32,6 @@ from bindery.audit.findings import (
 )
 from bindery.config import ConfigError, ResourceManagerConfig, parse_resource_manager, route_scheduler_names
 from bindery.controller.secrets import CredentialsError, reservations_at
-from bindery.k8s import ApiClient, ApiError, list_all, resources
-from bindery.kube.identity import ClusterIdentityError, cluster_identity
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
 

@@ -25,11 +25,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bindery import tracing
+from bindery.adapters.reads import read_pod
+from bindery.apiserver import ApiClient
 from bindery.controller.metrics import Metrics, result_label
 from bindery.controller.preemption import PendingPlan, Preemptions
 from bindery.controller.reservations.unconfirmed import UnconfirmedBinds
-from bindery.k8s import ApiClient
-from bindery.kube.reads import read_pod
 from bindery.logcontext import log_context
 from bindery.rm.errors import RMError
 from bindery.scheduling.cycle import CycleOutcome, schedule_one

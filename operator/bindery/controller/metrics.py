@@ -40,9 +40,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from bindery import tracing
+from bindery.adapters.access import AccessReviewer
+from bindery.adapters.counters import WriteCounter
 from bindery.controller.queueview import QueueView
-from bindery.kube.access import AccessReviewer
-from bindery.kube.counters import WriteCounter
 from bindery.rm.errors import (
     RMConflict,
     RMError,

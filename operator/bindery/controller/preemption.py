@@ -54,13 +54,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from bindery.adapters.events import event_body
+from bindery.adapters.eviction import eviction
+from bindery.adapters.reads import read_budgets, read_pod
+from bindery.apiserver import ApiClient, ApiError, answer_of, list_pages, patch, resources
+from bindery.apiserver.api import STRATEGIC_PATCH
 from bindery.backoff import Backoff, BackoffPolicy
 from bindery.config import ResourceManagerConfig
-from bindery.k8s import ApiClient, ApiError, answer_of, list_pages, patch, resources
-from bindery.k8s.api import STRATEGIC_PATCH
-from bindery.kube.events import event_body
-from bindery.kube.eviction import eviction
-from bindery.kube.reads import read_budgets, read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import PlanState, PreemptionPlan, PreemptionVictim
 from bindery.scheduling.nodecheck import NodeCheckMode

@@ -24,7 +24,7 @@ name no ResourceManager serves gets the same 404 as a pod that does not exist (`
 by name goes through the pods' name index, and the view is served beside /metrics only when that
 listens on loopback; elsewhere only at an address the operator is given for it explicitly
 (`bindery run --debug-addr`). Wherever served, it answers only a bearer token the apiserver accepts
-of a user RBAC lets `get` the URL (bindery.kube.access). See
+of a user RBAC lets `get` the URL (bindery.adapters.access). See
 :class:`bindery.controller.metrics.MetricsServer` and the runtime's start.
 """
 

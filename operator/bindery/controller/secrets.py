@@ -22,8 +22,8 @@ import hashlib
 import pathlib
 from collections.abc import Awaitable, Callable
 
+from bindery.apiserver import ApiClient, ApiError, get, resources
 from bindery.config import ResourceManagerConfig, SecretKeyRef
-from bindery.k8s import ApiClient, ApiError, get, resources
 from bindery.rm.client import Negotiation, ResourceManagerClient
 from bindery.rm.models import Reservation
 

@@ -37,14 +37,14 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from bindery import k8s
+from bindery import apiserver
+from bindery.apiserver import ApiClient, client_from, resources
+from bindery.apiserver.watching import Event, list_watch
 from bindery.controller.secrets import CREDENTIALS_LABEL
 from bindery.controller.startup.entry import EmbeddedOperator
 from bindery.controller.startup.install import apply_crd, grant_operator
 from bindery.controller.startup.options import OperatorOptions
 from bindery.controller.startup.runtime import Runtime
-from bindery.k8s import ApiClient, client_from, resources
-from bindery.k8s.watching import Event, list_watch
 from bindery.quantity import format_quantity
 from bindery.scheduling.queue import DEFAULT_MAX_IN_FLIGHT
 
@@ -252,7 +252,7 @@ async def _slurm_demo(
     while time.monotonic() < deadline:
         running = {
             f"bindery:{NAMESPACE}/{p['metadata']['name']}"
-            for p in (await k8s.list_all(api, resources.PODS, namespace=NAMESPACE)).items
+            for p in (await apiserver.list_all(api, resources.PODS, namespace=NAMESPACE)).items
             if (p.get("status") or {}).get("phase") == "Running"
         }
         jobs = {r["name"] for r in await asyncio.to_thread(stage.bed.squeue) if r["state"] == "RUNNING"}
@@ -281,8 +281,8 @@ async def _api_client(kubeconfig: pathlib.Path) -> ApiClient:
 
 async def _namespaces(api: ApiClient) -> None:
     for name in (NAMESPACE, SYSTEM_NAMESPACE):
-        with contextlib.suppress(k8s.Conflict):  # AlreadyExists
-            await k8s.create(api, resources.NAMESPACES, body={"metadata": {"name": name}})
+        with contextlib.suppress(apiserver.Conflict):  # AlreadyExists
+            await apiserver.create(api, resources.NAMESPACES, body={"metadata": {"name": name}})
 
 
 async def _nodes(api: ApiClient, *, args: DemoArgs) -> list[str]:
@@ -299,7 +299,7 @@ async def _nodes(api: ApiClient, *, args: DemoArgs) -> list[str]:
         )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        listed = await k8s.list_all(api, resources.NODES, label_selector=f"{POOL_LABEL}={POOL}")
+        listed = await apiserver.list_all(api, resources.NODES, label_selector=f"{POOL_LABEL}={POOL}")
         ready = [
             n["metadata"]["name"]
             for n in listed.items
@@ -340,7 +340,7 @@ def _deployment(name: str, *, replicas: int, cpu: str, scheduler: str | None) ->
 
 async def _default_workloads(api: ApiClient, *, args: DemoArgs) -> None:
     """What already runs on a real pool: a DaemonSet and a Deployment placed by kube-scheduler."""
-    await k8s.create(
+    await apiserver.create(
         api,
         resources.DAEMON_SETS,
         namespace=NAMESPACE,
@@ -352,7 +352,7 @@ async def _default_workloads(api: ApiClient, *, args: DemoArgs) -> None:
             },
         },
     )
-    await k8s.create(
+    await apiserver.create(
         api,
         resources.DEPLOYMENTS,
         namespace=NAMESPACE,
@@ -360,7 +360,7 @@ async def _default_workloads(api: ApiClient, *, args: DemoArgs) -> None:
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        items = (await k8s.list_all(api, resources.PODS, namespace=NAMESPACE)).items
+        items = (await apiserver.list_all(api, resources.PODS, namespace=NAMESPACE)).items
         if len(items) == 2 * args.nodes and all(p["status"].get("phase") == "Running" for p in items):
             say(
                 f"kube-scheduler placed a DaemonSet (node-agent, 250m CPU per node) and a Deployment "
@@ -385,7 +385,7 @@ async def _create_resource_manager(
     api: ApiClient, *, name: str, url: str, token: str, max_in_flight: int
 ) -> None:
     secret = f"{name}-rm-token"
-    await k8s.create(
+    await apiserver.create(
         api,
         resources.SECRETS,
         namespace=SYSTEM_NAMESPACE,
@@ -394,7 +394,7 @@ async def _create_resource_manager(
             "stringData": {"token": token},
         },
     )
-    await k8s.create(
+    await apiserver.create(
         api,
         resources.RESOURCE_MANAGERS,
         body={
@@ -416,7 +416,7 @@ async def _wait_ready(api: ApiClient, *, name: str, within: float = 60.0) -> Non
     deadline = time.monotonic() + within
     message = "no status yet"
     while time.monotonic() < deadline:
-        rm = await k8s.get(api, resources.RESOURCE_MANAGERS, name=name)
+        rm = await apiserver.get(api, resources.RESOURCE_MANAGERS, name=name)
         for cond in (rm.get("status") or {}).get("conditions") or ():
             if cond["type"] == "Ready":
                 if cond["status"] == "True":
@@ -450,7 +450,7 @@ async def _bindery_workloads(
         f"completions x {JOB_CPU} CPU) with schedulerName: {SCHEDULER} in namespace {NAMESPACE} ..."
     )
     first = time.monotonic()
-    await k8s.create(
+    await apiserver.create(
         api,
         resources.DEPLOYMENTS,
         namespace=NAMESPACE,
@@ -458,7 +458,7 @@ async def _bindery_workloads(
     )
     job = _template(app="batch", cpu=JOB_CPU, scheduler=SCHEDULER)
     job["spec"]["restartPolicy"] = "Never"
-    await k8s.create(
+    await apiserver.create(
         api,
         resources.JOBS,
         namespace=NAMESPACE,
@@ -479,7 +479,7 @@ async def _bindery_workloads(
         )
         gang = _template(app="gang", cpu=JOB_CPU, scheduler=SCHEDULER)
         gang["spec"]["restartPolicy"] = "Never"
-        await k8s.create(
+        await apiserver.create(
             api,
             resources.JOBS,
             namespace=NAMESPACE,
@@ -585,7 +585,7 @@ async def _node_table(api: ApiClient, nodes: Sequence[str]) -> None:
     """What each node holds now: running pods by who placed them, CPU requested of allocatable."""
     from bindery.podresources import effective_requests
 
-    pods = (await k8s.list_all(api, resources.PODS, field_selector="spec.nodeName!=")).items
+    pods = (await apiserver.list_all(api, resources.PODS, field_selector="spec.nodeName!=")).items
     say(f"\n{'NODE':<8} {'BINDERY':>8} {'DEFAULT':>8} {'CPU REQUESTED':>14}")
     for node in nodes:
         mine = [
@@ -599,14 +599,14 @@ async def _node_table(api: ApiClient, nodes: Sequence[str]) -> None:
             (effective_requests(spec=p["spec"], status=p.get("status")).get("cpu", Decimal(0)) for p in mine),
             Decimal(0),
         )
-        allocatable = (await k8s.get(api, resources.NODES, name=node))["status"]["allocatable"]["cpu"]
+        allocatable = (await apiserver.get(api, resources.NODES, name=node))["status"]["allocatable"]["cpu"]
         say(f"{node:<8} {ours:>8} {len(mine) - ours:>8} {format_quantity(cpu) + ' / ' + allocatable:>14}")
 
 
 async def _gang_summary(api: ApiClient, seen: Mapping[str, _Seen]) -> None:
     """How the gang went: when its pods were bound, relative to each other, and its PodGroup's status."""
     gang = [s for s in seen.values() if s.kind == "gang" and s.bound is not None]
-    groups = await k8s.list_all(api, resources.PODGROUPS, namespace=NAMESPACE)
+    groups = await apiserver.list_all(api, resources.PODGROUPS, namespace=NAMESPACE)
     say("")
     for group in groups.items:
         spec = group.get("spec") or {}
@@ -660,7 +660,7 @@ _METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value
 
 async def _write_metrics(api: ApiClient) -> dict[tuple[str, str], int]:
     """Successful writes per (resource, subresource) of the kinds only the operator writes."""
-    _, body = await k8s.answer_of(api, "GET", "/metrics", accept="text/plain")
+    _, body = await apiserver.answer_of(api, "GET", "/metrics", accept="text/plain")
     text = body.decode()
     totals: dict[tuple[str, str], int] = {}
     for line in text.splitlines():

@@ -15,9 +15,9 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bindery.apiserver import ApiClient, create, patch, resources
+from bindery.apiserver.api import STRATEGIC_PATCH
 from bindery.devcluster.plane import KWOK_NODE_LABEL
-from bindery.k8s import ApiClient, create, patch, resources
-from bindery.k8s.api import STRATEGIC_PATCH
 
 DEFAULT_CAPACITY: Mapping[str, str] = {"cpu": "4", "memory": "8Gi", "pods": "110"}
 

@@ -66,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _explain(args: argparse.Namespace) -> Explanation:
+    from bindery.apiserver import client_for
     from bindery.controller.startup.connection import load_configuration
     from bindery.explain.collect import OperatorAddress, explain_pod
-    from bindery.k8s import client_for
 
     operator: OperatorAddress | None = OperatorAddress(url=args.operator_url, token=args.operator_token)
     if args.no_operator:

@@ -16,13 +16,13 @@ from typing import Any
 
 import httpx
 
+from bindery.adapters.identity import ClusterIdentityError, cluster_identity
+from bindery.adapters.placed import PlacedPodCache
+from bindery.apiserver import ApiClient, ApiError, NotFound, get, list_all, resources
+from bindery.apiserver.api import answer_of
 from bindery.config import ConfigError, parse_resource_manager, route_scheduler_names
 from bindery.controller.secrets import CredentialsError, reservations_at
 from bindery.explain.facts import Explanation, GroupState, ReservationView, explain, group_state
-from bindery.k8s import ApiClient, ApiError, NotFound, get, list_all, resources
-from bindery.k8s.api import answer_of
-from bindery.kube.identity import ClusterIdentityError, cluster_identity
-from bindery.kube.placed import PlacedPodCache
 from bindery.rm.errors import RMError
 from bindery.scheduling.placementrules import rules_preferences, rules_verdict
 from bindery.scheduling.podspec import PodInfo, PodSpecError, pod_claims

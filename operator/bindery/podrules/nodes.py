@@ -6,7 +6,7 @@ backlog those answers are the same for pod after pod (a Deployment's pods share 
 constraints, and nodes change far less often than pods are scheduled), so a snapshot indexes the
 nodes once (by name; per label key, value → node names) and memoizes, in a small LRU, the answers
 keyed by what they depend on besides the nodes. A node change brings a new snapshot (see
-:meth:`bindery.kube.placed.PlacedPodCache.nodes`), and with it empty memos: nothing to invalidate.
+:meth:`bindery.adapters.placed.PlacedPodCache.nodes`), and with it empty memos: nothing to invalidate.
 """
 
 from __future__ import annotations

@@ -295,7 +295,7 @@ async def _serve(args: argparse.Namespace) -> None:
             )
         )
         if args.mirror_nodes:
-            from bindery.k8s.api import client_from
+            from bindery.apiserver.api import client_from
             from bindery.reference_rm.mirror import BudgetMirror, MirrorGate, NodeMirror, PodMirror
 
             kubeconfig = str(args.kubeconfig) if args.kubeconfig is not None else None

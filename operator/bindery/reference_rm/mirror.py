@@ -11,7 +11,7 @@ store (see :mod:`bindery.reference_rm.accounting`).  It is not ready (``/readyz`
 knows both the nodes and the pods: a reservation placed before the pods are known could land on a
 node that is already full.
 
-Both are :func:`bindery.k8s.watching.list_watch` loops: a watch that ends, breaks or goes silent
+Both are :func:`bindery.apiserver.watching.list_watch` loops: a watch that ends, breaks or goes silent
 resumes from the last resourceVersion after one capped backoff, so a restarted apiserver is survived
 without a restart of the RM; only a ``410 Gone`` relists, and that relist is diffed against the
 objects known, so one deleted while the watch was down arrives as DELETED and disappears.
@@ -34,12 +34,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from bindery.apiserver import resources
+from bindery.apiserver.api import ApiClient
+from bindery.apiserver.errors import ApiError, Forbidden
+from bindery.apiserver.resources import Resource
+from bindery.apiserver.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch, object_key
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.k8s import resources
-from bindery.k8s.api import ApiClient
-from bindery.k8s.errors import ApiError, Forbidden
-from bindery.k8s.resources import Resource
-from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch, object_key
 from bindery.podresources import PodResourcesError
 from bindery.reference_rm.accounting import BoundPod, ClusterPods, bound_pod
 from bindery.reference_rm.inventory import node_from_object

@@ -163,7 +163,7 @@ class ReservationClient(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ports:
-    """The cluster-side ports one scheduling cycle uses (implemented by :mod:`bindery.kube`)."""
+    """The cluster-side ports one scheduling cycle uses (implemented by :mod:`bindery.adapters`)."""
 
     nodes: NodeLookup
     pods: PodLookup

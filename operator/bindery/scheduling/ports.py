@@ -1,6 +1,6 @@
 """The ports through which the scheduling core observes and changes the cluster.
 
-The scheduling core makes decisions; :mod:`bindery.kube` performs them against the apiserver.  The
+The scheduling core makes decisions; :mod:`bindery.adapters` performs them against the apiserver.  The
 boundary is drawn so that the success path of a scheduling cycle is visibly cheap: the lookups
 (:class:`NodeLookup`, :class:`PodLookup`) are synchronous because they must be answered from memory
 (Kopf indexes fed by the watches), never by a request; the writers are the only coroutines, and a

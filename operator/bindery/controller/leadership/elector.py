@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bindery.apiserver import ApiClient, ApiError, Conflict, NotFound, create, get, replace, resources
 from bindery.controller.leadership.rules import (
     LeaseTiming,
     Observation,
@@ -22,7 +23,6 @@ from bindery.controller.leadership.rules import (
     observe,
     within_renew_deadline,
 )
-from bindery.k8s import ApiClient, ApiError, Conflict, NotFound, create, get, replace, resources
 from bindery.typedefs import Logger
 
 

@@ -48,9 +48,9 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
+from bindery.apiserver import ApiClient
 from bindery.controller.leadership.elector import LeaderElector
 from bindery.controller.leadership.rules import LeaseTiming, past_exit_point
-from bindery.k8s import ApiClient
 from bindery.typedefs import Logger
 
 

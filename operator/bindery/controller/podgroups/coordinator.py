@@ -28,6 +28,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
+from bindery.apiserver import ApiClient, ApiError, NotFound, get, list_all, resources
 from bindery.backoff import BackoffPolicy
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.placement import Placement
@@ -38,7 +39,6 @@ from bindery.controller.podgroups.watch import PodGroupWatch
 from bindery.controller.preemption import Preemptions
 from bindery.controller.reservations.fate import TERMINAL_PHASES
 from bindery.controller.rmstack import NotLeading, RMStack
-from bindery.k8s import ApiClient, ApiError, NotFound, get, list_all, resources
 from bindery.rm.models import MAX_GROUP_MEMBERS, MAX_GROUP_TOPOLOGY_KEYS
 from bindery.scheduling.cycle import CycleOutcome
 from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDULABLE

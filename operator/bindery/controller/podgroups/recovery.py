@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from bindery.apiserver import ApiClient, NotFound, get, resources
 from bindery.controller.metrics import Metrics
 from bindery.controller.podgroups.placement import Member, Placement
 from bindery.controller.podgroups.reporting import READ_SECONDS
 from bindery.controller.rmstack import NotLeading, RMStack
-from bindery.k8s import ApiClient, NotFound, get, resources
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation, ReservationState
 from bindery.scheduling.framework import Profile

@@ -15,8 +15,8 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+from bindery.apiserver import ApiClient, patch, resources
 from bindery.controller.metrics import Metrics
-from bindery.k8s import ApiClient, patch, resources
 from bindery.scheduling.decisions import REASON_UNSCHEDULABLE, Outcome
 from bindery.scheduling.framework import Ports, Profile
 from bindery.scheduling.podgroups import PodGroupInfo, scheduled_conditions

@@ -20,10 +20,10 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 
-from bindery.k8s import resources
-from bindery.k8s.api import ApiClient
-from bindery.k8s.errors import ApiError
-from bindery.k8s.watching import Cursor, Event, Listed, list_watch
+from bindery.apiserver import resources
+from bindery.apiserver.api import ApiClient
+from bindery.apiserver.errors import ApiError
+from bindery.apiserver.watching import Cursor, Event, Listed, list_watch
 from bindery.scheduling.podgroups import PodGroupInfo
 from bindery.typedefs import Logger
 

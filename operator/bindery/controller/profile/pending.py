@@ -32,13 +32,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bindery.adapters import KubeBinder, KubeConditionWriter, KubeEventSink, UnboundPods
+from bindery.apiserver import ApiClient, list_pages, resources
 from bindery.config import Routing
 from bindery.config.routing import namespace_refusal
 from bindery.controller.metrics import Metrics
 from bindery.controller.profile.runner import ProfileRunner
 from bindery.controller.watches.unbound import unbound_pods_selector
-from bindery.k8s import ApiClient, list_pages, resources
-from bindery.kube import KubeBinder, KubeConditionWriter, KubeEventSink, UnboundPods
 from bindery.podrules.model import PlacedPod
 from bindery.scheduling.decisions import REASON_SCHEDULER_ERROR, REASON_UNSCHEDULABLE
 from bindery.scheduling.placementrules import touch_of

@@ -19,6 +19,7 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bindery.apiserver import ApiClient
 from bindery.config import ResourceManagerConfig
 from bindery.controller.attempt import Attempts
 from bindery.controller.metrics import Metrics
@@ -30,7 +31,6 @@ from bindery.controller.reservations.unconfirmed import UnconfirmedBind, Unconfi
 from bindery.controller.rmstack import RMStack
 from bindery.controller.secrets import RMCredentials
 from bindery.controller.watches.bound import BoundPodFeed
-from bindery.k8s import ApiClient
 from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError, RMUnauthorized
 from bindery.rm.models import Reservation

@@ -40,6 +40,7 @@ import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from bindery.apiserver import ApiClient, ApiError, NotFound, patch, resources
 from bindery.backoff import Backoff, BackoffPolicy
 from bindery.config import ResourceManagerConfig
 from bindery.controller.metrics import Metrics
@@ -54,7 +55,6 @@ from bindery.controller.secrets import (
 )
 from bindery.controller.status import Observation, compute_status, status_changed
 from bindery.controller.watches.bound import BoundPodFeed
-from bindery.k8s import ApiClient, ApiError, NotFound, patch, resources
 from bindery.rm.client import Negotiation, ResourceManagerClient
 from bindery.scheduling.framework import Ports
 from bindery.scheduling.registry import PluginError

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bindery.apiserver import resources
+from bindery.apiserver.api import ApiClient, list_pages
 from bindery.controller.reservations.fate import TERMINAL_PHASES
-from bindery.k8s import resources
-from bindery.k8s.api import ApiClient, list_pages
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 
 #: Explicit bound on one LIST of bound pods (thousands of pods take a while on a busy apiserver).
@@ -61,7 +61,7 @@ async def list_bound_pods(
 ) -> tuple[list[dict[str, Any]], str]:
     """One paged LIST of the bound pods of `scheduler_name` (in `namespace`, None = all): each
     pod as :func:`listed_bound_pod` keeps it, and the list's version. Each page is reduced before
-    the next is read. `within` bounds each page. Raises :class:`bindery.k8s.ApiError`.
+    the next is read. `within` bounds each page. Raises :class:`bindery.apiserver.ApiError`.
     """
     items: list[dict[str, Any]] = []
     version = ""

@@ -77,15 +77,15 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
+from bindery.adapters.events import KubeEventSink
+from bindery.adapters.reads import read_pod
+from bindery.apiserver import ApiClient
 from bindery.backoff import BackoffPolicy
 from bindery.controller.metrics import Metrics
 from bindery.controller.reservations.boundpods import list_bound_pods
 from bindery.controller.reservations.fate import TERMINAL_PHASES, Settle, pod_fate
 from bindery.controller.reservations.restore import Restorer
 from bindery.controller.reservations.revocation import RevocationReport, Revocations
-from bindery.k8s import ApiClient
-from bindery.kube.events import KubeEventSink
-from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
@@ -365,7 +365,7 @@ class Reconciler:
     async def run_once(self, *, reason: str) -> ReconcileReport:
         """One pass; `reason` (start, leadership, relist, periodic, ...) is logged with it.
 
-        Raises what reading the RM or the apiserver raised (RMError, or bindery.k8s.ApiError, which
+        Raises what reading the RM or the apiserver raised (RMError, or bindery.apiserver.ApiError, which
         covers transport errors): the pass then stopped before acting on anything it could not see
         whole. A failed commit or release of one reservation does not stop the pass; it is logged,
         counted and listed in the report.

@@ -23,7 +23,7 @@ namespaces only (one list/watch each, as Kopf does): it has no business, and in 
 no RBAC, reading pods elsewhere. For the same reason it never releases a committed reservation of a
 pod outside its namespaces: that pod is not in its list, not gone.
 
-The shared list and watch are :func:`bindery.k8s.watching.list_watch`: a watch that ends resumes
+The shared list and watch are :func:`bindery.apiserver.watching.list_watch`: a watch that ends resumes
 from the last resourceVersion; only a 410 Gone relists. That relist is diffed against the pods known
 (:func:`~.boundpods.remembered`), so a pod deleted in the gap arrives as DELETED and its reservation
 is released with its UID. Only a real relist calls `on_relist` (queued after the relist's events),

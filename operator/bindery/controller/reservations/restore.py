@@ -43,8 +43,8 @@ import dataclasses
 from collections.abc import Container, Mapping, Sequence
 from typing import Any, Protocol
 
+from bindery.adapters.events import KubeEventSink
 from bindery.controller.metrics import Metrics
-from bindery.kube.events import KubeEventSink
 from bindery.rm.errors import RMError, RMUnavailable
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.framework import RESERVATION_ANNOTATION

@@ -28,10 +28,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from bindery.adapters.events import KubeEventSink
+from bindery.adapters.eviction import eviction
+from bindery.apiserver import ApiClient, ApiError, answer_of, resources
 from bindery.controller.metrics import Metrics
-from bindery.k8s import ApiClient, ApiError, answer_of, resources
-from bindery.kube.events import KubeEventSink
-from bindery.kube.eviction import eviction
 from bindery.rm.errors import RMError
 from bindery.rm.models import Reservation
 from bindery.scheduling.framework import RESERVATION_ANNOTATION

@@ -51,10 +51,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from bindery.adapters.reads import read_pod
+from bindery.apiserver import ApiClient
 from bindery.controller.reservations.fate import Settle, pod_fate, reservation_to_release
 from bindery.controller.rmstack import NotLeading
-from bindery.k8s import ApiClient
-from bindery.kube.reads import read_pod
 from bindery.rm.errors import RMConflict, RMError, RMUnsupported
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, ReservationClient
 from bindery.scheduling.lease import lease_from_answer

@@ -1,7 +1,7 @@
 """Kopf's view of the operator's credentials, and where the rest of them now live.
 
 Kopf needs a `ConnectionInfo` (login handler) and Bindery's own requests a kubernetes_asyncio
-`ApiClient`; both are built from the one `Configuration` that :mod:`bindery.k8s.connection` loads
+`ApiClient`; both are built from the one `Configuration` that :mod:`bindery.apiserver.connection` loads
 (token-file rotation and the once-read proxy environment are explained there), so they always act
 as the same identity. Kopf follows a rotated token through its login handler: it reloads the
 configuration, so it reads the file afresh; Kopf calls it at startup and again whenever a request
@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from bindery.k8s.connection import (
+from bindery.apiserver.connection import (
     TokenFile,
     kubeconfig_token_file,
     load_configuration,

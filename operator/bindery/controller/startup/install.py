@@ -9,8 +9,7 @@ from typing import Any
 
 import yaml
 
-from bindery.controller.startup.rbac import DEBUG_READER_RULES, cluster_role, cluster_role_binding
-from bindery.k8s import (
+from bindery.apiserver import (
     ApiClient,
     Conflict,
     NotFound,
@@ -21,6 +20,7 @@ from bindery.k8s import (
     request,
     resources,
 )
+from bindery.controller.startup.rbac import DEBUG_READER_RULES, cluster_role, cluster_role_binding
 
 CRD_NAME = f"{resources.RESOURCE_MANAGERS.plural}.{resources.RESOURCE_MANAGERS.group}"
 CRD_FILE = f"{CRD_NAME}.yaml"

@@ -33,10 +33,10 @@ from typing import Any
 
 import kopf
 
+from bindery.adapters import project_node
+from bindery.apiserver.resources import RESOURCE_MANAGERS
 from bindery.controller.startup.options import OperatorOptions
 from bindery.controller.startup.runtime import Runtime
-from bindery.k8s.resources import RESOURCE_MANAGERS
-from bindery.kube import project_node
 from bindery.scheduling.ports import NodeProjection
 
 

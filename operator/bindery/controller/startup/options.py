@@ -27,7 +27,7 @@ class OperatorOptions:
     #: `HOST:PORT` for the read-only queue views (`/debug/queue`) on a listener of their own. None:
     #: they are served beside /metrics only if that listens on loopback, else not at all. Wherever
     #: served, they answer only a bearer token the apiserver accepts, of a user who may `get` the
-    #: URL (TokenReview + SubjectAccessReview, bindery.kube.access).
+    #: URL (TokenReview + SubjectAccessReview, bindery.adapters.access).
     debug_address: str | None = None
     #: ask the same of `/metrics` scrapers (as controller-runtime's `WithAuthenticationAndAuthorization`
     #: filter): a Prometheus then needs a token bound to get on /metrics. False: /metrics is open.

@@ -19,14 +19,14 @@ need shows up as a failing test rather than in a user's cluster.
   once one has a selector; bindery.controller.watches.namespaces).
 - resourcemanagers list/watch, resourcemanagers/status patch: configuration and its status.
 - namespaces get, kube-system only: its UID is the default cluster id (contract v1.2 clusterId),
-  read once at start (`bindery.kube.identity`).
+  read once at start (`bindery.adapters.identity`).
 - secrets get: the bearer token / TLS material a ResourceManager references (the chart may narrow
   this with resourceNames or a namespaced Role).
 - persistentvolumeclaims get/patch, persistentvolumes get/list/patch, storageclasses get: volume
   binding for pods with claims (bindery.scheduling.volumes): read the claims, their volumes and
   classes, set a claim's selected-node annotation, pre-bind a static volume (its claimRef).
 - tokenreviews create, subjectaccessreviews create: who asks for `/debug/queue` (and `/metrics`
-  with `--metrics-auth`), and whether they may (bindery.kube.access), as kube-scheduler's
+  with `--metrics-auth`), and whether they may (bindery.adapters.access), as kube-scheduler's
   delegated authentication and authorization (the `system:auth-delegator` ClusterRole's rules).
 Not needed: Kopf's peering objects (standalone), CRD listing (Kopf's scanning disabled), core
 events (Kopf's posting disabled), finalizers or pod patches (no change-detection handlers).

@@ -24,6 +24,21 @@ from typing import Any
 
 import kopf
 
+from bindery.adapters import (
+    IndexNodeLookup,
+    KubeBinder,
+    KubeConditionWriter,
+    KubeEventSink,
+    KubeVolumes,
+    PlacedPodCache,
+    UnboundPods,
+    WriteCounter,
+)
+from bindery.adapters.access import AccessReviewer
+from bindery.adapters.identity import cluster_identity
+from bindery.apiserver import ApiClient, ApiError, client_for
+from bindery.apiserver.api import response as k8s_response
+from bindery.apiserver.pool import ConnectionPool
 from bindery.clock import ClockWatch
 from bindery.config import (
     ConfigError,
@@ -63,21 +78,6 @@ from bindery.controller.watches.namespaces import NamespaceLabels
 from bindery.controller.watches.placed import PlacedPodWatcher
 from bindery.controller.watches.services import ServiceSelectors
 from bindery.controller.watches.unbound import UnboundPodWatcher
-from bindery.k8s import ApiClient, ApiError, client_for
-from bindery.k8s.api import response as k8s_response
-from bindery.k8s.pool import ConnectionPool
-from bindery.kube import (
-    IndexNodeLookup,
-    KubeBinder,
-    KubeConditionWriter,
-    KubeEventSink,
-    KubeVolumes,
-    PlacedPodCache,
-    UnboundPods,
-    WriteCounter,
-)
-from bindery.kube.access import AccessReviewer
-from bindery.kube.identity import cluster_identity
 from bindery.scheduling.framework import Ports
 from bindery.typedefs import Logger
 
@@ -91,7 +91,7 @@ class Runtime:
     def __init__(self, *, options: OperatorOptions, logger: Logger) -> None:
         self.options = options
         self.logger = logger
-        self.cluster_id: str | None = None  #: read once at start (bindery.kube.identity)
+        self.cluster_id: str | None = None  #: read once at start (bindery.adapters.identity)
         self.writes = WriteCounter()
         self.metrics = Metrics(
             writes=self.writes,

@@ -1,4 +1,4 @@
-"""The operator's two pod watches, both on :func:`bindery.k8s.watching.list_watch`.
+"""The operator's two pod watches, both on :func:`bindery.apiserver.watching.list_watch`.
 
 - :mod:`.unbound`: the pending pods (``spec.nodeName=``) of each claimed scheduler name, the
   operator's hot path into the queues;

@@ -3,7 +3,7 @@
 Why a watch and not a read per pod: routing runs on the hot path, once per pod event, without I/O;
 and a namespace's labels change at run time (a cluster administrator admits a namespace to a pool,
 or takes it out), which must take effect without a restart. So the operator follows namespaces
-with the one list-then-watch loop (:func:`bindery.k8s.watching.list_watch`) and keeps only each
+with the one list-then-watch loop (:func:`bindery.apiserver.watching.list_watch`) and keeps only each
 one's labels (a few per namespace). A relabel reaches `on_change` as soon as the watch delivers it
 (one watch event: no polling, no periodic resync); the pending pods of that namespace are then
 routed again. A namespace not seen yet (the watch has not listed, or a new namespace's event is behind
@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from bindery.apiserver import resources
+from bindery.apiserver.api import ApiClient
+from bindery.apiserver.errors import ApiError
+from bindery.apiserver.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.k8s import resources
-from bindery.k8s.api import ApiClient
-from bindery.k8s.errors import ApiError
-from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
 from bindery.typedefs import Logger
 
 #: Explicit bound on one page of the LIST.

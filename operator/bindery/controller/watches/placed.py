@@ -3,7 +3,7 @@
 Pod affinity, topology spread and host ports read the pods already on nodes, whoever placed them
 (kube-scheduler, another scheduler, a DaemonSet's own nodeName), so this follows all pods with the
 server-side field selector ``spec.nodeName!=``, in the operator's namespaces (all, unless it runs
-namespaced): one list/watch per scope. The cache (bindery.kube.placed.PlacedPodCache) keeps a slim
+namespaced): one list/watch per scope. The cache (bindery.adapters.placed.PlacedPodCache) keeps a slim
 projection per pod (bindery.podrules.model.PlacedPod). Finished pods (Succeeded/Failed) leave the
 cache: they hold neither room nor ports.
 
@@ -35,13 +35,13 @@ import itertools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from bindery.adapters.placed import PlacedPodCache
+from bindery.apiserver import resources
+from bindery.apiserver.api import ApiClient
+from bindery.apiserver.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch
 from bindery.backoff import Backoff, BackoffPolicy
 from bindery.controller.reservations.boundpods import remembered
 from bindery.controller.watches.bound import BoundPodSubscriber
-from bindery.k8s import resources
-from bindery.k8s.api import ApiClient
-from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch
-from bindery.kube.placed import PlacedPodCache
 from bindery.typedefs import Logger
 
 __all__ = ["PLACED_PODS", "PlacedPodWatcher", "remembered"]

@@ -17,11 +17,11 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from bindery.apiserver import resources
+from bindery.apiserver.api import ApiClient
+from bindery.apiserver.errors import ApiError
+from bindery.apiserver.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch, object_key
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.k8s import resources
-from bindery.k8s.api import ApiClient
-from bindery.k8s.errors import ApiError
-from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch, object_key
 from bindery.typedefs import Logger
 
 LIST_TIMEOUT_SECONDS = 60.0

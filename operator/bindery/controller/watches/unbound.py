@@ -10,7 +10,7 @@ Kopf still runs everything else (startup, login, the Node index, the ResourceMan
 
 What is kept from Kopf's watch: listed pods arrive as events of type None, as Kopf's listing
 delivers them; events are handled in order, one at a time per list-then-watch.
-The loop is :func:`bindery.k8s.watching.list_watch`: a watch the server ends, or whose stream broke
+The loop is :func:`bindery.apiserver.watching.list_watch`: a watch the server ends, or whose stream broke
 or went silent, resumes from the last resourceVersion seen (bookmarks keep it fresh); one that
 expired (410 Gone) is relisted, and the relist is diffed against the pods known, so a pod that
 vanished meanwhile arrives as DELETED (Kopf's watch gave it nothing and left it to the runtime's
@@ -32,10 +32,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from bindery.apiserver import resources
+from bindery.apiserver.api import ApiClient
+from bindery.apiserver.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.k8s import resources
-from bindery.k8s.api import ApiClient
-from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, identity, list_watch
 from bindery.typedefs import Logger
 
 PodEventHandler = Callable[[str | None, Mapping[str, Any]], Awaitable[None]]

@@ -1,4 +1,4 @@
-"""Kubernetes implementations of the scheduling ports, over the raw apiserver layer (bindery.k8s).
+"""Kubernetes implementations of the scheduling ports, over the raw apiserver layer (bindery.apiserver).
 
 Each port does exactly one apiserver call on its success path and reads nothing: the cycle already
 holds the pod from the watch, so the success path costs the Binding and the Scheduled event only.
@@ -6,13 +6,13 @@ Reads happen only to disambiguate a failure (a 409 on bind). Every write goes th
 so the demo and tests can report writes per bound pod without scraping apiserver metrics.
 """
 
-from bindery.kube.binder import KubeBinder
-from bindery.kube.conditions import KubeConditionWriter
-from bindery.kube.counters import WriteCounter
-from bindery.kube.events import KubeEventSink, reporting_instance
-from bindery.kube.lookups import IndexNodeLookup, UnboundPods, project_node
-from bindery.kube.placed import PlacedPodCache
-from bindery.kube.volumes import KubeVolumes
+from bindery.adapters.binder import KubeBinder
+from bindery.adapters.conditions import KubeConditionWriter
+from bindery.adapters.counters import WriteCounter
+from bindery.adapters.events import KubeEventSink, reporting_instance
+from bindery.adapters.lookups import IndexNodeLookup, UnboundPods, project_node
+from bindery.adapters.placed import PlacedPodCache
+from bindery.adapters.volumes import KubeVolumes
 
 __all__ = [
     "IndexNodeLookup",

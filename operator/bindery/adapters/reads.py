@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bindery.k8s import ApiClient, NotFound, get, list_pages, resources
+from bindery.apiserver import ApiClient, NotFound, get, list_pages, resources
 
 
 async def read_pod(
@@ -20,7 +20,7 @@ async def read_pod(
     name: str,
     timeout_seconds: float | None = None,
 ) -> dict[str, Any] | None:
-    """The pod's current body, or None if it does not exist; raises :class:`bindery.k8s.ApiError` on
+    """The pod's current body, or None if it does not exist; raises :class:`bindery.apiserver.ApiError` on
     other answers and transport failures.
 
     ``timeout_seconds`` bounds the request (None: the layer's default bound).

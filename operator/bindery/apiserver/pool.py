@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bindery.k8s.api import ApiClient
+from bindery.apiserver.api import ApiClient
 
 __all__ = ["CYCLE_CONNECTIONS", "HEADROOM", "ConnectionPool"]
 
@@ -33,7 +33,7 @@ HEADROOM = 16
 #: with the 100 connections kubernetes_asyncio had before, none. A cycle waiting here for a
 #: connection waits in the operator, not in the apiserver's queues; that wait counts against the
 #: request's own timeout (aiohttp's ``total`` covers taking a connection from the pool), e.g. a
-#: Binding's 30 s (``bindery.kube.binder.BIND_TIMEOUT_SECONDS``).
+#: Binding's 30 s (``bindery.adapters.binder.BIND_TIMEOUT_SECONDS``).
 CYCLE_CONNECTIONS = 64
 
 

@@ -21,9 +21,9 @@ import datetime
 from collections.abc import Collection
 from typing import Any
 
-from bindery.k8s import ApiClient, ApiError, NotFound, patch, resources
-from bindery.k8s.api import STRATEGIC_PATCH
-from bindery.kube.counters import WriteCounter
+from bindery.adapters.counters import WriteCounter
+from bindery.apiserver import ApiClient, ApiError, NotFound, patch, resources
+from bindery.apiserver.api import STRATEGIC_PATCH
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import PodGone
 

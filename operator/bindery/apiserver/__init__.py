@@ -1,11 +1,11 @@
 """Raw apiserver I/O: the only package that imports ``kubernetes_asyncio`` (see pyproject's
 import-linter contracts), below every room that talks to the apiserver.
 
-- :mod:`bindery.k8s.errors`: one error hierarchy (:class:`ApiError`: :class:`Unavailable` or
+- :mod:`bindery.apiserver.errors`: one error hierarchy (:class:`ApiError`: :class:`Unavailable` or
   :class:`Rejected`, with :class:`NotFound`, :class:`Conflict`...), one translation.
-- :mod:`bindery.k8s.resources`: one constant per API resource (``PODS``, ``RESOURCE_MANAGERS``...).
-- :mod:`bindery.k8s.api`: get/create/replace/patch/delete and the paged LIST, JSON in and out.
-- :mod:`bindery.k8s.watching`: the one list-then-watch loop (resume, bookmarks, diff on 410).
+- :mod:`bindery.apiserver.resources`: one constant per API resource (``PODS``, ``RESOURCE_MANAGERS``...).
+- :mod:`bindery.apiserver.api`: get/create/replace/patch/delete and the paged LIST, JSON in and out.
+- :mod:`bindery.apiserver.watching`: the one list-then-watch loop (resume, bookmarks, diff on 410).
 
 Converting a caller (the generated call → the layer's)::
 
@@ -21,7 +21,7 @@ Converting a caller (the generated call → the layer's)::
     _request_timeout=s                             request_timeout=s
 """
 
-from bindery.k8s.api import (
+from bindery.apiserver.api import (
     ApiClient,
     Listing,
     answer_of,
@@ -36,7 +36,7 @@ from bindery.k8s.api import (
     replace,
     request,
 )
-from bindery.k8s.errors import (
+from bindery.apiserver.errors import (
     ApiError,
     BadRequest,
     Conflict,
@@ -50,7 +50,7 @@ from bindery.k8s.errors import (
     Unavailable,
     translate,
 )
-from bindery.k8s.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch
+from bindery.apiserver.watching import WATCH_BACKOFF, Cursor, Event, Listed, list_watch
 
 __all__ = [
     "WATCH_BACKOFF",

@@ -2,7 +2,7 @@
 
 Why the raw response: the apiserver answers a Binding with a `Status`, which the generated client
 tries to deserialize as a `V1Binding` and fails on (kubernetes-client/python#547). The POST goes
-through the raw apiserver layer (`bindery.k8s.api.answer_of`: the client's session, auth and
+through the raw apiserver layer (`bindery.apiserver.api.answer_of`: the client's session, auth and
 headers, none of the generated method's per-call work) and only the status code is looked at.
 
 Why `metadata.uid`: it is a precondition checked by the apiserver in the same write, so a pod that
@@ -30,10 +30,10 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from bindery.k8s import ApiClient, ApiError
-from bindery.k8s.api import answer_of
-from bindery.kube.counters import WriteCounter
-from bindery.kube.reads import read_pod
+from bindery.adapters.counters import WriteCounter
+from bindery.adapters.reads import read_pod
+from bindery.apiserver import ApiClient, ApiError
+from bindery.apiserver.api import answer_of
 from bindery.scheduling.framework import RESERVATION_ANNOTATION
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import BindConflict, BindError, PodGone

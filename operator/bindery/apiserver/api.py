@@ -9,9 +9,9 @@ the configuration's hook) and default headers (``User-Agent``). Requests skip th
 methods' per-call machinery (checking keyword arguments, walking the body through
 ``sanitize_for_serialization``, building parameter tuples): about 0.1 ms of a ~0.8 ms POST on
 loopback, on the two writes every scheduled pod costs (benchmarks/PROFILE.md; this was
-``bindery.kube.post``).
+``bindery.adapters.post``).
 
-Every failure leaves as an :class:`bindery.k8s.errors.ApiError` (see :func:`translate`). Every LIST
+Every failure leaves as an :class:`bindery.apiserver.errors.ApiError` (see :func:`translate`). Every LIST
 goes through :func:`list_pages` (``limit`` + ``continue``): an unpaged list of 50,000 pods is one
 response body of hundreds of megabytes held at once, on the apiserver and here.
 """
@@ -30,8 +30,8 @@ from kubernetes_asyncio.client import ApiClient as _ApiClient
 from kubernetes_asyncio.client import Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from bindery.k8s.errors import Unavailable, from_status, translate
-from bindery.k8s.resources import Resource
+from bindery.apiserver.errors import Unavailable, from_status, translate
+from bindery.apiserver.resources import Resource
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -255,7 +255,7 @@ async def get(
     subresource: str = "",
     request_timeout: Timeout = DEFAULT_TIMEOUT,
 ) -> dict[str, Any]:
-    """The object (raises :class:`bindery.k8s.errors.NotFound` if it does not exist)."""
+    """The object (raises :class:`bindery.apiserver.errors.NotFound` if it does not exist)."""
     path = resource.path(namespace=namespace, name=name, subresource=subresource)
     return await request(api, "GET", path, request_timeout=request_timeout)
 
@@ -356,7 +356,7 @@ async def list_pages(
     """Each page (a ``...List`` document) of one LIST, following ``continue`` to the last.
 
     All pages are of one snapshot: the apiserver pins the first page's resourceVersion in the
-    token. A token that expired mid-list (410) raises :class:`bindery.k8s.errors.Gone`: list again.
+    token. A token that expired mid-list (410) raises :class:`bindery.apiserver.errors.Gone`: list again.
     `request_timeout` bounds each page; `page_size` defaults to the resource's (pods: fewer).
     """
     path = resource.path(namespace=namespace)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bindery.k8s import ApiClient, ApiError, Unavailable, get, resources
+from bindery.apiserver import ApiClient, ApiError, Unavailable, get, resources
 
 __all__ = ["ClusterIdentityError", "cluster_identity"]
 

@@ -28,10 +28,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from bindery.k8s import ApiClient, resources
-from bindery.k8s.api import answer_of
-from bindery.k8s.errors import Conflict, Unavailable, from_status
-from bindery.kube.counters import WriteCounter
+from bindery.adapters.counters import WriteCounter
+from bindery.apiserver import ApiClient, resources
+from bindery.apiserver.api import answer_of
+from bindery.apiserver.errors import Conflict, Unavailable, from_status
 from bindery.scheduling.podspec import PodInfo
 
 NOTE_LIMIT = 1024  # events.k8s.io rejects notes longer than 1 KiB: bytes of UTF-8, not characters

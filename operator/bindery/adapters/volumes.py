@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bindery.k8s import ApiClient, ApiError, NotFound, list_all, resources
-from bindery.k8s import get as get_object
-from bindery.k8s import patch as patch_object
-from bindery.k8s.api import STRATEGIC_PATCH
-from bindery.kube.counters import WriteCounter
+from bindery.adapters.counters import WriteCounter
+from bindery.apiserver import ApiClient, ApiError, NotFound, list_all, resources
+from bindery.apiserver import get as get_object
+from bindery.apiserver import patch as patch_object
+from bindery.apiserver.api import STRATEGIC_PATCH
 from bindery.scheduling.ports import VolumeError
 from bindery.scheduling.volumes import BOUND_BY_CONTROLLER, SELECTED_NODE
 

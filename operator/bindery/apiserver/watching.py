@@ -38,10 +38,10 @@ from typing import Any
 
 import aiohttp
 
+from bindery.apiserver.api import METADATA_ONLY_WATCH, ApiClient, list_pages, response, selectors
+from bindery.apiserver.errors import ApiError, Gone, Unavailable, from_status, translate
+from bindery.apiserver.resources import Resource
 from bindery.backoff import Backoff, BackoffPolicy
-from bindery.k8s.api import METADATA_ONLY_WATCH, ApiClient, list_pages, response, selectors
-from bindery.k8s.errors import ApiError, Gone, Unavailable, from_status, translate
-from bindery.k8s.resources import Resource
 from bindery.typedefs import Logger
 
 __all__ = [
