@@ -43,7 +43,7 @@ from bindery.reference_rm.placement import (
     fits,
     normalize,
     score,
-    static_scores,
+    static_classes,
 )
 
 __all__ = ["GroupDecision", "MemberAsk", "place_group"]
@@ -107,15 +107,68 @@ def _size_order(members: Sequence[MemberAsk], nodes: Sequence[InventoryNode]) ->
     return sorted(range(len(members)), key=lambda index: -share(index))
 
 
-def _kind(member: MemberAsk) -> tuple[object, ...]:
-    """Members of one kind (same requests and constraints) share their candidate nodes."""
-    return (
-        tuple(sorted(member.requests.items())),
-        tuple(sorted(member.node_selector.items())),
-        repr(member.affinity_terms),
-        repr(member.tolerations),
-        repr(member.preferences),
-    )
+def _kinds(members: Sequence[MemberAsk]) -> list[int]:
+    """Per member, the index of the first member of its kind (same requests and constraints):
+    members of one kind share their candidate nodes.
+
+    Compared with ``==`` (and the weights' types: 1 and 1.0 are equal, their sums are not the same
+    kind of number), which runs in C: printing each member's 64 x 64 preferred requirements to
+    compare them cost more than the rest of the placement.
+    """
+    firsts: dict[tuple[object, ...], list[int]] = {}
+    kinds: list[int] = []
+    for index, member in enumerate(members):
+        quick = (
+            tuple(sorted(member.requests.items())),
+            tuple((type(weight), weight) for weight, _ in member.preferences),
+            len(member.affinity_terms),
+            len(member.tolerations),
+        )
+        bucket = firsts.setdefault(quick, [])
+        for first in bucket:
+            other = members[first]
+            if (
+                other.node_selector == member.node_selector
+                and other.affinity_terms == member.affinity_terms
+                and other.tolerations == member.tolerations
+                and other.preferences == member.preferences
+            ):
+                kinds.append(first)
+                break
+        else:
+            bucket.append(index)
+            kinds.append(index)
+    return kinds
+
+
+class _Fills:
+    """Each node's fill after placing one kind of request (:func:`score`), None where it does not
+    fit, from the usage of one attempt: shared by the kinds of member asking the same, so a node
+    is scored once per request rather than once per kind (and per class of its preferences)."""
+
+    def __init__(self, *, requests: Mapping[str, Decimal], total: Usage) -> None:
+        self._requests = requests
+        self._total = total
+        self._known: dict[str, Decimal | None] = {}
+
+    def of(self, node: InventoryNode) -> Decimal | None:
+        name = node.name
+        if name in self._known:
+            return self._known[name]
+        used = self._total.get(name, {})
+        usage = effective_usage(self._requests, node)
+        fill = score(node, usage, used) if fits(node, usage, used) else None
+        self._known[name] = fill
+        return fill
+
+    def many(self, nodes: Sequence[InventoryNode]) -> list[Decimal | None]:
+        """:meth:`of` each of ``nodes``, in one call."""
+        known = self._known
+        return [known[node.name] if node.name in known else self.of(node) for node in nodes]
+
+    def touch(self, name: str) -> None:
+        """The usage of node ``name`` changed."""
+        self._known.pop(name, None)
 
 
 class _Candidates:
@@ -128,30 +181,30 @@ class _Candidates:
     a heap operation instead of a scan.  Entries of older versions are dropped when they surface.
     """
 
-    def __init__(
-        self, *, member: MemberAsk, nodes: Sequence[InventoryNode], total: Usage, policy: Policy
-    ) -> None:
+    def __init__(self, *, nodes: Sequence[InventoryNode], fills: _Fills, policy: Policy) -> None:
         """``nodes``: those passing the member's usage-independent filters."""
-        self._requests = member.requests
-        self._total = total
+        self._fills = fills
         self._binpack = policy is Policy.BINPACK
         self._nodes = {node.name: node for node in nodes}
-        self._version: dict[str, int] = {}
-        self._heap: list[tuple[Decimal, str, int]] = []
-        for name in self._nodes:
-            self.touch(name)
+        self._version: dict[str, int] = dict.fromkeys(self._nodes, 1)
+        pairs = zip(nodes, fills.many(nodes), strict=True)
+        self._heap: list[tuple[Decimal, str, int]] = (
+            [(-fill, node.name, 1) for node, fill in pairs if fill is not None]
+            if self._binpack
+            else [(fill, node.name, 1) for node, fill in pairs if fill is not None]
+        )
+        heapq.heapify(self._heap)
 
     def touch(self, name: str) -> None:
-        """The usage of node ``name`` changed: its old entry no longer counts; a new one if it fits."""
+        """The usage of node ``name`` changed (and its fill was forgotten): its old entry no longer
+        counts; a new one if it fits."""
         node = self._nodes.get(name)
         if node is None:
             return
-        version = self._version.get(name, 0) + 1
+        version = self._version[name] + 1
         self._version[name] = version
-        used = self._total.get(name, {})
-        usage = effective_usage(self._requests, node)
-        if fits(node, usage, used):
-            fill = score(node, usage, used)
+        fill = self._fills.of(node)
+        if fill is not None:
             heapq.heappush(self._heap, (-fill if self._binpack else fill, name, version))
 
     def best(self) -> InventoryNode | None:
@@ -179,21 +232,15 @@ class _ScoredCandidates:
     def __init__(
         self,
         *,
-        member: MemberAsk,
-        nodes: Sequence[InventoryNode],
-        raw_scores: Mapping[str, tuple[int, int]],
-        total: Usage,
+        classes: Mapping[tuple[int, int], Sequence[InventoryNode]],
+        fills: _Fills,
         policy: Policy,
     ) -> None:
-        """``nodes``: those passing the member's usage-independent filters; ``raw_scores`` their raw
-        scores (:func:`bindery.reference_rm.placement.static_scores`)."""
+        """``classes``: the nodes passing the member's usage-independent filters, by their raw
+        scores (:func:`bindery.reference_rm.placement.static_classes`)."""
         self._binpack = policy is Policy.BINPACK
-        classes: dict[tuple[int, int], list[InventoryNode]] = {}
-        for node in nodes:
-            classes.setdefault(raw_scores[node.name], []).append(node)
         self._classes = {
-            raw: _Candidates(member=member, nodes=members_nodes, total=total, policy=policy)
-            for raw, members_nodes in classes.items()
+            raw: _Candidates(nodes=nodes, fills=fills, policy=policy) for raw, nodes in classes.items()
         }
 
     def touch(self, name: str) -> None:
@@ -224,25 +271,31 @@ class _ScoredCandidates:
 
 
 class _Statics:
-    """Per kind of member, the nodes of the whole inventory passing its usage-independent filters
-    and their raw preference scores, computed once per group placement (every domain reads them)
-    on the compiled path of :func:`bindery.reference_rm.placement.choose_node`."""
+    """Per kind of member, the nodes of the whole inventory passing its usage-independent filters,
+    by their raw preference scores (:func:`bindery.reference_rm.placement.static_classes`, asked
+    once per kind and group placement: every domain reads them), and those of a domain."""
 
     def __init__(self, nodes: Sequence[InventoryNode]) -> None:
         self._nodes = nodes
-        self._known: dict[tuple[object, ...], dict[str, tuple[int, int]]] = {}
+        self._known: dict[int, Mapping[tuple[int, int], Sequence[InventoryNode]]] = {}
 
-    def of(self, kind: tuple[object, ...], member: MemberAsk) -> dict[str, tuple[int, int]]:
+    def of(
+        self, kind: int, member: MemberAsk, domain: Sequence[InventoryNode]
+    ) -> Mapping[tuple[int, int], Sequence[InventoryNode]]:
         known = self._known.get(kind)
         if known is None:
-            known = self._known[kind] = static_scores(
+            known = self._known[kind] = static_classes(
                 nodes=self._nodes,
                 node_selector=member.node_selector,
                 affinity_terms=member.affinity_terms,
                 tolerations=member.tolerations,
                 preferences=member.preferences,
             )
-        return known
+        if len(domain) == len(self._nodes):  # the whole inventory (domains do not overlap)
+            return known
+        names = {node.name for node in domain}
+        inside = {raw: [node for node in nodes if node.name in names] for raw, nodes in known.items()}
+        return {raw: nodes for raw, nodes in inside.items() if nodes}
 
 
 def _attempt(
@@ -254,32 +307,41 @@ def _attempt(
     own: Mapping[str, Mapping[str, Decimal]],
     foreign: Mapping[str, Foreign] | None,
     policy: Policy,
-    kinds_of: Sequence[tuple[object, ...]] | None = None,
+    kinds_of: Sequence[int] | None = None,
     statics: _Statics | None = None,
 ) -> _Attempt:
-    """Place the members greedily in one domain; ``kinds_of[i]`` is ``_kind(members[i])``;
+    """Place the members greedily in one domain; ``kinds_of`` is ``_kinds(members)``;
     ``statics`` what the group's kinds pass (of the whole inventory, or of ``nodes``)."""
     if kinds_of is None:
-        kinds_of = [_kind(member) for member in members]
+        kinds_of = _kinds(members)
     if statics is None:
         statics = _Statics(nodes)
     attempt = _Attempt(value=value, nodes=nodes)
     names = {node.name for node in nodes}
     mine = {name: dict(bucket) for name, bucket in own.items() if name in names}
     total = in_use(mine, {n: f for n, f in (foreign or {}).items() if n in names}) if foreign else _copy(mine)
-    kinds: dict[tuple[object, ...], _Candidates | _ScoredCandidates] = {}
+    kinds: dict[int, _Candidates | _ScoredCandidates] = {}
+    fills: dict[tuple[tuple[str, Decimal], ...], _Fills] = {}  # by the requests, in their order
     # PreferNoSchedule taints are scored for every member, as for a single pod (TaintToleration).
-    scored = any(taint.get("effect") == "PreferNoSchedule" for node in nodes for taint in node.taints)
+    scored = any(
+        taint.get("effect") == "PreferNoSchedule" for node in nodes if node.taints for taint in node.taints
+    )
     for index in order:
         member = members[index]
         kind = kinds_of[index]
         if kind not in kinds:
-            raw = statics.of(kind, member)
-            passing = [node for node in nodes if node.name in raw]
+            classes = statics.of(kind, member, nodes)
+            asked = tuple(member.requests.items())
+            if asked not in fills:
+                fills[asked] = _Fills(requests=member.requests, total=total)
             kinds[kind] = (
-                _ScoredCandidates(member=member, nodes=passing, raw_scores=raw, total=total, policy=policy)
+                _ScoredCandidates(classes=classes, fills=fills[asked], policy=policy)
                 if member.preferences or scored
-                else _Candidates(member=member, nodes=passing, total=total, policy=policy)
+                else _Candidates(
+                    nodes=[node for passing in classes.values() for node in passing],
+                    fills=fills[asked],
+                    policy=policy,
+                )
             )
         node = kinds[kind].best()
         if node is None:
@@ -301,6 +363,8 @@ def _attempt(
         usage = effective_usage(member.requests, node)
         add_usage(total, node.name, usage)
         add_usage(mine, node.name, usage)
+        for known in fills.values():
+            known.touch(node.name)
         for candidates in kinds.values():
             candidates.touch(node.name)
         attempt.assigned[index] = node.name
@@ -346,7 +410,7 @@ def place_group(
 ) -> GroupDecision:
     """Place every member or none; see the module docstring.  ``group`` names it in messages."""
     order = _size_order(members, nodes)
-    kinds_of = [_kind(member) for member in members]
+    kinds_of = _kinds(members)
     statics = _Statics(nodes)
     domains: dict[tuple[str, ...], list[InventoryNode]] = {}
     unlabelled = 0
@@ -386,14 +450,18 @@ def place_group(
     ]
     complete = [attempt for attempt in attempts if len(attempt.assigned) == len(members)]
     if complete:
-        ranked = sorted(
-            complete,
-            key=lambda a: (
-                -_fullness(a, members) if policy is Policy.BINPACK else _fullness(a, members),
-                a.value,
-            ),
+        # One domain (every group without topology) has nothing to rank: its fullness is not needed.
+        best = (
+            complete[0]
+            if len(complete) == 1
+            else min(
+                complete,
+                key=lambda a: (
+                    -_fullness(a, members) if policy is Policy.BINPACK else _fullness(a, members),
+                    a.value,
+                ),
+            )
         )
-        best = ranked[0]
         return GroupDecision(
             nodes=tuple(best.assigned[index] for index in range(len(members))),
             topology_value=dict(zip(topology_keys, best.value, strict=True)),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import json
+import marshal
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ __all__ = [
     "normalize",
     "preference_scores",
     "score",
+    "static_classes",
     "static_failure",
     "static_scores",
     "subtract_usage",
@@ -453,6 +455,8 @@ class _InventoryCache:
     passing_entries: tuple[tuple[InventoryNode, bool, int], ...] | None = None
     #: the labels and names as bitmasks, for preferred terms (built when first needed)
     label_masks: LabelMasks | None = None
+    #: :func:`static_scores` answers, with a plain copy of the constraints each answers for
+    scores: list[_KnownScores] = field(default_factory=list)
 
     def masks(self, nodes: Sequence[InventoryNode]) -> LabelMasks:
         if self.label_masks is None:
@@ -484,6 +488,17 @@ class _InventoryCache:
         return self.labels
 
 
+@dataclass
+class _KnownScores:
+    """One :func:`static_scores` answer and a copy of what it was asked for (plain data only)."""
+
+    weights: tuple[tuple[type, object], ...]
+    constraints: object  # [node_selector, affinity_terms, tolerations, preferences], copied
+    scores: Mapping[str, tuple[int, int]]
+    #: the passing nodes by their raw scores, in inventory order (built when first asked)
+    classes: Mapping[tuple[int, int], Sequence[InventoryNode]] | None = None
+
+
 class _StaticCache:
     """The cache of the last inventory seen (:class:`_InventoryCache`).
 
@@ -496,6 +511,8 @@ class _StaticCache:
     #: Memo tables (one entry per node each) kept at most: a backlog has a handful of pod shapes;
     #: a stream of distinct ones must not grow memory.
     memo_tables = 32
+    #: :func:`static_scores` answers kept at most (each a node map, and up to 64 x 64 requirements).
+    scores = 32
 
     def __init__(self) -> None:
         self.entry: tuple[tuple[InventoryNode, ...], _InventoryCache] = ((), _InventoryCache())
@@ -648,16 +665,106 @@ def static_scores(
     affinity_terms: Sequence[Mapping[str, Any]],
     tolerations: Sequence[Mapping[str, Any]],
     preferences: Sequence[tuple[int, Mapping[str, Any]]] = (),
-) -> dict[str, tuple[int, int]]:
+) -> Mapping[str, tuple[int, int]]:
     """The nodes passing the filters that do not depend on usage (:func:`static_failure`), each
     with its raw (NodeAffinity, TaintToleration) scores (:func:`preference_scores`).
 
-    The same answers, from the compiled filters :func:`choose_node` uses (remembered with a kept
-    inventory), and each preferred term matched against every node at once
-    (:class:`~bindery.reference_rm.nodematch.LabelMasks`): group placement asks this once per kind
-    of member, instead of matching every preferred term against every node in turn.
+    The same answers, from the compiled filters :func:`choose_node` uses, and each preferred term
+    matched against every node at once (:class:`~bindery.reference_rm.nodematch.LabelMasks`).
+    With a kept inventory the answer is remembered by the constraints' content: a group's retry
+    is a new request of the same terms, and comparing them (in C) costs a fraction of parsing
+    64 x 64 requirements again. The answer is shared: do not change it.
     """
+    return _known_scores(
+        nodes=nodes,
+        node_selector=node_selector,
+        affinity_terms=affinity_terms,
+        tolerations=tolerations,
+        preferences=preferences,
+    ).scores
+
+
+def static_classes(
+    *,
+    nodes: Sequence[InventoryNode],
+    node_selector: Mapping[str, str],
+    affinity_terms: Sequence[Mapping[str, Any]],
+    tolerations: Sequence[Mapping[str, Any]],
+    preferences: Sequence[tuple[int, Mapping[str, Any]]] = (),
+) -> Mapping[tuple[int, int], Sequence[InventoryNode]]:
+    """:func:`static_scores` as the passing nodes of each raw score, in inventory order (remembered
+    with it): group placement keeps one heap per raw score. Shared: do not change it."""
+    known = _known_scores(
+        nodes=nodes,
+        node_selector=node_selector,
+        affinity_terms=affinity_terms,
+        tolerations=tolerations,
+        preferences=preferences,
+    )
+    if known.classes is None:
+        classes: dict[tuple[int, int], list[InventoryNode]] = {}
+        scores = known.scores
+        for node in nodes:
+            raw = scores.get(node.name)
+            if raw is not None:
+                classes.setdefault(raw, []).append(node)
+        known.classes = classes
+    return known.classes
+
+
+def _known_scores(
+    *,
+    nodes: Sequence[InventoryNode],
+    node_selector: Mapping[str, str],
+    affinity_terms: Sequence[Mapping[str, Any]],
+    tolerations: Sequence[Mapping[str, Any]],
+    preferences: Sequence[tuple[int, Mapping[str, Any]]],
+) -> _KnownScores:
     cache = _inventory_cache(nodes)
+    weights = tuple((type(weight), weight) for weight, _ in preferences)
+    constraints = [node_selector, affinity_terms, tolerations, preferences]
+    kept = isinstance(nodes, tuple)
+    if kept:
+        for known in cache.scores:
+            # The weights' types too: 1 and 1.0 are equal, their sums not the same kind of number.
+            if known.weights == weights and known.constraints == constraints:
+                return known
+    scores = _static_scores(
+        cache=cache,
+        nodes=nodes,
+        node_selector=node_selector,
+        affinity_terms=affinity_terms,
+        tolerations=tolerations,
+        preferences=preferences,
+    )
+    copied = _plain_copy(constraints) if kept else None
+    answer = _KnownScores(weights=weights, constraints=copied, scores=scores)
+    if copied is not None:
+        if len(cache.scores) >= _StaticCache.scores:
+            cache.scores.clear()
+        cache.scores.append(answer)
+    return answer
+
+
+def _plain_copy(value: Any) -> object | None:
+    """A deep copy of plain data (dicts, lists, tuples, strings, numbers), None for anything else:
+    a remembered answer must not change when the caller later changes its objects."""
+    try:
+        copied: object = marshal.loads(marshal.dumps(value))
+    except ValueError:  # not plain data
+        return None
+    return copied
+
+
+def _static_scores(
+    *,
+    cache: _InventoryCache,
+    nodes: Sequence[InventoryNode],
+    node_selector: Mapping[str, str],
+    affinity_terms: Sequence[Mapping[str, Any]],
+    tolerations: Sequence[Mapping[str, Any]],
+    preferences: Sequence[tuple[int, Mapping[str, Any]]],
+) -> dict[str, tuple[int, int]]:
     static = _static_outcome(
         cache=cache,
         nodes=nodes,
