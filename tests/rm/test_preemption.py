@@ -652,7 +652,7 @@ async def test_a_rule_preemption_node_is_not_placed_on_by_an_rm_that_cannot_rece
 
 
 def test_dropping_rule_preemption_excludes_each_listed_node_once_per_term() -> None:
-    from bindery.rm.client import _without_nodes
+    from bindery.rm.answers import without_nodes as _without_nodes
 
     placement = Placement.model_validate(
         {

@@ -12,8 +12,10 @@ response is size-capped while streaming and validated; any contract violation be
 Reserve, commit and release calls that many pods' cycles make at about the same moment are sent
 together as one ``POST /v1/batch`` (contract v1.1; :mod:`bindery.rm.batching` decides when), and
 each caller gets exactly the value or error its single call would have given: one function per
-operation maps an answer to it, whether the answer came alone or inside a batch. A lone call is
-sent as itself, and a v1.0 RM (404/405 on the path) gets single calls only.
+operation maps an answer to it, whether the answer came alone or inside a batch
+(:mod:`bindery.rm.answers`). A lone call is sent as itself, and a v1.0 RM (404/405 on the path)
+gets single calls only. The breaker, the token source, the retry rule and what the RM said of its
+contract are modules of their own beside this one.
 
 The bearer token is re-read when its file changes, so a rotated Secret is picked up without a
 restart; TLS verification is always on for https and plain http must be allowed explicitly.
@@ -25,23 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import datetime
 import functools
 import json
 import logging
-import math
-import os
 import pathlib
 import ssl
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Protocol, Self, TypeVar
+from typing import Any, Final, Self
 
 import httpx
-import pydantic
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -53,14 +50,31 @@ from tenacity.wait import wait_exponential_jitter
 
 from bindery import tracing
 from bindery.clock import ClockWatch
+from bindery.rm.answers import (
+    Answer,
+    BatchedOutcome,
+    Outcome,
+    Oversized,
+    SingleOutcome,
+    commit_result,
+    decode,
+    error_of,
+    parse_retry_after,
+    pod_name,
+    pod_query,
+    problem_or_none,
+    quote,
+    reference,
+    release_result,
+    reserve_result,
+    without_nodes,
+)
 from bindery.rm.batching import URGENT_RESERVE, Coalescer
+from bindery.rm.breaker import CircuitBreaker
 from bindery.rm.errors import (
-    ProblemType,
-    RMConflict,
     RMError,
     RMFeatureMissing,
     RMGroupsUnsupported,
-    RMPodMismatch,
     RMProtocolError,
     RMRejected,
     RMUnauthorized,
@@ -71,18 +85,13 @@ from bindery.rm.errors import (
 from bindery.rm.models import (
     FEATURES_HEADER,
     MAX_BATCH_OPERATIONS,
-    BatchOperationResult,
     BatchResult,
     ContractInfo,
     Feature,
     GroupMemberRequest,
-    NodeSelectorRequirement,
-    NodeSelectorTerm,
     Placement,
     PlanState,
-    PodIdentity,
     PreemptionPlan,
-    Problem,
     Reservation,
     ReservationGroup,
     ReservationGroupRequest,
@@ -90,6 +99,9 @@ from bindery.rm.models import (
     ReservationRequest,
     ReservationState,
 )
+from bindery.rm.negotiation import Negotiation, contract_version
+from bindery.rm.retry import Retryable, log_retry
+from bindery.rm.tokens import TokenSource
 from bindery.rm.transport import AiohttpTransport
 
 __all__ = ["CircuitBreaker", "Negotiation", "ResourceManagerClient", "TokenSource"]
@@ -120,257 +132,10 @@ BATCHES_IN_FLIGHT = 2
 #: queue behind an RM's writes until they time out and open the breaker. 16 was maxInFlight's
 #: default before batches.
 SINGLE_CALLS_IN_FLIGHT = 16
-_BodyModel = TypeVar("_BodyModel", bound=pydantic.BaseModel)
 #: RM URLs already warned about in this process: a cluster id but an RM without the feature.
 _WARNED_UNSCOPED: set[str] = set()
 #: RM URLs already warned about in this process: node preferences dropped for an RM without the feature.
 _WARNED_UNPREFERRED: set[str] = set()
-
-
-class Negotiation:
-    """What one RM has said of its contract, kept by whoever outlives a client.
-
-    A rotated Secret builds a new client for the same RM; handed the ResourceManager's
-    ``Negotiation``, it starts from the contract the RM offered before rather than from nothing,
-    so a 404 met first by the new client (a v1.1 replica mid-rollout) does not make it v1.1 either.
-    ``info`` is the last 200 answer to ``GET /v1/info``; ``legacy_since`` the loop time of the first
-    no-such-path answer before any 200, ``legacy`` whether a second one, asked later, confirmed it.
-    """
-
-    def __init__(self) -> None:
-        self.info: ContractInfo | None = None
-        self.legacy_since: float | None = None
-        self.legacy = False
-        #: an error answer was met since the last 200 and logged (one warning per episode)
-        self.doubted = False
-
-    @property
-    def known(self) -> bool:
-        """Whether the contract is settled: a 200 answer, or a confirmed v1.1 verdict."""
-        return self.info is not None or self.legacy
-
-
-def _version(text: str) -> tuple[int, ...]:
-    """``"1.2.0"`` → ``(1, 2, 0)``, ``"1.3.0-rc1"`` → ``(1, 3, 0)``: the leading numbers only, so a
-    suffix never reads as a downgrade."""
-    numbers: list[int] = []
-    for part in text.split("."):
-        digits = len(part) - len(part.lstrip("0123456789"))
-        if digits == 0:
-            break
-        numbers.append(int(part[:digits]))
-        if digits < len(part):
-            break
-    return tuple(numbers)
-
-
-class CircuitBreaker:
-    """Consecutive failures open the circuit; after a cool-down one probe call is let through.
-
-    Closed → (``failure_threshold`` consecutive failures) → open → (``cool_down`` seconds) →
-    half-open: exactly one call may try; its success closes the circuit, its failure re-opens it.
-    A probe that ends without a verdict (cancelled with its pod's cycle) hands the probe slot back
-    via :meth:`abandon_probe`, or the circuit would stay shut forever.
-    Pure state with injectable clocks, so it is unit-testable.
-    """
-
-    def __init__(
-        self,
-        *,
-        failure_threshold: int = 5,
-        cool_down: float = 10.0,
-        probe_timeout: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.failure_threshold = failure_threshold
-        self.cool_down = cool_down
-        self.probe_timeout = cool_down if probe_timeout is None else probe_timeout
-        self._clock = clock
-        self._wall_clock = wall_clock
-        self._failures = 0
-        self._opened_at: float | None = None
-        self._probing = False
-
-    @property
-    def state(self) -> str:
-        if self._opened_at is None:
-            return "closed"
-        if self._clock() - self._opened_at >= self.cool_down:
-            return "half-open"
-        return "open"
-
-    def before_call(self) -> bool:
-        """Let the call through (True if it is the half-open probe) or raise RMUnavailable.
-
-        The error says when calls resume: the end of the cool-down, or, while a probe is in
-        flight, at the latest when that probe times out.
-        """
-        state = self.state
-        if state == "closed":
-            return False
-        if state == "half-open" and not self._probing:
-            self._probing = True
-            return True
-        if state == "half-open":
-            raise RMUnavailable(
-                f"the resource manager failed {self._failures} times in a row (circuit half-open); one "
-                "probe call is testing it now and the others wait: calls resume when it succeeds, "
-                f"try again within {self.probe_timeout:.1f}s ({self._at(self.probe_timeout)})",
-                retry_after=self.probe_timeout,
-            )
-        assert self._opened_at is not None
-        remaining = max(0.0, self.cool_down - (self._clock() - self._opened_at))
-        raise RMUnavailable(
-            f"the resource manager failed {self._failures} times in a row, so calls are paused "
-            f"(circuit open); the next call is let through in {remaining:.1f}s ({self._at(remaining)}); "
-            "check that the RM is running and reachable",
-            retry_after=remaining or self.cool_down,
-        )
-
-    def _at(self, seconds: float) -> str:
-        moment = datetime.datetime.fromtimestamp(self._wall_clock() + seconds, tz=datetime.UTC)
-        return "at " + moment.strftime("%H:%M:%S UTC")
-
-    def abandon_probe(self) -> None:
-        """The probe ended with neither success nor failure (cancelled): let the next call probe."""
-        self._probing = False
-
-    def record_success(self) -> None:
-        self._failures = 0
-        self._opened_at = None
-        self._probing = False
-
-    def record_failure(self) -> None:
-        self._failures += 1
-        if self._probing or self._failures >= self.failure_threshold:
-            self._opened_at = self._clock()
-        self._probing = False
-
-
-#: After a 401, the callback that re-reads the token is asked at most once per this many seconds.
-REREAD_INTERVAL = 1.0
-
-
-class TokenSource:
-    """A bearer token given inline or read from a file, re-read whenever the file changes.
-
-    An inline token may come with the previous one and a callback that re-reads the current one
-    (the operator's Secret read): after a 401 :meth:`after_refusal` picks the token to try next, so
-    a rotation fails no call whichever side, the RM or the Secret, changes first.
-    """
-
-    def __init__(
-        self,
-        *,
-        token: str | None = None,
-        token_file: pathlib.Path | None = None,
-        previous: str | None = None,
-        reread: Callable[[], Awaitable[str | None]] | None = None,
-    ) -> None:
-        if token is not None and token_file is not None:
-            raise ValueError("give the RM bearer token either inline or as a file, not both")
-        self._token = token.strip() if token is not None else None
-        self._file = token_file
-        self._stamp: tuple[int, int, int] | None = None
-        self._previous = previous.strip() if previous else None
-        self._reread = reread
-        self._reread_at = float("-inf")
-        self._lock = asyncio.Lock()
-
-    @property
-    def from_file(self) -> bool:
-        return self._file is not None
-
-    def current(self, *, force_reload: bool = False) -> str | None:
-        if self._file is None:
-            return self._token
-        try:
-            stat = os.stat(self._file)
-            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-            if force_reload or stamp != self._stamp:
-                self._token = self._file.read_text(encoding="utf-8").strip()
-                self._stamp = stamp
-        except OSError as error:
-            raise RMError(
-                f"cannot read the RM bearer token from {self._file}: {error.strerror or error}; "
-                "check that the Secret is mounted there"
-            ) from None
-        return self._token or None
-
-    async def after_refusal(self, refused: str | None) -> bool:
-        """The RM answered 401 to `refused`: whether another token is now current (worth one retry).
-
-        Concurrent refusals share one re-read: a call that waited finds the token already switched.
-        """
-        if self._file is not None:
-            # The token may have rotated within the file's mtime granularity: re-read once.
-            self.current(force_reload=True)
-            return True
-        async with self._lock:
-            if refused != self._token:
-                return self._token is not None  # another call switched already
-            now = asyncio.get_running_loop().time()
-            if self._reread is not None and now - self._reread_at >= REREAD_INTERVAL:
-                self._reread_at = now
-                fresh = await self._reread()
-                if fresh and fresh.strip() != self._token:
-                    self._previous, self._token = self._token, fresh.strip()
-                    return True
-            if self._previous and self._previous != self._token:
-                # The caller's Secret changed before the RM's token did: the previous one still works.
-                self._previous, self._token = self._token, self._previous
-                return True
-            return False
-
-
-@dataclass(frozen=True)
-class _Answer:
-    status: int
-    headers: httpx.Headers
-    body: bytes
-
-
-class _Oversized(RMProtocolError):
-    """The answer is larger than ``max_response_bytes`` (a batch's answer falls back to single calls)."""
-
-
-class _Retryable(Exception):
-    """An attempt failed in a way worth retrying; carries what to raise if it was the last one."""
-
-    def __init__(self, error: RMUnavailable) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-def _parse_retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None  # HTTP-date form or garbage: fall back to our own backoff
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
-def _media_type(headers: httpx.Headers) -> str:
-    value: str = headers.get("content-type") or ""
-    return value.split(";", 1)[0].strip().lower()
-
-
-class _Outcome(Protocol):
-    """One operation's answer, whether it came alone (a single call) or inside a batch's results."""
-
-    @property
-    def status(self) -> int: ...
-
-    def reservation(self, what: str) -> Reservation:
-        """The answer's reservation, or RMProtocolError if it has none that fits the contract."""
-        ...
-
-    def error(self, what: str) -> RMError:
-        """The error a non-success answer means (see :func:`_problem_error`)."""
-        ...
 
 
 class _Waiter:
@@ -381,7 +146,7 @@ class _Waiter:
     def __init__(self, *, operation: dict[str, Any], queued_at: float) -> None:
         self.operation = operation
         self.queued_at = queued_at
-        self.future: asyncio.Future[_Outcome | _Verdict] = asyncio.get_running_loop().create_future()
+        self.future: asyncio.Future[Outcome | _Verdict] = asyncio.get_running_loop().create_future()
         self.context = contextvars.copy_context()  # the caller's span, for the batch's traceparent
 
     def live(self) -> bool:
@@ -391,14 +156,14 @@ class _Waiter:
         """A reserve later cycles may wait for (its caller's :data:`URGENT_RESERVE`)."""
         return "reserve" in self.operation and self.context.get(URGENT_RESERVE, True)
 
-    def told(self) -> _Outcome | _Verdict | None:
+    def told(self) -> Outcome | _Verdict | None:
         """What the waiter was handed, if anything (no error, not cancelled)."""
         future = self.future
         if not future.done() or future.cancelled() or future.exception() is not None:
             return None
         return future.result()
 
-    def settle(self, value: _Outcome | _Verdict | BaseException) -> None:
+    def settle(self, value: Outcome | _Verdict | BaseException) -> None:
         if self.future.done():  # the caller was cancelled: nobody wants the result
             return
         if isinstance(value, BaseException):
@@ -601,9 +366,9 @@ class ResourceManagerClient:
             try:
                 answer = await self._call("GET", "/v1/info")
                 if answer.status == 200:
-                    return self._accept(self._decode(answer, ContractInfo, "read contract info"))
+                    return self._accept(decode(answer, ContractInfo, "read contract info"))
                 if answer.status not in _NO_INFO:
-                    raise self._error(answer, "read contract info")
+                    raise error_of(answer, "read contract info")
             except RMError as error:
                 if known is None:
                     raise
@@ -617,7 +382,7 @@ class ResourceManagerClient:
         negotiation, previous = self._negotiation, self._negotiation.info
         if previous is not None:
             withdrawn = sorted(previous.features - info.features)
-            lower = _version(info.contract_version) < _version(previous.contract_version)
+            lower = contract_version(info.contract_version) < contract_version(previous.contract_version)
             if withdrawn or lower:
                 log.error(
                     "the RM at %s withdrew features %s of its contract (its GET /v1/info answered 200 "
@@ -789,7 +554,7 @@ class ResourceManagerClient:
         cluster = await self.scoped_cluster()
         if cluster is not None and request.cluster_id is None:
             request = request.model_copy(update={"cluster_id": cluster})
-        placement, newer = await self.negotiated_placement(request.placement, pod=_pod_name(request.pod))
+        placement, newer = await self.negotiated_placement(request.placement, pod=pod_name(request.pod))
         if placement is not request.placement:
             request = request.model_copy(update={"placement": placement})
         if request.preemption_policy is not None:
@@ -802,7 +567,7 @@ class ResourceManagerClient:
             # the named pods are gone, and without the field the RM would place it there.
             nodes = [entry.node for entry in request.rule_preemption]
             request = request.model_copy(
-                update={"rule_preemption": None, "placement": _without_nodes(request.placement, nodes)}
+                update={"rule_preemption": None, "placement": without_nodes(request.placement, nodes)}
             )
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         outcome = await self._coalesced(
@@ -810,7 +575,7 @@ class ResourceManagerClient:
             lambda started_at: self._call("POST", "/v1/reservations", json_body=body, started_at=started_at),
         )
         try:
-            return _reserve_result(request, outcome)
+            return reserve_result(request, outcome)
         except RMRejected as error:
             self._doubt_info(error, sent_cluster=cluster is not None or newer)
             raise
@@ -823,24 +588,24 @@ class ResourceManagerClient:
         when the plan was used, cancelled or lapsed (ask for a new one by reserving again) and
         ``RMRejected`` (404) when the RM does not know it.
         """
-        answer = await self._call("POST", f"/v1/preemptions/{_quote(plan_id)}:confirm", json_body={})
+        answer = await self._call("POST", f"/v1/preemptions/{quote(plan_id)}:confirm", json_body={})
         if answer.status == 200:
-            plan = self._decode(answer, PreemptionPlan, "confirm preemption")
+            plan = decode(answer, PreemptionPlan, "confirm preemption")
             if plan.plan_id != plan_id or plan.state is not PlanState.CONFIRMED:
                 raise RMProtocolError(
                     f"the RM answered confirm of preemption plan {plan_id} with plan {plan.plan_id} in "
                     f"state {plan.state.value}; expected that plan, confirmed"
                 )
             return plan
-        raise self._error(answer, "confirm preemption")
+        raise error_of(answer, "confirm preemption")
 
     async def cancel_preemption(self, plan_id: str, /) -> None:
         """Cancel a plan (contract v1.2): the RM stops holding its capacity. Idempotent; a plan the
         RM does not know (never made, or forgotten after it lapsed) is not an error."""
-        answer = await self._call("POST", f"/v1/preemptions/{_quote(plan_id)}:cancel", json_body={})
+        answer = await self._call("POST", f"/v1/preemptions/{quote(plan_id)}:cancel", json_body={})
         if answer.status in (200, 404):
             return
-        raise self._error(answer, "cancel preemption")
+        raise error_of(answer, "cancel preemption")
 
     async def commit(self, reservation_id: str, /, *, pod_uid: str | None = None) -> Reservation:
         """Commit after binding; committing twice is fine.
@@ -850,16 +615,16 @@ class ResourceManagerClient:
         ``podUid`` is checked here as well.
         """
         outcome = await self._coalesced(
-            {"commit": _reference(reservation_id, pod_uid)},
+            {"commit": reference(reservation_id, pod_uid)},
             lambda started_at: self._call(
                 "POST",
-                f"/v1/reservations/{_quote(reservation_id)}/commit",
+                f"/v1/reservations/{quote(reservation_id)}/commit",
                 json_body={},
-                params=_pod_query(pod_uid),
+                params=pod_query(pod_uid),
                 started_at=started_at,
             ),
         )
-        return _commit_result(reservation_id, pod_uid, outcome)
+        return commit_result(reservation_id, pod_uid, outcome)
 
     async def release(self, reservation_id: str, /, *, pod_uid: str | None = None) -> None:
         """Release; an unknown or already released reservation is not an error.
@@ -868,15 +633,15 @@ class ResourceManagerClient:
         (``RMPodMismatch``, nothing changed); a v1.0 RM ignores the parameter.
         """
         outcome = await self._coalesced(
-            {"release": _reference(reservation_id, pod_uid)},
+            {"release": reference(reservation_id, pod_uid)},
             lambda started_at: self._call(
                 "DELETE",
-                f"/v1/reservations/{_quote(reservation_id)}",
-                params=_pod_query(pod_uid),
+                f"/v1/reservations/{quote(reservation_id)}",
+                params=pod_query(pod_uid),
                 started_at=started_at,
             ),
         )
-        _release_result(outcome)
+        release_result(outcome)
 
     async def renew(self, reservation_id: str, /, *, pod_uid: str, ttl_seconds: int) -> Reservation:
         """Extend a reserved lease to now + ``ttl_seconds`` (contract v1.1); idempotent, so retried.
@@ -891,10 +656,10 @@ class ResourceManagerClient:
         clock = asyncio.get_running_loop().time
         if self._renew_unsupported_until > clock():
             raise self._renew_unsupported()
-        path = f"/v1/reservations/{_quote(reservation_id)}/renew"
+        path = f"/v1/reservations/{quote(reservation_id)}/renew"
         answer = await self._call("POST", path, json_body={"podUid": pod_uid, "ttlSeconds": ttl_seconds})
         if answer.status == 200:
-            reservation = self._decode(answer, Reservation, "renew")
+            reservation = decode(answer, Reservation, "renew")
             if (
                 reservation.id != reservation_id
                 or reservation.pod_uid != pod_uid
@@ -909,16 +674,16 @@ class ResourceManagerClient:
         if answer.status == 405 or (answer.status == 404 and await self._exists(reservation_id)):
             self._renew_unsupported_until = clock() + _UNSUPPORTED_FOR
             raise self._renew_unsupported()
-        raise self._error(answer, "renew")
+        raise error_of(answer, "renew")
 
     async def _exists(self, reservation_id: str) -> bool:
         """Whether the RM knows the reservation (``GET`` is 200): tells a missing path from a missing id."""
-        answer = await self._call("GET", f"/v1/reservations/{_quote(reservation_id)}")
+        answer = await self._call("GET", f"/v1/reservations/{quote(reservation_id)}")
         if answer.status == 200:
             return True
         if answer.status in (404, 410):
             return False
-        raise self._error(answer, f"read reservation {reservation_id}")
+        raise error_of(answer, f"read reservation {reservation_id}")
 
     def _renew_unsupported(self) -> RMUnsupported:
         return RMUnsupported(
@@ -946,7 +711,7 @@ class ResourceManagerClient:
         newer = False
         for member in request.members:
             placement, member_newer = await self.negotiated_placement(
-                member.placement, pod=_pod_name(member.pod)
+                member.placement, pod=pod_name(member.pod)
             )
             newer = newer or member_newer
             same = placement is member.placement
@@ -961,7 +726,7 @@ class ResourceManagerClient:
         body = request.model_dump(by_alias=True, exclude_none=True, mode="json")
         answer = await self._call("POST", "/v1/reservation-groups", json_body=body)
         if answer.status in (200, 201):
-            group = self._decode(answer, ReservationGroup, "reserve group")
+            group = decode(answer, ReservationGroup, "reserve group")
             asked = [member.pod.uid for member in request.members]
             answered = [member.pod_uid for member in group.members]
             strays = [member.id for member in group.members if member.group_id != group.id]
@@ -975,7 +740,7 @@ class ResourceManagerClient:
             return group
         if answer.status in (404, 405):
             raise self._groups_unsupported(answer.status)
-        error = self._error(answer, "reserve group")
+        error = error_of(answer, "reserve group")
         if isinstance(error, RMRejected):
             self._doubt_info(error, sent_cluster=cluster is not None or newer)
         if isinstance(error, RMUnschedulable):
@@ -985,21 +750,21 @@ class ResourceManagerClient:
     async def get_group(self, group_id: str, /) -> ReservationGroup:
         """The group with its members' current states; ``RMRejected`` (404) when the RM does not
         know it (never made, or gone after its members ended and were cleaned up)."""
-        answer = await self._call("GET", f"/v1/reservation-groups/{_quote(group_id)}")
+        answer = await self._call("GET", f"/v1/reservation-groups/{quote(group_id)}")
         if answer.status == 200:
-            group = self._decode(answer, ReservationGroup, "read group")
+            group = decode(answer, ReservationGroup, "read group")
             if group.id != group_id:
                 raise RMProtocolError(f"the RM answered a read of group {group_id} with group {group.id}")
             return group
-        raise self._error(answer, f"read group {group_id}")
+        raise error_of(answer, f"read group {group_id}")
 
     async def release_group(self, group_id: str, /) -> None:
         """Release every member still ``reserved``; committed members stay (they belong to bound
         pods, released one by one with :meth:`release`).  An unknown group is not an error."""
-        answer = await self._call("DELETE", f"/v1/reservation-groups/{_quote(group_id)}")
+        answer = await self._call("DELETE", f"/v1/reservation-groups/{quote(group_id)}")
         if answer.status in (200, 202, 204, 404, 410):
             return
-        raise self._error(answer, f"release group {group_id}")
+        raise error_of(answer, f"release group {group_id}")
 
     async def renew_group(self, group_id: str, /, *, ttl_seconds: int) -> ReservationGroup:
         """Move the group's one lease to now + ``ttl_seconds``: every ``reserved`` member's.
@@ -1008,10 +773,10 @@ class ResourceManagerClient:
         (404) when the RM does not know the group.
         """
         answer = await self._call(
-            "POST", f"/v1/reservation-groups/{_quote(group_id)}/renew", json_body={"ttlSeconds": ttl_seconds}
+            "POST", f"/v1/reservation-groups/{quote(group_id)}/renew", json_body={"ttlSeconds": ttl_seconds}
         )
         if answer.status == 200:
-            group = self._decode(answer, ReservationGroup, "renew group")
+            group = decode(answer, ReservationGroup, "renew group")
             if group.id != group_id:
                 raise RMProtocolError(
                     f"the RM answered the renewal of group {group_id} with group {group.id}"
@@ -1019,7 +784,7 @@ class ResourceManagerClient:
             return group
         if answer.status == 405:
             raise self._groups_unsupported(answer.status)
-        raise self._error(answer, f"renew group {group_id}")
+        raise error_of(answer, f"renew group {group_id}")
 
     def _groups_unsupported(self, status: int) -> RMGroupsUnsupported:
         return RMGroupsUnsupported(
@@ -1060,11 +825,11 @@ class ResourceManagerClient:
         for _ in range(_MAX_PAGES):
             answer = await self._call("GET", "/v1/reservations", params=query, features=features)
             if answer.status != 200:
-                error = self._error(answer, "list reservations")
+                error = error_of(answer, "list reservations")
                 if isinstance(error, RMRejected):
                     self._doubt_info(error, sent_cluster=cluster is not None)
                 raise error
-            page = self._decode(answer, ReservationList, "list reservations")
+            page = decode(answer, ReservationList, "list reservations")
             items.extend(page.items)
             if not page.next_cursor:
                 return items
@@ -1139,13 +904,13 @@ class ResourceManagerClient:
                 "ResourceManager's token Secret"
             )
         if answer.status != 200:
-            raise self._error(answer, "the readiness probe's authenticated list")
+            raise error_of(answer, "the readiness probe's authenticated list")
 
     # -- coalescing reserve, commit and release into POST /v1/batch (contract v1.1) ------------
 
     async def _coalesced(
-        self, operation: dict[str, Any], single: Callable[[float | None], Awaitable[_Answer]]
-    ) -> _Outcome:
+        self, operation: dict[str, Any], single: Callable[[float | None], Awaitable[Answer]]
+    ) -> Outcome:
         """The answer to one reserve, commit or release: from a batch, or from ``single``, its
         ordinary call, when it is alone in the queue or the RM cannot batch (given when the call
         was queued: its deadline counts from then, as a batch's does).
@@ -1156,7 +921,7 @@ class ResourceManagerClient:
         loop = asyncio.get_running_loop()
         if not self._batching or self._batch_unsupported_until > loop.time():
             async with self._singles:
-                return _SingleOutcome(self, await single(None))
+                return SingleOutcome(await single(None))
         waiter = _Waiter(operation=operation, queued_at=loop.time())
         if self._coalescer.add(waiter):
             loop.call_soon(self._flush)
@@ -1171,9 +936,9 @@ class ResourceManagerClient:
             return verdict
         try:
             if verdict.slot:  # alone in the queue: bounded by the batches' slots already
-                return _SingleOutcome(self, await single(waiter.queued_at))
+                return SingleOutcome(await single(waiter.queued_at))
             async with self._singles:
-                return _SingleOutcome(self, await single(waiter.queued_at))
+                return SingleOutcome(await single(waiter.queued_at))
         finally:
             if verdict.slot:
                 self._finish_batch()
@@ -1221,7 +986,7 @@ class ResourceManagerClient:
                 started_at=min(waiter.queued_at for waiter in waiters),
             )
             outcomes = self._batch_outcomes(answer, len(waiters))
-        except _Oversized:
+        except Oversized:
             # Each result may be as large as its single call's answer, so the answer to many
             # operations can pass the cap one answer fits in.  The RM has carried them out; each
             # replayed alone (safe: every operation is idempotent) gets its own answer within it.
@@ -1251,7 +1016,7 @@ class ResourceManagerClient:
         finally:
             self._finish_batch()
 
-    def _batch_outcomes(self, answer: _Answer, count: int) -> list[_Outcome | _Verdict]:
+    def _batch_outcomes(self, answer: Answer, count: int) -> list[Outcome | _Verdict]:
         """Each operation's outcome from the batch's answer (or that it must go alone)."""
         if answer.status in (404, 405):
             # A v1.0 RM: single calls for a while (an RM may be upgraded, so ask again later).
@@ -1265,8 +1030,8 @@ class ResourceManagerClient:
         if answer.status == 413:
             return [_BY_ITSELF] * count  # larger than the RM accepts: each fits alone
         if answer.status != 200:
-            raise self._error(answer, f"a batch of {count} operations")
-        batch = self._decode(answer, BatchResult, f"a batch of {count} operations")
+            raise error_of(answer, f"a batch of {count} operations")
+        batch = decode(answer, BatchResult, f"a batch of {count} operations")
         if len(batch.results) != count:
             raise RMProtocolError(
                 f"the RM answered a batch of {count} operations with {len(batch.results)} results; the "
@@ -1274,7 +1039,7 @@ class ResourceManagerClient:
             )
         return [
             # A 5xx or 429 for one operation: its single call retries it as any other call would.
-            _BY_ITSELF if result.status >= 500 or result.status == 429 else _BatchedOutcome(result)
+            _BY_ITSELF if result.status >= 500 or result.status == 429 else BatchedOutcome(result)
             for result in batch.results
         ]
 
@@ -1290,7 +1055,7 @@ class ResourceManagerClient:
         authenticated: bool = True,
         started_at: float | None = None,
         features: str | None = None,
-    ) -> _Answer:
+    ) -> Answer:
         """One logical call with retries; returns the final non-retryable answer.
 
         Everything, waits included, fits in ``call_deadline`` from ``started_at`` (loop time;
@@ -1303,8 +1068,8 @@ class ResourceManagerClient:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._max_attempts) | stop_before_delay(ends_at - now),
             wait=self._wait,
-            retry=retry_if_exception_type(_Retryable),
-            before_sleep=_log_retry,
+            retry=retry_if_exception_type(Retryable),
+            before_sleep=log_retry,
             reraise=True,
         )
         attempts = 0
@@ -1321,7 +1086,7 @@ class ResourceManagerClient:
                         ends_at=ends_at,
                         features=features,
                     )
-        except _Retryable as final:
+        except Retryable as final:
             if attempts < self._max_attempts:
                 final.error.message += (
                     f" (gave up after {attempts} of {self._max_attempts} attempts: another would not fit "
@@ -1334,7 +1099,7 @@ class ResourceManagerClient:
     def _wait(self, state: RetryCallState) -> float:
         outcome = state.outcome
         error = outcome.exception() if outcome is not None else None
-        if isinstance(error, _Retryable) and error.error.retry_after is not None:
+        if isinstance(error, Retryable) and error.error.retry_after is not None:
             return min(error.error.retry_after, self._max_retry_after)
         return float(self._backoff(state))
 
@@ -1348,7 +1113,7 @@ class ResourceManagerClient:
         authenticated: bool,
         ends_at: float,
         features: str | None = None,
-    ) -> _Answer:
+    ) -> Answer:
         probe = self.breaker.before_call()
         send = functools.partial(
             self._send,
@@ -1371,10 +1136,10 @@ class ResourceManagerClient:
             raise
         if answer.status == 429:
             self.breaker.record_success()  # alive, just busy
-            raise _Retryable(self._unavailable(answer, f"{method} {path} was rate-limited (429)"))
+            raise Retryable(self._unavailable(answer, f"{method} {path} was rate-limited (429)"))
         if answer.status >= 500:
             self.breaker.record_failure()
-            raise _Retryable(self._unavailable(answer, f"{method} {path} failed with HTTP {answer.status}"))
+            raise Retryable(self._unavailable(answer, f"{method} {path} failed with HTTP {answer.status}"))
         self.breaker.record_success()
         return answer
 
@@ -1388,7 +1153,7 @@ class ResourceManagerClient:
         authenticated: bool,
         ends_at: float,
         features: str | None = None,
-    ) -> _Answer:
+    ) -> Answer:
         headers: dict[str, str] = {}
         if features:
             headers[FEATURES_HEADER] = features  # v1.2: answers the caller reads (revocation)
@@ -1411,7 +1176,7 @@ class ResourceManagerClient:
                     method, path, content=content, params=params, headers=headers
                 ) as response:
                     body = await self._read_capped(response, method, path)
-                    return _Answer(response.status_code, response.headers, body)
+                    return Answer(response.status_code, response.headers, body)
         except (httpx.TimeoutException, TimeoutError) as error:
             self.breaker.record_failure()
             if isinstance(error, httpx.TimeoutException):
@@ -1420,7 +1185,7 @@ class ResourceManagerClient:
                 why = f"the call's overall deadline of {self._call_deadline:.1f}s ran out"
             else:
                 why = f"the answer did not complete within {self._deadline:.1f}s"
-            raise _Retryable(
+            raise Retryable(
                 RMUnavailable(
                     f"{method} {path} to the RM at {self.base_url} timed out ({why}); "
                     "the RM is slow, unreachable or sending its answer too slowly"
@@ -1428,7 +1193,7 @@ class ResourceManagerClient:
             ) from None
         except httpx.TransportError as error:
             self.breaker.record_failure()
-            raise _Retryable(
+            raise Retryable(
                 RMUnavailable(
                     f"{method} {path} to the RM at {self.base_url} failed: {type(error).__name__}: {error}; "
                     "check that the RM is running and the URL, port and TLS settings are right"
@@ -1455,234 +1220,13 @@ class ResourceManagerClient:
         return b"".join(chunks)
 
     def _oversized(self, method: str, path: str) -> RMProtocolError:
-        return _Oversized(
+        return Oversized(
             f"the RM's answer to {method} {path} is larger than {self._max_bytes} bytes; "
             "the contract's responses are small, so the RM is misbehaving"
         )
 
-    def _unavailable(self, answer: _Answer, what: str) -> RMUnavailable:
-        retry_after = _parse_retry_after(answer.headers.get("retry-after"))
-        detail = self._problem_or_none(answer)
+    def _unavailable(self, answer: Answer, what: str) -> RMUnavailable:
+        retry_after = parse_retry_after(answer.headers.get("retry-after"))
+        detail = problem_or_none(answer)
         suffix = f": {detail.detail}" if detail is not None and detail.detail else ""
         return RMUnavailable(f"{what} at the RM {self.base_url}{suffix}", retry_after=retry_after)
-
-    # -- response validation -------------------------------------------------------------------
-
-    def _decode(self, answer: _Answer, model: type[_BodyModel], what: str) -> _BodyModel:
-        media = _media_type(answer.headers)
-        if media != "application/json":
-            raise RMProtocolError(
-                f"the RM answered {what} with HTTP {answer.status} but content type {media or 'none'!r}; "
-                "the contract requires application/json"
-            )
-        try:
-            return model.model_validate_json(answer.body)
-        except pydantic.ValidationError as error:
-            raise RMProtocolError(
-                f"the RM's answer to {what} (HTTP {answer.status}) does not match the contract: "
-                f"{_summarize(error)}"
-            ) from None
-
-    @staticmethod
-    def _problem_or_none(answer: _Answer) -> Problem | None:
-        if _media_type(answer.headers) not in ("application/problem+json", "application/json"):
-            return None
-        try:
-            return Problem.model_validate_json(answer.body)
-        except pydantic.ValidationError:
-            return None
-
-    def _error(self, answer: _Answer, what: str) -> RMError:
-        """Map a non-success answer to the error type the scheduler acts on."""
-        problem = self._problem_or_none(answer)
-        if problem is None and _media_type(answer.headers) in (
-            "application/problem+json",
-            "application/json",
-        ):
-            return RMProtocolError(
-                f"the RM answered {what} with HTTP {answer.status} and a problem body that is not valid "
-                "RFC 9457 JSON"
-            )
-        return _problem_error(
-            status=answer.status,
-            problem=problem,
-            retry_after=_parse_retry_after(answer.headers.get("retry-after")),
-            what=what,
-        )
-
-
-class _SingleOutcome:
-    """The answer to a call sent alone: its HTTP status, headers and body."""
-
-    __slots__ = ("_answer", "_client")
-
-    def __init__(self, client: ResourceManagerClient, answer: _Answer) -> None:
-        self._client = client
-        self._answer = answer
-
-    @property
-    def status(self) -> int:
-        return self._answer.status
-
-    def reservation(self, what: str) -> Reservation:
-        return self._client._decode(self._answer, Reservation, what)
-
-    def error(self, what: str) -> RMError:
-        return self._client._error(self._answer, what)
-
-
-class _BatchedOutcome:
-    """One operation's result inside a batch's answer: the status and body its single call has."""
-
-    __slots__ = ("_result",)
-
-    def __init__(self, result: BatchOperationResult) -> None:
-        self._result = result
-
-    @property
-    def status(self) -> int:
-        return self._result.status
-
-    def reservation(self, what: str) -> Reservation:
-        if self._result.reservation is None:
-            raise RMProtocolError(
-                f"the RM answered {what} in a batch with HTTP {self._result.status} but no reservation; "
-                "the contract requires the reservation a single call would have answered with"
-            )
-        return self._result.reservation
-
-    def error(self, what: str) -> RMError:
-        return _problem_error(
-            status=self._result.status, problem=self._result.problem, retry_after=None, what=what
-        )
-
-
-def _problem_error(*, status: int, problem: Problem | None, retry_after: float | None, what: str) -> RMError:
-    """The error type the scheduler acts on for a non-success status and its problem (if any);
-    ``retry_after`` (the header of a single call's answer) stands in for the problem's own."""
-    if status < 400:
-        return RMProtocolError(f"the RM answered {what} with unexpected status {status}")
-    detail = (problem.detail or problem.title) if problem is not None else None
-    message = f"the RM rejected {what} with HTTP {status}" + (f": {detail}" if detail else "")
-    raw = problem.model_dump(by_alias=True, exclude_none=True) if problem is not None else None
-    if problem is not None and problem.type == ProblemType.UNSCHEDULABLE:
-        wait = problem.retry_after_seconds if problem.retry_after_seconds is not None else retry_after
-        reason = problem.reason or problem.detail or "the resource manager found no node that fits"
-        return RMUnschedulable(message, reason=reason, retry_after=wait, plan=problem.preemption)
-    if problem is not None and problem.type == ProblemType.POD_MISMATCH:
-        return RMPodMismatch(message, status=status, problem=raw)
-    if status == 409:
-        return RMConflict(message, status=409, problem=raw)
-    return RMRejected(message, status=status, problem=raw)
-
-
-# -- one function per operation: its answer (alone or batched) to its value or error ----------
-
-
-def _reserve_result(request: ReservationRequest, outcome: _Outcome) -> Reservation:
-    if outcome.status in (200, 201):
-        reservation = outcome.reservation("reserve")
-        if reservation.pod_uid != request.pod.uid or not reservation.state.active:
-            raise RMProtocolError(
-                f"the RM answered reserve for pod {request.pod.uid} with reservation {reservation.id} "
-                f"for pod {reservation.pod_uid} in state {reservation.state.value}; an RM must return "
-                "the active reservation of the pod it was asked about"
-            )
-        return reservation
-    error = outcome.error("reserve")
-    if isinstance(error, RMUnschedulable):
-        error.asked = request.preemption_policy  # as sent: the plan, if any, was asked for or not
-    raise error
-
-
-def _commit_result(reservation_id: str, pod_uid: str | None, outcome: _Outcome) -> Reservation:
-    if outcome.status == 200:
-        reservation = outcome.reservation("commit")
-        if reservation.id != reservation_id or reservation.state is not ReservationState.COMMITTED:
-            raise RMProtocolError(
-                f"the RM answered commit of {reservation_id} with reservation {reservation.id} in state "
-                f"{reservation.state.value}; expected it committed"
-            )
-        if pod_uid is not None and reservation.pod_uid != pod_uid:
-            raise RMPodMismatch(
-                f"the RM committed reservation {reservation_id} of pod {reservation.pod_uid} although "
-                f"it was asked to commit it for pod {pod_uid}: the RM ignores podUid (it speaks "
-                "contract v1.0); upgrade it to v1.1 so it refuses such a commit",
-                status=409,
-            )
-        return reservation
-    raise outcome.error("commit")
-
-
-def _release_result(outcome: _Outcome) -> None:
-    if outcome.status in (200, 202, 204, 404, 410):
-        return
-    raise outcome.error("release")
-
-
-def _reference(reservation_id: str, pod_uid: str | None) -> dict[str, str]:
-    """A batched commit's or release's target: the single call's path id and ``podUid`` query."""
-    return (
-        {"reservationId": reservation_id}
-        if pod_uid is None
-        else {
-            "reservationId": reservation_id,
-            "podUid": pod_uid,
-        }
-    )
-
-
-def _log_retry(state: RetryCallState) -> None:
-    outcome = state.outcome
-    error = outcome.exception() if outcome is not None else None
-    sleep = state.next_action.sleep if state.next_action is not None else 0.0
-    log.warning("RM call attempt %d failed (%s); retrying in %.2fs", state.attempt_number, error, sleep)
-
-
-def _pod_query(pod_uid: str | None) -> dict[str, str] | None:
-    """The v1.1 ``podUid`` query parameter; none at all without a UID, so the request is v1.0's."""
-    return None if pod_uid is None else {"podUid": pod_uid}
-
-
-def _quote(reservation_id: str) -> str:
-    """Reservation ids are opaque: percent-encode them so they stay one path segment."""
-    return urllib.parse.quote(reservation_id, safe="")
-
-
-def _summarize(error: pydantic.ValidationError) -> str:
-    parts = [
-        f"{'.'.join(str(p) for p in item['loc']) or 'body'}: {item['msg']}" for item in error.errors()[:3]
-    ]
-    more = f" (and {error.error_count() - 3} more)" if error.error_count() > 3 else ""
-    return "; ".join(parts) + more
-
-
-def _without_nodes(placement: Placement, nodes: list[str]) -> Placement:
-    """``placement`` with ``nodes`` excluded: ``metadata.name NotIn`` (one value each, as Kubernetes
-    allows) ANDed into every required term that does not exclude the node so already."""
-    excluded = [
-        NodeSelectorRequirement(key="metadata.name", operator="NotIn", values=[node]) for node in nodes
-    ]
-    if not excluded:
-        return placement
-    terms = placement.required_node_affinity or [NodeSelectorTerm()]
-    return placement.model_copy(
-        update={
-            "required_node_affinity": [
-                term.model_copy(
-                    update={
-                        "match_fields": [
-                            *term.match_fields,
-                            *(r for r in excluded if r not in term.match_fields),  # not twice
-                        ]
-                    }
-                )
-                for term in terms
-            ]
-        }
-    )
-
-
-def _pod_name(pod: PodIdentity) -> str:
-    """``namespace/name`` of a request's pod, for messages."""
-    return f"{pod.namespace}/{pod.name}"
