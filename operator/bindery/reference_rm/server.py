@@ -82,7 +82,6 @@ from bindery.rm.errors import ProblemType
 from bindery.rm.models import (
     CONTRACT_VERSION,
     FEATURES_HEADER,
-    MAX_BATCH_OPERATIONS,
     BatchOperation,
     ContractInfo,
     Feature,
@@ -93,6 +92,17 @@ from bindery.rm.models import (
     ReservationGroupRequest,
     ReservationRequest,
     ReservationState,
+)
+from bindery.rm.serving import (
+    KINDS,
+    ListQuery,
+    batch_operations,
+    is_json,
+    list_query,
+    problem,
+    problem_body,
+    read_capped,
+    validation_errors,
 )
 
 __all__ = [
@@ -125,29 +135,6 @@ _REMEMBERED_PLACED = 100_000
 #: The operator's paths (reference RM only, not contract v1), guarded by their own token.
 _ADMIN = "/admin/v1"
 _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.yaml", "/openapi.json"})
-_LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "limit", "cursor"})
-_TITLES = {
-    400: "Invalid request",
-    401: "Unauthorized",
-    404: "Not found",
-    405: "Method not allowed",
-    409: "Conflict",
-    413: "Payload too large",
-    415: "Unsupported media type",
-    429: "Too many requests",
-    500: "Internal error",
-    503: "Unavailable",
-}
-_KINDS = {
-    400: ProblemType.INVALID_REQUEST,
-    401: ProblemType.UNAUTHORIZED,
-    404: ProblemType.NOT_FOUND,
-    405: ProblemType.METHOD_NOT_ALLOWED,
-    413: ProblemType.PAYLOAD_TOO_LARGE,
-    415: ProblemType.UNSUPPORTED_MEDIA_TYPE,
-    429: ProblemType.RATE_LIMITED,
-    503: ProblemType.UNAVAILABLE,
-}
 P = ParamSpec("P")
 T = TypeVar("T")
 #: Why the RM is not ready, or None when it is (a readiness check of :meth:`ReferenceRM.add_readiness_check`).
@@ -157,30 +144,6 @@ ReadinessCheck = Callable[[], str | None]
 def _storage_failure(error: sqlite3.Error) -> bool:
     """Whether the database itself failed (full, I/O, unopenable), not a statement of the store's."""
     return type(error) in (sqlite3.OperationalError, sqlite3.DatabaseError)
-
-
-def problem(
-    status: int,
-    kind: str,
-    detail: str,
-    *,
-    title: str | None = None,
-    headers: dict[str, str] | None = None,
-    **extensions: Any,
-) -> web.Response:
-    """An RFC 9457 problem response."""
-    body = _problem_body(status, kind, detail, title=title, **extensions)
-    return web.Response(
-        status=status, text=json.dumps(body), content_type="application/problem+json", headers=headers
-    )
-
-
-def _problem_body(
-    status: int, kind: str, detail: str, *, title: str | None = None, **extensions: Any
-) -> dict[str, Any]:
-    body = {"type": kind, "title": title or _TITLES.get(status, "Error"), "status": status, "detail": detail}
-    body.update({key: value for key, value in extensions.items() if value is not None})
-    return body
 
 
 @dataclass(frozen=True)
@@ -201,7 +164,7 @@ class Answer:
     def refusal(
         cls, status: int, kind: str, detail: str, *, title: str | None = None, **extensions: Any
     ) -> Answer:
-        return cls(status, problem=_problem_body(status, kind, detail, title=title, **extensions))
+        return cls(status, problem=problem_body(status, kind, detail, title=title, **extensions))
 
     def response(self) -> web.Response:
         if self.problem is not None:
@@ -291,80 +254,13 @@ class TokenCheck:
         return time.monotonic() < self._previous_until and hmac.compare_digest(given, self._previous)
 
 
-def _validation_errors(
-    error: pydantic.ValidationError, *, at: tuple[str | int, ...] = ()
-) -> tuple[str, list[dict[str, str]]]:
-    """The detail and ``errors`` of a 400; ``at`` is where the validated value sits in the body."""
-    items = [
-        {"location": "/".join(str(part) for part in (*at, *item["loc"])) or "body", "message": item["msg"]}
-        for item in error.errors(include_url=False, include_input=False)
-    ][:20]
-    if any(item["type"] == "json_invalid" for item in error.errors(include_url=False)):
-        return "the body is not valid JSON", items
-    first = items[0] if items else {"location": "body", "message": "invalid"}
-    return f"{first['location']}: {first['message']}", items
-
-
-async def _read_capped(request: web.Request, *, limit: int, advice: str) -> bytes | web.Response:
-    """The body, or a 413 problem once it exceeds ``limit`` (for the paths that allow more than one
-    pod's request: aiohttp's own limit is that of a single request)."""
-    too_large = problem(
-        413, ProblemType.PAYLOAD_TOO_LARGE, f"the body exceeds the limit of {limit} bytes {advice}"
-    )
-    if request.content_length is not None and request.content_length > limit:
-        return too_large
-    body = bytearray()
-    while chunk := await request.content.readany():
-        body.extend(chunk)
-        if len(body) > limit:
-            return too_large
-    return bytes(body)
-
-
-def _is_json(request: web.Request) -> bool:
-    return request.content_type == "application/json"
-
-
-def _batch_envelope(body: bytes) -> list[Any] | web.Response:
-    """The operations of a batch body, or the 400 that fails the whole batch (a wrong envelope)."""
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return problem(400, ProblemType.INVALID_REQUEST, "the body is not valid JSON")
-    if not isinstance(document, dict) or not isinstance(document.get("operations"), list):
-        return problem(
-            400,
-            ProblemType.INVALID_REQUEST,
-            'a batch is a JSON object {"operations": [...]} with a list of operations',
-            errors=[{"location": "operations", "message": "Field required (a list)"}],
-        )
-    unknown = sorted(set(document) - {"operations"})
-    if unknown:
-        return problem(
-            400,
-            ProblemType.INVALID_REQUEST,
-            f"{unknown[0]}: Extra inputs are not permitted",
-            errors=[{"location": name, "message": "Extra inputs are not permitted"} for name in unknown],
-        )
-    operations: list[Any] = document["operations"]
-    if not 1 <= len(operations) <= MAX_BATCH_OPERATIONS:
-        return problem(
-            400,
-            ProblemType.INVALID_REQUEST,
-            f"a batch carries 1 to {MAX_BATCH_OPERATIONS} operations, this one {len(operations)}; "
-            "split it into several batches",
-            errors=[{"location": "operations", "message": f"1 to {MAX_BATCH_OPERATIONS} items"}],
-        )
-    return operations
-
-
 def _batch_operation(item: object, index: int) -> BatchOperation | Answer:
     """One operation of a batch, validated on its own: an invalid one is its own 400 result, with the
     problem its single call would answer (``errors`` located in the batch: ``operations/3/...``)."""
     try:
         return BatchOperation.model_validate(item)
     except pydantic.ValidationError as error:
-        detail, errors = _validation_errors(error, at=("operations", index))
+        detail, errors = validation_errors(error, at=("operations", index))
         return Answer.refusal(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
 
 
@@ -626,7 +522,7 @@ class ReferenceRM:
                 detail = f"there is no {request.path} in contract v1"
             else:
                 detail = error.text or error.reason
-            kind = _KINDS.get(error.status, ProblemType.INTERNAL)
+            kind = KINDS.get(error.status, ProblemType.INTERNAL)
             allow = error.headers.get("Allow")
             return problem(error.status, kind, detail, headers={"Allow": allow} if allow else None)
         except UNREACHABLE as error:
@@ -773,13 +669,13 @@ class ReferenceRM:
         return Answer.refusal(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
 
     async def _reserve(self, request: web.Request) -> web.Response:
-        if not _is_json(request):
+        if not is_json(request):
             return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
         body = await request.read()
         try:
             reservation_request = ReservationRequest.model_validate_json(body)
         except pydantic.ValidationError as error:
-            detail, errors = _validation_errors(error)
+            detail, errors = validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
         placed = [(("placement",), reservation_request.placement)]
         if (refused := self._unknown_cluster(reservation_request.cluster_id, placements=placed)) is not None:
@@ -959,7 +855,7 @@ class ReferenceRM:
     async def _commit(self, request: web.Request) -> web.Response:
         body = await request.read()
         if body.strip():
-            if not _is_json(request):
+            if not is_json(request):
                 return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
             try:
                 parsed = json.loads(body)
@@ -982,12 +878,12 @@ class ReferenceRM:
         return release_answer(released).response()
 
     async def _renew(self, request: web.Request) -> web.Response:
-        if not _is_json(request):
+        if not is_json(request):
             return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
         try:
             renewal = RenewRequest.model_validate_json(await request.read())
         except pydantic.ValidationError as error:
-            detail, errors = _validation_errors(error)
+            detail, errors = validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
         outcome = await self._run(
             self._store.renew,
@@ -1027,16 +923,16 @@ class ReferenceRM:
         Only a wrong envelope (not JSON, no list of 1 to 500 operations, an unknown field) fails the
         whole request; an invalid operation gets its own 400 result and the others are carried out.
         """
-        if not _is_json(request):
+        if not is_json(request):
             return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
-        body = await _read_capped(
+        body = await read_capped(
             request,
             limit=self.max_batch_body_bytes,
             advice="for a batch; send fewer operations per batch or raise the RM's --max-batch-body-bytes",
         )
         if isinstance(body, web.Response):
             return body
-        envelope = _batch_envelope(body)
+        envelope = batch_operations(body)
         if isinstance(envelope, web.Response):
             return envelope
         parsed = [_batch_operation(item, index) for index, item in enumerate(envelope)]
@@ -1097,7 +993,7 @@ class ReferenceRM:
 
     async def _read_group_body(self, request: web.Request) -> bytes | web.Response:
         """The body, up to the group limit (larger than one pod's: a group carries its members)."""
-        return await _read_capped(
+        return await read_capped(
             request,
             limit=self.max_group_body_bytes,
             advice="for a reservation group; split the group or raise the RM's --max-group-body-bytes",
@@ -1112,7 +1008,7 @@ class ReferenceRM:
         )
 
     async def _reserve_group(self, request: web.Request) -> web.Response:
-        if not _is_json(request):
+        if not is_json(request):
             return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
         body = await self._read_group_body(request)
         if isinstance(body, web.Response):
@@ -1120,7 +1016,7 @@ class ReferenceRM:
         try:
             group_request = ReservationGroupRequest.model_validate_json(body)
         except pydantic.ValidationError as error:
-            detail, errors = _validation_errors(error)
+            detail, errors = validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
         placed = [(("members", i, "placement"), m.placement) for i, m in enumerate(group_request.members)]
         if (refused := self._unknown_cluster(group_request.cluster_id, placements=placed)) is not None:
@@ -1260,12 +1156,12 @@ class ReferenceRM:
         return web.Response(status=204)
 
     async def _renew_group(self, request: web.Request) -> web.Response:
-        if not _is_json(request):
+        if not is_json(request):
             return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
         try:
             renewal = GroupRenewRequest.model_validate_json(await request.read())
         except pydantic.ValidationError as error:
-            detail, errors = _validation_errors(error)
+            detail, errors = validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
         group_id = request.match_info["id"]
         outcome = await self._run(self._store.renew_group, group_id, ttl_seconds=renewal.ttl_seconds)
@@ -1290,21 +1186,15 @@ class ReferenceRM:
         return web.json_response(text=stored.to_model().model_dump_json(by_alias=True))
 
     async def _list(self, request: web.Request) -> web.Response:
-        query = request.rel_url.query
-        unknown = sorted(set(query) - (_LIST_PARAMS | ({"clusterId"} if self.cluster_ids else set())))
-        if unknown:
-            return problem(400, ProblemType.INVALID_REQUEST, f"unknown query parameters {unknown}")
-        try:
-            limit = int(query.get("limit", "100"))
-            if not 1 <= limit <= 500:
-                raise ValueError
-        except ValueError:
-            return problem(400, ProblemType.INVALID_REQUEST, "limit must be an integer from 1 to 500")
+        checked = list_query(request.rel_url.query, cluster_ids=self.cluster_ids)
+        if isinstance(checked, web.Response):
+            return checked
+        query: ListQuery = checked
         state: ReservationState | tuple[ReservationState, ...] | None = None
-        if "state" in query:
+        if query.state is not None:
             known = [s for s in ReservationState if self.cluster_ids or s is not ReservationState.REVOKED]
             try:
-                state = ReservationState(query["state"])
+                state = ReservationState(query.state)
                 if state not in known:
                     raise ValueError
             except ValueError:
@@ -1315,23 +1205,20 @@ class ReferenceRM:
             elif state is ReservationState.RELEASED and not revocation_shown.get():
                 state = (ReservationState.RELEASED, ReservationState.REVOKED)  # what it reads as released
         after = 0
-        if "cursor" in query:
-            cursor = query["cursor"]
+        if query.cursor is not None:
+            cursor = query.cursor
             if not (cursor.startswith("s") and cursor[1:].isdigit() and len(cursor) < 20):
                 return problem(400, ProblemType.INVALID_REQUEST, "cursor is not one this server issued")
             after = int(cursor[1:])
-        for name in ("schedulerName", "podUid", "groupId", "clusterId"):
-            if name in query and not 1 <= len(query[name]) <= 253:
-                return problem(400, ProblemType.INVALID_REQUEST, f"{name} must be 1 to 253 characters long")
         items, next_seq = await self._run(
             self._store.list,
-            scheduler_name=query.get("schedulerName"),
+            scheduler_name=query.filters.get("schedulerName"),
             state=state,
-            pod_uid=query.get("podUid"),
-            group_id=query.get("groupId"),
-            cluster_id=query.get("clusterId"),
+            pod_uid=query.filters.get("podUid"),
+            group_id=query.filters.get("groupId"),
+            cluster_id=query.filters.get("clusterId"),
             after=after,
-            limit=limit,
+            limit=query.limit,
         )
         page = {
             "items": [item.to_model().model_dump(by_alias=True, mode="json") for item in items],

@@ -118,11 +118,11 @@ from typing import Any, TypeVar
 import pydantic
 from aiohttp import web
 
+from bindery.rm import serving
 from bindery.rm.errors import ProblemType
 from bindery.rm.models import (
     CONTRACT_VERSION,
     FEATURES_HEADER,
-    MAX_BATCH_OPERATIONS,
     BatchOperation,
     Feature,
     GroupRenewRequest,
@@ -162,39 +162,16 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_GROUP_BODY_BYTES = 2 * 1024 * 1024
 MAX_BATCH_BODY_BYTES = 4 * 1024 * 1024
 _PUBLIC = frozenset({"/healthz", "/readyz"})
-_LIST_PARAMS = frozenset({"schedulerName", "state", "podUid", "groupId", "clusterId", "limit", "cursor"})
-_TITLES = {
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    409: "Conflict",
-}
-_TITLES |= {
-    413: "Payload Too Large",
-    415: "Unsupported Media Type",
-    500: "Internal Error",
-    503: "Unavailable",
-}
-_KINDS = {
-    400: ProblemType.INVALID_REQUEST,
-    404: ProblemType.NOT_FOUND,
-    405: ProblemType.METHOD_NOT_ALLOWED,
-    413: ProblemType.PAYLOAD_TOO_LARGE,
-    415: ProblemType.UNSUPPORTED_MEDIA_TYPE,
-}
 _DOWN = ("down", "drain", "fail", "future", "maint", "reboot")
 #: Acknowledged revocations remembered (job ids); Slurm forgets ended jobs after MinJobAge.
 ACKNOWLEDGED_KEPT = 100_000
 
 
 def problem(status: int, kind: str, detail: str, **extensions: Any) -> web.Response:
-    body = {"type": kind, "title": _TITLES.get(status, "Error"), "status": status, "detail": detail}
-    body |= {key: value for key, value in extensions.items() if value is not None}
+    """The contract's problem answer (:func:`bindery.rm.serving.problem`); a 503 says when to ask
+    again, as slurmctld is usually back within a second."""
     headers = {"Retry-After": "1"} if status == 503 else None
-    return web.Response(
-        status=status, text=json.dumps(body), content_type="application/problem+json", headers=headers
-    )
+    return serving.problem(status, kind, detail, headers=headers, **extensions)
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -415,7 +392,7 @@ class SlurmRM:
         except web.HTTPException as error:
             if error.status < 400:
                 raise
-            return problem(error.status, _KINDS.get(error.status, ProblemType.INTERNAL), error.reason)
+            return problem(error.status, serving.KINDS.get(error.status, ProblemType.INTERNAL), error.reason)
         except SlurmUnreachable as error:
             return problem(
                 503, ProblemType.UNAVAILABLE, f"Slurm is not answering ({error}); retry after Retry-After"
@@ -997,27 +974,19 @@ class SlurmRM:
         return web.json_response(reservation_json(job, record, state))
 
     async def _list(self, request: web.Request) -> web.Response:
-        query = request.rel_url.query
-        unknown = sorted(set(query) - _LIST_PARAMS)
-        if unknown:
-            return problem(400, ProblemType.INVALID_REQUEST, f"unknown query parameters {unknown}")
-        try:
-            limit = int(query.get("limit", "100"))
-            if not 1 <= limit <= 500:
-                raise ValueError
-        except ValueError:
-            return problem(400, ProblemType.INVALID_REQUEST, "limit must be an integer from 1 to 500")
-        wanted_state = query.get("state")
+        checked = serving.list_query(request.rel_url.query, cluster_ids=True)
+        if isinstance(checked, web.Response):
+            return checked
+        query = checked.filters
+        limit = checked.limit
+        wanted_state = checked.state
         if wanted_state is not None and wanted_state not in {s.value for s in ReservationState}:
             return problem(400, ProblemType.INVALID_REQUEST, f"unknown state {wanted_state!r}")
         after = 0
-        if "cursor" in query:
-            if not query["cursor"].isdigit() or len(query["cursor"]) > 16:
+        if checked.cursor is not None:
+            if not checked.cursor.isdigit() or len(checked.cursor) > 16:
                 return problem(400, ProblemType.INVALID_REQUEST, "cursor is not one this server issued")
-            after = int(query["cursor"])
-        for name in ("schedulerName", "podUid", "groupId", "clusterId"):
-            if name in query and not 1 <= len(query[name]) <= 253:
-                return problem(400, ProblemType.INVALID_REQUEST, f"{name} must be 1 to 253 characters long")
+            after = int(checked.cursor)
         now = time.time()
         items: list[tuple[int, dict[str, Any]]] = []
         for job, record in await self._records():
@@ -1461,24 +1430,9 @@ class SlurmRM:
         """``POST /v1/batch``: each operation carried out in order by the code of its single call."""
         if request.content_type != "application/json":
             return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
-        raw = await request.read()
-        try:
-            document = json.loads(raw)
-        except ValueError:
-            return problem(400, ProblemType.INVALID_REQUEST, "the body is not valid JSON")
-        if not isinstance(document, dict) or not isinstance(document.get("operations"), list):
-            return problem(400, ProblemType.INVALID_REQUEST, 'a batch is a JSON object {"operations": [...]}')
-        extra = sorted(set(document) - {"operations"})
-        if extra:
-            return problem(400, ProblemType.INVALID_REQUEST, f"{extra[0]}: Extra inputs are not permitted")
-        operations: list[Any] = document["operations"]
-        if not 1 <= len(operations) <= MAX_BATCH_OPERATIONS:
-            return problem(
-                400,
-                ProblemType.INVALID_REQUEST,
-                f"a batch carries 1 to {MAX_BATCH_OPERATIONS} operations, this one {len(operations)}; "
-                "split it into several batches",
-            )
+        operations = serving.batch_operations(await request.read())
+        if isinstance(operations, web.Response):
+            return operations
         results = []
         for index, item in enumerate(operations):
             try:
@@ -1621,13 +1575,7 @@ async def _json_body(
 
 def _invalid(error: pydantic.ValidationError, *, at: tuple[str | int, ...] = ()) -> web.Response:
     """The 400 of a body (or a batch's operation at ``at``) that failed validation."""
-    errors = [
-        {"location": "/".join(str(p) for p in (*at, *item["loc"])) or "body", "message": item["msg"]}
-        for item in error.errors(include_url=False, include_input=False)
-    ][:20]
-    if not errors:
-        errors = [{"location": "/".join(map(str, at)) or "body", "message": "invalid"}]
-    detail = f"{errors[0]['location']}: {errors[0]['message']}"
+    detail, errors = serving.validation_errors(error, at=at)
     return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
 
 
