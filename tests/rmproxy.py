@@ -28,6 +28,10 @@ The first faults cycle through every kind once (in a seeded order), so even a sh
 each kind; after that kinds are drawn at random. A test about one fault narrows `kinds` to it,
 `applies` to the requests it concerns (the others are forwarded untouched and draw nothing), and
 `delay` to a range that is sure to cross its client's deadline.
+
+``reserves`` counts the reserve operations that reached the proxy, by pod name, whether sent alone
+(``POST /v1/reservations``) or inside a ``POST /v1/batch``: what a test of wake-ups counts, since
+each wake of a parked pod costs one.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import random
 import socket
 import struct
@@ -70,6 +75,8 @@ class RMFaultProxy:
         self.url = ""
         self.requests = 0
         self.faults: collections.Counter[str] = collections.Counter()
+        #: reserve operations received, by pod name (single calls and batched ones alike)
+        self.reserves: collections.Counter[str] = collections.Counter()
         self.delay = delay
         #: (method, path) → whether the request may draw a fault; None: every request may
         self.applies = applies
@@ -116,6 +123,29 @@ class RMFaultProxy:
         return kind
 
 
+def _reserved_pods(method: str, path: str, body: bytes) -> list[str]:
+    """The pod names of the reserve operations of one request (none if it is not JSON)."""
+    if method != "POST" or path not in ("/v1/reservations", "/v1/batch"):
+        return []
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return []
+    if not isinstance(document, dict):
+        return []
+    reserves: list[Any] = [document]
+    if path == "/v1/batch":
+        operations = document.get("operations")
+        ops = operations if isinstance(operations, list) else []
+        reserves = [op.get("reserve") for op in ops if isinstance(op, dict)]
+    names: list[str] = []
+    for reserve in reserves:
+        pod = reserve.get("pod") if isinstance(reserve, dict) else None
+        if isinstance(pod, dict) and isinstance(pod.get("name"), str):
+            names.append(pod["name"])
+    return names
+
+
 def _cut(request: web.Request, *, reset: bool) -> None:
     transport = request.transport
     if transport is None:
@@ -153,6 +183,7 @@ async def rm_fault_proxy(
 
     async def handle(request: web.Request) -> web.StreamResponse:
         proxy.requests += 1
+        proxy.reserves.update(_reserved_pods(request.method, request.path, await request.read()))
         scripted = proxy._scripted_answer(request.path)
         if scripted is not None:
             return scripted

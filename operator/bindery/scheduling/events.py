@@ -14,7 +14,21 @@ import dataclasses
 import enum
 from collections.abc import Callable
 
-__all__ = ["CAPACITY_EVENTS", "NO_ROOM", "ClusterEvent", "Requeue", "Touch", "WakeOn"]
+__all__ = [
+    "CAPACITY_EVENTS",
+    "NO_ROOM",
+    "RELEASE_WAKE_WINDOW_SECONDS",
+    "ClusterEvent",
+    "Requeue",
+    "Touch",
+    "WakeOn",
+    "WakeWindow",
+]
+
+#: Releases at one RM within this long wake its pods refused for room once more at most, at the
+#: window's end: a tenant releasing reservations in a loop cannot make every parked pod ask the RM
+#: again per release. One second, as kube-scheduler flushes its backoff queue every second.
+RELEASE_WAKE_WINDOW_SECONDS = 1.0
 
 
 class ClusterEvent(enum.StrEnum):
@@ -79,8 +93,9 @@ class Touch:
 class Requeue:
     """The events that can make a pod one plugin refused schedulable, as that plugin declared them.
 
-    Any parked pod is moved by a release or a Node added or changed (the queue's coarse move), so
-    these say what the pod *waits* for: with :attr:`ClusterEvent.RELEASE` it stays parked until
+    A release moves only the pods whose refusal declared :attr:`ClusterEvent.RELEASE` (room at the
+    RM cures nothing else); a Node added or changed moves any parked pod (the queue's coarse move).
+    So these say what the pod *waits* for: with :attr:`ClusterEvent.RELEASE` it stays parked until
     such an event (or the flush); with :attr:`ClusterEvent.PLACED_POD` or
     :attr:`ClusterEvent.NODE_DELETED` until a placed-pod change in ``placed`` or a Node deleted;
     with none of them it comes back on its backoff, as a pod whose events Bindery does not follow.
@@ -113,3 +128,35 @@ class Requeue:
 
 #: The RM's "no room", whichever plugin relayed it (see :meth:`Requeue.no_room`).
 NO_ROOM = Requeue(events=CAPACITY_EVENTS)
+
+
+@dataclasses.dataclass(slots=True)
+class WakeWindow:
+    """When a burst of one event wakes the pods waiting for it: the first at once, then at most one
+    more wake per ``window`` seconds, owed to the end of the window (none is lost, only delayed).
+
+    The caller runs the wake now when :meth:`request` answers 0, arranges one after a positive
+    delay, and calls :meth:`fired` when that owed wake runs; ``None``: a wake already owed covers
+    this event. Pure: the caller passes the time.
+    """
+
+    window: float = RELEASE_WAKE_WINDOW_SECONDS
+    #: when the last wake ran
+    last: float = float("-inf")
+    #: a wake is owed to the end of the current window
+    owed: bool = False
+
+    def request(self, *, now: float) -> float | None:
+        """An event: 0.0 (wake now), the delay until the owed wake, or None (already owed)."""
+        if self.owed:
+            return None
+        if now - self.last >= self.window:
+            self.last = now
+            return 0.0
+        self.owed = True
+        return self.last + self.window - now
+
+    def fired(self, *, now: float) -> None:
+        """The owed wake runs now: the next window starts."""
+        self.owed = False
+        self.last = now

@@ -13,7 +13,8 @@ where one tenant could starve another:
   seconds, capped (1 s to 10 s by default, per ResourceManager), or longer if the RM asked for it
   (``Retry-After``), at most :data:`MAX_PARKED_SECONDS`.
 * **Unschedulable pool.**  A pod the RM found no room for is parked until an event that could make
-  it fit: :meth:`SchedulingQueue.move_all_to_active` (a reservation released, a Node added or changed), a
+  it fit: :meth:`SchedulingQueue.released` (a reservation released at its RM: the pods refused for
+  room alone), :meth:`SchedulingQueue.move_all_to_active` (a Node added or changed), a
   change of the pod itself that affects placement, the RM's retry hint, or
   :data:`MAX_PARKED_SECONDS` (kube-scheduler's unschedulablePods pool and its
   ``podMaxInUnschedulablePodsDuration``, 5 minutes); never on the backoff timer alone, which made
@@ -65,7 +66,7 @@ from typing import Protocol
 
 from bindery.backoff import BackoffPolicy
 from bindery.scheduling.decisions import Outcome
-from bindery.scheduling.events import Requeue, Touch, WakeOn
+from bindery.scheduling.events import CAPACITY_EVENTS, ClusterEvent, Requeue, Touch, WakeOn
 from bindery.scheduling.podspec import PodInfo
 
 #: Pods of one RM between reserve and commit at once (spec.maxInFlight's default). Large because
@@ -195,6 +196,8 @@ class _Entry:
     ready_at: float = 0.0
     #: While parked unschedulable after a rules refusal: the placed-pod changes that wake it.
     wake_on: WakeOn | None = None
+    #: The events its last refusal declared (a release moves it only if RELEASE is one).
+    events: frozenset[ClusterEvent] = frozenset()
 
 
 #: popped and not done yet: in a cycle, in a slot or waiting apart
@@ -404,6 +407,22 @@ class SchedulingQueue:
             log.debug("moved %d unschedulable pods back: %s", moved, reason)
         return moved
 
+    def released(self, *, reason: str, event: str = "released") -> int:
+        """A reservation at this queue's RM was released: move back the pods whose refusal declared
+        :attr:`~bindery.scheduling.events.ClusterEvent.RELEASE` (refused for room), through their
+        remaining backoff. Room at the RM cures no other refusal (inter-pod rules, a plugin's), as
+        kube-scheduler wakes a pod only on the events its rejecting plugin registered; a pod in
+        flight now still counts the move (see :meth:`move_all_to_active`). Returns how many moved."""
+        now = self._clock.now()
+        uids = [uid for uid in self._unschedulable if ClusterEvent.RELEASE in self._entries[uid].events]
+        for uid in uids:
+            self._leave_unschedulable(self._entries[uid], now=now)
+        self._last_move_cycle = self._pops
+        if uids:
+            self._moved[event] += len(uids)
+            log.debug("moved %d pods refused for room back: %s", len(uids), reason)
+        return len(uids)
+
     def retry_within(self, uid: str, seconds: float) -> None:
         """An unschedulable pod parked for longer is tried again after ``seconds`` (never before its
         backoff ends), with no event to wake it: a preemption back-off ending, or victims that
@@ -534,6 +553,7 @@ class SchedulingQueue:
             retry_after=retry_after,
             until_event=requeue is not None and requeue.until_event,
             wake_on=requeue.wake_on if requeue is not None else None,
+            events=requeue.events if requeue is not None else frozenset(),
         )
 
     def done(
@@ -544,6 +564,7 @@ class SchedulingQueue:
         retry_after: float | None = None,
         until_event: bool = True,
         wake_on: WakeOn | None = None,
+        events: frozenset[ClusterEvent] | None = None,
     ) -> None:
         """The cycle of a popped pod ended with ``outcome``; free its in-flight slot and route it.
 
@@ -553,6 +574,8 @@ class SchedulingQueue:
         not follow (a plugin's, such as a claim not found yet): those come back on their backoff.
         ``wake_on``: the placement rules refused the pod; it waits for a placed-pod change it covers
         (:meth:`wake`), a node event or the flush, whatever ``until_event`` says.
+        ``events``: what the refusing plugin declared (:meth:`released` reads it); ``None``: the
+        capacity events if ``until_event``, else none.
         """
         entry = self._entries.get(uid)
         if entry is None or entry.state not in _POPPED:
@@ -562,6 +585,7 @@ class SchedulingQueue:
             self._remove(entry)
             return
         now = self._clock.now()
+        entry.events = events if events is not None else (CAPACITY_EVENTS if until_event else frozenset())
         entry.attempts += 1
         entry.backoff_until = now + self._backoff.delay(attempts=entry.attempts)
         hinted = now + min(retry_after, self._max_parked) if retry_after else 0.0

@@ -251,6 +251,22 @@ class PendingPods:
         except Exception as exc:  # reporting is best effort; the pod stays pending anyway
             self._logger.warning(f"could not report why pod {pod.key} is not scheduled ({key}): {exc}")
 
+    def released(self, rm_name: str) -> None:
+        """A reservation of ResourceManager `rm_name` was released: room at that RM alone.
+
+        Its runner wakes the pods refused for room (coalesced, `ProfileRunner.capacity_freed`), and
+        so does every runner whose ResourceManager names the same endpoint (one RM behind several
+        objects shares its room). Other RMs' parked pods stay: a release elsewhere frees nothing
+        for them, and waking them cost their RMs a reserve per pod on every release.
+        """
+        runners = self._runners()
+        source = runners.get(rm_name)
+        if source is None:
+            return
+        for runner in runners.values():
+            if runner is source or runner.config.endpoint == source.config.endpoint:
+                runner.capacity_freed()
+
     def retry_parked(self, reason: str, *, settle: float = 0.0, event: str = "other") -> None:
         for runner in self._runners().values():
             runner.queue.move_all_to_active(reason=reason, settle=settle, event=event)

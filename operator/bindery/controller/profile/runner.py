@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,6 +36,7 @@ from bindery.rm.client import ResourceManagerClient
 from bindery.rm.errors import RMError, RMUnauthorized
 from bindery.rm.models import Reservation
 from bindery.scheduling.binding import BindingPool, admit
+from bindery.scheduling.events import WakeWindow
 from bindery.scheduling.framework import CycleContext, PluginSet, Ports, Profile, ReservationClient, Status
 from bindery.scheduling.nodecheck import NodeCheckMode
 from bindery.scheduling.podspec import PodInfo
@@ -188,6 +190,9 @@ class ProfileRunner:
         self._retiring = 0  # busy workers to stop once their cycle ends (the budget shrank)
         self._retired_clients: set[ResourceManagerClient] = set()
         self._closing: set[asyncio.Task[None]] = set()
+        #: releases at this RM coalesced into wakes (see `capacity_freed`), and the owed one's timer
+        self._release_wakes = WakeWindow()
+        self._owed_wake: asyncio.TimerHandle | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -214,6 +219,9 @@ class ProfileRunner:
         self._retiring = 0
 
     async def stop(self) -> None:
+        if self._owed_wake is not None:
+            self._owed_wake.cancel()
+            self._owed_wake = None
         self.queue.close()
         await self.pause()
         await self.unconfirmed.close()
@@ -347,6 +355,36 @@ class ProfileRunner:
     def _released_by_departure(self) -> None:
         self.metrics.release(resource_manager=self.config.name, reason="pod_departed")
         self._on_released()
+
+    # -- wakes ----------------------------------------------------------------------------------
+
+    def capacity_freed(self) -> None:
+        """A reservation at this profile's RM was released: wake its pods refused for room, and its
+        pod groups. Releases in a burst wake them once at once, then at most once per window
+        (`WakeWindow`): each wake costs a reserve per parked pod, and a tenant releasing in a loop
+        would otherwise set every parked pod asking the RM again per release."""
+        delay = self._release_wakes.request(now=time.monotonic())
+        if delay is None:
+            return
+        if delay <= 0.0:
+            self._wake_refused_for_room()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to wait in (a caller outside one): wake now rather than never
+            self._release_wakes.fired(now=time.monotonic())
+            self._wake_refused_for_room()
+            return
+        self._owed_wake = loop.call_later(delay, self._owed_wake_due)
+
+    def _owed_wake_due(self) -> None:
+        self._owed_wake = None
+        self._release_wakes.fired(now=time.monotonic())
+        self._wake_refused_for_room()
+
+    def _wake_refused_for_room(self) -> None:
+        self.queue.released(reason="a reservation was released")
+        self.podgroups.retry()
 
     # -- pods -----------------------------------------------------------------------------------
 

@@ -94,8 +94,8 @@ class Environment:
     state_dir: Callable[[], pathlib.Path]
     #: builds the reconciliation of a runner's reservations
     reconciler: Callable[[ProfileRunner], Reconcile]
-    #: a reservation was released: parked pods may fit now
-    on_released: Callable[[], None]
+    #: a reservation of the named ResourceManager was released: its pods refused for room may fit
+    on_released: Callable[[str], None]
     #: a cycle found its pod gone or bound elsewhere
     on_dropped: Callable[[str], None]
     #: the supervisor's runner appeared, was replaced or went away: re-route the pods
@@ -344,7 +344,7 @@ class ResourceManagerSupervisor:
             ports=env.ports,
             api=env.api,
             logger=env.logger,
-            on_released=env.on_released,
+            on_released=lambda: env.on_released(self.name),
             on_dropped=env.on_dropped,
             on_relist=self.relisted,
             holds=env.holds,

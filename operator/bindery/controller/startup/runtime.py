@@ -240,7 +240,7 @@ class Runtime:
             probe_interval=self.options.probe_interval,
             state_dir=self._state_dir,
             reconciler=self._reconciler,
-            on_released=lambda: self.pending.retry_parked("a reservation was released", event="released"),
+            on_released=self.pending.released,
             on_dropped=self.pending.drop,
             on_runner=self.pending.reoffer_all,
             holds=self._leadership.holds if self._leadership is not None else lambda: True,
@@ -545,7 +545,7 @@ class Runtime:
             logger=self.logger,
             namespaces=self.options.namespaces,
             metrics=self.metrics,
-            on_released=lambda: self.pending.retry_parked("a reservation was released", event="released"),
+            on_released=lambda: self.pending.released(runner.config.name),
             on_reported_unbound=runner.report_bound,
             events=self._events,  # counted with the operator's other writes
             on_revoked=lambda: runner.config.on_revoked,

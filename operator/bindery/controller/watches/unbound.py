@@ -54,8 +54,8 @@ def unbound_pods_selector(*, scheduler_name: str) -> str:
 
 def remembered(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     """Pure: what is kept of a pending pod for its DELETED, should it vanish during a relist: its
-    identity and scheduler name (the runtime forgets it by UID and retries parked pods for its
-    scheduler's departures); a pod body per pending pod would double the backlog's memory."""
+    identity and scheduler name (the runtime forgets it by UID; its departure wakes no parked pod:
+    a pending pod holds no room); a pod body per pending pod would double the backlog's memory."""
     kept = dict(identity(pod))
     scheduler = (pod.get("spec") or {}).get("schedulerName")
     if scheduler:
