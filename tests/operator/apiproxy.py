@@ -29,6 +29,10 @@ can count what the operator asked the apiserver for.
 `open_pod_watches` holds the field selector of every pod watch stream open now (the tests count
 the operator's watches with it).
 
+`hold_node_lists`, while set, holds every list of Nodes (a GET of `/api/v1/nodes` that is not a
+watch) unanswered, as an apiserver slow to list thousands of Nodes would; clearing it lets them
+through. `held_node_lists` counts the lists it held.
+
 `eviction_status`, when set, is the HTTP status every real eviction (a POST to `pods/{name}/eviction`
 without `dryRun`) is answered with, unforwarded: an apiserver failing mid-preemption. Dry runs pass.
 
@@ -96,6 +100,9 @@ class ApiProxy:
     #: held pod watches answered "410 Gone" when `blind_pod_lists` was cleared
     expired_pod_watches: int = 0
     bound_pod_list_status: int | None = None
+    hold_node_lists: bool = False
+    #: lists of Nodes held while `hold_node_lists` was set
+    held_node_lists: int = 0
     eviction_status: int | None = None
     #: real evictions answered with `eviction_status`
     failed_evictions: int = 0
@@ -168,6 +175,12 @@ async def serve_api_proxy(*, plane: ControlPlane, user: str) -> AsyncIterator[Ap
             code = proxy.eviction_status
             message = {"kind": "Status", "status": "Failure", "message": "injected", "code": code}
             return web.Response(status=code, content_type="application/json", text=json.dumps(message))
+        watching = request.query.get("watch") in ("true", "True", "1")
+        node_list = request.method == "GET" and request.path == "/api/v1/nodes" and not watching
+        if node_list and proxy.hold_node_lists:
+            proxy.held_node_lists += 1
+            while proxy.hold_node_lists:
+                await asyncio.sleep(0.05)
         pod_list = request.method == "GET" and _POD_LISTS.match(request.path) is not None
         failing = proxy.bound_pod_list_status
         selector = request.query.get("fieldSelector", "")

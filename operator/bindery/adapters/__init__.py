@@ -10,19 +10,18 @@ from bindery.adapters.binder import KubeBinder
 from bindery.adapters.conditions import KubeConditionWriter
 from bindery.adapters.counters import WriteCounter
 from bindery.adapters.events import KubeEventSink, reporting_instance
-from bindery.adapters.lookups import IndexNodeLookup, UnboundPods, project_node
+from bindery.adapters.lookups import NodeCache, UnboundPods
 from bindery.adapters.placed import PlacedPodCache
 from bindery.adapters.volumes import KubeVolumes
 
 __all__ = [
-    "IndexNodeLookup",
     "KubeBinder",
     "KubeConditionWriter",
     "KubeEventSink",
     "KubeVolumes",
+    "NodeCache",
     "PlacedPodCache",
     "UnboundPods",
     "WriteCounter",
-    "project_node",
     "reporting_instance",
 ]

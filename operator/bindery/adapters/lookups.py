@@ -1,68 +1,77 @@
-"""In-memory lookups fed by the watches: Nodes through a Kopf index, unbound pods through a map.
+"""In-memory lookups fed by the watches: Nodes and unbound pods, each a map.
 
 Pre-bind checks must not read from the apiserver (the success path costs two writes and no reads),
-so they ask these. The node index stores a `NodeProjection` (name, labels, taints, cordon, deletion)
+so they ask these. The node cache stores a `NodeProjection` (name, labels, taints, cordon, deletion)
 rather than whole Node objects, whose status (images, conditions) dominates their size.
+
+The Nodes used to be a Kopf index. Kopf runs no handler until every index has taken its initial
+list, and its per-object machinery made that list cost the operator minutes of CPU at thousands of
+Nodes, so every profile waited for it. The cache is now fed by the operator's own list-then-watch
+(bindery.controller.watches.nodes) and says when it holds every Node (`synced`): a profile waits for
+that before it schedules, and nothing else waits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
 
 from bindery.scheduling.podspec import PodInfo
 from bindery.scheduling.ports import NodeProjection
 
 
-class _Index(Protocol):
-    """The part of `kopf.Index` we use: key -> a store (iterable) of indexed values."""
+class NodeCache:
+    """name → projection of every Node, kept by the node watch; `synced` once its first list ended."""
 
-    def get(self, key: str) -> Iterable[Any] | None: ...
-
-    def values(self) -> Iterable[Iterable[Any]]: ...
-
-
-def project_node(*, body: Mapping[str, Any]) -> dict[str, NodeProjection]:
-    """The Kopf index function's value: {node name: projection}."""
-    projection = NodeProjection.from_body(body)
-    return {projection.name: projection}
-
-
-class IndexNodeLookup:
-    def __init__(self, *, index: _Index) -> None:
-        self._index = index
+    def __init__(self, *, synced: bool = False) -> None:
+        self._nodes: dict[str, NodeProjection] = {}
         #: every node, kept from one node change to the next (None: to be listed again)
         self._all: tuple[NodeProjection, ...] | None = None
+        self._synced = asyncio.Event()
+        if synced:
+            self._synced.set()
 
-    def changed(self) -> None:
-        """A node event was indexed: the next :meth:`all` lists the index again.
-
-        The node event handler calls this; Kopf updates the index just before it calls the
-        handler, so a cycle in between reads the nodes as they were an event earlier, as it would
-        had the watch delivered that event a moment later.
-        """
+    def on_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """Take one event of the node watch (type None: a listed Node)."""
+        projection = NodeProjection.from_body(body)
+        if not projection.name:
+            return
+        if event_type == "DELETED":
+            self._nodes.pop(projection.name, None)
+        else:
+            self._nodes[projection.name] = projection
         self._all = None
 
+    @property
+    def synced(self) -> bool:
+        """Whether the watch's first list completed: the cache then holds every Node."""
+        return self._synced.is_set()
+
+    def mark_synced(self) -> None:
+        self._synced.set()
+
+    async def wait_synced(self, seconds: float) -> bool:
+        """Wait (bounded) until the first list completed; whether it has."""
+        if not self._synced.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await self._synced.wait()
+        return self._synced.is_set()
+
     def get(self, name: str) -> NodeProjection | None:
-        store = self._index.get(name)
-        if not store:
-            return None
-        for value in store:
-            if isinstance(value, NodeProjection):
-                return value
-        return None
+        return self._nodes.get(name)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
 
     def all(self) -> tuple[NodeProjection, ...]:
-        """Every node the index holds (the inter-pod rules evaluate them all at once, twice per
-        pod): listed once per node change, since walking the index per call was 8% of the
-        operator's CPU on a backlog of pods with rules."""
+        """Every node (the inter-pod rules evaluate them all at once, twice per pod): one tuple per
+        node change, since building it per call was 8% of the operator's CPU on a backlog of pods
+        with rules."""
         if self._all is None:
-            self._all = tuple(
-                value
-                for store in self._index.values()
-                for value in store
-                if isinstance(value, NodeProjection)
-            )
+            self._all = tuple(self._nodes.values())
         return self._all
 
 

@@ -18,7 +18,9 @@ half-built for good; a loop retries. So the supervisor owns, for its object alon
   waiting: they start and the pass is retried; so is a pass skipped while the RM's contract is
   not settled), on gaining leadership, when the watch of pods on
   nodes relists, and every `reconcile_interval_seconds`;
-- the status of the object (Ready, Reachable), written whenever what it says changes.
+- the status of the object (Ready, Reachable), written whenever what it says changes;
+- when the workers start: not before every Node is listed (`Environment.waiting_for`), since a
+  decision on half the Nodes is a wrong one; everything above runs meanwhile.
 
 Every failure while building or running the profile is retried with a capped backoff (1 s doubling
 to 30 s) and shown in the status meanwhile; nothing escapes to the Kopf handler, which only hands
@@ -108,6 +110,9 @@ class Environment:
     bound_pods: BoundPodFeed | None = None
     #: the one watch of PodGroups, which every runner's pod groups read
     podgroups: PodGroupWatch | None = None
+    #: what scheduling still waits for (the Nodes' first list), or None; the runtime pokes the
+    #: supervisors once it is there
+    waiting_for: Callable[[], str | None] = lambda: None
 
 
 class ResourceManagerSupervisor:
@@ -141,8 +146,14 @@ class ResourceManagerSupervisor:
         #: rotated Secret's new client must not forget a feature the RM offered, see Negotiation)
         self._negotiation: tuple[str, Negotiation] | None = None
         self._task: asyncio.Task[None] | None = None
+        #: what the workers wait for before they start (`Environment.waiting_for`), None once started
+        self.waiting_for: str | None = None
 
     # -- what the runtime calls --------------------------------------------------------------------
+
+    def poke(self) -> None:
+        """Something the loop waits for arrived (the Nodes are listed): take a step now."""
+        self._wake.set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"bindery supervisor {self.name}")
@@ -256,11 +267,26 @@ class ResourceManagerSupervisor:
         if self._leading:
             await self._reconcile_if_due(runner=runner, config=config, now=now)
             if self._leading and not runner.active:
-                runner.start()  # reconciled, or the first pass failed: schedule, keep retrying it
+                self._start_scheduling(runner)
         due = [self._probe_at, self._credentials_at]
         if self._leading:
             due.append(self._reconcile_at)
         return max(min(due) - now, 0.05)
+
+    def _start_scheduling(self, runner: ProfileRunner) -> None:
+        """Start the workers (reconciled, or the first pass failed: schedule, keep retrying it),
+        unless a cache a decision reads is not listed yet: the loop is poked when it is."""
+        waiting = self._env.waiting_for()
+        if waiting is not None:
+            if self.waiting_for != waiting:
+                self._env.logger.info(f"ResourceManager {self.name!r}: scheduling waits for {waiting}")
+            self.waiting_for = waiting
+            return
+        if self.waiting_for is not None:
+            done = self.waiting_for
+            self._env.logger.info(f"ResourceManager {self.name!r}: {done} is complete: scheduling")
+        self.waiting_for = None
+        runner.start()
 
     async def _ensure_runner(self, *, config: ResourceManagerConfig, now: float) -> bool:
         """Credentials resolved and a runner for `config`; False (error recorded) if not possible yet."""

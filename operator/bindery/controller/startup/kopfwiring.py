@@ -6,9 +6,11 @@ on.create/update/delete (they add `kopf.zalando.org/*` annotations), no daemons 
 finalizers). All per-run state lives in the `Runtime` object stored in Kopf's memo, created at
 startup and closed at cleanup, so handlers are plain functions of (event, runtime).
 
-Pods are not watched through Kopf: the runtime follows the unbound pods itself
-(`bindery.controller.watches.unbound`), since Kopf's per-event machinery cost far more than Bindery's own
-handling on that hot watch.
+Neither pods nor Nodes are watched through Kopf: the runtime follows the unbound pods
+(`bindery.controller.watches.unbound`) and the Nodes (`bindery.controller.watches.nodes`) itself,
+since Kopf's per-event machinery cost far more than Bindery's own handling on those watches, and a
+Kopf index would hold every handler back until it had listed all its objects. Kopf watches the
+ResourceManagers only.
 
 The settings follow (`configure`):
 
@@ -33,11 +35,9 @@ from typing import Any
 
 import kopf
 
-from bindery.adapters import project_node
 from bindery.apiserver.resources import RESOURCE_MANAGERS
 from bindery.controller.startup.options import OperatorOptions
 from bindery.controller.startup.runtime import Runtime
-from bindery.scheduling.ports import NodeProjection
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -69,7 +69,6 @@ def configure(settings: kopf.OperatorSettings, *, watch_timeout: int = 300) -> N
 GROUP = RESOURCE_MANAGERS.group
 VERSION = RESOURCE_MANAGERS.version
 PLURAL = RESOURCE_MANAGERS.plural
-NODE_INDEX = "bindery_nodes"
 
 
 def register(*, registry: kopf.OperatorRegistry, options: OperatorOptions | None = None) -> None:
@@ -80,7 +79,7 @@ def register(*, registry: kopf.OperatorRegistry, options: OperatorOptions | None
         chosen = memo.get("options") or options or OperatorOptions()
         configure(settings, watch_timeout=chosen.watch_timeout)
         runtime = Runtime(options=chosen, logger=logging.getLogger("bindery.controller"))
-        await runtime.start(node_index=kwargs[NODE_INDEX])
+        await runtime.start()
         memo["runtime"] = runtime
 
     @kopf.on.login(registry=registry)
@@ -93,19 +92,6 @@ def register(*, registry: kopf.OperatorRegistry, options: OperatorOptions | None
         runtime: Runtime | None = memo.get("runtime")
         if runtime is not None:
             await runtime.close()
-
-    @kopf.index("", "v1", "nodes", id=NODE_INDEX, registry=registry)
-    def bindery_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeProjection]:
-        return project_node(body=body)
-
-    @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-        """A Node added or changed may make parked pods fit (the queue waits for such events)."""
-        runtime: Runtime | None = memo.get("runtime")
-        if runtime is not None:
-            if runtime.nodes is not None:
-                runtime.nodes.changed()  # before the queue wakes anyone: they read the new nodes
-            runtime.pending.on_node_event(event_type=event.get("type"), body=event["object"])
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def resource_manager_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:

@@ -2,9 +2,11 @@
 
 The runtime builds the apiserver client, the ports the scheduling cycles write through (Binding,
 events, conditions, volumes; the Binding fenced by the leader Lease under leader election), the
-metrics server, and starts the unbound-pod watch, its sweep and the election; `close` stops them
-in turn. The pods themselves (the map of unbound pods, their routing, the sweep) are
-:class:`bindery.controller.profile.pending.PendingPods`'.
+metrics server, and starts the watches (Nodes, unbound pods, pods on nodes, namespaces, Services),
+the sweep and the election; `close` stops them in turn. No ResourceManager's profile waits for a
+watch to list before it starts (credentials, RM client, probe, status); it schedules once the
+Nodes are listed (`Environment.waiting_for`). The pods themselves (the map of unbound pods, their
+routing, the sweep) are :class:`bindery.controller.profile.pending.PendingPods`'.
 
 ResourceManager events re-run one `_reconfigure` under a lock: parse every known object, decide
 routing (contested names are served by nobody), and hand each object's spec to its own
@@ -25,11 +27,11 @@ from typing import Any
 import kopf
 
 from bindery.adapters import (
-    IndexNodeLookup,
     KubeBinder,
     KubeConditionWriter,
     KubeEventSink,
     KubeVolumes,
+    NodeCache,
     PlacedPodCache,
     UnboundPods,
     WriteCounter,
@@ -75,6 +77,7 @@ from bindery.controller.startup.connection import (
 )
 from bindery.controller.startup.options import OperatorOptions
 from bindery.controller.watches.namespaces import NamespaceLabels
+from bindery.controller.watches.nodes import NodeWatcher
 from bindery.controller.watches.placed import PlacedPodWatcher
 from bindery.controller.watches.services import ServiceSelectors
 from bindery.controller.watches.unbound import UnboundPodWatcher
@@ -151,8 +154,10 @@ class Runtime:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         #: pods on nodes, for the inter-pod rules (bindery.scheduling.placementrules)
         self.placed: PlacedPodCache | None = None
-        #: nodes from Kopf's index (its list of every node is refreshed by each node event)
-        self.nodes: IndexNodeLookup | None = None
+        #: every Node, from the node watch (profiles schedule once it listed them all)
+        self.nodes: NodeCache | None = None
+        self.node_watch: NodeWatcher | None = None
+        self._nodes_task: asyncio.Task[None] | None = None
         self._placed_task: asyncio.Task[None] | None = None
         self.placed_watch: PlacedPodWatcher | None = None
         self.podgroup_watch: PodGroupWatch | None = None
@@ -161,7 +166,7 @@ class Runtime:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self, *, node_index: Any) -> None:
+    async def start(self) -> None:
         configuration = await load_configuration(kubeconfig=self.options.kubeconfig)
         # Sized again whenever the ResourceManagers change (_size_pool): watches + maxInFlight.
         configuration.connection_pool_maxsize = ConnectionPool().size
@@ -186,7 +191,16 @@ class Runtime:
             logger=self.logger,
             namespaces=self.options.namespaces,
         )
-        nodes = self.nodes = IndexNodeLookup(index=node_index)
+        nodes = self.nodes = NodeCache()
+        self.node_watch = NodeWatcher(
+            api=self._api,
+            cache=nodes,
+            on_event=lambda event_type, body: self.pending.on_node_event(event_type=event_type, body=body),
+            on_synced=self._nodes_synced,
+            logger=self.logger,
+            watch_seconds=self.options.watch_timeout,
+        )
+        self._nodes_task = asyncio.create_task(self.node_watch.run(), name="bindery node watch")
         self.services = ServiceSelectors(
             api=self._api,
             logger=self.logger,
@@ -247,6 +261,7 @@ class Runtime:
             cluster_id=self.cluster_id,
             bound_pods=self.placed_watch,
             podgroups=self.podgroup_watch,
+            waiting_for=lambda: None if nodes.synced else "the list of Nodes",
         )
         self._sweep_task = asyncio.create_task(self.pending.sweep_forever(), name="bindery unbound-pod sweep")
         self._clock_task = asyncio.create_task(self._follow_apiserver_clock(), name="bindery apiserver clock")
@@ -325,6 +340,7 @@ class Runtime:
         if self._leadership is not None:
             await self._leadership.close()
         for task in (
+            self._nodes_task,
             self._unbound_task,
             self._sweep_task,
             self._namespaces_task,
@@ -441,6 +457,11 @@ class Runtime:
             pending.reoffer_all()
         self._size_pool(configs.values())
 
+    def _nodes_synced(self) -> None:
+        """Every Node is known: the profiles waiting for them start scheduling."""
+        for supervisor in self.supervisors.values():
+            supervisor.poke()
+
     def _podgroup_changed(self, namespace: str, name: str) -> None:
         for runner in self.runners.values():
             runner.podgroups.changed(namespace=namespace, name=name)
@@ -468,7 +489,7 @@ class Runtime:
     def connection_pool(self, configs: Iterable[ResourceManagerConfig]) -> ConnectionPool:
         """What the apiserver connection pool is for now: per scope (all namespaces, or each of
         the operator's), a watch of unbound pods per claimed name, the namespace-label watch, the
-        watch of pods on nodes (inter-pod rules, and every profile's releases), the Service
+        node watch, the watch of pods on nodes (inter-pod rules, and every profile's releases), the Service
         watch and the PodGroup watch (counted before it starts: it starts with the first pod
         group), and the cycles every ResourceManager may have in flight."""
         pending = self.pending
@@ -478,6 +499,7 @@ class Runtime:
             + (1 if self._namespaces_task is not None else 0)
             + (scopes if self._placed_task is not None else 0)
             + (scopes if self._services_task is not None else 0)
+            + (1 if self._nodes_task is not None else 0)
             + (scopes if self.podgroup_watch is not None else 0),
             in_flight=sum(config.max_in_flight for config in configs),
         )

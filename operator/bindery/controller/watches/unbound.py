@@ -6,7 +6,7 @@ logger). Profiled in the ceiling benchmark's backlog (benchmarks/PROFILE.md: 5,0
 nodes), that was 19% of the operator thread's samples, of which Bindery's own handler was 2%.
 Bindery needs none of it here: the handler keeps no state on the pod and writes nothing to it, so
 the events go straight from the stream to :meth:`bindery.controller.profile.pending.PendingPods.on_pod_event`.
-Kopf still runs everything else (startup, login, the Node index, the ResourceManager handlers).
+Kopf still runs startup, login and the ResourceManager handlers.
 
 What is kept from Kopf's watch: listed pods arrive as events of type None, as Kopf's listing
 delivers them; events are handled in order, one at a time per list-then-watch.
