@@ -454,7 +454,8 @@ def _choose_sampled(
     start: int,
 ) -> Decision | None:
     """:func:`choose_node` with sampling: the first ``budget`` nodes that fit from ``start`` on,
-    round, and the best of them; None when none fits (the caller then counts every node's reason).
+    round, and the best of them; None when none fits (the caller then counts every node's reason)
+    or when fewer pass the filters than it looks for (then every one of them is the sample).
 
     Why it does not first filter every node: a pod whose constraints are new (each pod of a rules
     backlog) would pay for the whole inventory before looking at a tenth of it. The filters are
@@ -463,7 +464,23 @@ def _choose_sampled(
     """
     count = len(nodes)
     key = _json_key([node_selector, affinity_terms, tolerations, preferences])
-    static = cache.outcomes.get(key) if key is not None else None
+    static = None
+    if key is not None and (static := cache.outcomes.get(key)) is None and isinstance(nodes, tuple):
+        if key in cache.seen:  # a kind of pod seen before: its filters, once, for all its kind
+            static = _static_outcome(
+                cache=cache,
+                nodes=nodes,
+                node_selector=node_selector,
+                affinity_terms=affinity_terms,
+                tolerations=tolerations,
+                preferences=preferences,
+            )
+        else:  # maybe a one-off (a rules pod): asked node by node as the search goes
+            if len(cache.seen) >= _StaticCache.size:
+                cache.seen.clear()
+            cache.seen[key] = None
+    if static is not None and len(static.passing) <= budget:
+        return None  # the search would walk every node that passes: the exact pick is the same
     shapes = _shapes(requests)
     memo = cache.memo(tuple(requests.items()), count)
     own_usage = usage_by_node.get
@@ -532,13 +549,15 @@ def _search_order(
     preferred = [(weight, compile_term(term)) for weight, term in preferences if weight > 0]
     scored = bool(preferred) or tolerated.scored
     entries = cache.entries(nodes)
-    candidates: Sequence[int] = range(len(nodes))
+    count = len(nodes)
+    candidates: Sequence[int] = range(count)
+    matching: set[int] | None = None  # the nodes meeting the selector and affinity, when indexed
     if isinstance(nodes, tuple):
         requirements = label_sets(node_selector=node_selector, terms=affinity_terms)
         if requirements is not None:
-            narrowest = cache.narrowest(nodes, requirements)
-            if narrowest is not None:
-                candidates = narrowest
+            matching = _label_matches(cache.label_index(nodes), requirements, count)
+            if len(matching) * _NARROW < count:  # few: walk only them
+                candidates = sorted(matching)
     first = bisect.bisect_left(candidates, start)
     for index in itertools.chain(range(first, len(candidates)), range(first)):
         position = candidates[index]
@@ -546,7 +565,7 @@ def _search_order(
         if failure is not None:
             continue
         node = nodes[position]
-        if not allowed(node.labels, node.name):
+        if (position not in matching) if matching is not None else not allowed(node.labels, node.name):
             continue
         raw = None
         if scored:
@@ -708,8 +727,8 @@ class _InventoryCache:
     label_masks: LabelMasks | None = None
     #: :func:`static_scores` answers, with a plain copy of the constraints each answers for
     scores: list[_KnownScores] = field(default_factory=list)
-    #: per (label key, values): the sorted positions of the nodes with one of them (see narrowest)
-    unions: dict[tuple[str, frozenset[str]], tuple[int, ...]] = field(default_factory=dict)
+    #: the constraints of the kinds of pod a sampled search has seen once (see _choose_sampled)
+    seen: dict[str, None] = field(default_factory=dict)
 
     def masks(self, nodes: Sequence[InventoryNode]) -> LabelMasks:
         if self.label_masks is None:
@@ -730,32 +749,6 @@ class _InventoryCache:
                 (node, "pods" in node.allocatable, position) for position, node in enumerate(nodes)
             )
         return self.passing_entries
-
-    def narrowest(
-        self, nodes: Sequence[InventoryNode], requirements: Sequence[tuple[str, frozenset[str], bool]]
-    ) -> Sequence[int] | None:
-        """The sorted positions of the nodes having a value the narrowest wanted requirement
-        names (a superset of those meeting them all); None when no requirement wants a value."""
-        index = self.label_index(nodes)
-        best: Sequence[int] | None = None
-        for key, values, wanted in requirements:
-            if not wanted:
-                continue
-            by_value = index.get(key, {})
-            if len(values) == 1:
-                having: Sequence[int] = by_value.get(next(iter(values)), ())
-            else:
-                cached = self.unions.get((key, values))
-                if cached is None:
-                    if len(self.unions) >= _StaticCache.size:
-                        self.unions.clear()
-                    cached = self.unions[(key, values)] = tuple(
-                        sorted(itertools.chain.from_iterable(by_value.get(value, ()) for value in values))
-                    )
-                having = cached
-            if best is None or len(having) < len(best):
-                best = having
-        return best
 
     def label_index(self, nodes: Sequence[InventoryNode]) -> dict[str, dict[str, list[int]]]:
         if self.labels is None:
@@ -866,6 +859,8 @@ def _tolerated(
 
 
 _AFFINITY_FAILURE = "node(s) didn't match Pod's node affinity/selector"
+#: When the label index leaves fewer than 1 in this many nodes, only those are walked.
+_NARROW = 4
 
 
 def _static_outcome(
@@ -899,17 +894,12 @@ def _static_outcome(
         # Bindery's spread and anti-affinity: the nodes that meet them from the label index, a
         # lookup per value instead of a check per node. Only for a kept inventory (a tuple): for
         # a list, indexing its labels would cost more than asking each node once.
-        narrowest = cache.narrowest(nodes, requirements)
-        if narrowest is not None:
-            # A required value narrows the nodes to those having it: only they are asked.
+        matching = _label_matches(cache.label_index(nodes), requirements, len(nodes))
+        if len(matching) * _NARROW < len(tolerated.passing):
+            # A required value narrowed the nodes to a few: only they are asked, not every node.
             per_node = tolerated.per_node
-            positions = [
-                position
-                for position in narrowest
-                if per_node[position][0] is None and _meets(nodes[position].labels, requirements)
-            ]
+            positions = sorted([position for position in matching if per_node[position][0] is None])
         else:
-            matching = _label_matches(cache.label_index(nodes), requirements, len(nodes))
             positions = [position for position in tolerated.passing if position in matching]
     else:
         allowed = compile_required(node_selector=node_selector, terms=affinity_terms)
@@ -1100,12 +1090,6 @@ def _static_scores(
     }
 
 
-def _meets(labels: Mapping[str, str], requirements: Sequence[tuple[str, frozenset[str], bool]]) -> bool:
-    """Whether ``labels`` meet every requirement ``(key, values, wanted)`` (see :func:`_label_matches`)."""
-    get = labels.get
-    return all((get(key) in values) is wanted for key, values, wanted in requirements)
-
-
 def _label_matches(
     index: Mapping[str, Mapping[str, Sequence[int]]],
     requirements: Sequence[tuple[str, frozenset[str], bool]],
@@ -1114,7 +1098,8 @@ def _label_matches(
     """The positions of the nodes meeting every requirement ``(key, values, wanted)``: whether the
     node's label ``key`` has a value in ``values`` is ``wanted`` (an absent label has none)."""
     matching: set[int] | None = None
-    for key, values, wanted in requirements:
+    # Wanted values first: what they leave is small, and the unwanted are taken out of it.
+    for key, values, wanted in sorted(requirements, key=lambda requirement: not requirement[2]):
         by_value = index.get(key, {})
         having: set[int] = set()
         for value in values:
