@@ -15,7 +15,12 @@ preferred node term (contract v1.2) that half the nodes match, so every call tak
 sends for ceiling.py's ``--shape rules`` (a hard zone spread and a hostname anti-affinity over its
 group, groups of half the nodes): one term of ``kubernetes.io/hostname NotIn`` the group's nodes so
 far (split at 256 values) and ``zone In`` the zones with the fewest of the group's pods, so every
-pod's constraints are new.  It asserts nothing: compare the figure
+pod's constraints are new.  ``--selector`` gives every pod a nodeSelector on a rack (a tenth
+of the nodes) and a required ``zone In`` two of three zones.  ``--percentage`` passes
+``percentage_of_nodes_to_score`` (the RM's ``--percentage-of-nodes-to-score``; 0 adaptive, 100 every
+node) and carries each call's ``next_start`` to the next, as the store does; without it the call
+is made as on a main without sampling, so the same command measures both.  ``--rounds`` repeats
+the run and prints the median and the worst round.  It asserts nothing: compare the figure
 before and after a change to placement (benchmarks/PROFILE.md).
 """
 
@@ -25,6 +30,7 @@ import argparse
 import cProfile
 import math
 import pstats
+import statistics
 import time
 from collections import Counter
 from decimal import Decimal
@@ -52,6 +58,7 @@ def inventory(count: int, *, constraints: bool) -> tuple[InventoryNode, ...]:
                     "half": "ab"[index % 2],
                     "kubernetes.io/hostname": f"node-{index + 1:04d}",
                     "topology.kubernetes.io/zone": f"zone-{index % 3}",
+                    "rack": f"rack-{index % 10}",
                 },
             },
             "spec": {"taints": [TAINT] if constraints else []},
@@ -71,6 +78,11 @@ def requests(index: int) -> dict[str, Decimal]:
     return {"cpu": parse_quantity(cpu), "memory": parse_quantity(memory)}
 
 
+SELECTOR_TERM = {
+    "matchExpressions": [
+        {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-0", "zone-1"]}
+    ]
+}
 PREFERENCES = [(50, {"matchExpressions": [{"key": "half", "operator": "In", "values": ["a"]}]})]
 
 
@@ -109,11 +121,21 @@ def run(
     constraints: bool,
     preferences: bool,
     rules: bool = False,
+    selector: bool = False,
+    percentage: int | None = None,
 ) -> float:
     usage: dict[str, dict[str, Decimal]] = {}
     tolerations = [{"key": TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}] if constraints else []
     by_name = {node.name: node for node in nodes}
     ruled = Rules(nodes=len(nodes), pods=calls) if rules else None
+    node_selector = {"pool": "bench"} if constraints else {}
+    affinity: list[dict[str, Any]] = []
+    if selector:
+        node_selector = {**node_selector, "rack": "rack-3"}
+        affinity = [SELECTOR_TERM]
+    sampling: dict[str, int] = {}
+    if percentage is not None:
+        sampling = {"percentage_of_nodes_to_score": percentage, "start": 0}
     started = time.process_time()
     for index in range(calls):
         pod = requests(index)
@@ -121,13 +143,16 @@ def run(
             nodes=nodes,
             requests=pod,
             usage_by_node=usage,
-            node_selector={"pool": "bench"} if constraints else {},
-            affinity_terms=ruled.terms(index) if ruled else [],
+            node_selector=node_selector,
+            affinity_terms=ruled.terms(index) if ruled else affinity,
             tolerations=tolerations,
             policy=policy,
             preferences=PREFERENCES if preferences else (),
+            **sampling,
         )
         assert decision.node is not None, decision.reason
+        if sampling:
+            sampling["start"] = decision.next_start
         if ruled:
             ruled.placed(index, by_name[decision.node])
         add_usage(usage, decision.node, effective_usage(pod, by_name[decision.node]))
@@ -152,18 +177,36 @@ def main() -> None:
     parser.add_argument(
         "--rules", action="store_true", help="every pod's hard zone spread and hostname anti-affinity"
     )
+    parser.add_argument(
+        "--selector", action="store_true", help="every pod's nodeSelector on a rack and required zone In"
+    )
+    parser.add_argument(
+        "--percentage", type=int, help="percentage_of_nodes_to_score (default: not passed, every node)"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="runs per policy: the median and worst")
+    parser.add_argument("--policy", choices=[p.value for p in Policy], help="only this policy")
     options = parser.parse_args()
     nodes = inventory(options.nodes, constraints=options.constraints)
-    more = {"constraints": options.constraints, "preferences": options.preferences, "rules": options.rules}
-    for policy in Policy:
-        mean = run(nodes=nodes, calls=options.pods, policy=policy, **more)
+    more: dict[str, Any] = {
+        "constraints": options.constraints,
+        "preferences": options.preferences,
+        "rules": options.rules,
+        "selector": options.selector,
+    }
+    if options.percentage is not None:
+        more["percentage"] = options.percentage
+    policies = [Policy(options.policy)] if options.policy else list(Policy)
+    for policy in policies:
+        rounds = [run(nodes=nodes, calls=options.pods, policy=policy, **more) for _ in range(options.rounds)]
+        median = statistics.median(rounds)
         print(
-            f"{policy.value:8s} {options.nodes} nodes, {options.pods} pods: {mean:.3f} ms CPU per choose_node"
+            f"{policy.value:8s} {options.nodes} nodes, {options.pods} pods: {median:.3f} ms "
+            f"CPU per choose_node (median of {len(rounds)}, worst {max(rounds):.3f})"
         )
     if options.profile:
         profiler = cProfile.Profile()
         profiler.enable()
-        run(nodes=nodes, calls=options.pods, policy=Policy.BINPACK, **more)
+        run(nodes=nodes, calls=options.pods, policy=policies[0], **more)
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
 

@@ -122,6 +122,7 @@ class StoreFactory:
         retention: float = 3600.0,
         max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
         foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
+        percentage_of_nodes_to_score: int = 0,
     ) -> Store:
         store = open_store(
             self.db,
@@ -129,6 +130,7 @@ class StoreFactory:
             retention=retention,
             max_released_rows=max_released_rows,
             foreign_retry_seconds=foreign_retry_seconds,
+            percentage_of_nodes_to_score=percentage_of_nodes_to_score,
         )
         closing = store.close
 

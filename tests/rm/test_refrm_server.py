@@ -359,6 +359,10 @@ def test_cli_rejects_bad_configuration(tmp_path: pathlib.Path, capsys: pytest.Ca
         options = ["--db", str(tmp_path / "db"), "--inventory", str(good), "--insecure-no-auth"]
         assert refrm_main([*options, "--foreign-retry-seconds", seconds]) == 2
         assert "--foreign-retry-seconds must be at least 1" in capsys.readouterr().err
+    for percentage in ("-1", "101"):
+        options = ["--db", str(tmp_path / "db"), "--inventory", str(good), "--insecure-no-auth"]
+        assert refrm_main([*options, "--percentage-of-nodes-to-score", percentage]) == 2
+        assert "--percentage-of-nodes-to-score must be from 0 to 100" in capsys.readouterr().err
 
 
 async def test_cli_serves_until_sigterm(tmp_path: pathlib.Path) -> None:

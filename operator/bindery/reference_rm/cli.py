@@ -185,6 +185,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     serve.add_argument(
+        "--percentage-of-nodes-to-score",
+        type=int,
+        default=0,
+        metavar="PERCENT",
+        help="as kube-scheduler's percentageOfNodesToScore: a reserve searches the nodes round from where "
+        "the last one stopped and picks among the first this share of them that fit (at least 100); "
+        "0 is kube-scheduler's adaptive default (50%% less 1%% per 125 nodes, at least 5%%), 100 examines "
+        "every node, so --policy is exact (default %(default)s; groups and preemption examine every node)",
+    )
+    serve.add_argument(
         "--no-cluster-id",
         action="store_true",
         help="serve as a contract v1.1 RM: no GET /v1/info (404); clusterId, preferredNodeAffinity and Gt/Lt "
@@ -259,6 +269,11 @@ async def _serve(args: argparse.Namespace) -> None:
             f"--foreign-retry-seconds must be at least 1 (got {args.foreign_retry_seconds}): a refused "
             "pod is told to retry after that long, and less would turn its retries into a busy loop"
         )
+    if not 0 <= (percentage := args.percentage_of_nodes_to_score) <= 100:
+        raise ValueError(
+            f"--percentage-of-nodes-to-score must be from 0 to 100 (got {percentage}): "
+            "0 samples as kube-scheduler does by default, 100 examines every node"
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -287,6 +302,7 @@ async def _serve(args: argparse.Namespace) -> None:
                 cluster_ids=not args.no_cluster_id,
                 preemption=not args.no_preemption,
                 foreign_retry_seconds=args.foreign_retry_seconds,
+                percentage_of_nodes_to_score=args.percentage_of_nodes_to_score,
                 admin_token=(
                     args.admin_token_file.read_text(encoding="utf-8").strip()
                     if args.admin_token_file is not None

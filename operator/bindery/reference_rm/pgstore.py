@@ -63,6 +63,7 @@ from bindery.reference_rm.placement import (
     InventoryNode,
     Policy,
     add_usage,
+    check_percentage,
     choose_node,
     effective_usage,
     placeable,
@@ -344,11 +345,16 @@ class PostgresReservationStore:
         max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
         connect_timeout: float = 10.0,
         foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
+        percentage_of_nodes_to_score: int = 0,
     ) -> None:
         self._clock = clock
         self._retention = retention
         self._max_ended = max_released_rows
         self._foreign_retry = foreign_retry_seconds
+        # Feasible-node sampling (placement.nodes_to_find) and where this replica's next search
+        # starts (each replica rotates on its own, as each kube-scheduler does).
+        self._percentage = check_percentage(percentage_of_nodes_to_score)
+        self._next_start = 0
         self._ended_since_gc = 0
         self._next_gc = 0.0
         self._url = url
@@ -695,7 +701,10 @@ class PostgresReservationStore:
             policy=policy,
             foreign=foreign,
             preferences=request.placement.preference_dicts(),
+            percentage_of_nodes_to_score=self._percentage,
+            start=self._next_start,
         )
+        self._next_start = decision.next_start
         if decision.node is None:
             return Unschedulable(
                 decision.reason, retry_after=self._retry_hint(conn, now, foreign=bool(foreign))

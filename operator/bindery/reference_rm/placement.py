@@ -13,11 +13,13 @@ reservations is explained.
 
 from __future__ import annotations
 
+import bisect
 import enum
+import itertools
 import json
 import marshal
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -36,16 +38,20 @@ from bindery.rm.models import ReservationRequest
 __all__ = [
     "AFFINITY_WEIGHT",
     "MAX_NODE_SCORE",
+    "MIN_FEASIBLE_NODES_PERCENTAGE",
+    "MIN_FEASIBLE_NODES_TO_FIND",
     "TAINT_WEIGHT",
     "UNSCHEDULABLE_TAINT",
     "Decision",
     "InventoryNode",
     "Policy",
     "add_usage",
+    "check_percentage",
     "choose_node",
     "fits",
     "format_reason",
     "node_failures",
+    "nodes_to_find",
     "normalize",
     "preference_scores",
     "score",
@@ -97,10 +103,44 @@ class InventoryNode:
 
 @dataclass(frozen=True)
 class Decision:
-    """The chosen node, or None and the kube-scheduler-style reason nothing fits."""
+    """The chosen node, or None and the kube-scheduler-style reason nothing fits; and where the
+    next placement's search starts (the rotation of :func:`nodes_to_find`'s sampling)."""
 
     node: str | None
     reason: str = ""
+    next_start: int = 0
+
+
+#: kube-scheduler's ``minFeasibleNodesToFind`` and ``minFeasibleNodesPercentageToFind``
+#: (``pkg/scheduler/schedule_one.go``).
+MIN_FEASIBLE_NODES_TO_FIND = 100
+MIN_FEASIBLE_NODES_PERCENTAGE = 5
+
+
+def check_percentage(percentage: int) -> int:
+    """``percentage`` if it is a valid ``percentageOfNodesToScore`` (0 to 100), else a ValueError
+    saying so: kube-scheduler's configuration refuses the same values."""
+    if isinstance(percentage, bool) or not isinstance(percentage, int) or not 0 <= percentage <= 100:
+        raise ValueError(
+            f"the percentage of nodes to score must be a whole number from 0 to 100 (got {percentage!r}): "
+            "0 samples as kube-scheduler does by default, 100 examines every node"
+        )
+    return percentage
+
+
+def nodes_to_find(*, percentage: int, total: int) -> int:
+    """How many feasible nodes a placement looks for before it stops: kube-scheduler's
+    ``numFeasibleNodesToFind`` for ``percentageOfNodesToScore``.
+
+    Every node below 100 nodes or at 100 %; 0 is adaptive (50 % less one per 125 nodes, at least
+    5 %); never fewer than 100. Why the same numbers: a user moving from kube-scheduler keeps
+    the trade it made between the time to place and how good the pick is.
+    """
+    if total < MIN_FEASIBLE_NODES_TO_FIND or percentage >= 100:
+        return total
+    if percentage <= 0:
+        percentage = max(MIN_FEASIBLE_NODES_PERCENTAGE, 50 - total // 125)
+    return max(MIN_FEASIBLE_NODES_TO_FIND, total * percentage // 100)
 
 
 def effective_usage(requests: Mapping[str, Decimal], node: InventoryNode) -> Usage:
@@ -243,6 +283,8 @@ def choose_node(
     policy: Policy,
     foreign: Mapping[str, Foreign] | None = None,
     preferences: Sequence[tuple[int, Mapping[str, Any]]] = (),
+    percentage_of_nodes_to_score: int = 100,
+    start: int = 0,
 ) -> Decision:
     """Pick a node by ``policy`` among those that fit; ties go to the node name that sorts first.
 
@@ -261,8 +303,63 @@ def choose_node(
     ``preferences`` (contract v1.2, ``(weight, nodeSelectorTerm)``) and the nodes' PreferNoSchedule
     taints are scored with the policy as :class:`Policy` says; when neither tells the nodes apart,
     the policy alone decides, on the path above.
+
+    ``percentage_of_nodes_to_score`` below 100 samples as kube-scheduler does
+    (:func:`nodes_to_find`): the nodes are searched in inventory order from position ``start``,
+    round, and the search stops once that many fit; the pick is the best of those, and
+    :attr:`Decision.next_start` is where the next search starts (after the last node examined).
+    When no node fits, every node is examined, for a reason that counts them all.
     """
     cache = _inventory_cache(nodes)
+    count = len(nodes)
+    budget = nodes_to_find(percentage=percentage_of_nodes_to_score, total=count)
+    start = start % count if count else 0
+    if budget < count:
+        sampled = _choose_sampled(
+            cache=cache,
+            nodes=nodes,
+            requests=requests,
+            usage_by_node=usage_by_node,
+            node_selector=node_selector,
+            affinity_terms=affinity_terms,
+            tolerations=tolerations,
+            binpack=policy is Policy.BINPACK,
+            foreign=foreign,
+            preferences=preferences,
+            budget=budget,
+            start=start,
+        )
+        if sampled is not None:
+            return sampled
+    decision = _choose_all(
+        cache=cache,
+        nodes=nodes,
+        requests=requests,
+        usage_by_node=usage_by_node,
+        node_selector=node_selector,
+        affinity_terms=affinity_terms,
+        tolerations=tolerations,
+        policy=policy,
+        foreign=foreign,
+        preferences=preferences,
+    )
+    return Decision(node=decision.node, reason=decision.reason, next_start=start)
+
+
+def _choose_all(
+    *,
+    cache: _InventoryCache,
+    nodes: Sequence[InventoryNode],
+    requests: Mapping[str, Decimal],
+    usage_by_node: Mapping[str, Mapping[str, Decimal]],
+    node_selector: Mapping[str, str],
+    affinity_terms: Sequence[Mapping[str, Any]],
+    tolerations: Sequence[Mapping[str, Any]],
+    policy: Policy,
+    foreign: Mapping[str, Foreign] | None,
+    preferences: Sequence[tuple[int, Mapping[str, Any]]],
+) -> Decision:
+    """:func:`choose_node` over every node: the exact pick, or the reason that counts every node."""
     static = _static_outcome(
         cache=cache,
         nodes=nodes,
@@ -271,13 +368,7 @@ def choose_node(
         tolerations=tolerations,
         preferences=preferences,
     )
-    usage = {name: amount for name, amount in requests.items() if amount > 0}
-    with_pods = usage if "pods" in usage else {**usage, "pods": Decimal(1)}
-    # (usage in request order, for the score; its items sorted by name, for the fit check's reasons)
-    shapes = {
-        False: (usage, sorted(usage.items())),
-        True: (with_pods, sorted(with_pods.items())),
-    }
+    shapes = _shapes(requests)
     memo = cache.memo(tuple(requests.items()), len(nodes))  # by position in the inventory
     failed: list[tuple[str, ...]] = []  # counted only when nothing fits: then they are the reason
     binpack = policy is Policy.BINPACK
@@ -334,6 +425,183 @@ def choose_node(
     }
     explained = describe_foreign(foreign=foreign, short=short)
     return Decision(node=None, reason=f"{reason} {explained}" if explained else reason)
+
+
+_Shapes = Mapping[bool, tuple[Mapping[str, Decimal], Sequence[tuple[str, Decimal]]]]
+
+
+def _shapes(requests: Mapping[str, Decimal]) -> _Shapes:
+    """The pod's usage on a node that does not count pods (False) and on one that does (True):
+    in request order, for the score, and its items sorted by name, for the fit check's reasons."""
+    usage = {name: amount for name, amount in requests.items() if amount > 0}
+    with_pods = usage if "pods" in usage else {**usage, "pods": Decimal(1)}
+    return {False: (usage, sorted(usage.items())), True: (with_pods, sorted(with_pods.items()))}
+
+
+def _choose_sampled(
+    *,
+    cache: _InventoryCache,
+    nodes: Sequence[InventoryNode],
+    requests: Mapping[str, Decimal],
+    usage_by_node: Mapping[str, Mapping[str, Decimal]],
+    node_selector: Mapping[str, str],
+    affinity_terms: Sequence[Mapping[str, Any]],
+    tolerations: Sequence[Mapping[str, Any]],
+    binpack: bool,
+    foreign: Mapping[str, Foreign] | None,
+    preferences: Sequence[tuple[int, Mapping[str, Any]]],
+    budget: int,
+    start: int,
+) -> Decision | None:
+    """:func:`choose_node` with sampling: the first ``budget`` nodes that fit from ``start`` on,
+    round, and the best of them; None when none fits (the caller then counts every node's reason)
+    or when fewer pass the filters than it looks for (then every one of them is the sample).
+
+    Why it does not first filter every node: a pod whose constraints are new (each pod of a rules
+    backlog) would pay for the whole inventory before looking at a tenth of it. The filters are
+    asked of each node as the search reaches it, in the same order; a required label value
+    (nodeSelector, ``In``) narrows the search to the nodes having it, from the label index.
+    """
+    count = len(nodes)
+    key = _json_key([node_selector, affinity_terms, tolerations, preferences])
+    static = None
+    if key is not None and (static := cache.outcomes.get(key)) is None and isinstance(nodes, tuple):
+        if key in cache.seen:  # a kind of pod seen before: its filters, once, for all its kind
+            static = _static_outcome(
+                cache=cache,
+                nodes=nodes,
+                node_selector=node_selector,
+                affinity_terms=affinity_terms,
+                tolerations=tolerations,
+                preferences=preferences,
+            )
+        else:  # maybe a one-off (a rules pod): asked node by node as the search goes
+            if len(cache.seen) >= _StaticCache.size:
+                cache.seen.clear()
+            cache.seen[key] = None
+    if static is not None and len(static.passing) <= budget:
+        return None  # the search would walk every node that passes: the exact pick is the same
+    shapes = _shapes(requests)
+    memo = cache.memo(tuple(requests.items()), count)
+    own_usage = usage_by_node.get
+    empty: Mapping[str, Decimal] = {}
+    found: list[tuple[str, Decimal, tuple[int, int] | None]] = []  # (name, fill, raw scores)
+    last = start
+    for node, counts_pods, position, raw in _search_order(
+        cache=cache,
+        static=static,
+        nodes=nodes,
+        node_selector=node_selector,
+        affinity_terms=affinity_terms,
+        tolerations=tolerations,
+        preferences=preferences,
+        start=start,
+    ):
+        name = node.name
+        own = own_usage(name, empty)
+        elsewhere = foreign.get(name) if foreign else None
+        known = memo[position]
+        if known is not None and known[1] is elsewhere and known[0] == own:
+            outcome = known[2]
+        else:
+            outcome = _fit(
+                node, own if elsewhere is None else _plus(own, elsewhere.usage), *shapes[counts_pods]
+            )
+            memo[position] = (dict(own), elsewhere, outcome)
+        if isinstance(outcome, tuple):
+            continue
+        found.append((name, outcome, raw))
+        if len(found) >= budget:
+            last = position + 1
+            break
+    if not found:
+        return None
+    return Decision(node=_best_found(found, binpack=binpack), next_start=last % count)
+
+
+def _search_order(
+    *,
+    cache: _InventoryCache,
+    static: _StaticOutcome | None,
+    nodes: Sequence[InventoryNode],
+    node_selector: Mapping[str, str],
+    affinity_terms: Sequence[Mapping[str, Any]],
+    tolerations: Sequence[Mapping[str, Any]],
+    preferences: Sequence[tuple[int, Mapping[str, Any]]],
+    start: int,
+) -> Iterator[tuple[InventoryNode, bool, int, tuple[int, int] | None]]:
+    """The nodes passing the filters that do not depend on usage, from position ``start`` on and
+    round, each with whether it counts pods, its position and its raw (NodeAffinity,
+    TaintToleration) scores (None when no node can score: the policy alone decides).
+
+    From ``static`` when this kind of pod's filters are known; else each asked as it comes."""
+    if static is not None:
+        passing = static.passing
+        raw_scores = static.raw_scores
+        first = bisect.bisect_left(static.positions, start)
+        for index in itertools.chain(range(first, len(passing)), range(first)):
+            node, counts_pods, position = passing[index]
+            yield node, counts_pods, position, raw_scores[index] if raw_scores is not None else None
+        return
+    tolerated = _tolerated(cache, nodes, tolerations)
+    per_node = tolerated.per_node
+    allowed = compile_required(node_selector=node_selector, terms=affinity_terms)
+    preferred = [(weight, compile_term(term)) for weight, term in preferences if weight > 0]
+    scored = bool(preferred) or tolerated.scored
+    entries = cache.entries(nodes)
+    count = len(nodes)
+    candidates: Sequence[int] = range(count)
+    matching: set[int] | None = None  # the nodes meeting the selector and affinity, when indexed
+    if isinstance(nodes, tuple):
+        requirements = label_sets(node_selector=node_selector, terms=affinity_terms)
+        if requirements is not None:
+            matching = _label_matches(cache.label_index(nodes), requirements, count)
+            if len(matching) * _NARROW < count:  # few: walk only them
+                candidates = sorted(matching)
+    first = bisect.bisect_left(candidates, start)
+    for index in itertools.chain(range(first, len(candidates)), range(first)):
+        position = candidates[index]
+        failure, untolerated = per_node[position]
+        if failure is not None:
+            continue
+        node = nodes[position]
+        if (position not in matching) if matching is not None else not allowed(node.labels, node.name):
+            continue
+        raw = None
+        if scored:
+            affinity = sum(weight for weight, term in preferred if term(node.labels, node.name))
+            raw = (affinity, untolerated)
+        yield node, entries[position][1], position, raw
+
+
+def _best_found(found: Sequence[tuple[str, Decimal, tuple[int, int] | None]], *, binpack: bool) -> str:
+    """The pick among the sampled feasible nodes, as :func:`_choose_all` picks among all of them:
+    by the weighted sum when a raw score tells nodes apart, else by the policy alone."""
+    if any(raw is not None and (raw[0] or raw[1]) for _, _, raw in found):
+        highest_affinity = max(raw[0] if raw else 0 for _, _, raw in found)
+        highest_taints = max(raw[1] if raw else 0 for _, _, raw in found)
+        top: tuple[Decimal, str] | None = None
+        for name, fill, raw in found:
+            affinity, taints = raw if raw is not None else (0, 0)
+            total = (
+                AFFINITY_WEIGHT * normalize(affinity, highest_affinity, reverse=False)
+                + TAINT_WEIGHT * normalize(taints, highest_taints, reverse=True)
+                + MAX_NODE_SCORE * (fill if binpack else 1 - fill)
+            )
+            if top is None or total > top[0] or (total == top[0] and name < top[1]):
+                top = (total, name)
+        assert top is not None
+        return top[1]
+    best: tuple[Decimal, str] | None = None
+    for name, fill, _ in found:
+        if (
+            best is None
+            or (fill > best[0] if binpack else fill < best[0])
+            or (fill == best[0] and name < best[1])
+        ):
+            best = (fill, name)
+    assert best is not None
+    return best[1]
 
 
 def _best_scored(
@@ -415,6 +683,8 @@ class _StaticOutcome:
     #: Per passing node, its raw (NodeAffinity, TaintToleration) scores (:func:`preference_scores`);
     #: None when they are zero on every passing node, so they cannot tell nodes apart.
     raw_scores: tuple[tuple[int, int], ...] | None = None
+    #: The passing nodes' positions in the inventory (sorted): where a sampled search starts.
+    positions: tuple[int, ...] = ()
 
 
 _Memo = tuple[dict[str, Decimal], Foreign | None, _Outcome]
@@ -457,6 +727,8 @@ class _InventoryCache:
     label_masks: LabelMasks | None = None
     #: :func:`static_scores` answers, with a plain copy of the constraints each answers for
     scores: list[_KnownScores] = field(default_factory=list)
+    #: the constraints of the kinds of pod a sampled search has seen once (see _choose_sampled)
+    seen: dict[str, None] = field(default_factory=dict)
 
     def masks(self, nodes: Sequence[InventoryNode]) -> LabelMasks:
         if self.label_masks is None:
@@ -587,6 +859,8 @@ def _tolerated(
 
 
 _AFFINITY_FAILURE = "node(s) didn't match Pod's node affinity/selector"
+#: When the label index leaves fewer than 1 in this many nodes, only those are walked.
+_NARROW = 4
 
 
 def _static_outcome(
@@ -621,7 +895,12 @@ def _static_outcome(
         # lookup per value instead of a check per node. Only for a kept inventory (a tuple): for
         # a list, indexing its labels would cost more than asking each node once.
         matching = _label_matches(cache.label_index(nodes), requirements, len(nodes))
-        positions = [position for position in tolerated.passing if position in matching]
+        if len(matching) * _NARROW < len(tolerated.passing):
+            # A required value narrowed the nodes to a few: only they are asked, not every node.
+            per_node = tolerated.per_node
+            positions = sorted([position for position in matching if per_node[position][0] is None])
+        else:
+            positions = [position for position in tolerated.passing if position in matching]
     else:
         allowed = compile_required(node_selector=node_selector, terms=affinity_terms)
         positions = [
@@ -650,6 +929,7 @@ def _static_outcome(
         passing=passing,
         failures=dict(failures),
         raw_scores=tuple(raw) if raw is not None and any(a or t for a, t in raw) else None,
+        positions=tuple(positions),
     )
     if key is not None:
         if len(cache.outcomes) >= _StaticCache.size:
@@ -818,7 +1098,8 @@ def _label_matches(
     """The positions of the nodes meeting every requirement ``(key, values, wanted)``: whether the
     node's label ``key`` has a value in ``values`` is ``wanted`` (an absent label has none)."""
     matching: set[int] | None = None
-    for key, values, wanted in requirements:
+    # Wanted values first: what they leave is small, and the unwanted are taken out of it.
+    for key, values, wanted in sorted(requirements, key=lambda requirement: not requirement[2]):
         by_value = index.get(key, {})
         having: set[int] = set()
         for value in values:

@@ -399,6 +399,7 @@ class ReferenceRM:
         plan_lease_seconds: int = DEFAULT_LEASE_SECONDS,
         admin_token: str | None = None,
         foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
+        percentage_of_nodes_to_score: int = 0,
     ) -> None:
         """``db_path`` is a SQLite file or a ``postgresql://`` URL
         (:func:`~bindery.reference_rm.stores.open_store`; ``db_password_file`` goes with the URL).
@@ -445,6 +446,7 @@ class ReferenceRM:
                 max_released_rows=max_released_rows,
                 password_file=db_password_file,
                 foreign_retry_seconds=foreign_retry_seconds,
+                percentage_of_nodes_to_score=percentage_of_nodes_to_score,
             ).result()
         except BaseException:  # e.g. another RM holds the database: no thread left behind
             self._writer.shutdown(wait=True)
@@ -1327,6 +1329,7 @@ async def serve_reference_rm(
     preemption: bool = True,
     admin_token: str | None = None,
     foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
+    percentage_of_nodes_to_score: int = 0,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -1357,6 +1360,7 @@ async def serve_reference_rm(
         preemption=preemption,
         admin_token=admin_token,
         foreign_retry_seconds=foreign_retry_seconds,
+        percentage_of_nodes_to_score=percentage_of_nodes_to_score,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()

@@ -62,6 +62,7 @@ from bindery.reference_rm.placement import (
     InventoryNode,
     Policy,
     add_usage,
+    check_percentage,
     choose_node,
     effective_usage,
     placeable,
@@ -455,11 +456,15 @@ class ReservationStore:
         retention: float = 3600.0,
         max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
         foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
+        percentage_of_nodes_to_score: int = 0,
     ) -> None:
         self._clock = clock
         self._retention = retention
         self._max_ended = max_released_rows
         self._foreign_retry = foreign_retry_seconds
+        # Feasible-node sampling (placement.nodes_to_find) and where the next search starts.
+        self._percentage = check_percentage(percentage_of_nodes_to_score)
+        self._next_start = 0
         # Rows ended since the last sweep; a tenth of the cap makes the next operation sweep.
         self._ended_since_gc = 0
         # Before anything is read: a second writer would count only its own reservations.
@@ -729,7 +734,10 @@ class ReservationStore:
             policy=policy,
             foreign=foreign,
             preferences=request.placement.preference_dicts(),
+            percentage_of_nodes_to_score=self._percentage,
+            start=self._next_start,
         )
+        self._next_start = decision.next_start
         if decision.node is None:
             return Unschedulable(decision.reason, retry_after=self._retry_hint(foreign=bool(foreign)))
         node = next(n for n in nodes if n.name == decision.node)

@@ -147,6 +147,7 @@ def open_store(
     max_released_rows: int = DEFAULT_MAX_RELEASED_ROWS,
     password_file: pathlib.Path | None = None,
     foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
+    percentage_of_nodes_to_score: int = 0,
 ) -> Store:
     """SQLite for a path (or ``:memory:``), PostgreSQL for a ``postgresql://`` URL.
 
@@ -166,6 +167,7 @@ def open_store(
             retention=retention,
             max_released_rows=max_released_rows,
             foreign_retry_seconds=foreign_retry_seconds,
+            percentage_of_nodes_to_score=percentage_of_nodes_to_score,
         )
     try:
         from bindery.reference_rm.pgstore import PostgresReservationStore, read_password_file
@@ -181,6 +183,7 @@ def open_store(
         retention=retention,
         max_released_rows=max_released_rows,
         foreign_retry_seconds=foreign_retry_seconds,
+        percentage_of_nodes_to_score=percentage_of_nodes_to_score,
     )
 
 
