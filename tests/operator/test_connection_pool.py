@@ -74,8 +74,9 @@ async def test_a_pod_binds_while_the_operator_watches_more_names_than_the_old_po
             )
             # per claimed name an unbound watch; one watch of placed pods (the inter-pod rules and
             # every profile's releases), one of namespace labels (their namespaceSelector), one
-            # of Services (default spreading) and one of PodGroups (counted before it starts)
-            assert (pool.watches, pool.in_flight) == (claimed + 4, 8 * (EXTRA_RMS + 1))
+            # of Services (default spreading), one of PodGroups (counted before it starts) and
+            # one of Nodes (the operator's own, no longer Kopf's)
+            assert (pool.watches, pool.in_flight) == (claimed + 5, 8 * (EXTRA_RMS + 1))
             assert limit(bindery.runtime.api) == pool.size
     finally:
         for name in extra:
