@@ -219,11 +219,12 @@ class ProfileRunner:
         self._retiring = 0
 
     async def stop(self) -> None:
+        self.queue.close()
+        await self.pause()
+        # After the pause: a cycle unreserving while it drained may have owed a wake.
         if self._owed_wake is not None:
             self._owed_wake.cancel()
             self._owed_wake = None
-        self.queue.close()
-        await self.pause()
         await self.unconfirmed.close()
         await self.rm.aclose()
         for task in self._closing:
