@@ -174,6 +174,12 @@ def run_command(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--lease-name", default="bindery", help="name of the Lease (default: bindery)")
     parser.add_argument(
+        "--lease-per-resource-manager",
+        action="store_true",
+        help="with --leader-elect: one Lease per ResourceManager, named LEASE-NAME-RM, so that "
+        "replicas share the work: each leads the profiles whose Lease it holds and stands by for the rest",
+    )
+    parser.add_argument(
         "--cluster-id",
         default=None,
         help="this cluster's id, sent to resource managers of contract v1.2 so clusters sharing one RM "
@@ -201,6 +207,10 @@ def run_command(argv: Sequence[str]) -> int:
         help="how often the leader renews and standbys look at the Lease (default: 2)",
     )
     args = parser.parse_args(argv)
+    if args.lease_per_resource_manager and not args.leader_elect:
+        parser.error(
+            "--lease-per-resource-manager needs --leader-elect: it splits leader election per ResourceManager"
+        )
     from bindery.controller.leadership.rules import LeaseTiming
 
     try:
@@ -238,6 +248,7 @@ def run_command(argv: Sequence[str]) -> int:
         leader_election=args.leader_elect,
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name,
+        lease_per_resource_manager=args.lease_per_resource_manager,
         lease_duration=args.lease_duration,
         renew_deadline=args.renew_deadline,
         retry_period=args.retry_period,

@@ -721,6 +721,23 @@ def test_leader_election_settings_reach_the_operator_and_its_role(
     )
 
 
+def test_a_lease_per_resource_manager_reaches_the_operator_and_widens_its_role(
+    helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
+) -> None:
+    values = {"operator": {"leaderElection": {"perResourceManager": True}}}
+    objects = ct.render(helm=helm, env=helm_env, tmp=tmp_path, values=values)
+    (container,) = ct.one(objects, "Deployment", "rel-bindery")["spec"]["template"]["spec"]["containers"]
+    assert "--lease-per-resource-manager" in container["args"]
+    assert "--lease-name=rel-bindery" in container["args"]
+    role = ct.one(objects, "Role", "rel-bindery-leader-election")
+    rbac = pytest.importorskip("bindery.controller.startup.rbac")
+    assert role["rules"] == rbac.leader_election_rules(lease_name=None)
+    # the default keeps one Lease, and the Role on it alone
+    objects = ct.render(helm=helm, env=helm_env, tmp=tmp_path, values={})
+    (container,) = ct.one(objects, "Deployment", "rel-bindery")["spec"]["template"]["spec"]["containers"]
+    assert "--lease-per-resource-manager" not in container["args"]
+
+
 def test_one_replica_without_leader_election(
     helm: str, helm_env: dict[str, str], tmp_path: pathlib.Path
 ) -> None:

@@ -94,6 +94,8 @@ class LeaderState:
 
     leading: bool
     renewals: Mapping[str, int]
+    #: with a Lease per ResourceManager, the profiles this replica leads; None with one Lease
+    profiles: int | None = None
 
 
 def result_label(outcome: Outcome) -> str:
@@ -441,6 +443,12 @@ class _StateCollector(Collector):
         for outcome, count in sorted((leader.renewals if leader is not None else {}).items()):
             renewals.add_metric([outcome], count)
         yield renewals
+        if leader is not None and leader.profiles is not None:
+            yield GaugeMetricFamily(
+                "bindery_leader_profiles",
+                "ResourceManagers whose profile this replica leads (a Lease per ResourceManager).",
+                value=float(leader.profiles),
+            )
         writes = CounterMetricFamily(
             "bindery_apiserver_writes",
             "Writes Bindery made to the apiserver, by kind (binding, event, condition, ...).",

@@ -9,6 +9,7 @@ candidates can never both believe they acquired it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from bindery.controller.leadership.rules import (
     LeaseTiming,
     Observation,
     claimed_spec,
+    held_back,
     may_acquire,
     observe,
     within_renew_deadline,
@@ -44,8 +46,16 @@ class LeaderElector:
         logger: Logger,
         clock: Callable[[], float] = time.monotonic,
         on_renewal: Callable[[bool], None] = lambda renewed: None,
+        hold_back: Callable[[], float] | None = None,
+        claims: asyncio.Lock | None = None,
     ) -> None:
         self._api = api
+        #: seconds to leave a free lease to other replicas (a Lease per ResourceManager); None: never
+        self._hold_back = hold_back
+        #: one claim at a time among this process's candidacies, so `hold_back` counts every lease
+        #: this replica took, the one taken a moment ago included
+        self._claims = claims
+        self._free_since: float | None = None  # when this candidacy first saw the lease free
         self._on_renewal = on_renewal  # told whether each renewal attempt succeeded (metrics)
         self._namespace = namespace
         self._name = name
@@ -68,7 +78,9 @@ class LeaderElector:
     async def acquire(self) -> None:
         """Return once the lease is ours; try every retry period."""
         while True:
-            if await self._try_claim(within=self.timing.request_timeout):
+            async with self._claims or contextlib.nullcontext():
+                claimed = await self._try_claim(within=self.timing.request_timeout)
+            if claimed:
                 break
             await asyncio.sleep(self.timing.retry_period)
         self._logger.info(f"became the leader ({self.lease}, identity {self.identity})")
@@ -128,9 +140,12 @@ class LeaderElector:
                 lease = await self._read(within=within)
                 self.observation = observe(previous=self.observation, lease=lease, now=self._clock())
                 if not may_acquire(observation=self.observation, identity=self.identity, now=self._clock()):
+                    self._free_since = None
                     if self.last_renewal is not None:
                         holder = self.observation.holder if self.observation else None
                         raise LeaseLost(f"it is held by {holder}")
+                    return False
+                if self.last_renewal is None and self._leave_to_others():
                     return False
                 sent = self._clock()
                 written = await self._write(lease=lease, within=within)
@@ -148,6 +163,16 @@ class LeaderElector:
         self.last_renewal = sent
         self.observation = observe(previous=self.observation, lease=written, now=sent)
         return True
+
+    def _leave_to_others(self) -> bool:
+        """The lease is free: leave it to replicas that lead fewer profiles for a while (`hold_back`)."""
+        if self._hold_back is None:
+            return False
+        now = self._clock()
+        wait = self._hold_back()
+        if wait > 0 and self._free_since is None:
+            self._free_since = now
+        return held_back(since=self._free_since, now=now, wait=wait)
 
     async def _write(self, *, lease: Mapping[str, Any] | None, within: float) -> dict[str, Any]:
         now = datetime.datetime.now(datetime.UTC)

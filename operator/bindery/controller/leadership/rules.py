@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -159,3 +160,40 @@ def claimed_spec(
         "renewTime": micro_time(now),
         "leaseTransitions": transitions if renewing or lease is None else transitions + 1,
     }
+
+
+#: Longest a replica holds back from a free Lease per ResourceManager, in retry periods, however
+#: many it leads already: the spread must never cost failover more than this.
+MAX_HOLD_BACK_PERIODS = 2
+
+
+def lease_name_for(*, base: str, resource_manager: str) -> str:
+    """Pure: the Lease of one ResourceManager's profile (`bindery run --lease-per-resource-manager`).
+
+    `<base>-<name>` while it fits a Lease's name (a DNS subdomain, at most 253 characters); a longer
+    one is cut and ends in a digest of the whole, so two ResourceManagers never share a Lease.
+    """
+    name = f"{base}-{resource_manager}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name[: 253 - 11].rstrip('-.')}-{digest}"
+
+
+def hold_back_seconds(*, leading: int, timing: LeaseTiming) -> float:
+    """Pure: how long a replica leading `leading` other profiles waits before taking a free Lease.
+
+    kube-scheduler has one Lease, so the first replica up leads everything. With a Lease per
+    ResourceManager the same race would let one replica take every Lease and leave the others
+    idle. A replica that already leads some waits a retry period per profile it leads (at most
+    `MAX_HOLD_BACK_PERIODS`), so one that leads none takes the Lease first: the profiles spread
+    over the replicas, and a lone survivor still takes every Lease over, a few seconds later.
+    """
+    return min(max(leading, 0), MAX_HOLD_BACK_PERIODS) * timing.retry_period
+
+
+def held_back(*, since: float | None, now: float, wait: float) -> bool:
+    """Pure: is a free Lease, first seen free at `since`, still to be left to other replicas?"""
+    if wait <= 0:
+        return False
+    return since is None or now - since < wait

@@ -73,6 +73,8 @@ class Leadership:
         on_started: Callable[[], Coroutine[Any, Any, None]],
         on_stopped: Callable[[], Coroutine[Any, Any, None]],
         exit_process: Callable[[int], NoReturn] = _exit,
+        hold_back: Callable[[], float] | None = None,
+        claims: asyncio.Lock | None = None,
     ) -> None:
         self._namespace = namespace
         self._name = name
@@ -82,6 +84,9 @@ class Leadership:
         self._on_started = on_started
         self._on_stopped = on_stopped
         self._exit = exit_process
+        #: a Lease per ResourceManager: how long to leave a free lease to replicas leading fewer
+        self._hold_back = hold_back
+        self._claims = claims  # shared by the process's Leases: one acquisition at a time
         self._elector: LeaderElector | None = None
         self._task: asyncio.Task[None] | None = None
         #: Renewal attempts of the leader's Lease by outcome, for `bindery_leader_lease_renewals_total`.
@@ -153,6 +158,8 @@ class Leadership:
                 timing=self.timing,
                 logger=self._logger,
                 on_renewal=self._count_renewal,
+                hold_back=self._hold_back,
+                claims=self._claims,
             )
             try:
                 await elector.acquire()

@@ -40,6 +40,9 @@ class OperatorOptions:
     #: where the Lease lives (the release namespace in a cluster).
     lease_namespace: str = "default"
     lease_name: str = "bindery"
+    #: one Lease per ResourceManager (`<lease_name>-<name>`) instead of one for the process: every
+    #: replica leads the profiles whose Lease it holds and stands by for the rest.
+    lease_per_resource_manager: bool = False
     #: seconds: a lease not renewed for this long may be taken; the leader gives up after
     #: renew_deadline without a renewal; candidates retry every retry_period.
     lease_duration: float = 15.0

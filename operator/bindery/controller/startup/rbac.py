@@ -67,19 +67,17 @@ DEBUG_READER_RULES: list[dict[str, Any]] = [
 ]
 
 
-def leader_election_rules(*, lease_name: str) -> list[dict[str, Any]]:
+def leader_election_rules(*, lease_name: str | None) -> list[dict[str, Any]]:
     """Only with leader election (`bindery run --leader-elect`), as a Role in the Lease's namespace.
 
     get/update are limited to the one Lease by name; `create` cannot be (RBAC cannot know the name
     of an object that does not exist yet), so it is granted on leases of that namespace alone.
+    `lease_name=None` is a Lease per ResourceManager (`--lease-per-resource-manager`): their names
+    follow the ResourceManagers created later, so get/update cover the namespace's leases too.
     """
+    named: dict[str, Any] = {} if lease_name is None else {"resourceNames": [lease_name]}
     return [
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "resourceNames": [lease_name],
-            "verbs": ["get", "update"],
-        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], **named, "verbs": ["get", "update"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
     ]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import pathlib
 import tempfile
 import time
@@ -49,7 +50,7 @@ from bindery.config import (
     route_scheduler_names,
 )
 from bindery.controller.leadership.fence import FencedBinder
-from bindery.controller.leadership.rules import LeaseTiming
+from bindery.controller.leadership.rules import LeaseTiming, hold_back_seconds, lease_name_for
 from bindery.controller.leadership.term import Leadership
 from bindery.controller.metrics import (
     LeaderState,
@@ -130,16 +131,23 @@ class Runtime:
         self._lock = asyncio.Lock()
         self._leading = not options.leader_election  # without election this replica always leads
         self._leadership: Leadership | None = None
-        if options.leader_election:  # controller/leadership/ owns the Lease; _set_leading is all it calls
+        self._lease_timing = LeaseTiming(
+            lease_duration=options.lease_duration,
+            renew_deadline=options.renew_deadline,
+            retry_period=options.retry_period,
+        )
+        #: a Lease per ResourceManager (`--lease-per-resource-manager`): each profile is led by the
+        #: replica holding its Lease, fenced by it alone (`_lease_for`)
+        self._per_rm_leases = options.leader_election and options.lease_per_resource_manager
+        self._leases: dict[str, Leadership] = {}
+        self._lease_claims = asyncio.Lock()  # created in the loop's thread before it runs: fine on 3.10+
+        if options.leader_election and not self._per_rm_leases:
+            # controller/leadership/ owns the Lease; _set_leading is all it calls
             self._leadership = Leadership(
                 namespace=options.lease_namespace,
                 name=options.lease_name,
                 hostname=options.hostname,
-                timing=LeaseTiming(
-                    lease_duration=options.lease_duration,
-                    renew_deadline=options.renew_deadline,
-                    retry_period=options.retry_period,
-                ),
+                timing=self._lease_timing,
                 logger=logger,
                 on_started=lambda: self._set_leading(True),
                 on_stopped=lambda: self._set_leading(False),
@@ -185,7 +193,7 @@ class Runtime:
             events=self._events,
             conditions=self._conditions,
             runners=lambda: self.runners,
-            leading=lambda: self._leading,
+            leading=lambda: self.leading,
             sweep_interval=self._sweep_interval,
             metrics=self.metrics,
             logger=self.logger,
@@ -238,6 +246,7 @@ class Runtime:
         self._ports = Ports(
             nodes=nodes,
             pods=self.pods,
+            # fenced per profile with a Lease per ResourceManager (_supervisor_with_lease)
             binder=self._binder if self._leadership is None else self._fenced_binder(self._binder),
             events=self._events,
             conditions=self._conditions,
@@ -287,7 +296,7 @@ class Runtime:
         queue = QueueView(
             runners=lambda: self.runners,
             pods=self.pods,
-            leading=lambda: self._leading,
+            leading=lambda: self.leading,
             served=lambda name: name in self.pending.routing.served,
         )
         if options.metrics_address is not None:
@@ -339,6 +348,8 @@ class Runtime:
     async def close(self) -> None:
         if self._leadership is not None:
             await self._leadership.close()
+        for name in list(self._leases):  # each pauses its profile and hands its Lease over at once
+            await self._leases.pop(name).close()
         for task in (
             self._nodes_task,
             self._unbound_task,
@@ -366,9 +377,19 @@ class Runtime:
             self._tmp.cleanup()
 
     def _leader_state(self) -> LeaderState | None:
+        if self._per_rm_leases:
+            renewals: dict[str, int] = {}
+            for lease in list(self._leases.values()):
+                for outcome, count in lease.renewals.items():
+                    renewals[outcome] = renewals.get(outcome, 0) + count
+            return LeaderState(leading=self.leading, renewals=renewals, profiles=self._profiles_led())
         if self._leadership is None:
             return None
         return LeaderState(leading=self._leading, renewals=dict(self._leadership.renewals))
+
+    def _profiles_led(self) -> int:
+        """How many ResourceManagers' profiles this replica leads now (a Lease per ResourceManager)."""
+        return sum(1 for lease in list(self._leases.values()) if lease.holds())
 
     @property
     def api(self) -> ApiClient:
@@ -432,6 +453,9 @@ class Runtime:
             self.unbound.follow(pending.claimed())
         for name in [n for n in self.supervisors if n not in self.bodies]:
             try:
+                lease = self._leases.pop(name, None)
+                if lease is not None:  # pauses the profile, then hands the Lease over
+                    await lease.close()
                 await self.supervisors.pop(name).close()
             except Exception as exc:  # never into the Kopf handler: the object is gone either way
                 self.logger.warning(f"stopping the profile of deleted ResourceManager {name!r} failed: {exc}")
@@ -439,9 +463,14 @@ class Runtime:
         for name, body in self.bodies.items():
             supervisor = self.supervisors.get(name)
             if supervisor is None:
-                supervisor = ResourceManagerSupervisor(name=name, env=self._env, leading=self._leading)
+                if self._per_rm_leases:
+                    supervisor = self._supervisor_with_lease(name=name, env=self._env)
+                else:
+                    supervisor = ResourceManagerSupervisor(name=name, env=self._env, leading=self._leading)
                 self.supervisors[name] = supervisor
                 supervisor.start()
+                if name in self._leases:
+                    self._leases[name].start(api=self.api)
             supervisor.update(
                 config=configs.get(name),
                 generation=int((body.get("metadata") or {}).get("generation") or 0),
@@ -574,14 +603,57 @@ class Runtime:
             cluster_id=self.cluster_id,
         )
 
-    def _fenced_binder(self, binder: KubeBinder) -> FencedBinder:
-        assert self._leadership is not None
+    def _fenced_binder(self, binder: KubeBinder, *, leadership: Leadership | None = None) -> FencedBinder:
+        leadership = leadership or self._leadership
+        assert leadership is not None
         return FencedBinder(
             binder=binder,
-            holds=self._leadership.holds,
-            holds_for=self._leadership.holds_for,
+            holds=leadership.holds,
+            holds_for=leadership.holds_for,
             logger=self.logger,
         )
+
+    def _supervisor_with_lease(self, *, name: str, env: Environment) -> ResourceManagerSupervisor:
+        """A profile led under its own Lease: its Bindings and releases fenced by that Lease alone.
+
+        The supervisor already pauses and activates on its own (the single Lease calls the same two
+        methods for every profile), so a Lease per ResourceManager only gives each its own term. The
+        runtime lock is not taken: `_reconfigure` holds it while it closes a deleted object's Lease,
+        and that close waits for the pause.
+        """
+        options = self.options
+        holder: list[ResourceManagerSupervisor] = []  # the supervisor needs the Lease's fence first
+
+        async def started() -> None:
+            await holder[0].activate()
+
+        async def stopped() -> None:
+            await holder[0].pause()
+
+        lease = Leadership(
+            namespace=options.lease_namespace,
+            name=lease_name_for(base=options.lease_name, resource_manager=name),
+            hostname=options.hostname,
+            timing=self._lease_timing,
+            logger=self.logger,
+            on_started=started,
+            on_stopped=stopped,
+            hold_back=lambda: hold_back_seconds(
+                leading=sum(1 for other, held in self._leases.items() if other != name and held.holds()),
+                timing=self._lease_timing,
+            ),
+            claims=self._lease_claims,
+        )
+        assert self._binder is not None, "Runtime.start() was not called"
+        fenced = dataclasses.replace(
+            env,
+            ports=dataclasses.replace(env.ports, binder=self._fenced_binder(self._binder, leadership=lease)),
+            holds=lease.holds,
+        )
+        supervisor = ResourceManagerSupervisor(name=name, env=fenced, leading=False)
+        holder.append(supervisor)
+        self._leases[name] = lease
+        return supervisor
 
     async def _set_leading(self, leading: bool) -> None:
         async with self._lock:
@@ -596,6 +668,9 @@ class Runtime:
 
     @property
     def leading(self) -> bool:
+        """This replica leads (with a Lease per ResourceManager: at least one profile)."""
+        if self._per_rm_leases:
+            return self._profiles_led() > 0
         return self._leading
 
     def _state_dir(self) -> pathlib.Path:
