@@ -68,6 +68,8 @@ SLOW_TESTS = (
     "rm/test_refrm_pgstore.py::test_a_replica_stopped_while_it_holds_the_placement_lock_stalls_the_others_for_seconds_not_hours",
     # 29 s, 16 s and 15 s: a leader and a standby as processes, SIGKILLed and SIGSTOPped
     "operator/test_leader_processes.py",
+    # 20-31 s: two replicas with a Lease per ResourceManager, one SIGKILLed
+    "operator/test_lease_per_rm.py::test_two_replicas_each_lead_one_resource_manager_and_a_sigkill_stops_only_its_own",
     # 26 s (call): 25 s of node events while a PDB-blocked preemptor backs off
     "operator/test_preemption_plane.py::test_a_preemptor_blocked_by_a_pdb_backs_off_instead_of_looping",
     # 83 s
