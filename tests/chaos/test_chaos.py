@@ -11,7 +11,7 @@ The faults: the operator SIGKILLed at random moments and restarted; the referenc
 restarted (same port, same database); the kube-apiserver restarted with etcd kept (a plane of the
 scenario's own, so the session's plane stays up); a proxy between operator and RM injecting every
 fault kind of `tests.rmproxy`; two replicas with leader election whose leader is SIGSTOPped past
-its lease, then SIGCONTed.
+its lease, then SIGCONTed (with one Lease, and with a Lease per ResourceManager).
 
 Pods made by Deployments and Jobs, pods that run and complete: `test_cluster_chaos.py`, on the
 cluster plane (kube-controller-manager, kwok, kube-scheduler). Namespace deletion: tests/cluster.
@@ -246,8 +246,10 @@ def leading(process: OperatorProcess) -> bool:
     return process.running and log.rfind("became the leader") > log.rfind("stopped leading")
 
 
+@pytest.mark.parametrize("per_rm", [False, True], ids=["one-lease", "lease-per-resource-manager"])
 async def test_chaos_leader_sigstopped_past_its_lease(
     *,
+    per_rm: bool,
     controlplane: ControlPlane,
     kube_api: client.ApiClient,
     operator_kubeconfig: pathlib.Path,
@@ -255,11 +257,14 @@ async def test_chaos_leader_sigstopped_past_its_lease(
     tmp_path: pathlib.Path,
 ) -> None:
     seed = chaos_seed()
-    report = Report(scenario="leader-freeze", seed=seed)
+    report = Report(scenario="leader-freeze-per-rm" if per_rm else "leader-freeze", seed=seed)
     rng = random.Random(seed + 1)
     lease = f"chaos-{seed}"
-    await grant_lease(kube_api, namespace=namespace, lease_name=lease)
+    # a Lease per ResourceManager: the pool's profile is led under `chaos-<seed>-<its name>`
+    await grant_lease(kube_api, namespace=namespace, lease_name=None if per_rm else lease)
     args = ["--namespace", namespace, "--leader-elect", "--lease-namespace", namespace, "--lease-name", lease]
+    if per_rm:
+        args.append("--lease-per-resource-manager")
     async with (
         asyncio.timeout(hard_timeout()),
         pool(

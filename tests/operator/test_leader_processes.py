@@ -73,10 +73,11 @@ async def binding_writes(metrics_url: str) -> int:
     return int(float(match.group(1))) if match else 0
 
 
-async def grant_lease(api: client.ApiClient, *, namespace: str, lease_name: str) -> None:
-    """The operator's user may use exactly this Lease (the Role the chart creates)."""
+async def grant_lease(api: client.ApiClient, *, namespace: str, lease_name: str | None) -> None:
+    """The operator's user may use exactly this Lease (the Role the chart creates); None: every
+    Lease of the namespace (a Lease per ResourceManager)."""
     rbac = client.RbacAuthorizationV1Api(api)
-    role = f"bindery-lease-{lease_name}"
+    role = f"bindery-lease-{lease_name or 'per-rm'}"
     await rbac.create_namespaced_role(
         namespace=namespace,
         body={"metadata": {"name": role}, "rules": leader_election_rules(lease_name=lease_name)},
