@@ -416,6 +416,9 @@ class ReferenceRM:
         self.batch = batch
         self.cluster_ids = cluster_ids
         self.preemption = preemption and cluster_ids
+        #: The device allocator (contract v1.3, feature ``devices``); None: ``devices`` is refused as
+        #: a v1.2 RM refuses an unknown field, and ``/v1/info`` does not list the feature.
+        self.devices: object | None = None
         #: The operator's token for ``POST /admin/v1/reservations/{id}/revoke`` (None: no admin path).
         #: Not the callers' token: whoever schedules pods must not be able to take capacity back.
         self.admin_token = admin_token
@@ -670,6 +673,18 @@ class ReferenceRM:
         detail = "; ".join(f"{error['location']}: {error['message']}" for error in errors)
         return Answer.refusal(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
 
+    def _unoffered_devices(self, paths: Sequence[tuple[str | int, ...]]) -> Answer | None:
+        """The 400 a v1.2 RM answers for ``devices`` (v1.3), while this RM does not list the feature.
+
+        ``paths``: where the request carries ``devices``. Accepting them and answering a node with no
+        devices would bind a pod whose claims are never allocated, a pod that never starts.
+        """
+        if self.devices is not None or not paths:
+            return None
+        errors = [{"location": "/".join(map(str, (*path, "devices"))), "message": _EXTRA} for path in paths]
+        detail = "; ".join(f"{error['location']}: {error['message']}" for error in errors)
+        return Answer.refusal(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
+
     async def _reserve(self, request: web.Request) -> web.Response:
         if not is_json(request):
             return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
@@ -680,7 +695,10 @@ class ReferenceRM:
             detail, errors = validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
         placed = [(("placement",), reservation_request.placement)]
-        if (refused := self._unknown_cluster(reservation_request.cluster_id, placements=placed)) is not None:
+        refused = self._unknown_cluster(
+            reservation_request.cluster_id, placements=placed
+        ) or self._unoffered_devices([()] if reservation_request.devices is not None else [])
+        if refused is not None:
             return refused.response()
         if reservation_request.preemption_policy is not None and not self.preemption:
             errors = [{"location": "preemptionPolicy", "message": _EXTRA}]
@@ -945,6 +963,9 @@ class ReferenceRM:
                     at=("operations", index, "reserve"),
                     placements=[(("placement",), item.reserve.placement)],
                 )
+                or self._unoffered_devices(
+                    [("operations", index, "reserve")] if item.reserve.devices is not None else []
+                )
                 or item
             )
             if isinstance(item, BatchOperation) and item.reserve is not None
@@ -1021,7 +1042,11 @@ class ReferenceRM:
             detail, errors = validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
         placed = [(("members", i, "placement"), m.placement) for i, m in enumerate(group_request.members)]
-        if (refused := self._unknown_cluster(group_request.cluster_id, placements=placed)) is not None:
+        with_devices = [("members", i) for i, m in enumerate(group_request.members) if m.devices is not None]
+        refused = self._unknown_cluster(
+            group_request.cluster_id, placements=placed
+        ) or self._unoffered_devices(with_devices)
+        if refused is not None:
             return refused.response()
         if group_request.preemption_policy is not None and not self.preemption:
             errors = [{"location": "preemptionPolicy", "message": _EXTRA}]

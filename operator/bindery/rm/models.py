@@ -82,7 +82,7 @@ __all__ = [
 ]
 
 #: The contract version these models implement (``info.version`` of the OpenAPI document).
-CONTRACT_VERSION = "1.2.4"
+CONTRACT_VERSION = "1.3.0"
 #: The most members one reservation group may have (contract v1.1).
 MAX_GROUP_MEMBERS = 1000
 #: The most topology constraints one reservation group may have (contract v1.1).
