@@ -43,6 +43,7 @@ from aiohttp import web
 
 from bindery import tracing
 from bindery.reference_rm.accounting import BoundPod, ClusterPods
+from bindery.reference_rm.devices import DeviceAllocator
 from bindery.reference_rm.groups import MemberAsk
 from bindery.reference_rm.placement import InventoryNode, Policy, effective_usage
 from bindery.reference_rm.preemption import (
@@ -70,6 +71,7 @@ from bindery.reference_rm.store import (
     Placed,
     PodMismatch,
     ReleaseOutcome,
+    ReservationStore,
     ReserveOutcome,
     StoredGroup,
     StoredReservation,
@@ -400,6 +402,7 @@ class ReferenceRM:
         admin_token: str | None = None,
         foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
         percentage_of_nodes_to_score: int = 0,
+        device_allocator: DeviceAllocator | None = None,
     ) -> None:
         """``db_path`` is a SQLite file or a ``postgresql://`` URL
         (:func:`~bindery.reference_rm.stores.open_store`; ``db_password_file`` goes with the URL).
@@ -416,9 +419,6 @@ class ReferenceRM:
         self.batch = batch
         self.cluster_ids = cluster_ids
         self.preemption = preemption and cluster_ids
-        #: The device allocator (contract v1.3, feature ``devices``); None: ``devices`` is refused as
-        #: a v1.2 RM refuses an unknown field, and ``/v1/info`` does not list the feature.
-        self.devices: object | None = None
         #: The operator's token for ``POST /admin/v1/reservations/{id}/revoke`` (None: no admin path).
         #: Not the callers' token: whoever schedules pods must not be able to take capacity back.
         self.admin_token = admin_token
@@ -457,6 +457,19 @@ class ReferenceRM:
         # The last database error of a write (a full disk, an I/O error) until a write commits again.
         self._storage_failure: str | None = None
         self._readiness_checks: list[ReadinessCheck] = []
+        #: The device allocator (contract v1.3, feature ``devices``), on the SQLite store only for
+        #: now. None: ``devices`` is refused as a v1.2 RM refuses an unknown field, and
+        #: ``/v1/info`` does not list the feature.
+        self.devices: DeviceAllocator | None = None
+        if device_allocator is not None:
+            if not isinstance(self._store, ReservationStore):
+                self._writer.shutdown(wait=True)
+                raise ValueError(
+                    "device allocation is implemented on the SQLite store only; "
+                    "run without devices or use a SQLite --db"
+                )
+            self.devices = device_allocator
+            self._store.devices = device_allocator
 
     @property
     def inventory(self) -> tuple[InventoryNode, ...] | None:
@@ -640,6 +653,8 @@ class ReferenceRM:
             if self.groups:
                 features.append(Feature.GROUP_PREEMPTION)
         features.append(Feature.REVOCATION)
+        if self.devices is not None:
+            features.append(Feature.DEVICES)
         info = ContractInfo(contract_version=CONTRACT_VERSION, features=frozenset(f.value for f in features))
         return web.json_response(
             {"contractVersion": info.contract_version, "features": sorted(info.features)}
@@ -1048,6 +1063,13 @@ class ReferenceRM:
         ) or self._unoffered_devices(with_devices)
         if refused is not None:
             return refused.response()
+        if with_devices:  # the allocator is there, but groups do not carry devices to it yet
+            reason = (
+                "this RM does not allocate devices for reservation groups yet; reserve the pods one by one"
+            )
+            return Answer.refusal(
+                409, ProblemType.UNSCHEDULABLE, reason, title="Unschedulable", reason=reason
+            ).response()
         if group_request.preemption_policy is not None and not self.preemption:
             errors = [{"location": "preemptionPolicy", "message": _EXTRA}]
             return problem(400, ProblemType.INVALID_REQUEST, f"preemptionPolicy: {_EXTRA}", errors=errors)
@@ -1355,6 +1377,7 @@ async def serve_reference_rm(
     admin_token: str | None = None,
     foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
     percentage_of_nodes_to_score: int = 0,
+    device_allocator: DeviceAllocator | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -1386,6 +1409,7 @@ async def serve_reference_rm(
         admin_token=admin_token,
         foreign_retry_seconds=foreign_retry_seconds,
         percentage_of_nodes_to_score=percentage_of_nodes_to_score,
+        device_allocator=device_allocator,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()
