@@ -43,7 +43,7 @@ from aiohttp import web
 
 from bindery import tracing
 from bindery.reference_rm.accounting import BoundPod, ClusterPods
-from bindery.reference_rm.devices import DeviceAllocator
+from bindery.reference_rm.devices import DeviceAllocator, DeviceInUse
 from bindery.reference_rm.groups import MemberAsk
 from bindery.reference_rm.placement import InventoryNode, Policy, effective_usage
 from bindery.reference_rm.preemption import (
@@ -495,6 +495,11 @@ class ReferenceRM:
         """Swap the PodDisruptionBudgets known (the budget mirror calls this on every change with
         the index it keeps; a sequence is indexed here)."""
         self._budgets = budgets if isinstance(budgets, BudgetIndex) else BudgetIndex.of(budgets)
+
+    def set_cluster_devices(self, devices: Sequence[DeviceInUse]) -> None:
+        """The devices allocated in the cluster's ResourceClaims (the claim mirror calls this)."""
+        if isinstance(self._store, ReservationStore):
+            self._store.cluster_devices = tuple(devices)
 
     def add_readiness_check(self, check: ReadinessCheck) -> None:
         """``/readyz`` answers 503 with ``check()``'s reason whenever it returns one."""

@@ -488,6 +488,8 @@ class ReservationStore:
         self._next_start = 0
         #: v1.3: the device allocator (set by the server); None: a reserve with claims is refused.
         self.devices: DeviceAllocator | None = None
+        #: v1.3: the devices allocated in the cluster's ResourceClaims (the claim mirror's view).
+        self.cluster_devices: tuple[DeviceInUse, ...] = ()
         # Rows ended since the last sweep; a tenth of the cap makes the next operation sweep.
         self._ended_since_gc = 0
         # Before anything is read: a second writer would count only its own reservations.
@@ -849,7 +851,13 @@ class ReservationStore:
         fingerprint = _digest(request.fingerprint())
         requests = request.requested()
         remaining = list(placeable(nodes, request))
-        used = self.devices_in_use()
+        # Held by reservations, or allocated in claims (Bindery's own among them): one entry each.
+        used = list(
+            {
+                (d.driver, d.pool, d.device, d.share_id): d
+                for d in (*self.devices_in_use(), *self.cluster_devices)
+            }.values()
+        )
         names = ", ".join(f"{c.claim.namespace}/{c.claim.name}" for c in claims)
         failed: dict[str, str] = {}
         while True:
