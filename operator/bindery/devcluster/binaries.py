@@ -341,6 +341,57 @@ def ensure_e2e_built(*, quiet: bool = False) -> pathlib.Path:
     return dest
 
 
+# The reference RM's device allocator (``gomod/devalloc``): a small main on Kubernetes' own
+# structured allocator, run by the RM as a helper process. Like e2e.test it has its own wrapper
+# module, cache directory and key, so the plane's key is untouched; it is built on first use.
+DEVALLOC_MODULE = "devalloc"
+
+
+def devalloc_cache_root() -> pathlib.Path:
+    return cache_root().parent / "devalloc"
+
+
+def devalloc_cache_key() -> str:
+    digest = hashlib.sha256(_go_version().encode())
+    for name in ("go.mod", "go.sum", "main.go"):
+        digest.update((GOMOD_DIR / DEVALLOC_MODULE / name).read_bytes())
+    return f"k8s-{KUBERNETES_VERSION}-{digest.hexdigest()[:12]}"
+
+
+def devalloc_binary() -> pathlib.Path:
+    """Where the device allocator of the pinned Kubernetes version lives (built or not)."""
+    override = os.environ.get("BINDERY_DEVALLOC")
+    if override:
+        return pathlib.Path(override)
+    return devalloc_cache_root() / devalloc_cache_key() / "devalloc"
+
+
+def ensure_devalloc_built(*, quiet: bool = False) -> pathlib.Path:
+    """Build the device allocator unless it is there; returns its path."""
+    dest = devalloc_binary()
+    if dest.is_file():
+        if not quiet:
+            _log(f"up to date: {dest}")
+        return dest
+    if os.environ.get("BINDERY_DEVALLOC"):
+        raise SystemExit(f"bindery: BINDERY_DEVALLOC={dest} does not exist.")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.parent / f".devalloc.partial-{os.getpid()}"
+    cmd = ["go", "build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w", "-o", str(partial), "."]
+    started = time.monotonic()
+    _log(f"building the device allocator (go build in {DEVALLOC_MODULE}/; a minute on a cold cache)")
+    env = {**go_env(), "CGO_ENABLED": "0"}
+    rc = subprocess.run(cmd, cwd=GOMOD_DIR / DEVALLOC_MODULE, env=env, check=False).returncode
+    if rc != 0:
+        partial.unlink(missing_ok=True)
+        raise SystemExit(
+            f"bindery: `go build` of {DEVALLOC_MODULE} failed (exit {rc}); see its output above."
+        )
+    os.replace(partial, dest)
+    _log(f"built {dest} in {time.monotonic() - started:.0f}s")
+    return dest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bindery.devcluster build")
     parser.add_argument("--print-dir", action="store_true", help="print the binaries' directory and exit")
@@ -349,12 +400,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="build (or print, with --print-dir) Kubernetes' e2e.test instead of the plane",
     )
+    parser.add_argument(
+        "--devalloc",
+        action="store_true",
+        help="build (or print, with --print-dir) the reference RM's device allocator instead of the plane",
+    )
     args = parser.parse_args(argv)
     if args.print_dir:
-        print(e2e_binary() if args.e2e else bin_dir())
+        print(e2e_binary() if args.e2e else devalloc_binary() if args.devalloc else bin_dir())
         return 0
     started = time.monotonic()
-    path = ensure_e2e_built() if args.e2e else ensure_built()
+    if args.e2e:
+        path = ensure_e2e_built()
+    elif args.devalloc:
+        path = ensure_devalloc_built()
+    else:
+        path = ensure_built()
     _log(f"done in {time.monotonic() - started:.1f}s")
     print(path)
     return 0

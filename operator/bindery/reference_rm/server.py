@@ -43,6 +43,7 @@ from aiohttp import web
 
 from bindery import tracing
 from bindery.reference_rm.accounting import BoundPod, ClusterPods
+from bindery.reference_rm.devices import DeviceAllocator, DeviceInUse
 from bindery.reference_rm.groups import MemberAsk
 from bindery.reference_rm.placement import InventoryNode, Policy, effective_usage
 from bindery.reference_rm.preemption import (
@@ -70,6 +71,7 @@ from bindery.reference_rm.store import (
     Placed,
     PodMismatch,
     ReleaseOutcome,
+    ReservationStore,
     ReserveOutcome,
     StoredGroup,
     StoredReservation,
@@ -400,6 +402,7 @@ class ReferenceRM:
         admin_token: str | None = None,
         foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
         percentage_of_nodes_to_score: int = 0,
+        device_allocator: DeviceAllocator | None = None,
     ) -> None:
         """``db_path`` is a SQLite file or a ``postgresql://`` URL
         (:func:`~bindery.reference_rm.stores.open_store`; ``db_password_file`` goes with the URL).
@@ -454,6 +457,19 @@ class ReferenceRM:
         # The last database error of a write (a full disk, an I/O error) until a write commits again.
         self._storage_failure: str | None = None
         self._readiness_checks: list[ReadinessCheck] = []
+        #: The device allocator (contract v1.3, feature ``devices``), on the SQLite store only for
+        #: now. None: ``devices`` is refused as a v1.2 RM refuses an unknown field, and
+        #: ``/v1/info`` does not list the feature.
+        self.devices: DeviceAllocator | None = None
+        if device_allocator is not None:
+            if not isinstance(self._store, ReservationStore):
+                self._writer.shutdown(wait=True)
+                raise ValueError(
+                    "device allocation is implemented on the SQLite store only; "
+                    "run without devices or use a SQLite --db"
+                )
+            self.devices = device_allocator
+            self._store.devices = device_allocator
 
     @property
     def inventory(self) -> tuple[InventoryNode, ...] | None:
@@ -479,6 +495,11 @@ class ReferenceRM:
         """Swap the PodDisruptionBudgets known (the budget mirror calls this on every change with
         the index it keeps; a sequence is indexed here)."""
         self._budgets = budgets if isinstance(budgets, BudgetIndex) else BudgetIndex.of(budgets)
+
+    def set_cluster_devices(self, devices: Sequence[DeviceInUse]) -> None:
+        """The devices allocated in the cluster's ResourceClaims (the claim mirror calls this)."""
+        if isinstance(self._store, ReservationStore):
+            self._store.cluster_devices = tuple(devices)
 
     def add_readiness_check(self, check: ReadinessCheck) -> None:
         """``/readyz`` answers 503 with ``check()``'s reason whenever it returns one."""
@@ -637,6 +658,8 @@ class ReferenceRM:
             if self.groups:
                 features.append(Feature.GROUP_PREEMPTION)
         features.append(Feature.REVOCATION)
+        if self.devices is not None:
+            features.append(Feature.DEVICES)
         info = ContractInfo(contract_version=CONTRACT_VERSION, features=frozenset(f.value for f in features))
         return web.json_response(
             {"contractVersion": info.contract_version, "features": sorted(info.features)}
@@ -670,6 +693,18 @@ class ReferenceRM:
         detail = "; ".join(f"{error['location']}: {error['message']}" for error in errors)
         return Answer.refusal(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
 
+    def _unoffered_devices(self, paths: Sequence[tuple[str | int, ...]]) -> Answer | None:
+        """The 400 a v1.2 RM answers for ``devices`` (v1.3), while this RM does not list the feature.
+
+        ``paths``: where the request carries ``devices``. Accepting them and answering a node with no
+        devices would bind a pod whose claims are never allocated, a pod that never starts.
+        """
+        if self.devices is not None or not paths:
+            return None
+        errors = [{"location": "/".join(map(str, (*path, "devices"))), "message": _EXTRA} for path in paths]
+        detail = "; ".join(f"{error['location']}: {error['message']}" for error in errors)
+        return Answer.refusal(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
+
     async def _reserve(self, request: web.Request) -> web.Response:
         if not is_json(request):
             return problem(415, ProblemType.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
@@ -680,7 +715,10 @@ class ReferenceRM:
             detail, errors = validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
         placed = [(("placement",), reservation_request.placement)]
-        if (refused := self._unknown_cluster(reservation_request.cluster_id, placements=placed)) is not None:
+        refused = self._unknown_cluster(
+            reservation_request.cluster_id, placements=placed
+        ) or self._unoffered_devices([()] if reservation_request.devices is not None else [])
+        if refused is not None:
             return refused.response()
         if reservation_request.preemption_policy is not None and not self.preemption:
             errors = [{"location": "preemptionPolicy", "message": _EXTRA}]
@@ -945,6 +983,9 @@ class ReferenceRM:
                     at=("operations", index, "reserve"),
                     placements=[(("placement",), item.reserve.placement)],
                 )
+                or self._unoffered_devices(
+                    [("operations", index, "reserve")] if item.reserve.devices is not None else []
+                )
                 or item
             )
             if isinstance(item, BatchOperation) and item.reserve is not None
@@ -1021,8 +1062,19 @@ class ReferenceRM:
             detail, errors = validation_errors(error)
             return problem(400, ProblemType.INVALID_REQUEST, detail, errors=errors)
         placed = [(("members", i, "placement"), m.placement) for i, m in enumerate(group_request.members)]
-        if (refused := self._unknown_cluster(group_request.cluster_id, placements=placed)) is not None:
+        with_devices = [("members", i) for i, m in enumerate(group_request.members) if m.devices is not None]
+        refused = self._unknown_cluster(
+            group_request.cluster_id, placements=placed
+        ) or self._unoffered_devices(with_devices)
+        if refused is not None:
             return refused.response()
+        if with_devices:  # the allocator is there, but groups do not carry devices to it yet
+            reason = (
+                "this RM does not allocate devices for reservation groups yet; reserve the pods one by one"
+            )
+            return Answer.refusal(
+                409, ProblemType.UNSCHEDULABLE, reason, title="Unschedulable", reason=reason
+            ).response()
         if group_request.preemption_policy is not None and not self.preemption:
             errors = [{"location": "preemptionPolicy", "message": _EXTRA}]
             return problem(400, ProblemType.INVALID_REQUEST, f"preemptionPolicy: {_EXTRA}", errors=errors)
@@ -1330,6 +1382,7 @@ async def serve_reference_rm(
     admin_token: str | None = None,
     foreign_retry_seconds: float = FOREIGN_RETRY_SECONDS,
     percentage_of_nodes_to_score: int = 0,
+    device_allocator: DeviceAllocator | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Run the reference RM in this event loop until the block exits.
 
@@ -1361,6 +1414,7 @@ async def serve_reference_rm(
         admin_token=admin_token,
         foreign_retry_seconds=foreign_retry_seconds,
         percentage_of_nodes_to_score=percentage_of_nodes_to_score,
+        device_allocator=device_allocator,
     )
     runner = web.AppRunner(rm.application(), access_log=None, handle_signals=False)
     await runner.setup()

@@ -54,9 +54,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 from bindery.quantity import format_quantity, parse_quantity
 from bindery.reference_rm.accounting import ClusterPods, Foreign, NodePods, foreign_usage
+from bindery.reference_rm.devices import (
+    Allocated,
+    AllocationError,
+    DeviceAllocator,
+    DeviceInUse,
+    claim_answer,
+)
 from bindery.reference_rm.groups import MemberAsk, place_group
 from bindery.reference_rm.placement import (
     InventoryNode,
@@ -84,6 +92,7 @@ from bindery.reference_rm.preemption import (
 from bindery.reference_rm.writerlock import WriterLock
 from bindery.rm.models import (
     BatchOperation,
+    ClaimAllocation,
     Reservation,
     ReservationGroup,
     ReservationGroupRequest,
@@ -192,10 +201,13 @@ _DIGEST = "sha256:"
 _CLUSTER_COLUMNS = {"cluster_id": "TEXT"}
 #: v1.2 revocation: why and when the RM took a reservation back (state ``revoked``).
 _REVOKED_COLUMNS = {"revoked_reason": "TEXT", "revoked_at": "REAL"}
+#: v1.3 devices: the contract's ``Reservation.devices`` (JSON), which also says which devices an
+#: active reservation holds: releasing, expiring or revoking it frees them with no other write.
+_DEVICE_COLUMNS = {"devices": "TEXT"}
 _ACTIVE = (ReservationState.RESERVED.value, ReservationState.COMMITTED.value)
 _COLUMNS = (
     "seq, id, idempotency_key, fingerprint, pod_uid, namespace, name, scheduler_name, node, resources, "
-    "state, created_at, expires_at, group_id, cluster_id, revoked_reason, revoked_at"
+    "state, created_at, expires_at, group_id, cluster_id, revoked_reason, revoked_at, devices"
 )
 _GROUP_ROW = (
     "id, idempotency_key, fingerprint, namespace, name, uid, scheduler_name, topology_value, created_at"
@@ -223,9 +235,14 @@ class StoredReservation:
     cluster_id: str | None = None  # v1.2: the cluster the reservation was made for
     revoked_reason: str | None = None  # v1.2 revocation: why the RM took it back
     revoked_at: float | None = None
+    #: v1.3: the devices chosen, per claim, as the contract answers them (None: none asked)
+    devices: tuple[Mapping[str, Any], ...] | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[object]) -> StoredReservation:
+        """A row of ``_COLUMNS``; a store without the ``devices`` column passes one item fewer."""
+        devices = row[17] if len(row) > 17 else None
+        row = row[:17]
         (
             seq,
             id_,
@@ -263,6 +280,7 @@ class StoredReservation:
             cluster_id=None if cluster is None else str(cluster),
             revoked_reason=None if revoked_reason is None else str(revoked_reason),
             revoked_at=None if revoked_at is None else float(str(revoked_at)),
+            devices=None if devices is None else tuple(json.loads(str(devices))),
         )
 
     def usage(self) -> dict[str, Decimal]:
@@ -288,6 +306,9 @@ class StoredReservation:
             group_id=self.group_id,
             cluster_id=self.cluster_id,
             revoked_reason=self.revoked_reason if shown else None,
+            devices=None
+            if self.devices is None
+            else [ClaimAllocation.model_validate(d) for d in self.devices],
             revoked_at=_timestamp(self.revoked_at) if shown else None,
         )
 
@@ -465,6 +486,10 @@ class ReservationStore:
         # Feasible-node sampling (placement.nodes_to_find) and where the next search starts.
         self._percentage = check_percentage(percentage_of_nodes_to_score)
         self._next_start = 0
+        #: v1.3: the device allocator (set by the server); None: a reserve with claims is refused.
+        self.devices: DeviceAllocator | None = None
+        #: v1.3: the devices allocated in the cluster's ResourceClaims (the claim mirror's view).
+        self.cluster_devices: tuple[DeviceInUse, ...] = ()
         # Rows ended since the last sweep; a tenth of the cap makes the next operation sweep.
         self._ended_since_gc = 0
         # Before anything is read: a second writer would count only its own reservations.
@@ -505,7 +530,7 @@ class ReservationStore:
         """Add the v1.1 group and v1.2 cluster columns to a table an older RM created (its rows are
         in no group and of no cluster: listed only when a list names no cluster)."""
         present = {str(row[1]) for row in self._db.execute("PRAGMA table_info(reservations)")}
-        for column, kind in (_GROUP_COLUMNS | _CLUSTER_COLUMNS | _REVOKED_COLUMNS).items():
+        for column, kind in (_GROUP_COLUMNS | _CLUSTER_COLUMNS | _REVOKED_COLUMNS | _DEVICE_COLUMNS).items():
             if column not in present:
                 self._db.execute(f"ALTER TABLE reservations ADD COLUMN {column} {kind}")
         self._db.execute(
@@ -724,6 +749,8 @@ class ReservationStore:
             )
         requests = request.requested()
         foreign = None if pods is None else self._foreign(pods)
+        if request.devices is not None:
+            return self._reserve_with_devices(request, nodes=nodes, policy=policy, foreign=foreign)
         decision = choose_node(
             nodes=placeable(nodes, request),
             requests=requests,
@@ -741,6 +768,18 @@ class ReservationStore:
         if decision.node is None:
             return Unschedulable(decision.reason, retry_after=self._retry_hint(foreign=bool(foreign)))
         node = next(n for n in nodes if n.name == decision.node)
+        return self._insert(request, node=node, fingerprint=fingerprint, devices=None)
+
+    def _insert(
+        self,
+        request: ReservationRequest,
+        *,
+        node: InventoryNode,
+        fingerprint: str,
+        devices: Sequence[Mapping[str, Any]] | None,
+    ) -> Placed:
+        """Write the reservation of ``request`` on ``node`` (with the devices chosen, if any)."""
+        requests = request.requested()
         usage = effective_usage(requests, node)
         now = self._clock()
         values = (
@@ -758,10 +797,12 @@ class ReservationStore:
             now + request.ttl_seconds,
             now,
             request.cluster_id,
+            None if devices is None else json.dumps(list(devices), separators=(",", ":")),
         )
         row = self._db.execute(
             "INSERT INTO reservations (id, idempotency_key, fingerprint, pod_uid, namespace, name, "
-            "scheduler_name, node, resources, state, created_at, expires_at, updated_at, cluster_id) "
+            "scheduler_name, node, resources, state, created_at, expires_at, updated_at, cluster_id, "
+            "devices) "
             f"VALUES ({', '.join('?' * len(values))}) RETURNING {_COLUMNS}",
             values,
         ).fetchone()
@@ -769,6 +810,93 @@ class ReservationStore:
         add_usage(self._usage, node.name, usage)
         self._next_expiry = min(self._next_expiry, now + request.ttl_seconds)
         return Placed(StoredReservation.from_row(row), created=True)
+
+    def devices_in_use(self) -> list[DeviceInUse]:
+        """The devices active reservations hold (an ended reservation holds none)."""
+        used: list[DeviceInUse] = []
+        rows = self._db.execute(
+            "SELECT devices FROM reservations WHERE devices IS NOT NULL AND state IN (?, ?)", _ACTIVE
+        )
+        for (text,) in rows:
+            for claim in json.loads(str(text)):
+                for result in claim.get("results") or ():
+                    used.append(
+                        DeviceInUse(
+                            driver=result["driver"],
+                            pool=result["pool"],
+                            device=result["device"],
+                            share_id=result.get("shareID"),
+                            consumed_capacity=result.get("consumedCapacity"),
+                        )
+                    )
+        return used
+
+    def _reserve_with_devices(
+        self,
+        request: ReservationRequest,
+        *,
+        nodes: Sequence[InventoryNode],
+        policy: Policy,
+        foreign: Mapping[str, Foreign] | None,
+    ) -> ReserveOutcome:
+        """Place a pod with claims: the first node, in this RM's order of preference, where the
+        resources fit AND every claim allocates (upstream's allocator decides the latter).
+
+        Nodes are taken in the order :func:`choose_node` prefers them, one at a time, so the pod goes
+        where it would go without claims whenever its devices are there too.
+        """
+        claims = request.devices or []
+        if self.devices is None:
+            return Unschedulable("this RM does not allocate devices (it does not list the feature `devices`)")
+        fingerprint = _digest(request.fingerprint())
+        requests = request.requested()
+        remaining = list(placeable(nodes, request))
+        # Held by reservations, or allocated in claims (Bindery's own among them): one entry each.
+        used = list(
+            {
+                (d.driver, d.pool, d.device, d.share_id): d
+                for d in (*self.devices_in_use(), *self.cluster_devices)
+            }.values()
+        )
+        names = ", ".join(f"{c.claim.namespace}/{c.claim.name}" for c in claims)
+        failed: dict[str, str] = {}
+        while True:
+            decision = choose_node(
+                nodes=remaining,
+                requests=requests,
+                usage_by_node=self._usage,
+                node_selector=request.placement.node_selector,
+                affinity_terms=request.placement.affinity_terms(),
+                tolerations=request.placement.toleration_dicts(),
+                policy=policy,
+                foreign=foreign,
+                preferences=request.placement.preference_dicts(),
+            )
+            if decision.node is None:
+                break
+            node = next(n for n in remaining if n.name == decision.node)
+            node_object = {"metadata": {"name": node.name, "labels": dict(node.labels)}}
+            try:
+                outcome = self.devices.allocate(claims=claims, used=used, nodes=[node_object])
+            except AllocationError as error:
+                return Unschedulable(f"the RM cannot evaluate the claims {names}: {error}")
+            if isinstance(outcome, Allocated):
+                answers = [
+                    claim_answer(claim, allocation)
+                    for claim, allocation in zip(claims, outcome.allocations, strict=True)
+                ]
+                return self._insert(request, node=node, fingerprint=fingerprint, devices=answers)
+            failed[node.name] = outcome.reasons.get(node.name, "cannot allocate the claims")
+            remaining = [n for n in remaining if n.name != node.name]
+        total = len(nodes)
+        parts = []
+        if failed:
+            sample = next(iter(failed.values()))
+            parts.append(f"{len(failed)} cannot allocate the claims {names} ({sample})")
+        others = total - len(failed)
+        if others:
+            parts.append(f"{others} do not fit the pod's resources or placement")
+        return Unschedulable(f"0/{total} nodes are available: {', '.join(parts)}.")
 
     def commit(self, reservation_id: str, *, pod_uid: str | None = None) -> CommitOutcome:
         current = self.get(reservation_id)
