@@ -33,7 +33,7 @@ import logging
 import pathlib
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Self
@@ -86,6 +86,7 @@ from bindery.rm.models import (
     FEATURES_HEADER,
     MAX_BATCH_OPERATIONS,
     BatchResult,
+    ClaimDevices,
     ContractInfo,
     Feature,
     GroupMemberRequest,
@@ -507,6 +508,28 @@ class ResourceManagerClient:
         info = await self.contract_info()
         return info.offers(Feature.PREEMPTION) and info.offers(Feature.RULE_PREEMPTION)
 
+    async def negotiated_devices(self, devices: Sequence[ClaimDevices] | None, *, pod: str) -> None:
+        """Refuse (``RMFeatureMissing``, no call made) claims for an RM not listing ``devices``.
+
+        Dropping the field would reserve room without devices, and a pod bound with unallocated
+        claims never starts; refused as unschedulable, the pod waits for an upgraded RM instead.
+        ``GET /v1/info`` is read only when the request has claims to allocate.
+        """
+        if not devices:
+            return
+        info = await self.contract_info()
+        if info.offers(Feature.DEVICES):
+            return
+        names = ", ".join(f"{entry.claim.namespace}/{entry.claim.name}" for entry in devices[:5])
+        reason = (
+            f"pod {pod} has DRA resource claims to allocate ({names}), and the resource manager at "
+            f"{self.base_url} (contract {info.contract_version}) does not offer the devices feature "
+            "of contract v1.3 (GET /v1/info does not list devices), so Bindery cannot have them "
+            "allocated; upgrade the RM to one that lists devices, or give the pod schedulerName "
+            "default-scheduler"
+        )
+        raise RMFeatureMissing(reason, reason=reason)
+
     async def negotiated_placement(self, placement: Placement, *, pod: str) -> tuple[Placement, bool]:
         """``placement`` as this RM may receive it, and whether it still carries a v1.2 field.
 
@@ -554,6 +577,7 @@ class ResourceManagerClient:
         cluster = await self.scoped_cluster()
         if cluster is not None and request.cluster_id is None:
             request = request.model_copy(update={"cluster_id": cluster})
+        await self.negotiated_devices(request.devices, pod=pod_name(request.pod))
         placement, newer = await self.negotiated_placement(request.placement, pod=pod_name(request.pod))
         if placement is not request.placement:
             request = request.model_copy(update={"placement": placement})
@@ -710,6 +734,7 @@ class ResourceManagerClient:
         members: list[GroupMemberRequest] = []
         newer = False
         for member in request.members:
+            await self.negotiated_devices(member.devices, pod=pod_name(member.pod))
             placement, member_newer = await self.negotiated_placement(
                 member.placement, pod=pod_name(member.pod)
             )

@@ -38,6 +38,7 @@ __all__ = [
     "CONTRACT_VERSION",
     "FEATURES_HEADER",
     "MAX_BATCH_OPERATIONS",
+    "MAX_DEVICE_CLAIMS",
     "MAX_GROUP_MEMBERS",
     "MAX_GROUP_TOPOLOGY_KEYS",
     "MAX_RULE_VICTIMS",
@@ -45,8 +46,16 @@ __all__ = [
     "BatchOperationResult",
     "BatchRequest",
     "BatchResult",
+    "ClaimAllocation",
+    "ClaimDevices",
+    "ClaimRef",
     "ClusterId",
     "ContractInfo",
+    "DeviceConstraint",
+    "DeviceReason",
+    "DeviceRequest",
+    "DeviceResult",
+    "DeviceSubRequest",
     "Feature",
     "GroupIdentity",
     "GroupMemberRequest",
@@ -152,6 +161,9 @@ class Feature(enum.StrEnum):
     #: v1.2: ``rulePreemption`` on reserve: nodes where a plan may be proposed (with named victims)
     #: but the pod not placed, for kube-scheduler's preemption for an inter-pod rule.
     RULE_PREEMPTION = "rule-preemption"
+    #: v1.3: ``devices`` on reserve and on group members (DRA claims still to allocate), the
+    #: devices the RM chose on the answer, and per-request reasons on an Unschedulable answer.
+    DEVICES = "devices"
 
 
 #: The request header by which a client names the v1.2 features whose answers it understands
@@ -309,6 +321,71 @@ class RulePreemption(_Request):
     victims: list[RuleVictim] = Field(min_length=1, max_length=MAX_RULE_VICTIMS)
 
 
+#: A CEL expression as a DeviceSelector carries it (Kubernetes caps them at 10 KiB).
+CelExpression = Annotated[str, Field(min_length=1, max_length=10_240)]
+
+#: Contract v1.3 (feature ``devices``): at most this many claims in one request's ``devices``.
+MAX_DEVICE_CLAIMS = 32
+
+
+class ClaimRef(_Request):
+    """Contract v1.3: the ResourceClaim a ``devices`` entry allocates (named, or made from a template)."""
+
+    namespace: ShortText
+    name: ShortText
+    uid: ShortText
+
+
+class DeviceCapacity(_Request):
+    """Contract v1.3: consumable capacity a request asks of each device (``capacity.requests``)."""
+
+    requests: dict[Annotated[str, Field(min_length=1, max_length=317)], ShortText] = Field(
+        default_factory=dict, max_length=32
+    )
+
+
+class DeviceSubRequest(_Request):
+    """Contract v1.3: one alternative of ``firstAvailable``, or the ``exactly`` body of a request.
+
+    ``classSelectors`` are the DeviceClass's CEL selectors, resolved by the operator (which reads
+    classes), so an RM evaluates expressions only and never needs the class itself.
+    """
+
+    name: Annotated[str, Field(min_length=1, max_length=63)] | None = None
+    device_class_name: ShortText
+    class_selectors: list[CelExpression] = Field(default_factory=list, max_length=32)
+    selectors: list[CelExpression] = Field(default_factory=list, max_length=32)
+    allocation_mode: Literal["ExactCount", "All"] = "ExactCount"
+    count: Integer | None = Field(default=None, ge=1, le=128)
+    admin_access: bool = False
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=16)
+    capacity: DeviceCapacity | None = None
+
+
+class DeviceRequest(_Request):
+    """Contract v1.3: one of a claim's ``spec.devices.requests``: ``exactly`` or ``firstAvailable``."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63)]
+    exactly: DeviceSubRequest | None = None
+    first_available: list[DeviceSubRequest] | None = Field(default=None, min_length=1, max_length=8)
+
+
+class DeviceConstraint(_Request):
+    """Contract v1.3: ``spec.devices.constraints[]`` (``requests`` absent = all of the claim's)."""
+
+    requests: list[Annotated[str, Field(min_length=1, max_length=127)]] | None = None
+    match_attribute: ShortText | None = None
+    distinct_attribute: ShortText | None = None
+
+
+class ClaimDevices(_Request):
+    """Contract v1.3: a claim still to allocate, as a reservation request carries it."""
+
+    claim: ClaimRef
+    requests: list[DeviceRequest] = Field(min_length=1, max_length=32)
+    constraints: list[DeviceConstraint] = Field(default_factory=list, max_length=32)
+
+
 class ReservationRequest(_Resourced):
     """``POST /v1/reservations``: reserve capacity for one pod and let the RM pick its node."""
 
@@ -326,6 +403,9 @@ class ReservationRequest(_Resourced):
     #: v1.2 (feature ``rule-preemption``): nodes where a plan may be proposed but the pod not placed,
     #: each with the pods that must be among the plan's victims; only with ``PreemptLowerPriority``.
     rule_preemption: list[RulePreemption] | None = Field(default=None, max_length=100)
+    #: v1.3 (feature ``devices``): the pod's claims still to allocate; sent only to an RM listing
+    #: the feature. Part of the request's identity (absent, the fingerprint is that of v1.2).
+    devices: list[ClaimDevices] | None = Field(default=None, max_length=MAX_DEVICE_CLAIMS)
 
     def fingerprint(self) -> str:
         """A canonical form: two requests with the same fingerprint are "the same request".
@@ -339,7 +419,12 @@ class ReservationRequest(_Resourced):
         canonical = self.model_copy(update={"resources": self.canonical_resources()})
         return canonical.model_dump_json(
             by_alias=True,
-            exclude={"preemption_policy", "rule_preemption", *(_absent_cluster(self.cluster_id) or ())},
+            exclude={
+                "preemption_policy",
+                "rule_preemption",
+                *(_absent_cluster(self.cluster_id) or ()),
+                *(() if self.devices is not None else ("devices",)),
+            },
         )
 
 
@@ -382,6 +467,8 @@ class GroupMemberRequest(_Resourced):
     pod: PodIdentity
     resources: Resources
     placement: Placement = Field(default_factory=Placement)
+    #: v1.3 (feature ``devices``): this member's claims still to allocate, in the one group call.
+    devices: list[ClaimDevices] | None = Field(default=None, max_length=MAX_DEVICE_CLAIMS)
 
 
 class ReservationGroupRequest(_Request):
@@ -437,9 +524,19 @@ class ReservationGroupRequest(_Request):
             }
         )
         # preemptionPolicy says what to answer when nothing fits, not what to reserve (as on reserve).
-        return canonical.model_dump_json(
-            by_alias=True, exclude={"preemption_policy", *(_absent_cluster(self.cluster_id) or ())}
-        )
+        return canonical.model_dump_json(by_alias=True, exclude=self._fingerprint_exclude())
+
+    def _fingerprint_exclude(self) -> dict[str, Any]:
+        """What a fingerprint leaves out: v1.2+ fields that say what to answer, and absent new fields.
+
+        Members without ``devices`` (v1.3) keep the fingerprint of v1.2.
+        """
+        exclude: dict[str, Any] = {"preemption_policy": True}
+        if self.cluster_id is None:
+            exclude["cluster_id"] = True
+        if all(member.devices is None for member in self.members):
+            exclude["members"] = {"__all__": {"devices"}}
+        return exclude
 
 
 def _absent_cluster(cluster_id: str | None) -> set[str] | None:
@@ -508,6 +605,55 @@ class ReservationState(enum.StrEnum):
         return self in (ReservationState.RESERVED, ReservationState.COMMITTED)
 
 
+class ClaimAnswerRef(_Response):
+    """Contract v1.3: the claim a ``devices`` answer entry is for."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class DeviceResult(_Response):
+    """Contract v1.3: one allocated device, as ``status.allocation.devices.results[]`` holds it."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    consumed_capacity: dict[str, str] | None = None
+    share_id: str | None = Field(default=None, alias="shareID")
+    binding_conditions: list[str] | None = None
+    binding_failure_conditions: list[str] | None = None
+
+
+class DeviceConfigAnswer(_Response):
+    """Contract v1.3: opaque config the RM adds for some requests (written with source FromClaim)."""
+
+    requests: list[str] = Field(default_factory=list)
+    opaque: dict[str, Any]
+
+
+class ClaimAllocation(_Response):
+    """Contract v1.3: what the RM allocated for one claim; the operator writes ``status.allocation``."""
+
+    claim: ClaimAnswerRef
+    results: list[DeviceResult] = Field(default_factory=list)
+    #: a core/v1 NodeSelector; ``None``: the reservation's node only
+    node_selector: dict[str, Any] | None = None
+    config: list[DeviceConfigAnswer] = Field(default_factory=list)
+
+
+class DeviceReason(_Response):
+    """Contract v1.3: why one request of one claim found no device (``Problem.devices[]``)."""
+
+    claim: ClaimAnswerRef
+    request: str | None = None
+    reason: str
+    nodes_tried: int | None = None
+
+
 class Reservation(_Response):
     """A reservation as the RM reports it."""
 
@@ -525,6 +671,8 @@ class Reservation(_Response):
     cluster_id: str | None = None  # v1.2: the cluster it was made for (None: made without one)
     revoked_reason: str | None = None  # v1.2 revocation: why the RM took it back (state revoked)
     revoked_at: datetime | None = None  # v1.2 revocation: when
+    #: v1.3 (feature ``devices``): the devices chosen, one entry per claim the request carried.
+    devices: list[ClaimAllocation] | None = None
 
 
 class ReservationGroup(_Response):
@@ -641,6 +789,8 @@ class Problem(_Response):
     #: v1.2 (feature ``preemption``): on an ``unschedulable`` answer to a reserve, the plan that
     #: would make room, when the request asked for one and one exists.
     preemption: PreemptionPlan | None = None
+    #: v1.3 (feature ``devices``): on ``unschedulable``, why each claim's request found no device.
+    devices: list[DeviceReason] | None = None
 
 
 class BatchOperationResult(_Response):
