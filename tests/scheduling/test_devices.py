@@ -90,15 +90,25 @@ def test_a_generated_claim_must_be_the_pods_and_a_deleted_one_waits() -> None:
     generated = PodClaim(pod_claim="gpu", name="p-gpu", generated=True)
     mine = _claim("p-gpu", ownerReferences=[{"uid": "pod-uid", "controller": True, "kind": "Pod"}])
     other = _claim("p-gpu", ownerReferences=[{"uid": "someone", "controller": True, "kind": "Pod"}])
-    assert claim_wait(pod=_POD, claim=generated, body=mine) is None
-    assert "pod is not owner" in (claim_wait(pod=_POD, claim=generated, body=other) or ClaimWait("")).message
-    gone = claim_wait(pod=_POD, claim=generated, body=None)
+    assert claim_wait(pod_uid="pod-uid", pod_key="ns/p", claim=generated, body=mine) is None
+    assert (
+        "pod is not owner"
+        in (
+            claim_wait(pod_uid="pod-uid", pod_key="ns/p", claim=generated, body=other) or ClaimWait("")
+        ).message
+    )
+    gone = claim_wait(pod_uid="pod-uid", pod_key="ns/p", claim=generated, body=None)
     assert gone is not None
     assert gone.claim == "p-gpu"
     assert "not found" in gone.message
     deleting = _claim("p-gpu", deletionTimestamp="2026-12-08T00:00:00Z")
     named = PodClaim(pod_claim="shared", name="p-gpu", generated=False)
-    assert "being deleted" in (claim_wait(pod=_POD, claim=named, body=deleting) or ClaimWait("")).message
+    assert (
+        "being deleted"
+        in (
+            claim_wait(pod_uid="pod-uid", pod_key="ns/p", claim=named, body=deleting) or ClaimWait("")
+        ).message
+    )
 
 
 def test_an_unallocated_claim_is_sent_with_its_class_selectors_resolved() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bindery.adapters.counters import WriteCounter
-from bindery.apiserver import ApiClient, ApiError, NotFound, resources
+from bindery.apiserver import ApiClient, ApiError, NotFound, list_all, resources
 from bindery.apiserver import get as get_object
 from bindery.apiserver import replace as replace_object
 from bindery.apiserver.errors import Conflict
@@ -35,7 +35,17 @@ class KubeDevices:
         )
 
     async def device_class(self, name: str) -> Mapping[str, Any] | None:
-        return await self._read(f"deviceclass {name}", resources.DEVICE_CLASSES, name)
+        # A LIST by name, not a GET: the operator may list and watch classes, as kube-scheduler does.
+        try:
+            listing = await list_all(
+                self._api,
+                resources.DEVICE_CLASSES,
+                field_selector=f"metadata.name={name}",
+                request_timeout=TIMEOUT_SECONDS,
+            )
+        except ApiError as error:
+            raise DeviceError(f"reading deviceclass {name} failed: {_why(error)}") from error
+        return listing.items[0] if listing.items else None
 
     async def update_claim(self, claim: Mapping[str, Any]) -> Mapping[str, Any]:
         return await self._write("updating", claim, subresource="")

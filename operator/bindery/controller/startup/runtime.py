@@ -29,6 +29,7 @@ import kopf
 from bindery.adapters import (
     KubeBinder,
     KubeConditionWriter,
+    KubeDevices,
     KubeEventSink,
     KubeVolumes,
     NodeCache,
@@ -242,6 +243,7 @@ class Runtime:
             events=self._events,
             conditions=self._conditions,
             volumes=KubeVolumes(api=self._api, counter=self.writes),
+            devices=KubeDevices(api=self._api, counter=self.writes),
             placed=self.placed,
         )
         await self._serve_metrics()

@@ -67,9 +67,9 @@ def pod_claims(pod: Mapping[str, Any]) -> tuple[PodClaim, ...] | ClaimWait:
 
 
 def claim_wait(
-    *, pod: Mapping[str, Any], claim: PodClaim, body: Mapping[str, Any] | None
+    *, pod_uid: str, pod_key: str, claim: PodClaim, body: Mapping[str, Any] | None
 ) -> ClaimWait | None:
-    """Why ``claim`` (its current ``body``, ``None`` if absent) cannot be used by ``pod`` yet, or None.
+    """Why ``claim`` (its current ``body``, ``None`` if absent) cannot be used by the pod yet, or None.
 
     Upstream ``PreFilter``: a missing claim and a claim being deleted make the pod unschedulable
     until a claim event; a generated claim not owned by the pod is refused the same way.
@@ -79,19 +79,13 @@ def claim_wait(
     metadata: Mapping[str, Any] = body.get("metadata") or {}
     if metadata.get("deletionTimestamp"):
         return ClaimWait(f'resourceclaim "{claim.name}" is being deleted', claim=claim.name)
-    if claim.generated and not _owned_by(metadata.get("ownerReferences") or (), pod):
+    if claim.generated and not _owned_by(metadata.get("ownerReferences") or (), pod_uid):
         return ClaimWait(
-            f"ResourceClaim {claim.name} was not created for pod {_pod_name(pod)} (pod is not owner)",
+            f"ResourceClaim {claim.name} was not created for pod {pod_key} (pod is not owner)",
             claim=claim.name,
         )
     return None
 
 
-def _owned_by(owners: Sequence[Mapping[str, Any]], pod: Mapping[str, Any]) -> bool:
-    uid = (pod.get("metadata") or {}).get("uid")
-    return any(owner.get("uid") == uid and owner.get("controller") for owner in owners)
-
-
-def _pod_name(pod: Mapping[str, Any]) -> str:
-    metadata = pod.get("metadata") or {}
-    return f"{metadata.get('namespace')}/{metadata.get('name')}"
+def _owned_by(owners: Sequence[Mapping[str, Any]], pod_uid: str) -> bool:
+    return any(owner.get("uid") == pod_uid and owner.get("controller") for owner in owners)
