@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
+from prometheus_client import generate_latest
 
 from bindery.adapters.devices import KubeDevices
 from bindery.apiserver import create, resources
+from bindery.controller.metrics import Metrics
 from bindery.rm.models import Reservation, ReservationRequest
-from bindery.scheduling.cycle import CycleOutcome, schedule_one
+from bindery.scheduling.cycle import DEVICES, CycleOutcome, schedule_one
 from bindery.scheduling.decisions import FailureKind, Outcome
 from bindery.scheduling.devices import DELETE_PROTECTION, PodClaim
 from bindery.scheduling.framework import Ports, Profile
@@ -145,6 +147,7 @@ async def test_a_claim_is_allocated_by_the_rm_written_at_prebind_and_shared_by_a
     world: World,
 ) -> None:
     shared = await _claim(world, "gpu")
+    before = dict(DEVICES.counts)
     first = await world.run(world.pod("a", shared))
     assert first.outcome is Outcome.BOUND, first.failure
     [sent] = world.rm.requests
@@ -173,6 +176,10 @@ async def test_a_claim_is_allocated_by_the_rm_written_at_prebind_and_shared_by_a
     claim = await world.claim("gpu")
     assert [entry["name"] for entry in claim["status"]["reservedFor"]] == ["a", "b"]
     assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+    delta = {key: DEVICES.counts[key] - before.get(key, 0) for key in DEVICES.counts}
+    assert {key: n for key, n in delta.items() if n} == {("allocated", ""): 1, ("reused", ""): 1}
+    served = generate_latest(Metrics(devices=lambda: DEVICES.counts).registry).decode()
+    assert 'bindery_device_claims_total{outcome="allocated",reason=""}' in served
 
 
 async def test_a_failed_binding_undoes_the_allocation_and_releases(world: World) -> None:

@@ -82,6 +82,7 @@ from bindery.controller.watches.nodes import NodeWatcher
 from bindery.controller.watches.placed import PlacedPodWatcher
 from bindery.controller.watches.services import ServiceSelectors
 from bindery.controller.watches.unbound import UnboundPodWatcher
+from bindery.scheduling.cycle import DEVICES
 from bindery.scheduling.framework import Ports
 from bindery.typedefs import Logger
 
@@ -104,6 +105,7 @@ class Runtime:
             breakers=lambda: {name: r.rm.breaker_state for name, r in self.runners.items()},
             leader=self._leader_state,
             clocks=self._clock_skews,
+            devices=lambda: DEVICES.counts,
         )
         #: the apiserver's clock against this host's (bindery.clock), probed every APISERVER_CLOCK_SECONDS
         self.apiserver_clock = ClockWatch(

@@ -35,6 +35,8 @@ class ClaimWait:
     message: str
     #: the claim whose creation or change wakes the pod (``None``: a pod update does)
     claim: str | None = None
+    #: a short key for the metric of refused claims (``bindery_device_claims{outcome="waiting"}``)
+    reason: str = "waiting"
 
 
 def pod_claims(pod: Mapping[str, Any]) -> tuple[PodClaim, ...] | ClaimWait:
@@ -59,7 +61,8 @@ def pod_claims(pod: Mapping[str, Any]) -> tuple[PodClaim, ...] | ClaimWait:
                 return ClaimWait(
                     f'waiting for the ResourceClaim of pod claim "{pod_claim}" (template '
                     f'"{entry.get("resourceClaimTemplateName")}") to be created by the '
-                    "resourceclaim controller of kube-controller-manager"
+                    "resourceclaim controller of kube-controller-manager",
+                    reason="claim_not_created",
                 )
             if (generated := statuses[pod_claim]) is not None:
                 claims.append(PodClaim(pod_claim=pod_claim, name=str(generated), generated=True))
@@ -75,14 +78,17 @@ def claim_wait(
     until a claim event; a generated claim not owned by the pod is refused the same way.
     """
     if body is None:
-        return ClaimWait(f'resourceclaim "{claim.name}" not found', claim=claim.name)
+        return ClaimWait(f'resourceclaim "{claim.name}" not found', claim=claim.name, reason="claim_missing")
     metadata: Mapping[str, Any] = body.get("metadata") or {}
     if metadata.get("deletionTimestamp"):
-        return ClaimWait(f'resourceclaim "{claim.name}" is being deleted', claim=claim.name)
+        return ClaimWait(
+            f'resourceclaim "{claim.name}" is being deleted', claim=claim.name, reason="claim_deleting"
+        )
     if claim.generated and not _owned_by(metadata.get("ownerReferences") or (), pod_uid):
         return ClaimWait(
             f"ResourceClaim {claim.name} was not created for pod {pod_key} (pod is not owner)",
             claim=claim.name,
+            reason="not_owner",
         )
     return None
 

@@ -66,7 +66,7 @@ def plan_devices(
             reserved_for = status.get("reservedFor") or ()
             absent = all(entry.get("uid") != pod_uid for entry in reserved_for)
             if absent and len(reserved_for) >= RESERVED_FOR_MAX:
-                return ClaimWait(f'resourceclaim "{claim.name}" is in use', claim=claim.name)
+                return ClaimWait(f'resourceclaim "{claim.name}" is in use', claim=claim.name, reason="in_use")
             reused.append(claim.name)
             if terms := (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms"):
                 node_terms.append(tuple(terms))
@@ -76,6 +76,7 @@ def plan_devices(
                 f'resourceclaim "{claim.name}" is being allocated for another pod; this pod uses it '
                 "once that allocation is written",
                 claim=claim.name,
+                reason="in_flight",
             )
         entry = _claim_devices(claim=claim, body=body, classes=classes)
         if isinstance(entry, ClaimWait):
@@ -85,7 +86,8 @@ def plan_devices(
         return ClaimWait(
             f"the pod has {len(to_allocate)} ResourceClaims to allocate, more than the "
             f"{MAX_DEVICE_CLAIMS} a reservation request of contract v1.3 carries; use fewer claims "
-            "(a claim may hold several requests)"
+            "(a claim may hold several requests)",
+            reason="too_many_claims",
         )
     return DevicePlan(to_allocate=tuple(to_allocate), reused=tuple(reused), node_terms=tuple(node_terms))
 
@@ -142,7 +144,8 @@ def _sub_request(
         # Upstream: "request %s: device class %s does not exist", unschedulable until a class event.
         return ClaimWait(
             f'resourceclaim "{claim.name}": device class "{class_name}" does not exist; the pod waits '
-            "until it is created"
+            "until it is created",
+            reason="class_missing",
         )
     mode = str(body.get("allocationMode") or "ExactCount")
     capacity = (body.get("capacity") or {}).get("requests")

@@ -18,6 +18,7 @@ Upstream's extension points, with the allocator replaced by the RM:
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from collections.abc import Mapping
@@ -63,10 +64,14 @@ class DynamicResources:
         #: TTL is ignored: a cycle that ended without PreBind or Unreserve (the pod bound elsewhere)
         #: cannot hold a claim for longer than its reservation could.
         self.in_flight: dict[str, tuple[str, float]] = {}
+        #: claims by (outcome, reason): ("allocated", "") and ("reused", "") written at PreBind,
+        #: ("waiting", <ClaimWait.reason>) at PreFilter, ("failed", <why>) after; read at scrape time
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
 
     async def pre_filter(self, *, ctx: CycleContext) -> Status:
         claims = ctx.pod.device_claims
         if isinstance(claims, ClaimWait):
+            self.counts["waiting", claims.reason] += 1
             return Status.unschedulable(claims.message)
         if not claims:
             return Status.skip()
@@ -78,6 +83,7 @@ class DynamicResources:
         except DeviceError as error:
             return Status.error(error.message)
         if isinstance(read, ClaimWait):
+            self.counts["waiting", read.reason] += 1
             return Status.unschedulable(read.message)
         bodies, classes = read
         now = ctx.profile.clock()
@@ -93,6 +99,7 @@ class DynamicResources:
             in_flight=others,
         )
         if isinstance(plan, ClaimWait):
+            self.counts["waiting", plan.reason] += 1
             return Status.unschedulable(plan.message)
         for terms in plan.node_terms:
             ctx.require_nodes(terms)
@@ -134,6 +141,10 @@ class DynamicResources:
         if not isinstance(state, _CycleDevices):
             return
         self._forget(ctx)
+        if ctx.reservation is None:  # the RM found no devices (or no room), or was not asked
+            self.counts["failed", "not_reserved"] += len(state.plan.to_allocate)
+        elif state.written:
+            self.counts["failed", "undone"] += len(state.written)
         access = ctx.ports.devices
         if access is None or not state.written:
             return
@@ -190,6 +201,7 @@ class DynamicResources:
             for entry in state.plan.to_allocate:
                 answer = answers.get(entry.claim.uid)
                 if answer is None:
+                    self.counts["failed", "rm_answer_missing"] += 1
                     return Status.failed(
                         self._failure(
                             FailureKind.RM_PROTOCOL_ERROR,
@@ -210,6 +222,7 @@ class DynamicResources:
                     pod_uid=ctx.pod.uid,
                     allocation=allocation,
                 )
+                self.counts["allocated", ""] += 1
             for name in state.plan.reused:
                 state.written.append((name, False))
                 await bind_claim(
@@ -220,7 +233,9 @@ class DynamicResources:
                     pod_uid=ctx.pod.uid,
                     allocation=None,
                 )
+                self.counts["reused", ""] += 1
         except DeviceError as error:
+            self.counts["failed", "write_failed"] += 1
             return Status.failed(self._failure(FailureKind.PLUGIN_ERROR, f"binding claims: {error.message}"))
         return Status.success()
 
