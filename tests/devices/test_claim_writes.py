@@ -17,7 +17,7 @@ from kubernetes_asyncio import client
 from bindery.adapters.devices import KubeDevices
 from bindery.apiserver import create, resources
 from bindery.scheduling.devices import DELETE_PROTECTION
-from bindery.scheduling.devices.writes import bind_claim, unbind_claim
+from bindery.scheduling.devicewrites import bind_claim, unbind_claim
 from bindery.scheduling.ports import DeviceError
 
 _ALLOCATION: dict[str, Any] = {

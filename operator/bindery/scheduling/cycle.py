@@ -46,7 +46,7 @@ from bindery.scheduling.defaults import (
     ScheduledEvent,
     lease_of,
 )
-from bindery.scheduling.devices.plugin import DynamicResources
+from bindery.scheduling.dynamicresources import DynamicResources
 from bindery.scheduling.events import Requeue
 from bindery.scheduling.framework import (
     BindingGate,

@@ -39,7 +39,7 @@ from bindery.rm.batching import reserve_urgency
 from bindery.rm.errors import ProblemType, RMConflict, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
-from bindery.scheduling.devices.plugin import DEVICE_REQUESTS
+from bindery.scheduling.dynamicresources import DEVICE_REQUESTS
 from bindery.scheduling.events import Requeue
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, CallStep, Lease, lease_from_answer, plan_call

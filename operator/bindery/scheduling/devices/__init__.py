@@ -12,7 +12,8 @@ that answer, as upstream does around its allocator:
 * :mod:`.allocation` — the claim status Bindery writes at PreBind (upstream ``bindClaim``) and
   what Unreserve takes back (upstream ``Unreserve``).
 
-No I/O here: the reads and writes of claims, classes and slices go through a port.
+No I/O here: the plugin (:mod:`bindery.scheduling.dynamicresources`) reads and writes claims and
+classes through a port (:mod:`bindery.scheduling.devicewrites` for the writes).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from bindery.scheduling.decisions import Failure, FailureKind, Stage
 from bindery.scheduling.devices.allocation import allocated_status
 from bindery.scheduling.devices.claims import ClaimWait, PodClaim, claim_wait
 from bindery.scheduling.devices.plan import DevicePlan, plan_devices
-from bindery.scheduling.devices.writes import bind_claim, unbind_claim
+from bindery.scheduling.devicewrites import bind_claim, unbind_claim
 from bindery.scheduling.framework import CycleContext, Status
 from bindery.scheduling.ports import DeviceAccess, DeviceError
 
