@@ -52,6 +52,10 @@ OPERATOR_WRITES = {
     # Volume binding: a claim's selected-node annotation, a static volume's claimRef.
     "patch persistentvolumeclaims",
     "patch persistentvolumes",
+    # DRA devices through the RM: the claim's finalizer, then its allocation and reservedFor.
+    "update resourceclaims.resource.k8s.io",
+    "update resourceclaims.resource.k8s.io/status",
+    "update resourceclaims.resource.k8s.io/binding",
     # /debug/queue: whose is the caller's bearer token, and may that user get the URL (issue 20).
     "create tokenreviews.authentication.k8s.io",
     "create subjectaccessreviews.authorization.k8s.io",

@@ -293,3 +293,33 @@ def test_a_group_members_explain_shows_its_groups_preemption_back_off_and_plan()
     assert "Preemption plan:   its pod group ns/g (it preempts as a whole): plan p-g on node a" in render(
         answer
     )
+
+
+def test_the_devices_chosen_for_each_claim_are_shown() -> None:
+    allocated = {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": "gpu.example.com", "pool": "n3", "device": "gpu-0"}
+                    ]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}],
+        }
+    }
+    answer = explain(
+        pod=pod(),
+        resource_manager="pool",
+        events=[],
+        reservations=[],
+        device_claims=[("p-gpu", allocated), ("team", {"status": {}}), ("gone", None)],
+    )
+    text = render(answer)
+    assert "Device claims:" in text
+    assert "  p-gpu  Allocated, devices gpu.example.com/n3/gpu-0, reserved for 1 pod(s)" in text
+    assert "  team  Pending" in text
+    assert "  gone  Missing" in text
+    assert json.loads(json.dumps(answer.as_json()))["device_claims"][0]["devices"] == [
+        "gpu.example.com/n3/gpu-0"
+    ]

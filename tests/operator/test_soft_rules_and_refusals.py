@@ -1,5 +1,5 @@
 """Issue 19 on a real plane: soft node rules reach the reference RM, Gt/Lt tolerations are carried,
-and a pod with DRA claims is refused by field with nothing reserved.
+and a pod with DRA claims for an RM without `devices` is refused with nothing reserved.
 
 The reference RM runs as its own process mirroring the stage's nodes (tests/realrm.py), so what it
 decides comes from the Node objects the apiserver holds, not from a fake. The plane runs with
@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from bindery.apiserver import create, resources
 from bindery.devcluster.nodes import create_node
 from bindery.devcluster.plane import ControlPlane
 from tests.operator.conftest import Bindery, RealStage, condition, eventually, read_pod, real_stage_of
@@ -37,30 +38,58 @@ def _toleration(operator: str, value: str) -> dict[str, str]:
     return {"key": _SLA_KEY, "operator": operator, "value": value, "effect": "NoSchedule"}
 
 
-async def test_dra_claims_are_refused_by_field_and_nothing_is_reserved(
-    *, real_stage: RealStage, bindery: Bindery
+async def test_dra_claims_for_an_rm_without_devices_are_refused_and_nothing_is_reserved(
+    *, real_stage: RealStage, kube_api: client.ApiClient, bindery: Bindery
 ) -> None:
-    """Before: the pod was reserved and bound with its claim unallocated, and never started."""
+    """Before: refused by field (SchedulerError), whatever the RM. Now the claims go through the
+    DynamicResources plugin: a claim to allocate for an RM whose /v1/info does not list `devices` is
+    unschedulable with a reason saying so, and a template's claim not created yet makes the pod wait;
+    neither is reserved or bound."""
     stage = real_stage
+    device_class = f"gpu-{stage.namespace}.example.com"
+    await create(
+        kube_api,
+        resources.DEVICE_CLASSES,
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": device_class},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{device_class}'"}}]},
+        },
+    )
+    await create(
+        kube_api,
+        resources.RESOURCE_CLAIMS,
+        namespace=stage.namespace,
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "gpu"},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}
+            },
+        },
+    )
     async with stage.served():
+        await stage.create("claims", resourceClaims=[{"name": "gpu", "resourceClaimName": "gpu"}])
         await stage.create(
-            "claims",
-            resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "template", resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
         )
         cond = await eventually(
-            lambda: _failed(stage.api, stage.namespace, "claims", "SchedulerError"),
+            functools.partial(_unschedulable_because, stage, "claims", "does not offer the devices feature"),
             within=30,
-            what="FailedScheduling and PodScheduled=False (SchedulerError)",
+            what="PodScheduled=False (Unschedulable): the RM does not offer devices",
         )
-        assert "spec.resourceClaims names 1 DRA resource claim (gpu)" in cond["message"]
-        # The refusal is reported before any reserve is possible, in the same handler.
-        assert (
-            await stage.reservations_of(
-                (await read_pod(stage.api, namespace=stage.namespace, name="claims"))["metadata"]["uid"]
-            )
-            == []
+        assert f"{stage.namespace}/gpu" in cond["message"]
+        await eventually(
+            functools.partial(_unschedulable_because, stage, "template", "waiting for the ResourceClaim"),
+            within=30,
+            what="PodScheduled=False (Unschedulable): the template's claim is not created yet",
         )
-        assert await stage.node_of("claims") is None
+        for name in ("claims", "template"):
+            uid = (await read_pod(stage.api, namespace=stage.namespace, name=name))["metadata"]["uid"]
+            assert await stage.reservations_of(uid) == []
+            assert await stage.node_of(name) is None
 
 
 async def test_gt_and_lt_tolerations_are_matched_numerically_by_the_reference_rm(

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bindery.rm.models import Placement
+from bindery.scheduling.devices import ClaimWait, PodClaim
 from bindery.scheduling.podspec import (
     PodInfo,
     PodSpecError,
@@ -193,14 +194,20 @@ def test_pod_level_hugepages_are_counted() -> None:
     assert effective_requests(spec=spec) == {"cpu": Decimal(1), "hugepages-2Mi": Decimal(2**30)}
 
 
-def test_dra_resource_claims_are_refused_by_field() -> None:
-    """Issue 19: a pod with spec.resourceClaims was bound with its claims unallocated and never
-    started; Bindery does not allocate DRA claims, so it refuses the pod, naming the field."""
+def test_dra_resource_claims_go_to_the_devices_plugin_not_refused() -> None:
+    """Before: refused by field (Bindery allocated no claims). Now the pod is carried, with its
+    claims resolved for the DynamicResources plugin, or why it waits for one."""
     spec = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}
-    refusal = beyond_contract({"spec": spec}) or ""
-    assert refusal.startswith("spec.resourceClaims names 1 DRA resource claim (gpu)")
-    assert "default-scheduler" in refusal
-    assert beyond_contract({"spec": {"resourceClaims": []}}) is None
+    body = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": spec}
+    assert beyond_contract(body) is None
+    waiting = PodInfo.from_body(body).device_claims
+    assert isinstance(waiting, ClaimWait)
+    made = {**body, "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]}}
+    assert PodInfo.from_body(made).device_claims == (
+        PodClaim(pod_claim="gpu", name="p-gpu-x", generated=True),
+    )
+    # The claim's creation changes the pod's placement inputs: it is retried at once.
+    assert PodInfo.from_body(made).placement_inputs() != PodInfo.from_body(body).placement_inputs()
 
 
 def test_invalid_quantity_is_reported_with_the_container() -> None:

@@ -9,6 +9,7 @@ so the demo and tests can report writes per bound pod without scraping apiserver
 from bindery.adapters.binder import KubeBinder
 from bindery.adapters.conditions import KubeConditionWriter
 from bindery.adapters.counters import WriteCounter
+from bindery.adapters.devices import KubeDevices
 from bindery.adapters.events import KubeEventSink, reporting_instance
 from bindery.adapters.lookups import NodeCache, UnboundPods
 from bindery.adapters.placed import PlacedPodCache
@@ -17,6 +18,7 @@ from bindery.adapters.volumes import KubeVolumes
 __all__ = [
     "KubeBinder",
     "KubeConditionWriter",
+    "KubeDevices",
     "KubeEventSink",
     "KubeVolumes",
     "NodeCache",

@@ -18,6 +18,7 @@ __all__ = [
     "CSI_NODES",
     "DAEMON_SETS",
     "DEPLOYMENTS",
+    "DEVICE_CLASSES",
     "EVENTS",
     "EVENTS_V1",
     "JOBS",
@@ -30,7 +31,9 @@ __all__ = [
     "POD_PAGE_SIZE",
     "PVCS",
     "PVS",
+    "RESOURCE_CLAIMS",
     "RESOURCE_MANAGERS",
+    "RESOURCE_SLICES",
     "SECRETS",
     "SERVICES",
     "STORAGE_CLASSES",
@@ -108,4 +111,7 @@ CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", False
 #: Bindery's own configuration (crds/resourcemanagers.bindery.dev.yaml).
 RESOURCE_MANAGERS = Resource("bindery.dev", "v1alpha1", "resourcemanagers", False, "ResourceManager")
 #: Gang scheduling's PodGroups (KEP-4671 workload API, see bindery.scheduling.podgroups).
+RESOURCE_CLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", True, "ResourceClaim")
+DEVICE_CLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", False, "DeviceClass")
+RESOURCE_SLICES = Resource("resource.k8s.io", "v1", "resourceslices", False, "ResourceSlice")
 PODGROUPS = Resource("scheduling.k8s.io", "v1alpha2", "podgroups", True, "PodGroup")

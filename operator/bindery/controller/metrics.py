@@ -131,6 +131,7 @@ class Metrics:
         breakers: Callable[[], Mapping[str, str]] = dict,
         leader: Callable[[], LeaderState | None] = lambda: None,
         clocks: Callable[[], Mapping[str, float | None]] = dict,
+        devices: Callable[[], Mapping[tuple[str, str], int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry()
         self.attempts = Counter(
@@ -234,6 +235,7 @@ class Metrics:
                 breakers=breakers,
                 leader=leader,
                 clocks=clocks,
+                devices=devices,
             )
         )
         self._first_seen: dict[str, float] = {}
@@ -368,7 +370,9 @@ class _StateCollector(Collector):
         breakers: Callable[[], Mapping[str, str]] = dict,
         leader: Callable[[], LeaderState | None] = lambda: None,
         clocks: Callable[[], Mapping[str, float | None]] = dict,
+        devices: Callable[[], Mapping[tuple[str, str], int]] = dict,
     ) -> None:
+        self._devices = devices
         self._clocks = clocks
         self._writes = writes
         self._queues = queues
@@ -406,6 +410,18 @@ class _StateCollector(Collector):
                 pending.add_metric([name, queue], getattr(stats, queue))
             for event, count in stats.moved:
                 moved.add_metric([name, event], count)
+        claims = CounterMetricFamily(
+            "bindery_device_claims",
+            "DRA ResourceClaims the DynamicResources plugin handled, by outcome: allocated (the RM's "
+            "devices written), reused (already allocated, the pod added to reservedFor), waiting (by "
+            "reason: claim_not_created, claim_missing, claim_deleting, not_owner, in_use, in_flight, "
+            "class_missing, too_many_claims), failed (not_reserved: the RM refused or found no "
+            "devices; rm_answer_missing, write_failed, undone).",
+            labels=["outcome", "reason"],
+        )
+        for (outcome, reason), count in sorted(self._devices().items()):
+            claims.add_metric([outcome, reason], count)
+        yield claims
         yield depth
         yield pending
         yield moved

@@ -104,6 +104,9 @@ CONTROLLERS = (
     "persistentvolumeclaim-protection-controller",
     "serviceaccount-controller",
     "pod-garbage-collector-controller",
+    # Creates the ResourceClaims of pods that name a ResourceClaimTemplate (DRA), and writes
+    # pod.status.resourceClaimStatuses, which the DynamicResources plugins of both schedulers wait for.
+    "resourceclaim-controller",
 )
 #: The Workload API (scheduling.k8s.io/v1alpha2: Workload, PodGroup) and kube-scheduler's gang
 #: scheduling, alpha in 1.36: every component of the plane runs with the same gates, so Bindery's

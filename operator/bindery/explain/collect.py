@@ -24,6 +24,7 @@ from bindery.config import ConfigError, parse_resource_manager, route_scheduler_
 from bindery.controller.secrets import CredentialsError, reservations_at
 from bindery.explain.facts import Explanation, GroupState, ReservationView, explain, group_state
 from bindery.rm.errors import RMError
+from bindery.scheduling.devices import pod_claims as device_claims
 from bindery.scheduling.placementrules import rules_preferences, rules_verdict
 from bindery.scheduling.podspec import PodInfo, PodSpecError, pod_claims
 from bindery.scheduling.ports import NodeProjection
@@ -97,6 +98,11 @@ async def explain_pod(
         (claim, await _read(api, resources.PVCS, namespace=namespace, name=claim))
         for claim in pod_claims(name=name, volumes=(pod.get("spec") or {}).get("volumes") or ())
     ]
+    resolved = device_claims(pod)
+    device_bodies = [
+        (claim.name, await _read(api, resources.RESOURCE_CLAIMS, namespace=namespace, name=claim.name))
+        for claim in (resolved if isinstance(resolved, tuple) else ())
+    ]
     scheduler_name = str((pod.get("spec") or {}).get("schedulerName") or "default-scheduler")
     group, group_problem = await _group_of(api=api, pod=pod, namespace=namespace)
     configs = []
@@ -149,6 +155,7 @@ async def explain_pod(
         events=events.items,
         reservations=reservations,
         claims=claims,
+        device_claims=device_bodies,
         rm_problem=problem,
         queue=queue,
         queue_problem=queue_problem if operator is not None else "not asked (--no-operator)",

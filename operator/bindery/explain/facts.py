@@ -53,6 +53,40 @@ class ClaimState:
 
 
 @dataclasses.dataclass(frozen=True)
+class DeviceClaimState:
+    """A DRA ResourceClaim of the pod: the devices allocated to it (from its status), if any."""
+
+    name: str
+    #: Missing, Pending (not allocated yet), Allocated
+    phase: str
+    #: ``driver/pool/device`` of each allocated device
+    devices: tuple[str, ...] = ()
+    #: how many consumers the claim is reserved for
+    reserved_for: int = 0
+
+
+def device_claim_states(claims: Sequence[tuple[str, Mapping[str, Any] | None]]) -> list[DeviceClaimState]:
+    """Pure: (name, ResourceClaim or None) → what the claim says of its devices."""
+    states: list[DeviceClaimState] = []
+    for name, claim in claims:
+        if claim is None:
+            states.append(DeviceClaimState(name=name, phase="Missing"))
+            continue
+        status = claim.get("status") or {}
+        allocation = status.get("allocation") or {}
+        results = (allocation.get("devices") or {}).get("results") or ()
+        states.append(
+            DeviceClaimState(
+                name=name,
+                phase="Allocated" if allocation else "Pending",
+                devices=tuple(f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}" for r in results),
+                reserved_for=len(status.get("reservedFor") or ()),
+            )
+        )
+    return states
+
+
+@dataclasses.dataclass(frozen=True)
 class GroupState:
     """A pod group member's group, as the apiserver shows it (kube-scheduler's PodGroup)."""
 
@@ -80,6 +114,8 @@ class Explanation:
     attempts: list[Attempt] = dataclasses.field(default_factory=list)
     reservations: list[ReservationView] = dataclasses.field(default_factory=list)
     claims: list[ClaimState] = dataclasses.field(default_factory=list)
+    #: The pod's DRA ResourceClaims and the devices chosen for them.
+    device_claims: list[DeviceClaimState] = dataclasses.field(default_factory=list)
     group: GroupState | None = None
     seconds_to_bind: float | None = None
     #: The operator's view of the pod in its queue (served at /debug/queue/NS/NAME), as served.
@@ -191,6 +227,7 @@ def explain(
     events: Sequence[Mapping[str, Any]],
     reservations: Sequence[ReservationView] | None,
     claims: Sequence[tuple[str, Mapping[str, Any] | None]] = (),
+    device_claims: Sequence[tuple[str, Mapping[str, Any] | None]] = (),
     rm_problem: str | None = None,
     queue: Mapping[str, Any] | None = None,
     queue_problem: str | None = None,
@@ -222,6 +259,7 @@ def explain(
         attempts=attempts_of(events),
         reservations=list(reservations or ()),
         claims=claim_states(claims),
+        device_claims=device_claim_states(device_claims),
         group=group,
         placement_rules=list(placement_rules),
         nominated_node=str(status.get("nominatedNodeName") or "") or None,
@@ -417,6 +455,14 @@ def render(answer: Explanation) -> str:
             + (f", volume {c.volume}" if c.volume else "")
             + (f", selected node {c.selected_node}" if c.selected_node else "")
             for c in answer.claims
+        ]
+    if answer.device_claims:
+        lines.append("Device claims:")
+        lines += [
+            f"  {c.name}  {c.phase}"
+            + (f", devices {', '.join(c.devices)}" if c.devices else "")
+            + (f", reserved for {c.reserved_for} pod(s)" if c.reserved_for else "")
+            for c in answer.device_claims
         ]
     if answer.group is not None:
         g = answer.group

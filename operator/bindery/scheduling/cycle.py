@@ -46,6 +46,7 @@ from bindery.scheduling.defaults import (
     ScheduledEvent,
     lease_of,
 )
+from bindery.scheduling.dynamicresources import DynamicResources
 from bindery.scheduling.events import Requeue
 from bindery.scheduling.framework import (
     BindingGate,
@@ -108,11 +109,13 @@ class CycleOutcome:
 
 _VOLUMES = VolumeBinding()
 _RULES = PodPlacementRules()
-_DEFAULT_PRE_FILTER: tuple[PreFilterPlugin, ...] = (_VOLUMES, _RULES)
+#: One for the process: claims are cluster objects, so its in-flight view spans every profile.
+DEVICES = DynamicResources()
+_DEFAULT_PRE_FILTER: tuple[PreFilterPlugin, ...] = (DEVICES, _VOLUMES, _RULES)
 # VolumeBinding and PodPlacementRules after the RM's reservation: their unreserve (undo the claims'
 # selected node, forget the assumed pod) runs before the release, in reverse order.
-_DEFAULT_RESERVE: tuple[ReservePlugin, ...] = (ResourceManagerReservation(), _RULES, _VOLUMES)
-_DEFAULT_PRE_BIND: tuple[PreBindPlugin, ...] = (PodStillPending(), NodeCheck(), _VOLUMES)
+_DEFAULT_RESERVE: tuple[ReservePlugin, ...] = (ResourceManagerReservation(), _RULES, _VOLUMES, DEVICES)
+_DEFAULT_PRE_BIND: tuple[PreBindPlugin, ...] = (PodStillPending(), NodeCheck(), _VOLUMES, DEVICES)
 _DEFAULT_BIND: tuple[BindPlugin, ...] = (DefaultBinder(),)
 _DEFAULT_POST_BIND: tuple[PostBindPlugin, ...] = (ScheduledEvent(), CommitReservation())
 

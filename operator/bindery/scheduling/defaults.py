@@ -39,6 +39,7 @@ from bindery.rm.batching import reserve_urgency
 from bindery.rm.errors import ProblemType, RMConflict, RMUnsupported
 from bindery.rm.models import Reservation, ReservationRequest, ReservationState
 from bindery.scheduling.decisions import Failure, FailureKind, Stage, failure_from_exception
+from bindery.scheduling.dynamicresources import DEVICE_REQUESTS
 from bindery.scheduling.events import Requeue
 from bindery.scheduling.framework import RESERVATION_ANNOTATION, CycleContext, ReservationClient, Status
 from bindery.scheduling.lease import MIN_CALL_SECONDS, CallStep, Lease, lease_from_answer, plan_call
@@ -195,6 +196,9 @@ class ResourceManagerReservation:
                 required_node_affinity=ctx.required_node_terms(),
                 preferred_node_affinity=ctx.preferred_node_terms(),
             )
+            if (devices := ctx.state.get(DEVICE_REQUESTS)) is not None:
+                # Contract v1.3 (feature devices): the client refuses them for an RM without it.
+                request = request.model_copy(update={"devices": devices})
             if narrowed:
                 request = request.model_copy(update={"preemption_policy": None})
             elif (for_rules := ctx.state.get(RULE_PREEMPTION)) is not None:

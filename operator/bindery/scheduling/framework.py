@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from bindery.scheduling.ports import (
         Binder,
         ConditionWriter,
+        DeviceAccess,
         EventSink,
         NodeLookup,
         PlacedPods,
@@ -173,6 +174,9 @@ class Ports:
     #: Claims, volumes and storage classes (the VolumeBinding plugin); ``None`` where no adapter is
     #: wired, and then a pod with claims fails with an error rather than binding without volumes.
     volumes: VolumeAccess | None = None
+    #: ResourceClaims and DeviceClasses (the DynamicResources plugin); ``None`` where no adapter is
+    #: wired, and then a pod with DRA claims fails with an error rather than binding unallocated.
+    devices: DeviceAccess | None = None
     #: Pods on nodes, for the inter-pod rules (PodPlacementRules); ``None`` where no watch is wired,
     #: and then those rules are not evaluated.
     placed: PlacedPods | None = None

@@ -181,6 +181,13 @@ def unsupported(*, group: PodGroupInfo, members: Sequence[PodInfo]) -> str | Non
     is per pod; a group reservation has no such step yet, so members with PersistentVolumeClaims
     are refused rather than bound without their volumes being checked.
     """
+    with_devices = [pod.key for pod in members if pod.device_claims]
+    if with_devices:  # the DynamicResources plugin is per pod: a group member would bind unallocated
+        return (
+            f'pod group "{group.key}" has members with DRA resource claims ({", ".join(with_devices[:3])}'
+            f"{', ...' if len(with_devices) > 3 else ''}); Bindery does not allocate devices for pod "
+            "groups yet, so it does not place the group; use pods without claims in groups, or no group"
+        )
     with_claims = [pod.key for pod in members if pod.claims]
     if not with_claims:
         return None

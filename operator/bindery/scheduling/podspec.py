@@ -38,6 +38,8 @@ from bindery.rm.models import (
     PodIdentity,
     ReservationRequest,
 )
+from bindery.scheduling.devices.claims import ClaimWait, PodClaim
+from bindery.scheduling.devices.claims import pod_claims as device_claims
 
 __all__ = [
     "POD_LEVEL_RESOURCES",
@@ -87,6 +89,9 @@ class PodInfo:
     #: The PersistentVolumeClaims the pod uses, by name (an ephemeral volume's claim is
     #: ``<pod>-<volume>``, as the ephemeral-volume controller names it).
     claims: tuple[str, ...] = ()
+    #: The DRA ResourceClaims the pod uses (``spec.resourceClaims``), or why it waits for one (a
+    #: template's claim not created yet): the DynamicResources plugin's input.
+    device_claims: tuple[PodClaim, ...] | ClaimWait = ()
     #: ``spec.schedulingGroup.podGroupName``: the PodGroup (same namespace) this pod is a member
     #: of; such a pod is placed with its group (bindery.controller.podgroups), never on its own.
     scheduling_group: str | None = None
@@ -130,6 +135,8 @@ class PodInfo:
             self.gated,
             self.rules,
             self.soft,
+            # pod.status.resourceClaimStatuses naming a template's claim: the pod may go on.
+            self.device_claims,
         )
 
     @classmethod
@@ -189,6 +196,7 @@ class PodInfo:
             resource_version=str(metadata["resourceVersion"]) if metadata.get("resourceVersion") else None,
             generation=int(metadata["generation"]) if metadata.get("generation") else None,
             claims=pod_claims(name=str(metadata.get("name") or ""), volumes=spec.get("volumes") or ()),
+            device_claims=device_claims(body),
             scheduling_group=str(group)
             if (group := (spec.get("schedulingGroup") or {}).get("podGroupName"))
             else None,
@@ -230,9 +238,9 @@ _CAPPED: tuple[tuple[str, type[pydantic.BaseModel], str], ...] = (
 def beyond_contract(body: Mapping[str, Any]) -> str | None:
     """Pure: why the pod cannot be carried by a reservation request of contract v1, or None.
 
-    Also refused: a pod with DRA ``spec.resourceClaims``. Bindery does not allocate claims (the
-    kube-scheduler DynamicResources plugin does, at Reserve), and binding such a pod leaves it
-    ContainerCreating forever; a refusal names the field instead.
+    A pod with DRA ``spec.resourceClaims`` is not refused here: the DynamicResources plugin has
+    its claims allocated through the RM (contract v1.3 ``devices``), and the RM client refuses
+    them, as unschedulable, for an RM that does not offer the feature.
 
     Only counts are read (nothing is copied), so that a pod with 20,000 tolerations (1.5 MB of JSON)
     is refused without being projected: a projection would keep every one of them for as long as
@@ -251,9 +259,6 @@ def beyond_contract(body: Mapping[str, Any]) -> str | None:
         _CAPPED[3][0]: required.get("nodeSelectorTerms"),
         _CAPPED[4][0]: preferred,
     }
-    claims = spec.get("resourceClaims") or ()
-    if claims:
-        return _unallocatable_claims(claims)
     for path, model, field in _CAPPED:
         found = len(values[path] or ())
         cap = max_items(model, field)
@@ -273,20 +278,6 @@ def beyond_contract(body: Mapping[str, Any]) -> str | None:
                 if found > (cap := max_items(NodeSelectorRequirement, "values")):
                     return _too_many(path=f"{term_path}.{key}[{j}].values", found=found, cap=cap)
     return None
-
-
-def _unallocatable_claims(claims: Sequence[Mapping[str, Any]]) -> str:
-    """Why a pod with DRA claims is refused: binding it would leave its claims unallocated."""
-    names = ", ".join(str(claim.get("name") or "?") for claim in claims[:5]) + (
-        ", ..." if len(claims) > 5 else ""
-    )
-    plural = "claim" if len(claims) == 1 else "claims"
-    return (
-        f"spec.resourceClaims names {len(claims)} DRA resource {plural} ({names}); Bindery does not "
-        "allocate DynamicResourceAllocation claims, and a pod bound with unallocated claims never "
-        "starts, so it does not schedule this pod; give it schedulerName default-scheduler (kube-"
-        "scheduler allocates the claims), or remove its resourceClaims"
-    )
 
 
 def _too_many(*, path: str, found: int, cap: int) -> str:

@@ -26,6 +26,9 @@ __all__ = [
     "BindError",
     "Binder",
     "ConditionWriter",
+    "DeviceAccess",
+    "DeviceConflict",
+    "DeviceError",
     "EventSink",
     "NodeLookup",
     "NodeProjection",
@@ -231,6 +234,41 @@ class VolumeAccess(Protocol):
         """Set (``node``) or remove (``None``) the claim's ``volume.kubernetes.io/selected-node``
         annotation, which tells its provisioner where to create the volume."""
         ...
+
+
+class DeviceAccess(Protocol):
+    """ResourceClaims and DeviceClasses (``resource.k8s.io/v1``), for the DynamicResources plugin.
+
+    Read from the apiserver, as claims and volumes are: only pods with ``spec.resourceClaims`` pay
+    for it, and a claim's allocation must be seen as it is now. Objects are in Kubernetes JSON
+    shape; ``None`` means not found. Writes are full updates guarded by the body's
+    ``metadata.resourceVersion``: :class:`DeviceConflict` when the claim changed since it was read
+    (the caller reads it again and redoes its change), :class:`DeviceError` otherwise.
+    """
+
+    async def claim(self, *, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+
+    async def device_class(self, name: str) -> Mapping[str, Any] | None: ...
+
+    async def update_claim(self, claim: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Write the claim's metadata and spec (its finalizers); answers the claim as stored."""
+        ...
+
+    async def update_claim_status(self, claim: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Write the claim's status (allocation, reservedFor); answers the claim as stored."""
+        ...
+
+
+class DeviceError(Exception):
+    """A claim or class could not be read or written; ``message`` is a sentence for the pod's event."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class DeviceConflict(DeviceError):
+    """The claim changed since it was read (HTTP 409): read it again and redo the change."""
 
 
 class VolumeError(Exception):

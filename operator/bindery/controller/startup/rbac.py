@@ -25,6 +25,10 @@ need shows up as a failing test rather than in a user's cluster.
 - persistentvolumeclaims get/patch, persistentvolumes get/list/patch, storageclasses get: volume
   binding for pods with claims (bindery.scheduling.volumes): read the claims, their volumes and
   classes, set a claim's selected-node annotation, pre-bind a static volume (its claimRef).
+- resourceclaims get/list/watch/update, resourceclaims/status update, resourceclaims/binding
+  update, deviceclasses and resourceslices list/watch: DRA devices through the RM
+  (bindery.scheduling.devices), as kube-scheduler's DynamicResources: read a pod's claims and
+  their classes, write the finalizer, then the allocation and reservedFor, and undo them.
 - tokenreviews create, subjectaccessreviews create: who asks for `/debug/queue` (and `/metrics`
   with `--metrics-auth`), and whether they may (bindery.adapters.access), as kube-scheduler's
   delegated authentication and authorization (the `system:auth-delegator` ClusterRole's rules).
@@ -54,6 +58,18 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "list", "patch"]},
     {"apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get"]},
     {"apiGroups": ["storage.k8s.io"], "resources": ["csinodes"], "verbs": ["list"]},
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims"],
+        "verbs": ["get", "list", "watch", "update"],
+    },
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["update"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/binding"], "verbs": ["update"]},
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["deviceclasses", "resourceslices"],
+        "verbs": ["list", "watch"],
+    },
     {"apiGroups": ["scheduling.k8s.io"], "resources": ["podgroups"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["scheduling.k8s.io"], "resources": ["podgroups/status"], "verbs": ["patch"]},
     {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},

@@ -30,6 +30,7 @@ import kopf
 from bindery.adapters import (
     KubeBinder,
     KubeConditionWriter,
+    KubeDevices,
     KubeEventSink,
     KubeVolumes,
     NodeCache,
@@ -82,6 +83,7 @@ from bindery.controller.watches.nodes import NodeWatcher
 from bindery.controller.watches.placed import PlacedPodWatcher
 from bindery.controller.watches.services import ServiceSelectors
 from bindery.controller.watches.unbound import UnboundPodWatcher
+from bindery.scheduling.cycle import DEVICES
 from bindery.scheduling.framework import Ports
 from bindery.typedefs import Logger
 
@@ -104,6 +106,7 @@ class Runtime:
             breakers=lambda: {name: r.rm.breaker_state for name, r in self.runners.items()},
             leader=self._leader_state,
             clocks=self._clock_skews,
+            devices=lambda: DEVICES.counts,
         )
         #: the apiserver's clock against this host's (bindery.clock), probed every APISERVER_CLOCK_SECONDS
         self.apiserver_clock = ClockWatch(
@@ -251,6 +254,7 @@ class Runtime:
             events=self._events,
             conditions=self._conditions,
             volumes=KubeVolumes(api=self._api, counter=self.writes),
+            devices=KubeDevices(api=self._api, counter=self.writes),
             placed=self.placed,
         )
         await self._serve_metrics()
