@@ -149,6 +149,34 @@ async def test_rm_faults_are_scheduler_errors_without_leaks(
         assert len(await stage.reservations_of(uid)) == 1
 
 
+#: What an RM still starting answers 503 to: its readiness, the reserves (alone or batched), the lists.
+_UNREADY_PATHS = ("/readyz", "/v1/reservations", "/v1/batch")
+
+
+async def test_pods_refused_while_the_rm_was_unready_are_tried_the_moment_it_serves(
+    *, kube_api: client.ApiClient, namespace: str, bindery: Bindery, real_stage: RealStage
+) -> None:
+    """The RM answers 503 to its readiness and to every reserve, as the reference RM does while its
+    mirrors list at start-up; the pod's backoff is two minutes. Once the RM serves, the pod is tried
+    at once: the RM turning ready is the event that wakes it, not its backoff running out."""
+    stage = real_stage
+    async with (
+        rm_fault_proxy(upstream=stage.rm.url, seed=1, rate=0) as proxy,
+        stage.served(endpoint=proxy.url, backoff={"initialSeconds": 120, "maxSeconds": 120}),
+    ):
+        for path in _UNREADY_PATHS:
+            proxy.answer(path, 503, 1_000_000)
+        await stage.create("p")
+        cond = await eventually(
+            lambda: _failed(kube_api, namespace, "p", "SchedulerError"), within=40, what="SchedulerError"
+        )
+        assert "unavailable" in cond["message"]
+        for path in _UNREADY_PATHS:
+            proxy.answer(path, 503, 0)  # ready: everything is forwarded again
+        assert await eventually(lambda: stage.node_of("p"), within=60, what="the bind") == stage.node
+        await stage.settled()
+
+
 async def test_an_rm_that_is_down_is_a_scheduler_error_until_it_is_back(
     *, kube_api: client.ApiClient, namespace: str, bindery: Bindery, real_stage: RealStage
 ) -> None:

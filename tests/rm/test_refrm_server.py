@@ -363,6 +363,10 @@ def test_cli_rejects_bad_configuration(tmp_path: pathlib.Path, capsys: pytest.Ca
         options = ["--db", str(tmp_path / "db"), "--inventory", str(good), "--insecure-no-auth"]
         assert refrm_main([*options, "--percentage-of-nodes-to-score", percentage]) == 2
         assert "--percentage-of-nodes-to-score must be from 0 to 100" in capsys.readouterr().err
+    for size in ("0", "10001"):
+        options = ["--db", str(tmp_path / "db"), "--inventory", str(good), "--insecure-no-auth"]
+        assert refrm_main([*options, "--mirror-pod-page-size", size]) == 2
+        assert "--mirror-pod-page-size must be from 1 to 10000" in capsys.readouterr().err
 
 
 async def test_cli_serves_until_sigterm(tmp_path: pathlib.Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 from bindery.backoff import BackoffPolicy
 from bindery.scheduling.decisions import Outcome
 from bindery.scheduling.podspec import PodInfo
-from bindery.scheduling.queue import QueueClosed, QueuePosition, SchedulingQueue
+from bindery.scheduling.queue import QueueClosed, QueuePosition, Requeue, SchedulingQueue
 from tests.scheduling.fakes import FakeClock, pod
 
 
@@ -505,3 +505,22 @@ def test_a_namespace_share_of_the_in_flight_budget_leaves_slots_to_the_others() 
     queue.reconfigure(max_in_flight=4, max_in_flight_per_namespace=None, backoff=BackoffPolicy())
     queue.done("uid-a1", outcome=Outcome.BOUND)
     assert drain(queue) == ["b2"]  # b's turn: a was served last
+
+
+def test_the_rm_serving_again_tries_the_pods_it_refused_as_unavailable_at_once() -> None:
+    """Pods the RM refused as unavailable (a 503 while it starts) wait for it to serve, not out
+    their backoff; a pod backing off after another error keeps its backoff."""
+    queue, clock = make_queue(backoff=BackoffPolicy(initial=120.0, maximum=120.0))
+    for name in ("a", "b"):
+        queue.add(pod(name))
+    popped = [queue.pop_nowait(), queue.pop_nowait()]
+    assert [p.name for p in popped if p is not None] == ["a", "b"]
+    queue.settle("uid-a", outcome=Outcome.ERROR, retry_after=1.0, requeue=Requeue.rm_ready())
+    queue.settle("uid-b", outcome=Outcome.ERROR)
+    assert queue.waiting_for_rm() == 1
+    clock.advance(5.0)
+    assert queue.pop_nowait() is None
+    assert queue.rm_ready() == 1
+    assert drain(queue) == ["a"]
+    assert queue.waiting_for_rm() == 0
+    assert queue.rm_ready() == 0

@@ -204,6 +204,9 @@ class RMStack:
     async def check_ready(self) -> None:
         await self._measured.measure("ready", self._client.check_ready)
 
+    async def serves(self) -> bool:
+        return await self._client.serves()
+
     # -- the fence --------------------------------------------------------------------------------
 
     def _leads(self, what: str) -> bool:

@@ -114,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --mirror-nodes, /readyz answers 503 once listing or watching the nodes or pods has failed "
         "this long with no success in between (default %(default)s)",
     )
+    serve.add_argument(
+        "--mirror-pod-page-size",
+        type=int,
+        default=None,
+        help="with --mirror-nodes, pods a page of the pod mirror's list: the RM is unready until it is "
+        "complete, and larger pages take fewer round trips; lower it if the bound pods are large "
+        "(many tolerations), since one page is held at once (default 500)",
+    )
     serve.add_argument("--token-file", type=pathlib.Path, help=f"bearer token file (or set ${TOKEN_ENV})")
     serve.add_argument(
         "--token-overlap",
@@ -264,6 +272,11 @@ async def _serve(args: argparse.Namespace) -> None:
             "--retain-released-seconds and --max-released-rows must not be negative, "
             "--mirror-stale-seconds must be positive"
         )
+    if args.mirror_pod_page_size is not None and not 1 <= args.mirror_pod_page_size <= 10_000:
+        raise ValueError(
+            f"--mirror-pod-page-size must be from 1 to 10000 (got {args.mirror_pod_page_size}): it is how "
+            "many pods one page of the pod mirror's list asks for"
+        )
     if not args.foreign_retry_seconds >= 1:  # also refuses NaN
         raise ValueError(
             f"--foreign-retry-seconds must be at least 1 (got {args.foreign_retry_seconds}): a refused "
@@ -312,7 +325,13 @@ async def _serve(args: argparse.Namespace) -> None:
         )
         if args.mirror_nodes:
             from bindery.apiserver.api import client_from
-            from bindery.reference_rm.mirror import BudgetMirror, MirrorGate, NodeMirror, PodMirror
+            from bindery.reference_rm.mirror import (
+                DEFAULT_POD_PAGE_SIZE,
+                BudgetMirror,
+                MirrorGate,
+                NodeMirror,
+                PodMirror,
+            )
 
             kubeconfig = str(args.kubeconfig) if args.kubeconfig is not None else None
             api = await stack.enter_async_context(await client_from(kubeconfig=kubeconfig))
@@ -324,7 +343,12 @@ async def _serve(args: argparse.Namespace) -> None:
                 NodeMirror(
                     api=api, label_selector=args.node_selector, on_change=gate.nodes, stale_after=stale
                 ),
-                PodMirror(api=api, on_change=gate.pods, stale_after=stale),
+                PodMirror(
+                    api=api,
+                    on_change=gate.pods,
+                    stale_after=stale,
+                    page_size=args.mirror_pod_page_size or DEFAULT_POD_PAGE_SIZE,
+                ),
             )
             for mirror, task_name in zip(mirrors, ("node-mirror", "pod-mirror"), strict=True):
                 task = asyncio.create_task(mirror.run(), name=task_name)

@@ -909,6 +909,25 @@ class ResourceManagerClient:
         every = await self.list_reservations(scheduler_name=scheduler_name, state=state, all_clusters=True)
         return [reservation for reservation in every if reservation.cluster_id is None]
 
+    async def serves(self) -> bool:
+        """Whether ``/readyz`` answers 200 now: one GET, no retry, past the circuit breaker.
+
+        Asked while pods wait for an RM that refused them as unavailable (starting, its mirrors
+        still listing). Those refusals open the breaker, which would hold every call for its
+        cool-down after the RM turned ready; a 200 here closes it, so the pods go through at once.
+        """
+        ends_at = asyncio.get_running_loop().time() + self._deadline
+        try:
+            answer = await self._send(
+                "GET", "/readyz", json_body=None, params=None, authenticated=False, ends_at=ends_at
+            )
+        except Retryable:
+            return False
+        if answer.status != 200:
+            return False
+        self.breaker.record_success()
+        return True
+
     async def check_ready(self) -> None:
         """Raise RMUnavailable unless ``/readyz`` answers 200 and the RM accepts the token.
 

@@ -187,6 +187,8 @@ async def _cycle(ctx: CycleContext, throttle: EventThrottle | None) -> CycleOutc
         requeue = plain.requeue_of(pod=pod, failure=failure)
         if requeue is None and failure.kind is FailureKind.RM_UNSCHEDULABLE:
             requeue = Requeue.no_room()  # the RM's "no room", relayed by a plugin that declares nothing
+        elif requeue is None and failure.kind is FailureKind.RM_UNAVAILABLE:
+            requeue = Requeue.rm_ready()
         failure = dataclasses.replace(failure, requeue=requeue)
     decision = decide(failure=failure)
     released = ctx.reservation is not None and decision.release

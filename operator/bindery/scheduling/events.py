@@ -41,6 +41,8 @@ class ClusterEvent(enum.StrEnum):
     NODE_DELETED = "NodeDeleted"
     #: A placed pod added, changed or removed, within the scope :attr:`Requeue.placed` gives.
     PLACED_POD = "PlacedPod"
+    #: The RM serves again after it refused a pod as unavailable (starting, its mirrors listing).
+    RM_READY = "RMReady"
 
 
 #: What a pod the RM had no room for waits for: capacity that may have freed.
@@ -110,6 +112,11 @@ class Requeue:
         """The RM had no room: wait until capacity may have freed."""
         return NO_ROOM
 
+    @classmethod
+    def rm_ready(cls) -> Requeue:
+        """The RM was unavailable: try again the moment it serves (or on the backoff)."""
+        return RM_READY
+
     @property
     def until_event(self) -> bool:
         """Parked until capacity may have freed (``SchedulingQueue.done``'s ``until_event``)."""
@@ -128,6 +135,7 @@ class Requeue:
 
 #: The RM's "no room", whichever plugin relayed it (see :meth:`Requeue.no_room`).
 NO_ROOM = Requeue(events=CAPACITY_EVENTS)
+RM_READY = Requeue(events=frozenset({ClusterEvent.RM_READY}))
 
 
 @dataclasses.dataclass(slots=True)

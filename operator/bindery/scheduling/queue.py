@@ -34,6 +34,10 @@ where one tenant could starve another:
   move every parked pod, and a Node deleted those whose plugin registered Node deletions
   (:meth:`SchedulingQueue.node_deleted`); :data:`MAX_PARKED_SECONDS` caps the wait.  Before, it
   was retried on its backoff alone (1–10 s), forever, whether anything had changed or not.
+* **Waiting for the RM to serve.**  A pod the RM refused as unavailable (a 503 while it starts,
+  its mirrors still listing; a timeout; an open circuit) waits out its backoff, unless the RM
+  turns ready first: :meth:`SchedulingQueue.rm_ready` tries every such pod at once. Without it,
+  the pods tried while the RM started waited up to the backoff's cap after it served.
 * **In-flight bound.**  At most ``max_in_flight`` pods of one ResourceManager are between
   :meth:`~SchedulingQueue.pop` and :meth:`~SchedulingQueue.done`, so a burst of pods cannot
   overwhelm the RM; waiting pods stay ordered meanwhile.  Optionally at most
@@ -267,6 +271,8 @@ class SchedulingQueue:
         self._wake_namespace: dict[str, set[str]] = {}
         self._wake_any: set[str] = set()
         self._wake_tag: dict[str, set[str]] = {}
+        #: the pods backing off because the RM was unavailable (see `rm_ready`)
+        self._unready: set[str] = set()
         #: recent touches, (pop counter when touched, touch): a pod refused while in flight checks
         #: whether one of them could have lifted its refusal (kube-scheduler's in-flight events)
         self._touches: collections.deque[tuple[int, Touch]] = collections.deque(maxlen=TOUCHES_KEPT)
@@ -421,6 +427,22 @@ class SchedulingQueue:
         if uids:
             self._moved[event] += len(uids)
             log.debug("moved %d pods refused for room back: %s", len(uids), reason)
+        return len(uids)
+
+    def waiting_for_rm(self) -> int:
+        """How many pods back off because the RM was unavailable (`rm_ready` tries them)."""
+        return len(self._unready)
+
+    def rm_ready(self, *, event: str = "rm-ready") -> int:
+        """The RM serves again: the pods it refused as unavailable are tried now, their backoff
+        waived, since what it waited for is over; a pod refused for another reason keeps its own.
+        Returns how many moved."""
+        uids = list(self._unready)
+        for uid in uids:
+            self._activate(self._entries[uid])
+        if uids:
+            self._moved[event] += len(uids)
+            log.debug("moved %d pods back: the RM serves again", len(uids))
         return len(uids)
 
     def retry_within(self, uid: str, seconds: float) -> None:
@@ -592,6 +614,8 @@ class SchedulingQueue:
         moved_meanwhile = self._last_move_cycle >= entry.popped_cycle or entry.changed_in_flight
         if outcome is Outcome.ERROR:
             self._park(entry, _State.BACKOFF, ready_at=max(entry.backoff_until, hinted))
+            if ClusterEvent.RM_READY in entry.events:
+                self._unready.add(uid)
         elif outcome is Outcome.UNSCHEDULABLE and wake_on is not None and not retry_after:
             if moved_meanwhile or self._touched_since(entry.popped_cycle, wake_on):
                 # The pods the rules read changed while the cycle ran: its verdict may be stale.
@@ -626,6 +650,8 @@ class SchedulingQueue:
         if entry.state is _State.UNSCHEDULABLE:
             self._unschedulable.discard(entry.pod.uid)
             self._unindex_wake(entry)
+        if entry.state is _State.BACKOFF:
+            self._unready.discard(entry.pod.uid)
         if state is _State.UNSCHEDULABLE:
             self._unschedulable.add(entry.pod.uid)
         entry.state = state
@@ -633,6 +659,7 @@ class SchedulingQueue:
     def _remove(self, entry: _Entry) -> None:
         self._counts[entry.state] -= 1
         self._unschedulable.discard(entry.pod.uid)
+        self._unready.discard(entry.pod.uid)
         self._unindex_wake(entry)
         del self._entries[entry.pod.uid]
         entry.generation = -1

@@ -44,6 +44,10 @@ from bindery.scheduling.queue import BackoffPolicy, QueueClosed, SchedulingQueue
 from bindery.scheduling.registry import default_registry
 from bindery.typedefs import Logger
 
+#: How often a profile whose pods wait for the RM to serve asks its ``/readyz``. Contract v1 has
+#: no push for readiness: one cheap GET this often stands for every waiting pod's reserve.
+READY_POLL_SECONDS = 0.2
+
 
 def build_profile(*, config: ResourceManagerConfig, client: ReservationClient) -> Profile:
     """Raises bindery.scheduling.registry.PluginError if a configured plugin cannot be used."""
@@ -193,6 +197,8 @@ class ProfileRunner:
         #: releases at this RM coalesced into wakes (see `capacity_freed`), and the owed one's timer
         self._release_wakes = WakeWindow()
         self._owed_wake: asyncio.TimerHandle | None = None
+        #: asks the RM's readiness while pods wait for it to serve (see `_await_rm_serving`)
+        self._ready_watch: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -217,6 +223,7 @@ class ProfileRunner:
         self._workers.clear()
         self._binders.clear()
         self._retiring = 0
+        await self._stop_ready_watch()
 
     async def stop(self) -> None:
         self.queue.close()
@@ -431,7 +438,36 @@ class ProfileRunner:
         else:
             self.reachable, self.reach_message = True, None
             self.token_refused = False
+            self.queue.rm_ready()
         return before != (self.reachable, self.reach_message)
+
+    def _watch_rm_readiness(self) -> None:
+        """Pods wait for the RM to serve: ask its readiness until it does (one task per profile)."""
+        if self._ready_watch is None and self.active and self.queue.waiting_for_rm():
+            self._ready_watch = asyncio.create_task(self._await_rm_serving())
+
+    async def _await_rm_serving(self) -> None:
+        """Wake the pods the RM refused as unavailable the moment its ``/readyz`` answers 200: an RM
+        that starts (its mirrors listing) answers 503 for seconds, and the pods tried meanwhile would
+        otherwise wait out their backoff (up to its cap) after it served."""
+        try:
+            while self.queue.waiting_for_rm():
+                if await self.rm.serves():
+                    moved = self.queue.rm_ready()
+                    self._logger.info(
+                        f"ResourceManager {self.config.name!r} serves: {moved} pod(s) tried now"
+                    )
+                    return
+                await asyncio.sleep(READY_POLL_SECONDS)
+        finally:
+            self._ready_watch = None
+
+    async def _stop_ready_watch(self) -> None:
+        task, self._ready_watch = self._ready_watch, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     # -- binding apart (the cycles' BindingGate) --------------------------------------------------
 
@@ -498,6 +534,7 @@ class ProfileRunner:
                 await self.attempts.run(pod)
             finally:
                 self._busy.discard(me)
+            self._watch_rm_readiness()
             if me in self._binders:  # its cycle waited apart: a new worker took its place
                 self._binders.discard(me)
                 return
