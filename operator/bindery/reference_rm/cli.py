@@ -16,7 +16,8 @@ import pathlib
 import signal
 import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from bindery import tracing
 from bindery.collector import tune_collector
@@ -33,6 +34,9 @@ from bindery.reference_rm.store import DEFAULT_MAX_RELEASED_ROWS, FOREIGN_RETRY_
 from bindery.reference_rm.storeerrors import SchemaTooNew
 from bindery.reference_rm.stores import UNREACHABLE
 from bindery.reference_rm.writerlock import DatabaseLocked
+
+if TYPE_CHECKING:
+    from bindery.reference_rm.devicemirror import ClaimMirror, SliceMirror
 
 __all__ = ["build_parser", "main", "serve_command", "served_url"]
 
@@ -106,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--kubeconfig", type=pathlib.Path, help="kubeconfig for --mirror-nodes (default: in-cluster)"
+    )
+    serve.add_argument(
+        "--device-allocator",
+        type=pathlib.Path,
+        metavar="PATH",
+        help="with --mirror-nodes and a SQLite --db: allocate DRA devices (contract v1.3 feature "
+        "`devices`) with this device allocator helper, mirroring ResourceSlices and allocated "
+        "ResourceClaims (needs list/watch on both); `python -m bindery.devcluster build --devalloc` "
+        "builds it and prints its path",
     )
     serve.add_argument(
         "--mirror-stale-seconds",
@@ -287,13 +300,31 @@ async def _serve(args: argparse.Namespace) -> None:
             f"--percentage-of-nodes-to-score must be from 0 to 100 (got {percentage}): "
             "0 samples as kube-scheduler does by default, 100 examines every node"
         )
+    if args.device_allocator is not None:
+        if not args.mirror_nodes:
+            raise ValueError(
+                "--device-allocator needs --mirror-nodes: the devices come from the cluster's "
+                "ResourceSlices, which the RM mirrors beside the Nodes"
+            )
+        if not args.device_allocator.is_file():
+            raise ValueError(
+                f"--device-allocator {args.device_allocator} is not a file: build the helper with "
+                "`python -m bindery.devcluster build --devalloc` and pass the path it prints"
+            )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     async with contextlib.AsyncExitStack() as stack:
+        allocator = None
+        if args.device_allocator is not None:
+            from bindery.reference_rm.devices import DeviceAllocator
+
+            allocator = DeviceAllocator(binary=args.device_allocator)
+            stack.callback(allocator.close)
         server = await stack.enter_async_context(
             serve_reference_rm(
+                device_allocator=allocator,
                 db_path=args.db,
                 db_password_file=args.db_password_file,
                 host=host,
@@ -361,8 +392,25 @@ async def _serve(args: argparse.Namespace) -> None:
                 name="budget-mirror",
             )
             stack.callback(budgets.cancel)
+            if allocator is not None:  # the devices a reserve may get, and those claims hold already
+                from bindery.reference_rm.devicemirror import ClaimMirror, SliceMirror
+
+                device_mirrors: tuple[SliceMirror | ClaimMirror, ...] = (
+                    SliceMirror(api=api, allocator=allocator, stale_after=stale),
+                    ClaimMirror(api=api, on_change=server.rm.set_cluster_devices, stale_after=stale),
+                )
+                for device_mirror, name in zip(device_mirrors, ("slice-mirror", "claim-mirror"), strict=True):
+                    task = asyncio.create_task(device_mirror.run(), name=name)
+                    stack.callback(task.cancel)
+                    server.rm.add_readiness_check(device_mirror.health.stale_reason)
+                    server.rm.add_readiness_check(_unlisted_reason(device_mirror))
         print(f"{BANNER}{server.url}", flush=True)
         await stop.wait()
+
+
+def _unlisted_reason(mirror: SliceMirror | ClaimMirror) -> Callable[[], str | None]:
+    """A readiness check: unready until the mirror's first list is in (no device decision before)."""
+    return lambda: None if mirror.listed else f"the {mirror.what}s are not listed yet"
 
 
 #: Start-up failures reported as their reason and exit status 2 (a database that does not answer

@@ -30,6 +30,9 @@ class SliceMirror(_ListWatch):
     what = "resourceslice"
     resource = RESOURCE_SLICES
 
+    #: the first list was applied (the RM is unready until it is)
+    listed = False
+
     def __init__(
         self,
         *,
@@ -55,6 +58,7 @@ class SliceMirror(_ListWatch):
         return raw
 
     def _replace(self, listed: Mapping[str, Any]) -> None:
+        self.listed = True  # readiness waits for it: no device decision on a half-listed mirror
         slices = list(listed.values())
         names = {str(item["metadata"]["name"]) for item in slices}
         self._allocator.update_slices(upserted=slices, deleted=sorted(self._names - names))
@@ -93,6 +97,9 @@ class ClaimMirror(_ListWatch):
     what = "resourceclaim"
     resource = RESOURCE_CLAIMS
 
+    #: the first list was applied (the RM is unready until it is)
+    listed = False
+
     def __init__(
         self,
         *,
@@ -126,6 +133,7 @@ class ClaimMirror(_ListWatch):
         return self._key(raw), claim_devices(raw)
 
     def _replace(self, listed: Mapping[str, Any]) -> None:
+        self.listed = True  # readiness waits for it: no device decision on a half-listed mirror
         entries: list[tuple[str, tuple[DeviceInUse, ...]]] = list(listed.values())
         self._claims = {key: devices for key, devices in entries if devices}
         self._publish()
