@@ -22,6 +22,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="build Kubernetes' own e2e.test (for scripts/e2e-upstream; not part of the plane)",
     )
+    build.add_argument(
+        "--devalloc",
+        action="store_true",
+        help="build the reference RM's device allocator (for `bindery rm serve --device-allocator`)",
+    )
     up = sub.add_parser("up", help="start etcd + kube-apiserver and keep them running until Ctrl-C")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for /readyz (default 90)")
     up.add_argument(
@@ -44,7 +49,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "build":
-        return binaries.main([*(["--print-dir"] if args.print_dir else []), *(["--e2e"] if args.e2e else [])])
+        return binaries.main(
+            [
+                *(["--print-dir"] if args.print_dir else []),
+                *(["--e2e"] if args.e2e else []),
+                *(["--devalloc"] if args.devalloc else []),
+            ]
+        )
     # A shell starts background jobs with SIGINT ignored, and Python keeps it so: make Ctrl-C
     # (or `kill -INT`) stop the plane whichever way `up` was started.
     signal.signal(signal.SIGINT, signal.default_int_handler)
