@@ -564,6 +564,7 @@ class Plane:
         latency_ms: float = 0.0,
         max_in_flight: int = 16,
         profiler: list[str] | None = None,
+        rm_options: tuple[str, ...] = (),
     ) -> AsyncIterator[Serving]:
         """A fresh reference RM (own SQLite, or replicas on a fresh PostgreSQL database behind a
         round-robin proxy), a delay proxy if asked, the ResourceManager, the operator."""
@@ -581,6 +582,7 @@ class Plane:
             str(self.plane.kubeconfig),
             "--log-level",
             "WARNING",
+            *rm_options,
         ]
         db: pathlib.Path | str = self.workdir / f"rm-{run}.sqlite"
         if self.postgres is not None:
