@@ -37,7 +37,10 @@ def fuzzable_contract() -> dict[str, Any]:
       here, and out-of-range values are tested explicitly in test_refrm_server.py;
     * (v1.1) a batch's malformed operation is answered by its own 400 result inside a 200, not by a
       4xx for the request; so here an operation may be anything (the envelope stays checked), and
-      the per-operation 400s are tested in test_refrm_batch_server.py and by the conformance kit.
+      the per-operation 400s are tested in test_refrm_batch_server.py and by the conformance kit;
+    * (v1.3) `devices`: this RM runs without a device allocator, so it does not list the feature
+      and refuses the field as a v1.2 RM does (a client sends it only to an RM listing `devices`);
+      that refusal is tested in test_refrm_devices_request.py.
     """
     document = load_openapi()
     listing = document["paths"]["/v1/reservations"]["get"]
@@ -57,6 +60,8 @@ def fuzzable_contract() -> dict[str, Any]:
     schemas["GroupIdentity"]["properties"].update(namespace=pinned, schedulerName=pinned)
     schemas["ReservationGroupRequest"]["properties"]["members"]["maxItems"] = 1
     schemas["BatchRequest"]["properties"]["operations"]["items"] = {}
+    for name in ("ReservationRequest", "GroupMemberRequest"):
+        schemas[name]["properties"].pop("devices", None)
     return document
 
 
