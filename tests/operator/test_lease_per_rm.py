@@ -29,9 +29,8 @@ from bindery.controller.leadership.rules import (
 )
 from bindery.controller.startup.rbac import leader_election_rules
 from bindery.devcluster.plane import ControlPlane
-from tests.conftest import OPERATOR_USER
 from tests.operator.conftest import eventually
-from tests.operator.test_leader_processes import Cluster, cluster
+from tests.operator.test_leader_processes import Cluster, cluster, grant_lease
 from tests.realrm import OperatorProcess, settled_invariants
 
 LEASE, RENEW, RETRY = 8.0, 6.0, 1.0
@@ -82,24 +81,6 @@ def test_the_role_of_a_lease_per_resource_manager_covers_the_namespaces_leases()
 # -- two replicas, two ResourceManagers -----------------------------------------------------------
 
 
-async def grant_leases(api: client.ApiClient, *, namespace: str) -> None:
-    """The operator's user may use the namespace's Leases (the chart's Role with perResourceManager)."""
-    rbac = client.RbacAuthorizationV1Api(api)
-    role = "bindery-leases-per-rm"
-    await rbac.create_namespaced_role(
-        namespace=namespace,
-        body={"metadata": {"name": role}, "rules": leader_election_rules(lease_name=None)},
-    )
-    await rbac.create_namespaced_role_binding(
-        namespace=namespace,
-        body={
-            "metadata": {"name": role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
-        },
-    )
-
-
 @contextlib.asynccontextmanager
 async def replica(
     *, kubeconfig: pathlib.Path, directory: pathlib.Path, name: str, namespace: str, lease: str
@@ -140,7 +121,7 @@ async def test_two_replicas_each_lead_one_resource_manager_and_a_sigkill_stops_o
     tmp_path: pathlib.Path,
 ) -> None:
     base = uniq("lease")
-    await grant_leases(kube_api, namespace=namespace)
+    await grant_lease(kube_api, namespace=namespace, lease_name=None)  # every Lease of the namespace
     names = {"a": [f"a{i:03d}" for i in range(PODS)], "b": [f"b{i:03d}" for i in range(PODS)]}
     async with (
         replica(
